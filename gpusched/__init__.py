@@ -1,0 +1,25 @@
+"""gpusched: a GPU job scheduler for shared Linux servers.
+
+This package root stays import-light on purpose: the CLI, the Python API and the
+job supervisor all import it, and none of them may pull in SQLAlchemy,
+APScheduler or pynvml.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+__all__ = ["Client", "__version__"]
+
+if TYPE_CHECKING:
+    from gpusched.client import Client
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy so that `import gpusched.supervisor` does not drag the client in.
+    if name == "Client":
+        from gpusched.client import Client
+
+        return Client
+    raise AttributeError(name)

@@ -1,0 +1,5 @@
+"""Entry point for `python -m gpusched`."""
+
+from gpusched.cli import main
+
+main()

@@ -1,0 +1,156 @@
+"""Plain data shared by the client and the daemon: jobs, their states, GPUs.
+
+No SQLAlchemy, no pynvml here: the CLI imports this module. Field names follow the
+JSON interface contract (docs in README.md), so `to_json()` is the wire format.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class _StrEnum(str, enum.Enum):
+    """A string enum that prints as its value (enum.StrEnum needs Python 3.11)."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
+class JobState(_StrEnum):
+    QUEUED = "queued"
+    HELD = "held"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    LOST = "lost"
+
+    @property
+    def is_active(self) -> bool:
+        return self in ACTIVE_STATES
+
+    @property
+    def is_waiting(self) -> bool:
+        return self in (JobState.QUEUED, JobState.HELD)
+
+
+ACTIVE_STATES = frozenset({JobState.QUEUED, JobState.HELD, JobState.RUNNING})
+TERMINAL_STATES = frozenset(set(JobState) - ACTIVE_STATES)
+
+
+class EndReason(_StrEnum):
+    """Why a job ended (JSON field `reason`)."""
+
+    EXIT = "exit"
+    SIGNAL = "signal"
+    CANCELLED = "cancelled"
+    FAILED_TO_START = "failed_to_start"
+    LOST = "lost"
+    OOM = "oom"
+    OVERRUN = "overrun"
+    TIMEOUT = "timeout"
+    DEPENDENCY_FAILED = "dependency_failed"
+
+
+class GpuHealth(_StrEnum):
+    OK = "ok"
+    LOST = "lost"
+    EXCLUDED = "excluded"
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    """A process holding memory on a GPU, as the driver reports it."""
+
+    pid: int
+    used_bytes: int | None  # NVML may not know (e.g. inside a container, or on WDDM)
+
+
+@dataclass(frozen=True)
+class GpuState:
+    """One GPU as the probe read it at one instant."""
+
+    index: int
+    uuid: str
+    name: str
+    total_bytes: int
+    used_bytes: int
+    free_bytes: int
+    util_percent: int | None = None
+    health: GpuHealth = GpuHealth.OK
+    processes: tuple[GpuProcess, ...] = ()
+    error: str | None = None  # why the GPU is lost / unreadable
+
+
+@dataclass
+class Job:
+    """A job as stored and as shown; the JSON contract's JOB object."""
+
+    id: int
+    user: str
+    uid: int
+    command: list[str]
+    cwd: str
+    state: JobState = JobState.QUEUED
+    name: str | None = None
+    mem: int | None = None  # bytes per GPU; None = a whole GPU
+    gpus: int = 1
+    gpu_indices: list[int] = field(default_factory=list)
+    gpu_uuids: list[str] = field(default_factory=list)
+    priority: int = 0
+    after: list[int] = field(default_factory=list)
+    submitted_at: str | None = None
+    started_at: str | None = None
+    ended_at: str | None = None
+    pid: int | None = None
+    exit_code: int | None = None
+    reason: str | None = None
+    reason_detail: str | None = None  # the sentence behind `reason` (signal name, error...)
+    waiting_reason: str | None = None
+    log_path: str | None = None
+    peak_mem: int | None = None
+    mean_util: float | None = None
+    hints: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["state"] = str(self.state)
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Job:
+        names = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in data.items() if k in names}
+        values["state"] = JobState(values.get("state", "queued"))
+        return cls(**values)
+
+
+@dataclass
+class GpuReport:
+    """One GPU as `status` shows it: the probe's reading plus gpusched's bookkeeping."""
+
+    index: int
+    uuid: str
+    name: str
+    total: int
+    used: int
+    free: int
+    reserved: int  # held for running gpusched jobs beyond what they use yet
+    available: int  # what the next job could get
+    used_by_jobs: int  # memory the driver attributes to gpusched jobs' processes
+    used_by_others: int  # memory held by processes gpusched did not start
+    util: int | None
+    state: str
+    jobs: list[int] = field(default_factory=list)
+    error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> GpuReport:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
