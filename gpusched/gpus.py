@@ -45,14 +45,12 @@ _SIM_PART_RE = re.compile(r"^\s*(?:(\d+)\s*x\s*)?([0-9.]+\s*[KMGT]?)\s*$", re.IG
 
 
 def parse_simulate_spec(spec: str) -> list[int]:
-    """"2x24G" -> [24G, 24G]; "24G,16G" -> [24G, 16G]; "2x24G,80G" mixes both."""
+    """ "2x24G" -> [24G, 24G]; "24G,16G" -> [24G, 16G]; "2x24G,80G" mixes both."""
     sizes: list[int] = []
     for part in spec.split(","):
         match = _SIM_PART_RE.match(part)
         if not match:
-            raise ConfigError(
-                f"invalid simulate spec {spec!r}: expected e.g. 2x24G or 24G,16G"
-            )
+            raise ConfigError(f"invalid simulate spec {spec!r}: expected e.g. 2x24G or 24G,16G")
         count = int(match.group(1) or 1)
         if count < 1 or count > 256:
             raise ConfigError(f"invalid simulate spec {spec!r}: 1 to 256 GPUs per part")
@@ -147,7 +145,9 @@ class SimulatedProbe:
         pass
 
 
-def apply_selection(states: list[GpuState], selection: Sequence[int | str] | None) -> list[GpuState]:
+def apply_selection(
+    states: list[GpuState], selection: Sequence[int | str] | None
+) -> list[GpuState]:
     """Mark GPUs outside the config's `gpus:` list as excluded (kept so status shows them)."""
     if selection is None:
         return states

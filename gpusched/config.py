@@ -1,0 +1,182 @@
+"""Configuration: YAML file -> frozen `Config`, with defaults, validation and discovery.
+
+Every key is optional. Defaults depend on who runs the daemon: as root, system paths
+under /run, /var/lib and /var/log; as anyone else, paths in the user's own runtime and
+state directories, so gpusched can be tried on a laptop without installing anything.
+Sizes are bytes and durations are seconds inside `Config` (units in the names).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from gpusched.errors import ConfigError, UsageError
+from gpusched.units import parse_duration, parse_size
+
+SYSTEM_CONFIG_PATH = Path("/etc/gpusched/config.yaml")
+SYSTEM_SOCKET_PATH = Path("/run/gpusched/gpusched.sock")
+
+
+def _user_state_dir() -> Path:
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "gpusched"
+
+
+def user_socket_path() -> Path:
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime:
+        return Path(runtime) / "gpusched.sock"
+    return _user_state_dir() / "gpusched.sock"
+
+
+def _is_root() -> bool:
+    return os.geteuid() == 0
+
+
+@dataclass(frozen=True)
+class Config:
+    socket_path: Path
+    database_url: str
+    state_dir: Path
+    log_dir: Path
+    poll_interval_s: float = 2.0
+    headroom_bytes: int = 512 * 2**20
+    gpus: tuple[int | str, ...] | None = None  # None = all
+    simulate: str | None = None
+    max_jobs_per_gpu: int | None = None
+    visible_devices: str = "index"  # or "uuid"
+    kill_grace_s: float = 10.0
+    show_commands: bool = False
+    admins: tuple[str, ...] = ()
+    source: str | None = None  # the file this came from, for messages
+
+
+def default_config() -> Config:
+    if _is_root():
+        return Config(
+            socket_path=SYSTEM_SOCKET_PATH,
+            database_url="sqlite:////var/lib/gpusched/gpusched.db",
+            state_dir=Path("/var/lib/gpusched"),
+            log_dir=Path("/var/log/gpusched/jobs"),
+        )
+    state = _user_state_dir()
+    return Config(
+        socket_path=user_socket_path(),
+        database_url=f"sqlite:///{state / 'gpusched.db'}",
+        state_dir=state,
+        log_dir=state / "jobs",
+    )
+
+
+def _bad(source: str, key: str, problem: str) -> ConfigError:
+    return ConfigError(f"{source}: key '{key}': {problem}")
+
+
+def _convert(source: str, key: str, value: Any, base: Config) -> dict[str, Any]:  # noqa: PLR0911
+    """Turn one YAML key into Config field values, or raise naming file and key."""
+    try:
+        if key == "socket":
+            return {"socket_path": Path(str(value)).expanduser()}
+        if key == "database":
+            url = str(value)
+            if "://" not in url:
+                raise UsageError("expected an SQLAlchemy URL such as sqlite:////var/lib/x.db")
+            return {"database_url": url}
+        if key in ("state_dir", "log_dir"):
+            return {key: Path(str(value)).expanduser()}
+        if key == "poll_interval":
+            return {"poll_interval_s": parse_duration(value)}
+        if key == "kill_grace":
+            return {"kill_grace_s": parse_duration(value)}
+        if key == "headroom":
+            if value in (0, "0"):
+                return {"headroom_bytes": 0}
+            return {"headroom_bytes": parse_size(value)}
+        if key == "gpus":
+            if value in (None, "all"):
+                return {"gpus": None}
+            items = value if isinstance(value, list) else [value]
+            if not items or not all(isinstance(i, int | str) for i in items):
+                raise UsageError("expected 'all' or a list of GPU indices or UUIDs")
+            return {"gpus": tuple(items)}
+        if key == "simulate":
+            if value is None:
+                return {"simulate": None}
+            from gpusched.gpus import parse_simulate_spec
+
+            parse_simulate_spec(str(value))
+            return {"simulate": str(value)}
+        if key == "max_jobs_per_gpu":
+            if value is None:
+                return {"max_jobs_per_gpu": None}
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise UsageError("expected a positive integer or null")
+            return {"max_jobs_per_gpu": value}
+        if key == "visible_devices":
+            if value not in ("index", "uuid"):
+                raise UsageError("expected 'index' or 'uuid'")
+            return {"visible_devices": value}
+        if key == "show_commands":
+            if not isinstance(value, bool):
+                raise UsageError("expected true or false")
+            return {"show_commands": value}
+        if key == "admins":
+            items = value or []
+            if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+                raise UsageError("expected a list of user names")
+            return {"admins": tuple(items)}
+    except UsageError as exc:
+        raise _bad(source, key, exc.message) from None
+    raise _bad(source, key, "unknown key (see config/gpusched.yaml for the keys)")
+
+
+def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> Config:
+    """Read `path` (or the default location if it exists) over the defaults.
+
+    A path that was named explicitly must exist; the default location may be absent.
+    `overrides` are YAML-style keys from the command line (e.g. {"simulate": "2x24G"}).
+    """
+    import yaml  # only the daemon and a client given a config file pay for YAML
+
+    base = default_config()
+    data: dict[str, Any] = {}
+    source = "defaults"
+    if path is None and _is_root() and SYSTEM_CONFIG_PATH.exists():
+        path = SYSTEM_CONFIG_PATH
+    if path is not None:
+        source = str(path)
+        try:
+            text = Path(path).read_text()
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: config file not found") from None
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read config file: {exc.strerror}") from None
+        try:
+            loaded = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" at line {mark.line + 1}" if mark is not None else ""
+            raise ConfigError(f"{path}: not valid YAML{where}") from None
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: expected a mapping of keys to values")
+        data.update(loaded)
+    for key, value in (overrides or {}).items():
+        if value is not None:
+            data[key] = value
+    values: dict[str, Any] = {"source": source}
+    for key, value in data.items():
+        values.update(_convert(source, str(key), value, base))
+    known = {f.name for f in fields(Config)}
+    return replace(base, **{k: v for k, v in values.items() if k in known})
+
+
+def config_path_from_env(explicit: str | None) -> Path | None:
+    if explicit:
+        return Path(explicit)
+    env = os.environ.get("GPUSCHED_CONFIG")
+    return Path(env) if env else None

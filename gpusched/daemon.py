@@ -1,0 +1,187 @@
+"""The daemon process: wires config, store, probe, launcher, scheduler and server.
+
+It also owns the process-level concerns: logging to stderr, the APScheduler interval
+job that drives `tick()`, immediate wake-ups, signals and systemd's sd_notify.
+
+Signals only set flags or wake the main thread; the main thread acts. SIGTERM and
+SIGINT stop scheduling and close the database; running jobs keep running (each
+under its own supervisor, in its own session) and are re-adopted by the next start.
+SIGHUP reloads the configuration file; a bad new file is logged and the old one kept.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import replace
+from datetime import datetime, timezone
+from pathlib import Path
+
+from apscheduler.executors.pool import ThreadPoolExecutor
+from apscheduler.schedulers.background import BackgroundScheduler
+
+from gpusched.config import Config, load_config
+from gpusched.errors import GpuschedError
+from gpusched.gpus import Probe, SimulatedProbe
+from gpusched.launcher import Launcher
+from gpusched.scheduler import Scheduler
+from gpusched.server import Server
+from gpusched.store import Store
+
+log = logging.getLogger("gpusched.daemon")
+
+TICK_JOB_ID = "tick"
+
+
+def sd_notify(message: str) -> None:
+    """Tell systemd (Type=notify) about our state; a no-op outside systemd."""
+    address = os.environ.get("NOTIFY_SOCKET")
+    if not address:
+        return
+    if address.startswith("@"):
+        address = "\0" + address[1:]  # abstract namespace
+    with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.connect(address)
+        sock.sendall(message.encode())
+
+
+def make_probe(config: Config) -> Probe:
+    if config.simulate:
+        return SimulatedProbe.from_spec(config.simulate)
+    from gpusched.nvml import NvmlProbe
+
+    return NvmlProbe()
+
+
+def _prepare_dirs(config: Config) -> None:
+    # Root-only state: job specs hold users' environments.
+    config.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.chmod(config.state_dir, 0o700)
+    # Logs: the directory is traversable so owners can tail their own 0600 files.
+    config.log_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
+
+
+class Daemon:
+    """Builds every part at construction (failing early with a clear message), runs on run()."""
+
+    def __init__(self, config: Config, config_path: Path | None, overrides: dict[str, str]) -> None:
+        self.config = config
+        self.config_path = config_path
+        self.overrides = overrides
+        log.info(
+            "gpusched daemon starting (pid %s, %s)",
+            os.getpid(),
+            "system mode" if os.geteuid() == 0 else "single-user mode",
+        )
+        self.probe = make_probe(config)
+        self.probe.snapshot()  # fail now, with the driver's message, not at the first tick
+        log.info("GPUs: %s", self.probe.describe())
+        _prepare_dirs(config)
+        self.store = Store(config.database_url)
+        log.info("database %s, socket %s", config.database_url, config.socket_path)
+
+        def launcher_factory(on_exit: Callable[[int], None]) -> Launcher:
+            return Launcher(config.state_dir, config.log_dir, config.kill_grace_s, on_exit)
+
+        self.scheduler = Scheduler(config, self.store, self.probe, launcher_factory)
+        self.scheduler.wake = self.wake
+        self.server = Server(self.scheduler, config.socket_path)
+        self.reload_requested = False
+        self.stop_requested = threading.Event()
+        self._ticks = BackgroundScheduler(
+            executors={"default": ThreadPoolExecutor(2)}, timezone=timezone.utc
+        )
+
+    def wake(self) -> None:
+        """Run a tick now.
+
+        A tick may be running: max_instances=2 lets one more wait behind it, and the
+        scheduler's lock serialises them, so a wake-up that arrives during a tick is
+        never lost (with max_instances=1 APScheduler would skip it until the next poll).
+        """
+        with contextlib.suppress(Exception):
+            self._ticks.modify_job(TICK_JOB_ID, next_run_time=datetime.now(timezone.utc))
+
+    def _tick(self) -> None:
+        try:
+            self.scheduler.tick()
+        except Exception:  # one bad tick must not end the loop; the next one retries
+            log.exception("scheduling pass failed")
+
+    def run(self) -> int:
+        self.scheduler.adopt_running()
+        self.server.bind()
+        self._ticks.add_job(
+            self._tick,
+            "interval",
+            seconds=self.config.poll_interval_s,
+            id=TICK_JOB_ID,
+            max_instances=2,
+            coalesce=True,
+            misfire_grace_time=None,
+            next_run_time=datetime.now(timezone.utc),
+        )
+        self._ticks.start()
+        threading.Thread(target=self.server.serve_forever, name="server", daemon=True).start()
+        self._install_signals()
+        sd_notify("READY=1\nSTATUS=scheduling")
+        log.info("ready: listening on %s", self.config.socket_path)
+        while not self.stop_requested.wait(0.5):
+            if self.reload_requested:
+                self.reload_requested = False
+                self._reload()
+        sd_notify("STOPPING=1")
+        log.info("stopping: running jobs keep running and will be re-adopted at the next start")
+        self.server.close()
+        self._ticks.shutdown(wait=True)
+        self.scheduler.launcher.close()
+        self.store.close()
+        self.probe.close()
+        return 0
+
+    def _install_signals(self) -> None:
+        def stop(_signum: int, _frame: object) -> None:
+            self.stop_requested.set()
+
+        def reload(_signum: int, _frame: object) -> None:
+            self.reload_requested = True
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        signal.signal(signal.SIGHUP, reload)
+
+    def _reload(self) -> None:
+        try:
+            new = load_config(self.config_path, self.overrides)
+        except GpuschedError as exc:
+            log.error("config reload failed, keeping the old config: %s", exc.message)
+            return
+        fixed = ("socket_path", "database_url", "state_dir", "log_dir", "simulate")
+        changed = [name for name in fixed if getattr(new, name) != getattr(self.config, name)]
+        if changed:
+            log.warning("config reload: %s need a restart to change; kept", ", ".join(changed))
+            new = replace(new, **{name: getattr(self.config, name) for name in changed})
+        self.config = new
+        self.scheduler.config = new
+        self.server.config = new
+        self._ticks.reschedule_job(TICK_JOB_ID, trigger="interval", seconds=new.poll_interval_s)
+        log.info("config reloaded from %s", self.config_path or "defaults")
+        self.wake()
+
+
+def run_daemon(config_path: Path | None, simulate: str | None) -> int:
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    logging.getLogger("apscheduler").setLevel(logging.WARNING)
+    overrides = {"simulate": simulate} if simulate else {}
+    config = load_config(config_path, overrides)
+    return Daemon(config, config_path, overrides).run()

@@ -1,0 +1,272 @@
+"""The launcher: starts jobs under their supervisor, watches them, stops them.
+
+The launcher is the daemon's truth about processes. It writes each job's spec to
+the state directory, starts `python -m gpusched.supervisor` in a new session, and
+watches the supervisor through a pidfd, which works the same for a child and for a
+supervisor adopted after a daemon restart. When a supervisor exits, its outcome is
+read from `exit.json` (written by the supervisor before it exits).
+
+A process is identified by its pid *and* its start time: after a restart, a pid
+recorded in the database may belong to an unrelated process by now.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import pwd
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from gpusched.models import Job
+from gpusched.supervisor import write_json_atomically
+
+log = logging.getLogger("gpusched.launcher")
+
+
+@dataclass(frozen=True)
+class Started:
+    pid: int
+    start_time: str
+    log_path: str
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a job's supervisor says the job ended (None fields: unknown)."""
+
+    kind: str  # exit | signal | cancelled | failed_to_start | lost
+    exit_code: int | None = None
+    signal: int | None = None
+    message: str | None = None
+
+
+class StartError(Exception):
+    """The job could not be handed to a supervisor (the message is for the job's owner)."""
+
+
+def process_start_time(pid: int) -> str | None:
+    try:
+        return repr(psutil.Process(pid).create_time())
+    except psutil.Error:
+        return None
+
+
+def is_same_process(pid: int, start_time: str | None) -> bool:
+    """True if `pid` is alive and is the process that started at `start_time`."""
+    if start_time is None:
+        return False
+    try:
+        process = psutil.Process(pid)
+        return (
+            repr(process.create_time()) == start_time and process.status() != psutil.STATUS_ZOMBIE
+        )
+    except psutil.Error:
+        return False
+
+
+def process_tree(pid: int) -> set[int]:
+    """The pid and all its descendants (the supervisor is a subreaper: orphans stay under it)."""
+    try:
+        root = psutil.Process(pid)
+        return {pid, *(child.pid for child in root.children(recursive=True))}
+    except psutil.Error:
+        return set()
+
+
+def supervisor_command(spec_path: Path) -> list[str]:
+    return [sys.executable, "-m", "gpusched.supervisor", str(spec_path)]
+
+
+def find_supervisor(spec_path: Path) -> int | None:
+    """The pid of a live supervisor for this spec (a daemon may have died before recording it)."""
+    wanted = supervisor_command(spec_path)[1:]
+    for process in psutil.process_iter(["cmdline"]):
+        cmdline = process.info.get("cmdline") or []
+        if cmdline[1:] == wanted:
+            return process.pid
+    return None
+
+
+def job_environment(
+    job: Job,
+    submitted_env: dict[str, str],
+    gpu_indices: Sequence[int],
+    gpu_uuids: Sequence[str],
+    visible_devices: str,
+) -> dict[str, str]:
+    """The submitter's environment plus what gpusched sets for every job."""
+    env = dict(submitted_env)
+    if os.geteuid() == 0:
+        # Identity variables come from the account database, never from the client.
+        try:
+            entry = pwd.getpwuid(job.uid)
+            env.update(
+                HOME=entry.pw_dir, USER=entry.pw_name, LOGNAME=entry.pw_name, SHELL=entry.pw_shell
+            )
+        except KeyError:
+            pass
+    visible = gpu_uuids if visible_devices == "uuid" else [str(i) for i in gpu_indices]
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(visible)
+    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    env["GPUSCHED_JOB_ID"] = str(job.id)
+    env["GPUSCHED_GPU_UUIDS"] = ",".join(gpu_uuids)
+    return env
+
+
+class Launcher:
+    def __init__(
+        self, state_dir: Path, log_dir: Path, kill_grace_s: float, on_exit: Callable[[int], None]
+    ) -> None:
+        self.jobs_dir = state_dir / "jobs"
+        self.log_dir = log_dir
+        self.kill_grace_s = kill_grace_s
+        self._on_exit = on_exit
+        self._children: dict[int, subprocess.Popen[bytes]] = {}
+        self._selector = selectors.DefaultSelector()
+        self._watched: dict[int, int] = {}  # pidfd -> job id
+        self._lock = threading.Lock()
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._selector.register(self._wake_r, selectors.EVENT_READ)
+        self._stopping = False
+        self._thread = threading.Thread(target=self._watch_loop, name="job-watcher", daemon=True)
+        self._thread.start()
+
+    def job_dir(self, job_id: int) -> Path:
+        return self.jobs_dir / str(job_id)
+
+    def log_path(self, job_id: int) -> Path:
+        return self.log_dir / f"{job_id}.log"
+
+    def start(self, job: Job, env: dict[str, str], umask: int, gid: int) -> Started:
+        """Hand the job to a new supervisor. Raises StartError with a message for the owner."""
+        try:
+            entry = pwd.getpwuid(job.uid)
+        except KeyError:
+            raise StartError(f"the job's owner (uid {job.uid}) no longer exists") from None
+        groups = os.getgrouplist(entry.pw_name, gid) if os.geteuid() == 0 else []
+        job_dir = self.job_dir(job.id)
+        try:
+            # The job dir is root's (0700): only the daemon and supervisor read the spec.
+            with contextlib.suppress(FileNotFoundError):
+                shutil.rmtree(job_dir)
+            job_dir.mkdir(parents=True, mode=0o700)
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StartError(f"cannot prepare job directories: {exc}") from None
+        log_path = self.log_path(job.id)
+        spec: dict[str, Any] = {
+            "job_id": job.id,
+            "argv": job.command,
+            "cwd": job.cwd,
+            "env": env,
+            "uid": job.uid,
+            "gid": gid,
+            "groups": groups,
+            "umask": umask,
+            "log_path": str(log_path),
+            "kill_grace_s": self.kill_grace_s,
+        }
+        spec_path = job_dir / "spec.json"
+        try:
+            write_json_atomically(spec_path, spec)
+            with open(job_dir / "supervisor.err", "wb") as supervisor_err:
+                process = subprocess.Popen(
+                    supervisor_command(spec_path),
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=supervisor_err,
+                    start_new_session=True,
+                    close_fds=True,
+                    cwd="/",
+                )
+        except OSError as exc:
+            raise StartError(f"cannot start the job's supervisor: {exc}") from None
+        start_time = process_start_time(process.pid) or "0"
+        with self._lock:
+            self._children[process.pid] = process
+        self.watch(job.id, process.pid)
+        return Started(process.pid, start_time, str(log_path))
+
+    def watch(self, job_id: int, pid: int) -> None:
+        """Call on_exit(job_id) once `pid` exits (also for supervisors adopted after a restart)."""
+        try:
+            pidfd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            self._on_exit(job_id)
+            return
+        with self._lock:
+            self._watched[pidfd] = job_id
+            self._selector.register(pidfd, selectors.EVENT_READ)
+        os.write(self._wake_w, b"x")
+
+    def _watch_loop(self) -> None:
+        while not self._stopping:
+            for key, _ in self._selector.select(timeout=1.0):
+                fd = int(key.fd)
+                if fd == self._wake_r:
+                    with contextlib.suppress(BlockingIOError):
+                        os.read(self._wake_r, 4096)
+                    continue
+                with self._lock:
+                    job_id = self._watched.pop(fd)
+                    self._selector.unregister(fd)
+                os.close(fd)
+                self._reap_children()
+                try:
+                    self._on_exit(job_id)
+                except Exception:  # the watcher must outlive any bug in a callback
+                    log.exception("handling the exit of job %s failed", job_id)
+
+    def _reap_children(self) -> None:
+        with self._lock:
+            for pid, process in list(self._children.items()):
+                if process.poll() is not None:
+                    del self._children[pid]
+
+    def outcome(self, job_id: int) -> Outcome:
+        """How the job ended, from its supervisor's record; `lost` when there is none."""
+        path = self.job_dir(job_id) / "exit.json"
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            err = self.job_dir(job_id) / "supervisor.err"
+            detail = ""
+            with contextlib.suppress(OSError):
+                detail = err.read_text().strip().splitlines()[-1] if err.stat().st_size else ""
+            why = "its supervisor ended without recording an exit status"
+            return Outcome("lost", message=f"{why}: {detail}" if detail else why)
+        except (OSError, ValueError) as exc:
+            return Outcome("lost", message=f"unreadable exit record: {exc}")
+        return Outcome(
+            str(data.get("outcome")),
+            exit_code=data.get("exit_code"),
+            signal=data.get("signal"),
+            message=data.get("message"),
+        )
+
+    def cancel(self, pid: int, start_time: str | None) -> bool:
+        """Ask a job's supervisor to stop the job's tree (SIGTERM, grace, SIGKILL)."""
+        if not is_same_process(pid, start_time):
+            return False
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+        return True
+
+    def close(self) -> None:
+        """Stop watching. Jobs keep running: their supervisors are in their own sessions."""
+        self._stopping = True
+        os.write(self._wake_w, b"x")
+        self._thread.join(timeout=5)

@@ -1,0 +1,360 @@
+"""The daemon's front door: a Unix socket, one request per line, identity from the kernel.
+
+Each connection gets a thread; each request is decoded, authenticated by the
+socket's peer credentials (SO_PEERCRED: never a field the client sends, never
+$USER), authorized, and dispatched through a flat table of handlers. A handler
+returns a value; the server writes it. Any error in a request becomes an error
+reply; nothing a client sends can stop the server.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import logging
+import os
+import pwd
+import socket
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpusched import __version__
+from gpusched.errors import (
+    GpuschedError,
+    NotFoundError,
+    PermissionDenied,
+    ProtocolError,
+    UsageError,
+)
+from gpusched.models import TERMINAL_STATES, Job, JobState
+from gpusched.protocol import decode, encode, error_reply, ok_reply, peer_credentials, read_frame
+from gpusched.scheduler import Scheduler
+from gpusched.store import NewJob
+
+log = logging.getLogger("gpusched.server")
+
+MAX_CONNECTIONS = 128
+IDLE_TIMEOUT_S = 60.0
+MAX_WAIT_S = 30.0
+MAX_LOG_CHUNK = 1 << 20
+HIDDEN_COMMAND = ["(hidden)"]
+
+
+@dataclass(frozen=True)
+class Caller:
+    pid: int
+    uid: int
+    gid: int
+    user: str
+    admin: bool
+
+
+Handler = Callable[["Server", Caller, dict[str, Any]], Any]
+
+
+# -- argument checks: a wrong type is the client's fault, never the daemon's crash ----------
+
+
+def _arg(
+    args: dict[str, Any],
+    key: str,
+    kind: type | tuple[type, ...],
+    default: Any = None,
+    required: bool = False,
+) -> Any:
+    if key not in args or args[key] is None:
+        if required:
+            raise ProtocolError(f"request is missing '{key}'")
+        return default
+    value = args[key]
+    if isinstance(value, bool) and kind is int:
+        raise ProtocolError(f"'{key}' must be an integer")
+    if not isinstance(value, kind):
+        raise ProtocolError(f"'{key}' has the wrong type")
+    return value
+
+
+def _job_id(args: dict[str, Any]) -> int:
+    value = _arg(args, "id", int, required=True)
+    if value < 1:
+        raise NotFoundError(f"no job {value}")
+    return int(value)
+
+
+def _str_list(args: dict[str, Any], key: str) -> list[str]:
+    value = _arg(args, key, list, default=[])
+    if not all(isinstance(item, str) for item in value):
+        raise ProtocolError(f"'{key}' must be a list of strings")
+    return value
+
+
+def _int_list(args: dict[str, Any], key: str) -> list[int]:
+    value = _arg(args, key, list, default=[])
+    if not all(isinstance(item, int) and not isinstance(item, bool) for item in value):
+        raise ProtocolError(f"'{key}' must be a list of job ids")
+    return value
+
+
+class Server:
+    def __init__(self, scheduler: Scheduler, socket_path: Path) -> None:
+        self.scheduler = scheduler
+        self.store = scheduler.store
+        self.config = scheduler.config
+        self.socket_path = socket_path
+        self.single_user = os.geteuid() != 0
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self._listener: socket.socket | None = None
+        self._stopping = False
+
+    # -- listening ----------------------------------------------------------------------------
+
+    def bind(self) -> None:
+        path = self.socket_path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.exists() or path.is_symlink():
+            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                probe.connect(str(path))
+            except OSError:
+                path.unlink()  # a stale socket from a daemon that died
+            else:
+                probe.close()
+                raise GpuschedError(f"another gpusched daemon is already listening on {path}")
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(str(path))
+        # Everyone may connect on a shared server: identity comes from SO_PEERCRED.
+        os.chmod(path, 0o600 if self.single_user else 0o666)
+        listener.listen(128)
+        self._listener = listener
+
+    def serve_forever(self) -> None:
+        listener = self._listener
+        if listener is None:
+            raise RuntimeError("serve_forever() before bind()")
+        while not self._stopping:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                if self._stopping:
+                    return
+                raise
+            if not self._slots.acquire(blocking=False):
+                conn.close()  # too many clients at once: drop, never queue unboundedly
+                continue
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def close(self) -> None:
+        self._stopping = True
+        if self._listener is not None:
+            with contextlib.suppress(OSError):
+                self._listener.shutdown(socket.SHUT_RDWR)
+            self._listener.close()
+        with contextlib.suppress(FileNotFoundError):
+            self.socket_path.unlink()
+
+    # -- one connection -------------------------------------------------------------------------
+
+    def _serve(self, conn: socket.socket) -> None:
+        try:
+            conn.settimeout(IDLE_TIMEOUT_S)
+            caller = self._identify(conn)
+            buffer = bytearray()
+            while True:
+                try:
+                    frame = read_frame(conn, buffer)
+                except ProtocolError as exc:
+                    conn.sendall(encode(error_reply(exc)))
+                    return  # the stream is out of step: drop this connection only
+                if frame is None:
+                    return
+                conn.sendall(encode(self.handle_frame(caller, frame)))
+        except (OSError, TimeoutError):
+            pass  # the client went away or stalled
+        except Exception:
+            log.exception("unexpected error serving a client")
+        finally:
+            conn.close()
+            self._slots.release()
+
+    def _identify(self, conn: socket.socket) -> Caller:
+        pid, uid, gid = peer_credentials(conn)
+        try:
+            user = pwd.getpwuid(uid).pw_name
+        except KeyError:
+            user = f"uid{uid}"
+        admin = uid == 0 or uid == os.geteuid() or user in self.config.admins
+        return Caller(pid, uid, gid, user, admin)
+
+    def handle_frame(self, caller: Caller, frame: bytes) -> dict[str, Any]:
+        try:
+            request = decode(frame)
+            op = request.get("op")
+            handler = HANDLERS.get(op) if isinstance(op, str) else None
+            if handler is None:
+                raise ProtocolError(f"unknown request {op!r}")
+            if self.single_user and caller.uid != os.geteuid():
+                raise PermissionDenied(
+                    f"this gpusched daemon runs as {pwd.getpwuid(os.geteuid()).pw_name} and serves"
+                    " only that user; ask an administrator for the system service"
+                )
+            return ok_reply(handler(self, caller, request))
+        except GpuschedError as exc:
+            return error_reply(exc)
+        except Exception as exc:  # a bug must cost one request, not the daemon
+            log.exception("request failed")
+            return error_reply(GpuschedError(f"internal error: {type(exc).__name__}: {exc}"))
+
+    # -- authorization ---------------------------------------------------------------------------
+
+    def owned_job(self, caller: Caller, job_id: int) -> Job:
+        job = self.store.get(job_id)
+        if job.uid != caller.uid and not caller.admin:
+            raise PermissionDenied(
+                f"job {job_id} belongs to {job.user}: you can act only on your own jobs"
+            )
+        return job
+
+    def visible(self, caller: Caller, job: Job) -> dict[str, Any]:
+        job = self.scheduler.decorate(job)
+        data = job.to_json()
+        if job.uid != caller.uid and not caller.admin and not self.config.show_commands:
+            data["command"] = HIDDEN_COMMAND
+            data["cwd"] = None
+        return data
+
+
+# -- handlers: one per request, each returns a JSON-able value ------------------------------------
+
+
+def _ping(server: Server, caller: Caller, _args: dict[str, Any]) -> Any:
+    return {"version": __version__, "pid": os.getpid(), "user": caller.user, "uid": caller.uid}
+
+
+def _submit(server: Server, caller: Caller, args: dict[str, Any]) -> Any:
+    command = _str_list(args, "command")
+    if not command or not command[0]:
+        raise UsageError("no command given: gpusched submit [OPTIONS] -- COMMAND [ARGS...]")
+    cwd = _arg(args, "cwd", str, required=True)
+    if not os.path.isabs(cwd):
+        raise UsageError(f"working directory must be an absolute path, not {cwd!r}")
+    env = _arg(args, "env", dict, default={})
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise ProtocolError("'env' must map strings to strings")
+    mem = _arg(args, "mem", int)
+    if mem is not None and mem <= 0:
+        raise UsageError("--mem must be more than zero")
+    gpus = _arg(args, "gpus", int, default=1)
+    if gpus < 1:
+        raise UsageError("--gpus must be at least 1")
+    umask = _arg(args, "umask", int, default=0o022)
+    if not 0 <= umask <= 0o777:
+        raise ProtocolError("'umask' must be between 0 and 0o777")
+    name = _arg(args, "name", str)
+    if name is not None and len(name) > 200:
+        raise UsageError("--name is limited to 200 characters")
+    new = NewJob(
+        user=caller.user,
+        uid=caller.uid,
+        gid=caller.gid,
+        command=command,
+        cwd=cwd,
+        env=env,
+        umask=umask,
+        mem=mem,
+        gpus=gpus,
+        name=name,
+        priority=_arg(args, "priority", int, default=0),
+        after=tuple(_int_list(args, "after")),
+        held=bool(_arg(args, "hold", bool, default=False)),
+    )
+    return server.visible(caller, server.scheduler.submit(new))
+
+
+def _status(server: Server, caller: Caller, args: dict[str, Any]) -> Any:
+    active = server.store.active()
+    running = [j for j in active if j.state == JobState.RUNNING]
+    jobs = [server.visible(caller, j) for j in active]
+    if _arg(args, "all", bool, default=False):
+        jobs += [server.visible(caller, j) for j in server.store.ended(limit=20)]
+    return {"gpus": [g.to_json() for g in server.scheduler.gpu_reports(running)], "jobs": jobs}
+
+
+def _show(server: Server, caller: Caller, args: dict[str, Any]) -> Any:
+    return server.visible(caller, server.store.get(_job_id(args)))
+
+
+def _logs(server: Server, caller: Caller, args: dict[str, Any]) -> Any:
+    job = server.owned_job(caller, _job_id(args))
+    offset = max(0, _arg(args, "offset", int, default=0))
+    limit = min(MAX_LOG_CHUNK, max(1, _arg(args, "max_bytes", int, default=MAX_LOG_CHUNK)))
+    data = b""
+    if job.log_path:
+        try:
+            # O_NOFOLLOW: the daemon reads only the file it created, never a planted link.
+            fd = os.open(job.log_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            fd = -1
+        except OSError as exc:
+            raise GpuschedError(f"cannot read the log of job {job.id}: {exc.strerror}") from None
+        if fd >= 0:
+            with os.fdopen(fd, "rb") as handle:
+                handle.seek(offset)
+                data = handle.read(limit)
+    return {
+        "data": base64.b64encode(data).decode("ascii"),
+        "offset": offset + len(data),
+        "ended": job.state in TERMINAL_STATES,
+        "state": str(job.state),
+        "log_path": job.log_path,
+    }
+
+
+def _cancel(server: Server, caller: Caller, args: dict[str, Any]) -> Any:
+    job = server.owned_job(caller, _job_id(args))
+    return server.visible(caller, server.scheduler.cancel(job, by=caller.user))
+
+
+def _hold(server: Server, caller: Caller, args: dict[str, Any]) -> Any:
+    return server.visible(caller, server.scheduler.hold(server.owned_job(caller, _job_id(args))))
+
+
+def _release(server: Server, caller: Caller, args: dict[str, Any]) -> Any:
+    return server.visible(caller, server.scheduler.release(server.owned_job(caller, _job_id(args))))
+
+
+def _wait(server: Server, caller: Caller, args: dict[str, Any]) -> Any:
+    ids = _int_list(args, "ids")
+    if not ids:
+        raise UsageError("no job ids to wait for")
+    for job_id in ids:
+        server.store.get(job_id)  # unknown ids fail now, not after the timeout
+    timeout = float(_arg(args, "timeout", (int, float), default=MAX_WAIT_S))
+    timeout = min(max(timeout, 0.0), MAX_WAIT_S)
+    return [server.visible(caller, j) for j in server.scheduler.wait_ended(ids, timeout)]
+
+
+def _history(server: Server, caller: Caller, args: dict[str, Any]) -> Any:
+    limit = _arg(args, "limit", int, default=50)
+    if limit < 1:
+        raise UsageError("--limit must be at least 1")
+    user = _arg(args, "user", str)
+    return [
+        server.visible(caller, j) for j in server.store.ended(limit=min(limit, 10000), user=user)
+    ]
+
+
+HANDLERS: dict[str, Handler] = {
+    "ping": _ping,
+    "submit": _submit,
+    "status": _status,
+    "show": _show,
+    "logs": _logs,
+    "cancel": _cancel,
+    "hold": _hold,
+    "release": _release,
+    "wait": _wait,
+    "history": _history,
+}

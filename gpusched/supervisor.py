@@ -1,0 +1,242 @@
+"""The job supervisor: one small process per job, between the daemon and the job.
+
+The daemon starts `python -m gpusched.supervisor SPEC` in a new session. The
+supervisor becomes a child subreaper (so every descendant of the job, even one that
+calls setsid and whose parent exits, is re-parented to it and can be found and
+killed), opens the job's log, starts the job as its owner, waits for it and writes
+how it ended to `exit.json` next to the spec. Because the outcome is on disk, a
+daemon that was killed or restarted meanwhile still learns the real exit code.
+
+SIGTERM (sent by the daemon on cancel) means: SIGTERM the job's whole tree, wait
+the grace period, SIGKILL whatever is left. When the job's main process exits, any
+process it left behind is stopped the same way, so nothing keeps GPU memory after
+its job has ended.
+
+Stdlib and psutil only: this runs once per job and must start fast.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def _become_subreaper() -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
+
+
+def write_json_atomically(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        json.dump(data, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    # fsync the directory so the rename itself survives a power cut.
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def _open_log(path: str, uid: int, gid: int) -> int:
+    """Create the job's log afresh, owned by the job's owner, mode 0600.
+
+    O_EXCL|O_NOFOLLOW: a symlink or file planted at that name is never followed or
+    reused; it is removed and the log created anew.
+    """
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_APPEND
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    fd = os.open(path, flags, 0o600)
+    if os.geteuid() == 0:
+        os.fchown(fd, uid, gid)
+    return fd
+
+
+def _descendants() -> list[psutil.Process]:
+    try:
+        return psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def _signal_all(processes: list[psutil.Process], signum: int) -> None:
+    for process in processes:
+        # ESRCH (already gone) is the common, harmless case.
+        with contextlib.suppress(psutil.Error):
+            process.send_signal(signum)
+
+
+class Supervisor:
+    def __init__(self, spec: dict[str, Any], exit_path: Path) -> None:
+        self.spec = spec
+        self.exit_path = exit_path
+        self.terminate_requested = False
+        self.child: subprocess.Popen[bytes] | None = None
+
+    def _on_term(self, _signum: int, _frame: object) -> None:
+        self.terminate_requested = True
+
+    def _record(self, **outcome: Any) -> None:
+        outcome.setdefault("ended_at", time.time())
+        write_json_atomically(self.exit_path, outcome)
+
+    def _start(self, log_fd: int) -> subprocess.Popen[bytes]:
+        spec = self.spec
+        as_other_user = os.geteuid() == 0 and spec["uid"] != 0
+        extra: dict[str, Any] = {}
+        if as_other_user:
+            extra = {"user": spec["uid"], "group": spec["gid"], "extra_groups": spec["groups"]}
+        return subprocess.Popen(
+            spec["argv"],
+            cwd=spec["cwd"],
+            env=spec["env"],
+            stdin=subprocess.DEVNULL,
+            stdout=log_fd,
+            stderr=log_fd,
+            umask=spec["umask"],
+            start_new_session=True,
+            close_fds=True,
+            **extra,
+        )
+
+    def _stop_tree(self, grace_s: float, wakeup_fd: int) -> None:
+        """SIGTERM every descendant, wait up to the grace period, SIGKILL the rest."""
+        _signal_all(_descendants(), signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            self._reap()
+            if not _descendants():
+                return
+            select.select([wakeup_fd], [], [], 0.05)
+            _drain(wakeup_fd)
+        _signal_all(_descendants(), signal.SIGKILL)
+        while _descendants():
+            self._reap()
+            time.sleep(0.01)
+
+    def _reap(self) -> None:
+        """Reap every exited child (the job and orphans re-parented to us)."""
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if self.child is not None and pid == self.child.pid:
+                self.child.returncode = os.waitstatus_to_exitcode(status)
+
+    def run(self) -> int:
+        spec = self.spec
+        _become_subreaper()
+        read_fd, write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.set_wakeup_fd(write_fd)
+        # Handlers only set flags; the loop below acts (handlers are reset in the job on exec).
+        signal.signal(signal.SIGTERM, self._on_term)
+        signal.signal(signal.SIGINT, self._on_term)
+        signal.signal(signal.SIGCHLD, lambda _s, _f: None)
+        try:
+            log_fd = _open_log(spec["log_path"], spec["uid"], spec["gid"])
+        except OSError as exc:
+            self._record(
+                outcome="failed_to_start",
+                message=f"cannot open log {spec['log_path']}: {exc.strerror}",
+            )
+            return 1
+        try:
+            self.child = self._start(log_fd)
+        except (OSError, subprocess.SubprocessError, ValueError) as exc:
+            message = _start_error(exc, spec)
+            os.write(log_fd, f"gpusched: {message}\n".encode())
+            self._record(outcome="failed_to_start", message=message)
+            return 1
+        finally:
+            os.close(log_fd)
+        cancelled = False
+        while self.child.returncode is None:
+            if self.terminate_requested and not cancelled:
+                cancelled = True
+                self._stop_tree(float(spec["kill_grace_s"]), read_fd)
+                continue
+            select.select([read_fd], [], [], 1.0)
+            _drain(read_fd)
+            self._reap()
+        # The main process is gone; stop anything it left behind holding the GPU.
+        if _descendants():
+            self._stop_tree(float(spec["kill_grace_s"]), read_fd)
+        code = self.child.returncode
+        if cancelled or self.terminate_requested:
+            self._record(outcome="cancelled", exit_code=_exit_code(code), signal=_signal_of(code))
+        elif code < 0:
+            self._record(
+                outcome="signal",
+                exit_code=_exit_code(code),
+                signal=-code,
+                message=f"killed by {signal.Signals(-code).name}",
+            )
+        else:
+            self._record(outcome="exit", exit_code=code)
+        return 0
+
+
+def _exit_code(code: int) -> int:
+    # A shell reports death by signal N as 128+N; so do we.
+    return 128 - code if code < 0 else code
+
+
+def _signal_of(code: int) -> int | None:
+    return -code if code < 0 else None
+
+
+def _drain(fd: int) -> None:
+    with contextlib.suppress(BlockingIOError):
+        while os.read(fd, 512):
+            pass
+
+
+def _start_error(exc: BaseException, spec: dict[str, Any]) -> str:
+    argv0 = spec["argv"][0]
+    if isinstance(exc, FileNotFoundError):
+        if exc.filename == spec["cwd"] or not Path(spec["cwd"]).is_dir():
+            return f"working directory {spec['cwd']} does not exist"
+        return f"command not found: {argv0}"
+    if isinstance(exc, PermissionError):
+        if exc.filename == spec["cwd"]:
+            return f"cannot enter working directory {spec['cwd']}: permission denied"
+        return f"cannot execute {argv0}: permission denied"
+    if isinstance(exc, OSError) and exc.errno == errno.ENOEXEC:
+        return f"cannot execute {argv0}: not an executable file"
+    return f"could not start {argv0}: {exc}"
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print("usage: python -m gpusched.supervisor SPEC.json", file=sys.stderr)
+        return 2
+    spec_path = Path(argv[1])
+    spec = json.loads(spec_path.read_text())
+    return Supervisor(spec, spec_path.with_name("exit.json")).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
