@@ -1,0 +1,146 @@
+"""A real gpusched daemon in a temporary directory, driven through the real CLI.
+
+Each `RunningDaemon` has its own config file, socket, SQLite database, state and log
+directories, so tests never touch system paths and never share state.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import yaml
+
+from gpusched.client import Client
+
+START_TIMEOUT_S = 15.0
+
+
+class RunningDaemon:
+    def __init__(
+        self,
+        root: Path,
+        simulate: str | None = "2x24G",
+        config: dict[str, Any] | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.root = root
+        self.socket_path = root / "gpusched.sock"
+        self.config_path = root / "config.yaml"
+        self.stderr_path = root / "daemon.stderr"
+        settings: dict[str, Any] = {
+            "socket": str(self.socket_path),
+            "database": f"sqlite:///{root / 'gpusched.db'}",
+            "state_dir": str(root / "state"),
+            "log_dir": str(root / "logs"),
+            "poll_interval": "1s",
+            "kill_grace": "2s",
+        }
+        if simulate:
+            settings["simulate"] = simulate
+        settings.update(config or {})
+        self.config_path.write_text(yaml.safe_dump(settings))
+        self.env = {**os.environ, "GPUSCHED_CONFIG": str(self.config_path), **(env or {})}
+        self.env.pop("GPUSCHED_SOCKET", None)
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self, *extra_args: str) -> RunningDaemon:
+        with open(self.stderr_path, "ab") as stderr:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "gpusched", "daemon", *extra_args],
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+            )
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"daemon exited {self.process.returncode}: {self.stderr()}")
+            try:
+                self.client().ping()
+                return self
+            except Exception:
+                time.sleep(0.05)
+        raise RuntimeError(f"daemon did not answer within {START_TIMEOUT_S}s: {self.stderr()}")
+
+    def stop(self, signum: int = signal.SIGTERM) -> int | None:
+        if self.process is None or self.process.poll() is not None:
+            return None if self.process is None else self.process.returncode
+        self.process.send_signal(signum)
+        try:
+            return self.process.wait(timeout=15)
+        finally:
+            self.process = None
+
+    def kill_jobs(self) -> None:
+        """SIGKILL every supervisor of this daemon and its job tree (jobs outlive the daemon)."""
+        marker = str(self.root / "state")
+        for process in psutil.process_iter(["cmdline"]):
+            cmdline = process.info.get("cmdline") or []
+            if any(marker in part for part in cmdline):
+                with contextlib.suppress(psutil.Error):
+                    for child in process.children(recursive=True):
+                        child.kill()
+                    process.kill()
+
+    def stderr(self) -> str:
+        try:
+            return self.stderr_path.read_text()
+        except FileNotFoundError:
+            return ""
+
+    def client(self) -> Client:
+        return Client(self.socket_path)
+
+    def cli(
+        self, *args: str, timeout: float = 60, **kwargs: Any
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "gpusched", *args],
+            env=kwargs.pop("env", self.env),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+            **kwargs,
+        )
+
+    def submit(self, *args: str, **kwargs: Any) -> int:
+        result = self.cli("submit", *args, **kwargs)
+        assert result.returncode == 0, result.stderr
+        return int(result.stdout.strip())
+
+    def show(self, job_id: int) -> dict[str, Any]:
+        result = self.cli("show", "--json", str(job_id))
+        assert result.returncode == 0, result.stderr
+        return dict(json.loads(result.stdout))
+
+    def status(self, *args: str) -> dict[str, Any]:
+        result = self.cli("status", "--json", *args)
+        assert result.returncode == 0, result.stderr
+        return dict(json.loads(result.stdout))
+
+    def wait_state(self, job_id: int, states: set[str], timeout: float = 20) -> dict[str, Any]:
+        """Poll until the job is in one of `states` (fails with the last state seen)."""
+        deadline = time.monotonic() + timeout
+        job = self.client().job(job_id).to_json()
+        while job["state"] not in states:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"job {job_id} still {job['state']} after {timeout}s: {job}")
+            time.sleep(0.05)
+            job = self.client().job(job_id).to_json()
+        return job
+
+    def log(self, job_id: int) -> str:
+        result = self.cli("logs", str(job_id))
+        assert result.returncode == 0, result.stderr
+        return result.stdout
