@@ -21,6 +21,7 @@ Importing this module imports pynvml; `gpusched.gpus` does not, so the CLI stays
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -123,18 +124,17 @@ class NvmlProbe:
         with self._lock:
             if self._initialized:
                 self._initialized = False
-                try:
+                # Shutting down a driver that went away: nothing is left to release.
+                with contextlib.suppress(pynvml.NVMLError):
                     pynvml.nvmlShutdown()
-                except pynvml.NVMLError:
-                    pass  # shutting down a driver that went away: nothing left to release
 
     # ---- extras ----
 
     def process_utilization(self) -> dict[str, dict[int, int]]:
         """SM utilization (percent) per pid sampled since the last call, by GPU uuid.
 
-        Only GPUs that were ok at the last snapshot are asked; a GPU without new samples
-        (NVML answers NOT_FOUND) or whose driver cannot sample is left out.
+        Only GPUs that were ok at the last snapshot are asked. A GPU with no new sample
+        (NVML answers NOT_FOUND) maps to {}; one whose driver cannot sample is left out.
         """
         with self._lock:
             self._ensure_init()
@@ -146,8 +146,10 @@ class NvmlProbe:
                 try:
                     handle = pynvml.nvmlDeviceGetHandleByUUID(gpu.uuid)
                     samples = pynvml.nvmlDeviceGetProcessUtilization(handle, since)
+                except pynvml.NVMLError_NotFound:
+                    samples = []  # nothing ran on it since the last call
                 except pynvml.NVMLError:
-                    continue  # no sample, or a failing GPU that the next snapshot reports
+                    continue  # cannot sample, or failing: the next snapshot reports that
                 latest: dict[int, int] = {}
                 for sample in sorted(samples, key=lambda s: s.timeStamp):
                     latest[sample.pid] = int(sample.smUtil)
