@@ -9,7 +9,8 @@ Sizes are bytes and durations are seconds inside `Config` (units in the names).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, fields, replace
+from collections.abc import Mapping
+from dataclasses import astuple, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,24 @@ def _is_root() -> bool:
 
 
 @dataclass(frozen=True)
+class UserLimits:
+    """Per-user limits (None: unlimited). `max_mem_bytes` sums declared memory over GPUs."""
+
+    max_running: int | None = None
+    max_mem_bytes: int | None = None
+    max_queued: int | None = None
+
+    def over(self, other: UserLimits) -> UserLimits:
+        """These limits, with every key `other` sets taking precedence."""
+        return UserLimits(
+            *(
+                theirs if theirs is not None else mine
+                for mine, theirs in zip(astuple(self), astuple(other), strict=True)
+            )
+        )
+
+
+@dataclass(frozen=True)
 class Config:
     socket_path: Path
     database_url: str
@@ -51,7 +70,13 @@ class Config:
     kill_grace_s: float = 10.0
     show_commands: bool = False
     admins: tuple[str, ...] = ()
+    default_limits: UserLimits = UserLimits()
+    user_limits: Mapping[str, UserLimits] = field(default_factory=dict)
     source: str | None = None  # the file this came from, for messages
+
+    def limits_for(self, user: str) -> UserLimits:
+        override = self.user_limits.get(user)
+        return self.default_limits if override is None else self.default_limits.over(override)
 
 
 def default_config() -> Config:
@@ -123,6 +148,8 @@ def _convert(source: str, key: str, value: Any, base: Config) -> dict[str, Any]:
             if not isinstance(value, bool):
                 raise UsageError("expected true or false")
             return {"show_commands": value}
+        if key == "limits":
+            return _limits(value)
         if key == "admins":
             items = value or []
             if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
@@ -131,6 +158,48 @@ def _convert(source: str, key: str, value: Any, base: Config) -> dict[str, Any]:
     except UsageError as exc:
         raise _bad(source, key, exc.message) from None
     raise _bad(source, key, "unknown key (see config/gpusched.yaml for the keys)")
+
+
+_LIMIT_KEYS = {"max_running", "max_mem", "max_queued"}
+
+
+def _one_limit(where: str, value: Any) -> UserLimits:
+    if value is None:
+        return UserLimits()
+    if not isinstance(value, dict):
+        raise UsageError(f"{where}: expected a mapping with max_running, max_mem, max_queued")
+    unknown = set(value) - _LIMIT_KEYS
+    if unknown:
+        raise UsageError(f"{where}: unknown limit {sorted(unknown)[0]!r}")
+    counts: dict[str, int | None] = {}
+    for name in ("max_running", "max_queued"):
+        count = value.get(name)
+        if count is not None and (
+            not isinstance(count, int) or isinstance(count, bool) or count < 0
+        ):
+            raise UsageError(f"{where}.{name}: expected a whole number >= 0")
+        counts[name] = count
+    mem = value.get("max_mem")
+    return UserLimits(
+        max_running=counts["max_running"],
+        max_mem_bytes=None if mem is None else parse_size(mem),
+        max_queued=counts["max_queued"],
+    )
+
+
+def _limits(value: Any) -> dict[str, Any]:
+    """`limits: {default: {...}, users: {alice: {...}}}` -> default and per-user limits."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or set(value) - {"default", "users"}:
+        raise UsageError("expected a mapping with 'default' and/or 'users'")
+    users = value.get("users") or {}
+    if not isinstance(users, dict):
+        raise UsageError("'users' must map user names to limits")
+    return {
+        "default_limits": _one_limit("default", value.get("default")),
+        "user_limits": {str(name): _one_limit(f"users.{name}", lim) for name, lim in users.items()},
+    }
 
 
 def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> Config:

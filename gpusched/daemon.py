@@ -60,11 +60,15 @@ def make_probe(config: Config) -> Probe:
 
 
 def _prepare_dirs(config: Config) -> None:
+    # Everything the daemon creates is private unless opened up on purpose below; jobs
+    # get their submitter's umask explicitly.
+    os.umask(0o077)
     # Root-only state: job specs hold users' environments.
     config.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     os.chmod(config.state_dir, 0o700)
     # Logs: the directory is traversable so owners can tail their own 0600 files.
     config.log_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
+    os.chmod(config.log_dir, 0o755)  # noqa: S103 - listing job ids is harmless; files are 0600
 
 
 class Daemon:

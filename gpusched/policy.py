@@ -17,7 +17,11 @@ The rules, in order:
 3. A job starts on the N GPUs with the most available memory among those where it
    fits (each needs `mem` available, or no gpusched job at all for a whole-GPU job,
    and fewer than `max_jobs_per_gpu` jobs).
-4. Anti-starvation ("the head keeps its cards"): the first job in that order that
+4. Per-user caps (`limits:` in the config): a job that would take its user past
+   `max_running` jobs or `max_mem` of declared GPU memory (a whole GPU counts as its
+   total) waits, and says which limit; it claims no GPU, since it waits for its owner's
+   own jobs, not for room.
+5. Anti-starvation ("the head keeps its cards"): the first job in that order that
    cannot start claims the N GPUs on which it could fit once gpusched's running jobs
    end (preferring those with the most available now). No job behind it may start
    on a claimed GPU, so those cards drain and the blocked job starts as soon as its
@@ -54,6 +58,7 @@ class RunningClaim:
     gpu_uuids: tuple[str, ...]
     mem_bytes: int | None  # declared per GPU; None = the whole GPU
     used_bytes: Mapping[str, int] = field(default_factory=dict)  # observed, per GPU uuid
+    user: str = ""
 
 
 @dataclass(frozen=True)
@@ -64,6 +69,15 @@ class WaitingJob:
     mem_bytes: int | None  # per GPU; None = a whole GPU
     gpu_count: int = 1
     priority: int = 0
+    user: str = ""
+
+
+@dataclass(frozen=True)
+class UserCap:
+    """A user's share of the server (None: no limit)."""
+
+    max_running: int | None = None
+    max_mem_bytes: int | None = None  # declared GPU memory in use, summed over GPUs
 
 
 @dataclass(frozen=True)
@@ -176,12 +190,33 @@ def _why_not(job: WaitingJob, gpus: list[_Gpu], claimed_by: dict[str, int]) -> s
     )
 
 
+def _claimed_bytes(mem_bytes: int | None, gpus: Sequence[_Gpu]) -> int:
+    """Declared memory a job holds over its GPUs; a whole GPU counts as its total."""
+    return sum(g.slot.total_bytes if mem_bytes is None else mem_bytes for g in gpus)
+
+
+def _over_mem_cap(
+    job: WaitingJob, cap: UserCap | None, held_bytes: int, chosen: Sequence[_Gpu]
+) -> str | None:
+    if cap is None or cap.max_mem_bytes is None:
+        return None
+    wanted = _claimed_bytes(job.mem_bytes, chosen)
+    if held_bytes + wanted <= cap.max_mem_bytes:
+        return None
+    return (
+        f"user limit: {job.user} holds {format_size(held_bytes)} of GPU memory and this job"
+        f" needs {format_size(wanted)} (max_mem {format_size(cap.max_mem_bytes)})"
+    )
+
+
 def plan(
     gpus: Sequence[GpuSlot],
     running: Sequence[RunningClaim],
     waiting: Sequence[WaitingJob],
     headroom_bytes: int = 0,
     max_jobs_per_gpu: int | None = None,
+    *,
+    user_caps: Mapping[str, UserCap] | None = None,
 ) -> Plan:
     """Decide which waiting jobs start now and where. Pure: same input, same output."""
     table = _budgets(gpus, running, headroom_bytes)
@@ -190,12 +225,35 @@ def plan(
     claimed_by: dict[str, int] = {}
     placements: list[Placement] = []
     reasons: dict[int, str] = {}
+    caps = user_caps or {}
+    by_uuid = {gpu.slot.uuid: gpu for gpu in state}
+    user_running: dict[str, int] = {}
+    user_bytes: dict[str, int] = {}
+    for claim in running:
+        user_running[claim.user] = user_running.get(claim.user, 0) + 1
+        on = [by_uuid[u] for u in claim.gpu_uuids if u in by_uuid]
+        user_bytes[claim.user] = user_bytes.get(claim.user, 0) + _claimed_bytes(claim.mem_bytes, on)
 
     for job in sorted(waiting, key=lambda j: (-j.priority, j.job_id)):
+        cap = caps.get(job.user)
+        count = user_running.get(job.user, 0)
+        if cap is not None and cap.max_running is not None and count >= cap.max_running:
+            reasons[job.job_id] = (
+                f"user limit: {job.user} has {count} running (max_running {cap.max_running})"
+            )
+            continue
         open_gpus = [g for g in state if g.slot.uuid not in claimed_by]
         candidates = sorted((g for g in open_gpus if _fits(g, job, max_jobs_per_gpu)), key=_by_room)
         if len(candidates) >= job.gpu_count:
             chosen = candidates[: job.gpu_count]
+            over = _over_mem_cap(job, cap, user_bytes.get(job.user, 0), chosen)
+            if over is not None:
+                reasons[job.job_id] = over
+                continue
+            user_running[job.user] = user_running.get(job.user, 0) + 1
+            user_bytes[job.user] = user_bytes.get(job.user, 0) + _claimed_bytes(
+                job.mem_bytes, chosen
+            )
             for gpu in chosen:
                 gpu.job_count += 1
                 if job.mem_bytes is None:

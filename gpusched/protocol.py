@@ -51,7 +51,10 @@ def _depth(value: Any, limit: int) -> int:
 
 
 def encode(message: dict[str, Any]) -> bytes:
-    data = json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
+    # ASCII escapes, not raw UTF-8: os.environ and sys.argv carry undecodable bytes as lone
+    # surrogates (PEP 383), which UTF-8 cannot encode; as \udcXX escapes they reach the
+    # daemon unchanged and the job gets back the submitter's exact bytes.
+    data = json.dumps(message, separators=(",", ":")).encode("ascii") + b"\n"
     if len(data) > MAX_FRAME_BYTES:
         raise ProtocolError(f"message too large ({len(data)} bytes, limit {MAX_FRAME_BYTES})")
     return data

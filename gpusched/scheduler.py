@@ -40,7 +40,15 @@ from gpusched.models import (
     Job,
     JobState,
 )
-from gpusched.policy import GpuSlot, Plan, RunningClaim, WaitingJob, gpu_budgets, plan
+from gpusched.policy import (
+    GpuSlot,
+    Plan,
+    RunningClaim,
+    UserCap,
+    WaitingJob,
+    gpu_budgets,
+    plan,
+)
 from gpusched.store import NewJob, Store
 from gpusched.units import format_size
 
@@ -160,12 +168,14 @@ class Scheduler:
             usage = attribute_usage(gpus, running)
             self._record_peaks(usage)
             eligible, reasons = self._eligible([j for j in active if j.state == JobState.QUEUED])
+            users = {j.user for j in active}
             result = plan(
                 [_slot(g) for g in gpus],
                 [_claim(j, usage) for j in running],
-                [WaitingJob(j.id, j.mem, j.gpus, j.priority) for j in eligible],
+                [WaitingJob(j.id, j.mem, j.gpus, j.priority, j.user) for j in eligible],
                 self.config.headroom_bytes,
                 self.config.max_jobs_per_gpu,
+                user_caps={user: self._cap(user) for user in users},
             )
             by_uuid = {g.uuid: g for g in gpus}
             for placement in result.placements:
@@ -173,6 +183,10 @@ class Scheduler:
             reasons.update(result.waiting_reasons)
             self._reading = _Reading(gpus, usage, reasons)
             return result
+
+    def _cap(self, user: str) -> UserCap:
+        limits = self.config.limits_for(user)
+        return UserCap(limits.max_running, limits.max_mem_bytes)
 
     def _eligible(self, queued: list[Job]) -> tuple[list[Job], dict[int, str]]:
         """Queued jobs whose dependencies succeeded; end those whose dependencies cannot."""
@@ -347,6 +361,14 @@ class Scheduler:
                     f" total, {format_size(largest.total_bytes - self.config.headroom_bytes)}"
                     " after headroom"
                 )
+        max_queued = self.config.limits_for(new.user).max_queued
+        if max_queued is not None:
+            waiting = sum(1 for j in self.store.active() if j.uid == new.uid and j.state.is_waiting)
+            if waiting >= max_queued:
+                raise ConflictError(
+                    f"user limit: {new.user} already has {waiting} waiting jobs"
+                    f" (max_queued {max_queued}); cancel some or wait for them to start"
+                )
         for dep in new.after:
             try:
                 self.store.get(dep)
@@ -465,4 +487,4 @@ def _slot(gpu: GpuState) -> GpuSlot:
 
 
 def _claim(job: Job, usage: dict[int, dict[str, int]]) -> RunningClaim:
-    return RunningClaim(job.id, tuple(job.gpu_uuids), job.mem, usage.get(job.id, {}))
+    return RunningClaim(job.id, tuple(job.gpu_uuids), job.mem, usage.get(job.id, {}), job.user)

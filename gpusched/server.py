@@ -15,6 +15,7 @@ import logging
 import os
 import pwd
 import socket
+import stat
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -53,6 +54,21 @@ class Caller:
 
 
 Handler = Callable[["Server", Caller, dict[str, Any]], Any]
+
+
+def _user_name(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid{uid}"
+
+
+def _account_gid(caller: Caller) -> int:
+    """The caller's primary group as at login, whatever group the client process ran with."""
+    try:
+        return pwd.getpwuid(caller.uid).pw_gid
+    except KeyError:
+        return caller.gid
 
 
 # -- argument checks: a wrong type is the client's fault, never the daemon's crash ----------
@@ -98,13 +114,46 @@ def _int_list(args: dict[str, Any], key: str) -> list[int]:
     return value
 
 
+def can_enter(uid: int, gid: int, path: str) -> str | None:
+    """Why `uid` could not chdir into `path`, or None if it can (checked as the kernel would,
+    by mode bits along the path; the daemon is root, so os.access would always say yes)."""
+    try:
+        groups = set(os.getgrouplist(pwd.getpwuid(uid).pw_name, gid))
+    except KeyError:
+        return f"uid {uid} has no account on this server"
+    current = Path("/")
+    for part in Path(path).parts[1:] if path != "/" else ():
+        current = current / part
+        try:
+            info = current.stat()
+        except FileNotFoundError:
+            return f"working directory {path} does not exist"
+        except OSError as exc:
+            return f"cannot check working directory {path}: {exc.strerror}"
+        if not stat.S_ISDIR(info.st_mode):
+            return f"working directory {path}: {current} is not a directory"
+        if info.st_uid == uid:
+            allowed = info.st_mode & stat.S_IXUSR
+        elif info.st_gid in groups:
+            allowed = info.st_mode & stat.S_IXGRP
+        else:
+            allowed = info.st_mode & stat.S_IXOTH
+        if not allowed:
+            return f"working directory {path}: you cannot enter {current} (permission denied)"
+    return None
+
+
 class Server:
-    def __init__(self, scheduler: Scheduler, socket_path: Path) -> None:
+    def __init__(
+        self, scheduler: Scheduler, socket_path: Path, owner_uid: int | None = None
+    ) -> None:
         self.scheduler = scheduler
         self.store = scheduler.store
         self.config = scheduler.config
         self.socket_path = socket_path
-        self.single_user = os.geteuid() != 0
+        # Run by root: serve everyone, each as themselves. Run by a user: serve only that user.
+        self.owner_uid = os.geteuid() if owner_uid is None else owner_uid
+        self.single_user = self.owner_uid != 0
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         self._listener: socket.socket | None = None
         self._stopping = False
@@ -113,7 +162,11 @@ class Server:
 
     def bind(self) -> None:
         path = self.socket_path
-        path.parent.mkdir(parents=True, exist_ok=True)
+        if not path.parent.exists():
+            path.parent.mkdir(parents=True)
+            if not self.single_user:
+                # A directory we made for the socket must let every user reach it.
+                os.chmod(path.parent, 0o755)  # noqa: S103
         if path.exists() or path.is_symlink():
             probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
@@ -181,11 +234,8 @@ class Server:
 
     def _identify(self, conn: socket.socket) -> Caller:
         pid, uid, gid = peer_credentials(conn)
-        try:
-            user = pwd.getpwuid(uid).pw_name
-        except KeyError:
-            user = f"uid{uid}"
-        admin = uid == 0 or uid == os.geteuid() or user in self.config.admins
+        user = _user_name(uid)
+        admin = uid in (0, self.owner_uid) or user in self.config.admins
         return Caller(pid, uid, gid, user, admin)
 
     def handle_frame(self, caller: Caller, frame: bytes) -> dict[str, Any]:
@@ -195,10 +245,10 @@ class Server:
             handler = HANDLERS.get(op) if isinstance(op, str) else None
             if handler is None:
                 raise ProtocolError(f"unknown request {op!r}")
-            if self.single_user and caller.uid != os.geteuid():
+            if self.single_user and caller.uid != self.owner_uid:
                 raise PermissionDenied(
-                    f"this gpusched daemon runs as {pwd.getpwuid(os.geteuid()).pw_name} and serves"
-                    " only that user; ask an administrator for the system service"
+                    f"this gpusched daemon runs as {_user_name(self.owner_uid)} and serves only"
+                    " that user; start your own with `gpusched daemon`, or use the system service"
                 )
             return ok_reply(handler(self, caller, request))
         except GpuschedError as exc:
@@ -240,6 +290,10 @@ def _submit(server: Server, caller: Caller, args: dict[str, Any]) -> Any:
     cwd = _arg(args, "cwd", str, required=True)
     if not os.path.isabs(cwd):
         raise UsageError(f"working directory must be an absolute path, not {cwd!r}")
+    if caller.uid != 0:
+        problem = can_enter(caller.uid, _account_gid(caller), cwd)
+        if problem is not None:
+            raise UsageError(problem)
     env = _arg(args, "env", dict, default={})
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
         raise ProtocolError("'env' must map strings to strings")
@@ -258,7 +312,7 @@ def _submit(server: Server, caller: Caller, args: dict[str, Any]) -> Any:
     new = NewJob(
         user=caller.user,
         uid=caller.uid,
-        gid=caller.gid,
+        gid=_account_gid(caller),
         command=command,
         cwd=cwd,
         env=env,

@@ -5,6 +5,7 @@ Sizes are binary (1G = 2**30 bytes), as GPU memory is reported by NVML and nvidi
 
 from __future__ import annotations
 
+import math
 import re
 
 from gpusched.errors import UsageError
@@ -64,6 +65,9 @@ def parse_duration(text: str | int | float) -> float:
                     f"invalid duration {text!r}: expected e.g. 2s, 500ms, 10m or 1h30m"
                 ) from None
             seconds = sum(float(n) * _DURATION_UNIT_S[u] for n, u in parts)
+    # float() also reads "nan" and "inf"; neither is a duration a timer can use.
+    if not math.isfinite(seconds):
+        raise UsageError(f"invalid duration {text!r}: expected e.g. 2s, 500ms, 10m or 1h30m")
     if seconds <= 0:
         raise UsageError(f"invalid duration {text!r}: must be more than zero")
     return seconds
