@@ -293,6 +293,15 @@ class Scheduler:
         job = self.store.get(job_id)
         if job.state != JobState.RUNNING:
             return
+        if (
+            outcome.kind == "lost"
+            and job.reason_detail
+            and job.reason_detail.startswith("cancelled")
+        ):
+            # A cancel that reached the supervisor before it set up its SIGTERM handler
+            # killed it outright; it sets the handler before starting the job, so the job
+            # never started: the cancel simply won.
+            outcome = Outcome("cancelled")
         if outcome.kind == "exit":
             state = JobState.DONE if outcome.exit_code == 0 else JobState.FAILED
             self._end(job_id, state, EndReason.EXIT, exit_code=outcome.exit_code)
