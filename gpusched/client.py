@@ -1,23 +1,29 @@
 """The Python API: one request to the daemon per call, over its Unix socket.
 
     from gpusched import Client
-    job = Client().submit(["python", "train.py"], mem="8G")
-    print(Client().wait([job.id])[0].exit_code)
+    client = Client()                      # finds the daemon as the CLI does
+    job = client.submit(["python", "train.py"], mem="8G")
+    job = client.wait(job.id)              # a Job; wait([ids]) returns a list
+    print(job.state, job.exit_code)
 
-The CLI is built on this. It imports no SQLAlchemy, APScheduler or pynvml.
+Every method returns plain data from gpusched.models (`Job`, `GpuReport`) and raises a
+`gpusched.errors.GpuschedError` subclass with a one-line message on failure
+(`DaemonUnreachable` when no daemon answers). The CLI is built on this. It imports no
+SQLAlchemy, APScheduler or pynvml.
 """
 
 from __future__ import annotations
 
 import base64
 import os
+import shlex
 import shutil
 import socket
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 from gpusched.config import (
     SYSTEM_CONFIG_PATH,
@@ -27,8 +33,8 @@ from gpusched.config import (
 )
 from gpusched.errors import DaemonUnreachable, ProtocolError, UsageError
 from gpusched.models import TERMINAL_STATES, GpuReport, Job
-from gpusched.protocol import decode, encode, error_from_reply, read_frame
-from gpusched.units import parse_size
+from gpusched.protocol import MAX_REPLY_BYTES, decode, encode, error_from_reply, read_frame
+from gpusched.units import parse_duration, parse_size
 
 CONNECT_TIMEOUT_S = 5.0
 REPLY_TIMEOUT_S = 120.0
@@ -89,6 +95,16 @@ def resolve_command(command: Sequence[str], cwd: str, path_env: str | None) -> l
     return argv
 
 
+def _notify_argv(notify: str | Sequence[str] | None) -> list[str] | None:
+    """`--notify 'notify-send "job done"'` -> ["notify-send", "job done"]; never a shell."""
+    if notify is None:
+        return None
+    argv = shlex.split(notify) if isinstance(notify, str) else list(notify)
+    if not argv or not argv[0]:
+        raise UsageError("--notify: empty command")
+    return argv
+
+
 def _current_umask() -> int:
     mask = os.umask(0o022)
     os.umask(mask)
@@ -96,6 +112,13 @@ def _current_umask() -> int:
 
 
 class Client:
+    """A connection to one gpusched daemon (each call opens and closes the socket).
+
+    The socket is `socket_path` if given, else $GPUSCHED_SOCKET, else the one named by
+    the config file (`config_path`, $GPUSCHED_CONFIG, /etc/gpusched/config.yaml as root),
+    else the user's own daemon's, else the system one's.
+    """
+
     def __init__(
         self,
         socket_path: str | os.PathLike[str] | None = None,
@@ -122,7 +145,7 @@ class Client:
                 ) from None
             sock.settimeout(REPLY_TIMEOUT_S)
             sock.sendall(encode({"op": op, **args}))
-            frame = read_frame(sock, bytearray())
+            frame = read_frame(sock, bytearray(), limit=MAX_REPLY_BYTES)
         except (TimeoutError, ConnectionResetError, BrokenPipeError) as exc:
             raise DaemonUnreachable(
                 f"the gpusched daemon at {self.socket_path} stopped answering ({exc})"
@@ -133,7 +156,7 @@ class Client:
             raise DaemonUnreachable(
                 f"the gpusched daemon at {self.socket_path} closed the connection"
             )
-        reply = decode(frame)
+        reply = decode(frame, limit=MAX_REPLY_BYTES)
         if reply.get("ok") is True:
             return reply.get("result")
         if reply.get("ok") is False:
@@ -141,6 +164,8 @@ class Client:
         raise ProtocolError("the daemon sent a reply without 'ok'")
 
     def ping(self) -> dict[str, Any]:
+        """{"version", "pid", "daemon_user", "daemon_uid", "user", "uid"}: who answers, and
+        who the daemon thinks is asking."""
         return dict(self.request("ping"))
 
     def submit(
@@ -155,27 +180,108 @@ class Client:
         hold: bool = False,
         cwd: str | os.PathLike[str] | None = None,
         env: dict[str, str] | None = None,
+        time_limit: str | float | None = None,
+        notify: str | Sequence[str] | None = None,
+        retry_oom: int = 0,
     ) -> Job:
-        """Queue a command. `mem` is per GPU ("8G" or bytes); None asks for whole GPUs."""
+        """Queue a command. `mem` is per GPU ("8G" or bytes); None asks for whole GPUs;
+        "auto" takes `estimate_history()`'s suggestion (NotFoundError if there is none).
+
+        `retry_oom`: if the job runs out of GPU memory, queue it again (in its place)
+        with 1.5x the memory, up to this many times.
+
+        `time_limit` ("2h" or seconds): the job is stopped (reason `timeout`) past it.
+        `notify`: a command run as you when the job ends, with the job's JSON on stdin
+        (a string is split like a shell would, but no shell runs it).
+        """
+        return Job.from_json(
+            self._submit(
+                command,
+                mem=mem,
+                gpus=gpus,
+                name=name,
+                priority=priority,
+                after=after,
+                hold=hold,
+                cwd=cwd,
+                env=env,
+                time_limit=time_limit,
+                notify=notify,
+                retry_oom=retry_oom,
+            )
+        )
+
+    def submit_sweep(
+        self,
+        command: Sequence[str],
+        sweep: Sequence[tuple[str, Sequence[str]]],
+        *,
+        max_concurrent: int | None = None,
+        **options: Any,
+    ) -> list[Job]:
+        """Queue one job per combination of `sweep` values as one array.
+
+        Each `{name}` in the command is replaced, e.g. sweep=[("lr", ["0.1", "0.01"])]
+        with command ["python", "train.py", "--lr", "{lr}"]. Takes submit()'s options.
+        """
+        result = self._submit(
+            command,
+            sweep=[[key, list(values)] for key, values in sweep],
+            max_concurrent=max_concurrent,
+            **options,
+        )
+        return [Job.from_json(job) for job in result]
+
+    def _submit(
+        self,
+        command: Sequence[str],
+        *,
+        mem: str | int | None = None,
+        cwd: str | os.PathLike[str] | None = None,
+        env: dict[str, str] | None = None,
+        time_limit: str | float | None = None,
+        after: Sequence[int] = (),
+        notify: str | Sequence[str] | None = None,
+        **fields: Any,
+    ) -> Any:
         workdir = os.path.abspath(cwd if cwd is not None else os.getcwd())
         environment = dict(os.environ if env is None else env)
         argv = resolve_command(command, workdir, environment.get("PATH"))
-        result = self.request(
+        if mem == "auto":
+            mem = int(self.request("estimate_history", command=argv)["suggested_mem"])
+        return self.request(
             "submit",
             command=argv,
             cwd=workdir,
             env=environment,
             umask=_current_umask(),
             mem=None if mem is None else parse_size(mem),
-            gpus=gpus,
-            name=name,
-            priority=priority,
+            time=None if time_limit is None else parse_duration(time_limit),
             after=list(after),
-            hold=hold,
+            notify=_notify_argv(notify),
+            **fields,
         )
-        return Job.from_json(result)
+
+    def estimate_history(
+        self,
+        command: Sequence[str],
+        *,
+        cwd: str | os.PathLike[str] | None = None,
+        env: dict[str, str] | None = None,
+    ) -> dict[str, Any]:
+        """A --mem for `command` from the peaks of your earlier successful runs of it:
+        {"command", "jobs": [{"id", "peak_mem", "mem"}...], "peak_mem", "suggested_mem"}.
+
+        The command is resolved as `submit` resolves it (so `train.py` matches the runs
+        submitted as `train.py`). NotFoundError when there is no such run.
+        """
+        workdir = os.path.abspath(cwd if cwd is not None else os.getcwd())
+        environment = dict(os.environ if env is None else env)
+        argv = resolve_command(command, workdir, environment.get("PATH"))
+        return dict(self.request("estimate_history", command=argv))
 
     def status(self, all: bool = False) -> Status:
+        """GPUs and active jobs (`all`: recently ended jobs too)."""
         result = self.request("status", all=all)
         return Status(
             [GpuReport.from_json(g) for g in result["gpus"]],
@@ -183,10 +289,27 @@ class Client:
         )
 
     def job(self, job_id: int) -> Job:
+        """One job by id (NotFoundError if there is none)."""
         return Job.from_json(self.request("show", id=job_id))
 
     def cancel(self, job_id: int) -> Job:
+        """Cancel a job; returns it as it is right after the request (it may still be
+        running for up to `kill_grace` while it stops)."""
         return Job.from_json(self.request("cancel", id=job_id))
+
+    def set_priority(self, job_id: int, priority: int) -> Job:
+        return Job.from_json(self.request("priority", id=job_id, priority=priority))
+
+    def requeue(self, job_id: int) -> Job:
+        """Queue a new job with the spec of an ended one."""
+        return Job.from_json(self.request("requeue", id=job_id))
+
+    def array(self, array_id: int) -> list[Job]:
+        """The jobs of one sweep array, in order."""
+        return [Job.from_json(j) for j in self.request("array", array=array_id)]
+
+    def cancel_array(self, array_id: int) -> list[Job]:
+        return [Job.from_json(j) for j in self.request("cancel", array=array_id)]
 
     def hold(self, job_id: int) -> Job:
         return Job.from_json(self.request("hold", id=job_id))
@@ -203,8 +326,21 @@ class Client:
             base64.b64decode(result["data"]), result["offset"], result["ended"], result["state"]
         )
 
-    def wait(self, job_ids: Sequence[int], timeout: float | None = None) -> list[Job]:
-        """Block until every job has ended (or `timeout` seconds pass); return the jobs."""
+    @overload
+    def wait(self, job_ids: int, timeout: float | None = None) -> Job: ...
+
+    @overload
+    def wait(self, job_ids: Sequence[int], timeout: float | None = None) -> list[Job]: ...
+
+    def wait(self, job_ids: int | Sequence[int], timeout: float | None = None) -> Job | list[Job]:
+        """Block until the job (one id) or every job (a list) has ended, or `timeout`
+        seconds pass; return the Job, or the Jobs in the order asked. After a timeout
+        some are still active: check `job.state in TERMINAL_STATES`."""
+        if isinstance(job_ids, int):
+            return self._wait([job_ids], timeout)[0]
+        return self._wait(list(job_ids), timeout)
+
+    def _wait(self, job_ids: list[int], timeout: float | None) -> list[Job]:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             remaining = 30.0 if deadline is None else max(0.0, deadline - time.monotonic())

@@ -67,9 +67,17 @@ class Config:
     simulate: str | None = None
     max_jobs_per_gpu: int | None = None
     visible_devices: str = "index"  # or "uuid"
+    overrun: str = "warn"  # or "kill": a job over its declared memory + margin is stopped
+    overrun_margin_fraction: float = 0.10  # of the declared memory (overrun_margin: 10%)
+    overrun_margin_bytes: int = 0  # or a size (overrun_margin: 1G)
+    hint_min_runtime_s: float = 120.0  # shorter jobs get no size/utilization hints
     kill_grace_s: float = 10.0
+    fair_share_half_life_s: float = 3600.0
     show_commands: bool = False
     admins: tuple[str, ...] = ()
+    on_finish: tuple[str, ...] | None = None  # argv run as each job's owner when it ends
+    hook_timeout_s: float = 30.0
+    metrics_address: tuple[str, int] | None = None  # (host, port) for Prometheus; None: off
     default_limits: UserLimits = UserLimits()
     user_limits: Mapping[str, UserLimits] = field(default_factory=dict)
     source: str | None = None  # the file this came from, for messages
@@ -100,6 +108,24 @@ def _bad(source: str, key: str, problem: str) -> ConfigError:
     return ConfigError(f"{source}: key '{key}': {problem}")
 
 
+def parse_margin(value: Any) -> dict[str, Any]:
+    """`overrun_margin`: a percentage of the declared memory ("10%") or a size ("1G"), or 0."""
+    if value in (0, "0", None):
+        return {"overrun_margin_fraction": 0.0, "overrun_margin_bytes": 0}
+    text = str(value).strip()
+    if text.endswith("%"):
+        try:
+            percent = float(text[:-1])
+        except ValueError:
+            raise UsageError(
+                f"expected a percentage such as 10% or a size such as 1G, not {value!r}"
+            ) from None
+        if not 0 <= percent <= 1000:
+            raise UsageError("expected a percentage between 0% and 1000%")
+        return {"overrun_margin_fraction": percent / 100, "overrun_margin_bytes": 0}
+    return {"overrun_margin_fraction": 0.0, "overrun_margin_bytes": parse_size(value)}
+
+
 def _convert(source: str, key: str, value: Any, base: Config) -> dict[str, Any]:  # noqa: PLR0911
     """Turn one YAML key into Config field values, or raise naming file and key."""
     try:
@@ -116,6 +142,8 @@ def _convert(source: str, key: str, value: Any, base: Config) -> dict[str, Any]:
             return {"poll_interval_s": parse_duration(value)}
         if key == "kill_grace":
             return {"kill_grace_s": parse_duration(value)}
+        if key == "fair_share_half_life":
+            return {"fair_share_half_life_s": parse_duration(value)}
         if key == "headroom":
             if value in (0, "0"):
                 return {"headroom_bytes": 0}
@@ -124,7 +152,9 @@ def _convert(source: str, key: str, value: Any, base: Config) -> dict[str, Any]:
             if value in (None, "all"):
                 return {"gpus": None}
             items = value if isinstance(value, list) else [value]
-            if not items or not all(isinstance(i, int | str) for i in items):
+            if not items or not all(
+                isinstance(i, int | str) and not isinstance(i, bool) for i in items
+            ):
                 raise UsageError("expected 'all' or a list of GPU indices or UUIDs")
             return {"gpus": tuple(items)}
         if key == "simulate":
@@ -144,12 +174,28 @@ def _convert(source: str, key: str, value: Any, base: Config) -> dict[str, Any]:
             if value not in ("index", "uuid"):
                 raise UsageError("expected 'index' or 'uuid'")
             return {"visible_devices": value}
+        if key == "overrun":
+            if value not in ("warn", "kill"):
+                raise UsageError("expected 'warn' or 'kill'")
+            return {"overrun": value}
+        if key == "overrun_margin":
+            return parse_margin(value)
+        if key == "hint_min_runtime":
+            if value in (0, "0"):
+                return {"hint_min_runtime_s": 0.0}
+            return {"hint_min_runtime_s": parse_duration(value)}
         if key == "show_commands":
             if not isinstance(value, bool):
                 raise UsageError("expected true or false")
             return {"show_commands": value}
         if key == "limits":
             return _limits(value)
+        if key == "on_finish":
+            return {"on_finish": parse_command(value)}
+        if key == "hook_timeout":
+            return {"hook_timeout_s": parse_duration(value)}
+        if key == "metrics":
+            return {"metrics_address": parse_address(value)}
         if key == "admins":
             items = value or []
             if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
@@ -158,6 +204,41 @@ def _convert(source: str, key: str, value: Any, base: Config) -> dict[str, Any]:
     except UsageError as exc:
         raise _bad(source, key, exc.message) from None
     raise _bad(source, key, "unknown key (see config/gpusched.yaml for the keys)")
+
+
+def parse_command(value: Any) -> tuple[str, ...] | None:
+    """A hook command: a list of strings, or one string split as a shell would split it
+    (shlex; never run by a shell: write `sh -c '...'` to get one)."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, str):
+        import shlex
+
+        try:
+            argv = shlex.split(value)
+        except ValueError as exc:
+            raise UsageError(f"cannot split {value!r} into arguments: {exc}") from None
+    elif isinstance(value, list) and all(isinstance(item, str) for item in value):
+        argv = list(value)
+    else:
+        raise UsageError("expected a command: a string or a list of strings")
+    if not argv or not argv[0]:
+        raise UsageError("expected a command, got an empty one")
+    return tuple(argv)
+
+
+def parse_address(value: Any) -> tuple[str, int] | None:
+    """ "127.0.0.1:9400", "[::1]:9400", ":9400" (all interfaces) or 9400 (localhost)."""
+    if value is None or value is False:
+        return None
+    text = str(value).strip()
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        host, port = "127.0.0.1", text
+    host = host.strip("[]") or "0.0.0.0"  # noqa: S104 - only when the admin wrote ":PORT"
+    if not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise UsageError(f"expected HOST:PORT such as 127.0.0.1:9400, not {value!r}")
+    return host, int(port)
 
 
 _LIMIT_KEYS = {"max_running", "max_mem", "max_queued"}

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
@@ -29,10 +30,14 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from gpusched.config import Config, load_config
 from gpusched.errors import GpuschedError
 from gpusched.gpus import Probe, SimulatedProbe
+from gpusched.hooks import HookRunner
 from gpusched.launcher import Launcher
 from gpusched.scheduler import Scheduler
 from gpusched.server import Server
 from gpusched.store import Store
+
+if TYPE_CHECKING:
+    from gpusched.metrics import MetricsServer
 
 log = logging.getLogger("gpusched.daemon")
 
@@ -95,6 +100,9 @@ class Daemon:
 
         self.scheduler = Scheduler(config, self.store, self.probe, launcher_factory)
         self.scheduler.wake = self.wake
+        self.hooks = HookRunner(self.store, lambda: self.config)
+        self.scheduler.end_listeners.append(self.hooks.job_ended)
+        self.metrics: MetricsServer | None = None
         self.server = Server(self.scheduler, config.socket_path)
         self.reload_requested = False
         self.stop_requested = threading.Event()
@@ -121,6 +129,14 @@ class Daemon:
     def run(self) -> int:
         self.scheduler.adopt_running()
         self.server.bind()
+        if self.config.metrics_address is not None:
+            from gpusched.metrics import MetricsServer  # prometheus_client only when asked
+
+            try:
+                self.metrics = MetricsServer.start(self.scheduler, self.config.metrics_address)
+            except GpuschedError:
+                self.server.close()  # a busy port stops the daemon: leave no socket behind
+                raise
         self._ticks.add_job(
             self._tick,
             "interval",
@@ -145,6 +161,9 @@ class Daemon:
         self.server.close()
         self._ticks.shutdown(wait=True)
         self.scheduler.launcher.close()
+        self.hooks.close()
+        if self.metrics is not None:
+            self.metrics.close()
         self.store.close()
         self.probe.close()
         return 0
@@ -166,7 +185,14 @@ class Daemon:
         except GpuschedError as exc:
             log.error("config reload failed, keeping the old config: %s", exc.message)
             return
-        fixed = ("socket_path", "database_url", "state_dir", "log_dir", "simulate")
+        fixed = (
+            "socket_path",
+            "database_url",
+            "state_dir",
+            "log_dir",
+            "simulate",
+            "metrics_address",
+        )
         changed = [name for name in fixed if getattr(new, name) != getattr(self.config, name)]
         if changed:
             log.warning("config reload: %s need a restart to change; kept", ", ".join(changed))
@@ -185,7 +211,9 @@ def run_daemon(config_path: Path | None, simulate: str | None) -> int:
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    logging.getLogger("apscheduler").setLevel(logging.WARNING)
+    # APScheduler warns each time a wake-up finds a tick running and one already waiting
+    # ("maximum number of running instances reached"); that is the design, not a problem.
+    logging.getLogger("apscheduler").setLevel(logging.ERROR)
     overrides = {"simulate": simulate} if simulate else {}
     config = load_config(config_path, overrides)
     return Daemon(config, config_path, overrides).run()

@@ -106,8 +106,13 @@ def job_environment(
     gpu_indices: Sequence[int],
     gpu_uuids: Sequence[str],
     visible_devices: str,
+    *,
+    gpu_totals: Sequence[int] = (),
 ) -> dict[str, str]:
-    """The submitter's environment plus what gpusched sets for every job."""
+    """The submitter's environment plus what gpusched sets for every job.
+
+    `gpu_totals`: the total memory of the chosen GPUs, for `sharing_environment`.
+    """
     env = dict(submitted_env)
     if os.geteuid() == 0:
         # Identity variables come from the account database, never from the client.
@@ -123,7 +128,30 @@ def job_environment(
     env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     env["GPUSCHED_JOB_ID"] = str(job.id)
     env["GPUSCHED_GPU_UUIDS"] = ",".join(gpu_uuids)
+    env.update(sharing_environment(job.mem, gpu_totals, submitted_env))
     return env
+
+
+def sharing_environment(
+    mem: int | None, gpu_totals: Sequence[int], submitted_env: dict[str, str]
+) -> dict[str, str]:
+    """Tell frameworks that grab a whole card by default to take only the job's share.
+
+    Only for a job with a declared size (it shares the card), and never over a value the
+    submitter set. JAX preallocates 75 % of the card: XLA_PYTHON_CLIENT_MEM_FRACTION is
+    declared / total, rounded *down* to two decimals so the preallocation stays within the
+    declared size (on a multi-GPU job, of the smallest card). TensorFlow maps every card
+    whole: TF_FORCE_GPU_ALLOW_GROWTH makes it allocate as it goes.
+    """
+    if mem is None:
+        return {}
+    extra = {}
+    if gpu_totals and "XLA_PYTHON_CLIENT_MEM_FRACTION" not in submitted_env:
+        hundredths = max(1, min(100, mem * 100 // min(gpu_totals)))
+        extra["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{hundredths / 100:.2f}"
+    if "TF_FORCE_GPU_ALLOW_GROWTH" not in submitted_env:
+        extra["TF_FORCE_GPU_ALLOW_GROWTH"] = "true"
+    return extra
 
 
 class Launcher:
@@ -178,10 +206,13 @@ class Launcher:
             "umask": umask,
             "log_path": str(log_path),
             "kill_grace_s": self.kill_grace_s,
+            "time_limit_s": job.time_limit_s,
         }
         spec_path = job_dir / "spec.json"
         try:
-            write_json_atomically(spec_path, spec)
+            # No fsync: the spec must outlive the daemon, not a power cut; after a crash of
+            # the machine the job's fate is settled from its exit record, never its spec.
+            write_json_atomically(spec_path, spec, durable=False)
             with open(job_dir / "supervisor.err", "wb") as supervisor_err:
                 process = subprocess.Popen(
                     supervisor_command(spec_path),

@@ -114,6 +114,17 @@ class Job:
     peak_mem: int | None = None
     mean_util: float | None = None
     hints: list[str] = field(default_factory=list)
+    util_min: int | None = None  # utilization (0-100) over the polls while it held memory
+    util_max: int | None = None
+    util_stddev: float | None = None
+    overrun_at: str | None = None  # when it was first seen over its declared memory + margin
+    retry_oom: int | None = None  # OOM retries it may still have (submit --retry-oom N)
+    retry_of: int | None = None  # an OOM retry: the first attempt's id (its place in the queue)
+    retried_as: int | None = None  # ended out of memory and was retried as this job
+    array_id: int | None = None  # jobs of one --sweep share it
+    array_index: int | None = None
+    max_concurrent: int | None = None  # how many of its array may run at once
+    time_limit_s: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)

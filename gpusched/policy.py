@@ -13,27 +13,40 @@ The rules, in order:
    held by processes gpusched did not start is respected because NVML counts it.
    A GPU that runs a whole-GPU job (no --mem) has nothing available. Lost and
    excluded GPUs have nothing available.
-2. Waiting jobs are taken by priority (higher first), then submit order.
+2. Waiting jobs are taken by fair share, then priority (higher first), then submit
+   order. Fair share: a user's recent GPU memory-time (bytes x seconds of declared
+   memory, decayed with a half-life; see `decayed_usage`); the user who used least goes
+   first. A single user's jobs therefore keep priority-then-FIFO order, and with equal
+   use the order is plain priority then submit time. The usage is that of the snapshot:
+   within one plan a user's placements do not raise it, the next plan sees them.
 3. A job starts on the N GPUs with the most available memory among those where it
    fits (each needs `mem` available, or no gpusched job at all for a whole-GPU job,
    and fewer than `max_jobs_per_gpu` jobs).
-4. Per-user caps (`limits:` in the config): a job that would take its user past
+4. Per-array caps (`submit --sweep ... --max-concurrent K`): at most K jobs of one
+   array run at once; the others wait ("array limit") and claim nothing.
+   Per-user caps (`limits:` in the config): a job that would take its user past
    `max_running` jobs or `max_mem` of declared GPU memory (a whole GPU counts as its
    total) waits, and says which limit; it claims no GPU, since it waits for its owner's
    own jobs, not for room.
 5. Anti-starvation ("the head keeps its cards"): the first job in that order that
    cannot start claims the N GPUs on which it could fit once gpusched's running jobs
-   end (preferring those with the most available now). No job behind it may start
-   on a claimed GPU, so those cards drain and the blocked job starts as soon as its
-   claimed GPUs have room. Jobs behind it may still start on unclaimed GPUs, which is
-   how small jobs pass a big one without ever delaying it. A job that could not fit
-   even on empty GPUs (other processes hold the memory) claims nothing: holding cards
-   for it would idle them for a wait gpusched cannot end.
+   end (preferring those that run no job submitted after it, then those with the most
+   available now). No job behind it may start on a claimed GPU, so those cards drain
+   and the blocked job starts as soon as its claimed GPUs have room. Jobs behind it may
+   still start on unclaimed GPUs, which is how small jobs pass a big one without ever
+   delaying it. The first preference keeps the claim on the same cards from one plan
+   to the next (they get no newer job; the cards left to others do): chosen by room
+   alone, the claim would move whenever another card caught up (its old jobs ended
+   while a backfilled one still ran) and the card it left would be refilled, each move
+   restarting the wait. A job that could not fit even on empty GPUs (other processes
+   hold the memory) claims nothing: holding cards for it would idle them for a wait
+   gpusched cannot end.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from gpusched.units import format_size
@@ -59,6 +72,7 @@ class RunningClaim:
     mem_bytes: int | None  # declared per GPU; None = the whole GPU
     used_bytes: Mapping[str, int] = field(default_factory=dict)  # observed, per GPU uuid
     user: str = ""
+    array_id: int | None = None
 
 
 @dataclass(frozen=True)
@@ -70,6 +84,9 @@ class WaitingJob:
     gpu_count: int = 1
     priority: int = 0
     user: str = ""
+    array_id: int | None = None
+    array_cap: int | None = None  # --max-concurrent of its array
+    queue_order: int | None = None  # its place in submit order; None: job_id (see _place)
 
 
 @dataclass(frozen=True)
@@ -109,6 +126,7 @@ class _Gpu:
     potential: int  # available once every gpusched job on it has ended
     job_count: int
     whole: bool  # a whole-GPU job runs here
+    job_ids: list[int]  # gpusched jobs on it, running or placed by this plan
 
 
 def gpu_budgets(
@@ -139,7 +157,8 @@ def _budgets(
         used_by_others = max(0, slot.total_bytes - slot.free_bytes - used_by_jobs)
         potential = max(0, slot.total_bytes - headroom_bytes - used_by_others) if slot.usable else 0
         budget = GpuBudget(reserved, available, tuple(claim.job_id for claim in on_gpu))
-        result[slot.uuid] = (budget, _Gpu(slot, available, potential, len(on_gpu), whole))
+        job_ids = [claim.job_id for claim in on_gpu]
+        result[slot.uuid] = (budget, _Gpu(slot, available, potential, len(on_gpu), whole, job_ids))
     return result
 
 
@@ -161,6 +180,21 @@ def _could_ever_fit(gpu: _Gpu, job: WaitingJob) -> bool:
 
 def _by_room(gpu: _Gpu) -> tuple[int, int]:
     return (-gpu.available, gpu.slot.index)
+
+
+def _claim_order(job: WaitingJob) -> Callable[[_Gpu], tuple[bool, int, int]]:
+    """Rule 5's preference: cards with no job newer than `job` first, then by room."""
+
+    def key(gpu: _Gpu) -> tuple[bool, int, int]:
+        return (any(other > job.job_id for other in gpu.job_ids), *_by_room(gpu))
+
+    return key
+
+
+def _place(job: WaitingJob) -> int:
+    """A job's place in submit order: its id, except that an OOM retry (a new job) keeps
+    the place of its first attempt (`queue_order`), so retrying never sends it to the back."""
+    return job.job_id if job.queue_order is None else job.queue_order
 
 
 def _need(job: WaitingJob) -> str:
@@ -209,6 +243,32 @@ def _over_mem_cap(
     )
 
 
+@dataclass(frozen=True)
+class UsageSpan:
+    """A job's hold on GPU memory over time, for fair share (seconds since any epoch)."""
+
+    user: str
+    bytes_held: int  # declared memory summed over its GPUs
+    start_s: float
+    end_s: float | None  # None: still running
+
+
+def decayed_usage(spans: Sequence[UsageSpan], now_s: float, half_life_s: float) -> dict[str, float]:
+    """Each user's GPU memory-time, every instant weighted by 2^-(age / half_life).
+
+    The integral of bytes * 2^-((now - t)/h) from start to end, in closed form, so the
+    figure is derived from the job rows alone and survives a daemon restart.
+    """
+    scale = half_life_s / math.log(2)
+    usage: dict[str, float] = {}
+    for span in spans:
+        end = now_s if span.end_s is None else min(span.end_s, now_s)
+        start = min(span.start_s, end)
+        weight = 2 ** (-(now_s - end) / half_life_s) - 2 ** (-(now_s - start) / half_life_s)
+        usage[span.user] = usage.get(span.user, 0.0) + span.bytes_held * scale * weight
+    return usage
+
+
 def plan(
     gpus: Sequence[GpuSlot],
     running: Sequence[RunningClaim],
@@ -217,6 +277,7 @@ def plan(
     max_jobs_per_gpu: int | None = None,
     *,
     user_caps: Mapping[str, UserCap] | None = None,
+    user_usage: Mapping[str, float] | None = None,
 ) -> Plan:
     """Decide which waiting jobs start now and where. Pure: same input, same output."""
     table = _budgets(gpus, running, headroom_bytes)
@@ -233,8 +294,25 @@ def plan(
         user_running[claim.user] = user_running.get(claim.user, 0) + 1
         on = [by_uuid[u] for u in claim.gpu_uuids if u in by_uuid]
         user_bytes[claim.user] = user_bytes.get(claim.user, 0) + _claimed_bytes(claim.mem_bytes, on)
+    array_running: dict[int, int] = {}
+    for claim in running:
+        if claim.array_id is not None:
+            array_running[claim.array_id] = array_running.get(claim.array_id, 0) + 1
+    usage = user_usage or {}
+    # Jobs that ask for the same memory get the same answer until a placement or a claim
+    # changes the GPUs: memoised, a pass over 10,000 waiting jobs stays cheap.
+    fits_by_mem: dict[int | None, list[_Gpu]] = {}
+    why_by_need: dict[tuple[int | None, int], str] = {}
 
-    for job in sorted(waiting, key=lambda j: (-j.priority, j.job_id)):
+    for job in sorted(waiting, key=lambda j: (usage.get(j.user, 0.0), -j.priority, _place(j))):
+        if job.array_id is not None and job.array_cap is not None:
+            in_array = array_running.get(job.array_id, 0)
+            if in_array >= job.array_cap:
+                reasons[job.job_id] = (
+                    f"array limit: {in_array} of array a{job.array_id} running"
+                    f" (--max-concurrent {job.array_cap})"
+                )
+                continue
         cap = caps.get(job.user)
         count = user_running.get(job.user, 0)
         if cap is not None and cap.max_running is not None and count >= cap.max_running:
@@ -242,8 +320,17 @@ def plan(
                 f"user limit: {job.user} has {count} running (max_running {cap.max_running})"
             )
             continue
-        open_gpus = [g for g in state if g.slot.uuid not in claimed_by]
-        candidates = sorted((g for g in open_gpus if _fits(g, job, max_jobs_per_gpu)), key=_by_room)
+        candidates = fits_by_mem.get(job.mem_bytes)
+        if candidates is None:
+            candidates = sorted(
+                (
+                    g
+                    for g in state
+                    if g.slot.uuid not in claimed_by and _fits(g, job, max_jobs_per_gpu)
+                ),
+                key=_by_room,
+            )
+            fits_by_mem[job.mem_bytes] = candidates
         if len(candidates) >= job.gpu_count:
             chosen = candidates[: job.gpu_count]
             over = _over_mem_cap(job, cap, user_bytes.get(job.user, 0), chosen)
@@ -256,19 +343,36 @@ def plan(
             )
             for gpu in chosen:
                 gpu.job_count += 1
+                gpu.job_ids.append(job.job_id)
                 if job.mem_bytes is None:
                     gpu.whole = True
                     gpu.available = 0
                 else:
                     gpu.available -= job.mem_bytes
+            if job.array_id is not None:
+                array_running[job.array_id] = array_running.get(job.array_id, 0) + 1
             placements.append(Placement(job.job_id, tuple(g.slot.uuid for g in chosen)))
+            fits_by_mem.clear()
+            why_by_need.clear()
             continue
-        reasons[job.job_id] = _why_not(job, state, claimed_by)
+        need = (job.mem_bytes, job.gpu_count)
+        if need not in why_by_need:
+            why_by_need[need] = _why_not(job, state, claimed_by)
+        reasons[job.job_id] = why_by_need[need]
         if not claimed_by:
-            hopeful = sorted((g for g in open_gpus if _could_ever_fit(g, job)), key=_by_room)
-            if len(hopeful) >= job.gpu_count:
+            open_gpus = list(state)
+            hopeful = sorted(
+                (g for g in open_gpus if _could_ever_fit(g, job)), key=_claim_order(job)
+            )
+            # A job its owner's cap holds back would not start on drained cards either.
+            over = _over_mem_cap(job, cap, user_bytes.get(job.user, 0), hopeful[: job.gpu_count])
+            if over is not None:
+                reasons[job.job_id] = over
+            elif len(hopeful) >= job.gpu_count:
                 for gpu in hopeful[: job.gpu_count]:
                     claimed_by[gpu.slot.uuid] = job.job_id
+                fits_by_mem.clear()
+                why_by_need.clear()
             else:
                 reasons[job.job_id] += " (no GPU can hold it even when gpusched's jobs end)"
     return Plan(placements, reasons, budgets)

@@ -18,20 +18,10 @@ from typing import Any
 from gpusched.errors import ERROR_KINDS, GpuschedError, ProtocolError
 
 MAX_FRAME_BYTES = 4 * 2**20  # a submit carries the submitter's environment; 4 MiB is ample
+# Replies list jobs: `status` with a 10,000-job sweep queued, or `history --limit 10000`,
+# is several MiB. Only clients read replies, and only from their daemon.
+MAX_REPLY_BYTES = 64 * 2**20
 MAX_JSON_DEPTH = 32
-
-OPS = (
-    "ping",
-    "submit",
-    "status",
-    "show",
-    "logs",
-    "cancel",
-    "wait",
-    "history",
-    "hold",
-    "release",
-)
 
 
 def _depth(value: Any, limit: int) -> int:
@@ -50,20 +40,20 @@ def _depth(value: Any, limit: int) -> int:
     return deepest
 
 
-def encode(message: dict[str, Any]) -> bytes:
+def encode(message: dict[str, Any], limit: int = MAX_FRAME_BYTES) -> bytes:
     # ASCII escapes, not raw UTF-8: os.environ and sys.argv carry undecodable bytes as lone
     # surrogates (PEP 383), which UTF-8 cannot encode; as \udcXX escapes they reach the
     # daemon unchanged and the job gets back the submitter's exact bytes.
     data = json.dumps(message, separators=(",", ":")).encode("ascii") + b"\n"
-    if len(data) > MAX_FRAME_BYTES:
-        raise ProtocolError(f"message too large ({len(data)} bytes, limit {MAX_FRAME_BYTES})")
+    if len(data) > limit:
+        raise ProtocolError(f"message too large ({len(data)} bytes, limit {limit})")
     return data
 
 
-def decode(line: bytes) -> dict[str, Any]:
+def decode(line: bytes, limit: int = MAX_FRAME_BYTES) -> dict[str, Any]:
     """Parse one frame (without its newline) into a JSON object, or raise ProtocolError."""
-    if len(line) > MAX_FRAME_BYTES:
-        raise ProtocolError(f"frame too large (limit {MAX_FRAME_BYTES} bytes)")
+    if len(line) > limit:
+        raise ProtocolError(f"frame too large (limit {limit} bytes)")
     try:
         value = json.loads(line.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError):
@@ -75,7 +65,9 @@ def decode(line: bytes) -> dict[str, Any]:
     return value
 
 
-def read_frame(sock: socket.socket, buffer: bytearray) -> bytes | None:
+def read_frame(
+    sock: socket.socket, buffer: bytearray, limit: int = MAX_FRAME_BYTES
+) -> bytes | None:
     """Read one newline-terminated frame; None at a clean end of stream.
 
     `buffer` carries bytes past the newline between calls on the same connection.
@@ -86,8 +78,8 @@ def read_frame(sock: socket.socket, buffer: bytearray) -> bytes | None:
             frame = bytes(buffer[:newline])
             del buffer[: newline + 1]
             return frame
-        if len(buffer) > MAX_FRAME_BYTES:
-            raise ProtocolError(f"frame too large (limit {MAX_FRAME_BYTES} bytes)")
+        if len(buffer) > limit:
+            raise ProtocolError(f"frame too large (limit {limit} bytes)")
         chunk = sock.recv(65536)
         if not chunk:
             if buffer:

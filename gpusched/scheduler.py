@@ -12,16 +12,18 @@ can drive one tick at a time. One lock serialises ticks and job operations.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 import psutil
 
 from gpusched.config import Config
 from gpusched.errors import ConflictError, GpuError, NotFoundError, UsageError
 from gpusched.gpus import Probe, apply_selection
+from gpusched.joblog import append_note
 from gpusched.launcher import (
     Launcher,
     Outcome,
@@ -35,17 +37,21 @@ from gpusched.models import (
     TERMINAL_STATES,
     EndReason,
     GpuHealth,
+    GpuProcess,
     GpuReport,
     GpuState,
     Job,
     JobState,
 )
+from gpusched.monitor import UsageMonitor, final_usage, oom_cause, retry_mem
 from gpusched.policy import (
     GpuSlot,
     Plan,
     RunningClaim,
+    UsageSpan,
     UserCap,
     WaitingJob,
+    decayed_usage,
     gpu_budgets,
     plan,
 )
@@ -92,25 +98,40 @@ def _tree(root: int, children: dict[int, list[int]]) -> set[int]:
     return seen
 
 
-def attribute_usage(gpus: Iterable[GpuState], running: Iterable[Job]) -> dict[int, dict[str, int]]:
-    """GPU memory per running job and GPU: the processes of each job's whole tree.
+def attribute_processes(
+    gpus: Iterable[GpuState], running: Iterable[Job]
+) -> dict[int, dict[str, list[GpuProcess]]]:
+    """Each running job's processes holding memory on each GPU: those of its whole tree.
 
     One scan of the process table per tick, not one per job.
     """
     gpus = list(gpus)
-    usage: dict[int, dict[str, int]] = {}
+    found: dict[int, dict[str, list[GpuProcess]]] = {}
     if not any(gpu.processes for gpu in gpus):
-        return usage
+        return found
     children = _children_map()
     for job in running:
         if job.pid is None:
             continue
         tree = _tree(job.pid, children)
         for gpu in gpus:
-            held = sum(p.used_bytes or 0 for p in gpu.processes if p.pid in tree)
-            if held:
-                usage.setdefault(job.id, {})[gpu.uuid] = held
-    return usage
+            mine = [p for p in gpu.processes if p.pid in tree]
+            if sum(p.used_bytes or 0 for p in mine):
+                found.setdefault(job.id, {})[gpu.uuid] = mine
+    return found
+
+
+def held_bytes(processes: dict[int, dict[str, list[GpuProcess]]]) -> dict[int, dict[str, int]]:
+    """GPU memory per running job and GPU, from `attribute_processes`."""
+    return {
+        job_id: {uuid: sum(p.used_bytes or 0 for p in procs) for uuid, procs in per_gpu.items()}
+        for job_id, per_gpu in processes.items()
+    }
+
+
+def attribute_usage(gpus: Iterable[GpuState], running: Iterable[Job]) -> dict[int, dict[str, int]]:
+    """GPU memory per running job and GPU: the processes of each job's whole tree."""
+    return held_bytes(attribute_processes(gpus, running))
 
 
 class Scheduler:
@@ -131,7 +152,11 @@ class Scheduler:
         self._ended = threading.Condition()
         self._reading = _Reading()
         self._peaks: dict[int, int] = {}
+        self.monitor = UsageMonitor(store)  # memory and utilization of running jobs
         self.wake: Callable[[], None] = lambda: None  # set by the daemon
+        # Called with a job id once it has ended (e.g. notification hooks). Called under
+        # the scheduler lock, so each must only hand the id over and return.
+        self.end_listeners: list[Callable[[int], None]] = []
 
     # -- the tick -----------------------------------------------------------------------
 
@@ -165,17 +190,35 @@ class Scheduler:
             gpus = self.read_gpus()
             active = self.store.active()
             running = [j for j in active if j.state == JobState.RUNNING]
-            usage = attribute_usage(gpus, running)
+            processes = attribute_processes(gpus, running)
+            usage = held_bytes(processes)
             self._record_peaks(usage)
+            try:
+                self._watch(gpus, running, processes)
+            except Exception:  # measuring must never stop scheduling
+                log.exception("watching the running jobs' usage failed")
             eligible, reasons = self._eligible([j for j in active if j.state == JobState.QUEUED])
             users = {j.user for j in active}
             result = plan(
                 [_slot(g) for g in gpus],
                 [_claim(j, usage) for j in running],
-                [WaitingJob(j.id, j.mem, j.gpus, j.priority, j.user) for j in eligible],
+                [
+                    WaitingJob(
+                        j.id,
+                        j.mem,
+                        j.gpus,
+                        j.priority,
+                        j.user,
+                        j.array_id,
+                        j.max_concurrent,
+                        queue_order=j.retry_of,  # an OOM retry keeps its first attempt's place
+                    )
+                    for j in eligible
+                ],
                 self.config.headroom_bytes,
                 self.config.max_jobs_per_gpu,
                 user_caps={user: self._cap(user) for user in users},
+                user_usage=self._fair_share(eligible, gpus),
             )
             by_uuid = {g.uuid: g for g in gpus}
             for placement in result.placements:
@@ -183,6 +226,27 @@ class Scheduler:
             reasons.update(result.waiting_reasons)
             self._reading = _Reading(gpus, usage, reasons)
             return result
+
+    def _fair_share(self, waiting: list[Job], gpus: list[GpuState]) -> dict[str, float]:
+        """Recent decayed GPU memory-time per user; only needed when users compete."""
+        if len({j.user for j in waiting}) < 2:
+            return {}
+        now = self.clock()
+        half_life = self.config.fair_share_half_life_s
+        # Past ten half-lives a job weighs under 0.1 % of what it did: leave it out.
+        since = iso(now - timedelta(seconds=10 * half_life))
+        totals = {g.uuid: g.total_bytes for g in gpus}
+        spans = [
+            UsageSpan(
+                job.user,
+                sum(job.mem if job.mem is not None else totals.get(u, 0) for u in job.gpu_uuids),
+                _seconds(job.started_at),
+                None if job.ended_at is None else _seconds(job.ended_at),
+            )
+            for job in self.store.usage_since(since)
+            if job.started_at is not None
+        ]
+        return decayed_usage(spans, now.timestamp(), half_life)
 
     def _cap(self, user: str) -> UserCap:
         limits = self.config.limits_for(user)
@@ -192,7 +256,8 @@ class Scheduler:
         """Queued jobs whose dependencies succeeded; end those whose dependencies cannot."""
         reasons: dict[int, str] = {}
         needed = {dep for job in queued for dep in job.after}
-        deps = self.store.get_many(needed) if needed else {}
+        # A dependency that ran out of memory and was retried is its retry.
+        deps = self.store.latest_attempts(needed) if needed else {}
         eligible = []
         for job in queued:
             failed = [
@@ -220,7 +285,14 @@ class Scheduler:
         info = self.store.launch_info(job_id)
         indices = [g.index for g in gpus]
         uuids = [g.uuid for g in gpus]
-        env = job_environment(job, info.env, indices, uuids, self.config.visible_devices)
+        env = job_environment(
+            job,
+            info.env,
+            indices,
+            uuids,
+            self.config.visible_devices,
+            gpu_totals=[g.total_bytes for g in gpus],
+        )
         # Mark running *before* starting: if the daemon dies in between, a restart finds
         # a running row with no pid and looks for its supervisor, so nothing starts twice.
         log_path = str(self.launcher.log_path(job_id))
@@ -257,6 +329,47 @@ class Scheduler:
                 self._peaks[job_id] = peak
                 self.store.record_usage(job_id, peak)
 
+    def _watch(
+        self,
+        gpus: list[GpuState],
+        running: list[Job],
+        processes: dict[int, dict[str, list[GpuProcess]]],
+    ) -> None:
+        """Feed the usage monitor; act on jobs over their declared memory (`overrun`)."""
+        if not processes:
+            return
+        process_util = None
+        sample = getattr(self.probe, "process_utilization", None)  # NVML only
+        if sample is not None:
+            try:
+                process_util = sample()
+            except GpuError as exc:
+                log.warning("cannot sample per-process utilization: %s", exc.message)
+        now = self.clock()
+        overruns = self.monitor.observe(
+            now_s=now.timestamp(),
+            now_iso=iso(now),
+            gpus=gpus,
+            running=running,
+            processes=processes,
+            process_util=process_util,
+            margin_fraction=self.config.overrun_margin_fraction,
+            margin_bytes=self.config.overrun_margin_bytes,
+        )
+        for overrun in overruns:
+            job, kill = overrun.job, self.config.overrun == "kill"
+            hint = overrun.hint()
+            self.store.set_usage(job.id, overrun_at=iso(now), hints=[hint] if hint else [])
+            what = overrun.describe()
+            action = ": stopping it (overrun: kill)" if kill else ": it puts its neighbours at risk"
+            log.warning("%s%s", what, action)
+            append_note(job.log_path, job.uid, what + action)
+            if kill:
+                self.store.set_detail(job.id, "overrun: " + what)
+                start_time = self.store.launch_info(job.id).pid_start_time
+                if job.pid is None or not self.launcher.cancel(job.pid, start_time):
+                    self._settle(job.id, Outcome("cancelled"))
+
     # -- job ends -------------------------------------------------------------------------
 
     def _end(
@@ -267,21 +380,85 @@ class Scheduler:
         *,
         exit_code: int | None = None,
         detail: str | None = None,
+        retry: Job | None = None,
+        retry_refused: str | None = None,
+        oom_next_mem: int | None = None,
     ) -> bool:
+        now = iso(self.clock())
         ended = self.store.mark_ended(
             job_id,
             state=state,
             reason=str(reason),
-            now=iso(self.clock()),
+            now=now,
             exit_code=exit_code,
             detail=detail,
+            usage=self._final_usage(
+                job_id, state, reason, now, (retry, retry_refused, oom_next_mem)
+            ),
         )
         self._peaks.pop(job_id, None)
         if ended:
             log.info("job %s %s (%s)%s", job_id, state, reason, f": {detail}" if detail else "")
             with self._ended:
                 self._ended.notify_all()
+            for listener in self.end_listeners:
+                try:
+                    listener(job_id)
+                except Exception:  # a listener's bug must not undo the job's ending
+                    log.exception("end listener failed for job %s", job_id)
         return ended
+
+    def _final_usage(
+        self,
+        job_id: int,
+        state: JobState,
+        reason: EndReason,
+        now: str,
+        oom: tuple[Job | None, str | None, int | None],
+    ) -> dict[str, object] | None:
+        """A job's measured figures and hints at its end (None for a job that never ran).
+
+        `oom`, after an out-of-memory end: its retry, why there is none although one was
+        asked for, and the --mem a retry takes.
+        """
+        try:
+            job = self.store.get(job_id)
+            if job.started_at is None:
+                return None
+            totals = [g.total_bytes for g in self._reading.gpus if g.uuid in job.gpu_uuids]
+            return final_usage(
+                job,
+                self.monitor.finish(job),
+                state=str(state),
+                reason=str(reason),
+                ended_at=now,
+                min_runtime_s=self.config.hint_min_runtime_s,
+                card_bytes=min(totals) if totals else None,
+                retry=oom[0],
+                retry_refused=oom[1],
+                oom_next_mem=oom[2],
+            )
+        except Exception:  # the figures must never keep a job from ending
+            log.exception("summing up the usage of job %s failed", job_id)
+            return None
+
+    def _end_oom(self, job: Job, outcome: Outcome, cause: str) -> None:
+        """End a job that ran out of GPU memory; queue its retry if it asked for one."""
+        mem, why_not = retry_mem(job, self._current_gpus(), self.config.headroom_bytes)
+        retry = self.store.add_retry(job.id, mem) if mem is not None and job.retry_oom else None
+        if retry is not None:
+            log.info("job %s ran out of GPU memory: retried as job %s", job.id, retry.id)
+            self.wake()
+        self._end(
+            job.id,
+            JobState.FAILED,
+            EndReason.OOM,
+            exit_code=outcome.exit_code,
+            detail=cause,
+            retry=retry,
+            retry_refused=why_not if retry is None and job.retry_oom else None,
+            oom_next_mem=mem,
+        )
 
     def _on_job_exit(self, job_id: int) -> None:
         """Called by the launcher's watcher thread when a job's supervisor exits."""
@@ -302,6 +479,21 @@ class Scheduler:
             # killed it outright; it sets the handler before starting the job, so the job
             # never started: the cancel simply won.
             outcome = Outcome("cancelled")
+        if outcome.kind == "cancelled" and (job.reason_detail or "").startswith("overrun: "):
+            self._end(
+                job_id,
+                JobState.FAILED,
+                EndReason.OVERRUN,
+                exit_code=outcome.exit_code,
+                detail=(job.reason_detail or "")[len("overrun: ") :],
+            )
+            return
+        if outcome.kind == "signal" or (outcome.kind == "exit" and outcome.exit_code != 0):
+            # The tracker is in memory, or after a restart in the database (a minute old).
+            cause = oom_cause(job, self.monitor.tracker(job))
+            if cause is not None:
+                self._end_oom(job, outcome, cause)
+                return
         if outcome.kind == "exit":
             state = JobState.DONE if outcome.exit_code == 0 else JobState.FAILED
             self._end(job_id, state, EndReason.EXIT, exit_code=outcome.exit_code)
@@ -320,6 +512,14 @@ class Scheduler:
                 EndReason.CANCELLED,
                 exit_code=outcome.exit_code,
                 detail=job.reason_detail or "cancelled",
+            )
+        elif outcome.kind == "timeout":
+            self._end(
+                job_id,
+                JobState.FAILED,
+                EndReason.TIMEOUT,
+                exit_code=outcome.exit_code,
+                detail=outcome.message,
             )
         elif outcome.kind == "failed_to_start":
             self._end(job_id, JobState.FAILED, EndReason.FAILED_TO_START, detail=outcome.message)
@@ -341,10 +541,22 @@ class Scheduler:
                         self.store.set_pid(job.id, pid, start_time)
                 if pid is not None and is_same_process(pid, start_time):
                     log.info("job %s still running (pid %s): re-adopted", job.id, pid)
+                    self._peaks[job.id] = job.peak_mem or 0  # a peak never goes down
                     self.launcher.watch(job.id, pid)
                     self.probe.note_job_started(pid, job.gpu_uuids, job.mem)
                 else:
                     outcome = self.launcher.outcome(job.id)
+                    # Died between marking the job running and its supervisor opening the
+                    # log (no pid, no supervisor, no exit record, no log): the command never
+                    # ran, so running it now cannot run it twice.
+                    if (
+                        outcome.kind == "lost"
+                        and pid is None
+                        and not (job.log_path and os.path.lexists(job.log_path))
+                        and self.store.unmark_running(job.id)
+                    ):
+                        log.info("job %s never started before the restart: queued again", job.id)
+                        continue
                     if outcome.kind == "lost":
                         outcome = Outcome(
                             "lost",
@@ -356,6 +568,11 @@ class Scheduler:
     # -- operations requested by clients ------------------------------------------------------
 
     def submit(self, new: NewJob) -> Job:
+        return self.submit_many([new], as_array=False)[0]
+
+    def submit_many(self, news: list[NewJob], as_array: bool) -> list[Job]:
+        """Check and queue jobs in one transaction (an array shares one array id)."""
+        new = news[0]  # the jobs of one submit differ only in their command
         gpus = [g for g in self._current_gpus() if g.health != GpuHealth.EXCLUDED]
         if not gpus:
             raise ConflictError("this daemon has no GPUs to run jobs on")
@@ -373,9 +590,9 @@ class Scheduler:
         max_queued = self.config.limits_for(new.user).max_queued
         if max_queued is not None:
             waiting = sum(1 for j in self.store.active() if j.uid == new.uid and j.state.is_waiting)
-            if waiting >= max_queued:
+            if waiting + len(news) > max_queued:
                 raise ConflictError(
-                    f"user limit: {new.user} already has {waiting} waiting jobs"
+                    f"user limit: {new.user} has {waiting} waiting jobs and submits {len(news)}"
                     f" (max_queued {max_queued}); cancel some or wait for them to start"
                 )
         for dep in new.after:
@@ -383,16 +600,17 @@ class Scheduler:
                 self.store.get(dep)
             except NotFoundError:
                 raise UsageError(f"--after {dep}: no job {dep}") from None
-        job = self.store.add(new, iso(self.clock()))
+        jobs = self.store.add_many(news, iso(self.clock()), as_array=as_array)
         log.info(
-            "job %s submitted by %s: mem %s x %s GPU(s)",
-            job.id,
-            job.user,
-            format_size(job.mem) if job.mem else "whole",
-            job.gpus,
+            "job %s submitted by %s: mem %s x %s GPU(s)%s",
+            ",".join(str(j.id) for j in jobs) if len(jobs) < 5 else f"{jobs[0].id}-{jobs[-1].id}",
+            new.user,
+            format_size(new.mem) if new.mem else "whole",
+            new.gpus,
+            f", array a{jobs[0].array_id}" if as_array else "",
         )
         self.wake()
-        return job
+        return jobs
 
     def _current_gpus(self) -> list[GpuState]:
         return self._reading.gpus or self.read_gpus()
@@ -413,6 +631,16 @@ class Scheduler:
                 )
             self.wake()
             return self.store.get(job.id)
+
+    def set_priority(self, job: Job, priority: int) -> Job:
+        with self._lock:
+            if not self.store.set_priority(job.id, priority):
+                current = self.store.get(job.id)
+                raise ConflictError(
+                    f"job {job.id} is {current.state}: only a waiting job's priority can change"
+                )
+        self.wake()
+        return self.store.get(job.id)
 
     def hold(self, job: Job) -> Job:
         with self._lock:
@@ -457,6 +685,13 @@ class Scheduler:
             job.waiting_reason = self._reading.waiting_reasons.get(
                 job.id, "waiting for the next scheduling pass"
             )
+        elif job.state == JobState.RUNNING:
+            tracker = self.monitor.live(job.id)
+            if tracker is not None:  # figures so far, from memory (written at the end)
+                summary = tracker.summary()
+                job.peak_mem = max(job.peak_mem or 0, summary.pop("peak_mem") or 0) or None
+                for key, value in summary.items():
+                    setattr(job, key, value)
         return job
 
     def gpu_reports(self, running: list[Job]) -> list[GpuReport]:
@@ -496,4 +731,10 @@ def _slot(gpu: GpuState) -> GpuSlot:
 
 
 def _claim(job: Job, usage: dict[int, dict[str, int]]) -> RunningClaim:
-    return RunningClaim(job.id, tuple(job.gpu_uuids), job.mem, usage.get(job.id, {}), job.user)
+    return RunningClaim(
+        job.id, tuple(job.gpu_uuids), job.mem, usage.get(job.id, {}), job.user, job.array_id
+    )
+
+
+def _seconds(moment: str | None) -> float:
+    return datetime.fromisoformat(moment).timestamp() if moment else 0.0

@@ -12,32 +12,45 @@ from __future__ import annotations
 import base64
 import contextlib
 import logging
+import math
 import os
 import pwd
 import socket
 import stat
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from gpusched import __version__
 from gpusched.errors import (
+    ConflictError,
     GpuschedError,
     NotFoundError,
     PermissionDenied,
     ProtocolError,
     UsageError,
 )
+from gpusched.hints import suggest_mem
 from gpusched.models import TERMINAL_STATES, Job, JobState
-from gpusched.protocol import decode, encode, error_reply, ok_reply, peer_credentials, read_frame
+from gpusched.protocol import (
+    MAX_REPLY_BYTES,
+    decode,
+    encode,
+    error_reply,
+    ok_reply,
+    peer_credentials,
+    read_frame,
+)
 from gpusched.scheduler import Scheduler
 from gpusched.store import NewJob
+from gpusched.sweep import expand
 
 log = logging.getLogger("gpusched.server")
 
-MAX_CONNECTIONS = 128
+MAX_CONNECTIONS = 512
+MAX_CONNECTIONS_PER_USER = 64
 IDLE_TIMEOUT_S = 60.0
 MAX_WAIT_S = 30.0
 MAX_LOG_CHUNK = 1 << 20
@@ -90,7 +103,31 @@ def _arg(
         raise ProtocolError(f"'{key}' must be an integer")
     if not isinstance(value, kind):
         raise ProtocolError(f"'{key}' has the wrong type")
+    _check_value(key, value)
     return value
+
+
+def _check_value(key: str, value: Any) -> None:
+    """What the JSON type allows but the database and the OS cannot hold."""
+    if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63:
+        raise UsageError(f"'{key}' is out of range")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise UsageError(f"'{key}' must be a finite number")  # NaN would make `wait` hang
+    if isinstance(value, str) and not value.isascii():
+        try:
+            value.encode("utf-8")  # lone surrogates (PEP 383) fit JSON columns, not text ones
+        except UnicodeEncodeError:
+            raise UsageError(f"'{key}' is not valid UTF-8 text") from None
+
+
+def _notify(args: dict[str, Any]) -> tuple[str, ...] | None:
+    """`submit --notify`: an argv (the client splits the user's string with shlex)."""
+    argv = _str_list(args, "notify")
+    if not argv:
+        return None
+    if not argv[0] or len(argv) > 256 or sum(map(len, argv)) > 16384:
+        raise UsageError("--notify: expected a command of reasonable length")
+    return tuple(argv)
 
 
 def _job_id(args: dict[str, Any]) -> int:
@@ -107,10 +144,17 @@ def _str_list(args: dict[str, Any], key: str) -> list[str]:
     return value
 
 
+def _text(value: str) -> str:
+    """For a text column: lone surrogates (undecodable bytes in argv) as \\udcXX escapes."""
+    return value.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def _int_list(args: dict[str, Any], key: str) -> list[int]:
     value = _arg(args, key, list, default=[])
     if not all(isinstance(item, int) and not isinstance(item, bool) for item in value):
         raise ProtocolError(f"'{key}' must be a list of job ids")
+    for item in value:
+        _check_value(key, item)
     return value
 
 
@@ -155,6 +199,8 @@ class Server:
         self.owner_uid = os.geteuid() if owner_uid is None else owner_uid
         self.single_user = self.owner_uid != 0
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self._per_uid: dict[int, int] = {}
+        self._per_uid_lock = threading.Lock()
         self._listener: socket.socket | None = None
         self._stopping = False
 
@@ -197,7 +243,27 @@ class Server:
             if not self._slots.acquire(blocking=False):
                 conn.close()  # too many clients at once: drop, never queue unboundedly
                 continue
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+            try:
+                uid = peer_credentials(conn)[1]
+            except OSError:
+                conn.close()
+                self._slots.release()
+                continue
+            # One user's idle or stalled connections must not use up everybody's slots.
+            with self._per_uid_lock:
+                if self._per_uid.get(uid, 0) >= MAX_CONNECTIONS_PER_USER:
+                    refused = True
+                else:
+                    refused = False
+                    self._per_uid[uid] = self._per_uid.get(uid, 0) + 1
+            if refused:
+                message = f"too many open connections from uid {uid}"
+                with contextlib.suppress(OSError):
+                    conn.sendall(encode(error_reply(GpuschedError(message))))
+                conn.close()
+                self._slots.release()
+                continue
+            threading.Thread(target=self._serve, args=(conn, uid), daemon=True).start()
 
     def close(self) -> None:
         self._stopping = True
@@ -210,7 +276,7 @@ class Server:
 
     # -- one connection -------------------------------------------------------------------------
 
-    def _serve(self, conn: socket.socket) -> None:
+    def _serve(self, conn: socket.socket, uid: int) -> None:
         try:
             conn.settimeout(IDLE_TIMEOUT_S)
             caller = self._identify(conn)
@@ -223,13 +289,20 @@ class Server:
                     return  # the stream is out of step: drop this connection only
                 if frame is None:
                     return
-                conn.sendall(encode(self.handle_frame(caller, frame)))
+                reply = self.handle_frame(caller, frame)
+                try:
+                    data = encode(reply, limit=MAX_REPLY_BYTES)
+                except ProtocolError as exc:  # an answer no client would read: say so
+                    data = encode(error_reply(exc))
+                conn.sendall(data)
         except (OSError, TimeoutError):
             pass  # the client went away or stalled
         except Exception:
             log.exception("unexpected error serving a client")
         finally:
             conn.close()
+            with self._per_uid_lock:
+                self._per_uid[uid] -= 1
             self._slots.release()
 
     def _identify(self, conn: socket.socket) -> Caller:
@@ -280,7 +353,15 @@ class Server:
 
 
 def _ping(server: Server, caller: Caller, _args: dict[str, Any]) -> Any:
-    return {"version": __version__, "pid": os.getpid(), "user": caller.user, "uid": caller.uid}
+    return {
+        "version": __version__,
+        "pid": os.getpid(),
+        "user": caller.user,  # who is asking, as the daemon sees them (SO_PEERCRED)
+        "uid": caller.uid,
+        "daemon_user": _user_name(os.geteuid()),  # whose daemon this is
+        "daemon_uid": os.geteuid(),
+        "single_user": server.single_user,
+    }
 
 
 def _submit(server: Server, caller: Caller, args: dict[str, Any]) -> Any:
@@ -309,6 +390,12 @@ def _submit(server: Server, caller: Caller, args: dict[str, Any]) -> Any:
     name = _arg(args, "name", str)
     if name is not None and len(name) > 200:
         raise UsageError("--name is limited to 200 characters")
+    time_limit = _arg(args, "time", (int, float))
+    if time_limit is not None and not 0 < time_limit < 10**9:
+        raise UsageError("--time must be more than zero")
+    max_concurrent = _arg(args, "max_concurrent", int)
+    if max_concurrent is not None and max_concurrent < 1:
+        raise UsageError("--max-concurrent must be at least 1")
     new = NewJob(
         user=caller.user,
         uid=caller.uid,
@@ -323,8 +410,81 @@ def _submit(server: Server, caller: Caller, args: dict[str, Any]) -> Any:
         priority=_arg(args, "priority", int, default=0),
         after=tuple(_int_list(args, "after")),
         held=bool(_arg(args, "hold", bool, default=False)),
+        time_limit_s=None if time_limit is None else float(time_limit),
+        max_concurrent=max_concurrent,
+        notify=_notify(args),
+        retry_oom=_retry_oom(args),
     )
+    sweep = _arg(args, "sweep", list)
+    if sweep is None:
+        if max_concurrent is not None:
+            raise UsageError("--max-concurrent applies to a --sweep array")
+        return server.visible(caller, server.scheduler.submit(new))
+    pairs = []
+    for item in sweep:
+        if not (
+            isinstance(item, list)
+            and len(item) == 2
+            and isinstance(item[0], str)
+            and isinstance(item[1], list)
+            and all(isinstance(v, str) for v in item[1])
+        ):
+            raise ProtocolError("'sweep' must be a list of [name, [values...]]")
+        pairs.append((item[0], item[1]))
+    news = [
+        replace(new, command=argv, name=_text(f"{name} {label}" if name else label))
+        for argv, label in expand(command, pairs)
+    ]
+    jobs = server.scheduler.submit_many(news, as_array=True)
+    return [server.visible(caller, job) for job in jobs]
+
+
+def _priority(server: Server, caller: Caller, args: dict[str, Any]) -> Any:
+    job = server.owned_job(caller, _job_id(args))
+    priority = _arg(args, "priority", int, required=True)
+    return server.visible(caller, server.scheduler.set_priority(job, priority))
+
+
+def _requeue(server: Server, caller: Caller, args: dict[str, Any]) -> Any:
+    """A new job with the same spec as an ended one (its dependencies are not carried over)."""
+    old = server.owned_job(caller, _job_id(args))
+    if old.state not in TERMINAL_STATES:
+        raise ConflictError(f"job {old.id} is {old.state}: only an ended job can be requeued")
+    info = server.store.launch_info(old.id)
+    new = NewJob(
+        user=old.user,
+        uid=old.uid,
+        gid=info.gid,
+        command=old.command,
+        cwd=old.cwd,
+        env=info.env,
+        umask=info.umask,
+        mem=old.mem,
+        gpus=old.gpus,
+        name=old.name,
+        priority=old.priority,
+        time_limit_s=old.time_limit_s,
+    )
+    notify = server.store.notify_command(old.id)
+    if notify:
+        new = replace(new, notify=tuple(notify))  # the same `--notify` hook as the original
     return server.visible(caller, server.scheduler.submit(new))
+
+
+def _array(server: Server, caller: Caller, args: dict[str, Any]) -> Any:
+    array_id = _arg(args, "array", int, required=True)
+    jobs = server.store.array_jobs(array_id)
+    if not jobs:
+        raise NotFoundError(f"no array a{array_id}")
+    return [server.visible(caller, job) for job in jobs]
+
+
+def _cancel_array(server: Server, caller: Caller, array_id: int) -> Any:
+    jobs = [j for j in server.store.array_jobs(array_id) if j.state not in TERMINAL_STATES]
+    if not server.store.array_jobs(array_id):
+        raise NotFoundError(f"no array a{array_id}")
+    owned = [server.owned_job(caller, j.id) for j in jobs]
+    return [server.visible(caller, server.scheduler.cancel(j, by=caller.user)) for j in owned]
 
 
 def _status(server: Server, caller: Caller, args: dict[str, Any]) -> Any:
@@ -355,7 +515,8 @@ def _logs(server: Server, caller: Caller, args: dict[str, Any]) -> Any:
             raise GpuschedError(f"cannot read the log of job {job.id}: {exc.strerror}") from None
         if fd >= 0:
             with os.fdopen(fd, "rb") as handle:
-                handle.seek(offset)
+                # Past the end: nothing to read (and no EINVAL from lseek beyond the max size).
+                handle.seek(min(offset, os.fstat(handle.fileno()).st_size))
                 data = handle.read(limit)
     return {
         "data": base64.b64encode(data).decode("ascii"),
@@ -367,6 +528,8 @@ def _logs(server: Server, caller: Caller, args: dict[str, Any]) -> Any:
 
 
 def _cancel(server: Server, caller: Caller, args: dict[str, Any]) -> Any:
+    if args.get("array") is not None:
+        return _cancel_array(server, caller, _arg(args, "array", int))
     job = server.owned_job(caller, _job_id(args))
     return server.visible(caller, server.scheduler.cancel(job, by=caller.user))
 
@@ -390,6 +553,36 @@ def _wait(server: Server, caller: Caller, args: dict[str, Any]) -> Any:
     return [server.visible(caller, j) for j in server.scheduler.wait_ended(ids, timeout)]
 
 
+MAX_RETRY_OOM = 10
+
+
+def _retry_oom(args: dict[str, Any]) -> int:
+    retries = _arg(args, "retry_oom", int, default=0)
+    if not 0 <= retries <= MAX_RETRY_OOM:
+        raise UsageError(f"--retry-oom must be between 0 and {MAX_RETRY_OOM}")
+    return int(retries)
+
+
+def _estimate_history(server: Server, caller: Caller, args: dict[str, Any]) -> Any:
+    """A --mem for a command from the peaks of the caller's own earlier runs of it."""
+    command = _str_list(args, "command")
+    if not command:
+        raise UsageError("no command given: gpusched estimate --history -- COMMAND [ARGS...]")
+    runs = server.store.peaks_for_command(caller.uid, command)
+    if not runs:
+        raise NotFoundError(
+            "no earlier run of this exact command by you ended with a measured peak: run it"
+            " once with --mem SIZE (`gpusched estimate --params ...` gives a first figure)"
+        )
+    peak = max(peak for _, peak, _ in runs)
+    return {
+        "command": command,
+        "jobs": [{"id": i, "peak_mem": p, "mem": m} for i, p, m in runs],
+        "peak_mem": peak,
+        "suggested_mem": suggest_mem(peak),
+    }
+
+
 def _history(server: Server, caller: Caller, args: dict[str, Any]) -> Any:
     limit = _arg(args, "limit", int, default=50)
     if limit < 1:
@@ -411,4 +604,8 @@ HANDLERS: dict[str, Handler] = {
     "release": _release,
     "wait": _wait,
     "history": _history,
+    "priority": _priority,
+    "requeue": _requeue,
+    "array": _array,
+    "estimate_history": _estimate_history,
 }

@@ -17,6 +17,7 @@ from sqlalchemy import (
     JSON,
     Column,
     Engine,
+    Float,
     Integer,
     MetaData,
     String,
@@ -25,10 +26,12 @@ from sqlalchemy import (
     create_engine,
     event,
     func,
+    inspect,
     select,
     update,
 )
 from sqlalchemy.engine import Connection, Row
+from sqlalchemy.schema import CreateColumn
 
 from gpusched.errors import NotFoundError
 from gpusched.models import ACTIVE_STATES, TERMINAL_STATES, Job, JobState
@@ -66,6 +69,19 @@ jobs = Table(
     Column("peak_mem", Integer, nullable=True),
     Column("mean_util", Integer, nullable=True),
     Column("hints", JSON, nullable=False, default=list),
+    Column("util_min", Integer, nullable=True),
+    Column("util_max", Integer, nullable=True),
+    Column("util_stddev", Float, nullable=True),
+    Column("overrun_at", String, nullable=True),
+    Column("retry_oom", Integer, nullable=True),  # OOM retries left
+    Column("retry_of", Integer, nullable=True),  # an OOM retry: the first attempt's id
+    Column("retried_as", Integer, nullable=True),
+    Column("usage_state", JSON, nullable=True),  # the daemon's UsageTracker, between restarts
+    Column("array_id", Integer, nullable=True, index=True),  # jobs of one --sweep share it
+    Column("array_index", Integer, nullable=True),
+    Column("max_concurrent", Integer, nullable=True),  # per array
+    Column("time_limit_s", Float, nullable=True),
+    Column("notify", JSON, nullable=True),  # argv run as the owner when the job ends
 )
 
 _JOB_FIELDS = (
@@ -93,6 +109,17 @@ _JOB_FIELDS = (
     "peak_mem",
     "mean_util",
     "hints",
+    "util_min",
+    "util_max",
+    "util_stddev",
+    "overrun_at",
+    "retry_oom",
+    "retry_of",
+    "retried_as",
+    "array_id",
+    "array_index",
+    "max_concurrent",
+    "time_limit_s",
 )
 
 
@@ -113,6 +140,10 @@ class NewJob:
     priority: int = 0
     after: tuple[int, ...] = ()
     held: bool = False
+    retry_oom: int = 0  # `submit --retry-oom N`
+    time_limit_s: float | None = None
+    notify: tuple[str, ...] | None = None  # `submit --notify`: argv run when the job ends
+    max_concurrent: int | None = None  # for the jobs of one array
 
 
 @dataclass(frozen=True)
@@ -123,6 +154,48 @@ class LaunchInfo:
     env: dict[str, str]
     umask: int
     pid_start_time: str | None
+
+
+# What measuring a job may write (Store.set_usage, mark_ended's `usage`).
+USAGE_COLUMNS = frozenset(
+    {
+        "peak_mem",
+        "mean_util",
+        "util_min",
+        "util_max",
+        "util_stddev",
+        "hints",
+        "overrun_at",
+        "usage_state",
+    }
+)
+
+# Columns that describe one run of a job: an OOM retry starts them afresh.
+_PER_RUN_COLUMNS = frozenset(
+    {
+        "id",
+        "state",
+        "gpu_indices",
+        "gpu_uuids",
+        "started_at",
+        "ended_at",
+        "pid",
+        "pid_start_time",
+        "exit_code",
+        "reason",
+        "reason_detail",
+        "log_path",
+        "retried_as",
+        *USAGE_COLUMNS,
+    }
+)
+
+
+def _usage_values(values: dict[str, Any]) -> dict[str, Any]:
+    unknown = set(values) - USAGE_COLUMNS
+    if unknown:
+        raise ValueError(f"not a usage column: {sorted(unknown)}")
+    return dict(values)
 
 
 def _to_job(row: Row[Any]) -> Job:
@@ -151,6 +224,22 @@ def _sqlite_setup(engine: Engine) -> None:
         connection.exec_driver_sql("BEGIN IMMEDIATE")
 
 
+def _add_missing_columns(engine: Engine) -> None:
+    """Add the columns `jobs` gained since this database was created.
+
+    create_all() creates missing tables only; a database from an older gpusched lacks the
+    newer (always nullable) columns, and old rows read them as NULL.
+    """
+    present = {column["name"] for column in inspect(engine).get_columns("jobs")}
+    missing = [column for column in jobs.columns if column.name not in present]
+    if not missing:
+        return
+    with engine.begin() as conn:
+        for column in missing:
+            ddl = CreateColumn(column).compile(dialect=engine.dialect)
+            conn.exec_driver_sql(f"ALTER TABLE jobs ADD COLUMN {ddl}")
+
+
 class Store:
     def __init__(self, url: str) -> None:
         if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
@@ -162,6 +251,7 @@ class Store:
         if self.engine.dialect.name == "sqlite":
             _sqlite_setup(self.engine)
         metadata.create_all(self.engine)
+        _add_missing_columns(self.engine)
 
     def close(self) -> None:
         self.engine.dispose()
@@ -217,31 +307,54 @@ class Store:
     # -- writes: one transaction each ---------------------------------------------------
 
     def add(self, new: NewJob, now: str) -> Job:
+        return self.add_many([new], now, as_array=False)[0]
+
+    def add_many(self, news: Sequence[NewJob], now: str, as_array: bool = True) -> list[Job]:
+        """Insert jobs in one transaction; as an array, they share a new array id."""
         with self.engine.begin() as conn:
-            result = conn.execute(
-                jobs.insert().values(
-                    name=new.name,
-                    user=new.user,
-                    uid=new.uid,
-                    gid=new.gid,
-                    state=str(JobState.HELD if new.held else JobState.QUEUED),
-                    command=list(new.command),
-                    cwd=new.cwd,
-                    env=dict(new.env),
-                    umask=new.umask,
-                    mem=new.mem,
-                    gpus=new.gpus,
-                    gpu_indices=[],
-                    gpu_uuids=[],
-                    priority=new.priority,
-                    after=list(new.after),
-                    submitted_at=now,
-                    hints=[],
-                )
+            array_id = None
+            if as_array:
+                top = conn.execute(select(func.max(jobs.c.array_id))).scalar()
+                array_id = (top or 0) + 1
+            ids = [
+                self._insert(conn, new, now, array_id, index if as_array else None)
+                for index, new in enumerate(news)
+            ]
+            rows = conn.execute(select(jobs).where(jobs.c.id.in_(ids)).order_by(jobs.c.id)).all()
+        return [_to_job(row) for row in rows]
+
+    @staticmethod
+    def _insert(
+        conn: Connection, new: NewJob, now: str, array_id: int | None, array_index: int | None
+    ) -> int:
+        result = conn.execute(
+            jobs.insert().values(
+                name=new.name,
+                user=new.user,
+                uid=new.uid,
+                gid=new.gid,
+                state=str(JobState.HELD if new.held else JobState.QUEUED),
+                command=list(new.command),
+                cwd=new.cwd,
+                env=dict(new.env),
+                umask=new.umask,
+                mem=new.mem,
+                gpus=new.gpus,
+                gpu_indices=[],
+                gpu_uuids=[],
+                priority=new.priority,
+                after=list(new.after),
+                submitted_at=now,
+                hints=[],
+                array_id=array_id,
+                array_index=array_index,
+                max_concurrent=new.max_concurrent,
+                retry_oom=new.retry_oom,
+                time_limit_s=new.time_limit_s,
+                notify=list(new.notify) if new.notify else None,
             )
-            job_id = int(result.inserted_primary_key[0])
-            row = conn.execute(select(jobs).where(jobs.c.id == job_id)).one()
-        return _to_job(row)
+        )
+        return int(result.inserted_primary_key[0])
 
     def _transition(
         self, job_id: int, from_states: Sequence[JobState], values: dict[str, Any]
@@ -280,6 +393,22 @@ class Store:
             },
         )
 
+    def unmark_running(self, job_id: int) -> bool:
+        """Back to queued: a `running` job whose command provably never started."""
+        return self._transition(
+            job_id,
+            [JobState.RUNNING],
+            {
+                "state": str(JobState.QUEUED),
+                "gpu_indices": [],
+                "gpu_uuids": [],
+                "pid": None,
+                "pid_start_time": None,
+                "log_path": None,
+                "started_at": None,
+            },
+        )
+
     def mark_ended(
         self,
         job_id: int,
@@ -290,9 +419,14 @@ class Store:
         exit_code: int | None = None,
         detail: str | None = None,
         log_path: str | None = None,
+        usage: dict[str, Any] | None = None,
     ) -> bool:
-        """End an active job; False if it had already ended (the first ending wins)."""
+        """End an active job; False if it had already ended (the first ending wins).
+
+        `usage`: the job's final figures (peak, utilization, hints), written with the end.
+        """
         values: dict[str, Any] = {
+            **_usage_values(usage or {}),
             "state": str(state),
             "reason": reason,
             "ended_at": now,
@@ -316,11 +450,125 @@ class Store:
         with self.engine.begin() as conn:
             conn.execute(update(jobs).where(jobs.c.id == job_id).values(reason_detail=detail))
 
+    def set_priority(self, job_id: int, priority: int) -> bool:
+        return self._transition(job_id, [JobState.QUEUED, JobState.HELD], {"priority": priority})
+
+    def array_jobs(self, array_id: int) -> list[Job]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                select(jobs).where(jobs.c.array_id == array_id).order_by(jobs.c.id)
+            ).all()
+        return [_to_job(row) for row in rows]
+
+    def usage_since(self, since: str) -> list[Job]:
+        """Jobs that held GPUs at some point after `since`: for fair share."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                select(jobs).where(
+                    jobs.c.started_at.is_not(None),
+                    (jobs.c.ended_at.is_(None)) | (jobs.c.ended_at >= since),
+                )
+            ).all()
+        return [_to_job(row) for row in rows]
+
     def hold(self, job_id: int) -> bool:
         return self._transition(job_id, [JobState.QUEUED], {"state": str(JobState.HELD)})
 
     def release(self, job_id: int) -> bool:
         return self._transition(job_id, [JobState.HELD], {"state": str(JobState.QUEUED)})
+
+    def notify_command(self, job_id: int) -> list[str] | None:
+        """The argv `submit --notify` stored for this job, if any."""
+        with self.engine.connect() as conn:
+            value = conn.execute(select(jobs.c.notify).where(jobs.c.id == job_id)).scalar()
+        return list(value) if value else None
+
+    # -- measured usage and OOM retries (gpusched.monitor, Scheduler._settle) --------------
+
+    def set_usage(self, job_id: int, **values: Any) -> None:
+        """Write some of a job's measured figures (see USAGE_COLUMNS)."""
+        with self.engine.begin() as conn:
+            conn.execute(update(jobs).where(jobs.c.id == job_id).values(**_usage_values(values)))
+
+    def usage_state(self, job_id: int) -> dict[str, Any] | None:
+        with self.engine.connect() as conn:
+            state = conn.execute(
+                select(jobs.c.usage_state).where(jobs.c.id == job_id)
+            ).scalar_one_or_none()
+        return dict(state) if isinstance(state, dict) else None
+
+    def add_retry(self, job_id: int, mem: int | None) -> Job:
+        """Queue an OOM retry of an ended or ending job: its row copied with `mem`.
+
+        Idempotent: a job already retried returns its retry. Every column is copied (so
+        columns added later, such as an array id or a time limit, carry over) except those
+        that describe one run. The retry keeps the original's `submitted_at`, and its
+        `retry_of` (the first attempt's id) is its place in the queue.
+        """
+        with self.engine.begin() as conn:
+            row = conn.execute(select(jobs).where(jobs.c.id == job_id)).first()
+            if row is None:
+                raise NotFoundError(f"no job {job_id}")
+            if row.retried_as is not None:
+                retry = conn.execute(select(jobs).where(jobs.c.id == row.retried_as)).one()
+                return _to_job(retry)
+            values = {
+                column.name: getattr(row, column.name)
+                for column in jobs.columns
+                if column.name not in _PER_RUN_COLUMNS
+            }
+            values.update(
+                state=str(JobState.QUEUED),
+                mem=mem,
+                gpu_indices=[],
+                gpu_uuids=[],
+                hints=[],
+                retry_oom=max(0, (row.retry_oom or 0) - 1),
+                retry_of=row.retry_of or row.id,
+            )
+            new_id = int(conn.execute(jobs.insert().values(**values)).inserted_primary_key[0])
+            conn.execute(update(jobs).where(jobs.c.id == job_id).values(retried_as=new_id))
+            retry = conn.execute(select(jobs).where(jobs.c.id == new_id)).one()
+        return _to_job(retry)
+
+    def latest_attempts(self, job_ids: Iterable[int]) -> dict[int, Job]:
+        """Each job by id, or its latest OOM retry in its place."""
+        latest = self.get_many(job_ids)
+        for _ in range(100):  # retries form short chains; the bound is only a guard
+            chase = {i: j.retried_as for i, j in latest.items() if j.retried_as is not None}
+            if not chase:
+                break
+            retries = self.get_many(chase.values())
+            for job_id, retry_id in chase.items():
+                if retry_id in retries:
+                    latest[job_id] = retries[retry_id]
+                else:
+                    latest[job_id].retried_as = None  # a missing row: stop chasing it
+        return latest
+
+    def peaks_for_command(
+        self, uid: int, command: Sequence[str], limit: int = 20
+    ) -> list[tuple[int, int, int | None]]:
+        """(id, peak_mem, declared mem) of the owner's latest successful runs of `command`.
+
+        Only jobs that ended `done` count: a job that failed early never reached its
+        working size, and one that ran out of memory shows the card's size, not its need.
+        """
+        wanted = list(command)
+        query = (
+            select(jobs.c.id, jobs.c.command, jobs.c.peak_mem, jobs.c.mem)
+            .where(
+                jobs.c.uid == uid,
+                jobs.c.state == str(JobState.DONE),
+                jobs.c.peak_mem.is_not(None),
+            )
+            .order_by(jobs.c.ended_at.desc(), jobs.c.id.desc())
+            .limit(5000)  # a bound on the scan; the command is compared here, not in SQL
+        )
+        with self.engine.connect() as conn:
+            rows = conn.execute(query).all()
+        found = [(row.id, row.peak_mem, row.mem) for row in rows if list(row.command) == wanted]
+        return found[:limit]
 
     def record_usage(self, job_id: int, peak_mem: int | None) -> None:
         with self.engine.begin() as conn:

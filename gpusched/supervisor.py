@@ -12,7 +12,8 @@ the grace period, SIGKILL whatever is left. When the job's main process exits, a
 process it left behind is stopped the same way, so nothing keeps GPU memory after
 its job has ended.
 
-Stdlib and psutil only: this runs once per job and must start fast.
+Stdlib, and psutil only when a process tree must be stopped: this runs once per job
+and its start-up is part of every job's dispatch time.
 """
 
 from __future__ import annotations
@@ -30,8 +31,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -41,14 +40,18 @@ def _become_subreaper() -> None:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
 
 
-def write_json_atomically(path: Path, data: dict[str, Any]) -> None:
+def write_json_atomically(path: Path, data: dict[str, Any], durable: bool = True) -> None:
+    """Replace `path` with `data` in one rename; `durable` also fsyncs it to disk."""
     tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w") as handle:
         json.dump(data, handle)
         handle.flush()
-        os.fsync(handle.fileno())
+        if durable:
+            os.fsync(handle.fileno())
     os.replace(tmp, path)
+    if not durable:
+        return
     # fsync the directory so the rename itself survives a power cut.
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
@@ -72,18 +75,46 @@ def _open_log(path: str, uid: int, gid: int) -> int:
     return fd
 
 
-def _descendants() -> list[psutil.Process]:
+def _has_children() -> bool:
+    """Whether any process is left under us; cheap, without importing psutil.
+
+    As a subreaper, any descendant left implies a direct child of ours (orphans are
+    re-parented to us), and the kernel lists direct children per thread in /proc.
+    """
+    try:
+        tasks = os.listdir("/proc/self/task")
+        return any(Path(f"/proc/self/task/{t}/children").read_text().strip() for t in tasks)
+    except OSError:  # a kernel without CONFIG_PROC_CHILDREN: ask psutil
+        return bool(_descendants())
+
+
+def _descendants() -> list[Any]:
+    import psutil  # only when there is a tree to stop: it costs 10-30 ms to import
+
     try:
         return psutil.Process().children(recursive=True)
     except psutil.Error:
         return []
 
 
-def _signal_all(processes: list[psutil.Process], signum: int) -> None:
+def _signal_all(processes: list[Any], signum: int) -> None:
+    import psutil
+
     for process in processes:
         # ESRCH (already gone) is the common, harmless case.
         with contextlib.suppress(psutil.Error):
             process.send_signal(signum)
+
+
+def owner_credentials(uid: int, gid: int, groups: list[int]) -> dict[str, Any]:
+    """Popen arguments that run a child as its owner: uid, gid and supplementary groups.
+
+    Only root can switch; a single-user daemon runs everything as itself. Also used for
+    notification hooks (gpusched.hooks), so both drop privileges the same way.
+    """
+    if os.geteuid() != 0 or uid == 0:
+        return {}
+    return {"user": uid, "group": gid, "extra_groups": groups}
 
 
 class Supervisor:
@@ -102,10 +133,7 @@ class Supervisor:
 
     def _start(self, log_fd: int) -> subprocess.Popen[bytes]:
         spec = self.spec
-        as_other_user = os.geteuid() == 0 and spec["uid"] != 0
-        extra: dict[str, Any] = {}
-        if as_other_user:
-            extra = {"user": spec["uid"], "group": spec["gid"], "extra_groups": spec["groups"]}
+        extra = owner_credentials(spec["uid"], spec["gid"], spec["groups"])
         return subprocess.Popen(
             spec["argv"],
             cwd=spec["cwd"],
@@ -130,7 +158,10 @@ class Supervisor:
             select.select([wakeup_fd], [], [], 0.05)
             _drain(wakeup_fd)
         _signal_all(_descendants(), signal.SIGKILL)
-        while _descendants():
+        # A process in uninterruptible sleep (D state, e.g. stuck on NFS) dies only when
+        # its I/O returns; don't wait for it forever, the exit record matters more.
+        deadline = time.monotonic() + 5.0
+        while _descendants() and time.monotonic() < deadline:
             self._reap()
             time.sleep(0.01)
 
@@ -172,20 +203,35 @@ class Supervisor:
             return 1
         finally:
             os.close(log_fd)
-        cancelled = False
+        cancelled = timed_out = False
+        limit_s = spec.get("time_limit_s")
+        deadline = None if limit_s is None else time.monotonic() + float(limit_s)
         while self.child.returncode is None:
             if self.terminate_requested and not cancelled:
                 cancelled = True
                 self._stop_tree(float(spec["kill_grace_s"]), read_fd)
                 continue
-            select.select([read_fd], [], [], 1.0)
+            # The time limit is kept here, not by the daemon, so it holds across daemon restarts.
+            if deadline is not None and not timed_out and time.monotonic() >= deadline:
+                timed_out = True
+                self._stop_tree(float(spec["kill_grace_s"]), read_fd)
+                continue
+            wait_s = 1.0 if deadline is None else max(0.0, min(1.0, deadline - time.monotonic()))
+            select.select([read_fd], [], [], wait_s)
             _drain(read_fd)
             self._reap()
         # The main process is gone; stop anything it left behind holding the GPU.
-        if _descendants():
+        if _has_children():
             self._stop_tree(float(spec["kill_grace_s"]), read_fd)
         code = self.child.returncode
-        if cancelled or self.terminate_requested:
+        if timed_out and not cancelled:
+            self._record(
+                outcome="timeout",
+                exit_code=_exit_code(code),
+                signal=_signal_of(code),
+                message=f"ran longer than its time limit of {_duration(float(limit_s))}",
+            )
+        elif cancelled or self.terminate_requested:
             self._record(outcome="cancelled", exit_code=_exit_code(code), signal=_signal_of(code))
         elif code < 0:
             self._record(
@@ -206,6 +252,14 @@ def _exit_code(code: int) -> int:
 
 def _signal_of(code: int) -> int | None:
     return -code if code < 0 else None
+
+
+def _duration(seconds: float) -> str:
+    if seconds >= 3600:
+        return f"{seconds / 3600:g}h"
+    if seconds >= 60:
+        return f"{seconds / 60:g}m"
+    return f"{seconds:g}s"
 
 
 def _drain(fd: int) -> None:

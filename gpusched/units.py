@@ -11,7 +11,7 @@ import re
 from gpusched.errors import UsageError
 
 _SIZE_SUFFIX = {"": 1, "B": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
-_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
+_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(?:([KMGT])(?:I?B)?|B?)\s*$", re.IGNORECASE)
 _DURATION_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _DURATION_PART_RE = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h|d)")
 
@@ -30,7 +30,7 @@ def parse_size(text: str | int) -> int:
                 " e.g. 8G or 512M"
             )
         number, suffix = match.groups()
-        value = int(float(number) * _SIZE_SUFFIX[suffix.upper()])
+        value = int(float(number) * _SIZE_SUFFIX[(suffix or "").upper()])
     if value <= 0:
         raise UsageError(f"invalid size {text!r}: must be more than zero")
     return value
@@ -42,7 +42,8 @@ def format_size(n_bytes: int | None) -> str:
         return "-"
     value = float(n_bytes)
     for suffix in ("B", "K", "M", "G"):
-        if abs(value) < 1024:
+        # Compare after rounding, so 1023.96K shows as 1.0M rather than 1024.0K.
+        if abs(round(value, 1)) < 1024:
             return f"{value:.0f}{suffix}" if suffix == "B" else f"{value:.1f}{suffix}"
         value /= 1024
     return f"{value:.1f}T"

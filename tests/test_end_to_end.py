@@ -36,7 +36,7 @@ def test_first_job_reports_its_gpu_in_logs_and_status_shows_both_gpus(
     assert [j["id"] for j in status["jobs"]] == [job_id]
     human = daemon.cli("status", "--all")
     assert human.returncode == 0
-    assert "AVAILABLE" in human.stdout and "RESERVED" in human.stdout
+    assert "AVAILABLE" in human.stdout and "reserved" in human.stdout
     assert f"{job_id} " in human.stdout
 
 
@@ -288,7 +288,9 @@ def test_bad_input_gets_one_line_and_the_contract_exit_code(daemon: RunningDaemo
         (["cancel", "999"], 1, "no job 999"),
         (["wait", "999"], 1, "no job 999"),
         (["logs", "999"], 1, "no job 999"),
-        (["cancel", "abc"], 2, "invalid job id"),
+        (["cancel", "abc"], 2, "invalid id"),
+        (["wait", "a0"], 2, "invalid id"),
+        (["cancel", "a999"], 1, "no array a999"),
     ]
     for args, code, text in cases:
         result = daemon.cli(*args)

@@ -16,6 +16,9 @@ To raise the memory while the job runs, either pass --grow SIZE [--grow-after S]
 from the allocation, within --hold), or call state.register_process() from the test with the
 pid the job printed: a registration replaces what that pid held on that GPU.
 
+--util-cycle 0,95,10,90 [--util-period 0.35] makes the job's SM utilization swing: during
+--hold it steps through the values, one per period, round and round (a job starved of data).
+
 Stdlib only (plus the state module next to this file).
 """
 
@@ -73,6 +76,7 @@ def play(args: argparse.Namespace, state_path: str) -> int:
             fakestate.register_process(state_path, uuid, os.getpid(), args.mem, sm_util=args.util)
             say(f"allocated {args.mem} bytes on GPU {index} ({uuid})")
     hold = args.hold
+    held = args.mem
     if args.grow is not None:
         before = min(args.grow_after, hold)
         time.sleep(before)
@@ -80,7 +84,19 @@ def play(args: argparse.Namespace, state_path: str) -> int:
         for index, uuid in gpus:
             fakestate.register_process(state_path, uuid, os.getpid(), args.grow, sm_util=args.util)
             say(f"grew to {args.grow} bytes on GPU {index} ({uuid})")
-    time.sleep(hold)
+        held = args.grow
+    if args.util_cycle and held:
+        cycle = [int(v) for v in args.util_cycle.split(",")]
+        deadline = time.monotonic() + hold
+        step = 0
+        while time.monotonic() < deadline:
+            for _, uuid in gpus:
+                util = cycle[step % len(cycle)]
+                fakestate.register_process(state_path, uuid, os.getpid(), held, sm_util=util)
+            step += 1
+            time.sleep(max(0.0, min(args.util_period, deadline - time.monotonic())))
+    else:
+        time.sleep(hold)
     say(f"done, exit code {args.exit_code}")
     return int(args.exit_code)
 
@@ -111,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mem", type=parse_size, default=0, help="memory per visible GPU")
     parser.add_argument("--hold", type=float, default=0.0, help="seconds to hold it")
     parser.add_argument("--util", type=int, default=None, help="SM utilization percent")
+    parser.add_argument("--util-cycle", default=None, help="utilization values to cycle, 0,95")
+    parser.add_argument("--util-period", type=float, default=0.35, help="seconds per value")
     parser.add_argument("--grow", type=parse_size, default=None, help="memory after growing")
     parser.add_argument("--grow-after", type=float, default=1.0, help="seconds after alloc")
     parser.add_argument("--child", action="store_true", help="allocate from a child process")

@@ -1,0 +1,193 @@
+"""CLI latency: `gpusched status` and `gpusched submit` with 10,000 ended jobs in the database.
+
+The database is filled before the daemon starts, through `gpusched.store.Store` (its
+engine and its `jobs` table, in one transaction: 10,000 ended jobs, each with this
+process's real environment as a submitted job carries it). Then each command is timed
+as a fresh process against the running daemon, beside `python -c pass` on the same
+interpreter in the same run: median of RUNS runs each, with hyperfine when it is
+installed (apt-get install hyperfine), else a Python timing loop. Each timed run
+follows an untimed 0.5 s pause, so a submit is timed on an idle daemon and not while
+the previous run's job is being launched (on 2 cores that launch, a Python supervisor
+starting, competes with the CLI); submits back to back, as a shell loop makes them,
+are timed too and reported beside.
+
+Both sides run the interpreter gpusched is installed into, directly (the `gpusched`
+console script next to `sys.executable`, and `sys.executable -c pass`), never through
+a version-manager shim, which would add its own start-up to both.
+The CLI finds the daemon through GPUSCHED_SOCKET, as a user's shell would with the
+socket in its default place (no config file to parse); `status` with GPUSCHED_CONFIG
+instead (YAML parsed on every call) is reported beside it.
+
+    python benchmarks/cli_latency.py [--runs 30] [--ended 10000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from _common import Figure, print_conditions, report
+
+from gpusched.store import Store, jobs
+from tests.daemon_harness import RunningDaemon
+
+PAUSE_S = 0.5  # between timed runs: a submitted `true` job is launched and over by then
+
+
+def fill_history(database_url: str, n_ended: int, cwd: str) -> None:
+    """n_ended jobs that ran and ended, as a busy server's history holds them."""
+    store = Store(database_url)
+    env = dict(os.environ)
+    states = ("done", "done", "done", "failed", "cancelled")
+    rows = []
+    for i in range(n_ended):
+        state = states[i % len(states)]
+        minute, second = divmod(i % 3600, 60)
+        day = f"2026-11-{1 + i // 3600 % 20:02d}"
+        rows.append(
+            {
+                "name": f"sweep-{i}" if i % 3 == 0 else None,
+                "user": "bench",
+                "uid": os.getuid(),
+                "gid": os.getgid(),
+                "state": state,
+                "command": ["python", "train.py", "--lr", f"0.{i % 97:03d}"],
+                "cwd": cwd,
+                "env": env,
+                "umask": 0o022,
+                "mem": (2 + i % 39) * 2**30,
+                "gpus": 1,
+                "gpu_indices": [i % 4],
+                "gpu_uuids": [f"GPU-5a5a5a5a-0000-4000-8000-{i % 4:012d}"],
+                "priority": 0,
+                "after": [],
+                "submitted_at": f"{day}T10:{minute:02d}:{second:02d}.000+00:00",
+                "started_at": f"{day}T11:{minute:02d}:{second:02d}.000+00:00",
+                "ended_at": f"{day}T12:{minute:02d}:{second:02d}.000+00:00",
+                "pid": 10_000 + i,
+                "exit_code": 0 if state == "done" else 1,
+                "reason": "cancelled" if state == "cancelled" else "exit",
+                "peak_mem": (1 + i % 30) * 2**30,
+                "hints": [],
+            }
+        )
+    with store.engine.begin() as conn:
+        conn.execute(jobs.insert(), rows)
+    assert store.count() == n_ended
+    store.close()
+
+
+def time_commands(
+    commands: dict[str, list[str]], env: dict[str, str], runs: int, pause_s: float = 0.0
+) -> dict[str, float]:
+    """Median wall time in seconds of each command (a fresh process per run).
+
+    pause_s: an untimed pause before every run, so that what a run started in the
+    daemon (a submitted job's launch) is over before the next run is timed.
+    """
+    hyperfine = shutil.which("hyperfine")
+    if hyperfine:
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "hyperfine.json"
+            argv = [
+                hyperfine,
+                "-N",
+                "--warmup",
+                "3",
+                "--runs",
+                str(runs),
+                "--export-json",
+                str(out),
+            ]
+            if pause_s:
+                argv += ["--prepare", f"sleep {pause_s}"]
+            for name, command in commands.items():
+                argv += ["-n", name, subprocess.list2cmdline(command)]
+            subprocess.run(argv, env=env, check=True, stdout=subprocess.DEVNULL)
+            results = json.loads(out.read_text())["results"]
+        return {r["command"]: statistics.median(r["times"]) for r in results}
+    medians = {}
+    for name, command in commands.items():
+        samples = []
+        for i in range(runs + 3):
+            time.sleep(pause_s)
+            start = time.perf_counter()
+            subprocess.run(command, env=env, check=True, stdout=subprocess.DEVNULL)
+            if i >= 3:
+                samples.append(time.perf_counter() - start)
+        medians[name] = statistics.median(samples)
+    return medians
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=30)
+    parser.add_argument("--ended", type=int, default=10_000)
+    args = parser.parse_args()
+    print_conditions()
+    script = Path(sys.executable).with_name("gpusched")
+    if not script.exists():
+        sys.exit(f"no gpusched console script next to {sys.executable}: pip install -e .")
+    with tempfile.TemporaryDirectory(prefix="gpusched-bench-") as tmp:
+        root = Path(tmp)
+        daemon = RunningDaemon(root, simulate="4x80G")
+        began = time.perf_counter()
+        fill_history(f"sqlite:///{root / 'gpusched.db'}", args.ended, str(root))
+        print(f"{args.ended} ended jobs written in {time.perf_counter() - began:.1f} s")
+        daemon.start()
+        try:
+            env = {k: v for k, v in daemon.env.items() if k != "GPUSCHED_CONFIG"}
+            env["GPUSCHED_SOCKET"] = str(daemon.socket_path)
+            with_config = {**daemon.env}
+            commands = {
+                "python -c pass": [sys.executable, "-c", "pass"],
+                "gpusched status": [str(script), "status"],
+                "gpusched submit": [str(script), "submit", "--mem", "1G", "--", "true"],
+            }
+            medians = time_commands(commands, env, args.runs, pause_s=PAUSE_S)
+            medians.update(
+                time_commands(
+                    {"gpusched status (config file)": [str(script), "status"]},
+                    with_config,
+                    args.runs,
+                    pause_s=PAUSE_S,
+                )
+            )
+            back_to_back = time_commands(
+                {"gpusched submit, back to back": commands["gpusched submit"]}, env, args.runs
+            )
+            medians.update(back_to_back)
+        finally:
+            daemon.stop()
+            daemon.kill_jobs()
+        store = Store(f"sqlite:///{root / 'gpusched.db'}")
+        history = store.count()
+        store.close()
+    base = medians["python -c pass"]
+    print(f"medians of {args.runs} runs ({'hyperfine' if shutil.which('hyperfine') else 'loop'}):")
+    for name, value in medians.items():
+        print(f"  {name:<34} {1e3 * value:7.1f} ms  {value / base:5.2f}x python -c pass")
+    print(f"  jobs in the database at the end: {history} (the ended ones plus the timed submits)")
+    figures = [Figure("python -c pass (baseline)", 1e3 * base, "ms")]
+    for name in ("gpusched status", "gpusched submit"):
+        ratio = medians[name] / base
+        figures += [
+            Figure(name, 1e3 * medians[name], "ms"),
+            Figure(f"{name} / python -c pass", ratio, "x", "<= 3", ratio <= 3),
+        ]
+    for name in ("gpusched status (config file)", "gpusched submit, back to back"):
+        figures.append(Figure(f"{name} / python -c pass", medians[name] / base, "x"))
+    figures.append(Figure("jobs in the database at the end", history, "jobs"))
+    report("cli_latency", figures)
+
+
+if __name__ == "__main__":
+    main()

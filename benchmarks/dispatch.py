@@ -1,0 +1,188 @@
+"""Dispatch overhead: 200 back-to-back `true` jobs through one slot, gpusched vs task-spooler.
+
+Both queues get the same shape of run: a blocker job holds the only slot while the 200
+jobs are submitted, so submitting is not timed with dispatching; the clock starts when
+the blocker is released (it reads one byte from a FIFO) and stops when the last job has
+ended. Per-job overhead = that time / 200 (each `true` runs for about a millisecond).
+
+gpusched: a real daemon (`simulate: 1x24G`, `headroom: 0`) in a temp dir; jobs are
+submitted through the Python API `gpusched.client.Client` with `mem="24G"`, so exactly
+one runs at a time, and the end is seen with `Client.wait()`.
+task-spooler: `tsp -S 1` on a private TS_SOCKET, jobs submitted with `tsp CMD`, the end
+seen with `tsp -w ID` (its output files kept, as gpusched keeps logs).
+
+The gpusched jobs' own timestamps split the time into "gap" (last job ended -> next
+started, the scheduling pass) and "run" (started -> ended: spec, supervisor start,
+`true`, exit record, the end noticed).
+
+    python benchmarks/dispatch.py [--jobs 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+
+from _common import Figure, print_conditions, profiled, report
+
+from gpusched.client import Client
+from tests.daemon_harness import RunningDaemon
+
+TSP_NAMES = ("tsp", "ts")  # Debian's task-spooler installs `tsp`
+
+
+def _blocker(fifo: Path) -> list[str]:
+    return ["head", "-c1", str(fifo)]
+
+
+def _release(fifo: Path) -> float:
+    """Let the blocker end; returns the time the release was sent."""
+    start = time.perf_counter()
+    with open(fifo, "wb") as handle:  # blocks until the blocker has opened the FIFO
+        handle.write(b"x")
+    return start
+
+
+def bench_gpusched(n_jobs: int, root: Path) -> dict[str, float]:
+    daemon = RunningDaemon(root, simulate="1x24G", config={"headroom": 0})
+    daemon.start()
+    try:
+        client = Client(daemon.socket_path)
+        fifo = root / "release.fifo"
+        os.mkfifo(fifo)
+        blocker = client.submit(_blocker(fifo), mem="24G", cwd=root)
+        daemon.wait_state(blocker.id, {"running"})
+        began = time.perf_counter()
+        ids = [client.submit(["true"], mem="24G", cwd=root).id for _ in range(n_jobs)]
+        submit_s = time.perf_counter() - began
+        assert daemon.process is not None
+        with profiled(daemon.process.pid, "dispatch-daemon"):
+            start = _release(fifo)
+            jobs = client.wait([ids[-1]], timeout=600)
+            elapsed = time.perf_counter() - start
+        assert jobs[0].state == "done", jobs[0]
+        done = {j.id: j for j in client.history(limit=n_jobs + 10)}
+        assert all(done[i].state == "done" for i in ids), "some jobs did not succeed"
+        stamps = [
+            (datetime.fromisoformat(done[i].started_at), datetime.fromisoformat(done[i].ended_at))
+            for i in ids
+        ]
+        runs = [(end - begin).total_seconds() for begin, end in stamps]
+        gaps = [(stamps[k + 1][0] - stamps[k][1]).total_seconds() for k in range(len(stamps) - 1)]
+        return {
+            "elapsed_s": elapsed,
+            "per_job_s": elapsed / n_jobs,
+            "submit_per_job_s": submit_s / n_jobs,
+            "run_median_s": statistics.median(runs),
+            "gap_median_s": statistics.median(gaps),
+        }
+    finally:
+        daemon.stop()
+        daemon.kill_jobs()
+
+
+def find_tsp() -> str | None:
+    for name in TSP_NAMES:
+        path = shutil.which(name)
+        if (
+            path
+            and "task"
+            in subprocess.run([path, "-h"], capture_output=True, text=True, check=False).stdout
+            + "task spooler"
+        ):  # `ts` may be moreutils' timestamp filter on some systems
+            return path
+    return None
+
+
+def bench_tsp(tsp: str, n_jobs: int, root: Path) -> dict[str, float]:
+    env = {
+        **os.environ,
+        "TS_SOCKET": str(root / "tsp.sock"),
+        "TMPDIR": str(root),  # its output files
+        "TS_MAXFINISHED": str(n_jobs + 10),
+        "TS_SAVELIST": "",
+    }
+    env.pop("TS_SLOTS", None)
+
+    def ts(*args: str) -> str:
+        done = subprocess.run([tsp, *args], env=env, capture_output=True, text=True, check=True)
+        return done.stdout.strip()
+
+    ts("-S", "1")  # starts its server with one slot
+    try:
+        fifo = root / "release.fifo"
+        os.mkfifo(fifo)
+        ts(*_blocker(fifo))
+        began = time.perf_counter()
+        ids = [ts("true") for _ in range(n_jobs)]
+        submit_s = time.perf_counter() - began
+        start = _release(fifo)
+        ts("-w", ids[-1])
+        elapsed = time.perf_counter() - start
+        states = ts("-l")
+        assert states.count("finished") == n_jobs + 1, states[-2000:]
+        return {
+            "elapsed_s": elapsed,
+            "per_job_s": elapsed / n_jobs,
+            "submit_per_job_s": submit_s / n_jobs,
+        }
+    finally:
+        subprocess.run([tsp, "-K"], env=env, capture_output=True, check=False)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=200)
+    args = parser.parse_args()
+    print_conditions()
+    tsp = find_tsp()
+    if tsp is None:
+        sys.exit("task-spooler not found: apt-get install task-spooler (its command is tsp)")
+    with tempfile.TemporaryDirectory(prefix="gpusched-bench-") as tmp:
+        root = Path(tmp)
+        (root / "gpusched").mkdir()
+        (root / "tsp").mkdir()
+        ours = bench_gpusched(args.jobs, root / "gpusched")
+        theirs = bench_tsp(tsp, args.jobs, root / "tsp")
+    n = args.jobs
+    print(f"{n} `true` jobs through one slot, after a blocker holding it is released")
+    print(
+        f"  gpusched (Client API): {ours['elapsed_s']:.2f} s, {1e3 * ours['per_job_s']:.1f} ms"
+        f" per job; submit {1e3 * ours['submit_per_job_s']:.1f} ms per job"
+    )
+    print(
+        "    from the jobs' timestamps: median run (started->ended)"
+        f" {1e3 * ours['run_median_s']:.1f} ms, median gap (ended->next started)"
+        f" {1e3 * ours['gap_median_s']:.1f} ms"
+    )
+    print(
+        f"  task-spooler ({tsp}): {theirs['elapsed_s']:.2f} s, {1e3 * theirs['per_job_s']:.2f} ms"
+        f" per job; submit {1e3 * theirs['submit_per_job_s']:.1f} ms per job (one tsp process each)"
+    )
+    ratio = ours["per_job_s"] / theirs["per_job_s"]
+    report(
+        "dispatch",
+        [
+            Figure("gpusched per-job dispatch overhead", 1e3 * ours["per_job_s"], "ms"),
+            Figure("task-spooler per-job dispatch overhead", 1e3 * theirs["per_job_s"], "ms"),
+            Figure("gpusched / task-spooler per-job overhead", ratio, "x", "<= 2", ratio <= 2),
+            Figure("gpusched job run (started->ended), median", 1e3 * ours["run_median_s"], "ms"),
+            Figure("gpusched gap (ended->next started), median", 1e3 * ours["gap_median_s"], "ms"),
+            Figure("gpusched submit (Client), per job", 1e3 * ours["submit_per_job_s"], "ms"),
+            Figure(
+                "task-spooler submit (tsp CLI), per job", 1e3 * theirs["submit_per_job_s"], "ms"
+            ),
+        ],
+    )
+
+
+if __name__ == "__main__":
+    main()

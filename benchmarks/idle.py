@@ -1,0 +1,100 @@
+"""Idle cost: the daemon's CPU and resident memory with 8 GPUs polled every second.
+
+The GPUs are the fake NVML driver (tests/fakenvml/fakenvml.c, compiled here with gcc
+as tests/fakenvml/fixtures.py does), showing eight idle 80 GB cards; its state file is
+written with `tests.fakenvml.state`. The daemon runs WITHOUT `simulate`, so every poll
+goes through pynvml into the driver library, with LD_LIBRARY_PATH and FAKENVML_STATE
+set, `poll_interval: 1s`, and no job. After a settling period, psutil samples the
+daemon process over the measuring window: CPU as (user + system time) / wall time,
+RSS once a second. Baseline in the same run: a bare `python -c` process that imports
+nothing and sleeps, measured the same way.
+
+    python benchmarks/idle.py [--seconds 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+from _common import Figure, GiB, print_conditions, report
+
+from tests.daemon_harness import RunningDaemon
+from tests.fakenvml import state as fakestate
+from tests.fakenvml.fixtures import FakeNvml, build_fake_nvml
+
+SETTLE_S = 3.0
+
+
+def measure(pid: int, seconds: float) -> tuple[float, float, float]:
+    """(CPU percent of one core, median RSS MB, max RSS MB) of `pid` over `seconds`."""
+    process = psutil.Process(pid)
+    before = process.cpu_times()
+    start = time.perf_counter()
+    rss = []
+    while time.perf_counter() - start < seconds:
+        rss.append(process.memory_info().rss)
+        time.sleep(1.0)
+    after = process.cpu_times()
+    wall = time.perf_counter() - start
+    cpu = (after.user + after.system) - (before.user + before.system)
+    return 100 * cpu / wall, statistics.median(rss) / 2**20, max(rss) / 2**20
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=20.0)
+    args = parser.parse_args()
+    print_conditions()
+    with tempfile.TemporaryDirectory(prefix="gpusched-bench-") as tmp:
+        root = Path(tmp)
+        fake = FakeNvml(build_fake_nvml(root / "fakenvml"), root / "fakenvml.state")
+        fake.set_gpus([80 * GiB] * 8)
+        (root / "daemon").mkdir()
+        daemon = RunningDaemon(
+            root / "daemon",
+            simulate=None,
+            config={"poll_interval": "1s"},
+            env=fake.env(),
+        ).start()
+        try:
+            gpus = daemon.client().status().gpus
+            assert len(gpus) == 8, gpus
+            assert all(g.state == "ok" for g in gpus), gpus
+            assert daemon.process is not None
+            time.sleep(SETTLE_S)
+            cpu, rss, rss_max = measure(daemon.process.pid, args.seconds)
+            reads_before = fakestate.read_state(fake.state_path)
+            assert len(reads_before.gpus) == 8
+        finally:
+            daemon.stop()
+            daemon.kill_jobs()
+        bare = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+        try:
+            time.sleep(SETTLE_S)
+            bare_cpu, bare_rss, _ = measure(bare.pid, min(args.seconds, 5.0))
+        finally:
+            bare.kill()
+            bare.wait()
+    print(f"daemon on 8 fake NVML GPUs, poll every 1 s, idle, over {args.seconds:.0f} s:")
+    print(f"  CPU {cpu:.2f} % of one core; RSS median {rss:.1f} MB, max {rss_max:.1f} MB")
+    print(f"  bare sleeping python: CPU {bare_cpu:.2f} %, RSS {bare_rss:.1f} MB")
+    report(
+        "idle",
+        [
+            Figure("daemon CPU, idle, 8 GPUs polled every 1 s", cpu, "% core", "< 1", cpu < 1),
+            Figure("daemon RSS, idle (max)", rss_max, "MB", "< 80", rss_max < 80),
+            Figure("daemon RSS / bare python RSS", rss_max / bare_rss, "x"),
+            Figure("bare python RSS (baseline)", bare_rss, "MB"),
+        ],
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,164 @@
+"""One scheduling pass: `plan()` with 10,000 waiting jobs on 64 GPUs, and a whole `tick()`.
+
+The GPUs are 64 x 80 GB, each already running 3 jobs of the packing benchmark's trace
+(so most waiting jobs do not fit: a long queue on a full server, the worst case for
+`plan()`, which then explains why each job waits and picks the head's GPUs to keep).
+The 10,000 waiting jobs have the same generator's declared sizes. `plan()` is timed
+alone (median of RUNS); baseline in the same run: sorting the same 10,000 waiting jobs
+by (-priority, id), which any pass must do.
+
+Then a real `Scheduler` (SQLite store in a temp dir, `SimulatedProbe` with the same 64
+GPUs, a real `Launcher`) with the same jobs in its database, all running jobs holding
+whole GPUs, so no job can start and nothing is launched; one `tick()` is timed (median
+of TICK_RUNS): read GPUs, load every active job, settle dependencies, plan.
+
+    python benchmarks/scheduling_pass.py [--waiting 10000] [--gpus 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import tempfile
+from pathlib import Path
+
+from _common import Figure, GiB, median_time, print_conditions, report
+from packing import make_trace
+
+from gpusched.config import load_config
+from gpusched.gpus import SimulatedProbe
+from gpusched.launcher import Launcher
+from gpusched.policy import GpuSlot, RunningClaim, WaitingJob, plan
+from gpusched.scheduler import Scheduler
+from gpusched.store import Store, jobs
+
+RUNS = 20
+TICK_RUNS = 5
+PER_GPU = 3
+HEADROOM = 512 * 2**20
+
+
+def policy_input(
+    n_waiting: int, n_gpus: int
+) -> tuple[list[GpuSlot], list[RunningClaim], list[WaitingJob]]:
+    trace = make_trace(7, n_waiting + n_gpus * PER_GPU, 3600.0)
+    gpus, running = [], []
+    for g in range(n_gpus):
+        uuid = f"GPU-bench-{g:03d}"
+        on_gpu = trace[g * PER_GPU : (g + 1) * PER_GPU]
+        used = sum(j.peak_bytes for j in on_gpu)
+        gpus.append(GpuSlot(uuid, g, 80 * GiB, 80 * GiB - used))
+        running += [
+            RunningClaim(j.job_id, (uuid,), j.declared_bytes, {uuid: j.peak_bytes}) for j in on_gpu
+        ]
+    rest = trace[n_gpus * PER_GPU :]
+    waiting = [WaitingJob(100_000 + i, j.declared_bytes) for i, j in enumerate(rest)]
+    return gpus, running, waiting
+
+
+def time_tick(n_waiting: int, n_gpus: int, root: Path) -> tuple[float, int]:
+    config = load_config(
+        None,
+        {
+            "socket": str(root / "sock"),
+            "database": f"sqlite:///{root / 'gpusched.db'}",
+            "state_dir": str(root / "state"),
+            "log_dir": str(root / "logs"),
+            "simulate": f"{n_gpus}x80G",
+        },
+    )
+    store = Store(config.database_url)
+    probe = SimulatedProbe.from_spec(config.simulate or "")
+    uuids = [g.uuid for g in probe.snapshot()]
+    trace = make_trace(7, n_waiting, 3600.0)
+    env = dict(os.environ)
+    base = {"user": "bench", "uid": os.getuid(), "gid": os.getgid(), "cwd": str(root)}
+    # Bulk load in one transaction (Store.add commits one row at a time, with fsync).
+    rows = [
+        {
+            **base,
+            "state": "running",
+            "command": ["sleep", "3600"],
+            "env": env,
+            "umask": 0o022,
+            "mem": None,
+            "gpus": 1,
+            "gpu_indices": [g],
+            "gpu_uuids": [uuids[g]],
+            "priority": 0,
+            "after": [],
+            "submitted_at": "2026-11-21T00:00:00.000+00:00",
+            "started_at": "2026-11-21T00:00:01.000+00:00",
+            "hints": [],
+        }
+        for g in range(n_gpus)
+    ]
+    queued = [
+        {
+            **base,
+            "state": "queued",
+            "command": ["python", "train.py", f"--seed={j.job_id}"],
+            "env": env,
+            "umask": 0o022,
+            "mem": j.declared_bytes,
+            "gpus": 1,
+            "gpu_indices": [],
+            "gpu_uuids": [],
+            "priority": 0,
+            "after": [],
+            "submitted_at": "2026-11-21T00:00:02.000+00:00",
+            "hints": [],
+        }
+        for j in trace
+    ]
+    with store.engine.begin() as conn:  # one statement per row shape
+        conn.execute(jobs.insert(), rows)
+        conn.execute(jobs.insert(), queued)
+
+    def launcher_factory(on_exit):
+        return Launcher(config.state_dir, config.log_dir, config.kill_grace_s, on_exit)
+
+    scheduler = Scheduler(config, store, probe, launcher_factory)
+    logging.getLogger("gpusched").setLevel(logging.WARNING)
+    try:
+        seconds, _ = median_time(scheduler.tick, TICK_RUNS, warmup=1)
+        result = scheduler.tick()
+        assert not result.placements, "the benchmark must not launch anything"
+        return seconds, len(result.waiting_reasons)
+    finally:
+        scheduler.launcher.close()
+        store.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--waiting", type=int, default=10_000)
+    parser.add_argument("--gpus", type=int, default=64)
+    parser.add_argument("--no-tick", action="store_true", help="time plan() only")
+    args = parser.parse_args()
+    print_conditions()
+    gpus, running, waiting = policy_input(args.waiting, args.gpus)
+    seconds, _ = median_time(lambda: plan(gpus, running, waiting, HEADROOM), RUNS)
+    result = plan(gpus, running, waiting, HEADROOM)
+    sort_s, _ = median_time(lambda: sorted(waiting, key=lambda j: (-j.priority, j.job_id)), RUNS)
+    print(
+        f"plan(): {args.waiting} waiting, {args.gpus} GPUs, {len(running)} running:"
+        f" {1e3 * seconds:.1f} ms (median of {RUNS});"
+        f" {len(result.placements)} placed, {len(result.waiting_reasons)} waiting"
+    )
+    print(f"  baseline, sorting the waiting jobs: {1e3 * sort_s:.2f} ms")
+    figures = [
+        Figure("plan(), 10,000 waiting x 64 GPUs", 1e3 * seconds, "ms", "< 20", seconds < 0.020),
+        Figure("plan() / sorting the queue", seconds / sort_s, "x"),
+    ]
+    if not args.no_tick:
+        with tempfile.TemporaryDirectory(prefix="gpusched-bench-") as tmp:
+            tick_s, reasons = time_tick(args.waiting, args.gpus, Path(tmp))
+        print(f"Scheduler.tick(): {1e3 * tick_s:.0f} ms (median of {TICK_RUNS}), {reasons} waiting")
+        figures.append(Figure("Scheduler.tick(), same queue, SQLite", 1e3 * tick_s, "ms"))
+    report("scheduling_pass", figures)
+
+
+if __name__ == "__main__":
+    main()

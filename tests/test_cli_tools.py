@@ -1,0 +1,230 @@
+"""The CLI with the tools people already use: shells, scripts (--json), terminals, --help."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from gpusched.cli import cli
+from tests.daemon_harness import RunningDaemon
+
+JOB_FIELDS = {"id", "user", "state", "command", "mem", "gpus", "gpu_indices", "exit_code", "reason"}
+
+
+def _gpusched_argv() -> list[str]:
+    """The installed `gpusched` script next to this python, else `python -m gpusched`."""
+    installed = Path(sys.executable).with_name("gpusched")
+    if installed.exists():
+        return [str(installed)]
+    found = shutil.which("gpusched")
+    return [found] if found else [sys.executable, "-m", "gpusched"]
+
+
+# -- completion ---------------------------------------------------------------------------
+
+
+def test_bash_completion_script_loads_and_completes_commands_and_options() -> None:
+    if shutil.which("bash") is None:
+        pytest.skip("no bash")
+    gpusched = " ".join(_gpusched_argv())
+    loaded = subprocess.run(
+        ["bash", "-c", f"source <({gpusched} completion bash) && complete -p gpusched"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert loaded.returncode == 0, loaded.stderr
+    assert "_gpusched_completion" in loaded.stdout
+    assert loaded.stderr == ""
+    # What the loaded function asks the program for, as bash would.
+    env = {**os.environ, "_GPUSCHED_COMPLETE": "bash_complete", "COMP_CWORD": "1"}
+    for words, expected in (("gpusched sta", "status"), ("gpusched status --wa", "--watch")):
+        env["COMP_WORDS"] = words
+        env["COMP_CWORD"] = str(len(words.split()) - 1)
+        done = subprocess.run(
+            _gpusched_argv(), env=env, capture_output=True, text=True, timeout=30, check=False
+        )
+        assert f"plain,{expected}" in done.stdout.splitlines(), done.stdout
+
+
+@pytest.mark.parametrize(
+    ("shell", "marker"),
+    [("zsh", "#compdef gpusched"), ("fish", "complete --no-files --command gpusched")],
+)
+def test_zsh_and_fish_completion_scripts(shell: str, marker: str) -> None:
+    result = CliRunner().invoke(cli, ["completion", shell])
+    assert result.exit_code == 0
+    assert marker in result.output
+    assert "_GPUSCHED_COMPLETE" in result.output
+    assert CliRunner().invoke(cli, ["completion", "tcsh"]).exit_code == 2
+
+
+# -- --help ----------------------------------------------------------------------------------
+
+
+def _all_commands() -> list[tuple[str, click.Command]]:
+    commands: list[tuple[str, click.Command]] = [("", cli)]
+    ctx = click.Context(cli)
+    commands += [(name, cli.get_command(ctx, name)) for name in cli.list_commands(ctx)]  # type: ignore[misc]
+    return commands
+
+
+@pytest.mark.parametrize(("name", "command"), _all_commands(), ids=lambda v: str(v) or "gpusched")
+def test_every_commands_help_ends_with_an_example(name: str, command: click.Command) -> None:
+    result = CliRunner().invoke(cli, [*([name] if name else []), "--help"], terminal_width=100)
+    assert result.exit_code == 0, result.output
+    description = result.output.split("\nOptions:")[0].rstrip()
+    assert "Example:" in description, f"`gpusched {name} --help` has no example"
+    example = description.rsplit("Example:", 1)[1].splitlines()[1:]
+    lines = [line for line in example if line.strip()]
+    assert lines, f"`gpusched {name} --help`: the example is empty"
+    assert all(line.startswith("  ") and "gpusched" in "".join(lines) for line in lines)
+
+
+# -- --json on every command that prints data ----------------------------------------------
+
+
+def test_hold_release_cancel_and_wait_print_jobs_as_json(daemon: RunningDaemon) -> None:
+    blocker = daemon.submit("--", "sleep", "60")  # whole GPUs: the next two wait
+    other = daemon.submit("--", "sleep", "60")
+    daemon.wait_state(blocker, {"running"})
+    daemon.wait_state(other, {"running"})
+    queued = daemon.submit("--mem", "1G", "--", "true")
+
+    def jobs(*args: str, code: int = 0) -> list[dict[str, object]]:
+        result = daemon.cli(*args, "--json")
+        assert result.returncode == code, result.stderr
+        value = json.loads(result.stdout)
+        assert isinstance(value, list)
+        for job in value:
+            assert set(job) >= JOB_FIELDS
+        return value
+
+    assert [j["state"] for j in jobs("hold", str(queued))] == ["held"]
+    assert [j["state"] for j in jobs("release", str(queued))] == ["queued"]
+    assert [j["id"] for j in jobs("cancel", str(blocker))] == [blocker]
+    waited = jobs("wait", str(blocker), str(queued), "--timeout", "20", code=1)  # one cancelled
+    assert [j["id"] for j in waited] == [blocker, queued]
+    assert [j["state"] for j in waited] == ["cancelled", "done"]
+    doctor = json.loads(daemon.cli("doctor", "--json").stdout)
+    assert {"ok", "checks"} <= set(doctor)
+    daemon.cli("cancel", str(other))
+
+
+# -- status on a terminal ------------------------------------------------------------------
+
+
+def _run_on_a_pty(argv: list[str], env: dict[str, str]) -> str:
+    """Run argv with stdout on a pseudo-terminal (isatty() is true there); its output."""
+    leader, follower = pty.openpty()
+    process = subprocess.Popen(argv, stdout=follower, stderr=subprocess.PIPE, env=env)
+    os.close(follower)
+    chunks = []
+    while True:
+        ready, _, _ = select.select([leader], [], [], 30)
+        if not ready:
+            break
+        try:
+            data = os.read(leader, 65536)
+        except OSError:  # EIO: the other side closed
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(leader)
+    assert process.stderr is not None
+    with process.stderr:
+        errors = process.stderr.read()
+    assert process.wait(timeout=30) == 0, errors
+    return b"".join(chunks).decode()
+
+
+def test_status_is_coloured_on_a_terminal_unless_no_color(daemon: RunningDaemon) -> None:
+    job = daemon.submit("--mem", "4G", "--", "sleep", "30")
+    daemon.wait_state(job, {"running"})
+    argv = [sys.executable, "-m", "gpusched", "status"]
+    env = {**daemon.env, "COLUMNS": "80"}
+    env.pop("NO_COLOR", None)
+    coloured = _run_on_a_pty(argv, env)
+    assert "\x1b[" in coloured
+    plain = _run_on_a_pty(argv, {**env, "NO_COLOR": "1"})
+    assert "\x1b[" not in plain
+    # The same screen, coloured or not (times may tick between the two runs).
+    assert [line.split()[:3] for line in click.unstyle(coloured).splitlines()] == [
+        line.split()[:3] for line in plain.splitlines()
+    ]
+    piped = daemon.cli("status", env=env)
+    assert "\x1b[" not in piped.stdout
+    lines = piped.stdout.splitlines()
+    assert lines[0].split() == ["GPU", "NAME", "MEMORY", "USED/TOTAL", "AVAILABLE", "UTIL"]
+    assert any(line.startswith("running (1)") for line in lines)
+    assert all(len(line) <= 80 for line in lines)
+
+
+def test_status_watch_redraws_until_ctrl_c_and_exits_0(
+    daemon: RunningDaemon, tmp_path: Path
+) -> None:
+    out_path, err_path = tmp_path / "out", tmp_path / "err"
+    with open(out_path, "wb") as out, open(err_path, "wb") as err:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "gpusched", "status", "--watch", "--interval", "0.2"],
+            env=daemon.env,
+            stdout=out,
+            stderr=err,
+        )
+    try:
+        deadline = time.monotonic() + 20
+        while out_path.read_text().count("every 0.2s: gpusched status") < 3:
+            assert time.monotonic() < deadline, out_path.read_text()
+            time.sleep(0.1)
+        process.send_signal(signal.SIGINT)  # what Ctrl-C sends
+        assert process.wait(timeout=10) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    errors = err_path.read_text()
+    assert "Traceback" not in errors and "Aborted" not in errors
+    assert out_path.read_text().count("GPU NAME") >= 3
+    assert daemon.cli("status", "--watch", "--json").returncode == 2
+
+
+def test_status_stays_light_no_sqlalchemy_apscheduler_pynvml_or_prometheus(
+    daemon: RunningDaemon,
+) -> None:
+    code = (
+        "import sys\n"
+        "from gpusched.cli import cli\n"
+        "try:\n"
+        "    cli(['status', '--all'], prog_name='gpusched')\n"
+        "except SystemExit as exc:\n"
+        "    assert not exc.code, exc.code\n"
+        "heavy = ('sqlalchemy', 'apscheduler', 'pynvml', 'prometheus_client', 'yaml')\n"
+        "print('HEAVY', sorted({m.split('.')[0] for m in sys.modules} & set(heavy)))\n"
+    )
+    env = {**daemon.env, "GPUSCHED_SOCKET": str(daemon.socket_path)}
+    env.pop("GPUSCHED_CONFIG")  # with a config file the client reads YAML; that is its price
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "GPU NAME" in done.stdout
+    assert done.stdout.strip().splitlines()[-1] == "HEAVY []"

@@ -1,0 +1,333 @@
+"""Configuration: YAML keys, defaults for root and for everyone else, and error messages."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from gpusched.config import (
+    SYSTEM_SOCKET_PATH,
+    Config,
+    config_path_from_env,
+    default_config,
+    load_config,
+)
+from gpusched.errors import ConfigError, UsageError
+
+G, M = 2**30, 2**20
+
+
+@pytest.fixture
+def user_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
+    """Run as an ordinary user (uid 1000) with private runtime and state directories."""
+    runtime = tmp_path / "run"
+    state = tmp_path / "state"
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    monkeypatch.setenv("XDG_STATE_HOME", str(state))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    return runtime, state
+
+
+def write(tmp_path: Path, text: str, name: str = "gpusched.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+# -- every key -----------------------------------------------------------------------------
+
+
+def test_every_key_is_read(tmp_path: Path, user_env: tuple[Path, Path]) -> None:
+    path = write(
+        tmp_path,
+        """\
+        socket: /tmp/x/gpusched.sock
+        database: sqlite:////tmp/x/jobs.db
+        state_dir: /tmp/x/state
+        log_dir: /tmp/x/logs
+        poll_interval: 500ms
+        headroom: 1G
+        gpus: [0, GPU-abc]
+        simulate: 2x24G
+        max_jobs_per_gpu: 3
+        visible_devices: uuid
+        kill_grace: 1m
+        show_commands: true
+        admins: [alice, bob]
+        """,
+    )
+    config = load_config(path)
+    assert config == Config(
+        socket_path=Path("/tmp/x/gpusched.sock"),
+        database_url="sqlite:////tmp/x/jobs.db",
+        state_dir=Path("/tmp/x/state"),
+        log_dir=Path("/tmp/x/logs"),
+        poll_interval_s=0.5,
+        headroom_bytes=G,
+        gpus=(0, "GPU-abc"),
+        simulate="2x24G",
+        max_jobs_per_gpu=3,
+        visible_devices="uuid",
+        kill_grace_s=60.0,
+        show_commands=True,
+        admins=("alice", "bob"),
+        source=str(path),
+    )
+
+
+@pytest.mark.parametrize(
+    ("yaml_line", "field", "expected"),
+    [
+        ("headroom: 0", "headroom_bytes", 0),
+        ("headroom: '0'", "headroom_bytes", 0),
+        ("headroom: 256M", "headroom_bytes", 256 * M),
+        ("headroom: 1048576", "headroom_bytes", M),
+        ("poll_interval: 5", "poll_interval_s", 5.0),
+        ("poll_interval: 0.5", "poll_interval_s", 0.5),
+        ("gpus: all", "gpus", None),
+        ("gpus: null", "gpus", None),
+        ("gpus: 1", "gpus", (1,)),
+        ("gpus: GPU-1234", "gpus", ("GPU-1234",)),
+        ("simulate: null", "simulate", None),
+        ("simulate: 24G,16G", "simulate", "24G,16G"),
+        ("max_jobs_per_gpu: null", "max_jobs_per_gpu", None),
+        ("max_jobs_per_gpu: 1", "max_jobs_per_gpu", 1),
+        ("visible_devices: index", "visible_devices", "index"),
+        ("show_commands: false", "show_commands", False),
+        ("admins: []", "admins", ()),
+        ("admins: null", "admins", ()),
+        ("state_dir: ~/gs", "state_dir", "HOME/gs"),
+    ],
+)
+def test_single_key_values(
+    tmp_path: Path, user_env: tuple[Path, Path], yaml_line: str, field: str, expected: object
+) -> None:
+    config = load_config(write(tmp_path, yaml_line + "\n"))
+    if expected == "HOME/gs":
+        expected = tmp_path / "home" / "gs"
+    assert getattr(config, field) == expected
+
+
+def test_empty_file_gives_defaults(tmp_path: Path, user_env: tuple[Path, Path]) -> None:
+    path = write(tmp_path, "# nothing set\n")
+    config = load_config(path)
+    assert config == dataclasses.replace(default_config(), source=str(path))
+
+
+# -- defaults ------------------------------------------------------------------------------
+
+
+def test_defaults_when_no_file(user_env: tuple[Path, Path]) -> None:
+    runtime, state = user_env
+    config = load_config(None)
+    assert config.source == "defaults"
+    assert config.socket_path == runtime / "gpusched.sock"
+    assert config.database_url == f"sqlite:///{state / 'gpusched' / 'gpusched.db'}"
+    assert config.poll_interval_s == 2.0
+    assert config.headroom_bytes == 512 * M
+    assert config.gpus is None
+    assert config.simulate is None
+    assert config.max_jobs_per_gpu is None
+    assert config.visible_devices == "index"
+    assert config.kill_grace_s == 10.0
+    assert config.show_commands is False
+    assert config.admins == ()
+
+
+def test_non_root_defaults_use_xdg_directories(user_env: tuple[Path, Path]) -> None:
+    runtime, state = user_env
+    config = default_config()
+    assert config.socket_path == runtime / "gpusched.sock"
+    assert config.database_url == f"sqlite:///{state}/gpusched/gpusched.db"
+    assert config.database_url.startswith("sqlite:////")  # an absolute path: four slashes
+    assert config.state_dir == state / "gpusched"
+    assert config.log_dir.is_relative_to(state / "gpusched")
+
+
+def test_non_root_defaults_without_xdg_variables(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    monkeypatch.delenv("XDG_STATE_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    config = default_config()
+    state = tmp_path / ".local" / "state" / "gpusched"
+    assert config.state_dir == state
+    assert config.database_url == f"sqlite:///{state / 'gpusched.db'}"
+    assert config.socket_path.is_relative_to(state)
+    assert config.log_dir.is_relative_to(state)
+
+
+def test_root_defaults_are_system_paths(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", "/should/not/be/used")
+    config = default_config()
+    assert config.socket_path == SYSTEM_SOCKET_PATH == Path("/run/gpusched/gpusched.sock")
+    assert config.database_url == "sqlite:////var/lib/gpusched/gpusched.db"
+    assert config.state_dir == Path("/var/lib/gpusched")
+    assert config.log_dir == Path("/var/log/gpusched/jobs")
+
+
+def test_defaults_of_a_real_non_root_process() -> None:
+    """The same as above without monkeypatching: a subprocess that really is not root."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to start a process as another user")
+    code = "from gpusched.config import load_config; c = load_config(None); "
+    code += "print(c.socket_path); print(c.database_url)"
+    env = {  # the paths need not exist: the defaults are only computed here
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": "/nonexistent",
+        "XDG_RUNTIME_DIR": "/run/user/65534",
+        "XDG_STATE_HOME": "/nonexistent/state",
+    }
+    try:
+        result = subprocess.run(
+            [sys.executable, "-c", code],
+            user=65534,
+            group=65534,
+            env=env,
+            cwd="/",
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+    except PermissionError:
+        pytest.skip(f"{sys.executable} cannot be run by uid 65534 here")
+    if result.returncode != 0 and "Permission denied" in result.stderr:
+        pytest.skip("the gpusched package cannot be read by uid 65534 here")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        "/run/user/65534/gpusched.sock",
+        "sqlite:////nonexistent/state/gpusched/gpusched.db",
+    ]
+
+
+# -- errors name the file and the key -------------------------------------------------------
+
+
+def test_missing_named_file(tmp_path: Path, user_env: tuple[Path, Path]) -> None:
+    missing = tmp_path / "nope" / "gpusched.yaml"
+    with pytest.raises(ConfigError) as info:
+        load_config(missing)
+    assert str(missing) in info.value.message
+    assert "not found" in info.value.message
+
+
+def test_unreadable_path(tmp_path: Path, user_env: tuple[Path, Path]) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(tmp_path)  # a directory
+    assert str(tmp_path) in info.value.message
+
+
+def test_bad_yaml_names_file_and_line(tmp_path: Path, user_env: tuple[Path, Path]) -> None:
+    path = write(tmp_path, "socket: /tmp/x\nheadroom: [1G\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(path) in info.value.message
+    assert "YAML" in info.value.message
+    assert "line" in info.value.message
+
+
+@pytest.mark.parametrize("text", ["- a\n- b\n", "just a string\n", "42\n"])
+def test_not_a_mapping(tmp_path: Path, user_env: tuple[Path, Path], text: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError, match="mapping") as info:
+        load_config(path)
+    assert str(path) in info.value.message
+
+
+def test_unknown_key(tmp_path: Path, user_env: tuple[Path, Path]) -> None:
+    path = write(tmp_path, "headroom: 1G\npoll_intervall: 2s\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(path) in info.value.message
+    assert "'poll_intervall'" in info.value.message
+    assert "unknown key" in info.value.message
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("database", "/var/lib/gpusched.db"),
+        ("poll_interval", "fast"),
+        ("poll_interval", "0s"),
+        ("poll_interval", "nan"),
+        ("kill_grace", "-1s"),
+        ("headroom", "lots"),
+        ("headroom", "-1G"),
+        ("gpus", "[]"),
+        ("gpus", "[{a: 1}]"),
+        ("simulate", "2x"),
+        ("simulate", "0x24G"),
+        ("max_jobs_per_gpu", "0"),
+        ("max_jobs_per_gpu", "two"),
+        ("max_jobs_per_gpu", "true"),
+        ("max_jobs_per_gpu", "1.5"),
+        ("visible_devices", "serial"),
+        ("show_commands", "yes please"),
+        ("show_commands", "1"),
+        ("admins", "alice"),
+        ("admins", "[alice, 3]"),
+    ],
+)
+def test_bad_value_names_file_and_key(
+    tmp_path: Path, user_env: tuple[Path, Path], key: str, value: str
+) -> None:
+    path = write(tmp_path, f"{key}: {value}\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    message = info.value.message
+    assert message.startswith(f"{path}: key '{key}': ")
+    assert "\n" not in message
+
+
+def test_config_error_is_a_usage_error() -> None:
+    assert issubclass(ConfigError, UsageError)
+
+
+# -- overrides -----------------------------------------------------------------------------
+
+
+def test_overrides_without_file(user_env: tuple[Path, Path]) -> None:
+    config = load_config(None, {"simulate": "2x24G", "headroom": "1G"})
+    assert config.simulate == "2x24G"
+    assert config.headroom_bytes == G
+    assert config.source == "defaults"
+
+
+def test_overrides_win_over_the_file(tmp_path: Path, user_env: tuple[Path, Path]) -> None:
+    path = write(tmp_path, "simulate: 1x80G\nheadroom: 2G\n")
+    config = load_config(path, {"simulate": "2x24G", "headroom": None})
+    assert config.simulate == "2x24G"
+    assert config.headroom_bytes == 2 * G  # None means "not given on the command line"
+
+
+def test_bad_override_is_a_config_error(user_env: tuple[Path, Path]) -> None:
+    with pytest.raises(ConfigError, match="'simulate'"):
+        load_config(None, {"simulate": "lots of GPUs"})
+
+
+def test_config_is_frozen(user_env: tuple[Path, Path]) -> None:
+    config = load_config(None)
+    with pytest.raises(AttributeError):
+        config.headroom_bytes = 0  # type: ignore[misc]
+
+
+# -- where the file comes from --------------------------------------------------------------
+
+
+def test_config_path_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUSCHED_CONFIG", "/etc/from-env.yaml")
+    assert config_path_from_env("/etc/explicit.yaml") == Path("/etc/explicit.yaml")
+    assert config_path_from_env(None) == Path("/etc/from-env.yaml")
+    monkeypatch.delenv("GPUSCHED_CONFIG")
+    assert config_path_from_env(None) is None

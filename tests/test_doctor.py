@@ -1,0 +1,70 @@
+"""`gpusched doctor` on a healthy simulated daemon, without one, and on the fake NVML driver."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from tests.daemon_harness import RunningDaemon
+from tests.fakenvml.fixtures import FakeNvml
+
+
+def _statuses(stdout: str) -> dict[str, str]:
+    """{check name: ok|warn|FAIL|skip} from doctor's lines."""
+    found = {}
+    for line in stdout.splitlines():
+        words = line.split()
+        if len(words) >= 2 and words[0] in ("ok", "warn", "FAIL", "skip"):
+            found[words[1]] = words[0]
+    return found
+
+
+def test_doctor_passes_on_a_healthy_simulated_daemon(daemon: RunningDaemon) -> None:
+    result = daemon.cli("doctor")
+    assert result.returncode == 0, result.stdout + result.stderr
+    statuses = _statuses(result.stdout)
+    for check in ("config", "gpus", "daemon", "state_dir", "log_dir", "database"):
+        assert statuses[check] == "ok", result.stdout
+    assert statuses["systemd"] in ("ok", "warn", "skip")  # a test daemon is not the service
+    assert daemon.process is not None
+    assert f"daemon pid {daemon.process.pid} (version " in result.stdout
+    assert f"answers at {daemon.socket_path}" in result.stdout
+    assert result.stdout.rstrip().endswith("all checks passed")
+    report = json.loads(daemon.cli("doctor", "--json").stdout)
+    assert report["ok"] is True
+    assert {c["name"] for c in report["checks"]} >= {"config", "gpus", "daemon", "systemd"}
+
+
+def test_doctor_without_a_daemon_fails_and_says_how_to_start_it(daemon_factory: Any) -> None:
+    daemon = daemon_factory()  # configured, never started: no socket
+    result = daemon.cli("doctor")
+    assert result.returncode == 1
+    assert _statuses(result.stdout)["daemon"] == "FAIL"
+    assert str(daemon.socket_path) in result.stdout
+    assert "fix: start it: sudo systemctl start gpusched" in result.stdout
+    assert "check(s) failed" in result.stdout
+    report = json.loads(daemon.cli("doctor", "--json").stdout)
+    assert report["ok"] is False
+    failed = [c for c in report["checks"] if c["status"] == "fail"]
+    assert [c["name"] for c in failed] == ["daemon"]
+    assert failed[0]["fix"]
+
+
+def test_doctor_names_a_bad_config_key(daemon_factory: Any) -> None:
+    daemon = daemon_factory(config={"headroom": "lots"})
+    result = daemon.cli("doctor")
+    assert result.returncode == 1
+    assert _statuses(result.stdout)["config"] == "FAIL"
+    assert "key 'headroom'" in result.stdout
+
+
+def test_doctor_reads_the_driver_through_nvml(daemon_factory: Any, fake_nvml: FakeNvml) -> None:
+    daemon = daemon_factory(simulate=None, env=fake_nvml.env())
+    result = daemon.cli("doctor")
+    assert _statuses(result.stdout)["gpus"] == "ok", result.stdout
+    assert "NVIDIA driver" in result.stdout
+    fake_nvml.set_driver(loaded=False)
+    result = daemon.cli("doctor")
+    assert _statuses(result.stdout)["gpus"] == "FAIL"
+    assert "driver is not loaded" in result.stdout
+    assert result.returncode == 1

@@ -1,0 +1,161 @@
+"""Notification hooks (`submit --notify`, `on_finish:`): as the owner, JSON on stdin, bounded."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import yaml
+
+from gpusched.client import Client
+from gpusched.config import load_config
+from gpusched.errors import UsageError
+from gpusched.hooks import run_hook
+from tests.daemon_harness import RunningDaemon
+from tests.users import as_user, throwaway_users
+
+# Writes who it runs as, where, the job's variables and (last line) the JSON it was given.
+REPORT = (
+    'exec > "$HOME/hook.out"; id -u; id -g; id -G; pwd;'
+    ' echo "$GPUSCHED_JOB_ID $GPUSCHED_JOB_STATE $GPUSCHED_EXIT_CODE"; cat'
+)
+
+
+def _eventually(check: Any, timeout: float = 15.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def shared_root() -> Iterator[Path]:
+    """A daemon directory every user can traverse (pytest's tmp dirs are root-only)."""
+    root = Path(tempfile.mkdtemp(prefix="gpusched-hooks-", dir="/tmp"))
+    root.chmod(0o755)
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def test_notify_hook_runs_as_the_owner_with_the_job_json_on_stdin(shared_root: Path) -> None:
+    with throwaway_users(1) as ([alice], _group):
+        daemon = RunningDaemon(shared_root).start()
+        try:
+            socket_path = daemon.socket_path
+            notify = f"sh -c '{REPORT}'"  # one string, split like a shell would: never run by one
+            job = as_user(
+                alice,
+                lambda: (
+                    Client(socket_path)
+                    .submit(["sh", "-c", "exit 3"], mem="1G", notify=notify)
+                    .to_json()
+                ),
+            )
+            report = Path(alice.home) / "hook.out"
+            _eventually(lambda: report.exists() and report.read_text().endswith("}\n"))
+            lines = report.read_text().splitlines()
+            assert int(lines[0]) == alice.uid
+            assert int(lines[1]) == alice.gid
+            assert sorted(map(int, lines[2].split())) == sorted(set(alice.groups()))
+            assert lines[3] == alice.home  # the job's working directory
+            assert lines[4] == f"{job['id']} failed 3"
+            seen = json.loads(lines[5])
+            assert (seen["id"], seen["user"], seen["state"]) == (job["id"], alice.name, "failed")
+            assert (seen["exit_code"], seen["reason"]) == (3, "exit")
+            assert os.stat(report).st_uid == alice.uid
+        finally:
+            daemon.stop()
+            daemon.kill_jobs()
+
+
+def test_a_hanging_hook_is_killed_after_the_timeout_and_scheduling_goes_on(
+    daemon_factory: Any, tmp_path: Path
+) -> None:
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    daemon = daemon_factory(
+        config={
+            "hook_timeout": "3s",
+            # The administrator's hook: every job, as its owner, JSON on stdin.
+            "on_finish": ["sh", "-c", f'cat > "{marks}/on_finish-$GPUSCHED_JOB_ID.json"'],
+        }
+    ).start()
+    # A hook that never ends, with a child in its process group.
+    hang = f"sh -c 'sleep 60 & echo $! > {marks}/child.pid; echo $$ > {marks}/hook.pid; wait'"
+    first = daemon.submit("--mem", "1G", "--notify", hang, "--", "true")
+    hook_pid = int(_eventually(lambda: (p := marks / "hook.pid").exists() and p.read_text()))
+    child_pid = int(_eventually(lambda: (p := marks / "child.pid").exists() and p.read_text()))
+    assert psutil.pid_exists(hook_pid)
+    # While the hook hangs, the daemon answers and runs the next job to its end.
+    second = daemon.submit("--mem", "1G", "--", "true")
+    assert daemon.wait_state(second, {"done"}, timeout=10)["state"] == "done"
+    assert psutil.pid_exists(hook_pid), "the second job should have run while the hook hung"
+    # Then the timeout kills the hook's whole process group, and says so in the log.
+    _eventually(lambda: not _alive(hook_pid) and not _alive(child_pid), timeout=10)
+    _eventually(lambda: "still running after 3s: killed" in daemon.stderr())
+    for job_id in (first, second):
+        seen = json.loads(_eventually(lambda j=job_id: _read(marks / f"on_finish-{j}.json")))
+        assert (seen["id"], seen["state"]) == (job_id, "done")
+
+
+def _read(path: Path) -> str | None:
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    return text if text.endswith("\n") else None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_run_hook_reports_failures_without_raising(tmp_path: Path) -> None:
+    common: dict[str, Any] = {
+        "env": {"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+        "cwd": str(tmp_path),
+        "uid": os.geteuid(),
+        "gid": os.getegid(),
+        "umask": 0o022,
+        "timeout_s": 5.0,
+    }
+    failed = run_hook(["sh", "-c", "echo oops >&2; exit 4"], {"id": 1}, **common)
+    assert (failed.kind, failed.exit_code, failed.output) == ("exit", 4, "oops")
+    missing = run_hook(["/nonexistent/hook"], {"id": 1}, **common)
+    assert missing.kind == "failed_to_start"
+    # A hook that never reads its stdin does not block on a large job JSON.
+    quiet = run_hook(["true"], {"blob": "x" * 1_000_000}, **common)
+    assert (quiet.kind, quiet.exit_code) == ("exit", 0)
+
+
+def test_hook_config_keys_are_checked(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("on_finish: notify-send 'job done'\nhook_timeout: 10s\n")
+    config = load_config(path)
+    assert config.on_finish == ("notify-send", "job done")
+    assert config.hook_timeout_s == 10.0
+    assert load_config(None).hook_timeout_s == 30.0
+    shipped = Path(__file__).resolve().parents[1] / "config" / "gpusched.yaml"
+    documented = yaml.safe_load(shipped.read_text())
+    assert {"on_finish", "hook_timeout", "metrics"} <= set(documented)
+    assert load_config(shipped).hook_timeout_s == 30.0
+    path.write_text("on_finish: [1, 2]\n")
+    with pytest.raises(UsageError, match="on_finish"):
+        load_config(path)
+    path.write_text('on_finish: "sh -c \'unclosed"\n')
+    with pytest.raises(UsageError, match="on_finish"):
+        load_config(path)

@@ -1,0 +1,109 @@
+"""Fair share in the pure policy: decayed usage, ordering between users, no starvation."""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpusched.policy import GpuSlot, RunningClaim, UsageSpan, WaitingJob, decayed_usage, plan
+
+GiB = 2**30
+HOUR = 3600.0
+
+
+def test_decayed_usage_matches_the_closed_form() -> None:
+    # 10 GiB held for one hour, ending now, half-life one hour.
+    usage = decayed_usage([UsageSpan("a", 10 * GiB, 0.0, HOUR)], now_s=HOUR, half_life_s=HOUR)
+    expected = 10 * GiB * HOUR / math.log(2) * (1 - 0.5)
+    assert math.isclose(usage["a"], expected, rel_tol=1e-9)
+    # A short span ending now weighs about bytes x seconds.
+    short = decayed_usage([UsageSpan("a", GiB, 0.0, 1.0)], now_s=1.0, half_life_s=HOUR)
+    assert math.isclose(short["a"], GiB * 1.0, rel_tol=1e-3)
+
+
+def test_usage_halves_every_half_life_and_running_jobs_count_until_now() -> None:
+    recent = decayed_usage([UsageSpan("a", GiB, 0.0, 60.0)], now_s=60.0, half_life_s=HOUR)
+    older = decayed_usage([UsageSpan("a", GiB, 0.0, 60.0)], now_s=60.0 + HOUR, half_life_s=HOUR)
+    assert math.isclose(older["a"], recent["a"] / 2, rel_tol=1e-9)
+    running = decayed_usage([UsageSpan("b", GiB, 0.0, None)], now_s=60.0, half_life_s=HOUR)
+    assert math.isclose(running["b"], recent["a"], rel_tol=1e-9)
+
+
+def _one_slot() -> list[GpuSlot]:
+    return [GpuSlot("g0", 0, 24 * GiB, 24 * GiB)]
+
+
+job_lists = st.lists(
+    st.tuples(st.sampled_from(["a", "b", "c"]), st.integers(-3, 3)), min_size=1, max_size=12
+)
+
+
+@given(job_lists)
+def test_with_equal_use_the_order_is_priority_then_submit_time(jobs: list[tuple[str, int]]) -> None:
+    waiting = [WaitingJob(i + 1, 20 * GiB, 1, prio, user) for i, (user, prio) in enumerate(jobs)]
+    usage = {"a": 5.0, "b": 5.0, "c": 5.0}
+    placed = plan(_one_slot(), [], waiting, user_usage=usage).placements
+    best = min(waiting, key=lambda j: (-j.priority, j.job_id))
+    assert [p.job_id for p in placed] == [best.job_id]
+
+
+@given(job_lists, st.dictionaries(st.sampled_from(["a", "b", "c"]), st.floats(0, 1e15), min_size=3))
+def test_the_user_who_used_least_goes_first_whatever_the_priority(
+    jobs: list[tuple[str, int]], usage: dict[str, float]
+) -> None:
+    waiting = [WaitingJob(i + 1, 20 * GiB, 1, prio, user) for i, (user, prio) in enumerate(jobs)]
+    placed = plan(_one_slot(), [], waiting, user_usage=usage).placements
+    winner = next(j for j in waiting if j.job_id == placed[0].job_id)
+    least = min(usage[j.user] for j in waiting)
+    assert usage[winner.user] == least
+    mine = [j for j in waiting if j.user == winner.user]
+    assert winner == min(mine, key=lambda j: (-j.priority, j.job_id))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    flood=st.integers(5, 30),
+    light=st.lists(st.integers(0, 40), min_size=1, max_size=6, unique=True),
+    duration=st.integers(1, 4),
+)
+def test_no_user_starves(flood: int, light: list[int], duration: int) -> None:
+    """One GPU that fits one job; user a floods the queue at t=0, user b submits now and then.
+
+    Each of b's jobs starts within two job lengths of being submitted (it waits at most for
+    the running job and one more), and every job of both users runs in the end.
+    """
+    step_s = 60.0
+    waiting: list[WaitingJob] = [WaitingJob(i + 1, 20 * GiB, 1, 0, "a") for i in range(flood)]
+    submitted_at = {j.job_id: 0 for j in waiting}
+    next_id = flood + 1
+    spans: list[UsageSpan] = []
+    running: list[tuple[WaitingJob, int]] = []  # job, end step
+    started: dict[int, int] = {}
+    light_arrivals = sorted(light)
+    for step in range(flood * duration + 200):
+        for _ in range(light_arrivals.count(step)):
+            waiting.append(WaitingJob(next_id, 20 * GiB, 1, 0, "b"))
+            submitted_at[next_id] = step
+            next_id += 1
+        running = [(job, end) for job, end in running if end > step]
+        claims = [
+            RunningClaim(j.job_id, ("g0",), j.mem_bytes, {"g0": j.mem_bytes or 0}, j.user)
+            for j, _ in running
+        ]
+        usage = decayed_usage(spans, now_s=step * step_s, half_life_s=HOUR)
+        for placement in plan(_one_slot(), claims, waiting, user_usage=usage).placements:
+            job = next(j for j in waiting if j.job_id == placement.job_id)
+            waiting.remove(job)
+            running.append((job, step + duration))
+            started[job.job_id] = step
+            spans.append(
+                UsageSpan(job.user, job.mem_bytes or 0, step * step_s, (step + duration) * step_s)
+            )
+        if not waiting and not running and step > max(light_arrivals):
+            break
+    assert not waiting, f"never started: {[j.job_id for j in waiting]}"
+    for job_id, at in submitted_at.items():
+        if job_id > flood:  # b's jobs
+            assert started[job_id] - at <= 2 * duration, (job_id, at, started[job_id])

@@ -1,0 +1,135 @@
+"""`gpusched status` rendering on fixed data: golden text at 80 columns, with and without colour.
+
+Regenerate the golden files after an intended change with
+GPUSCHED_UPDATE_GOLDEN=1 python -m pytest tests/test_render.py, and review the diff.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import datetime, timezone
+from pathlib import Path
+
+import click
+import pytest
+
+from gpusched.models import GpuReport, Job, JobState
+from gpusched.render import format_duration, format_indices, render_status, split_cells
+
+GOLDEN = Path(__file__).parent / "golden"
+G = 2**30
+M = 2**20
+NOW = datetime(2026, 5, 1, 12, 0, 0, tzinfo=timezone.utc)
+
+
+def _at(hhmmss: str) -> str:
+    return f"2026-05-01T{hhmmss}.000+00:00"
+
+
+def gpus() -> list[GpuReport]:
+    return [
+        # Two gpusched jobs (40G used, 10G still reserved), 10G of someone else's process.
+        GpuReport(0, "GPU-a", "NVIDIA A100-SXM4-80GB", 80 * G, 50 * G, 30 * G, 10 * G,
+                  19 * G + 512 * M, 40 * G, 10 * G, 87, "ok", [2, 3]),
+        GpuReport(1, "GPU-b", "NVIDIA A100-SXM4-80GB", 80 * G, 300 * M, 80 * G - 300 * M, 0,
+                  79 * G + 212 * M, 0, 300 * M, 0, "ok", [3]),
+        GpuReport(2, "GPU-c", "NVIDIA A100-SXM4-80GB", 80 * G, 0, 0, 0, 0, 0, 0, None, "lost",
+                  [], "NVML: GPU is lost"),
+    ]  # fmt: skip
+
+
+def jobs() -> list[Job]:
+    return [
+        Job(2, "alice", 1001, ["python", "train.py"], "/h", JobState.RUNNING,
+            name="resnet50-sweep-lr0.1", mem=20 * G, gpu_indices=[0],
+            submitted_at=_at("10:00:00"), started_at=_at("10:57:00")),
+        Job(3, "bob", 1002, ["python", "/home/bob/projects/very/long/path/to/train_gpt.py",
+                             "--epochs", "100", "--lr", "3e-4"], "/h", JobState.RUNNING,
+            mem=20 * G, gpus=2, gpu_indices=[0, 1],
+            submitted_at=_at("11:00:00"), started_at=_at("11:59:15")),
+        Job(4, "carol", 1003, ["python", "x.py"], "/h", JobState.QUEUED, mem=60 * G,
+            submitted_at=_at("11:48:00"),
+            waiting_reason="needs 60.0G on 1 GPU, most available is 19.5G on GPU 0"),
+        Job(5, "carol", 1003, ["python", "y.py"], "/h", JobState.HELD, mem=None,
+            submitted_at="2026-04-29T11:48:00.000+00:00",
+            waiting_reason="held: release it with `gpusched release`"),
+        Job(1, "alice", 1001, ["python", "z.py"], "/h", JobState.DONE, mem=8 * G,
+            gpu_indices=[1], submitted_at=_at("09:00:00"), started_at=_at("09:00:01"),
+            ended_at=_at("09:20:01"), exit_code=0, reason="exit"),
+        Job(6, "daniel.longname", 1004, ["python", "z.py"], "/h", JobState.FAILED, mem=8 * G,
+            gpu_indices=[1], submitted_at=_at("09:00:00"), started_at=_at("09:00:01"),
+            ended_at=_at("09:00:31"), exit_code=137, reason="signal",
+            reason_detail="killed by SIGKILL"),
+    ]  # fmt: skip
+
+
+def _golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if os.environ.get("GPUSCHED_UPDATE_GOLDEN"):
+        path.write_text(text + "\n")
+    assert text + "\n" == path.read_text()
+
+
+def test_status_at_80_columns_without_colour_matches_golden() -> None:
+    text = render_status(gpus(), jobs(), width=80, now=NOW, show_all=True)
+    _golden("status_80.txt", text)
+    assert "\x1b[" not in text
+    assert all(len(line) <= 80 for line in text.splitlines())
+
+
+def test_status_at_80_columns_with_colour_matches_golden_and_only_adds_colour() -> None:
+    plain = render_status(gpus(), jobs(), width=80, now=NOW, show_all=True)
+    colored = render_status(gpus(), jobs(), width=80, now=NOW, show_all=True, color=True)
+    _golden("status_80_color.txt", colored)
+    assert "\x1b[" in colored
+    assert click.unstyle(colored) == plain
+
+
+@pytest.mark.parametrize("width", [60, 72, 80, 100, 132, 200])
+def test_every_line_fits_the_width(width: int) -> None:
+    text = render_status(gpus(), jobs(), width=width, now=NOW, show_all=True)
+    assert max(len(line) for line in text.splitlines()) <= width
+
+
+def test_no_jobs_and_no_ended_jobs_say_so() -> None:
+    text = render_status(gpus()[:1], [], width=80, now=NOW)
+    assert text.splitlines()[-1] == "no jobs (--all shows recently ended ones)"
+    running_only = render_status(gpus(), jobs()[:1], width=80, now=NOW)
+    assert "recently ended" not in running_only and "waiting" not in running_only
+
+
+def test_memory_bar_segments_follow_the_bytes() -> None:
+    line = render_status(gpus(), [], width=80, now=NOW).splitlines()[1]
+    bar = line[line.index("[") + 1 : line.index("]")]
+    # 40G jobs, 10G others, 10G reserved, 20G free of 80G, over the bar's cells.
+    cells = len(bar)
+    assert bar.count("#") == round(cells * 40 / 80)
+    assert bar == "".join(sorted(bar, key="#%+.".index))
+    # GPU 1: a 300M process of another user still shows as one cell.
+    line1 = render_status(gpus(), [], width=80, now=NOW).splitlines()[2]
+    assert line1[line1.index("[") + 1 : line1.index("]")].count("%") == 1
+
+
+def test_split_cells_sums_exactly_and_shows_slivers() -> None:
+    assert split_cells([1, 1, 1, 1], 8) == [2, 2, 2, 2]
+    assert split_cells([0, 0, 0, 0], 7) == [0, 0, 0, 7]
+    assert split_cells([100 * G, 1, 0, 0], 10) == [9, 1, 0, 0]
+    for values in ([5, 3, 2, 90], [1, 2, 3, 4], [80, 0, 0, 0]):
+        for cells in (1, 8, 29, 50):
+            assert sum(split_cells(values, cells)) == cells
+
+
+def test_durations_and_gpu_lists_are_short() -> None:
+    assert [format_duration(s) for s in (0, 59, 60, 3599, 3600, 3661, 86400 * 3 + 3600 * 4)] == [
+        "0s",
+        "59s",
+        "1m",
+        "59m",
+        "1h00m",
+        "1h01m",
+        "3d04h",
+    ]
+    assert format_indices([]) == "-"
+    assert format_indices([3, 0, 1, 2]) == "0-3"
+    assert format_indices([0, 1, 4]) == "0,1,4"
+    assert format_indices([0, 2, 3, 4, 7]) == "0,2-4,7"

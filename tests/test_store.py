@@ -1,0 +1,390 @@
+"""The job store on a real SQLite file: transitions are compare-and-set, restarts keep the queue."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpusched.errors import NotFoundError
+from gpusched.models import EndReason, JobState
+from gpusched.store import LaunchInfo, NewJob, Store
+
+NOW = "2025-01-01T00:00:00+00:00"
+
+
+def new_job(**overrides: object) -> NewJob:
+    values: dict[str, object] = {
+        "user": "alice",
+        "uid": 1000,
+        "gid": 1000,
+        "command": ["python", "train.py", "--lr", "3e-4"],
+        "cwd": "/home/alice/project",
+        "env": {"PATH": "/usr/bin", "LANG": "C.UTF-8"},
+        "umask": 0o022,
+        "mem": 8 * 2**30,
+    }
+    values.update(overrides)
+    return NewJob(**values)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> Path:
+    return tmp_path / "state" / "gpusched.db"
+
+
+@pytest.fixture
+def store(db_path: Path) -> Iterator[Store]:
+    s = Store(f"sqlite:///{db_path}")
+    yield s
+    s.close()
+
+
+def start(store: Store, job_id: int, now: str = NOW) -> bool:
+    return store.mark_running(
+        job_id,
+        gpu_indices=[1],
+        gpu_uuids=["GPU-1"],
+        pid=4242,
+        pid_start_time="12345",
+        log_path=f"/logs/{job_id}.log",
+        now=now,
+    )
+
+
+def end(store: Store, job_id: int, now: str = NOW, **kw: object) -> bool:
+    values: dict[str, object] = {"state": JobState.DONE, "reason": str(EndReason.EXIT)}
+    values.update(kw)
+    return store.mark_ended(job_id, now=now, **values)  # type: ignore[arg-type]
+
+
+# -- add and read ----------------------------------------------------------------------------
+
+
+def test_add_stores_every_field(store: Store) -> None:
+    job = store.add(
+        new_job(name="train", priority=5, after=(7, 9), gpus=2, mem=None), "2025-01-01T00:00:01Z"
+    )
+    assert job.id >= 1
+    assert job.state is JobState.QUEUED
+    assert job.name == "train"
+    assert job.user == "alice"
+    assert job.uid == 1000
+    assert job.command == ["python", "train.py", "--lr", "3e-4"]
+    assert job.cwd == "/home/alice/project"
+    assert job.mem is None
+    assert job.gpus == 2
+    assert job.priority == 5
+    assert job.after == [7, 9]
+    assert job.submitted_at == "2025-01-01T00:00:01Z"
+    assert job.gpu_indices == []
+    assert job.gpu_uuids == []
+    assert job.hints == []
+    assert (job.started_at, job.ended_at, job.pid, job.exit_code, job.reason) == (None,) * 5
+    assert store.get(job.id) == job
+
+
+def test_add_held(store: Store) -> None:
+    job = store.add(new_job(held=True), NOW)
+    assert job.state is JobState.HELD
+    assert store.get(job.id).state is JobState.HELD
+
+
+def test_ids_increase(store: Store) -> None:
+    ids = [store.add(new_job(), NOW).id for _ in range(5)]
+    assert ids == sorted(ids)
+    assert len(set(ids)) == 5
+    assert store.count() == 5
+
+
+def test_large_sizes_survive(store: Store) -> None:
+    job = store.add(new_job(mem=80 * 2**30), NOW)
+    assert store.get(job.id).mem == 80 * 2**30
+
+
+def test_unknown_id(store: Store) -> None:
+    with pytest.raises(NotFoundError, match="no job 99"):
+        store.get(99)
+    with pytest.raises(NotFoundError):
+        store.launch_info(99)
+
+
+def test_get_many(store: Store) -> None:
+    a = store.add(new_job(name="a"), NOW)
+    b = store.add(new_job(name="b"), NOW)
+    got = store.get_many([b.id, a.id, 1234])
+    assert set(got) == {a.id, b.id}
+    assert got[a.id].name == "a"
+    assert got[b.id].name == "b"
+    assert store.get_many([]) == {}
+
+
+def test_active_in_submit_order(store: Store) -> None:
+    queued = store.add(new_job(), NOW).id
+    held = store.add(new_job(held=True), NOW).id
+    running = store.add(new_job(), NOW).id
+    done = store.add(new_job(), NOW).id
+    assert start(store, running)
+    assert start(store, done)
+    assert end(store, done)
+    active = store.active()
+    assert [j.id for j in active] == [queued, held, running]
+    assert [j.state for j in active] == [JobState.QUEUED, JobState.HELD, JobState.RUNNING]
+
+
+def test_ended_most_recent_first_with_limit_and_user(store: Store) -> None:
+    ids = [store.add(new_job(user="bob" if i % 2 else "alice"), NOW).id for i in range(4)]
+    end(store, ids[0], now="2025-01-01T00:00:03Z")
+    end(store, ids[1], now="2025-01-01T00:00:01Z")
+    end(store, ids[2], now="2025-01-01T00:00:02Z", state=JobState.CANCELLED, reason="cancelled")
+    end(store, ids[3], now="2025-01-01T00:00:02Z", state=JobState.FAILED, exit_code=1)
+    store.add(new_job(), NOW)  # still queued: never in ended()
+    assert [j.id for j in store.ended(10)] == [ids[0], ids[3], ids[2], ids[1]]
+    assert [j.id for j in store.ended(2)] == [ids[0], ids[3]]
+    assert [j.id for j in store.ended(10, user="bob")] == [ids[3], ids[1]]
+    assert store.ended(10, user="carol") == []
+
+
+# -- transitions -----------------------------------------------------------------------------
+
+
+def test_mark_running_records_the_launch(store: Store) -> None:
+    job_id = store.add(new_job(), NOW).id
+    assert start(store, job_id, now="2025-01-01T00:00:05Z")
+    job = store.get(job_id)
+    assert job.state is JobState.RUNNING
+    assert job.gpu_indices == [1]
+    assert job.gpu_uuids == ["GPU-1"]
+    assert job.pid == 4242
+    assert job.log_path == f"/logs/{job_id}.log"
+    assert job.started_at == "2025-01-01T00:00:05Z"
+    assert store.launch_info(job_id).pid_start_time == "12345"
+
+
+def test_mark_running_is_compare_and_set(store: Store) -> None:
+    job_id = store.add(new_job(), NOW).id
+    assert start(store, job_id, now="first")
+    assert not start(store, job_id, now="second")  # already running
+    assert store.get(job_id).started_at == "first"
+
+
+@pytest.mark.parametrize("state", [JobState.HELD, JobState.DONE, JobState.CANCELLED])
+def test_mark_running_only_from_queued(store: Store, state: JobState) -> None:
+    job_id = store.add(new_job(held=True), NOW).id
+    if state is not JobState.HELD:
+        end(store, job_id, state=state)
+    assert not start(store, job_id)
+    job = store.get(job_id)
+    assert job.state is state
+    assert job.pid is None
+    assert job.started_at is None
+
+
+def test_mark_running_unknown_id(store: Store) -> None:
+    assert not start(store, 12345)
+
+
+@pytest.mark.parametrize("how", ["queued", "held", "running"])
+def test_mark_ended_from_every_active_state(store: Store, how: str) -> None:
+    job_id = store.add(new_job(held=how == "held"), NOW).id
+    if how == "running":
+        start(store, job_id)
+    assert store.mark_ended(
+        job_id,
+        state=JobState.FAILED,
+        reason=str(EndReason.SIGNAL),
+        now="2025-01-01T00:01:00Z",
+        exit_code=-9,
+        detail="killed by SIGKILL",
+        log_path="/logs/new.log",
+    )
+    job = store.get(job_id)
+    assert job.state is JobState.FAILED
+    assert job.reason == "signal"
+    assert job.exit_code == -9
+    assert job.reason_detail == "killed by SIGKILL"
+    assert job.ended_at == "2025-01-01T00:01:00Z"
+    assert job.log_path == "/logs/new.log"
+
+
+def test_first_ending_wins(store: Store) -> None:
+    job_id = store.add(new_job(), NOW).id
+    start(store, job_id)
+    assert end(store, job_id, now="t1", exit_code=0)
+    assert not end(store, job_id, now="t2", state=JobState.CANCELLED, reason="cancelled")
+    job = store.get(job_id)
+    assert job.state is JobState.DONE
+    assert job.reason == "exit"
+    assert job.exit_code == 0
+    assert job.ended_at == "t1"
+    assert job.log_path == f"/logs/{job_id}.log"  # not replaced by the losing end
+
+
+def test_mark_ended_without_log_path_keeps_it(store: Store) -> None:
+    job_id = store.add(new_job(), NOW).id
+    start(store, job_id)
+    end(store, job_id)
+    assert store.get(job_id).log_path == f"/logs/{job_id}.log"
+
+
+def test_hold_and_release(store: Store) -> None:
+    job_id = store.add(new_job(), NOW).id
+    assert store.hold(job_id)
+    assert store.get(job_id).state is JobState.HELD
+    assert not store.hold(job_id)
+    assert store.release(job_id)
+    assert store.get(job_id).state is JobState.QUEUED
+    assert not store.release(job_id)
+
+
+def test_hold_and_release_do_not_touch_running_or_ended_jobs(store: Store) -> None:
+    running = store.add(new_job(), NOW).id
+    start(store, running)
+    ended = store.add(new_job(), NOW).id
+    end(store, ended)
+    for job_id, state in ((running, JobState.RUNNING), (ended, JobState.DONE)):
+        assert not store.hold(job_id)
+        assert not store.release(job_id)
+        assert store.get(job_id).state is state
+
+
+def test_launch_info(store: Store) -> None:
+    env = {"PATH": "/opt/conda/bin:/usr/bin", "ODD": "é ü \u2603", "EMPTY": ""}
+    job_id = store.add(new_job(gid=2000, env=env, umask=0o077), NOW).id
+    assert store.launch_info(job_id) == LaunchInfo(2000, env, 0o077, None)
+    assert "env" not in store.get(job_id).to_json()  # never sent to clients
+
+
+def test_set_pid(store: Store) -> None:
+    job_id = store.add(new_job(), NOW).id
+    start(store, job_id)
+    store.set_pid(job_id, 777, "999.5")
+    assert store.get(job_id).pid == 777
+    assert store.launch_info(job_id).pid_start_time == "999.5"
+
+
+def test_set_detail_then_end(store: Store) -> None:
+    job_id = store.add(new_job(), NOW).id
+    store.set_detail(job_id, "cancelled by bob")
+    assert store.get(job_id).reason_detail == "cancelled by bob"
+    assert store.get(job_id).state is JobState.QUEUED
+
+
+def test_record_usage(store: Store) -> None:
+    job_id = store.add(new_job(), NOW).id
+    store.record_usage(job_id, 3 * 2**30)
+    assert store.get(job_id).peak_mem == 3 * 2**30
+
+
+# -- the file ---------------------------------------------------------------------------------
+
+
+def test_wal_mode_on_the_file(store: Store, db_path: Path) -> None:
+    store.add(new_job(), NOW)
+    raw = sqlite3.connect(db_path)
+    try:
+        assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    finally:
+        raw.close()
+
+
+def test_creates_parent_directory_and_private_file(db_path: Path) -> None:
+    assert not db_path.parent.exists()
+    s = Store(f"sqlite:///{db_path}")
+    try:
+        assert db_path.exists()
+        assert db_path.stat().st_mode & 0o077 == 0
+    finally:
+        s.close()
+
+
+def test_reopened_store_sees_everything(db_path: Path) -> None:
+    url = f"sqlite:///{db_path}"
+    first = Store(url)
+    queued = first.add(new_job(name="q", priority=3), NOW).id
+    held = first.add(new_job(name="h", held=True), NOW).id
+    running = first.add(new_job(name="r"), NOW).id
+    start(first, running)
+    done = first.add(new_job(name="d"), NOW).id
+    end(first, done, exit_code=0)
+    before = {j.id: j for j in first.active()}
+    first.close()
+
+    second = Store(url)
+    try:
+        after = {j.id: j for j in second.active()}
+        assert after == before
+        assert [j.id for j in second.active()] == [queued, held, running]
+        assert second.get(queued).priority == 3
+        assert second.get(running).pid == 4242
+        assert [j.id for j in second.ended(10)] == [done]
+        assert second.add(new_job(), NOW).id > done  # ids carry on
+    finally:
+        second.close()
+
+
+def test_concurrent_adds_from_threads_and_a_second_store(db_path: Path) -> None:
+    """8 threads x 50 adds on each of two Store objects on one file: 800 rows, no lock error."""
+    url = f"sqlite:///{db_path}"
+    one = Store(url)
+    two = Store(url)
+    errors: list[BaseException] = []
+    ids: list[int] = []
+    lock = threading.Lock()
+    barrier = threading.Barrier(16)
+
+    def worker(s: Store, tag: str) -> None:
+        try:
+            barrier.wait()
+            for i in range(50):
+                job_id = s.add(new_job(name=f"{tag}-{i}"), NOW).id
+                with lock:
+                    ids.append(job_id)
+        except BaseException as exc:  # reported by the assertion below
+            errors.append(exc)
+
+    threads = [
+        threading.Thread(target=worker, args=(s, f"{label}{n}"))
+        for s, label in ((one, "a"), (two, "b"))
+        for n in range(8)
+    ]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert not errors, errors
+        assert len(set(ids)) == len(ids) == 800
+        assert one.count() == 800
+        names = {j.name for j in two.active()}
+        assert names == {f"{p}{n}-{i}" for p in "ab" for n in range(8) for i in range(50)}
+    finally:
+        one.close()
+        two.close()
+
+
+def test_concurrent_compare_and_set_has_one_winner(db_path: Path) -> None:
+    url = f"sqlite:///{db_path}"
+    stores = [Store(url) for _ in range(4)]
+    job_id = stores[0].add(new_job(), NOW).id
+    results: list[bool] = []
+    barrier = threading.Barrier(len(stores))
+
+    def race(s: Store, n: int) -> None:
+        barrier.wait()
+        results.append(start(s, job_id, now=f"winner-{n}"))
+
+    threads = [threading.Thread(target=race, args=(s, n)) for n, s in enumerate(stores)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=30)
+        assert sorted(results) == [False, False, False, True]
+        assert stores[1].get(job_id).started_at.startswith("winner-")
+    finally:
+        for s in stores:
+            s.close()

@@ -1,0 +1,168 @@
+"""Sizes and durations: what people type in --mem, config files and --timeout."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gpusched.errors import UsageError
+from gpusched.units import format_size, parse_duration, parse_size
+
+K, M, G, T = 2**10, 2**20, 2**30, 2**40
+
+
+# -- parse_size ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("8G", 8 * G),
+        ("512M", 512 * M),
+        ("1.5T", 3 * T // 2),
+        ("1024", 1024),
+        ("4K", 4 * K),
+        ("8g", 8 * G),
+        ("512m", 512 * M),
+        ("8GiB", 8 * G),
+        ("8GB", 8 * G),
+        ("8gib", 8 * G),
+        ("100B", 100),
+        (" 8G ", 8 * G),
+        ("8 G", 8 * G),
+        ("0.5G", G // 2),
+        (1, 1),
+        (24 * G, 24 * G),
+    ],
+)
+def test_parse_size_accepts(text: str | int, expected: int) -> None:
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["8Q", "-1", "-1G", "0", "0G", "", "   ", "G", "8GG", "1e3", "8 G B x", "0.4", "0.0001K"],
+)
+def test_parse_size_rejects_text(text: str) -> None:
+    with pytest.raises(UsageError, match="invalid size"):
+        parse_size(text)
+
+
+@pytest.mark.parametrize("value", [True, False, 0, -1, -(8 * G)])
+def test_parse_size_rejects_bools_and_non_positive_ints(value: int) -> None:
+    with pytest.raises(UsageError):
+        parse_size(value)
+
+
+def test_parse_size_rejects_floats_that_round_to_zero_bytes() -> None:
+    with pytest.raises(UsageError, match="more than zero"):
+        parse_size(0.4)  # type: ignore[arg-type]  # YAML can hand us a float
+
+
+def test_parse_size_error_says_what_is_expected() -> None:
+    with pytest.raises(UsageError) as info:
+        parse_size("8Q")
+    assert "'8Q'" in info.value.message
+    assert "8G" in info.value.message
+
+
+@given(st.integers(min_value=1, max_value=2**53), st.sampled_from(["", "B", "K", "M", "G", "T"]))
+def test_parse_size_integer_with_unit(number: int, unit: str) -> None:
+    scale = {"": 1, "B": 1, "K": K, "M": M, "G": G, "T": T}[unit]
+    assert parse_size(f"{number}{unit}") == number * scale
+    assert parse_size(f"{number}{unit.lower()}") == number * scale
+
+
+# -- format_size ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("n_bytes", "expected"),
+    [
+        (None, "-"),
+        (0, "0B"),
+        (512, "512B"),
+        (1023, "1023B"),
+        (1024, "1.0K"),
+        (1536, "1.5K"),
+        (512 * M, "512.0M"),
+        (10 * G, "10.0G"),
+        (10737418240, "10.0G"),
+        (20 * G, "20.0G"),
+        (3 * T // 2, "1.5T"),
+        (2048 * T, "2048.0T"),
+    ],
+)
+def test_format_size(n_bytes: int | None, expected: str) -> None:
+    assert format_size(n_bytes) == expected
+
+
+@given(st.integers(min_value=1, max_value=2**60))
+def test_format_then_parse_is_within_rounding(n_bytes: int) -> None:
+    back = parse_size(format_size(n_bytes))
+    # One decimal of the chosen unit: at most 0.05 of a unit off, and the unit is <= n.
+    assert abs(back - n_bytes) <= 0.05 * n_bytes + 1
+
+
+@given(st.integers(min_value=1, max_value=1023), st.sampled_from([K, M, G, T]))
+def test_whole_units_round_trip_exactly(count: int, unit: int) -> None:
+    assert parse_size(format_size(count * unit)) == count * unit
+
+
+# -- parse_duration ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("2s", 2.0),
+        ("500ms", 0.5),
+        ("1h30m", 5400.0),
+        ("10m", 600.0),
+        ("1d", 86400.0),
+        ("1.5s", 1.5),
+        ("10", 10.0),
+        ("0.25", 0.25),
+        (" 2S ", 2.0),
+        ("1h1m1s", 3661.0),
+        (3, 3.0),
+        (2.5, 2.5),
+    ],
+)
+def test_parse_duration_accepts(text: str | float, expected: float) -> None:
+    assert parse_duration(text) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["abc", "0", "0s", "-1s", "-1", "", "s", "1x", "1h 30m", "1s2", "ms", "nan", "inf", "-inf"],
+)
+def test_parse_duration_rejects(text: str) -> None:
+    with pytest.raises(UsageError, match="invalid duration"):
+        parse_duration(text)
+
+
+@pytest.mark.parametrize("value", [True, 0, -1, 0.0, -0.5, math.nan, math.inf])
+def test_parse_duration_rejects_non_positive_and_non_finite_numbers(value: float) -> None:
+    with pytest.raises(UsageError):
+        parse_duration(value)
+
+
+@given(
+    st.integers(min_value=0, max_value=30),
+    st.integers(min_value=0, max_value=59),
+    st.integers(min_value=0, max_value=59),
+    st.integers(min_value=0, max_value=999),
+)
+def test_parse_duration_sums_parts(hours: int, minutes: int, seconds: int, millis: int) -> None:
+    parts = [(hours, "h"), (minutes, "m"), (seconds, "s"), (millis, "ms")]
+    text = "".join(f"{n}{u}" for n, u in parts if n)
+    expected = hours * 3600 + minutes * 60 + seconds + millis / 1000
+    if expected == 0:
+        with pytest.raises(UsageError):
+            parse_duration(text or "0s")
+    else:
+        assert parse_duration(text) == pytest.approx(expected)
