@@ -77,15 +77,6 @@ def is_same_process(pid: int, start_time: str | None) -> bool:
         return False
 
 
-def process_tree(pid: int) -> set[int]:
-    """The pid and all its descendants (the supervisor is a subreaper: orphans stay under it)."""
-    try:
-        root = psutil.Process(pid)
-        return {pid, *(child.pid for child in root.children(recursive=True))}
-    except psutil.Error:
-        return set()
-
-
 def supervisor_command(spec_path: Path) -> list[str]:
     return [sys.executable, "-m", "gpusched.supervisor", str(spec_path)]
 

@@ -132,7 +132,7 @@ class GpuschedCollector(Collector):
 
     def _jobs(self) -> Iterator[Metric]:
         table = jobs_table
-        with self.scheduler.store.engine.connect() as conn:
+        with self.scheduler.store.read() as conn:
             by_state = conn.execute(
                 select(table.c.state, table.c.user, func.count()).group_by(
                     table.c.state, table.c.user

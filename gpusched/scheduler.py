@@ -14,12 +14,11 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 
-import psutil
-
+from gpusched.attribution import attribute_processes, held_bytes
 from gpusched.config import Config
 from gpusched.errors import ConflictError, GpuError, NotFoundError, UsageError
 from gpusched.gpus import Probe, apply_selection
@@ -78,60 +77,6 @@ class _Reading:
     gpus: list[GpuState] = field(default_factory=list)
     usage: dict[int, dict[str, int]] = field(default_factory=dict)  # job id -> uuid -> bytes
     waiting_reasons: dict[int, str] = field(default_factory=dict)
-
-
-def _children_map() -> dict[int, list[int]]:
-    children: dict[int, list[int]] = {}
-    for process in psutil.process_iter(["ppid"]):
-        children.setdefault(process.info["ppid"] or 0, []).append(process.pid)
-    return children
-
-
-def _tree(root: int, children: dict[int, list[int]]) -> set[int]:
-    seen = {root}
-    stack = [root]
-    while stack:
-        for child in children.get(stack.pop(), ()):
-            if child not in seen:
-                seen.add(child)
-                stack.append(child)
-    return seen
-
-
-def attribute_processes(
-    gpus: Iterable[GpuState], running: Iterable[Job]
-) -> dict[int, dict[str, list[GpuProcess]]]:
-    """Each running job's processes holding memory on each GPU: those of its whole tree.
-
-    One scan of the process table per tick, not one per job.
-    """
-    gpus = list(gpus)
-    found: dict[int, dict[str, list[GpuProcess]]] = {}
-    if not any(gpu.processes for gpu in gpus):
-        return found
-    children = _children_map()
-    for job in running:
-        if job.pid is None:
-            continue
-        tree = _tree(job.pid, children)
-        for gpu in gpus:
-            mine = [p for p in gpu.processes if p.pid in tree]
-            if sum(p.used_bytes or 0 for p in mine):
-                found.setdefault(job.id, {})[gpu.uuid] = mine
-    return found
-
-
-def held_bytes(processes: dict[int, dict[str, list[GpuProcess]]]) -> dict[int, dict[str, int]]:
-    """GPU memory per running job and GPU, from `attribute_processes`."""
-    return {
-        job_id: {uuid: sum(p.used_bytes or 0 for p in procs) for uuid, procs in per_gpu.items()}
-        for job_id, per_gpu in processes.items()
-    }
-
-
-def attribute_usage(gpus: Iterable[GpuState], running: Iterable[Job]) -> dict[int, dict[str, int]]:
-    """GPU memory per running job and GPU: the processes of each job's whole tree."""
-    return held_bytes(attribute_processes(gpus, running))
 
 
 class Scheduler:
@@ -579,13 +524,13 @@ class Scheduler:
         if new.gpus > len(gpus):
             raise UsageError(f"--gpus {new.gpus}: this server has only {len(gpus)} GPU(s)")
         if new.mem is not None:
-            largest = max(gpus, key=lambda g: (g.total_bytes, -g.index))
-            if new.mem > largest.total_bytes - self.config.headroom_bytes:
+            largest = max(gpus, key=lambda g: (_capacity(g), -g.index))
+            most = _capacity(largest) - self.config.headroom_bytes
+            if new.mem > most:
                 raise UsageError(
                     f"--mem {format_size(new.mem)} is more than any GPU can give: the largest is"
                     f" GPU {largest.index} ({largest.name}) with {format_size(largest.total_bytes)}"
-                    f" total, {format_size(largest.total_bytes - self.config.headroom_bytes)}"
-                    " after headroom"
+                    f" total, {format_size(most)} usable by jobs"
                 )
         max_queued = self.config.limits_for(new.user).max_queued
         if max_queued is not None:
@@ -722,6 +667,16 @@ class Scheduler:
                 )
             )
         return reports
+
+
+def _capacity(gpu: GpuState) -> int:
+    """What jobs could ever use on a GPU: its total less what the driver keeps for itself.
+
+    NVML's v2 memory call leaves driver-reserved memory out of both used and free, so it
+    is the gap between used + free and the total; a lost GPU reads 0 and 0.
+    """
+    seen = gpu.used_bytes + gpu.free_bytes
+    return seen if seen > 0 else gpu.total_bytes
 
 
 def _slot(gpu: GpuState) -> GpuSlot:

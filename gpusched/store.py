@@ -32,6 +32,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import Connection, Row
 from sqlalchemy.schema import CreateColumn
+from sqlalchemy.sql import Select
 
 from gpusched.errors import NotFoundError
 from gpusched.models import ACTIVE_STATES, TERMINAL_STATES, Job, JobState
@@ -198,6 +199,12 @@ def _usage_values(values: dict[str, Any]) -> dict[str, Any]:
     return dict(values)
 
 
+def _job_select() -> Select[Any]:
+    """The columns a Job shows: everything but the environment, the heaviest column, so
+    that a scheduling pass over thousands of queued jobs does not load their environments."""
+    return select(*(jobs.c[name] for name in _JOB_FIELDS))
+
+
 def _to_job(row: Row[Any]) -> Job:
     values = {name: getattr(row, name) for name in _JOB_FIELDS}
     values["state"] = JobState(values["state"])
@@ -221,7 +228,10 @@ def _sqlite_setup(engine: Engine) -> None:
 
     @event.listens_for(engine, "begin")
     def _on_begin(connection: Connection) -> None:
-        connection.exec_driver_sql("BEGIN IMMEDIATE")
+        # Writes take the write lock up front; reads take none (WAL readers never block
+        # writers), so a slow status or history cannot make a submit wait.
+        read_only = connection.get_execution_options().get("gpusched_read", False)
+        connection.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
 
 
 def _add_missing_columns(engine: Engine) -> None:
@@ -256,23 +266,27 @@ class Store:
     def close(self) -> None:
         self.engine.dispose()
 
+    def read(self) -> Connection:
+        """A connection for reading: no write lock is taken (see _on_begin)."""
+        return self.engine.connect().execution_options(gpusched_read=True)
+
     # -- reads -------------------------------------------------------------------------
 
     def get(self, job_id: int) -> Job:
-        with self.engine.connect() as conn:
-            row = conn.execute(select(jobs).where(jobs.c.id == job_id)).first()
+        with self.read() as conn:
+            row = conn.execute(_job_select().where(jobs.c.id == job_id)).first()
         if row is None:
             raise NotFoundError(f"no job {job_id}")
         return _to_job(row)
 
     def get_many(self, job_ids: Iterable[int]) -> dict[int, Job]:
         ids = list(job_ids)
-        with self.engine.connect() as conn:
-            rows = conn.execute(select(jobs).where(jobs.c.id.in_(ids))).all()
+        with self.read() as conn:
+            rows = conn.execute(_job_select().where(jobs.c.id.in_(ids))).all()
         return {row.id: _to_job(row) for row in rows}
 
     def launch_info(self, job_id: int) -> LaunchInfo:
-        with self.engine.connect() as conn:
+        with self.read() as conn:
             row = conn.execute(
                 select(jobs.c.gid, jobs.c.env, jobs.c.umask, jobs.c.pid_start_time).where(
                     jobs.c.id == job_id
@@ -285,23 +299,23 @@ class Store:
     def active(self) -> list[Job]:
         """Queued, held and running jobs, in submit order."""
         states = [str(s) for s in ACTIVE_STATES]
-        with self.engine.connect() as conn:
+        with self.read() as conn:
             rows = conn.execute(
-                select(jobs).where(jobs.c.state.in_(states)).order_by(jobs.c.id)
+                _job_select().where(jobs.c.state.in_(states)).order_by(jobs.c.id)
             ).all()
         return [_to_job(row) for row in rows]
 
     def ended(self, limit: int, user: str | None = None) -> list[Job]:
         """Ended jobs, most recently ended first."""
-        query = select(jobs).where(jobs.c.state.in_([str(s) for s in TERMINAL_STATES]))
+        query = _job_select().where(jobs.c.state.in_([str(s) for s in TERMINAL_STATES]))
         if user is not None:
             query = query.where(jobs.c.user == user)
         query = query.order_by(jobs.c.ended_at.desc(), jobs.c.id.desc()).limit(limit)
-        with self.engine.connect() as conn:
+        with self.read() as conn:
             return [_to_job(row) for row in conn.execute(query).all()]
 
     def count(self) -> int:
-        with self.engine.connect() as conn:
+        with self.read() as conn:
             return int(conn.execute(select(func.count()).select_from(jobs)).scalar_one())
 
     # -- writes: one transaction each ---------------------------------------------------
@@ -320,7 +334,7 @@ class Store:
                 self._insert(conn, new, now, array_id, index if as_array else None)
                 for index, new in enumerate(news)
             ]
-            rows = conn.execute(select(jobs).where(jobs.c.id.in_(ids)).order_by(jobs.c.id)).all()
+            rows = conn.execute(_job_select().where(jobs.c.id.in_(ids)).order_by(jobs.c.id)).all()
         return [_to_job(row) for row in rows]
 
     @staticmethod
@@ -454,17 +468,17 @@ class Store:
         return self._transition(job_id, [JobState.QUEUED, JobState.HELD], {"priority": priority})
 
     def array_jobs(self, array_id: int) -> list[Job]:
-        with self.engine.connect() as conn:
+        with self.read() as conn:
             rows = conn.execute(
-                select(jobs).where(jobs.c.array_id == array_id).order_by(jobs.c.id)
+                _job_select().where(jobs.c.array_id == array_id).order_by(jobs.c.id)
             ).all()
         return [_to_job(row) for row in rows]
 
     def usage_since(self, since: str) -> list[Job]:
         """Jobs that held GPUs at some point after `since`: for fair share."""
-        with self.engine.connect() as conn:
+        with self.read() as conn:
             rows = conn.execute(
-                select(jobs).where(
+                _job_select().where(
                     jobs.c.started_at.is_not(None),
                     (jobs.c.ended_at.is_(None)) | (jobs.c.ended_at >= since),
                 )
@@ -479,7 +493,7 @@ class Store:
 
     def notify_command(self, job_id: int) -> list[str] | None:
         """The argv `submit --notify` stored for this job, if any."""
-        with self.engine.connect() as conn:
+        with self.read() as conn:
             value = conn.execute(select(jobs.c.notify).where(jobs.c.id == job_id)).scalar()
         return list(value) if value else None
 
@@ -491,7 +505,7 @@ class Store:
             conn.execute(update(jobs).where(jobs.c.id == job_id).values(**_usage_values(values)))
 
     def usage_state(self, job_id: int) -> dict[str, Any] | None:
-        with self.engine.connect() as conn:
+        with self.read() as conn:
             state = conn.execute(
                 select(jobs.c.usage_state).where(jobs.c.id == job_id)
             ).scalar_one_or_none()
@@ -506,11 +520,11 @@ class Store:
         `retry_of` (the first attempt's id) is its place in the queue.
         """
         with self.engine.begin() as conn:
-            row = conn.execute(select(jobs).where(jobs.c.id == job_id)).first()
+            row = conn.execute(select(jobs).where(jobs.c.id == job_id)).first()  # every column
             if row is None:
                 raise NotFoundError(f"no job {job_id}")
             if row.retried_as is not None:
-                retry = conn.execute(select(jobs).where(jobs.c.id == row.retried_as)).one()
+                retry = conn.execute(_job_select().where(jobs.c.id == row.retried_as)).one()
                 return _to_job(retry)
             values = {
                 column.name: getattr(row, column.name)
@@ -528,7 +542,7 @@ class Store:
             )
             new_id = int(conn.execute(jobs.insert().values(**values)).inserted_primary_key[0])
             conn.execute(update(jobs).where(jobs.c.id == job_id).values(retried_as=new_id))
-            retry = conn.execute(select(jobs).where(jobs.c.id == new_id)).one()
+            retry = conn.execute(_job_select().where(jobs.c.id == new_id)).one()
         return _to_job(retry)
 
     def latest_attempts(self, job_ids: Iterable[int]) -> dict[int, Job]:
@@ -565,7 +579,7 @@ class Store:
             .order_by(jobs.c.ended_at.desc(), jobs.c.id.desc())
             .limit(5000)  # a bound on the scan; the command is compared here, not in SQL
         )
-        with self.engine.connect() as conn:
+        with self.read() as conn:
             rows = conn.execute(query).all()
         found = [(row.id, row.peak_mem, row.mem) for row in rows if list(row.command) == wanted]
         return found[:limit]

@@ -1,7 +1,7 @@
 """What a job does with its GPUs, accumulated poll by poll. Pure: no I/O, no clock.
 
 The scheduler keeps one `UsageTracker` per running job in memory and feeds it on every
-poll: the memory the job's processes hold on each of its GPUs (as `attribute_usage`
+poll: the memory the job's processes hold on each of its GPUs (as `attribution.held_bytes`
 finds them) and the utilization of those GPUs (`job_utilization`). A tracker is a few
 numbers (peak, count, sum, sum of squares, min, max), so a poll costs no database write;
 the scheduler writes the figures when they matter (see `gpusched.monitor`).
