@@ -5,11 +5,13 @@ they are imported here so every test module can use them by name.
 """
 
 # -- a real daemon on simulated GPUs, in a temporary directory ---------------------------
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from tests.daemon_harness import RunningDaemon
 from tests.fakenvml.fixtures import (  # noqa: F401
@@ -43,3 +45,12 @@ def daemon_factory(tmp_path: Path) -> Iterator[Any]:
 def daemon(daemon_factory: Any) -> RunningDaemon:
     """A started daemon with two simulated 24G GPUs."""
     return daemon_factory().start()
+
+
+# CI runs the same examples every time (a red CI must be reproducible, and a slow shared
+# machine must not fail a property on a deadline); local runs keep exploring new ones.
+settings.register_profile(
+    "ci", derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.register_profile("dev", deadline=None)
+settings.load_profile("ci" if os.environ.get("CI") else "dev")

@@ -71,8 +71,9 @@ def test_the_user_who_used_least_goes_first_whatever_the_priority(
 def test_no_user_starves(flood: int, light: list[int], duration: int) -> None:
     """One GPU that fits one job; user a floods the queue at t=0, user b submits now and then.
 
-    Each of b's jobs starts within two job lengths of being submitted (it waits at most for
-    the running job and one more), and every job of both users runs in the end.
+    Every job of both users runs in the end; and a job b submits while b is the lighter
+    user with nothing else queued starts within two job lengths (it waits at most for the
+    running job and one more), however many of a's jobs wait.
     """
     step_s = 60.0
     waiting: list[WaitingJob] = [WaitingJob(i + 1, 20 * GiB, 1, 0, "a") for i in range(flood)]
@@ -82,8 +83,13 @@ def test_no_user_starves(flood: int, light: list[int], duration: int) -> None:
     running: list[tuple[WaitingJob, int]] = []  # job, end step
     started: dict[int, int] = {}
     light_arrivals = sorted(light)
+    lighter_at_submit: set[int] = set()
     for step in range(flood * duration + 200):
         for _ in range(light_arrivals.count(step)):
+            now_usage = decayed_usage(spans, now_s=step * step_s, half_life_s=HOUR)
+            b_idle = not any(j.user == "b" for j in waiting)
+            if b_idle and now_usage.get("b", 0.0) < now_usage.get("a", 0.0):
+                lighter_at_submit.add(next_id)
             waiting.append(WaitingJob(next_id, 20 * GiB, 1, 0, "b"))
             submitted_at[next_id] = step
             next_id += 1
@@ -104,6 +110,6 @@ def test_no_user_starves(flood: int, light: list[int], duration: int) -> None:
         if not waiting and not running and step > max(light_arrivals):
             break
     assert not waiting, f"never started: {[j.job_id for j in waiting]}"
-    for job_id, at in submitted_at.items():
-        if job_id > flood:  # b's jobs
-            assert started[job_id] - at <= 2 * duration, (job_id, at, started[job_id])
+    for job_id in lighter_at_submit:
+        at = submitted_at[job_id]
+        assert started[job_id] - at <= 2 * duration, (job_id, at, started[job_id])
