@@ -79,6 +79,15 @@ class _Reading:
     waiting_reasons: dict[int, str] = field(default_factory=dict)
 
 
+# How a supervisor's outcome (other than a plain exit) ends a job; anything else is lost.
+_ENDINGS: dict[str, tuple[JobState, EndReason]] = {
+    "signal": (JobState.FAILED, EndReason.SIGNAL),
+    "cancelled": (JobState.CANCELLED, EndReason.CANCELLED),
+    "timeout": (JobState.FAILED, EndReason.TIMEOUT),
+    "failed_to_start": (JobState.FAILED, EndReason.FAILED_TO_START),
+}
+
+
 class Scheduler:
     def __init__(
         self,
@@ -442,34 +451,12 @@ class Scheduler:
         if outcome.kind == "exit":
             state = JobState.DONE if outcome.exit_code == 0 else JobState.FAILED
             self._end(job_id, state, EndReason.EXIT, exit_code=outcome.exit_code)
-        elif outcome.kind == "signal":
-            self._end(
-                job_id,
-                JobState.FAILED,
-                EndReason.SIGNAL,
-                exit_code=outcome.exit_code,
-                detail=outcome.message,
-            )
-        elif outcome.kind == "cancelled":
-            self._end(
-                job_id,
-                JobState.CANCELLED,
-                EndReason.CANCELLED,
-                exit_code=outcome.exit_code,
-                detail=job.reason_detail or "cancelled",
-            )
-        elif outcome.kind == "timeout":
-            self._end(
-                job_id,
-                JobState.FAILED,
-                EndReason.TIMEOUT,
-                exit_code=outcome.exit_code,
-                detail=outcome.message,
-            )
-        elif outcome.kind == "failed_to_start":
-            self._end(job_id, JobState.FAILED, EndReason.FAILED_TO_START, detail=outcome.message)
-        else:
-            self._end(job_id, JobState.LOST, EndReason.LOST, detail=outcome.message)
+            return
+        state, reason = _ENDINGS.get(outcome.kind, (JobState.LOST, EndReason.LOST))
+        detail = outcome.message
+        if reason == EndReason.CANCELLED:
+            detail = job.reason_detail or "cancelled"  # who cancelled it, noted at the request
+        self._end(job_id, state, reason, exit_code=outcome.exit_code, detail=detail)
 
     def adopt_running(self) -> None:
         """After a (re)start: a `running` row is a claim to verify, not a fact."""

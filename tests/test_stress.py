@@ -8,9 +8,9 @@ What must hold however the kills fall (issue 5):
 
 Scale: the issue asks for 2,000 jobs. On the 2-core CI machine the daemon gets through
 about 10.5 of these jobs a second, restarts included (each job is a Python supervisor,
-a shell and a `sleep`), so 2,000 would take over 3 minutes. This module's share of the
-suite's budget is about a minute, so it runs 640 (40 per client) by default; run
-`GPUSCHED_STRESS_JOBS=2000 python -m pytest -s tests/test_stress.py` for the full size.
+a shell and a `sleep`), so 2,000 take over 3 minutes. CI (CI=true) runs the full 2,000;
+a developer's run does 640 (40 per client) to stay quick; GPUSCHED_STRESS_JOBS=N sets
+any size: `GPUSCHED_STRESS_JOBS=2000 python -m pytest -s tests/test_stress.py`.
 """
 
 from __future__ import annotations
@@ -35,12 +35,12 @@ from gpusched.models import Job
 from tests.daemon_harness import RunningDaemon
 
 CLIENTS = 16
-JOBS = int(os.environ.get("GPUSCHED_STRESS_JOBS", "640"))
+JOBS = int(os.environ.get("GPUSCHED_STRESS_JOBS", "2000" if os.environ.get("CI") else "640"))
 RESTARTS = 6
 KILL_EVERY_S = (4.0, 7.0)  # seconds between a restart and the next SIGKILL
 DOWN_S = (0.05, 0.8)  # how long the daemon stays dead
 MAX_BACKLOG = 48  # acknowledged jobs not yet started, so submits span the whole run
-DRAIN_TIMEOUT_S = 240.0
+DRAIN_TIMEOUT_S = max(240.0, JOBS * 0.3)  # ~10 jobs/s here; room for a slower machine
 STALL_S = 60.0
 PR_SET_CHILD_SUBREAPER = 36
 
