@@ -15,6 +15,7 @@ from typing import Any
 
 import click
 
+from gpusched.cli_help import ExampleLastGroup
 from gpusched.cli_usage import auto_mem, estimate, follow_retries, usage_rows, util_text
 from gpusched.client import Client
 from gpusched.errors import EXIT_FAILED, EXIT_OK, EXIT_TIMEOUT, GpuschedError, UsageError
@@ -23,7 +24,7 @@ from gpusched.sweep import parse_sweep_option
 from gpusched.units import format_size, parse_duration, parse_size
 
 
-class _Group(click.Group):
+class _Group(ExampleLastGroup):
     """Turns every GpuschedError into one line on stderr and its exit code."""
 
     def invoke(self, ctx: click.Context) -> Any:

@@ -13,6 +13,7 @@ from typing import Any
 
 import click
 
+from gpusched.cli_help import ExampleLastCommand
 from gpusched.client import Client
 from gpusched.errors import NotFoundError, UsageError
 from gpusched.estimate import estimate as estimate_memory
@@ -82,7 +83,7 @@ def follow_retries(client: Client, jobs: list[Job], deadline: float | None) -> l
     return jobs
 
 
-@click.command(context_settings={"ignore_unknown_options": True})
+@click.command(cls=ExampleLastCommand, context_settings={"ignore_unknown_options": True})
 @click.option("--params", metavar="N", help="Model parameters: 7B, 350M, 125000000...")
 @click.option(
     "--dtype",
