@@ -12,14 +12,15 @@ can drive one tick at a time. One lock serialises ticks and job operations.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 
 from gpusched.attribution import attribute_processes, held_bytes
+from gpusched.clock import Clock, iso, utc_now
 from gpusched.config import Config
+from gpusched.endings import JobEndings
 from gpusched.errors import ConflictError, GpuError, NotFoundError, UsageError
 from gpusched.gpus import Probe, apply_selection
 from gpusched.joblog import append_note
@@ -27,10 +28,7 @@ from gpusched.launcher import (
     Launcher,
     Outcome,
     StartError,
-    find_supervisor,
-    is_same_process,
     job_environment,
-    process_start_time,
 )
 from gpusched.models import (
     TERMINAL_STATES,
@@ -42,7 +40,7 @@ from gpusched.models import (
     Job,
     JobState,
 )
-from gpusched.monitor import UsageMonitor, final_usage, oom_cause, retry_mem
+from gpusched.monitor import UsageMonitor
 from gpusched.policy import (
     GpuSlot,
     Plan,
@@ -59,16 +57,6 @@ from gpusched.units import format_size
 
 log = logging.getLogger("gpusched.scheduler")
 
-Clock = Callable[[], datetime]
-
-
-def utc_now() -> datetime:
-    return datetime.now(timezone.utc)
-
-
-def iso(moment: datetime) -> str:
-    return moment.isoformat(timespec="milliseconds")
-
 
 @dataclass
 class _Reading:
@@ -79,16 +67,7 @@ class _Reading:
     waiting_reasons: dict[int, str] = field(default_factory=dict)
 
 
-# How a supervisor's outcome (other than a plain exit) ends a job; anything else is lost.
-_ENDINGS: dict[str, tuple[JobState, EndReason]] = {
-    "signal": (JobState.FAILED, EndReason.SIGNAL),
-    "cancelled": (JobState.CANCELLED, EndReason.CANCELLED),
-    "timeout": (JobState.FAILED, EndReason.TIMEOUT),
-    "failed_to_start": (JobState.FAILED, EndReason.FAILED_TO_START),
-}
-
-
-class Scheduler:
+class Scheduler(JobEndings):
     def __init__(
         self,
         config: Config,
@@ -323,179 +302,6 @@ class Scheduler:
                 start_time = self.store.launch_info(job.id).pid_start_time
                 if job.pid is None or not self.launcher.cancel(job.pid, start_time):
                     self._settle(job.id, Outcome("cancelled"))
-
-    # -- job ends -------------------------------------------------------------------------
-
-    def _end(
-        self,
-        job_id: int,
-        state: JobState,
-        reason: EndReason,
-        *,
-        exit_code: int | None = None,
-        detail: str | None = None,
-        retry: Job | None = None,
-        retry_refused: str | None = None,
-        oom_next_mem: int | None = None,
-    ) -> bool:
-        now = iso(self.clock())
-        ended = self.store.mark_ended(
-            job_id,
-            state=state,
-            reason=str(reason),
-            now=now,
-            exit_code=exit_code,
-            detail=detail,
-            usage=self._final_usage(
-                job_id, state, reason, now, (retry, retry_refused, oom_next_mem)
-            ),
-        )
-        self._peaks.pop(job_id, None)
-        if ended:
-            log.info("job %s %s (%s)%s", job_id, state, reason, f": {detail}" if detail else "")
-            with self._ended:
-                self._ended.notify_all()
-            for listener in self.end_listeners:
-                try:
-                    listener(job_id)
-                except Exception:  # a listener's bug must not undo the job's ending
-                    log.exception("end listener failed for job %s", job_id)
-        return ended
-
-    def _final_usage(
-        self,
-        job_id: int,
-        state: JobState,
-        reason: EndReason,
-        now: str,
-        oom: tuple[Job | None, str | None, int | None],
-    ) -> dict[str, object] | None:
-        """A job's measured figures and hints at its end (None for a job that never ran).
-
-        `oom`, after an out-of-memory end: its retry, why there is none although one was
-        asked for, and the --mem a retry takes.
-        """
-        try:
-            job = self.store.get(job_id)
-            if job.started_at is None:
-                return None
-            totals = [g.total_bytes for g in self._reading.gpus if g.uuid in job.gpu_uuids]
-            return final_usage(
-                job,
-                self.monitor.finish(job),
-                state=str(state),
-                reason=str(reason),
-                ended_at=now,
-                min_runtime_s=self.config.hint_min_runtime_s,
-                card_bytes=min(totals) if totals else None,
-                retry=oom[0],
-                retry_refused=oom[1],
-                oom_next_mem=oom[2],
-            )
-        except Exception:  # the figures must never keep a job from ending
-            log.exception("summing up the usage of job %s failed", job_id)
-            return None
-
-    def _end_oom(self, job: Job, outcome: Outcome, cause: str) -> None:
-        """End a job that ran out of GPU memory; queue its retry if it asked for one."""
-        mem, why_not = retry_mem(job, self._current_gpus(), self.config.headroom_bytes)
-        retry = self.store.add_retry(job.id, mem) if mem is not None and job.retry_oom else None
-        if retry is not None:
-            log.info("job %s ran out of GPU memory: retried as job %s", job.id, retry.id)
-            self.wake()
-        self._end(
-            job.id,
-            JobState.FAILED,
-            EndReason.OOM,
-            exit_code=outcome.exit_code,
-            detail=cause,
-            retry=retry,
-            retry_refused=why_not if retry is None and job.retry_oom else None,
-            oom_next_mem=mem,
-        )
-
-    def _on_job_exit(self, job_id: int) -> None:
-        """Called by the launcher's watcher thread when a job's supervisor exits."""
-        with self._lock:
-            self._settle(job_id, self.launcher.outcome(job_id))
-        self.wake()
-
-    def _settle(self, job_id: int, outcome: Outcome) -> None:
-        job = self.store.get(job_id)
-        if job.state != JobState.RUNNING:
-            return
-        if (
-            outcome.kind == "lost"
-            and job.reason_detail
-            and job.reason_detail.startswith("cancelled")
-        ):
-            # A cancel that reached the supervisor before it set up its SIGTERM handler
-            # killed it outright; it sets the handler before starting the job, so the job
-            # never started: the cancel simply won.
-            outcome = Outcome("cancelled")
-        if outcome.kind == "cancelled" and (job.reason_detail or "").startswith("overrun: "):
-            self._end(
-                job_id,
-                JobState.FAILED,
-                EndReason.OVERRUN,
-                exit_code=outcome.exit_code,
-                detail=(job.reason_detail or "")[len("overrun: ") :],
-            )
-            return
-        if outcome.kind == "signal" or (outcome.kind == "exit" and outcome.exit_code != 0):
-            # The tracker is in memory, or after a restart in the database (a minute old).
-            cause = oom_cause(job, self.monitor.tracker(job))
-            if cause is not None:
-                self._end_oom(job, outcome, cause)
-                return
-        if outcome.kind == "exit":
-            state = JobState.DONE if outcome.exit_code == 0 else JobState.FAILED
-            self._end(job_id, state, EndReason.EXIT, exit_code=outcome.exit_code)
-            return
-        state, reason = _ENDINGS.get(outcome.kind, (JobState.LOST, EndReason.LOST))
-        detail = outcome.message
-        if reason == EndReason.CANCELLED:
-            detail = job.reason_detail or "cancelled"  # who cancelled it, noted at the request
-        self._end(job_id, state, reason, exit_code=outcome.exit_code, detail=detail)
-
-    def adopt_running(self) -> None:
-        """After a (re)start: a `running` row is a claim to verify, not a fact."""
-        with self._lock:
-            for job in self.store.active():
-                if job.state != JobState.RUNNING:
-                    continue
-                pid, start_time = job.pid, self.store.launch_info(job.id).pid_start_time
-                if pid is None:
-                    # The previous daemon died between marking and recording the pid.
-                    pid = find_supervisor(self.launcher.job_dir(job.id) / "spec.json")
-                    start_time = process_start_time(pid) if pid is not None else None
-                    if pid is not None and start_time is not None:
-                        self.store.set_pid(job.id, pid, start_time)
-                if pid is not None and is_same_process(pid, start_time):
-                    log.info("job %s still running (pid %s): re-adopted", job.id, pid)
-                    self._peaks[job.id] = job.peak_mem or 0  # a peak never goes down
-                    self.launcher.watch(job.id, pid)
-                    self.probe.note_job_started(pid, job.gpu_uuids, job.mem)
-                else:
-                    outcome = self.launcher.outcome(job.id)
-                    # Died between marking the job running and its supervisor opening the
-                    # log (no pid, no supervisor, no exit record, no log): the command never
-                    # ran, so running it now cannot run it twice.
-                    if (
-                        outcome.kind == "lost"
-                        and pid is None
-                        and not (job.log_path and os.path.lexists(job.log_path))
-                        and self.store.unmark_running(job.id)
-                    ):
-                        log.info("job %s never started before the restart: queued again", job.id)
-                        continue
-                    if outcome.kind == "lost":
-                        outcome = Outcome(
-                            "lost",
-                            message="its supervisor was gone when the daemon"
-                            " restarted, with no exit status recorded",
-                        )
-                    self._settle(job.id, outcome)
 
     # -- operations requested by clients ------------------------------------------------------
 
