@@ -296,7 +296,7 @@ class Server:
                     data = encode(error_reply(exc))
                 conn.sendall(data)
         except (OSError, TimeoutError):
-            pass  # the client went away or stalled
+            return  # the client went away or stalled: nothing to answer
         except Exception:
             log.exception("unexpected error serving a client")
         finally:
