@@ -56,7 +56,6 @@ class JobEndings:
     end_listeners: list[Callable[[int], None]]
     _lock: Any  # a threading.RLock: ticks and job operations take it
     _ended: threading.Condition
-    _peaks: dict[int, int]
     _reading: Any  # the scheduler's latest GPU reading
     _current_gpus: Callable[[], list[GpuState]]
 
@@ -84,7 +83,6 @@ class JobEndings:
                 job_id, state, reason, now, (retry, retry_refused, oom_next_mem)
             ),
         )
-        self._peaks.pop(job_id, None)
         if ended:
             log.info("job %s %s (%s)%s", job_id, state, reason, f": {detail}" if detail else "")
             with self._ended:
@@ -207,7 +205,6 @@ class JobEndings:
                         self.store.set_pid(job.id, pid, start_time)
                 if pid is not None and is_same_process(pid, start_time):
                     log.info("job %s still running (pid %s): re-adopted", job.id, pid)
-                    self._peaks[job.id] = job.peak_mem or 0  # a peak never goes down
                     self.launcher.watch(job.id, pid)
                     self.probe.note_job_started(pid, job.gpu_uuids, job.mem)
                 else:

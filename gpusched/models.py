@@ -29,10 +29,6 @@ class JobState(_StrEnum):
     LOST = "lost"
 
     @property
-    def is_active(self) -> bool:
-        return self in ACTIVE_STATES
-
-    @property
     def is_waiting(self) -> bool:
         return self in (JobState.QUEUED, JobState.HELD)
 

@@ -10,7 +10,8 @@ running job and writes to the database only:
 - and at the job's end (the scheduler asks `finish()` for the final columns and writes
   them in the same transaction as the end itself).
 
-The peak is written by the scheduler whenever it rises (`Store.record_usage`), as before.
+The peak is written whenever it rises (`Store.record_usage`), so `show` and the OOM
+retry see it at once; it is the tracker's, never a second copy kept elsewhere.
 A job is sampled only while it holds GPU memory: before its first allocation it is still
 starting (loading data, building the model), and counting those polls as 0 % busy would
 blame the GPU for the CPU's start-up.
@@ -115,7 +116,8 @@ class UsageMonitor:
                 continue
             tracker = self.tracker(job)
             held = {uuid: sum(p.used_bytes or 0 for p in procs) for uuid, procs in per_gpu.items()}
-            tracker.observe_memory(held, _full_card(held, by_uuid))
+            if tracker.observe_memory(held, _full_card(held, by_uuid)):
+                self.store.record_usage(job.id, tracker.peak_mem)
             # Utilization is sampled after the memory: a process that exited in between
             # is missing from the samples, which would read as 0 % busy. Leave it out.
             live_pids = {

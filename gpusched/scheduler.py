@@ -84,7 +84,6 @@ class Scheduler(JobEndings):
         self._lock = threading.RLock()
         self._ended = threading.Condition()
         self._reading = _Reading()
-        self._peaks: dict[int, int] = {}
         self.monitor = UsageMonitor(store)  # memory and utilization of running jobs
         self.wake: Callable[[], None] = lambda: None  # set by the daemon
         # Called with a job id once it has ended (e.g. notification hooks). Called under
@@ -125,7 +124,6 @@ class Scheduler(JobEndings):
             running = [j for j in active if j.state == JobState.RUNNING]
             processes = attribute_processes(gpus, running)
             usage = held_bytes(processes)
-            self._record_peaks(usage)
             try:
                 self._watch(gpus, running, processes)
             except Exception:  # measuring must never stop scheduling
@@ -255,13 +253,6 @@ class Scheduler(JobEndings):
             " ".join(job.command),
         )
 
-    def _record_peaks(self, usage: dict[int, dict[str, int]]) -> None:
-        for job_id, per_gpu in usage.items():
-            peak = max(per_gpu.values())
-            if peak > self._peaks.get(job_id, 0):
-                self._peaks[job_id] = peak
-                self.store.record_usage(job_id, peak)
-
     def _watch(
         self,
         gpus: list[GpuState],
@@ -327,7 +318,7 @@ class Scheduler(JobEndings):
                 )
         max_queued = self.config.limits_for(new.user).max_queued
         if max_queued is not None:
-            waiting = sum(1 for j in self.store.active() if j.uid == new.uid and j.state.is_waiting)
+            waiting = self.store.count_waiting(new.uid)
             if waiting + len(news) > max_queued:
                 raise ConflictError(
                     f"user limit: {new.user} has {waiting} waiting jobs and submits {len(news)}"

@@ -480,9 +480,10 @@ def _array(server: Server, caller: Caller, args: dict[str, Any]) -> Any:
 
 
 def _cancel_array(server: Server, caller: Caller, array_id: int) -> Any:
-    jobs = [j for j in server.store.array_jobs(array_id) if j.state not in TERMINAL_STATES]
-    if not server.store.array_jobs(array_id):
+    everything = server.store.array_jobs(array_id)
+    if not everything:
         raise NotFoundError(f"no array a{array_id}")
+    jobs = [j for j in everything if j.state not in TERMINAL_STATES]
     owned = [server.owned_job(caller, j.id) for j in jobs]
     return [server.visible(caller, server.scheduler.cancel(j, by=caller.user)) for j in owned]
 

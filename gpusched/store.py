@@ -8,6 +8,7 @@ a submit is acknowledged only once its row is committed (synchronous=FULL).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,43 +86,9 @@ jobs = Table(
     Column("notify", JSON, nullable=True),  # argv run as the owner when the job ends
 )
 
-_JOB_FIELDS = (
-    "id",
-    "name",
-    "user",
-    "uid",
-    "state",
-    "command",
-    "cwd",
-    "mem",
-    "gpus",
-    "gpu_indices",
-    "gpu_uuids",
-    "priority",
-    "after",
-    "submitted_at",
-    "started_at",
-    "ended_at",
-    "pid",
-    "exit_code",
-    "reason",
-    "reason_detail",
-    "log_path",
-    "peak_mem",
-    "mean_util",
-    "hints",
-    "util_min",
-    "util_max",
-    "util_stddev",
-    "overrun_at",
-    "retry_oom",
-    "retry_of",
-    "retried_as",
-    "array_id",
-    "array_index",
-    "max_concurrent",
-    "time_limit_s",
-)
+# The columns a Job shows: the model's fields that are stored (waiting_reason is not;
+# it is the scheduler's, computed each pass). Derived, so a field added to both stays in step.
+_JOB_FIELDS = tuple(f.name for f in dataclasses.fields(Job) if f.name in jobs.c)
 
 
 @dataclass(frozen=True)
@@ -313,6 +280,13 @@ class Store:
         query = query.order_by(jobs.c.ended_at.desc(), jobs.c.id.desc()).limit(limit)
         with self.read() as conn:
             return [_to_job(row) for row in conn.execute(query).all()]
+
+    def count_waiting(self, uid: int) -> int:
+        """How many of a user's jobs are queued or held (for `max_queued`)."""
+        waiting = [str(JobState.QUEUED), str(JobState.HELD)]
+        query = select(func.count()).where(jobs.c.uid == uid, jobs.c.state.in_(waiting))
+        with self.read() as conn:
+            return int(conn.execute(query).scalar_one())
 
     def count(self) -> int:
         with self.read() as conn:

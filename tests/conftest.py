@@ -6,7 +6,8 @@ they are imported here so every test module can use them by name.
 
 # -- a real daemon on simulated GPUs, in a temporary directory ---------------------------
 import os
-from collections.abc import Iterator
+import subprocess
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,21 @@ from tests.fakenvml.fixtures import (  # noqa: F401
     fake_nvml_no_v2,
     fake_nvml_old,
 )
+
+
+@pytest.fixture
+def spawn() -> Iterator[Callable[[], subprocess.Popen[bytes]]]:
+    """Start `sleep` processes that are killed and reaped after the test."""
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start() -> subprocess.Popen[bytes]:
+        started.append(subprocess.Popen(["sleep", "60"]))
+        return started[-1]
+
+    yield start
+    for proc in started:
+        proc.kill()
+        proc.wait()
 
 
 @pytest.fixture

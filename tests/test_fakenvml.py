@@ -63,20 +63,6 @@ def run_snapshot(fake: FakeNvml, env: dict[str, str] | None = None) -> dict[str,
 
 
 @pytest.fixture
-def spawn() -> Iterator[Callable[[], subprocess.Popen[bytes]]]:
-    started: list[subprocess.Popen[bytes]] = []
-
-    def start() -> subprocess.Popen[bytes]:
-        started.append(subprocess.Popen(["sleep", "60"]))
-        return started[-1]
-
-    yield start
-    for proc in started:
-        proc.kill()
-        proc.wait()
-
-
-@pytest.fixture
 def probe() -> Iterator[NvmlProbe]:
     made = NvmlProbe()
     yield made

@@ -59,21 +59,6 @@ def kit(request: pytest.FixtureRequest) -> Iterator[Kit]:
     made.probe.close()
 
 
-@pytest.fixture
-def spawn() -> Iterator[Callable[[], subprocess.Popen[bytes]]]:
-    """Start `sleep` processes that are killed and reaped after the test."""
-    started: list[subprocess.Popen[bytes]] = []
-
-    def start() -> subprocess.Popen[bytes]:
-        started.append(subprocess.Popen(["sleep", "60"]))
-        return started[-1]
-
-    yield start
-    for proc in started:
-        proc.kill()
-        proc.wait()
-
-
 def by_uuid(states: list[GpuState]) -> dict[str, GpuState]:
     return {gpu.uuid: gpu for gpu in states}
 
