@@ -22,6 +22,8 @@ Policies compared, all through the same `plan()`:
   gpusched, usage     gpusched where NVML cannot attribute memory to a job's processes
     unattributed      (e.g. in a container): free measured, observed usage 0
   gpusched, max_jobs_per_gpu: 4   gpusched with that config key set
+  gpusched, busy_util: 100%       gpusched with compute-aware admission (policy rule 6):
+                      a GPU whose measured utilization is saturated takes no new job
 Lower bound: no schedule beats max(longest job after its arrival, compute work or
 memory-time arriving after t spread over every GPU, for every t).
 
@@ -154,6 +156,8 @@ class Policy:
     measure_free: bool  # GpuSlot.free_bytes from the driver (False: always the total)
     observe_usage: bool  # RunningClaim.used_bytes from the driver's per-process memory
     max_jobs_per_gpu: int | None = None  # the config key of that name
+    busy_util: float | None = None  # the config key of that name (rule 6, compute)
+    new_job_util: float = 100.0
 
 
 GPUSCHED = Policy("gpusched", whole_gpu=False, measure_free=True, observe_usage=True)
@@ -161,7 +165,9 @@ CAPPED = Policy("gpusched, max_jobs_per_gpu: 4", False, True, True, max_jobs_per
 ONE_PER_GPU = Policy("one job per GPU", whole_gpu=True, measure_free=True, observe_usage=True)
 DECLARED = Policy("declared only (gflow --shared)", False, measure_free=False, observe_usage=False)
 UNATTRIBUTED = Policy("gpusched, usage unattributed", False, measure_free=True, observe_usage=False)
-POLICIES = (GPUSCHED, ONE_PER_GPU, DECLARED, UNATTRIBUTED, CAPPED)
+BUSY = Policy("gpusched, busy_util: 100%", False, True, True, busy_util=100.0)
+POLICIES = (GPUSCHED, ONE_PER_GPU, DECLARED, UNATTRIBUTED, CAPPED, BUSY)
+BUSY_GRID = (80.0, 90.0, 95.0, 100.0)  # busy_util values tried on the default trace
 
 
 @dataclass
@@ -179,6 +185,7 @@ class SimResult:
     policy: str
     makespan_s: float
     waits_s: list[float]
+    turnarounds_s: list[float]  # submit to end of each job: what its owner waits for
     mem_used_s: float  # byte-seconds of real job memory
     mem_reserved_s: float  # byte-seconds held for gpusched jobs (declared, or whole GPUs)
     compute_used_s: float  # GPU-seconds of compute actually delivered
@@ -195,6 +202,10 @@ class SimResult:
     @property
     def mean_wait_s(self) -> float:
         return statistics.fmean(self.waits_s)
+
+    @property
+    def mean_turnaround_s(self) -> float:
+        return statistics.fmean(self.turnarounds_s)
 
     @property
     def p95_wait_s(self) -> float:
@@ -238,6 +249,10 @@ def simulate(  # noqa: PLR0917  (keyword use in this file; defaults are the benc
     def demand(gpu: int) -> float:
         return sum(r.job.demand for r in running.values() if r.gpu == gpu)
 
+    def busy_demand(gpu: int) -> float:
+        """What the GPU's utilization shows: jobs computing once they have allocated."""
+        return sum(r.job.demand for r in running.values() if r.gpu == gpu and r.allocated)
+
     def rate(gpu: int) -> float:
         return min(1.0, 1.0 / max(demand(gpu), EPS))
 
@@ -246,7 +261,11 @@ def simulate(  # noqa: PLR0917  (keyword use in this file; defaults are the benc
         if queue:
             slots = [
                 GpuSlot(
-                    uuids[g], g, gpu_mem, gpu_mem - real_used(g) if policy.measure_free else gpu_mem
+                    uuids[g],
+                    g,
+                    gpu_mem,
+                    gpu_mem - real_used(g) if policy.measure_free else gpu_mem,
+                    util_percent=100 * min(1.0, busy_demand(g)),
                 )
                 for g in range(gpus)
             ]
@@ -258,6 +277,7 @@ def simulate(  # noqa: PLR0917  (keyword use in this file; defaults are the benc
                     {uuids[r.gpu]: r.job.peak_bytes if r.allocated else 0}
                     if policy.observe_usage
                     else {},
+                    util_percent=100 * r.job.demand * rate(r.gpu) if r.allocated else None,
                 )
                 for r in running.values()
             ]
@@ -272,7 +292,15 @@ def simulate(  # noqa: PLR0917  (keyword use in this file; defaults are the benc
                 for sim_id, job in queue.items()
             ]
             begin = time.perf_counter()
-            result = plan(slots, claims, waiting, headroom, policy.max_jobs_per_gpu)
+            result = plan(
+                slots,
+                claims,
+                waiting,
+                headroom,
+                policy.max_jobs_per_gpu,
+                busy_util=policy.busy_util,
+                new_job_util=policy.new_job_util,
+            )
             plan_s += time.perf_counter() - begin
             plan_calls += 1
             if timeline is not None:
@@ -359,6 +387,7 @@ def simulate(  # noqa: PLR0917  (keyword use in this file; defaults are the benc
         policy=policy.name,
         makespan_s=max(finished.values()),
         waits_s=waits,
+        turnarounds_s=[finished[j.job_id] - j.arrival_s for j in trace],
         mem_used_s=mem_used,
         mem_reserved_s=mem_reserved,
         compute_used_s=compute_used,
@@ -380,6 +409,7 @@ def simulate(  # noqa: PLR0917  (keyword use in this file; defaults are the benc
 def print_table(results: Sequence[SimResult], bound_s: float, gpus: int, gpu_mem: int) -> None:
     head = (
         f"{'policy':<32}{'makespan h':>11}{'x bound':>8}{'mean wait h':>12}{'p95 wait h':>11}"
+        f"{'mean turnaround h':>18}"
         f"{'mem used':>9}{'reserved':>9}{'idle':>6}{'compute':>8}{'OOM':>5}{'max/GPU':>8}"
         f"{'tail h':>7}{'tail compute':>13}"
     )
@@ -390,6 +420,7 @@ def print_table(results: Sequence[SimResult], bound_s: float, gpus: int, gpu_mem
         print(
             f"{r.policy:<32}{r.makespan_s / 3600:>11.2f}{r.makespan_s / bound_s:>8.3f}"
             f"{r.mean_wait_s / 3600:>12.2f}{r.p95_wait_s / 3600:>11.2f}"
+            f"{r.mean_turnaround_s / 3600:>18.2f}"
             f"{r.mem_used_s / capacity:>9.1%}{r.mem_reserved_s / capacity:>9.1%}"
             f"{1 - r.mem_used_s / capacity:>6.0%}{r.compute_used_s / (gpus * r.makespan_s):>8.1%}"
             f"{r.oom_kills:>5}{r.by_gpu_jobs_max:>8}"
@@ -398,7 +429,8 @@ def print_table(results: Sequence[SimResult], bound_s: float, gpus: int, gpu_mem
         )
     print(
         "  mem used / reserved / idle: GPU memory-time as a share of all GPUs' memory over the"
-        " makespan;\n  compute: GPU compute delivered as a share of capacity;"
+        " makespan;\n  turnaround: from a job's submit to its end;"
+        " compute: GPU compute delivered as a share of capacity;"
         " max/GPU: most jobs seen sharing one GPU;\n  tail: from the last job's start (the"
         " queue is empty) to the end, and the compute delivered in it"
     )
@@ -430,7 +462,7 @@ def main() -> None:
     print_table(results, bound, GPU_COUNT, GPU_MEM)
     by_name = {r.policy: r for r in results}
     ours, whole = by_name[GPUSCHED.name], by_name[ONE_PER_GPU.name]
-    capped = by_name[CAPPED.name]
+    capped, busy = by_name[CAPPED.name], by_name[BUSY.name]
     calls = sum(r.plan_calls for r in results)
     plan_total = sum(r.plan_s for r in results)
     print(
@@ -438,6 +470,20 @@ def main() -> None:
         f" ({1e3 * plan_total / calls:.2f} ms per call);"
         f" simulation {time.perf_counter() - began:.1f} s"
     )
+
+    # busy_util is a threshold: how much does the figure depend on where it is set?
+    print("\n-- busy_util on the default trace --")
+    print(
+        f"  {'busy_util':>9}  {'x bound':>7}  {'one-per-GPU / it':>16}  {'mean wait h':>11}"
+        f"  {'mean turnaround h':>17}"
+    )
+    for threshold in BUSY_GRID:
+        r = simulate(trace, Policy(f"busy_util {threshold:g}", False, True, True, None, threshold))
+        print(
+            f"  {threshold:>8g}%  {r.makespan_s / bound:>7.3f}"
+            f"  {whole.makespan_s / r.makespan_s:>16.3f}"
+            f"  {r.mean_wait_s / 3600:>11.2f}  {r.mean_turnaround_s / 3600:>17.2f}"
+        )
 
     # The same trace with processes gpusched did not start (a notebook now and then).
     foreign = make_interference(args.seed, whole.makespan_s, mean_gap_s=3 * 3600)
@@ -463,15 +509,19 @@ def main() -> None:
         g = simulate(other, GPUSCHED)
         w = simulate(other, ONE_PER_GPU)
         c = simulate(other, CAPPED)
+        b = simulate(other, BUSY)
         spread.append(
             (
                 seed,
                 g.makespan_s / lb,
                 w.makespan_s / g.makespan_s,
-                g.oom_kills,
+                g.oom_kills + b.oom_kills,
                 c.makespan_s / lb,
                 w.makespan_s / c.makespan_s,
                 w.makespan_s / lb,
+                b.makespan_s / lb,
+                w.makespan_s / b.makespan_s,
+                b.mean_turnaround_s / g.mean_turnaround_s,
             )
         )
     if spread:
@@ -479,13 +529,23 @@ def main() -> None:
             "\n-- other seeds (same generator) --\n"
             "  seed       gpusched: x bound  one-per-GPU / it  OOM"
             "   max_jobs_per_gpu 4: x bound  one-per-GPU / it   one-per-GPU x bound"
+            "   busy_util 100%: x bound  one-per-GPU / it  turnaround / gpusched's"
         )
-        for seed, vs_bound, speedup, kills, c_bound, c_speedup, w_bound in spread:
+        for row in spread:
+            seed, vs_bound, speedup, kills, c_bound, c_speedup, w_bound = row[:7]
+            b_bound, b_speedup, b_turn = row[7:]
             print(
                 f"  {seed}  {vs_bound:17.3f}  {speedup:16.3f}  {kills:3d}"
                 f"  {c_bound:26.3f}  {c_speedup:16.3f}  {w_bound:20.3f}"
+                f"  {b_bound:22.3f}  {b_speedup:16.3f}  {b_turn:24.3f}"
             )
-        for column, label in ((1, "gpusched x bound"), (2, "one-per-GPU / gpusched")):
+        for column, label in (
+            (1, "gpusched x bound"),
+            (2, "one-per-GPU / gpusched"),
+            (7, "busy_util 100% x bound"),
+            (8, "one-per-GPU / busy_util 100%"),
+            (9, "busy_util 100% mean turnaround / gpusched's"),
+        ):
             values = [row[column] for row in spread]
             print(
                 f"  {label}: median {statistics.median(values):.3f},"
@@ -512,6 +572,24 @@ def main() -> None:
             ">= 1.5",
             whole.makespan_s / ours.makespan_s >= 1.5,
         ),
+        Figure(
+            "busy_util 100%: makespan / lower bound",
+            busy.makespan_s / bound,
+            "x",
+            "<= 1.15",
+            busy.makespan_s / bound <= 1.15,
+        ),
+        Figure(
+            "busy_util 100%: one-per-GPU makespan / its makespan",
+            whole.makespan_s / busy.makespan_s,
+            "x",
+            ">= 1.5",
+            whole.makespan_s / busy.makespan_s >= 1.5,
+        ),
+        Figure("busy_util 100%: OOM kills", busy.oom_kills, "jobs", "0", busy.oom_kills == 0),
+        Figure("gpusched mean turnaround", ours.mean_turnaround_s / 3600, "h"),
+        Figure("busy_util 100%: mean turnaround", busy.mean_turnaround_s / 3600, "h"),
+        Figure("one-per-GPU mean turnaround", whole.mean_turnaround_s / 3600, "h"),
         Figure("gpusched mean wait", ours.mean_wait_s / 3600, "h"),
         Figure("gpusched p95 wait", ours.p95_wait_s / 3600, "h"),
         Figure("one-per-GPU mean wait", whole.mean_wait_s / 3600, "h"),

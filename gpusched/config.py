@@ -8,6 +8,7 @@ Sizes are bytes and durations are seconds inside `Config` (units in the names).
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import astuple, dataclass, field, fields, replace
@@ -66,6 +67,7 @@ class Config:
     gpus: tuple[int | str, ...] | None = None  # None = all
     simulate: str | None = None
     max_jobs_per_gpu: int | None = None
+    busy_util: float | None = None  # percent; a GPU this busy takes no new job (None: off)
     visible_devices: str = "index"  # or "uuid"
     overrun: str = "warn"  # or "kill": a job over its declared memory + margin is stopped
     overrun_margin_fraction: float = 0.10  # of the declared memory (overrun_margin: 10%)
@@ -170,6 +172,8 @@ def _convert(source: str, key: str, value: Any, base: Config) -> dict[str, Any]:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise UsageError("expected a positive integer or null")
             return {"max_jobs_per_gpu": value}
+        if key == "busy_util":
+            return {"busy_util": parse_percent(value)}
         if key == "visible_devices":
             if value not in ("index", "uuid"):
                 raise UsageError("expected 'index' or 'uuid'")
@@ -225,6 +229,20 @@ def parse_command(value: Any) -> tuple[str, ...] | None:
     if not argv or not argv[0]:
         raise UsageError("expected a command, got an empty one")
     return tuple(argv)
+
+
+def parse_percent(value: Any) -> float | None:
+    """ "90%", 90 or 90.5 -> 90.0; null -> None (off). Between 1 and 100."""
+    if value is None:
+        return None
+    text = str(value).strip().removesuffix("%").strip()
+    try:
+        percent = float(text)
+    except ValueError:
+        percent = math.nan
+    if isinstance(value, bool) or not 1 <= percent <= 100:
+        raise UsageError(f"expected a percentage from 1% to 100%, or null, not {value!r}")
+    return percent
 
 
 def parse_address(value: Any) -> tuple[str, int] | None:

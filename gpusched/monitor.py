@@ -38,6 +38,7 @@ from gpusched.usage import (
     job_utilization,
     oom_in_log,
     overrun_limit,
+    smooth,
 )
 
 FLUSH_INTERVAL_S = 60.0
@@ -80,6 +81,7 @@ class UsageMonitor:
         self.flush_interval_s = flush_interval_s
         self._trackers: dict[int, UsageTracker] = {}
         self._flushed_at_s: dict[int, float] = {}
+        self._gpu_util: dict[str, float] = {}  # uuid -> recent utilization of the whole GPU
 
     def tracker(self, job: Job) -> UsageTracker:
         """The job's tracker, picked up from the database the first time (after a restart)."""
@@ -92,6 +94,23 @@ class UsageMonitor:
 
     def live(self, job_id: int) -> UsageTracker | None:
         return self._trackers.get(job_id)
+
+    def job_util(self, job_id: int) -> float | None:
+        """A running job's recent utilization; None until it has used its GPU."""
+        tracker = self._trackers.get(job_id)
+        return None if tracker is None else tracker.util_recent
+
+    def gpu_util(self, uuid: str) -> float | None:
+        """A GPU's recent utilization (every process on it), None when never read."""
+        return self._gpu_util.get(uuid)
+
+    def observe_gpus(self, gpus: Iterable[GpuState]) -> None:
+        """One poll of the GPUs' own utilization (every process's), jobs or not."""
+        for gpu in gpus:
+            if gpu.util_percent is None or gpu.health != GpuHealth.OK:
+                self._gpu_util.pop(gpu.uuid, None)
+            else:
+                self._gpu_util[gpu.uuid] = smooth(self._gpu_util.get(gpu.uuid), gpu.util_percent)
 
     def observe(
         self,

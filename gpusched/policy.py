@@ -41,6 +41,16 @@ The rules, in order:
    restarting the wait. A job that could not fit even on empty GPUs (other processes
    hold the memory) claims nothing: holding cards for it would idle them for a wait
    gpusched cannot end.
+6. Compute (only with `busy_util` set; off by default, when memory alone decides): a GPU
+   whose compute load is at or above `busy_util` percent takes no new job. Its load is
+   the higher of its own recent utilization (every process on it) and the sum of its
+   gpusched jobs' recent utilizations, plus `new_job_util` (100) for each gpusched job
+   that has not used the GPU yet, including those this plan places: a job that is
+   still loading its data has not shown what it will use, as it has not yet allocated
+   its memory (rule 1 holds its declaration meanwhile). Without MPS, processes on
+   one GPU take turns, so a job added to a saturated card slows the others as much as
+   it gains, and ties itself to that card; waiting keeps it free to take whichever
+   card frees up first, which shortens the queue's tail (docs/benchmarks.md, packing).
 """
 
 from __future__ import annotations
@@ -61,6 +71,7 @@ class GpuSlot:
     total_bytes: int
     free_bytes: int  # as the driver reports it: every process's memory is already out
     usable: bool = True  # False when lost or excluded
+    util_percent: float | None = None  # recent compute utilization, every process's; None: unknown
 
 
 @dataclass(frozen=True)
@@ -73,6 +84,7 @@ class RunningClaim:
     used_bytes: Mapping[str, int] = field(default_factory=dict)  # observed, per GPU uuid
     user: str = ""
     array_id: int | None = None
+    util_percent: float | None = None  # its own recent utilization; None: not measured yet
 
 
 @dataclass(frozen=True)
@@ -127,6 +139,7 @@ class _Gpu:
     job_count: int
     whole: bool  # a whole-GPU job runs here
     job_ids: list[int]  # gpusched jobs on it, running or placed by this plan
+    load: float = 0.0  # compute load, percent of the GPU (rule 6)
 
 
 def gpu_budgets(
@@ -162,10 +175,22 @@ def _budgets(
     return result
 
 
-def _fits(gpu: _Gpu, job: WaitingJob, max_jobs_per_gpu: int | None) -> bool:
+def _load(slot: GpuSlot, on_gpu: Sequence[RunningClaim], new_job_util: float) -> float:
+    """Rule 6: a GPU's compute load in percent (may pass 100 when it is oversubscribed)."""
+    known = sum(c.util_percent for c in on_gpu if c.util_percent is not None)
+    unmeasured = sum(1 for c in on_gpu if c.util_percent is None)
+    # The GPU's own reading also counts processes gpusched did not start.
+    return max(slot.util_percent or 0.0, known) + new_job_util * unmeasured
+
+
+def _fits(
+    gpu: _Gpu, job: WaitingJob, max_jobs_per_gpu: int | None, busy_util: float | None = None
+) -> bool:
     if not gpu.slot.usable or gpu.whole:
         return False
     if max_jobs_per_gpu is not None and gpu.job_count >= max_jobs_per_gpu:
+        return False
+    if busy_util is not None and gpu.load >= busy_util:
         return False
     if job.mem_bytes is None:
         return gpu.job_count == 0
@@ -206,13 +231,23 @@ def _need(job: WaitingJob) -> str:
     return f"{size} on each of {job.gpu_count} GPUs"
 
 
-def _why_not(job: WaitingJob, gpus: list[_Gpu], claimed_by: dict[str, int]) -> str:
+def _why_not(
+    job: WaitingJob, gpus: list[_Gpu], claimed_by: dict[str, int], busy_util: float | None
+) -> str:
     usable = [g for g in gpus if g.slot.usable]
     if len(usable) < job.gpu_count:
         return f"needs {job.gpu_count} GPUs, {len(usable)} usable"
     free = [g for g in usable if g.slot.uuid not in claimed_by]
     held = sorted({claimed_by[g.slot.uuid] for g in usable if g.slot.uuid in claimed_by})
     behind = f"; GPUs kept for job {', '.join(map(str, held))} ahead of it" if held else ""
+    if busy_util is not None:
+        busy = [g for g in free if _fits(g, job, None) and g.load >= busy_util]
+        if busy:
+            loads = ", ".join(f"GPU {g.slot.index} at {g.load:.0f} %" for g in busy)
+            return (
+                f"needs {_need(job)}; the GPUs with room for it are busy"
+                f" (compute load {loads}; busy_util {busy_util:g} %){behind}"
+            )
     if job.mem_bytes is None:
         return f"needs {_need(job)}; every usable GPU runs gpusched jobs{behind}"
     best = max(free, key=lambda g: (g.available, -g.slot.index), default=None)
@@ -278,11 +313,17 @@ def plan(
     *,
     user_caps: Mapping[str, UserCap] | None = None,
     user_usage: Mapping[str, float] | None = None,
+    busy_util: float | None = None,
+    new_job_util: float = 100.0,
 ) -> Plan:
     """Decide which waiting jobs start now and where. Pure: same input, same output."""
     table = _budgets(gpus, running, headroom_bytes)
     budgets = {uuid: budget for uuid, (budget, _) in table.items()}
     state = [gpu for _, gpu in table.values()]
+    if busy_util is not None:
+        for gpu in state:
+            on_gpu = [c for c in running if gpu.slot.uuid in c.gpu_uuids]
+            gpu.load = _load(gpu.slot, on_gpu, new_job_util)
     claimed_by: dict[str, int] = {}
     placements: list[Placement] = []
     reasons: dict[int, str] = {}
@@ -326,7 +367,7 @@ def plan(
                 (
                     g
                     for g in state
-                    if g.slot.uuid not in claimed_by and _fits(g, job, max_jobs_per_gpu)
+                    if g.slot.uuid not in claimed_by and _fits(g, job, max_jobs_per_gpu, busy_util)
                 ),
                 key=_by_room,
             )
@@ -344,6 +385,7 @@ def plan(
             for gpu in chosen:
                 gpu.job_count += 1
                 gpu.job_ids.append(job.job_id)
+                gpu.load += new_job_util
                 if job.mem_bytes is None:
                     gpu.whole = True
                     gpu.available = 0
@@ -357,7 +399,7 @@ def plan(
             continue
         need = (job.mem_bytes, job.gpu_count)
         if need not in why_by_need:
-            why_by_need[need] = _why_not(job, state, claimed_by)
+            why_by_need[need] = _why_not(job, state, claimed_by, busy_util)
         reasons[job.job_id] = why_by_need[need]
         if not claimed_by:
             open_gpus = list(state)

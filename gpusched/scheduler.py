@@ -124,6 +124,7 @@ class Scheduler(JobEndings):
             running = [j for j in active if j.state == JobState.RUNNING]
             processes = attribute_processes(gpus, running)
             usage = held_bytes(processes)
+            self.monitor.observe_gpus(gpus)
             try:
                 self._watch(gpus, running, processes)
             except Exception:  # measuring must never stop scheduling
@@ -131,8 +132,8 @@ class Scheduler(JobEndings):
             eligible, reasons = self._eligible([j for j in active if j.state == JobState.QUEUED])
             users = {j.user for j in active}
             result = plan(
-                [_slot(g) for g in gpus],
-                [_claim(j, usage) for j in running],
+                [_slot(g, self.monitor.gpu_util(g.uuid)) for g in gpus],
+                [_claim(j, usage, self.monitor.job_util(j.id)) for j in running],
                 [
                     WaitingJob(
                         j.id,
@@ -150,6 +151,7 @@ class Scheduler(JobEndings):
                 self.config.max_jobs_per_gpu,
                 user_caps={user: self._cap(user) for user in users},
                 user_usage=self._fair_share(eligible, gpus),
+                busy_util=self.config.busy_util,
             )
             by_uuid = {g.uuid: g for g in gpus}
             for placement in result.placements:
@@ -463,15 +465,26 @@ def _capacity(gpu: GpuState) -> int:
     return seen if seen > 0 else gpu.total_bytes
 
 
-def _slot(gpu: GpuState) -> GpuSlot:
+def _slot(gpu: GpuState, util: float | None = None) -> GpuSlot:
     return GpuSlot(
-        gpu.uuid, gpu.index, gpu.total_bytes, gpu.free_bytes, usable=gpu.health == GpuHealth.OK
+        gpu.uuid,
+        gpu.index,
+        gpu.total_bytes,
+        gpu.free_bytes,
+        usable=gpu.health == GpuHealth.OK,
+        util_percent=util,
     )
 
 
-def _claim(job: Job, usage: dict[int, dict[str, int]]) -> RunningClaim:
+def _claim(job: Job, usage: dict[int, dict[str, int]], util: float | None = None) -> RunningClaim:
     return RunningClaim(
-        job.id, tuple(job.gpu_uuids), job.mem, usage.get(job.id, {}), job.user, job.array_id
+        job.id,
+        tuple(job.gpu_uuids),
+        job.mem,
+        usage.get(job.id, {}),
+        job.user,
+        job.array_id,
+        util_percent=util,
     )
 
 

@@ -93,6 +93,17 @@ def job_utilization(
     return sum(values) / len(values) if values else None
 
 
+# The weight of the newest poll in a recent utilization: about the last four polls count.
+# One poll alone is too jumpy to decide on (a training loop that waits for data reads 0 %
+# now and 100 % a second later); the mean over the whole job too slow to follow a change.
+RECENT_WEIGHT = 0.25
+
+
+def smooth(previous: float | None, sample: float) -> float:
+    """An exponentially weighted mean: `previous` moved RECENT_WEIGHT of the way to `sample`."""
+    return sample if previous is None else previous + RECENT_WEIGHT * (sample - previous)
+
+
 @dataclass
 class UsageTracker:
     """One running job's memory and utilization so far."""
@@ -104,6 +115,7 @@ class UsageTracker:
     util_sumsq: float = 0.0
     util_min: float | None = None
     util_max: float | None = None
+    util_recent: float | None = None  # weighted toward the last polls (RECENT_WEIGHT)
     # At the last memory sample: the GPU it held that sat at its limit, described
     # ("GPU 0 had 50.0M of 24.0G free"), or None.
     at_limit: str | None = None
@@ -126,6 +138,7 @@ class UsageTracker:
         self.util_sumsq += percent * percent
         self.util_min = percent if self.util_min is None else min(self.util_min, percent)
         self.util_max = percent if self.util_max is None else max(self.util_max, percent)
+        self.util_recent = smooth(self.util_recent, percent)
 
     @property
     def util_mean(self) -> float | None:

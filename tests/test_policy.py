@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -30,7 +30,9 @@ M = 2**20
 HEADROOM = 512 * M
 
 
-def gpu(index: int, total_g: float = 24, free_g: float | None = None, **kw: bool) -> GpuSlot:
+def gpu(
+    index: int, total_g: float = 24, free_g: float | None = None, **kw: bool | float | None
+) -> GpuSlot:
     total = int(total_g * G)
     free = total if free_g is None else int(free_g * G)
     return GpuSlot(f"GPU-{index}", index, total, free, **kw)
@@ -690,3 +692,59 @@ def test_hopeless_big_job_does_not_stop_small_jobs_anywhere() -> None:
     assert "no GPU can hold it" in result.waiting_reasons[big]
     used_gpus = {sim.started[j][1] for j in smalls if j in sim.started}
     assert used_gpus == {"GPU-0", "GPU-1"}
+
+
+# -- rule 6: compute-aware admission (busy_util) ------------------------------------------------
+
+
+def test_busy_gpu_takes_no_new_job_even_with_the_most_memory() -> None:
+    gpus = [gpu(0, util_percent=100.0), gpu(1, free_g=12, util_percent=10.0)]
+    result = plan(gpus, [], [wait(1, 4)], HEADROOM, busy_util=90)
+    assert where(result) == {1: ("GPU-1",)}
+    # Off (the default), memory alone decides.
+    assert where(plan(gpus, [], [wait(1, 4)], HEADROOM)) == {1: ("GPU-0",)}
+
+
+def test_load_is_the_higher_of_the_gpu_reading_and_its_jobs_plus_unmeasured_jobs() -> None:
+    measured = RunningClaim(1, ("GPU-0",), 2 * G, {"GPU-0": G}, util_percent=50.0)
+    unmeasured = RunningClaim(2, ("GPU-1",), 2 * G, {}, util_percent=None)
+    gpus = [gpu(0, util_percent=20.0), gpu(1, util_percent=0.0)]
+    # GPU 0: max(20, 50) = 50 < 60, open. GPU 1: 0 + 100 for the job not measured yet.
+    result = plan(gpus, [measured, unmeasured], [wait(3, 4), wait(4, 4)], HEADROOM, busy_util=60)
+    assert where(result) == {3: ("GPU-0",)}
+    # Job 3 now counts as 100 % on GPU 0 too: job 4 waits, and says both cards are busy.
+    reason = result.waiting_reasons[4]
+    assert "busy" in reason and "GPU 0 at 150 %" in reason and "GPU 1 at 100 %" in reason
+
+
+def test_unknown_gpu_utilization_counts_as_idle() -> None:
+    result = plan([gpu(0, util_percent=None)], [], [wait(1, 4)], HEADROOM, busy_util=50)
+    assert where(result) == {1: ("GPU-0",)}
+
+
+@settings(max_examples=200, deadline=None)
+@given(scenarios(), st.data())
+def test_busy_gpus_never_get_a_job_and_each_gpu_at_most_one_per_plan(
+    s: Scenario, data: st.DataObject
+) -> None:
+    percent = st.none() | st.floats(0, 100)
+    gpus = [replace(g, util_percent=data.draw(percent)) for g in s.gpus]
+    running = [replace(c, util_percent=data.draw(percent)) for c in s.running]
+    busy_util = data.draw(st.floats(1, 100))
+    result = plan(gpus, running, s.waiting, s.headroom, s.max_jobs_per_gpu, busy_util=busy_util)
+
+    def load(slot: GpuSlot) -> float:
+        on = [c for c in running if slot.uuid in c.gpu_uuids]
+        known = sum(c.util_percent for c in on if c.util_percent is not None)
+        return max(slot.util_percent or 0.0, known) + 100.0 * sum(
+            c.util_percent is None for c in on
+        )
+
+    loads = {g.uuid: load(g) for g in gpus}
+    new_on: dict[str, int] = {}
+    for placement in result.placements:
+        for uuid in placement.gpu_uuids:
+            assert loads[uuid] < busy_util, (uuid, loads[uuid], busy_util)
+            new_on[uuid] = new_on.get(uuid, 0) + 1
+    # A placed job counts as 100 % until measured, so a card gets at most one per plan.
+    assert all(count == 1 for count in new_on.values()), new_on
