@@ -18,7 +18,6 @@ from gpusched.cli_help import ExampleLastCommand
 from gpusched.cli_usage import auto_mem, follow_retries
 from gpusched.errors import EXIT_FAILED, EXIT_OK, EXIT_TIMEOUT, GpuschedError, UsageError
 from gpusched.models import TERMINAL_STATES, Job, JobState
-from gpusched.sweep import parse_sweep_option
 from gpusched.units import parse_duration, parse_size
 
 
@@ -125,6 +124,8 @@ def submit(
     if options["mem"] == "auto" and not sweep:
         options["mem"] = auto_mem(client, list(command), cwd)
     if sweep:
+        from gpusched.sweep import parse_sweep_option  # only --sweep needs it
+
         pairs = [parse_sweep_option(item) for item in sweep]
         jobs = client.submit_sweep(list(command), pairs, max_concurrent=max_concurrent, **options)
         if as_json:
