@@ -16,9 +16,6 @@ import click
 from gpusched.cli_help import ExampleLastCommand
 from gpusched.client import Client
 from gpusched.errors import NotFoundError, UsageError
-from gpusched.estimate import estimate as estimate_memory
-from gpusched.estimate import parse_params
-from gpusched.hints import mem_option, size_text
 from gpusched.models import Job
 from gpusched.units import format_size, parse_size
 
@@ -53,6 +50,8 @@ def usage_rows(job: Job) -> list[tuple[str, Any]]:
 
 def auto_mem(client: Client, command: Sequence[str], cwd: str | None) -> int:
     """`submit --mem auto`: the suggestion from history, said on stderr; refuses without one."""
+    from gpusched.hints import mem_option, size_text
+
     try:
         info = client.estimate_history(command, cwd=cwd)
     except NotFoundError as exc:
@@ -155,6 +154,11 @@ def estimate(  # noqa: PLR0917 - click passes one positional argument per option
       gpusched estimate --params 1.3B --dtype fp16 --inference
       gpusched estimate --history -- python train.py --epochs 5
     """
+    # Imported here, not at the top: every other command would pay for them at start-up.
+    from gpusched.estimate import estimate as estimate_memory
+    from gpusched.estimate import parse_params
+    from gpusched.hints import mem_option, size_text
+
     if history:
         if params is not None or not command:
             raise UsageError("--history takes a command and no --params: estimate --history -- CMD")
@@ -189,6 +193,8 @@ def estimate(  # noqa: PLR0917 - click passes one positional argument per option
 
 
 def _from_history(ctx: click.Context, command: list[str], as_json: bool) -> None:
+    from gpusched.hints import mem_option, size_text
+
     obj = ctx.find_root().obj or {}
     info = Client(obj.get("socket"), obj.get("config")).estimate_history(command)
     if as_json:

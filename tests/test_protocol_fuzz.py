@@ -27,12 +27,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpusched import server
+from gpusched import handlers
 from gpusched.client import Client
 from gpusched.protocol import MAX_FRAME_BYTES
 from tests.daemon_harness import RunningDaemon
 
-OPS = sorted(server.HANDLERS)
+OPS = sorted(handlers.HANDLERS)
 NOWHERE = "/nonexistent/gpusched-fuzz"
 MIN_FRAMES = 10_000
 
@@ -48,8 +48,8 @@ def _handler_fields() -> dict[str, set[str]]:
     )
     helpers = {
         name: fn
-        for name, fn in vars(server).items()
-        if inspect.isfunction(fn) and fn.__module__ == server.__name__
+        for name, fn in vars(handlers).items()
+        if inspect.isfunction(fn) and fn.__module__ == handlers.__name__
     }
 
     def fields_of(fn: Callable[..., Any], seen: set[str]) -> set[str]:
@@ -63,7 +63,7 @@ def _handler_fields() -> dict[str, set[str]]:
                 found |= fields_of(helpers[called], seen)
         return found
 
-    return {op: fields_of(fn, set()) for op, fn in server.HANDLERS.items()}
+    return {op: fields_of(fn, set()) for op, fn in handlers.HANDLERS.items()}
 
 
 FIELDS = _handler_fields()
@@ -346,7 +346,7 @@ def unknown_ops(rng: random.Random, n: int) -> Iterator[bytes]:
     odd: list[Any] = [None, 1, 1.5, True, [], {}, "", "PING", " ping", "ping\x00", "\ud800"]
     for i in range(n):
         op = rng.choice(odd) if i % 2 else "".join(rng.choices("abcdefgh_-", k=rng.randrange(9)))
-        if isinstance(op, str) and op in server.HANDLERS:
+        if isinstance(op, str) and op in handlers.HANDLERS:
             op = op + "?"
         request: dict[str, Any] = {"op": op, "id": rng.randrange(-5, 5)}
         if i % 7 == 0:

@@ -1,0 +1,65 @@
+"""What every command module shares: the client for this invocation, job and array ids
+from the command line, JSON output and the choice of colour.
+
+Its own module (not cli.py) because cli.py imports the command modules to register
+them; helpers there would make each command module import cli.py back.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import click
+
+from gpusched.client import Client
+from gpusched.errors import UsageError
+
+
+def client_of(ctx: click.Context) -> Client:
+    """A client for the socket and config given to the group (--socket, --config)."""
+    obj = ctx.find_root().obj or {}
+    return Client(obj.get("socket"), obj.get("config"))
+
+
+def print_json(value: Any) -> None:
+    click.echo(json.dumps(value, indent=2, sort_keys=False))
+
+
+def use_color() -> bool:
+    """Colour on a terminal only, and never with NO_COLOR set (https://no-color.org)."""
+    import os
+
+    return sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+
+
+def parse_ids(values: Sequence[str]) -> list[int]:
+    return parse_targets(values, arrays_allowed=False)[0]
+
+
+def parse_targets(
+    values: Sequence[str], arrays_allowed: bool = True
+) -> tuple[list[int], list[int]]:
+    """Job ids ("12", "12,13") and array ids ("a3") from the command line."""
+    jobs: list[int] = []
+    arrays: list[int] = []
+    for value in values:
+        for part in value.split(","):
+            text = part.strip()
+            is_array = arrays_allowed and text[:1] in ("a", "A")
+            number = text[1:] if is_array else text
+            if not number.isdigit() or int(number) < 1:
+                expected = "a job id (12) or an array id (a3)" if arrays_allowed else "a job id"
+                raise UsageError(f"invalid id {part!r}: expected {expected}")
+            (arrays if is_array else jobs).append(int(number))
+    return jobs, arrays
+
+
+def expand_arrays(client: Client, values: Sequence[str]) -> list[int]:
+    """Job ids, with each array id replaced by its jobs' ids (one request per array)."""
+    jobs, arrays = parse_targets(values)
+    for array_id in arrays:
+        jobs.extend(job.id for job in client.array(array_id))
+    return jobs
