@@ -218,11 +218,16 @@ def _priority(server: Server, caller: Caller, args: dict[str, Any]) -> Any:
 
 
 def _requeue(server: Server, caller: Caller, args: dict[str, Any]) -> Any:
-    """A new job with the same spec as an ended one (its dependencies are not carried over)."""
+    """A new job with the same spec as an ended one (its dependencies are not carried over).
+
+    An OOM retry's memory is the grown one, and `--retry-oom` is the count the user first
+    gave (the first attempt's), not what the retries left of it.
+    """
     old = server.owned_job(caller, _job_id(args))
     if old.state not in TERMINAL_STATES:
         raise ConflictError(f"job {old.id} is {old.state}: only an ended job can be requeued")
     info = server.store.launch_info(old.id)
+    first = old if old.retry_of is None else server.store.get(old.retry_of)
     new = NewJob(
         user=old.user,
         uid=old.uid,
@@ -236,6 +241,7 @@ def _requeue(server: Server, caller: Caller, args: dict[str, Any]) -> Any:
         name=old.name,
         priority=old.priority,
         time_limit_s=old.time_limit_s,
+        retry_oom=first.retry_oom or 0,
     )
     notify = server.store.notify_command(old.id)
     if notify:

@@ -42,7 +42,16 @@ def test_priority_of_a_waiting_job_can_be_raised(daemon_factory: Any) -> None:
 
 def test_requeue_submits_an_ended_job_again(daemon: RunningDaemon) -> None:
     original = daemon.submit(
-        "--mem", "1G", "--name", "again", "--", sys.executable, "-c", "print('run')"
+        "--mem",
+        "1G",
+        "--name",
+        "again",
+        "--retry-oom",
+        "2",
+        "--",
+        sys.executable,
+        "-c",
+        "print('run')",
     )
     daemon.wait_state(original, {"done"})
     result = daemon.cli("requeue", str(original))
@@ -51,11 +60,12 @@ def test_requeue_submits_an_ended_job_again(daemon: RunningDaemon) -> None:
     assert copy != original
     job = daemon.wait_state(copy, {"done"})
     first = daemon.show(original)
-    assert (job["command"], job["mem"], job["name"], job["cwd"]) == (
+    assert (job["command"], job["mem"], job["name"], job["cwd"], job["retry_oom"]) == (
         first["command"],
         first["mem"],
         first["name"],
         first["cwd"],
+        2,
     )
     assert daemon.log(copy) == "run\n"
     running = daemon.submit("--mem", "1G", "--", "sleep", "30")
