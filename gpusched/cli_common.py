@@ -8,14 +8,18 @@ them; helpers there would make each command module import cli.py back.
 from __future__ import annotations
 
 import json
+import os
 import sys
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from gpusched.client import Client
 from gpusched.errors import UsageError
+
+if TYPE_CHECKING:
+    from click.shell_completion import CompletionItem
 
 
 def client_of(ctx: click.Context) -> Client:
@@ -24,14 +28,49 @@ def client_of(ctx: click.Context) -> Client:
     return Client(obj.get("socket"), obj.get("config"))
 
 
+# Completion runs while the user waits at the prompt: a daemon that is slow to answer
+# must cost a moment, not the shell.
+COMPLETION_TIMEOUT_S = 1.0
+
+
+def job_ids_completer(
+    ended_too: bool = False,
+) -> Callable[[click.Context, click.Parameter, str], list[CompletionItem]]:
+    """Shell completion for job ids: the caller's own active jobs (`ended_too`: and the
+    recently ended ones), each with its state and name.
+
+    Asks the daemon (one `status` request); offers nothing when it cannot be reached.
+    """
+
+    def complete(
+        ctx: click.Context, _param: click.Parameter, incomplete: str
+    ) -> list[CompletionItem]:
+        from click.shell_completion import CompletionItem
+
+        params = ctx.find_root().params
+        try:
+            client = Client(
+                params.get("socket_path"), params.get("config"), timeout_s=COMPLETION_TIMEOUT_S
+            )
+            jobs = client.status(all=ended_too).jobs
+        except Exception:  # completion must never print a traceback into the user's prompt
+            return []
+        uid = os.getuid()
+        return [
+            CompletionItem(str(job.id), help=f"{job.state} {job.name or ' '.join(job.command)}")
+            for job in jobs
+            if uid in (0, job.uid) and str(job.id).startswith(incomplete)
+        ]
+
+    return complete
+
+
 def print_json(value: Any) -> None:
     click.echo(json.dumps(value, indent=2, sort_keys=False))
 
 
 def use_color() -> bool:
     """Colour on a terminal only, and never with NO_COLOR set (https://no-color.org)."""
-    import os
-
     return sys.stdout.isatty() and not os.environ.get("NO_COLOR")
 
 

@@ -13,7 +13,14 @@ from typing import Any
 
 import click
 
-from gpusched.cli_common import client_of, expand_arrays, parse_ids, parse_targets, print_json
+from gpusched.cli_common import (
+    client_of,
+    expand_arrays,
+    job_ids_completer,
+    parse_ids,
+    parse_targets,
+    print_json,
+)
 from gpusched.cli_help import ExampleLastCommand
 from gpusched.cli_usage import auto_mem, follow_retries
 from gpusched.errors import EXIT_FAILED, EXIT_OK, EXIT_TIMEOUT, GpuschedError, UsageError
@@ -176,7 +183,7 @@ _JSON_JOBS = click.option(
 
 
 @click.command(cls=ExampleLastCommand)
-@click.argument("ids", nargs=-1, required=True)
+@click.argument("ids", nargs=-1, required=True, shell_complete=job_ids_completer())
 @_JSON_JOBS
 @click.pass_context
 def cancel(ctx: click.Context, ids: tuple[str, ...], as_json: bool) -> None:
@@ -209,7 +216,7 @@ def cancel(ctx: click.Context, ids: tuple[str, ...], as_json: bool) -> None:
 
 
 @click.command(cls=ExampleLastCommand)
-@click.argument("ids", nargs=-1, required=True)
+@click.argument("ids", nargs=-1, required=True, shell_complete=job_ids_completer())
 @_JSON_JOBS
 @click.pass_context
 def hold(ctx: click.Context, ids: tuple[str, ...], as_json: bool) -> None:
@@ -223,7 +230,7 @@ def hold(ctx: click.Context, ids: tuple[str, ...], as_json: bool) -> None:
 
 
 @click.command(cls=ExampleLastCommand)
-@click.argument("ids", nargs=-1, required=True)
+@click.argument("ids", nargs=-1, required=True, shell_complete=job_ids_completer())
 @_JSON_JOBS
 @click.pass_context
 def release(ctx: click.Context, ids: tuple[str, ...], as_json: bool) -> None:
@@ -237,7 +244,7 @@ def release(ctx: click.Context, ids: tuple[str, ...], as_json: bool) -> None:
 
 
 @click.command(cls=ExampleLastCommand)
-@click.argument("ids", nargs=-1, required=True)
+@click.argument("ids", nargs=-1, required=True, shell_complete=job_ids_completer())
 @click.option(
     "--timeout", type=float, metavar="SECONDS", help="Give up after this long (exit 124)."
 )
@@ -279,7 +286,7 @@ def wait(ctx: click.Context, ids: tuple[str, ...], timeout: float | None, as_jso
 
 
 @click.command(cls=ExampleLastCommand)
-@click.argument("job_id", type=int)
+@click.argument("job_id", type=int, shell_complete=job_ids_completer())
 @click.argument("priority", type=int)
 @click.option("--json", "as_json", is_flag=True, help="Print the job as JSON.")
 @click.pass_context
@@ -298,7 +305,7 @@ def priority(ctx: click.Context, job_id: int, priority: int, as_json: bool = Fal
 
 
 @click.command(cls=ExampleLastCommand)
-@click.argument("job_id", type=int)
+@click.argument("job_id", type=int, shell_complete=job_ids_completer(ended_too=True))
 @click.option("--json", "as_json", is_flag=True, help="Print the new job as JSON.")
 @click.pass_context
 def requeue(ctx: click.Context, job_id: int, as_json: bool) -> None:

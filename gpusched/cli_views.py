@@ -13,7 +13,13 @@ from typing import Any
 
 import click
 
-from gpusched.cli_common import client_of, parse_targets, print_json, use_color
+from gpusched.cli_common import (
+    client_of,
+    job_ids_completer,
+    parse_targets,
+    print_json,
+    use_color,
+)
 from gpusched.cli_help import ExampleLastCommand
 from gpusched.cli_usage import usage_rows, util_text
 from gpusched.errors import GpuschedError, UsageError
@@ -43,7 +49,7 @@ def _job_what(job: Job) -> str:
     metavar="SECONDS",
     help="With --watch: time between redraws.",
 )
-@click.argument("targets", nargs=-1, metavar="[ID|aN]...")
+@click.argument("targets", nargs=-1, metavar="[ID|aN]...", shell_complete=job_ids_completer())
 @click.pass_context
 def status(
     ctx: click.Context,
@@ -130,7 +136,7 @@ def _watch(frame: Callable[[], str], interval: float) -> None:
 
 
 @click.command(cls=ExampleLastCommand)
-@click.argument("job_id", type=int)
+@click.argument("job_id", type=int, shell_complete=job_ids_completer(ended_too=True))
 @click.option("--json", "as_json", is_flag=True, help="Print the job as JSON.")
 @click.pass_context
 def show(ctx: click.Context, job_id: int, as_json: bool) -> None:
@@ -176,7 +182,7 @@ def show(ctx: click.Context, job_id: int, as_json: bool) -> None:
 
 
 @click.command(cls=ExampleLastCommand)
-@click.argument("job_id", type=int)
+@click.argument("job_id", type=int, shell_complete=job_ids_completer(ended_too=True))
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new output until the job ends.")
 @click.pass_context
 def logs(ctx: click.Context, job_id: int, follow: bool) -> None:

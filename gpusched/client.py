@@ -123,14 +123,20 @@ class Client:
         self,
         socket_path: str | os.PathLike[str] | None = None,
         config_path: str | os.PathLike[str] | None = None,
+        *,
+        timeout_s: float | None = None,
     ) -> None:
+        """`timeout_s`: give up on a connect or a reply after this long (default 5 s to
+        connect, 120 s for a reply)."""
         self.socket_path, self._tried = resolve_socket(socket_path, config_path)
+        self._connect_timeout_s = CONNECT_TIMEOUT_S if timeout_s is None else timeout_s
+        self._reply_timeout_s = REPLY_TIMEOUT_S if timeout_s is None else timeout_s
 
     def request(self, op: str, **args: Any) -> Any:
         """Send one request and return its result; raise the daemon's error as a GpuschedError."""
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            sock.settimeout(CONNECT_TIMEOUT_S)
+            sock.settimeout(self._connect_timeout_s)
             try:
                 sock.connect(str(self.socket_path))
             except (FileNotFoundError, ConnectionRefusedError) as exc:
@@ -143,7 +149,7 @@ class Client:
                 raise DaemonUnreachable(
                     f"cannot reach the gpusched daemon at {self.socket_path}: permission denied"
                 ) from None
-            sock.settimeout(REPLY_TIMEOUT_S)
+            sock.settimeout(self._reply_timeout_s)
             sock.sendall(encode({"op": op, **args}))
             frame = read_frame(sock, bytearray(), limit=MAX_REPLY_BYTES)
         except (TimeoutError, ConnectionResetError, BrokenPipeError) as exc:

@@ -60,6 +60,37 @@ def test_bash_completion_script_loads_and_completes_commands_and_options() -> No
         assert f"plain,{expected}" in done.stdout.splitlines(), done.stdout
 
 
+def _complete(words: str, socket_path: Path | str) -> list[str]:
+    """The candidates gpusched offers bash for the last of `words`."""
+    env = {
+        **os.environ,
+        "_GPUSCHED_COMPLETE": "bash_complete",
+        "COMP_WORDS": words,
+        "COMP_CWORD": str(len(words.split()) - (0 if words.endswith(" ") else 1)),
+        "GPUSCHED_SOCKET": str(socket_path),
+    }
+    done = subprocess.run(
+        _gpusched_argv(), env=env, capture_output=True, text=True, timeout=30, check=False
+    )
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    return [line.split(",", 1)[1] for line in done.stdout.splitlines() if line]
+
+
+def test_job_ids_complete_from_the_daemon(daemon: RunningDaemon, tmp_path: Path) -> None:
+    running = daemon.submit("--mem", "1G", "--name", "train", "--", "sleep", "60")
+    ended = daemon.submit("--mem", "1G", "--", "true")
+    daemon.wait_state(ended, {"done"})
+    daemon.wait_state(running, {"running"})
+    # cancel offers active jobs; show (and logs, requeue) recently ended ones too.
+    assert _complete("gpusched cancel ", daemon.socket_path) == [str(running)]
+    assert sorted(_complete("gpusched show ", daemon.socket_path)) == sorted(
+        [str(running), str(ended)]
+    )
+    assert _complete(f"gpusched wait {str(running)[:-1]}", daemon.socket_path) == [str(running)]
+    # No daemon: no candidates, and nothing printed into the prompt.
+    assert _complete("gpusched cancel ", tmp_path / "nobody.sock") == []
+
+
 @pytest.mark.parametrize(
     ("shell", "marker"),
     [("zsh", "#compdef gpusched"), ("fish", "complete --no-files --command gpusched")],
