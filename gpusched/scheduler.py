@@ -246,10 +246,11 @@ class Scheduler(JobEndings):
         self.store.set_pid(job_id, started.pid, started.start_time)
         self.probe.note_job_started(started.pid, uuids, job.mem)
         log.info(
-            "job %s started on GPU %s (pid %s): %s",
+            "job %s started on GPU %s (pid %s, via %s): %s",
             job_id,
             ",".join(map(str, indices)),
             started.pid,
+            started.via,
             " ".join(job.command),
         )
 
