@@ -9,10 +9,12 @@ attributes it uses are the scheduler's own, declared below.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from gpusched.clock import Clock, iso
@@ -33,6 +35,7 @@ from gpusched.models import (
 )
 from gpusched.monitor import UsageMonitor, final_usage, oom_cause, retry_mem
 from gpusched.store import Store
+from gpusched.supervisor import write_json_atomically
 
 log = logging.getLogger("gpusched.scheduler")
 
@@ -70,7 +73,9 @@ class JobEndings:
         retry: Job | None = None,
         retry_refused: str | None = None,
         oom_next_mem: int | None = None,
+        durable: bool = True,
     ) -> bool:
+        """`durable=False`: the ending comes from the supervisor's exit record (Store)."""
         now = iso(self.clock())
         ended = self.store.mark_ended(
             job_id,
@@ -82,6 +87,7 @@ class JobEndings:
             usage=self._final_usage(
                 job_id, state, reason, now, (retry, retry_refused, oom_next_mem)
             ),
+            durable=durable,
         )
         if ended:
             log.info("job %s %s (%s)%s", job_id, state, reason, f": {detail}" if detail else "")
@@ -128,7 +134,7 @@ class JobEndings:
             log.exception("summing up the usage of job %s failed", job_id)
             return None
 
-    def _end_oom(self, job: Job, outcome: Outcome, cause: str) -> None:
+    def _end_oom(self, job: Job, outcome: Outcome, cause: str, durable: bool) -> None:
         """End a job that ran out of GPU memory; queue its retry if it asked for one."""
         mem, why_not = retry_mem(job, self._current_gpus(), self.config.headroom_bytes)
         retry = self.store.add_retry(job.id, mem) if mem is not None and job.retry_oom else None
@@ -144,15 +150,17 @@ class JobEndings:
             retry=retry,
             retry_refused=why_not if retry is None and job.retry_oom else None,
             oom_next_mem=mem,
+            durable=durable,
         )
 
     def _on_job_exit(self, job_id: int) -> None:
         """Called by the launcher's watcher thread when a job's supervisor exits."""
         with self._lock:
-            self._settle(job_id, self.launcher.outcome(job_id))
+            # Not fsynced: the outcome stays on disk in the exit record (see Store).
+            self._settle(job_id, self.launcher.outcome(job_id), durable=False)
         self.wake()
 
-    def _settle(self, job_id: int, outcome: Outcome) -> None:
+    def _settle(self, job_id: int, outcome: Outcome, *, durable: bool = True) -> None:
         job = self.store.get(job_id)
         if job.state != JobState.RUNNING:
             return
@@ -172,26 +180,51 @@ class JobEndings:
                 EndReason.OVERRUN,
                 exit_code=outcome.exit_code,
                 detail=(job.reason_detail or "")[len("overrun: ") :],
+                durable=durable,
             )
             return
         if outcome.kind == "signal" or (outcome.kind == "exit" and outcome.exit_code != 0):
             # The tracker is in memory, or after a restart in the database (a minute old).
             cause = oom_cause(job, self.monitor.tracker(job))
             if cause is not None:
-                self._end_oom(job, outcome, cause)
+                self._end_oom(job, outcome, cause, durable)
                 return
         if outcome.kind == "exit":
             state = JobState.DONE if outcome.exit_code == 0 else JobState.FAILED
-            self._end(job_id, state, EndReason.EXIT, exit_code=outcome.exit_code)
+            self._end(job_id, state, EndReason.EXIT, exit_code=outcome.exit_code, durable=durable)
             return
         state, reason = _ENDINGS.get(outcome.kind, (JobState.LOST, EndReason.LOST))
         detail = outcome.message
         if reason == EndReason.CANCELLED:
             detail = job.reason_detail or "cancelled"  # who cancelled it, noted at the request
-        self._end(job_id, state, reason, exit_code=outcome.exit_code, detail=detail)
+        self._end(
+            job_id, state, reason, exit_code=outcome.exit_code, detail=detail, durable=durable
+        )
+
+    def _rebooted(self) -> bool:
+        """Whether the machine restarted since the last daemon run (then remember this boot).
+
+        Unknown (no record yet) counts as a reboot: the careful answer.
+        """
+        record = self.config.state_dir / "boot.json"
+        try:
+            now = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        except OSError:
+            return True
+        try:
+            before = json.loads(record.read_text()).get("boot_id")
+        except (OSError, ValueError, AttributeError):
+            before = None
+        if before != now:
+            try:
+                write_json_atomically(record, {"boot_id": now})
+            except OSError as exc:
+                log.warning("cannot record the boot id in %s: %s", record, exc)
+        return before != now
 
     def adopt_running(self) -> None:
         """After a (re)start: a `running` row is a claim to verify, not a fact."""
+        rebooted = self._rebooted()
         with self._lock:
             for job in self.store.active():
                 if job.state != JobState.RUNNING:
@@ -211,10 +244,13 @@ class JobEndings:
                     outcome = self.launcher.outcome(job.id)
                     # Died between marking the job running and its supervisor opening the
                     # log (no pid, no supervisor, no exit record, no log): the command never
-                    # ran, so running it now cannot run it twice.
+                    # ran, so running it now cannot run it twice. Not after a reboot: the
+                    # log's creation (and the pid, see Store) may have been lost with the
+                    # page cache, so its absence proves nothing.
                     if (
                         outcome.kind == "lost"
                         and pid is None
+                        and not rebooted
                         and not (job.log_path and os.path.lexists(job.log_path))
                         and self.store.unmark_running(job.id)
                     ):

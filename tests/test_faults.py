@@ -259,3 +259,22 @@ def test_a_zygote_forked_supervisor_whose_pid_was_never_recorded_is_readopted(
     job = daemon.show(job_id)
     assert (job["state"], job["reason"], job["exit_code"]) == ("failed", "exit", 5)
     assert marker.exists()
+
+
+def test_after_a_reboot_a_running_job_without_pid_or_log_is_lost_not_rerun(
+    daemon: RunningDaemon, tmp_path: Path
+) -> None:
+    """A power cut may take the log's creation (and the pid) with the page cache: then
+    the missing log proves nothing, and queueing the job again could run it twice."""
+    ran = tmp_path / "ran"
+    job_id = daemon.submit("--hold", "--mem", "1G", "--", "sh", "-c", f"echo x >> {ran}")
+    daemon.stop(signal.SIGKILL)
+    _mark_running_without_supervisor(daemon, job_id)
+    boot = daemon.root / "state" / "boot.json"
+    assert boot.exists(), "the daemon records the boot it runs in"
+    boot.write_text('{"boot_id": "another boot"}')  # what a reboot looks like
+    daemon.start()
+    job = daemon.show(job_id)
+    assert (job["state"], job["reason"]) == ("lost", "lost"), job
+    assert not ran.exists()
+    assert "never started before the restart" not in daemon.stderr()
