@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +50,7 @@ from sqlalchemy import (
     func,
     inspect,
     select,
+    type_coerce,
     update,
 )
 from sqlalchemy.engine import Connection, Row
@@ -186,14 +188,38 @@ def _usage_values(values: dict[str, Any]) -> dict[str, Any]:
     return dict(values)
 
 
+# A Job's JSON columns, read as text and decoded by _to_job: most are "[]" on a queued
+# job, and SQLAlchemy's JSON type runs json.loads on each (five per job, for every
+# queued job at every scheduling pass: most of a pass's time with a long queue).
+_JSON_FIELDS = tuple(name for name in _JOB_FIELDS if isinstance(jobs.c[name].type, JSON))
+
+
+# The columns a Job shows: everything but the environment, the heaviest column, so that
+# a scheduling pass over thousands of queued jobs does not load their environments. Built
+# once (statements are immutable; .where() makes new ones).
+_JOB_SELECT = select(
+    *(
+        type_coerce(jobs.c[name], Text).label(name) if name in _JSON_FIELDS else jobs.c[name]
+        for name in _JOB_FIELDS
+    )
+)
+
+
 def _job_select() -> Select[Any]:
-    """The columns a Job shows: everything but the environment, the heaviest column, so
-    that a scheduling pass over thousands of queued jobs does not load their environments."""
-    return select(*(jobs.c[name] for name in _JOB_FIELDS))
+    return _JOB_SELECT
+
+
+def _json(text: str | None) -> Any:
+    if text is None:
+        return None
+    return [] if text == "[]" else json.loads(text)
 
 
 def _to_job(row: Row[Any]) -> Job:
-    values = {name: getattr(row, name) for name in _JOB_FIELDS}
+    # By position (rows of _job_select): a scheduling pass converts every queued job.
+    values = dict(zip(_JOB_FIELDS, row, strict=True))
+    for name in _JSON_FIELDS:
+        values[name] = _json(values[name])
     values["state"] = JobState(values["state"])
     return Job(**values)
 
