@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import threading
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,8 @@ class JobEndings:
     end_listeners: list[Callable[[int], None]]
     _lock: Any  # a threading.RLock: ticks and job operations take it
     _ended: threading.Condition
+    _recent_ends: deque[int]
+    _end_count: int
     _reading: Any  # the scheduler's latest GPU reading
     _current_gpus: Callable[[], list[GpuState]]
 
@@ -74,8 +77,12 @@ class JobEndings:
         retry_refused: str | None = None,
         oom_next_mem: int | None = None,
         durable: bool = True,
+        job: Job | None = None,
     ) -> bool:
-        """`durable=False`: the ending comes from the supervisor's exit record (Store)."""
+        """`durable=False`: the ending comes from the supervisor's exit record (Store).
+
+        `job`: its row if the caller has just read it (under the lock), else it is read.
+        """
         now = iso(self.clock())
         ended = self.store.mark_ended(
             job_id,
@@ -85,13 +92,19 @@ class JobEndings:
             exit_code=exit_code,
             detail=detail,
             usage=self._final_usage(
-                job_id, state, reason, now, (retry, retry_refused, oom_next_mem)
+                job or self.store.get(job_id),
+                state,
+                reason,
+                now,
+                (retry, retry_refused, oom_next_mem),
             ),
             durable=durable,
         )
         if ended:
             log.info("job %s %s (%s)%s", job_id, state, reason, f": {detail}" if detail else "")
             with self._ended:
+                self._recent_ends.append(job_id)
+                self._end_count += 1
                 self._ended.notify_all()
             for listener in self.end_listeners:
                 try:
@@ -102,7 +115,7 @@ class JobEndings:
 
     def _final_usage(
         self,
-        job_id: int,
+        job: Job,
         state: JobState,
         reason: EndReason,
         now: str,
@@ -114,7 +127,6 @@ class JobEndings:
         asked for, and the --mem a retry takes.
         """
         try:
-            job = self.store.get(job_id)
             if job.started_at is None:
                 return None
             totals = [g.total_bytes for g in self._reading.gpus if g.uuid in job.gpu_uuids]
@@ -131,7 +143,7 @@ class JobEndings:
                 oom_next_mem=oom[2],
             )
         except Exception:  # the figures must never keep a job from ending
-            log.exception("summing up the usage of job %s failed", job_id)
+            log.exception("summing up the usage of job %s failed", job.id)
             return None
 
     def _end_oom(self, job: Job, outcome: Outcome, cause: str, durable: bool) -> None:
@@ -145,6 +157,7 @@ class JobEndings:
             job.id,
             JobState.FAILED,
             EndReason.OOM,
+            job=job,
             exit_code=outcome.exit_code,
             detail=cause,
             retry=retry,
@@ -181,6 +194,7 @@ class JobEndings:
                 exit_code=outcome.exit_code,
                 detail=(job.reason_detail or "")[len("overrun: ") :],
                 durable=durable,
+                job=job,
             )
             return
         if outcome.kind == "signal" or (outcome.kind == "exit" and outcome.exit_code != 0):
@@ -191,14 +205,22 @@ class JobEndings:
                 return
         if outcome.kind == "exit":
             state = JobState.DONE if outcome.exit_code == 0 else JobState.FAILED
-            self._end(job_id, state, EndReason.EXIT, exit_code=outcome.exit_code, durable=durable)
+            self._end(
+                job_id, state, EndReason.EXIT, exit_code=outcome.exit_code, durable=durable, job=job
+            )
             return
         state, reason = _ENDINGS.get(outcome.kind, (JobState.LOST, EndReason.LOST))
         detail = outcome.message
         if reason == EndReason.CANCELLED:
             detail = job.reason_detail or "cancelled"  # who cancelled it, noted at the request
         self._end(
-            job_id, state, reason, exit_code=outcome.exit_code, detail=detail, durable=durable
+            job_id,
+            state,
+            reason,
+            exit_code=outcome.exit_code,
+            detail=detail,
+            durable=durable,
+            job=job,
         )
 
     def _rebooted(self) -> bool:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -83,6 +85,10 @@ class Scheduler(JobEndings):
         self.launcher = launcher_factory(self._on_job_exit)
         self._lock = threading.RLock()
         self._ended = threading.Condition()
+        # Ids of the latest ended jobs and how many ended in all (under `_ended`): a
+        # waiter re-reads the database only when one of its own jobs may have ended.
+        self._recent_ends: deque[int] = deque(maxlen=1024)
+        self._end_count = 0
         self._reading = _Reading()
         self.monitor = UsageMonitor(store)  # memory and utilization of running jobs
         self.wake: Callable[[], None] = lambda: None  # set by the daemon
@@ -152,8 +158,10 @@ class Scheduler(JobEndings):
                 user_usage=self._fair_share(eligible, gpus),
             )
             by_uuid = {g.uuid: g for g in gpus}
+            by_id = {j.id: j for j in eligible}
             for placement in result.placements:
-                self._launch(placement.job_id, [by_uuid[u] for u in placement.gpu_uuids])
+                gpus_of = [by_uuid[u] for u in placement.gpu_uuids]
+                self._launch(by_id[placement.job_id], gpus_of)
             reasons.update(result.waiting_reasons)
             self._reading = _Reading(gpus, usage, reasons)
             return result
@@ -211,8 +219,9 @@ class Scheduler(JobEndings):
                 eligible.append(job)
         return eligible, reasons
 
-    def _launch(self, job_id: int, gpus: list[GpuState]) -> None:
-        job = self.store.get(job_id)
+    def _launch(self, job: Job, gpus: list[GpuState]) -> None:
+        """Start a queued job (as read by this tick, under the lock) on `gpus`."""
+        job_id = job.id
         info = self.store.launch_info(job_id)
         indices = [g.index for g in gpus]
         uuids = [g.uuid for g in gpus]
@@ -395,13 +404,25 @@ class Scheduler(JobEndings):
 
     def wait_ended(self, job_ids: list[int], timeout_s: float) -> list[Job]:
         """Block until every job has ended or the timeout passes; return their current rows."""
+        deadline = time.monotonic() + max(0.0, timeout_s)
         with self._ended:
-            self._ended.wait_for(
-                lambda: all(
-                    j.state in TERMINAL_STATES for j in self.store.get_many(job_ids).values()
-                ),
-                timeout=max(0.0, timeout_s),
-            )
+            # Every ending goes through _end, which records it under this condition after
+            # its commit: an end is either seen by this read or recorded while we wait.
+            seen = self._end_count
+            pending = {
+                j.id
+                for j in self.store.get_many(job_ids).values()
+                if j.state not in TERMINAL_STATES
+            }
+            while pending and (remaining := deadline - time.monotonic()) > 0:
+                self._ended.wait(remaining)
+                new = self._end_count - seen
+                seen = self._end_count
+                if new > len(self._recent_ends):  # more ended than remembered: read again
+                    found = self.store.get_many(pending).values()
+                    pending = {j.id for j in found if j.state not in TERMINAL_STATES}
+                elif new:
+                    pending.difference_update(list(self._recent_ends)[-new:])
         found = self.store.get_many(job_ids)
         return [found[i] for i in job_ids if i in found]
 
