@@ -54,7 +54,7 @@ from gpusched.policy import (
     gpu_budgets,
     plan,
 )
-from gpusched.store import NewJob, Store
+from gpusched.store import NewJob, Queued, Store
 from gpusched.units import format_size
 
 log = logging.getLogger("gpusched.scheduler")
@@ -126,16 +126,15 @@ class Scheduler(JobEndings):
         """One pass: read GPUs, settle dependencies, plan, launch. Never raises for one bad job."""
         with self._lock:
             gpus = self.read_gpus()
-            active = self.store.active()
-            running = [j for j in active if j.state == JobState.RUNNING]
+            running = self.store.running()
             processes = attribute_processes(gpus, running)
             usage = held_bytes(processes)
             try:
                 self._watch(gpus, running, processes)
             except Exception:  # measuring must never stop scheduling
                 log.exception("watching the running jobs' usage failed")
-            eligible, reasons = self._eligible([j for j in active if j.state == JobState.QUEUED])
-            users = {j.user for j in active}
+            eligible, reasons = self._eligible(self.store.queued())
+            users = {j.user for j in running} | {j.user for j in eligible}
             result = plan(
                 [_slot(g) for g in gpus],
                 [_claim(j, usage) for j in running],
@@ -158,15 +157,14 @@ class Scheduler(JobEndings):
                 user_usage=self._fair_share(eligible, gpus),
             )
             by_uuid = {g.uuid: g for g in gpus}
-            by_id = {j.id: j for j in eligible}
             for placement in result.placements:
                 gpus_of = [by_uuid[u] for u in placement.gpu_uuids]
-                self._launch(by_id[placement.job_id], gpus_of)
+                self._launch(self.store.get(placement.job_id), gpus_of)
             reasons.update(result.waiting_reasons)
             self._reading = _Reading(gpus, usage, reasons)
             return result
 
-    def _fair_share(self, waiting: list[Job], gpus: list[GpuState]) -> dict[str, float]:
+    def _fair_share(self, waiting: list[Queued], gpus: list[GpuState]) -> dict[str, float]:
         """Recent decayed GPU memory-time per user; only needed when users compete."""
         if len({j.user for j in waiting}) < 2:
             return {}
@@ -191,7 +189,7 @@ class Scheduler(JobEndings):
         limits = self.config.limits_for(user)
         return UserCap(limits.max_running, limits.max_mem_bytes)
 
-    def _eligible(self, queued: list[Job]) -> tuple[list[Job], dict[int, str]]:
+    def _eligible(self, queued: list[Queued]) -> tuple[list[Queued], dict[int, str]]:
         """Queued jobs whose dependencies succeeded; end those whose dependencies cannot."""
         reasons: dict[int, str] = {}
         needed = {dep for job in queued for dep in job.after}
@@ -220,7 +218,7 @@ class Scheduler(JobEndings):
         return eligible, reasons
 
     def _launch(self, job: Job, gpus: list[GpuState]) -> None:
-        """Start a queued job (as read by this tick, under the lock) on `gpus`."""
+        """Start a queued job on `gpus`."""
         job_id = job.id
         info = self.store.launch_info(job_id)
         indices = [g.index for g in gpus]

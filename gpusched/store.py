@@ -137,6 +137,30 @@ class NewJob:
 
 
 @dataclass(frozen=True)
+class Queued:
+    """What a scheduling pass needs of a queued job (Store.queued): a pass reads every
+    queued job, so it reads these columns only, not the whole Job."""
+
+    id: int
+    user: str
+    mem: int | None
+    gpus: int
+    priority: int
+    after: list[int]
+    array_id: int | None
+    max_concurrent: int | None
+    retry_of: int | None
+
+
+_QUEUED_SELECT = select(
+    *(
+        type_coerce(jobs.c[f.name], Text) if f.name == "after" else jobs.c[f.name]
+        for f in dataclasses.fields(Queued)
+    )
+).where(jobs.c.state == str(JobState.QUEUED))
+
+
+@dataclass(frozen=True)
 class LaunchInfo:
     """The parts of a job only the launcher needs (never sent to clients)."""
 
@@ -336,6 +360,21 @@ class Store:
                 _job_select().where(jobs.c.state.in_(states)).order_by(jobs.c.id)
             ).all()
         return [_to_job(row) for row in rows]
+
+    def running(self) -> list[Job]:
+        with self.read() as conn:
+            rows = conn.execute(
+                _job_select().where(jobs.c.state == str(JobState.RUNNING)).order_by(jobs.c.id)
+            ).all()
+        return [_to_job(row) for row in rows]
+
+    def queued(self) -> list[Queued]:
+        """Queued jobs (not held), in submit order, with what a scheduling pass needs."""
+        with self.read() as conn:
+            rows = conn.execute(_QUEUED_SELECT.order_by(jobs.c.id)).all()
+        return [
+            Queued(i, u, m, g, p, _json(a), ai, mc, ro) for i, u, m, g, p, a, ai, mc, ro in rows
+        ]
 
     def ended(self, limit: int, user: str | None = None) -> list[Job]:
         """Ended jobs, most recently ended first."""
