@@ -40,7 +40,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from gpusched.supervisor import Supervisor, write_json_atomically
+from gpusched.supervisor import Supervisor
 
 IDENTITY_FILE = "supervisor.json"
 MAX_REQUEST_BYTES = 4096
@@ -122,12 +122,18 @@ def fork_supervisor(spec_path: Path) -> int:
             os._exit(code)
     os.close(hold_r)
     try:
-        ticks = start_ticks(pid)
-        # Not fsynced: the record must outlive the daemon, not a power cut (after one,
-        # every supervisor is gone anyway and the job's fate comes from its exit record).
-        write_json_atomically(
-            spec_path.with_name(IDENTITY_FILE), {"pid": pid, "start_ticks": ticks}, durable=False
-        )
+        record = json.dumps({"pid": pid, "start_ticks": start_ticks(pid)}).encode()
+        # Written in place, not renamed into place: a record cut short (the zygote killed
+        # while writing) does not parse, and every reader (the child itself, the launcher,
+        # adoption) takes that as "not recorded", so the child does not run. Not fsynced:
+        # it must outlive the daemon, not a power cut (after one, every supervisor is gone
+        # and the job's fate comes from its exit record).
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(spec_path.with_name(IDENTITY_FILE), flags, 0o600)
+        try:
+            os.write(fd, record)
+        finally:
+            os.close(fd)
     finally:
         os.close(hold_w)  # lets the child go on (it runs only if the record names it)
     return pid
