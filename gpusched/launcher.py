@@ -215,7 +215,9 @@ class Launcher:
             )
         except OSError as exc:
             ours.close()
-            log.warning("cannot start the supervisor zygote (%s): starting jobs directly", exc)
+            report = log.info if self._zygote_warned else log.warning
+            report("cannot start the supervisor zygote (%s): starting jobs directly", exc)
+            self._zygote_warned = True
             return
         finally:
             theirs.close()
@@ -239,11 +241,6 @@ class Launcher:
                 self._zygote.wait()
             self._zygote = None
 
-    @property
-    def zygote_pid(self) -> int | None:
-        zygote = self._zygote
-        return zygote.pid if zygote is not None and zygote.poll() is None else None
-
     def _fork_via_zygote(self, spec_path: Path) -> int | None:
         """A supervisor forked by the zygote; None: start one directly instead.
 
@@ -252,10 +249,13 @@ class Launcher:
         runs only when its identity is on record), and that one is taken.
         """
         with self._zygote_lock:
+            if self._zygote is None:  # never started, or it could not be: try now
+                self._start_zygote_locked()
             channel = self._zygote_channel
-            if self._zygote is None or channel is None or self._zygote.poll() is not None:
-                why = "not running" if self._zygote is None else "exited"
-                self._zygote_failed(why)
+            if self._zygote is None or channel is None:
+                return None  # could not start one (said so)
+            if self._zygote.poll() is not None:
+                self._zygote_failed("exited")
                 return None
             try:
                 channel.send(os.fsencode(spec_path))

@@ -179,7 +179,10 @@ def serve(control: socket.socket, jobs_dir: Path) -> int:
                 reply = str(fork_supervisor(spec_path))
             except OSError as exc:
                 reply = f"error: {exc}"
-        control.send(reply.encode())
+        try:
+            control.send(reply.encode())
+        except OSError:  # the daemon went away while we forked: the supervisor stands
+            return 0
 
 
 def main(argv: list[str]) -> int:
