@@ -244,6 +244,7 @@ class Scheduler(JobEndings):
             now=iso(self.clock()),
         ):
             return
+        self.monitor.started(job_id)  # before: its end (even a failed start) forgets it
         try:
             started = self.launcher.start(job, env, info.umask, info.gid)
         except StartError as exc:
