@@ -6,8 +6,9 @@ written with `tests.fakenvml.state`. The daemon runs WITHOUT `simulate`, so ever
 goes through pynvml into the driver library, with LD_LIBRARY_PATH and FAKENVML_STATE
 set, `poll_interval: 1s`, and no job. After a settling period, psutil samples the
 daemon process over the measuring window: CPU as (user + system time) / wall time,
-RSS once a second. Baseline in the same run: a bare `python -c` process that imports
-nothing and sleeps, measured the same way.
+RSS once a second. Its supervisor zygote (gpusched.zygote, a separate process the
+daemon starts) is measured the same way after it, and reported on its own. Baseline in
+the same run: a bare `python -c` process that imports nothing and sleeps.
 
     python benchmarks/idle.py [--seconds 20]
 """
@@ -70,6 +71,13 @@ def main() -> None:
             assert daemon.process is not None
             time.sleep(SETTLE_S)
             cpu, rss, rss_max = measure(daemon.process.pid, args.seconds)
+            zygote = next(
+                c
+                for c in psutil.Process(daemon.process.pid).children()
+                if "gpusched.zygote" in c.cmdline()
+            )
+            zygote_cpu, _, zygote_rss = measure(zygote.pid, min(args.seconds, 5.0))
+            zygote_uss = zygote.memory_full_info().uss / 2**20
             reads_before = fakestate.read_state(fake.state_path)
             assert len(reads_before.gpus) == 8
         finally:
@@ -84,6 +92,10 @@ def main() -> None:
             bare.wait()
     print(f"daemon on 8 fake NVML GPUs, poll every 1 s, idle, over {args.seconds:.0f} s:")
     print(f"  CPU {cpu:.2f} % of one core; RSS median {rss:.1f} MB, max {rss_max:.1f} MB")
+    print(
+        f"  its supervisor zygote: CPU {zygote_cpu:.2f} %, RSS {zygote_rss:.1f} MB"
+        f" (unique to it: {zygote_uss:.1f} MB)"
+    )
     print(f"  bare sleeping python: CPU {bare_cpu:.2f} %, RSS {bare_rss:.1f} MB")
     report(
         "idle",
@@ -91,6 +103,7 @@ def main() -> None:
             Figure("daemon CPU, idle, 8 GPUs polled every 1 s", cpu, "% core", "< 1", cpu < 1),
             Figure("daemon RSS, idle (max)", rss_max, "MB", "< 80", rss_max < 80),
             Figure("daemon RSS / bare python RSS", rss_max / bare_rss, "x"),
+            Figure("supervisor zygote RSS, idle (max)", zygote_rss, "MB"),
             Figure("bare python RSS (baseline)", bare_rss, "MB"),
         ],
     )

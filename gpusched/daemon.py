@@ -127,6 +127,8 @@ class Daemon:
             log.exception("scheduling pass failed")
 
     def run(self) -> int:
+        # Warm up the supervisor zygote while we re-adopt jobs and bind the socket.
+        self.scheduler.launcher.start_zygote()
         self.scheduler.adopt_running()
         self.server.bind()
         if self.config.metrics_address is not None:

@@ -9,10 +9,13 @@ attributes it uses are the scheduler's own, declared below.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
+from collections import deque
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from gpusched.clock import Clock, iso
@@ -33,6 +36,7 @@ from gpusched.models import (
 )
 from gpusched.monitor import UsageMonitor, final_usage, oom_cause, retry_mem
 from gpusched.store import Store
+from gpusched.supervisor import write_json_atomically
 
 log = logging.getLogger("gpusched.scheduler")
 
@@ -56,6 +60,8 @@ class JobEndings:
     end_listeners: list[Callable[[int], None]]
     _lock: Any  # a threading.RLock: ticks and job operations take it
     _ended: threading.Condition
+    _recent_ends: deque[int]
+    _end_count: int
     _reading: Any  # the scheduler's latest GPU reading
     _current_gpus: Callable[[], list[GpuState]]
 
@@ -70,7 +76,13 @@ class JobEndings:
         retry: Job | None = None,
         retry_refused: str | None = None,
         oom_next_mem: int | None = None,
+        durable: bool = True,
+        job: Job | None = None,
     ) -> bool:
+        """`durable=False`: the ending comes from the supervisor's exit record (Store).
+
+        `job`: its row if the caller has just read it (under the lock), else it is read.
+        """
         now = iso(self.clock())
         ended = self.store.mark_ended(
             job_id,
@@ -80,12 +92,19 @@ class JobEndings:
             exit_code=exit_code,
             detail=detail,
             usage=self._final_usage(
-                job_id, state, reason, now, (retry, retry_refused, oom_next_mem)
+                job or self.store.get(job_id),
+                state,
+                reason,
+                now,
+                (retry, retry_refused, oom_next_mem),
             ),
+            durable=durable,
         )
         if ended:
             log.info("job %s %s (%s)%s", job_id, state, reason, f": {detail}" if detail else "")
             with self._ended:
+                self._recent_ends.append(job_id)
+                self._end_count += 1
                 self._ended.notify_all()
             for listener in self.end_listeners:
                 try:
@@ -96,7 +115,7 @@ class JobEndings:
 
     def _final_usage(
         self,
-        job_id: int,
+        job: Job,
         state: JobState,
         reason: EndReason,
         now: str,
@@ -108,7 +127,6 @@ class JobEndings:
         asked for, and the --mem a retry takes.
         """
         try:
-            job = self.store.get(job_id)
             if job.started_at is None:
                 return None
             totals = [g.total_bytes for g in self._reading.gpus if g.uuid in job.gpu_uuids]
@@ -125,10 +143,10 @@ class JobEndings:
                 oom_next_mem=oom[2],
             )
         except Exception:  # the figures must never keep a job from ending
-            log.exception("summing up the usage of job %s failed", job_id)
+            log.exception("summing up the usage of job %s failed", job.id)
             return None
 
-    def _end_oom(self, job: Job, outcome: Outcome, cause: str) -> None:
+    def _end_oom(self, job: Job, outcome: Outcome, cause: str, durable: bool) -> None:
         """End a job that ran out of GPU memory; queue its retry if it asked for one."""
         mem, why_not = retry_mem(job, self._current_gpus(), self.config.headroom_bytes)
         retry = self.store.add_retry(job.id, mem) if mem is not None and job.retry_oom else None
@@ -139,20 +157,23 @@ class JobEndings:
             job.id,
             JobState.FAILED,
             EndReason.OOM,
+            job=job,
             exit_code=outcome.exit_code,
             detail=cause,
             retry=retry,
             retry_refused=why_not if retry is None and job.retry_oom else None,
             oom_next_mem=mem,
+            durable=durable,
         )
 
     def _on_job_exit(self, job_id: int) -> None:
         """Called by the launcher's watcher thread when a job's supervisor exits."""
         with self._lock:
-            self._settle(job_id, self.launcher.outcome(job_id))
+            # Not fsynced: the outcome stays on disk in the exit record (see Store).
+            self._settle(job_id, self.launcher.outcome(job_id), durable=False)
         self.wake()
 
-    def _settle(self, job_id: int, outcome: Outcome) -> None:
+    def _settle(self, job_id: int, outcome: Outcome, *, durable: bool = True) -> None:
         job = self.store.get(job_id)
         if job.state != JobState.RUNNING:
             return
@@ -172,26 +193,60 @@ class JobEndings:
                 EndReason.OVERRUN,
                 exit_code=outcome.exit_code,
                 detail=(job.reason_detail or "")[len("overrun: ") :],
+                durable=durable,
+                job=job,
             )
             return
         if outcome.kind == "signal" or (outcome.kind == "exit" and outcome.exit_code != 0):
             # The tracker is in memory, or after a restart in the database (a minute old).
             cause = oom_cause(job, self.monitor.tracker(job))
             if cause is not None:
-                self._end_oom(job, outcome, cause)
+                self._end_oom(job, outcome, cause, durable)
                 return
         if outcome.kind == "exit":
             state = JobState.DONE if outcome.exit_code == 0 else JobState.FAILED
-            self._end(job_id, state, EndReason.EXIT, exit_code=outcome.exit_code)
+            self._end(
+                job_id, state, EndReason.EXIT, exit_code=outcome.exit_code, durable=durable, job=job
+            )
             return
         state, reason = _ENDINGS.get(outcome.kind, (JobState.LOST, EndReason.LOST))
         detail = outcome.message
         if reason == EndReason.CANCELLED:
             detail = job.reason_detail or "cancelled"  # who cancelled it, noted at the request
-        self._end(job_id, state, reason, exit_code=outcome.exit_code, detail=detail)
+        self._end(
+            job_id,
+            state,
+            reason,
+            exit_code=outcome.exit_code,
+            detail=detail,
+            durable=durable,
+            job=job,
+        )
+
+    def _rebooted(self) -> bool:
+        """Whether the machine restarted since the last daemon run (then remember this boot).
+
+        Unknown (no record yet) counts as a reboot: the careful answer.
+        """
+        record = self.config.state_dir / "boot.json"
+        try:
+            now = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        except OSError:
+            return True
+        try:
+            before = json.loads(record.read_text()).get("boot_id")
+        except (OSError, ValueError, AttributeError):
+            before = None
+        if before != now:
+            try:
+                write_json_atomically(record, {"boot_id": now})
+            except OSError as exc:
+                log.warning("cannot record the boot id in %s: %s", record, exc)
+        return before != now
 
     def adopt_running(self) -> None:
         """After a (re)start: a `running` row is a claim to verify, not a fact."""
+        rebooted = self._rebooted()
         with self._lock:
             for job in self.store.active():
                 if job.state != JobState.RUNNING:
@@ -211,10 +266,13 @@ class JobEndings:
                     outcome = self.launcher.outcome(job.id)
                     # Died between marking the job running and its supervisor opening the
                     # log (no pid, no supervisor, no exit record, no log): the command never
-                    # ran, so running it now cannot run it twice.
+                    # ran, so running it now cannot run it twice. Not after a reboot: the
+                    # log's creation (and the pid, see Store) may have been lost with the
+                    # page cache, so its absence proves nothing.
                     if (
                         outcome.kind == "lost"
                         and pid is None
+                        and not rebooted
                         and not (job.log_path and os.path.lexists(job.log_path))
                         and self.store.unmark_running(job.id)
                     ):

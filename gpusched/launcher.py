@@ -1,10 +1,12 @@
 """The launcher: starts jobs under their supervisor, watches them, stops them.
 
 The launcher is the daemon's truth about processes. It writes each job's spec to
-the state directory, starts `python -m gpusched.supervisor` in a new session, and
-watches the supervisor through a pidfd, which works the same for a child and for a
-supervisor adopted after a daemon restart. When a supervisor exits, its outcome is
-read from `exit.json` (written by the supervisor before it exits).
+the state directory, has the zygote (gpusched.zygote) fork a supervisor for it, or
+when the zygote is gone or not answering starts `python -m gpusched.supervisor` in a
+new session itself, and watches the supervisor through a pidfd, which works the same
+for a child, for the zygote's child and for a supervisor adopted after a daemon
+restart. When a supervisor exits, its outcome is read from `exit.json` (written by the
+supervisor before it exits).
 
 A process is identified by its pid *and* its start time: after a restart, a pid
 recorded in the database may belong to an unrelated process by now.
@@ -20,6 +22,7 @@ import pwd
 import selectors
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -32,8 +35,14 @@ import psutil
 
 from gpusched.models import Job
 from gpusched.supervisor import write_json_atomically
+from gpusched.zygote import IDENTITY_FILE, recorded_supervisor
 
 log = logging.getLogger("gpusched.launcher")
+
+# How long a fork request may wait for the zygote's answer. The first request after a
+# (re)start waits for its interpreter to come up (a fraction of a second, more on a
+# loaded machine); a fork itself takes about a millisecond.
+ZYGOTE_REPLY_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -41,6 +50,7 @@ class Started:
     pid: int
     start_time: str
     log_path: str
+    via: str = "popen"  # zygote: forked by the zygote; popen: a fresh interpreter
 
 
 @dataclass(frozen=True)
@@ -81,8 +91,20 @@ def supervisor_command(spec_path: Path) -> list[str]:
     return [sys.executable, "-m", "gpusched.supervisor", str(spec_path)]
 
 
+def zygote_command(control_fd: int, jobs_dir: Path) -> list[str]:
+    return [sys.executable, "-m", "gpusched.zygote", str(control_fd), str(jobs_dir)]
+
+
 def find_supervisor(spec_path: Path) -> int | None:
-    """The pid of a live supervisor for this spec (a daemon may have died before recording it)."""
+    """The pid of a live supervisor for this spec (a daemon may have died before recording it).
+
+    A supervisor forked by the zygote carries the zygote's command line: it is found by
+    the identity the zygote recorded next to the spec; one started directly, by its
+    command line.
+    """
+    pid = recorded_supervisor(spec_path.parent)
+    if pid is not None:
+        return pid
     wanted = supervisor_command(spec_path)[1:]
     for process in psutil.process_iter(["cmdline"]):
         cmdline = process.info.get("cmdline") or []
@@ -162,6 +184,104 @@ class Launcher:
         self._stopping = False
         self._thread = threading.Thread(target=self._watch_loop, name="job-watcher", daemon=True)
         self._thread.start()
+        self._zygote: subprocess.Popen[bytes] | None = None
+        self._zygote_channel: socket.socket | None = None
+        self._zygote_lock = threading.Lock()
+        self._zygote_warned = False
+
+    # -- the zygote ---------------------------------------------------------------------
+
+    def start_zygote(self) -> None:
+        """Start the zygote that forks supervisors (the daemon does at start-up).
+
+        Does not wait for it: the first fork request queues in the channel meanwhile.
+        """
+        with self._zygote_lock:
+            self._start_zygote_locked()
+
+    def _start_zygote_locked(self) -> None:
+        # SOCK_SEQPACKET: one request, one reply, kept apart by the kernel. The daemon's
+        # end is close-on-exec, so no job, hook or fallback supervisor ever holds it.
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self.jobs_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            self._zygote = subprocess.Popen(
+                zygote_command(theirs.fileno(), self.jobs_dir),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                pass_fds=(theirs.fileno(),),
+                close_fds=True,
+                cwd="/",
+            )
+        except OSError as exc:
+            ours.close()
+            report = log.info if self._zygote_warned else log.warning
+            report("cannot start the supervisor zygote (%s): starting jobs directly", exc)
+            self._zygote_warned = True
+            return
+        finally:
+            theirs.close()
+        ours.settimeout(ZYGOTE_REPLY_TIMEOUT_S)
+        self._zygote_channel = ours
+        log.info("supervisor zygote started (pid %s)", self._zygote.pid)
+
+    def _stop_zygote_locked(self, kill: bool) -> None:
+        """Close the channel (the zygote exits on end of file) and reap it."""
+        if self._zygote_channel is not None:
+            self._zygote_channel.close()
+            self._zygote_channel = None
+        if self._zygote is not None:
+            if kill:
+                with contextlib.suppress(ProcessLookupError):
+                    self._zygote.kill()
+            try:
+                self._zygote.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._zygote.kill()
+                self._zygote.wait()
+            self._zygote = None
+
+    def _fork_via_zygote(self, spec_path: Path) -> int | None:
+        """A supervisor forked by the zygote; None: start one directly instead.
+
+        Never both: when the zygote fails mid-request it is killed and reaped first; then
+        the job has a supervisor if and only if the zygote recorded one (a forked child
+        runs only when its identity is on record), and that one is taken.
+        """
+        with self._zygote_lock:
+            if self._zygote is None:  # never started, or it could not be: try now
+                self._start_zygote_locked()
+            channel = self._zygote_channel
+            if self._zygote is None or channel is None:
+                return None  # could not start one (said so)
+            if self._zygote.poll() is not None:
+                self._zygote_failed("exited")
+                return None
+            try:
+                channel.send(os.fsencode(spec_path))
+                reply = channel.recv(4096).decode()
+            except (OSError, UnicodeDecodeError) as exc:  # a timeout is an OSError too
+                reply = f"no answer ({exc.__class__.__name__}: {exc})"
+            if reply.isdigit():
+                return int(reply)
+            if reply.startswith("error: "):  # it answered: no child was left behind
+                log.warning("the supervisor zygote could not fork: %s", reply[7:])
+                return None
+            self._stop_zygote_locked(kill=True)
+            try:
+                recorded = json.loads((spec_path.parent / IDENTITY_FILE).read_text())["pid"]
+            except (OSError, ValueError, KeyError):
+                recorded = None
+            self._zygote_failed(reply or "it closed its channel")
+            return int(recorded) if recorded is not None else None
+
+    def _zygote_failed(self, why: str) -> None:
+        """Start this job directly; start a new zygote for the next one."""
+        self._stop_zygote_locked(kill=True)
+        report = log.info if self._zygote_warned else log.warning
+        report("supervisor zygote %s: starting a job's supervisor directly; restarting it", why)
+        self._zygote_warned = True
+        self._start_zygote_locked()
 
     def job_dir(self, job_id: int) -> Path:
         return self.jobs_dir / str(job_id)
@@ -204,7 +324,20 @@ class Launcher:
             # No fsync: the spec must outlive the daemon, not a power cut; after a crash of
             # the machine the job's fate is settled from its exit record, never its spec.
             write_json_atomically(spec_path, spec, durable=False)
-            with open(job_dir / "supervisor.err", "wb") as supervisor_err:
+        except OSError as exc:
+            raise StartError(f"cannot write the job's spec: {exc}") from None
+        pid = self._fork_via_zygote(spec_path)
+        via = "zygote"
+        if pid is None:
+            pid, via = self._popen_supervisor(spec_path), "popen"
+        start_time = process_start_time(pid) or "0"
+        self.watch(job.id, pid)
+        return Started(pid, start_time, str(log_path), via)
+
+    def _popen_supervisor(self, spec_path: Path) -> int:
+        """Start `python -m gpusched.supervisor SPEC` in a new session: the slow, sure way."""
+        try:
+            with open(spec_path.with_name("supervisor.err"), "wb") as supervisor_err:
                 process = subprocess.Popen(
                     supervisor_command(spec_path),
                     stdin=subprocess.DEVNULL,
@@ -216,11 +349,9 @@ class Launcher:
                 )
         except OSError as exc:
             raise StartError(f"cannot start the job's supervisor: {exc}") from None
-        start_time = process_start_time(process.pid) or "0"
         with self._lock:
             self._children[process.pid] = process
-        self.watch(job.id, process.pid)
-        return Started(process.pid, start_time, str(log_path))
+        return process.pid
 
     def watch(self, job_id: int, pid: int) -> None:
         """Call on_exit(job_id) once `pid` exits (also for supervisors adopted after a restart)."""
@@ -288,7 +419,10 @@ class Launcher:
         return True
 
     def close(self) -> None:
-        """Stop watching. Jobs keep running: their supervisors are in their own sessions."""
+        """Stop watching and the zygote. Jobs keep running: their supervisors are in their
+        own sessions."""
+        with self._zygote_lock:
+            self._stop_zygote_locked(kill=False)
         self._stopping = True
         os.write(self._wake_w, b"x")
         self._thread.join(timeout=5)

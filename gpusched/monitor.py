@@ -92,6 +92,12 @@ class UsageMonitor:
             self._trackers[job.id] = tracker
         return tracker
 
+    def started(self, job_id: int) -> None:
+        """A job this daemon has just started: nothing of it is stored yet, so its tracker
+        starts empty here instead of being looked for in the database at its first poll or
+        at its end (a read per job, on the path from one job's end to the next's start)."""
+        self._trackers.setdefault(job_id, UsageTracker())
+
     def live(self, job_id: int) -> UsageTracker | None:
         return self._trackers.get(job_id)
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -52,7 +54,7 @@ from gpusched.policy import (
     gpu_budgets,
     plan,
 )
-from gpusched.store import NewJob, Store
+from gpusched.store import NewJob, Queued, Store
 from gpusched.units import format_size
 
 log = logging.getLogger("gpusched.scheduler")
@@ -83,6 +85,10 @@ class Scheduler(JobEndings):
         self.launcher = launcher_factory(self._on_job_exit)
         self._lock = threading.RLock()
         self._ended = threading.Condition()
+        # Ids of the latest ended jobs and how many ended in all (under `_ended`): a
+        # waiter re-reads the database only when one of its own jobs may have ended.
+        self._recent_ends: deque[int] = deque(maxlen=1024)
+        self._end_count = 0
         self._reading = _Reading()
         self.monitor = UsageMonitor(store)  # memory and utilization of running jobs
         self.wake: Callable[[], None] = lambda: None  # set by the daemon
@@ -120,8 +126,7 @@ class Scheduler(JobEndings):
         """One pass: read GPUs, settle dependencies, plan, launch. Never raises for one bad job."""
         with self._lock:
             gpus = self.read_gpus()
-            active = self.store.active()
-            running = [j for j in active if j.state == JobState.RUNNING]
+            running = self.store.running()
             processes = attribute_processes(gpus, running)
             usage = held_bytes(processes)
             self.monitor.observe_gpus(gpus)
@@ -129,8 +134,8 @@ class Scheduler(JobEndings):
                 self._watch(gpus, running, processes)
             except Exception:  # measuring must never stop scheduling
                 log.exception("watching the running jobs' usage failed")
-            eligible, reasons = self._eligible([j for j in active if j.state == JobState.QUEUED])
-            users = {j.user for j in active}
+            eligible, reasons = self._eligible(self.store.queued())
+            users = {j.user for j in running} | {j.user for j in eligible}
             result = plan(
                 [_slot(g, self.monitor.gpu_util(g.uuid)) for g in gpus],
                 [_claim(j, usage, self.monitor.job_util(j.id)) for j in running],
@@ -155,12 +160,13 @@ class Scheduler(JobEndings):
             )
             by_uuid = {g.uuid: g for g in gpus}
             for placement in result.placements:
-                self._launch(placement.job_id, [by_uuid[u] for u in placement.gpu_uuids])
+                gpus_of = [by_uuid[u] for u in placement.gpu_uuids]
+                self._launch(self.store.get(placement.job_id), gpus_of)
             reasons.update(result.waiting_reasons)
             self._reading = _Reading(gpus, usage, reasons)
             return result
 
-    def _fair_share(self, waiting: list[Job], gpus: list[GpuState]) -> dict[str, float]:
+    def _fair_share(self, waiting: list[Queued], gpus: list[GpuState]) -> dict[str, float]:
         """Recent decayed GPU memory-time per user; only needed when users compete."""
         if len({j.user for j in waiting}) < 2:
             return {}
@@ -185,7 +191,7 @@ class Scheduler(JobEndings):
         limits = self.config.limits_for(user)
         return UserCap(limits.max_running, limits.max_mem_bytes)
 
-    def _eligible(self, queued: list[Job]) -> tuple[list[Job], dict[int, str]]:
+    def _eligible(self, queued: list[Queued]) -> tuple[list[Queued], dict[int, str]]:
         """Queued jobs whose dependencies succeeded; end those whose dependencies cannot."""
         reasons: dict[int, str] = {}
         needed = {dep for job in queued for dep in job.after}
@@ -213,8 +219,9 @@ class Scheduler(JobEndings):
                 eligible.append(job)
         return eligible, reasons
 
-    def _launch(self, job_id: int, gpus: list[GpuState]) -> None:
-        job = self.store.get(job_id)
+    def _launch(self, job: Job, gpus: list[GpuState]) -> None:
+        """Start a queued job on `gpus`."""
+        job_id = job.id
         info = self.store.launch_info(job_id)
         indices = [g.index for g in gpus]
         uuids = [g.uuid for g in gpus]
@@ -239,6 +246,7 @@ class Scheduler(JobEndings):
             now=iso(self.clock()),
         ):
             return
+        self.monitor.started(job_id)  # before: its end (even a failed start) forgets it
         try:
             started = self.launcher.start(job, env, info.umask, info.gid)
         except StartError as exc:
@@ -248,10 +256,11 @@ class Scheduler(JobEndings):
         self.store.set_pid(job_id, started.pid, started.start_time)
         self.probe.note_job_started(started.pid, uuids, job.mem)
         log.info(
-            "job %s started on GPU %s (pid %s): %s",
+            "job %s started on GPU %s (pid %s, via %s): %s",
             job_id,
             ",".join(map(str, indices)),
             started.pid,
+            started.via,
             " ".join(job.command),
         )
 
@@ -396,13 +405,25 @@ class Scheduler(JobEndings):
 
     def wait_ended(self, job_ids: list[int], timeout_s: float) -> list[Job]:
         """Block until every job has ended or the timeout passes; return their current rows."""
+        deadline = time.monotonic() + max(0.0, timeout_s)
         with self._ended:
-            self._ended.wait_for(
-                lambda: all(
-                    j.state in TERMINAL_STATES for j in self.store.get_many(job_ids).values()
-                ),
-                timeout=max(0.0, timeout_s),
-            )
+            # Every ending goes through _end, which records it under this condition after
+            # its commit: an end is either seen by this read or recorded while we wait.
+            seen = self._end_count
+            pending = {
+                j.id
+                for j in self.store.get_many(job_ids).values()
+                if j.state not in TERMINAL_STATES
+            }
+            while pending and (remaining := deadline - time.monotonic()) > 0:
+                self._ended.wait(remaining)
+                new = self._end_count - seen
+                seen = self._end_count
+                if new > len(self._recent_ends):  # more ended than remembered: read again
+                    found = self.store.get_many(pending).values()
+                    pending = {j.id for j in found if j.state not in TERMINAL_STATES}
+                elif new:
+                    pending.difference_update(list(self._recent_ends)[-new:])
         found = self.store.get_many(job_ids)
         return [found[i] for i in job_ids if i in found]
 

@@ -4,12 +4,33 @@ The database is the truth about jobs. Every state change is one short transactio
 that starts with BEGIN IMMEDIATE, so concurrent writers queue on SQLite's lock (with
 a busy timeout) instead of failing with "database is locked" half way through, and
 a submit is acknowledged only once its row is committed (synchronous=FULL).
+
+Durability, per transaction. In WAL mode synchronous=FULL fsyncs the WAL at every
+commit; NORMAL does not (the WAL is synced at the next FULL commit or checkpoint).
+Either way a commit survives a crash of the daemon (it is in the OS's page cache) and
+the database stays consistent after a power cut; NORMAL only risks that the *last*
+transactions before a power cut or kernel crash are rolled back. Everything a user
+is told (submit, cancel, hold, release, priority) and the claim that a job starts
+(mark_running) are FULL. Two of the daemon's own per-job writes are NORMAL, because
+a power cut kills every job anyway and the next start reconciles what they recorded
+(JobEndings.adopt_running) from facts that do survive:
+- set_pid: lost, the row is `running` with no pid; no supervisor survives a power cut,
+  so the job's fate comes from its exit record (fsynced by the supervisor) or, with
+  none, it is `lost`. It is never queued again after a reboot (adopt_running checks
+  the boot id), since a missing log proves nothing once the page cache is gone.
+- mark_ended with the supervisor's outcome: lost, the row is `running` again; the
+  outcome is re-read from the same fsynced exit record. Only ended_at moves (to the
+  restart) and a notification hook may run a second time.
+Each NORMAL commit is made durable by the next FULL one (the WAL is one sequence), so
+the window is short while jobs flow: the next job's mark_running closes it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Iterable, Sequence
+import json
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +50,7 @@ from sqlalchemy import (
     func,
     inspect,
     select,
+    type_coerce,
     update,
 )
 from sqlalchemy.engine import Connection, Row
@@ -115,6 +137,30 @@ class NewJob:
 
 
 @dataclass(frozen=True)
+class Queued:
+    """What a scheduling pass needs of a queued job (Store.queued): a pass reads every
+    queued job, so it reads these columns only, not the whole Job."""
+
+    id: int
+    user: str
+    mem: int | None
+    gpus: int
+    priority: int
+    after: list[int]
+    array_id: int | None
+    max_concurrent: int | None
+    retry_of: int | None
+
+
+_QUEUED_SELECT = select(
+    *(
+        type_coerce(jobs.c[f.name], Text) if f.name == "after" else jobs.c[f.name]
+        for f in dataclasses.fields(Queued)
+    )
+).where(jobs.c.state == str(JobState.QUEUED))
+
+
+@dataclass(frozen=True)
 class LaunchInfo:
     """The parts of a job only the launcher needs (never sent to clients)."""
 
@@ -166,14 +212,38 @@ def _usage_values(values: dict[str, Any]) -> dict[str, Any]:
     return dict(values)
 
 
+# A Job's JSON columns, read as text and decoded by _to_job: most are "[]" on a queued
+# job, and SQLAlchemy's JSON type runs json.loads on each (five per job, for every
+# queued job at every scheduling pass: most of a pass's time with a long queue).
+_JSON_FIELDS = tuple(name for name in _JOB_FIELDS if isinstance(jobs.c[name].type, JSON))
+
+
+# The columns a Job shows: everything but the environment, the heaviest column, so that
+# a scheduling pass over thousands of queued jobs does not load their environments. Built
+# once (statements are immutable; .where() makes new ones).
+_JOB_SELECT = select(
+    *(
+        type_coerce(jobs.c[name], Text).label(name) if name in _JSON_FIELDS else jobs.c[name]
+        for name in _JOB_FIELDS
+    )
+)
+
+
 def _job_select() -> Select[Any]:
-    """The columns a Job shows: everything but the environment, the heaviest column, so
-    that a scheduling pass over thousands of queued jobs does not load their environments."""
-    return select(*(jobs.c[name] for name in _JOB_FIELDS))
+    return _JOB_SELECT
+
+
+def _json(text: str | None) -> Any:
+    if text is None:
+        return None
+    return [] if text == "[]" else json.loads(text)
 
 
 def _to_job(row: Row[Any]) -> Job:
-    values = {name: getattr(row, name) for name in _JOB_FIELDS}
+    # By position (rows of _job_select): a scheduling pass converts every queued job.
+    values = dict(zip(_JOB_FIELDS, row, strict=True))
+    for name in _JSON_FIELDS:
+        values[name] = _json(values[name])
     values["state"] = JobState(values["state"])
     return Job(**values)
 
@@ -197,8 +267,16 @@ def _sqlite_setup(engine: Engine) -> None:
     def _on_begin(connection: Connection) -> None:
         # Writes take the write lock up front; reads take none (WAL readers never block
         # writers), so a slow status or history cannot make a submit wait.
-        read_only = connection.get_execution_options().get("gpusched_read", False)
-        connection.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
+        options = connection.get_execution_options()
+        if options.get("gpusched_read", False):
+            connection.exec_driver_sql("BEGIN")
+            return
+        # The level sticks to the pooled connection: set it only when it changes.
+        wanted = "NORMAL" if options.get("gpusched_relaxed", False) else "FULL"
+        if connection.info.get("synchronous", "FULL") != wanted:
+            connection.exec_driver_sql(f"PRAGMA synchronous={wanted}")
+            connection.info["synchronous"] = wanted
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
 
 
 def _add_missing_columns(engine: Engine) -> None:
@@ -237,6 +315,17 @@ class Store:
         """A connection for reading: no write lock is taken (see _on_begin)."""
         return self.engine.connect().execution_options(gpusched_read=True)
 
+    @contextlib.contextmanager
+    def _write(self, durable: bool = True) -> Iterator[Connection]:
+        """One write transaction; `durable=False`: synchronous=NORMAL (module docstring)."""
+        if durable:
+            with self.engine.begin() as conn:
+                yield conn
+            return
+        relaxed = self.engine.connect().execution_options(gpusched_relaxed=True)
+        with relaxed as conn, conn.begin():
+            yield conn
+
     # -- reads -------------------------------------------------------------------------
 
     def get(self, job_id: int) -> Job:
@@ -271,6 +360,21 @@ class Store:
                 _job_select().where(jobs.c.state.in_(states)).order_by(jobs.c.id)
             ).all()
         return [_to_job(row) for row in rows]
+
+    def running(self) -> list[Job]:
+        with self.read() as conn:
+            rows = conn.execute(
+                _job_select().where(jobs.c.state == str(JobState.RUNNING)).order_by(jobs.c.id)
+            ).all()
+        return [_to_job(row) for row in rows]
+
+    def queued(self) -> list[Queued]:
+        """Queued jobs (not held), in submit order, with what a scheduling pass needs."""
+        with self.read() as conn:
+            rows = conn.execute(_QUEUED_SELECT.order_by(jobs.c.id)).all()
+        return [
+            Queued(i, u, m, g, p, _json(a), ai, mc, ro) for i, u, m, g, p, a, ai, mc, ro in rows
+        ]
 
     def ended(self, limit: int, user: str | None = None) -> list[Job]:
         """Ended jobs, most recently ended first."""
@@ -345,10 +449,14 @@ class Store:
         return int(result.inserted_primary_key[0])
 
     def _transition(
-        self, job_id: int, from_states: Sequence[JobState], values: dict[str, Any]
+        self,
+        job_id: int,
+        from_states: Sequence[JobState],
+        values: dict[str, Any],
+        durable: bool = True,
     ) -> bool:
         """Apply `values` only if the job is still in one of `from_states` (compare-and-set)."""
-        with self.engine.begin() as conn:
+        with self._write(durable) as conn:
             result = conn.execute(
                 update(jobs)
                 .where(jobs.c.id == job_id, jobs.c.state.in_([str(s) for s in from_states]))
@@ -367,6 +475,9 @@ class Store:
         log_path: str,
         now: str,
     ) -> bool:
+        # Durable (FULL): this is the claim, made before the job's supervisor exists, that
+        # the job may have started. Lost in a power cut, the job would be queued again
+        # and could run twice.
         return self._transition(
             job_id,
             [JobState.QUEUED],
@@ -408,10 +519,13 @@ class Store:
         detail: str | None = None,
         log_path: str | None = None,
         usage: dict[str, Any] | None = None,
+        durable: bool = True,
     ) -> bool:
         """End an active job; False if it had already ended (the first ending wins).
 
         `usage`: the job's final figures (peak, utilization, hints), written with the end.
+        `durable=False` only for an ending read from the supervisor's exit record, which
+        a restart can read again (module docstring).
         """
         values: dict[str, Any] = {
             **_usage_values(usage or {}),
@@ -423,10 +537,11 @@ class Store:
         }
         if log_path is not None:
             values["log_path"] = log_path
-        return self._transition(job_id, list(ACTIVE_STATES), values)
+        return self._transition(job_id, list(ACTIVE_STATES), values, durable)
 
     def set_pid(self, job_id: int, pid: int, pid_start_time: str) -> None:
-        with self.engine.begin() as conn:
+        # Not durable (NORMAL): after a power cut no supervisor is left to find by its pid.
+        with self._write(durable=False) as conn:
             conn.execute(
                 update(jobs)
                 .where(jobs.c.id == job_id)

@@ -222,3 +222,59 @@ def test_a_job_whose_supervisor_vanished_after_opening_its_log_is_lost_not_rerun
     assert (job["state"], job["reason"]) == ("lost", "lost"), job
     assert "supervisor" in job["reason_detail"]
     assert os.path.exists(log_path)
+
+
+def test_a_zygote_forked_supervisor_whose_pid_was_never_recorded_is_readopted(
+    daemon: RunningDaemon, tmp_path: Path
+) -> None:
+    """The daemon died after the zygote forked a job's supervisor, before set_pid.
+
+    That supervisor carries the zygote's command line, not the supervisor's: the restarted
+    daemon finds it by the identity the zygote recorded in the job's directory.
+    """
+    marker = tmp_path / "finished"
+    script = (
+        f"import time; time.sleep(2.5); open({str(marker)!r}, 'w').close(); raise SystemExit(5)"
+    )
+    job_id = daemon.submit("--mem", "1G", "--", sys.executable, "-c", script)
+    daemon.wait_state(job_id, {"running"})
+    deadline = time.monotonic() + 10
+    while (supervisor := daemon.show(job_id)["pid"]) is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert "gpusched.zygote" in psutil.Process(supervisor).cmdline()
+    daemon.stop(signal.SIGKILL)
+    store = _db(daemon)
+    try:  # what the database holds when set_pid never committed
+        with store.engine.begin() as conn:
+            conn.exec_driver_sql(
+                "UPDATE jobs SET pid = NULL, pid_start_time = NULL WHERE id = ?", (job_id,)
+            )
+    finally:
+        store.close()
+    daemon.start()
+    assert f"job {job_id} still running (pid {supervisor}): re-adopted" in daemon.stderr()
+    assert daemon.show(job_id)["pid"] == supervisor
+    assert daemon.cli("wait", str(job_id), timeout=30).returncode == 5
+    job = daemon.show(job_id)
+    assert (job["state"], job["reason"], job["exit_code"]) == ("failed", "exit", 5)
+    assert marker.exists()
+
+
+def test_after_a_reboot_a_running_job_without_pid_or_log_is_lost_not_rerun(
+    daemon: RunningDaemon, tmp_path: Path
+) -> None:
+    """A power cut may take the log's creation (and the pid) with the page cache: then
+    the missing log proves nothing, and queueing the job again could run it twice."""
+    ran = tmp_path / "ran"
+    job_id = daemon.submit("--hold", "--mem", "1G", "--", "sh", "-c", f"echo x >> {ran}")
+    daemon.stop(signal.SIGKILL)
+    _mark_running_without_supervisor(daemon, job_id)
+    boot = daemon.root / "state" / "boot.json"
+    assert boot.exists(), "the daemon records the boot it runs in"
+    boot.write_text('{"boot_id": "another boot"}')  # what a reboot looks like
+    daemon.start()
+    job = daemon.show(job_id)
+    assert (job["state"], job["reason"]) == ("lost", "lost"), job
+    assert not ran.exists()
+    assert "never started before the restart" not in daemon.stderr()

@@ -7,6 +7,7 @@ daemon from processes running as those users, so the daemon sees them through SO
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import stat
 import tempfile
@@ -89,6 +90,9 @@ def test_job_runs_as_its_owner_with_their_groups_home_and_umask(
     assert lines[3] == f"{alice.home} {alice.name} {alice.name} /bin/sh"
     assert lines[4] == "0027"
     assert lines[5] == alice.home
+    # The supervisor was forked by the zygote (the path every job takes while it lives).
+    started = rf"job {job['id']} started on GPU \d+ \(pid {done['pid']}, via zygote\)"
+    assert re.search(started, daemon.stderr()), daemon.stderr()
     log = Path(done["log_path"])
     info = log.lstat()
     assert stat.S_ISREG(info.st_mode)

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import re
+import shutil
 import sqlite3
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -388,3 +392,65 @@ def test_concurrent_compare_and_set_has_one_winner(db_path: Path) -> None:
     finally:
         for s in stores:
             s.close()
+
+
+_SYNC_SCRIPT = """
+import sys
+from gpusched.models import JobState
+from gpusched.store import NewJob, Store
+
+store = Store(f"sqlite:///{sys.argv[1]}")
+new = NewJob(user="a", uid=1, gid=1, command=["true"], cwd="/", env={}, umask=18, mem=None)
+job_id = store.add(new, "t").id
+print("MARK", flush=True)
+store.mark_running(job_id, gpu_indices=[0], gpu_uuids=["u"], pid=None, pid_start_time=None,
+                   log_path="l", now="t")
+print("SETPID", flush=True)
+store.set_pid(job_id, 42, "1.0")
+print("ENDED", flush=True)
+store.mark_ended(job_id, state=JobState.DONE, reason="exit", now="t", durable=False)
+print("CANCEL", flush=True)
+other = store.add(new, "t").id
+print("CANCEL2", flush=True)
+store.mark_ended(other, state=JobState.CANCELLED, reason="cancelled", now="t")
+print("END", flush=True)
+"""
+
+
+def test_only_the_daemons_reconcilable_writes_skip_the_fsync(tmp_path: Path) -> None:
+    """Submits, the start claim and user-requested ends are fsynced; set_pid and an
+    ending read from the supervisor's exit record are not (see the Store docstring)."""
+    strace = shutil.which("strace")
+    if strace is None:
+        pytest.skip("strace is not installed")
+    script = tmp_path / "writes.py"
+    script.write_text(_SYNC_SCRIPT)
+    done = subprocess.run(
+        [
+            strace,
+            "-f",
+            "-e",
+            "trace=fsync,fdatasync,write",
+            "-e",
+            "signal=none",
+            sys.executable,
+            str(script),
+            str(tmp_path / "db"),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    syncs: dict[str, int] = {}
+    phase = "setup"
+    for line in done.stderr.splitlines():
+        printed = re.match(r'write\(1, "([A-Z0-9]+)(\\n)?"', line)
+        if printed:
+            phase = printed.group(1)
+        elif "sync(" in line:
+            syncs[phase] = syncs.get(phase, 0) + 1
+    assert syncs.get("MARK", 0) >= 1, syncs  # mark_running: the start claim
+    assert syncs.get("SETPID", 0) == 0, syncs
+    assert syncs.get("ENDED", 0) == 0, syncs  # ended from the exit record
+    assert syncs.get("CANCEL", 0) >= 1, syncs  # a submit
+    assert syncs.get("CANCEL2", 0) >= 1, syncs  # a cancel the user was told about

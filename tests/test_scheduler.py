@@ -1,0 +1,84 @@
+"""Scheduler.wait_ended against a real store: it sees every ending, however many end.
+
+A waiter re-reads the database only when one of its jobs may have ended (the scheduler
+remembers the ids of the latest endings); when more ended than it remembers, it reads.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpusched.config import load_config
+from gpusched.gpus import SimulatedProbe
+from gpusched.launcher import Launcher
+from gpusched.models import EndReason, JobState
+from gpusched.scheduler import Scheduler
+from gpusched.store import NewJob, Store
+
+
+@pytest.fixture
+def scheduler(tmp_path: Path) -> Iterator[Scheduler]:
+    config = load_config(
+        None,
+        {
+            "socket": str(tmp_path / "sock"),
+            "database": f"sqlite:///{tmp_path / 'db'}",
+            "state_dir": str(tmp_path / "state"),
+            "log_dir": str(tmp_path / "logs"),
+            "simulate": "1x24G",
+        },
+    )
+    store = Store(config.database_url)
+    made = Scheduler(
+        config,
+        store,
+        SimulatedProbe.from_spec("1x24G"),
+        lambda on_exit: Launcher(config.state_dir, config.log_dir, 1.0, on_exit),
+    )
+    yield made
+    made.launcher.close()
+    store.close()
+
+
+def _queue(scheduler: Scheduler, n: int) -> list[int]:
+    new = NewJob(
+        user="alice", uid=1000, gid=1000, command=["true"], cwd="/", env={}, umask=18, mem=None
+    )
+    return [job.id for job in scheduler.store.add_many([new] * n, "t", as_array=False)]
+
+
+@pytest.mark.parametrize("others", [10, 3000])  # fewer, and more, than it remembers
+def test_wait_sees_its_jobs_end_among_many_others(scheduler: Scheduler, others: int) -> None:
+    ids = _queue(scheduler, others + 3)
+    mine = [ids[5], ids[-1], ids[len(ids) // 2]]
+
+    def end_all() -> None:
+        time.sleep(0.2)  # the waiter is waiting by now
+        # All end before the waiter runs again (as when it is starved of CPU): it must
+        # notice that it missed some.
+        with scheduler._ended:
+            for job_id in ids:
+                scheduler._end(job_id, JobState.CANCELLED, EndReason.CANCELLED, detail="test")
+
+    ender = threading.Thread(target=end_all)
+    ender.start()
+    began = time.monotonic()
+    jobs = scheduler.wait_ended(mine, timeout_s=30)
+    ender.join()
+    assert time.monotonic() - began < 20  # woken by the endings, not the timeout
+    assert [j.id for j in jobs] == mine
+    assert all(j.state == JobState.CANCELLED for j in jobs), jobs
+
+
+def test_wait_returns_at_the_timeout_with_jobs_still_queued(scheduler: Scheduler) -> None:
+    ids = _queue(scheduler, 2)
+    scheduler._end(ids[0], JobState.CANCELLED, EndReason.CANCELLED, detail="test")
+    began = time.monotonic()
+    jobs = scheduler.wait_ended(ids, timeout_s=0.3)
+    assert 0.25 < time.monotonic() - began < 5
+    assert [j.state for j in jobs] == [JobState.CANCELLED, JobState.QUEUED]
