@@ -1,0 +1,146 @@
+"""The store's reads: jobs by id, by state, by array, for fair share and for notifications.
+
+Every read runs on `Database.read()`, which takes no write lock, so a slow status or
+history cannot make a submit wait.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from sqlalchemy import Text, func, select, type_coerce
+
+from gpusched.errors import NotFoundError
+from gpusched.models import ACTIVE_STATES, TERMINAL_STATES, Job, JobState
+from gpusched.store_db import Database, decode_json, job_select, jobs, to_job
+
+
+@dataclass(frozen=True)
+class Queued:
+    """What a scheduling pass needs of a queued job (Store.queued): a pass reads every
+    queued job, so it reads these columns only, not the whole Job."""
+
+    id: int
+    user: str
+    mem: int | None
+    gpus: int
+    priority: int
+    after: list[int]
+    array_id: int | None
+    max_concurrent: int | None
+    retry_of: int | None
+
+
+_QUEUED_SELECT = select(
+    *(
+        type_coerce(jobs.c[f.name], Text) if f.name == "after" else jobs.c[f.name]
+        for f in dataclasses.fields(Queued)
+    )
+).where(jobs.c.state == str(JobState.QUEUED))
+
+
+@dataclass(frozen=True)
+class LaunchInfo:
+    """The parts of a job only the launcher needs (never sent to clients)."""
+
+    gid: int
+    env: dict[str, str]
+    umask: int
+    pid_start_time: str | None
+
+
+class JobQueries(Database):
+    def get(self, job_id: int) -> Job:
+        with self.read() as conn:
+            row = conn.execute(job_select().where(jobs.c.id == job_id)).first()
+        if row is None:
+            raise NotFoundError(f"no job {job_id}")
+        return to_job(row)
+
+    def get_many(self, job_ids: Iterable[int]) -> dict[int, Job]:
+        ids = list(job_ids)
+        with self.read() as conn:
+            rows = conn.execute(job_select().where(jobs.c.id.in_(ids))).all()
+        return {row.id: to_job(row) for row in rows}
+
+    def launch_info(self, job_id: int) -> LaunchInfo:
+        with self.read() as conn:
+            row = conn.execute(
+                select(jobs.c.gid, jobs.c.env, jobs.c.umask, jobs.c.pid_start_time).where(
+                    jobs.c.id == job_id
+                )
+            ).first()
+        if row is None:
+            raise NotFoundError(f"no job {job_id}")
+        return LaunchInfo(row.gid, dict(row.env), row.umask, row.pid_start_time)
+
+    def active(self) -> list[Job]:
+        """Queued, held and running jobs, in submit order."""
+        states = [str(s) for s in ACTIVE_STATES]
+        with self.read() as conn:
+            rows = conn.execute(
+                job_select().where(jobs.c.state.in_(states)).order_by(jobs.c.id)
+            ).all()
+        return [to_job(row) for row in rows]
+
+    def running(self) -> list[Job]:
+        with self.read() as conn:
+            rows = conn.execute(
+                job_select().where(jobs.c.state == str(JobState.RUNNING)).order_by(jobs.c.id)
+            ).all()
+        return [to_job(row) for row in rows]
+
+    def queued(self) -> list[Queued]:
+        """Queued jobs (not held), in submit order, with what a scheduling pass needs."""
+        with self.read() as conn:
+            rows = conn.execute(_QUEUED_SELECT.order_by(jobs.c.id)).all()
+        return [
+            Queued(i, u, m, g, p, decode_json(a), ai, mc, ro)
+            for i, u, m, g, p, a, ai, mc, ro in rows
+        ]
+
+    def ended(self, limit: int, user: str | None = None) -> list[Job]:
+        """Ended jobs, most recently ended first."""
+        query = job_select().where(jobs.c.state.in_([str(s) for s in TERMINAL_STATES]))
+        if user is not None:
+            query = query.where(jobs.c.user == user)
+        query = query.order_by(jobs.c.ended_at.desc(), jobs.c.id.desc()).limit(limit)
+        with self.read() as conn:
+            return [to_job(row) for row in conn.execute(query).all()]
+
+    def count_waiting(self, uid: int) -> int:
+        """How many of a user's jobs are queued or held (for `max_queued`)."""
+        waiting = [str(JobState.QUEUED), str(JobState.HELD)]
+        query = select(func.count()).where(jobs.c.uid == uid, jobs.c.state.in_(waiting))
+        with self.read() as conn:
+            return int(conn.execute(query).scalar_one())
+
+    def count(self) -> int:
+        with self.read() as conn:
+            return int(conn.execute(select(func.count()).select_from(jobs)).scalar_one())
+
+    def array_jobs(self, array_id: int) -> list[Job]:
+        with self.read() as conn:
+            rows = conn.execute(
+                job_select().where(jobs.c.array_id == array_id).order_by(jobs.c.id)
+            ).all()
+        return [to_job(row) for row in rows]
+
+    def usage_since(self, since: str) -> list[Job]:
+        """Jobs that held GPUs at some point after `since`: for fair share."""
+        with self.read() as conn:
+            rows = conn.execute(
+                job_select().where(
+                    jobs.c.started_at.is_not(None),
+                    (jobs.c.ended_at.is_(None)) | (jobs.c.ended_at >= since),
+                )
+            ).all()
+        return [to_job(row) for row in rows]
+
+    def notify_command(self, job_id: int) -> list[str] | None:
+        """The argv `submit --notify` stored for this job, if any."""
+        with self.read() as conn:
+            value = conn.execute(select(jobs.c.notify).where(jobs.c.id == job_id)).scalar()
+        return list(value) if value else None
