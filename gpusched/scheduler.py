@@ -17,7 +17,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 from gpusched.attribution import attribute_processes, held_bytes
 from gpusched.clock import Clock, iso, utc_now
@@ -44,9 +44,7 @@ from gpusched.models import (
 )
 from gpusched.monitor import UsageMonitor
 from gpusched.policy import (
-    GpuSlot,
     Plan,
-    RunningClaim,
     UsageSpan,
     UserCap,
     WaitingJob,
@@ -54,6 +52,7 @@ from gpusched.policy import (
     gpu_budgets,
     plan,
 )
+from gpusched.policy_inputs import capacity_bytes, epoch_seconds, gpu_slot, running_claim
 from gpusched.store import NewJob, Queued, Store
 from gpusched.units import format_size
 
@@ -137,8 +136,8 @@ class Scheduler(JobEndings):
             eligible, reasons = self._eligible(self.store.queued())
             users = {j.user for j in running} | {j.user for j in eligible}
             result = plan(
-                [_slot(g, self.monitor.gpu_util(g.uuid)) for g in gpus],
-                [_claim(j, usage, self.monitor.job_util(j.id)) for j in running],
+                [gpu_slot(g, self.monitor.gpu_util(g.uuid)) for g in gpus],
+                [running_claim(j, usage, self.monitor.job_util(j.id)) for j in running],
                 [
                     WaitingJob(
                         j.id,
@@ -179,8 +178,8 @@ class Scheduler(JobEndings):
             UsageSpan(
                 job.user,
                 sum(job.mem if job.mem is not None else totals.get(u, 0) for u in job.gpu_uuids),
-                _seconds(job.started_at),
-                None if job.ended_at is None else _seconds(job.ended_at),
+                epoch_seconds(job.started_at),
+                None if job.ended_at is None else epoch_seconds(job.ended_at),
             )
             for job in self.store.usage_since(since)
             if job.started_at is not None
@@ -319,8 +318,8 @@ class Scheduler(JobEndings):
         if new.gpus > len(gpus):
             raise UsageError(f"--gpus {new.gpus}: this server has only {len(gpus)} GPU(s)")
         if new.mem is not None:
-            largest = max(gpus, key=lambda g: (_capacity(g), -g.index))
-            most = _capacity(largest) - self.config.headroom_bytes
+            largest = max(gpus, key=lambda g: (capacity_bytes(g), -g.index))
+            most = capacity_bytes(largest) - self.config.headroom_bytes
             if new.mem > most:
                 raise UsageError(
                     f"--mem {format_size(new.mem)} is more than any GPU can give: the largest is"
@@ -448,8 +447,10 @@ class Scheduler(JobEndings):
 
     def gpu_reports(self, running: list[Job]) -> list[GpuReport]:
         reading = self._reading
-        claims = [_claim(j, reading.usage) for j in running]
-        budgets = gpu_budgets([_slot(g) for g in reading.gpus], claims, self.config.headroom_bytes)
+        claims = [running_claim(j, reading.usage) for j in running]
+        budgets = gpu_budgets(
+            [gpu_slot(g) for g in reading.gpus], claims, self.config.headroom_bytes
+        )
         reports = []
         for gpu in reading.gpus:
             budget = budgets[gpu.uuid]
@@ -474,40 +475,3 @@ class Scheduler(JobEndings):
                 )
             )
         return reports
-
-
-def _capacity(gpu: GpuState) -> int:
-    """What jobs could ever use on a GPU: its total less what the driver keeps for itself.
-
-    NVML's v2 memory call leaves driver-reserved memory out of both used and free, so it
-    is the gap between used + free and the total; a lost GPU reads 0 and 0.
-    """
-    seen = gpu.used_bytes + gpu.free_bytes
-    return seen if seen > 0 else gpu.total_bytes
-
-
-def _slot(gpu: GpuState, util: float | None = None) -> GpuSlot:
-    return GpuSlot(
-        gpu.uuid,
-        gpu.index,
-        gpu.total_bytes,
-        gpu.free_bytes,
-        usable=gpu.health == GpuHealth.OK,
-        util_percent=util,
-    )
-
-
-def _claim(job: Job, usage: dict[int, dict[str, int]], util: float | None = None) -> RunningClaim:
-    return RunningClaim(
-        job.id,
-        tuple(job.gpu_uuids),
-        job.mem,
-        usage.get(job.id, {}),
-        job.user,
-        job.array_id,
-        util_percent=util,
-    )
-
-
-def _seconds(moment: str | None) -> float:
-    return datetime.fromisoformat(moment).timestamp() if moment else 0.0
