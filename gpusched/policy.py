@@ -55,6 +55,7 @@ The rules, in order:
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -183,14 +184,19 @@ def _load(slot: GpuSlot, on_gpu: Sequence[RunningClaim], new_job_util: float) ->
     return max(slot.util_percent or 0.0, known) + new_job_util * unmeasured
 
 
-def _fits(
-    gpu: _Gpu, job: WaitingJob, max_jobs_per_gpu: int | None, busy_util: float | None = None
-) -> bool:
+def _open(gpu: _Gpu, max_jobs_per_gpu: int | None, busy_util: float | None) -> bool:
+    """Whether a GPU may take a new job at all, whatever its size."""
     if not gpu.slot.usable or gpu.whole:
         return False
     if max_jobs_per_gpu is not None and gpu.job_count >= max_jobs_per_gpu:
         return False
-    if busy_util is not None and gpu.load >= busy_util:
+    return busy_util is None or gpu.load < busy_util
+
+
+def _fits(
+    gpu: _Gpu, job: WaitingJob, max_jobs_per_gpu: int | None, busy_util: float | None = None
+) -> bool:
+    if not _open(gpu, max_jobs_per_gpu, busy_util):
         return False
     if job.mem_bytes is None:
         return gpu.job_count == 0
@@ -342,6 +348,7 @@ def plan(
     usage = user_usage or {}
     # Jobs that ask for the same memory get the same answer until a placement or a claim
     # changes the GPUs: memoised, a pass over 10,000 waiting jobs stays cheap.
+    room: list[_Gpu] | None = None  # GPUs open to a new job, most available first
     fits_by_mem: dict[int | None, list[_Gpu]] = {}
     why_by_need: dict[tuple[int | None, int], str] = {}
 
@@ -361,17 +368,25 @@ def plan(
                 f"user limit: {job.user} has {count} running (max_running {cap.max_running})"
             )
             continue
-        candidates = fits_by_mem.get(job.mem_bytes)
-        if candidates is None:
-            candidates = sorted(
+        if room is None:
+            room = sorted(
                 (
                     g
                     for g in state
-                    if g.slot.uuid not in claimed_by and _fits(g, job, max_jobs_per_gpu, busy_util)
+                    if g.slot.uuid not in claimed_by and _open(g, max_jobs_per_gpu, busy_util)
                 ),
                 key=_by_room,
             )
-            fits_by_mem[job.mem_bytes] = candidates
+        if job.mem_bytes is None:
+            candidates = fits_by_mem.get(None)
+            if candidates is None:
+                candidates = fits_by_mem[None] = [g for g in room if g.job_count == 0]
+        else:
+            # `room` is sorted by available memory, most first: the GPUs this job fits on
+            # are a prefix of it, and its first `gpu_count` are the ones rule 3 picks.
+            enough = len(room) >= job.gpu_count
+            fits = enough and room[job.gpu_count - 1].available >= job.mem_bytes
+            candidates = room if fits else []
         if len(candidates) >= job.gpu_count:
             chosen = candidates[: job.gpu_count]
             over = _over_mem_cap(job, cap, user_bytes.get(job.user, 0), chosen)
@@ -383,6 +398,7 @@ def plan(
                 job.mem_bytes, chosen
             )
             for gpu in chosen:
+                room.remove(gpu)
                 gpu.job_count += 1
                 gpu.job_ids.append(job.job_id)
                 gpu.load += new_job_util
@@ -391,6 +407,10 @@ def plan(
                     gpu.available = 0
                 else:
                     gpu.available -= job.mem_bytes
+                # Only the chosen GPUs changed: each goes back to its new place, if any
+                # (a sort of all of them after every placement was most of a long pass).
+                if _open(gpu, max_jobs_per_gpu, busy_util):
+                    bisect.insort(room, gpu, key=_by_room)
             if job.array_id is not None:
                 array_running[job.array_id] = array_running.get(job.array_id, 0) + 1
             placements.append(Placement(job.job_id, tuple(g.slot.uuid for g in chosen)))
@@ -413,6 +433,7 @@ def plan(
             elif len(hopeful) >= job.gpu_count:
                 for gpu in hopeful[: job.gpu_count]:
                     claimed_by[gpu.slot.uuid] = job.job_id
+                room = None
                 fits_by_mem.clear()
                 why_by_need.clear()
             else:
