@@ -237,15 +237,28 @@ def _need(job: WaitingJob) -> str:
     return f"{size} on each of {job.gpu_count} GPUs"
 
 
-def _why_not(
-    job: WaitingJob, gpus: list[_Gpu], claimed_by: dict[str, int], busy_util: float | None
-) -> str:
-    usable = [g for g in gpus if g.slot.usable]
-    if len(usable) < job.gpu_count:
-        return f"needs {job.gpu_count} GPUs, {len(usable)} usable"
-    free = [g for g in usable if g.slot.uuid not in claimed_by]
-    held = sorted({claimed_by[g.slot.uuid] for g in usable if g.slot.uuid in claimed_by})
-    behind = f"; GPUs kept for job {', '.join(map(str, held))} ahead of it" if held else ""
+@dataclass(frozen=True)
+class _Claims:
+    """What the waiting reasons need to know of the cards kept for a blocked job (rule 5);
+    it changes only when a job claims cards, so it is built once per claim, not per job."""
+
+    usable_count: int
+    free: list[_Gpu]  # usable and kept for nobody
+    behind: str  # "; GPUs kept for job N ahead of it", or ""
+
+    @classmethod
+    def of(cls, gpus: list[_Gpu], claimed_by: dict[str, int]) -> _Claims:
+        usable = [g for g in gpus if g.slot.usable]
+        free = [g for g in usable if g.slot.uuid not in claimed_by]
+        held = sorted({claimed_by[g.slot.uuid] for g in usable if g.slot.uuid in claimed_by})
+        behind = f"; GPUs kept for job {', '.join(map(str, held))} ahead of it" if held else ""
+        return cls(len(usable), free, behind)
+
+
+def _why_not(job: WaitingJob, claims: _Claims, busy_util: float | None) -> str:
+    if claims.usable_count < job.gpu_count:
+        return f"needs {job.gpu_count} GPUs, {claims.usable_count} usable"
+    free, behind = claims.free, claims.behind
     if busy_util is not None:
         busy = [g for g in free if _fits(g, job, None) and g.load >= busy_util]
         if busy:
@@ -256,9 +269,14 @@ def _why_not(
             )
     if job.mem_bytes is None:
         return f"needs {_need(job)}; every usable GPU runs gpusched jobs{behind}"
-    best = max(free, key=lambda g: (g.available, -g.slot.index), default=None)
-    if best is None:
+    if not free:
         return f"needs {_need(job)}{behind}"
+    best = free[0]
+    for gpu in free:  # the most available, ties to the lowest index
+        if gpu.available > best.available or (
+            gpu.available == best.available and gpu.slot.index < best.slot.index
+        ):
+            best = gpu
     return (
         f"needs {_need(job)}, most available is {format_size(best.available)}"
         f" on GPU {best.slot.index}{behind}"
@@ -349,6 +367,7 @@ def plan(
     # Jobs that ask for the same memory get the same answer until a placement or a claim
     # changes the GPUs: memoised, a pass over 10,000 waiting jobs stays cheap.
     room: list[_Gpu] | None = None  # GPUs open to a new job, most available first
+    claims: _Claims | None = None  # for waiting reasons; None: build it when next needed
     fits_by_mem: dict[int | None, list[_Gpu]] = {}
     why_by_need: dict[tuple[int | None, int], str] = {}
 
@@ -419,7 +438,9 @@ def plan(
             continue
         need = (job.mem_bytes, job.gpu_count)
         if need not in why_by_need:
-            why_by_need[need] = _why_not(job, state, claimed_by, busy_util)
+            if claims is None:
+                claims = _Claims.of(state, claimed_by)
+            why_by_need[need] = _why_not(job, claims, busy_util)
         reasons[job.job_id] = why_by_need[need]
         if not claimed_by:
             open_gpus = list(state)
@@ -434,6 +455,7 @@ def plan(
                 for gpu in hopeful[: job.gpu_count]:
                     claimed_by[gpu.slot.uuid] = job.job_id
                 room = None
+                claims = None
                 fits_by_mem.clear()
                 why_by_need.clear()
             else:
