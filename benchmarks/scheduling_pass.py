@@ -26,12 +26,9 @@ from pathlib import Path
 from _common import Figure, GiB, median_time, print_conditions, report
 from packing import make_trace
 
-from gpusched.config import load_config
-from gpusched.gpus import SimulatedProbe
-from gpusched.launcher import Launcher
 from gpusched.policy import GpuSlot, RunningClaim, WaitingJob, plan
-from gpusched.scheduler import Scheduler
-from gpusched.store import Store, jobs
+from gpusched.store import jobs
+from tests.daemon_harness import in_process_scheduler
 
 RUNS = 20
 TICK_RUNS = 5
@@ -58,19 +55,9 @@ def policy_input(
 
 
 def time_tick(n_waiting: int, n_gpus: int, root: Path) -> tuple[float, int]:
-    config = load_config(
-        None,
-        {
-            "socket": str(root / "sock"),
-            "database": f"sqlite:///{root / 'gpusched.db'}",
-            "state_dir": str(root / "state"),
-            "log_dir": str(root / "logs"),
-            "simulate": f"{n_gpus}x80G",
-        },
-    )
-    store = Store(config.database_url)
-    probe = SimulatedProbe.from_spec(config.simulate or "")
-    uuids = [g.uuid for g in probe.snapshot()]
+    scheduler = in_process_scheduler(root, f"{n_gpus}x80G")
+    store = scheduler.store
+    uuids = [g.uuid for g in scheduler.probe.snapshot()]
     trace = make_trace(7, n_waiting, 3600.0)
     env = dict(os.environ)
     base = {"user": "bench", "uid": os.getuid(), "gid": os.getgid(), "cwd": str(root)}
@@ -116,10 +103,6 @@ def time_tick(n_waiting: int, n_gpus: int, root: Path) -> tuple[float, int]:
         conn.execute(jobs.insert(), rows)
         conn.execute(jobs.insert(), queued)
 
-    def launcher_factory(on_exit):
-        return Launcher(config.state_dir, config.log_dir, config.kill_grace_s, on_exit)
-
-    scheduler = Scheduler(config, store, probe, launcher_factory)
     logging.getLogger("gpusched").setLevel(logging.WARNING)
     try:
         seconds, _ = median_time(scheduler.tick, TICK_RUNS, warmup=1)

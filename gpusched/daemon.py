@@ -18,7 +18,6 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -31,7 +30,6 @@ from gpusched.config import Config, load_config
 from gpusched.errors import GpuschedError
 from gpusched.gpus import Probe, SimulatedProbe
 from gpusched.hooks import HookRunner
-from gpusched.launcher import Launcher
 from gpusched.scheduler import Scheduler
 from gpusched.server import Server
 from gpusched.store import Store
@@ -94,11 +92,7 @@ class Daemon:
         _prepare_dirs(config)
         self.store = Store(config.database_url)
         log.info("database %s, socket %s", config.database_url, config.socket_path)
-
-        def launcher_factory(on_exit: Callable[[int], None]) -> Launcher:
-            return Launcher(config.state_dir, config.log_dir, config.kill_grace_s, on_exit)
-
-        self.scheduler = Scheduler(config, self.store, self.probe, launcher_factory)
+        self.scheduler = Scheduler(config, self.store, self.probe)
         self.scheduler.wake = self.wake
         self.hooks = HookRunner(self.store, lambda: self.config)
         self.scheduler.end_listeners.append(self.hooks.job_ended)

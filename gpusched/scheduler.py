@@ -74,14 +74,15 @@ class Scheduler(JobEndings):
         config: Config,
         store: Store,
         probe: Probe,
-        launcher_factory: Callable[[Callable[[int], None]], Launcher],
         clock: Clock = utc_now,
     ) -> None:
         self.config = config
         self.store = store
         self.probe = probe
         self.clock = clock
-        self.launcher = launcher_factory(self._on_job_exit)
+        self.launcher = Launcher(
+            config.state_dir, config.log_dir, config.kill_grace_s, self._on_job_exit
+        )
         self._lock = threading.RLock()
         self._ended = threading.Condition()
         # Ids of the latest ended jobs and how many ended in all (under `_ended`): a

@@ -20,8 +20,34 @@ import psutil
 import yaml
 
 from gpusched.client import Client
+from gpusched.config import load_config
+from gpusched.gpus import SimulatedProbe
+from gpusched.scheduler import Scheduler
+from gpusched.store import Store
 
 START_TIMEOUT_S = 15.0
+
+
+def directory_settings(root: Path, simulate: str | None = "2x24G") -> dict[str, Any]:
+    """Config keys that keep a daemon's socket, database, state and logs under `root`."""
+    settings: dict[str, Any] = {
+        "socket": str(root / "gpusched.sock"),
+        "database": f"sqlite:///{root / 'gpusched.db'}",
+        "state_dir": str(root / "state"),
+        "log_dir": str(root / "logs"),
+    }
+    if simulate:
+        settings["simulate"] = simulate
+    return settings
+
+
+def in_process_scheduler(root: Path, simulate: str, **overrides: Any) -> Scheduler:
+    """A real Scheduler (store, simulated GPUs, launcher) in this process, under `root`.
+
+    Close it with `scheduler.launcher.close()` and `scheduler.store.close()`.
+    """
+    config = load_config(None, {**directory_settings(root, simulate), **overrides})
+    return Scheduler(config, Store(config.database_url), SimulatedProbe.from_spec(simulate))
 
 
 class RunningDaemon:
@@ -33,20 +59,15 @@ class RunningDaemon:
         env: dict[str, str] | None = None,
     ) -> None:
         self.root = root
-        self.socket_path = root / "gpusched.sock"
         self.config_path = root / "config.yaml"
         self.stderr_path = root / "daemon.stderr"
-        settings: dict[str, Any] = {
-            "socket": str(self.socket_path),
-            "database": f"sqlite:///{root / 'gpusched.db'}",
-            "state_dir": str(root / "state"),
-            "log_dir": str(root / "logs"),
+        settings = {
+            **directory_settings(root, simulate),
             "poll_interval": "1s",
             "kill_grace": "2s",
+            **(config or {}),
         }
-        if simulate:
-            settings["simulate"] = simulate
-        settings.update(config or {})
+        self.socket_path = Path(settings["socket"])
         self.config_path.write_text(yaml.safe_dump(settings))
         self.env = {**os.environ, "GPUSCHED_CONFIG": str(self.config_path), **(env or {})}
         self.env.pop("GPUSCHED_SOCKET", None)

@@ -20,14 +20,9 @@ from typing import Any
 import pytest
 
 from gpusched.client import Client
-from gpusched.config import load_config
 from gpusched.errors import ConflictError, PermissionDenied, UsageError
-from gpusched.gpus import SimulatedProbe
-from gpusched.launcher import Launcher
-from gpusched.scheduler import Scheduler
 from gpusched.server import Server
-from gpusched.store import Store
-from tests.daemon_harness import RunningDaemon
+from tests.daemon_harness import RunningDaemon, in_process_scheduler
 from tests.users import User, as_user, throwaway_users
 
 REPORT = "id -u; id -g; id -G; echo $HOME $USER $LOGNAME $SHELL; umask; pwd"
@@ -222,23 +217,8 @@ def test_a_daemon_run_by_a_user_serves_only_that_user(people: Any) -> None:
     (alice, bob), _ = people
     root = Path(tempfile.mkdtemp(prefix="gpusched-single-", dir="/tmp"))
     root.chmod(0o755)
-    config = load_config(
-        None,
-        {
-            "socket": str(root / "sock"),
-            "database": f"sqlite:///{root / 'db'}",
-            "state_dir": str(root / "state"),
-            "log_dir": str(root / "logs"),
-            "simulate": "1x24G",
-        },
-    )
-    store = Store(config.database_url)
-    scheduler = Scheduler(
-        config,
-        store,
-        SimulatedProbe.from_spec("1x24G"),
-        lambda on_exit: Launcher(config.state_dir, config.log_dir, 1.0, on_exit),
-    )
+    scheduler = in_process_scheduler(root, "1x24G", kill_grace="1s")
+    config, store = scheduler.config, scheduler.store
     server = Server(scheduler, config.socket_path, owner_uid=alice.uid)
     server.bind()
     # A single-user socket is 0600; open it up so that the peer-credential check behind

@@ -13,36 +13,18 @@ from pathlib import Path
 
 import pytest
 
-from gpusched.config import load_config
-from gpusched.gpus import SimulatedProbe
-from gpusched.launcher import Launcher
 from gpusched.models import EndReason, JobState
 from gpusched.scheduler import Scheduler
-from gpusched.store import NewJob, Store
+from gpusched.store import NewJob
+from tests.daemon_harness import in_process_scheduler
 
 
 @pytest.fixture
 def scheduler(tmp_path: Path) -> Iterator[Scheduler]:
-    config = load_config(
-        None,
-        {
-            "socket": str(tmp_path / "sock"),
-            "database": f"sqlite:///{tmp_path / 'db'}",
-            "state_dir": str(tmp_path / "state"),
-            "log_dir": str(tmp_path / "logs"),
-            "simulate": "1x24G",
-        },
-    )
-    store = Store(config.database_url)
-    made = Scheduler(
-        config,
-        store,
-        SimulatedProbe.from_spec("1x24G"),
-        lambda on_exit: Launcher(config.state_dir, config.log_dir, 1.0, on_exit),
-    )
+    made = in_process_scheduler(tmp_path, "1x24G", kill_grace="1s")
     yield made
     made.launcher.close()
-    store.close()
+    made.store.close()
 
 
 def _queue(scheduler: Scheduler, n: int) -> list[int]:
