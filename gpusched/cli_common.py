@@ -65,6 +65,12 @@ def job_ids_completer(
     return complete
 
 
+# The id arguments of the job commands, with their shell completion.
+JOB_IDS = click.argument("ids", nargs=-1, required=True, shell_complete=job_ids_completer())
+ACTIVE_JOB_ID = click.argument("job_id", type=int, shell_complete=job_ids_completer())
+ANY_JOB_ID = click.argument("job_id", type=int, shell_complete=job_ids_completer(ended_too=True))
+
+
 def print_json(value: Any) -> None:
     click.echo(json.dumps(value, indent=2, sort_keys=False))
 

@@ -14,9 +14,11 @@ from typing import Any
 import click
 
 from gpusched.cli_common import (
+    ACTIVE_JOB_ID,
+    ANY_JOB_ID,
+    JOB_IDS,
     client_of,
     expand_arrays,
-    job_ids_completer,
     parse_ids,
     parse_targets,
     print_json,
@@ -183,7 +185,7 @@ _JSON_JOBS = click.option(
 
 
 @click.command(cls=ExampleLastCommand)
-@click.argument("ids", nargs=-1, required=True, shell_complete=job_ids_completer())
+@JOB_IDS
 @_JSON_JOBS
 @click.pass_context
 def cancel(ctx: click.Context, ids: tuple[str, ...], as_json: bool) -> None:
@@ -216,7 +218,7 @@ def cancel(ctx: click.Context, ids: tuple[str, ...], as_json: bool) -> None:
 
 
 @click.command(cls=ExampleLastCommand)
-@click.argument("ids", nargs=-1, required=True, shell_complete=job_ids_completer())
+@JOB_IDS
 @_JSON_JOBS
 @click.pass_context
 def hold(ctx: click.Context, ids: tuple[str, ...], as_json: bool) -> None:
@@ -230,7 +232,7 @@ def hold(ctx: click.Context, ids: tuple[str, ...], as_json: bool) -> None:
 
 
 @click.command(cls=ExampleLastCommand)
-@click.argument("ids", nargs=-1, required=True, shell_complete=job_ids_completer())
+@JOB_IDS
 @_JSON_JOBS
 @click.pass_context
 def release(ctx: click.Context, ids: tuple[str, ...], as_json: bool) -> None:
@@ -244,7 +246,7 @@ def release(ctx: click.Context, ids: tuple[str, ...], as_json: bool) -> None:
 
 
 @click.command(cls=ExampleLastCommand)
-@click.argument("ids", nargs=-1, required=True, shell_complete=job_ids_completer())
+@JOB_IDS
 @click.option(
     "--timeout", type=float, metavar="SECONDS", help="Give up after this long (exit 124)."
 )
@@ -286,7 +288,7 @@ def wait(ctx: click.Context, ids: tuple[str, ...], timeout: float | None, as_jso
 
 
 @click.command(cls=ExampleLastCommand)
-@click.argument("job_id", type=int, shell_complete=job_ids_completer())
+@ACTIVE_JOB_ID
 @click.argument("priority", type=int)
 @click.option("--json", "as_json", is_flag=True, help="Print the job as JSON.")
 @click.pass_context
@@ -305,7 +307,7 @@ def priority(ctx: click.Context, job_id: int, priority: int, as_json: bool = Fal
 
 
 @click.command(cls=ExampleLastCommand)
-@click.argument("job_id", type=int, shell_complete=job_ids_completer(ended_too=True))
+@ANY_JOB_ID
 @click.option("--json", "as_json", is_flag=True, help="Print the new job as JSON.")
 @click.pass_context
 def requeue(ctx: click.Context, job_id: int, as_json: bool) -> None:

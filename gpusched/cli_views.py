@@ -14,6 +14,7 @@ from typing import Any
 import click
 
 from gpusched.cli_common import (
+    ANY_JOB_ID,
     client_of,
     job_ids_completer,
     parse_targets,
@@ -136,7 +137,7 @@ def _watch(frame: Callable[[], str], interval: float) -> None:
 
 
 @click.command(cls=ExampleLastCommand)
-@click.argument("job_id", type=int, shell_complete=job_ids_completer(ended_too=True))
+@ANY_JOB_ID
 @click.option("--json", "as_json", is_flag=True, help="Print the job as JSON.")
 @click.pass_context
 def show(ctx: click.Context, job_id: int, as_json: bool) -> None:
@@ -182,7 +183,7 @@ def show(ctx: click.Context, job_id: int, as_json: bool) -> None:
 
 
 @click.command(cls=ExampleLastCommand)
-@click.argument("job_id", type=int, shell_complete=job_ids_completer(ended_too=True))
+@ANY_JOB_ID
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new output until the job ends.")
 @click.pass_context
 def logs(ctx: click.Context, job_id: int, follow: bool) -> None:
