@@ -179,6 +179,10 @@ def test_oom_in_the_log_is_retried_with_more_memory_in_its_place(
     # Frameworks that grab the whole card are told the job's share (4G, then 6G, of 24G).
     assert "XLA 0.16 TF true" in daemon.log(first)
     assert "XLA 0.25 TF true\ntrained" in daemon.log(retry_id)
+    # Requeued, the retry runs again with the memory it learnt and the --retry-oom the
+    # user first gave (2), not what its retry left (1).
+    again = daemon.show(int(daemon.cli("requeue", str(retry_id)).stdout))
+    assert (again["mem"], again["retry_oom"]) == (6 * GiB, 2)
 
     # A value the user set is theirs; a whole-GPU job is told nothing.
     own = daemon.submit(
