@@ -157,7 +157,6 @@ class Policy:
     observe_usage: bool  # RunningClaim.used_bytes from the driver's per-process memory
     max_jobs_per_gpu: int | None = None  # the config key of that name
     busy_util: float | None = None  # the config key of that name (rule 6, compute)
-    new_job_util: float = 100.0
 
 
 GPUSCHED = Policy("gpusched", whole_gpu=False, measure_free=True, observe_usage=True)
@@ -299,7 +298,6 @@ def simulate(  # noqa: PLR0917  (keyword use in this file; defaults are the benc
                 headroom,
                 policy.max_jobs_per_gpu,
                 busy_util=policy.busy_util,
-                new_job_util=policy.new_job_util,
             )
             plan_s += time.perf_counter() - begin
             plan_calls += 1

@@ -44,7 +44,7 @@ The rules, in order:
 6. Compute (only with `busy_util` set; off by default, when memory alone decides): a GPU
    whose compute load is at or above `busy_util` percent takes no new job. Its load is
    the higher of its own recent utilization (every process on it) and the sum of its
-   gpusched jobs' recent utilizations, plus `new_job_util` (100) for each gpusched job
+   gpusched jobs' recent utilizations, plus 100 (`NEW_JOB_UTIL`) for each gpusched job
    that has not used the GPU yet, including those this plan places: a job that is
    still loading its data has not shown what it will use, as it has not yet allocated
    its memory (rule 1 holds its declaration meanwhile). Without MPS, processes on
@@ -132,6 +132,10 @@ class Plan:
     budgets: dict[str, GpuBudget]
 
 
+# Rule 6: what a job that has not used its GPU yet counts for, in percent of the GPU.
+NEW_JOB_UTIL = 100.0
+
+
 @dataclass
 class _Gpu:
     slot: GpuSlot
@@ -140,7 +144,7 @@ class _Gpu:
     job_count: int
     whole: bool  # a whole-GPU job runs here
     job_ids: list[int]  # gpusched jobs on it, running or placed by this plan
-    load: float = 0.0  # compute load, percent of the GPU (rule 6)
+    load: float  # compute load, percent of the GPU (rule 6)
 
 
 def gpu_budgets(
@@ -172,16 +176,17 @@ def _budgets(
         potential = max(0, slot.total_bytes - headroom_bytes - used_by_others) if slot.usable else 0
         budget = GpuBudget(reserved, available, tuple(claim.job_id for claim in on_gpu))
         job_ids = [claim.job_id for claim in on_gpu]
-        result[slot.uuid] = (budget, _Gpu(slot, available, potential, len(on_gpu), whole, job_ids))
+        gpu = _Gpu(slot, available, potential, len(on_gpu), whole, job_ids, _load(slot, on_gpu))
+        result[slot.uuid] = (budget, gpu)
     return result
 
 
-def _load(slot: GpuSlot, on_gpu: Sequence[RunningClaim], new_job_util: float) -> float:
+def _load(slot: GpuSlot, on_gpu: Sequence[RunningClaim]) -> float:
     """Rule 6: a GPU's compute load in percent (may pass 100 when it is oversubscribed)."""
     known = sum(c.util_percent for c in on_gpu if c.util_percent is not None)
     unmeasured = sum(1 for c in on_gpu if c.util_percent is None)
     # The GPU's own reading also counts processes gpusched did not start.
-    return max(slot.util_percent or 0.0, known) + new_job_util * unmeasured
+    return max(slot.util_percent or 0.0, known) + NEW_JOB_UTIL * unmeasured
 
 
 def _open(gpu: _Gpu, max_jobs_per_gpu: int | None, busy_util: float | None) -> bool:
@@ -338,16 +343,11 @@ def plan(
     user_caps: Mapping[str, UserCap] | None = None,
     user_usage: Mapping[str, float] | None = None,
     busy_util: float | None = None,
-    new_job_util: float = 100.0,
 ) -> Plan:
     """Decide which waiting jobs start now and where. Pure: same input, same output."""
     table = _budgets(gpus, running, headroom_bytes)
     budgets = {uuid: budget for uuid, (budget, _) in table.items()}
     state = [gpu for _, gpu in table.values()]
-    if busy_util is not None:
-        for gpu in state:
-            on_gpu = [c for c in running if gpu.slot.uuid in c.gpu_uuids]
-            gpu.load = _load(gpu.slot, on_gpu, new_job_util)
     claimed_by: dict[str, int] = {}
     placements: list[Placement] = []
     reasons: dict[int, str] = {}
@@ -420,7 +420,7 @@ def plan(
                 room.remove(gpu)
                 gpu.job_count += 1
                 gpu.job_ids.append(job.job_id)
-                gpu.load += new_job_util
+                gpu.load += NEW_JOB_UTIL
                 if job.mem_bytes is None:
                     gpu.whole = True
                     gpu.available = 0
