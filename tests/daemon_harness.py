@@ -161,6 +161,16 @@ class RunningDaemon:
             job = self.client().job(job_id).to_json()
         return job
 
+    def supervisor_pid(self, job_id: int, timeout: float = 10) -> int:
+        """The running job's supervisor pid, once recorded (a job is marked running first,
+        then started, then its pid is recorded)."""
+        self.wait_state(job_id, {"running"})
+        deadline = time.monotonic() + timeout
+        while (pid := self.show(job_id)["pid"]) is None:
+            assert time.monotonic() < deadline, f"job {job_id} has no pid after {timeout}s"
+            time.sleep(0.05)
+        return int(pid)
+
     def log(self, job_id: int) -> str:
         result = self.cli("logs", str(job_id))
         assert result.returncode == 0, result.stderr

@@ -97,11 +97,7 @@ def test_sigterm_leaves_jobs_running_and_a_restart_readopts_them(
         f"import time; time.sleep(2.5); open({str(marker)!r}, 'w').close(); raise SystemExit(4)"
     )
     job_id = daemon.submit("--mem", "1G", "--", sys.executable, "-c", script)
-    daemon.wait_state(job_id, {"running"})
-    deadline = time.monotonic() + 10
-    while (supervisor := daemon.show(job_id)["pid"]) is None:  # marked running, then started
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    supervisor = daemon.supervisor_pid(job_id)
     assert daemon.stop(signal.SIGTERM) == 0
     assert _alive(supervisor), "SIGTERM of the daemon must not stop its jobs"
     assert "running jobs keep running" in daemon.stderr()
@@ -237,11 +233,7 @@ def test_a_zygote_forked_supervisor_whose_pid_was_never_recorded_is_readopted(
         f"import time; time.sleep(2.5); open({str(marker)!r}, 'w').close(); raise SystemExit(5)"
     )
     job_id = daemon.submit("--mem", "1G", "--", sys.executable, "-c", script)
-    daemon.wait_state(job_id, {"running"})
-    deadline = time.monotonic() + 10
-    while (supervisor := daemon.show(job_id)["pid"]) is None:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    supervisor = daemon.supervisor_pid(job_id)
     assert "gpusched.zygote" in psutil.Process(supervisor).cmdline()
     daemon.stop(signal.SIGKILL)
     store = _db(daemon)

@@ -36,15 +36,6 @@ def _zygote(daemon: RunningDaemon, timeout_s: float = 10) -> psutil.Process:
         time.sleep(0.05)
 
 
-def _running_pid(daemon: RunningDaemon, job_id: int) -> int:
-    daemon.wait_state(job_id, {"running"})
-    deadline = time.monotonic() + 10
-    while (pid := daemon.show(job_id)["pid"]) is None:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    return int(pid)
-
-
 def _gone(pid: int, timeout_s: float = 10) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -65,7 +56,7 @@ def _started_via(daemon: RunningDaemon, job_id: int) -> str:
 
 def test_jobs_start_through_the_zygote_as_if_started_fresh(daemon: RunningDaemon) -> None:
     job_id = daemon.submit("--mem", "1G", "--", "sh", "-c", "sleep 1; exit 7")
-    supervisor = psutil.Process(_running_pid(daemon, job_id))
+    supervisor = psutil.Process(daemon.supervisor_pid(job_id))
     zygote = _zygote(daemon)
     assert supervisor.ppid() == zygote.pid
     assert _started_via(daemon, job_id) == "zygote"
@@ -137,7 +128,7 @@ def test_the_zygote_dies_with_its_daemon_and_its_jobs_are_readopted(
     marker = tmp_path / "finished"
     script = f"import time; time.sleep(3); open({str(marker)!r}, 'w').close(); raise SystemExit(4)"
     job_id = daemon.submit("--mem", "1G", "--", sys.executable, "-c", script)
-    supervisor = _running_pid(daemon, job_id)
+    supervisor = daemon.supervisor_pid(job_id)
     zygote = _zygote(daemon)
     assert psutil.Process(supervisor).ppid() == zygote.pid
     daemon.stop(signal.SIGKILL)
