@@ -13,8 +13,9 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import psutil
 import yaml
@@ -26,6 +27,17 @@ from gpusched.scheduler import Scheduler
 from gpusched.store import Store
 
 START_TIMEOUT_S = 15.0
+T = TypeVar("T")
+
+
+def eventually(check: Callable[[], T], timeout: float = 10.0) -> T:
+    """Poll `check` until it returns something true; return that (fails after `timeout`)."""
+    deadline = time.monotonic() + timeout
+    while not (value := check()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s")
+        time.sleep(0.05)
+    return value
 
 
 def directory_settings(root: Path, simulate: str | None = "2x24G") -> dict[str, Any]:

@@ -6,7 +6,6 @@ import json
 import os
 import shutil
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ from gpusched.client import Client
 from gpusched.config import load_config
 from gpusched.errors import UsageError
 from gpusched.hooks import run_hook
-from tests.daemon_harness import RunningDaemon
+from tests.daemon_harness import RunningDaemon, eventually
 from tests.users import as_user, throwaway_users
 
 # Writes who it runs as, where, the job's variables and (last line) the JSON it was given.
@@ -27,16 +26,6 @@ REPORT = (
     'exec > "$HOME/hook.out"; id -u; id -g; id -G; pwd;'
     ' echo "$GPUSCHED_JOB_ID $GPUSCHED_JOB_STATE $GPUSCHED_EXIT_CODE"; cat'
 )
-
-
-def _eventually(check: Any, timeout: float = 15.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.05)
 
 
 @pytest.fixture
@@ -63,7 +52,7 @@ def test_notify_hook_runs_as_the_owner_with_the_job_json_on_stdin(shared_root: P
                 ),
             )
             report = Path(alice.home) / "hook.out"
-            _eventually(lambda: report.exists() and report.read_text().endswith("}\n"))
+            eventually(lambda: report.exists() and report.read_text().endswith("}\n"), timeout=15)
             lines = report.read_text().splitlines()
             assert int(lines[0]) == alice.uid
             assert int(lines[1]) == alice.gid
@@ -94,18 +83,24 @@ def test_a_hanging_hook_is_killed_after_the_timeout_and_scheduling_goes_on(
     # A hook that never ends, with a child in its process group.
     hang = f"sh -c 'sleep 60 & echo $! > {marks}/child.pid; echo $$ > {marks}/hook.pid; wait'"
     first = daemon.submit("--mem", "1G", "--notify", hang, "--", "true")
-    hook_pid = int(_eventually(lambda: (p := marks / "hook.pid").exists() and p.read_text()))
-    child_pid = int(_eventually(lambda: (p := marks / "child.pid").exists() and p.read_text()))
+    hook_pid = int(
+        eventually(lambda: (p := marks / "hook.pid").exists() and p.read_text(), timeout=15)
+    )
+    child_pid = int(
+        eventually(lambda: (p := marks / "child.pid").exists() and p.read_text(), timeout=15)
+    )
     assert psutil.pid_exists(hook_pid)
     # While the hook hangs, the daemon answers and runs the next job to its end.
     second = daemon.submit("--mem", "1G", "--", "true")
     assert daemon.wait_state(second, {"done"}, timeout=10)["state"] == "done"
     assert psutil.pid_exists(hook_pid), "the second job should have run while the hook hung"
     # Then the timeout kills the hook's whole process group, and says so in the log.
-    _eventually(lambda: not _alive(hook_pid) and not _alive(child_pid), timeout=10)
-    _eventually(lambda: "still running after 3s: killed" in daemon.stderr())
+    eventually(lambda: not _alive(hook_pid) and not _alive(child_pid), timeout=10)
+    eventually(lambda: "still running after 3s: killed" in daemon.stderr(), timeout=15)
     for job_id in (first, second):
-        seen = json.loads(_eventually(lambda j=job_id: _read(marks / f"on_finish-{j}.json")))
+        seen = json.loads(
+            eventually(lambda j=job_id: _read(marks / f"on_finish-{j}.json"), timeout=15)
+        )
         assert (seen["id"], seen["state"]) == (job_id, "done")
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.daemon_harness import RunningDaemon
+from tests.daemon_harness import RunningDaemon, eventually
 from tests.fakenvml.fixtures import FakeNvml
 from tests.fakenvml.state import FakeGpu, fake_uuid
 
@@ -36,17 +36,6 @@ def start(daemon_factory: Any, fake: FakeNvml, **config: Any) -> RunningDaemon:
 
 def gpus_by_index(daemon: RunningDaemon) -> dict[int, dict[str, Any]]:
     return {g["index"]: g for g in daemon.status()["gpus"]}
-
-
-def eventually(check: Any, timeout: float = 10.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s")
-        time.sleep(0.1)
 
 
 def test_job_avoids_memory_held_by_other_processes(daemon_factory: Any, fake: FakeNvml) -> None:

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-from tests.daemon_harness import RunningDaemon
+from tests.daemon_harness import RunningDaemon, eventually
 from tests.fakenvml.fixtures import FakeNvml
 
 GiB = 2**30
@@ -36,15 +35,6 @@ def wait_all(
     states = [(j.id, str(j.state), j.waiting_reason, j.reason_detail) for j in jobs]
     assert all(j.state not in ("queued", "running") for j in jobs), states
     return {j.id: daemon.show(j.id) for j in jobs}
-
-
-def eventually(check: Any, timeout: float = 10.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while not (value := check()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s")
-        time.sleep(0.1)
-    return value
 
 
 def test_usage_is_measured_shown_and_earns_the_right_hints(
