@@ -95,7 +95,7 @@ def daemon(ctx: click.Context, simulate: str | None) -> None:
 @cli.command()
 @click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
 def completion(shell: str) -> None:
-    """Print the shell completion script for SHELL (commands, options, file names).
+    """Print the shell completion script for SHELL (commands, options, file names, job ids).
 
     \b
     Example:
