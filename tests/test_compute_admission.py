@@ -7,10 +7,9 @@ the daemon runs and check where (and whether) jobs start.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
-from tests.daemon_harness import RunningDaemon
+from tests.daemon_harness import RunningDaemon, eventually
 from tests.fakenvml.fixtures import FakeNvml
 from tests.fakenvml.state import FakeGpu, fake_uuid
 
@@ -22,16 +21,15 @@ def start(daemon_factory: Any, fake: FakeNvml, **config: Any) -> RunningDaemon:
     return daemon_factory(simulate=None, config=settings, env=fake.env()).start()
 
 
-def waiting_reason(daemon: RunningDaemon, job_id: int, timeout: float = 10.0) -> str:
+def waiting_reason(daemon: RunningDaemon, job_id: int) -> str:
     """The queued job's reason, once a scheduling pass has given it one."""
-    deadline = time.monotonic() + timeout
-    while True:
-        job = daemon.client().job(job_id).to_json()
-        assert job["state"] == "queued", job
-        if job["waiting_reason"]:
-            return str(job["waiting_reason"])
-        assert time.monotonic() < deadline, f"no waiting reason after {timeout}s: {job}"
-        time.sleep(0.05)
+
+    def reason() -> str | None:
+        job = daemon.client().job(job_id)
+        assert job.state == "queued", job
+        return job.waiting_reason
+
+    return str(eventually(reason))
 
 
 def busy_card_and_idle_card(fake: FakeNvml) -> None:
