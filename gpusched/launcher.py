@@ -178,6 +178,7 @@ class Launcher:
         self._children: dict[int, subprocess.Popen[bytes]] = {}
         self._selector = selectors.DefaultSelector()
         self._watched: dict[int, int] = {}  # pidfd -> job id
+        self._already_exited: list[int] = []  # watched after their process had ended
         self._lock = threading.Lock()
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._selector.register(self._wake_r, selectors.EVENT_READ)
@@ -354,34 +355,44 @@ class Launcher:
         return process.pid
 
     def watch(self, job_id: int, pid: int) -> None:
-        """Call on_exit(job_id) once `pid` exits (also for supervisors adopted after a restart)."""
-        try:
-            pidfd = os.pidfd_open(pid)
-        except ProcessLookupError:
-            self._on_exit(job_id)
-            return
+        """Call on_exit(job_id) once `pid` exits (also for supervisors adopted after a restart).
+
+        on_exit is always called from the watcher thread, never from here: the caller
+        may be in the middle of a scheduling pass, which on_exit may start anew.
+        """
         with self._lock:
-            self._watched[pidfd] = job_id
-            self._selector.register(pidfd, selectors.EVENT_READ)
+            try:
+                pidfd = os.pidfd_open(pid)
+            except ProcessLookupError:
+                self._already_exited.append(job_id)
+            else:
+                self._watched[pidfd] = job_id
+                self._selector.register(pidfd, selectors.EVENT_READ)
         os.write(self._wake_w, b"x")
 
     def _watch_loop(self) -> None:
         while not self._stopping:
             for key, _ in self._selector.select(timeout=1.0):
                 fd = int(key.fd)
-                if fd == self._wake_r:
-                    with contextlib.suppress(BlockingIOError):
-                        os.read(self._wake_r, 4096)
-                    continue
                 with self._lock:
-                    job_id = self._watched.pop(fd)
-                    self._selector.unregister(fd)
-                os.close(fd)
-                self._reap_children()
-                try:
-                    self._on_exit(job_id)
-                except Exception:  # the watcher must outlive any bug in a callback
-                    log.exception("handling the exit of job %s failed", job_id)
+                    if fd == self._wake_r:
+                        with contextlib.suppress(BlockingIOError):
+                            os.read(self._wake_r, 4096)
+                        exited, self._already_exited = self._already_exited, []
+                    else:
+                        exited = [self._watched.pop(fd)]
+                        self._selector.unregister(fd)
+                        os.close(fd)
+                if exited:
+                    self._reap_children()
+                for job_id in exited:
+                    self._exited(job_id)
+
+    def _exited(self, job_id: int) -> None:
+        try:
+            self._on_exit(job_id)
+        except Exception:  # the watcher must outlive any bug in a callback
+            log.exception("handling the exit of job %s failed", job_id)
 
     def _reap_children(self) -> None:
         with self._lock:
