@@ -13,7 +13,14 @@ seen with `tsp -w ID` (its output files kept, as gpusched keeps logs).
 
 The gpusched jobs' own timestamps split the time into "gap" (last job ended -> next
 started, the scheduling pass) and "run" (started -> ended: spec, supervisor start,
-`true`, exit record, the end noticed).
+`true`, exit record, the end noticed). The CPU time the whole machine spent per job
+(from /proc/stat, all processes) is steadier than wall time on a shared machine.
+
+The floor: what the least a queue with gpusched's guarantees must do per job costs
+here, measured in the same run with no scheduler around it: one fsynced SQLite commit
+(the start, recorded before the job may run, so a crash never runs it twice), the fork
+of a supervisor process that outlives the daemon, the spawn of the job, and an exit
+record written with fsync (file and directory), so its exit code survives a power cut.
 
     python benchmarks/dispatch.py [--jobs 200]
 """
@@ -21,8 +28,10 @@ started, the scheduling pass) and "run" (started -> ended: spec, supervisor star
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -41,6 +50,68 @@ TSP_NAMES = ("tsp", "ts")  # Debian's task-spooler installs `tsp`
 
 def _blocker(fifo: Path) -> list[str]:
     return ["head", "-c1", str(fifo)]
+
+
+def machine_cpu_s() -> float:
+    """CPU time spent by the whole machine so far (every process, user + system), in s."""
+    with open("/proc/stat") as handle:
+        fields = [int(x) for x in handle.readline().split()[1:]]
+    # user nice system idle iowait irq softirq steal ...: all but idle and iowait
+    busy = fields[0] + fields[1] + fields[2] + sum(fields[5:8])
+    return busy / os.sysconf("SC_CLK_TCK")
+
+
+def durable_floor(root: Path, rounds: int = 300) -> dict[str, float]:
+    """Median cost of each step every job must take under gpusched's guarantees (s)."""
+    db = sqlite3.connect(root / "floor.db", isolation_level=None)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=FULL")
+    db.execute("CREATE TABLE jobs (id INTEGER PRIMARY KEY, state TEXT)")
+    db.execute("INSERT INTO jobs VALUES (1, 'queued')")
+    record = root / "exit.json"
+    true = shutil.which("true") or "/bin/true"
+
+    def commit(i: int) -> None:
+        db.execute("BEGIN IMMEDIATE")
+        db.execute("UPDATE jobs SET state = ? WHERE id = 1", (f"running {i}",))
+        db.execute("COMMIT")
+
+    def fork_supervisor(_i: int) -> None:
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        os.waitpid(pid, 0)
+
+    def spawn_job(_i: int) -> None:
+        os.waitpid(os.posix_spawn(true, [true], os.environ), 0)
+
+    def exit_record(i: int) -> None:
+        tmp = record.with_name("exit.json.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.write(fd, json.dumps({"outcome": "exit", "exit_code": 0, "i": i}).encode())
+        os.fsync(fd)
+        os.close(fd)
+        os.replace(tmp, record)
+        dir_fd = os.open(root, os.O_RDONLY)
+        os.fsync(dir_fd)
+        os.close(dir_fd)
+
+    steps = {
+        "start committed (SQLite, synchronous=FULL)": commit,
+        "supervisor forked and reaped": fork_supervisor,
+        "job spawned and reaped (`true`)": spawn_job,
+        "exit record fsynced (file + directory)": exit_record,
+    }
+    medians = {}
+    for name, step in steps.items():
+        samples = []
+        for i in range(rounds):
+            began = time.perf_counter()
+            step(i)
+            samples.append(time.perf_counter() - began)
+        medians[name] = statistics.median(samples)
+    db.close()
+    return medians
 
 
 def _release(fifo: Path) -> float:
@@ -65,9 +136,11 @@ def bench_gpusched(n_jobs: int, root: Path) -> dict[str, float]:
         submit_s = time.perf_counter() - began
         assert daemon.process is not None
         with profiled(daemon.process.pid, "dispatch-daemon"):
+            cpu_before = machine_cpu_s()
             start = _release(fifo)
             jobs = client.wait([ids[-1]], timeout=600)
             elapsed = time.perf_counter() - start
+            cpu_s = machine_cpu_s() - cpu_before
         assert jobs[0].state == "done", jobs[0]
         done = {j.id: j for j in client.history(limit=n_jobs + 10)}
         assert all(done[i].state == "done" for i in ids), "some jobs did not succeed"
@@ -80,6 +153,7 @@ def bench_gpusched(n_jobs: int, root: Path) -> dict[str, float]:
         return {
             "elapsed_s": elapsed,
             "per_job_s": elapsed / n_jobs,
+            "cpu_per_job_s": cpu_s / n_jobs,
             "submit_per_job_s": submit_s / n_jobs,
             "run_median_s": statistics.median(runs),
             "gap_median_s": statistics.median(gaps),
@@ -124,14 +198,17 @@ def bench_tsp(tsp: str, n_jobs: int, root: Path) -> dict[str, float]:
         began = time.perf_counter()
         ids = [ts("true") for _ in range(n_jobs)]
         submit_s = time.perf_counter() - began
+        cpu_before = machine_cpu_s()
         start = _release(fifo)
         ts("-w", ids[-1])
         elapsed = time.perf_counter() - start
+        cpu_s = machine_cpu_s() - cpu_before
         states = ts("-l")
         assert states.count("finished") == n_jobs + 1, states[-2000:]
         return {
             "elapsed_s": elapsed,
             "per_job_s": elapsed / n_jobs,
+            "cpu_per_job_s": cpu_s / n_jobs,
             "submit_per_job_s": submit_s / n_jobs,
         }
     finally:
@@ -150,8 +227,10 @@ def main() -> None:
         root = Path(tmp)
         (root / "gpusched").mkdir()
         (root / "tsp").mkdir()
+        (root / "floor").mkdir()
         ours = bench_gpusched(args.jobs, root / "gpusched")
         theirs = bench_tsp(tsp, args.jobs, root / "tsp")
+        floor = durable_floor(root / "floor")
     n = args.jobs
     print(f"{n} `true` jobs through one slot, after a blocker holding it is released")
     print(
@@ -167,6 +246,18 @@ def main() -> None:
         f"  task-spooler ({tsp}): {theirs['elapsed_s']:.2f} s, {1e3 * theirs['per_job_s']:.2f} ms"
         f" per job; submit {1e3 * theirs['submit_per_job_s']:.1f} ms per job (one tsp process each)"
     )
+    print(
+        f"  CPU time of the whole machine per job: gpusched {1e3 * ours['cpu_per_job_s']:.1f} ms,"
+        f" task-spooler {1e3 * theirs['cpu_per_job_s']:.2f} ms"
+    )
+    floor_s = sum(floor.values())
+    print("  the floor, step by step (medians of 300, no scheduler around them):")
+    for name, seconds in floor.items():
+        print(f"    {name:<45} {1e3 * seconds:.3f} ms")
+    print(
+        f"    {'together':<45} {1e3 * floor_s:.3f} ms ="
+        f" {floor_s / theirs['per_job_s']:.2f}x task-spooler's whole per-job cost"
+    )
     ratio = ours["per_job_s"] / theirs["per_job_s"]
     report(
         "dispatch",
@@ -174,6 +265,12 @@ def main() -> None:
             Figure("gpusched per-job dispatch overhead", 1e3 * ours["per_job_s"], "ms"),
             Figure("task-spooler per-job dispatch overhead", 1e3 * theirs["per_job_s"], "ms"),
             Figure("gpusched / task-spooler per-job overhead", ratio, "x", "<= 2", ratio <= 2),
+            Figure("gpusched CPU time per job (whole machine)", 1e3 * ours["cpu_per_job_s"], "ms"),
+            Figure(
+                "task-spooler CPU time per job (whole machine)", 1e3 * theirs["cpu_per_job_s"], "ms"
+            ),
+            Figure("floor: durable start, supervisor, job, exit record", 1e3 * floor_s, "ms"),
+            Figure("floor / task-spooler per-job overhead", floor_s / theirs["per_job_s"], "x"),
             Figure("gpusched job run (started->ended), median", 1e3 * ours["run_median_s"], "ms"),
             Figure("gpusched gap (ended->next started), median", 1e3 * ours["gap_median_s"], "ms"),
             Figure("gpusched submit (Client), per job", 1e3 * ours["submit_per_job_s"], "ms"),
