@@ -94,7 +94,6 @@ class Daemon:
         log.info("database %s, socket %s", config.database_url, config.socket_path)
         self.scheduler = Scheduler(config, self.store, self.probe)
         self.scheduler.wake = self.wake
-        self.scheduler.after_exit = self._tick_after_exit
         self.hooks = HookRunner(self.store, lambda: self.config)
         self.scheduler.end_listeners.append(self.hooks.job_ended)
         self.metrics: MetricsServer | None = None
@@ -120,11 +119,6 @@ class Daemon:
             self.scheduler.tick()
         except Exception:  # one bad tick must not end the loop; the next one retries
             log.exception("scheduling pass failed")
-
-    def _tick_after_exit(self) -> None:
-        """A tick in the launcher's watcher thread, as soon as a job's ending is recorded."""
-        if not self.stop_requested.is_set():  # SIGTERM: stop scheduling, at once
-            self._tick()
 
     def run(self) -> int:
         # Warm up the supervisor zygote while we re-adopt jobs and bind the socket.

@@ -57,7 +57,6 @@ class JobEndings:
     monitor: UsageMonitor
     clock: Clock
     wake: Callable[[], None]
-    after_exit: Callable[[], None] | None
     end_listeners: list[Callable[[int], None]]
     _lock: Any  # a threading.RLock: ticks and job operations take it
     _ended: threading.Condition
@@ -172,7 +171,7 @@ class JobEndings:
         with self._lock:
             # Not fsynced: the outcome stays on disk in the exit record (see Store).
             self._settle(job_id, self.launcher.outcome(job_id), durable=False)
-        (self.after_exit or self.wake)()
+        self.wake()
 
     def _settle(self, job_id: int, outcome: Outcome, *, durable: bool = True) -> None:
         job = self.store.get(job_id)

@@ -92,9 +92,6 @@ class Scheduler(JobEndings):
         self._reading = _Reading()
         self.monitor = UsageMonitor(store)  # memory and utilization of running jobs
         self.wake: Callable[[], None] = lambda: None  # set by the daemon
-        # Run once a supervisor's exit is recorded, instead of wake(). The daemon makes it
-        # a tick in the calling (watcher) thread: the next job starts without a hand-off.
-        self.after_exit: Callable[[], None] | None = None
         # Called with a job id once it has ended (e.g. notification hooks). Called under
         # the scheduler lock, so each must only hand the id over and return.
         self.end_listeners: list[Callable[[int], None]] = []
