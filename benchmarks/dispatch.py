@@ -73,6 +73,48 @@ def process_cpu_s(pid: int, reaped_children: bool = False) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
+# Run in a fresh interpreter that imports what the zygote imports, so the fork copies a
+# process of the zygote's size, not this benchmark's.
+_SUPERVISOR_ALONE = """
+import json, os, resource, shutil, statistics, sys, time
+from pathlib import Path
+from gpusched.zygote import fork_supervisor
+
+root, rounds, true = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+job_dir = root / "jobs" / "1"
+walls = []
+before = resource.getrusage(resource.RUSAGE_CHILDREN)
+for i in range(rounds):
+    shutil.rmtree(job_dir, ignore_errors=True)
+    job_dir.mkdir(parents=True)
+    spec = {"job_id": 1, "argv": [true], "cwd": str(root), "env": {}, "uid": os.getuid(),
+            "gid": os.getgid(), "groups": [], "umask": 0o22, "log_path": str(job_dir / "log"),
+            "kill_grace_s": 1.0, "time_limit_s": None}
+    (job_dir / "spec.json").write_text(json.dumps(spec))
+    began = time.perf_counter()
+    os.waitpid(fork_supervisor(job_dir / "spec.json"), 0)
+    walls.append(time.perf_counter() - began)
+    assert json.loads((job_dir / "exit.json").read_text())["exit_code"] == 0
+after = resource.getrusage(resource.RUSAGE_CHILDREN)
+cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+print(json.dumps({"wall_s": statistics.median(walls), "cpu_s": cpu / rounds,
+                  "faults": (after.ru_minflt - before.ru_minflt) / rounds}))
+"""
+
+
+def supervisor_alone(root: Path, rounds: int = 100) -> dict[str, float]:
+    """One job's supervisor, forked as the zygote forks it, running `true`: medians."""
+    true = shutil.which("true") or "/bin/true"
+    done = subprocess.run(
+        [sys.executable, "-c", _SUPERVISOR_ALONE, str(root), str(rounds), true],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    result: dict[str, float] = json.loads(done.stdout)
+    return result
+
+
 def durable_floor(root: Path, rounds: int = 300) -> dict[str, float]:
     """Median cost of each step every job must take under gpusched's guarantees (s)."""
     db = sqlite3.connect(root / "floor.db", isolation_level=None)
@@ -253,6 +295,7 @@ def main() -> None:
         ours = bench_gpusched(args.jobs, root / "gpusched")
         theirs = bench_tsp(tsp, args.jobs, root / "tsp")
         floor = durable_floor(root / "floor")
+        alone = supervisor_alone(root / "floor")
     n = args.jobs
     print(f"{n} `true` jobs through one slot, after a blocker holding it is released")
     print(
@@ -284,6 +327,11 @@ def main() -> None:
         f"    {'together':<50} {1e3 * floor_s:.3f} ms ="
         f" {floor_s / theirs['per_job_s']:.2f}x task-spooler's whole per-job cost"
     )
+    print(
+        "  one gpusched supervisor alone (forked as the zygote does, runs `true`, fsyncs its"
+        f" exit record): {1e3 * alone['wall_s']:.2f} ms, of which {1e3 * alone['cpu_s']:.2f} ms"
+        f" CPU and {alone['faults']:.0f} page faults (its job's included)"
+    )
     ratio = ours["per_job_s"] / theirs["per_job_s"]
     report(
         "dispatch",
@@ -298,6 +346,7 @@ def main() -> None:
             ),
             Figure("floor: durable start, supervisor, job, exit record", 1e3 * floor_s, "ms"),
             Figure("floor / task-spooler per-job overhead", floor_s / theirs["per_job_s"], "x"),
+            Figure("one supervisor alone, forked, running `true`", 1e3 * alone["wall_s"], "ms"),
             Figure("gpusched job run (started->ended), median", 1e3 * ours["run_median_s"], "ms"),
             Figure("gpusched gap (ended->next started), median", 1e3 * ours["gap_median_s"], "ms"),
             Figure("gpusched submit (Client), per job", 1e3 * ours["submit_per_job_s"], "ms"),
