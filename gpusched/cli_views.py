@@ -6,6 +6,7 @@ sent it); the status screen itself is drawn by render.py, imported only when dra
 
 from __future__ import annotations
 
+import shlex
 import sys
 import time
 from collections.abc import Callable
@@ -174,6 +175,8 @@ def show(ctx: click.Context, job_id: int, as_json: bool) -> None:
         *usage_rows(job),
         ("log", job.log_path or "-"),
     ]
+    if job.notify:
+        rows.append(("notify", shlex.join(job.notify)))  # as it was given: quotes kept
     if job.waiting_reason:
         rows.insert(4, ("waiting", job.waiting_reason))
     for key, value in rows:

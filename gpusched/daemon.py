@@ -123,6 +123,8 @@ class Daemon:
     def run(self) -> int:
         # Warm up the supervisor zygote while we re-adopt jobs and bind the socket.
         self.scheduler.launcher.start_zygote()
+        # Before adoption, which may end jobs and queue their hooks: none is queued twice.
+        self.hooks.resume()
         self.scheduler.adopt_running()
         self.server.bind()
         if self.config.metrics_address is not None:

@@ -57,7 +57,7 @@ class JobEndings:
     monitor: UsageMonitor
     clock: Clock
     wake: Callable[[], None]
-    end_listeners: list[Callable[[int], None]]
+    end_listeners: list[Callable[[int, bool], None]]
     _lock: Any  # a threading.RLock: ticks and job operations take it
     _ended: threading.Condition
     _recent_ends: deque[int]
@@ -84,6 +84,8 @@ class JobEndings:
         `job`: its row if the caller has just read it (under the lock), else it is read.
         """
         now = iso(self.clock())
+        job = job or self.store.get(job_id)
+        hooks_due = bool(self.config.on_finish or job.notify)
         ended = self.store.mark_ended(
             job_id,
             state=state,
@@ -91,13 +93,8 @@ class JobEndings:
             now=now,
             exit_code=exit_code,
             detail=detail,
-            usage=self._final_usage(
-                job or self.store.get(job_id),
-                state,
-                reason,
-                now,
-                (retry, retry_refused, oom_next_mem),
-            ),
+            usage=self._final_usage(job, state, reason, now, (retry, retry_refused, oom_next_mem)),
+            hooks_due=hooks_due,
             durable=durable,
         )
         if ended:
@@ -108,7 +105,7 @@ class JobEndings:
                 self._ended.notify_all()
             for listener in self.end_listeners:
                 try:
-                    listener(job_id)
+                    listener(job_id, hooks_due)
                 except Exception:  # a listener's bug must not undo the job's ending
                     log.exception("end listener failed for job %s", job_id)
         return ended

@@ -242,10 +242,8 @@ def _requeue(server: Server, caller: Caller, args: dict[str, Any]) -> Any:
         priority=old.priority,
         time_limit_s=old.time_limit_s,
         retry_oom=first.retry_oom or 0,
+        notify=tuple(old.notify) if old.notify else None,  # the same `--notify` hook
     )
-    notify = server.store.notify_command(old.id)
-    if notify:
-        new = replace(new, notify=tuple(notify))  # the same `--notify` hook as the original
     return server.visible(caller, server.scheduler.submit(new))
 
 

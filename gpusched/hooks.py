@@ -13,7 +13,13 @@ shlex, so no shell sees it unless the user wrote `sh -c '...'` themselves.
 Hooks never hold up scheduling: `Scheduler._end` only hands the job id to a small thread
 pool, outside any database transaction and without waiting. A hook that fails is
 logged; one that runs past `hook_timeout` is killed (its whole process group) and
-logged. Hooks are not persisted: a daemon that stops with hooks still queued drops them.
+logged.
+
+Nothing is lost across a restart: a job's end records in the same transaction that its
+hooks are due, and the mark is cleared just before they start. A daemon that stops (or
+dies) before a job's hooks start runs them at its next start (`resume`); hooks already
+running finish on their own (each in its own session) and are not started again. Only a
+power cut can make a job's hooks run twice (see gpusched.store_db's docstring).
 """
 
 from __future__ import annotations
@@ -126,8 +132,20 @@ class HookRunner:
         self._lock = threading.Lock()
         self._closed = False
 
-    def job_ended(self, job_id: int) -> None:
-        """Queue the hooks of a job that just ended. Returns at once."""
+    def job_ended(self, job_id: int, hooks_due: bool) -> None:
+        """Queue the hooks of a job that just ended, if it has any. Returns at once."""
+        if hooks_due:
+            self._queue(job_id)
+
+    def resume(self) -> None:
+        """Queue the hooks that were due when the daemon last stopped (call at start-up)."""
+        due = self.store.hooks_due()
+        if due:
+            log.info("running the notification hooks of %d job(s) that ended before", len(due))
+        for job_id in due:
+            self._queue(job_id)
+
+    def _queue(self, job_id: int) -> None:
         with self._lock:
             if not self._closed:
                 self._pool.submit(self._run_all, job_id)
@@ -135,13 +153,11 @@ class HookRunner:
     def _run_all(self, job_id: int) -> None:
         try:
             config = self._config()
-            commands = [
-                ("on_finish", config.on_finish),
-                ("notify", self.store.notify_command(job_id)),
-            ]
-            if not any(argv for _, argv in commands):
-                return
+            self.store.hooks_started(job_id)
             job = self.store.get(job_id)
+            commands = [("on_finish", config.on_finish), ("notify", job.notify)]
+            if not any(argv for _, argv in commands):
+                return  # on_finish was removed from the config since the job ended
             info = self.store.launch_info(job_id)
             env = job_environment(
                 job, info.env, job.gpu_indices, job.gpu_uuids, config.visible_devices
@@ -171,7 +187,8 @@ class HookRunner:
             log.exception("hooks of job %s failed", job_id)
 
     def close(self) -> None:
-        """Drop hooks not yet started; running ones end by themselves (or their timeout)."""
+        """Leave the hooks not yet started to the next start; running ones end by themselves
+        (or at their timeout)."""
         with self._lock:
             self._closed = True
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -121,6 +121,7 @@ class Job:
     array_index: int | None = None
     max_concurrent: int | None = None  # how many of its array may run at once
     time_limit_s: float | None = None
+    notify: list[str] | None = None  # `submit --notify`: argv run as the owner when it ends
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)

@@ -92,9 +92,9 @@ class Scheduler(JobEndings):
         self._reading = _Reading()
         self.monitor = UsageMonitor(store)  # memory and utilization of running jobs
         self.wake: Callable[[], None] = lambda: None  # set by the daemon
-        # Called with a job id once it has ended (e.g. notification hooks). Called under
-        # the scheduler lock, so each must only hand the id over and return.
-        self.end_listeners: list[Callable[[int], None]] = []
+        # Called with a job's id once it has ended, and whether it has notification hooks
+        # to run. Called under the scheduler lock, so each must only hand the id over.
+        self.end_listeners: list[Callable[[int, bool], None]] = []
 
     # -- the tick -----------------------------------------------------------------------
 

@@ -202,4 +202,5 @@ class Server:
         if job.uid != caller.uid and not caller.admin and not self.config.show_commands:
             data["command"] = HIDDEN_COMMAND
             data["cwd"] = None
+            data["notify"] = None if job.notify is None else HIDDEN_COMMAND
         return data

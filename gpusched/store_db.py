@@ -11,9 +11,9 @@ Either way a commit survives a crash of the daemon (it is in the OS's page cache
 the database stays consistent after a power cut; NORMAL only risks that the *last*
 transactions before a power cut or kernel crash are rolled back. Everything a user
 is told (submit, cancel, hold, release, priority) and the claim that a job starts
-(mark_running) are FULL. Two of the daemon's own per-job writes are NORMAL, because
+(mark_running) are FULL. Three of the daemon's own per-job writes are NORMAL, because
 a power cut kills every job anyway and the next start reconciles what they recorded
-(JobEndings.adopt_running) from facts that do survive:
+(JobEndings.adopt_running) from facts that do survive, or the loss is harmless:
 - set_pid: lost, the row is `running` with no pid; no supervisor survives a power cut,
   so the job's fate comes from its exit record (fsynced by the supervisor) or, with
   none, it is `lost`. It is never queued again after a reboot (adopt_running checks
@@ -21,6 +21,8 @@ a power cut kills every job anyway and the next start reconciles what they recor
 - mark_ended with the supervisor's outcome: lost, the row is `running` again; the
   outcome is re-read from the same fsynced exit record. Only ended_at moves (to the
   restart) and a notification hook may run a second time.
+- hooks_started (a job's notification hooks are starting): lost, they run again at the
+  next start.
 Each NORMAL commit is made durable by the next FULL one (the WAL is one sequence), so
 the window is short while jobs flow: the next job's mark_running closes it.
 """
@@ -102,6 +104,8 @@ jobs = Table(
     Column("max_concurrent", Integer, nullable=True),  # per array
     Column("time_limit_s", Float, nullable=True),
     Column("notify", JSON, nullable=True),  # argv run as the owner when the job ends
+    # 1 from a job's end until its notification hooks start: they survive a restart.
+    Column("hooks_due", Integer, nullable=True),
 )
 
 # -- rows read as Jobs ------------------------------------------------------------------

@@ -139,8 +139,8 @@ class JobQueries(Database):
             ).all()
         return [to_job(row) for row in rows]
 
-    def notify_command(self, job_id: int) -> list[str] | None:
-        """The argv `submit --notify` stored for this job, if any."""
+    def hooks_due(self) -> list[int]:
+        """Ended jobs whose notification hooks have not started, in the order they ended."""
+        query = select(jobs.c.id).where(jobs.c.hooks_due == 1).order_by(jobs.c.ended_at, jobs.c.id)
         with self.read() as conn:
-            value = conn.execute(select(jobs.c.notify).where(jobs.c.id == job_id)).scalar()
-        return list(value) if value else None
+            return [int(job_id) for job_id in conn.execute(query).scalars()]

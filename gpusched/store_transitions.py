@@ -165,11 +165,14 @@ class JobTransitions(Database):
         detail: str | None = None,
         log_path: str | None = None,
         usage: dict[str, Any] | None = None,
+        hooks_due: bool = False,
         durable: bool = True,
     ) -> bool:
         """End an active job; False if it had already ended (the first ending wins).
 
         `usage`: the job's final figures (peak, utilization, hints), written with the end.
+        `hooks_due`: it has notification hooks to run; recorded with the end, so that a
+        daemon that stops before they start runs them at its next start.
         `durable=False` only for an ending read from the supervisor's exit record, which
         a restart can read again (gpusched.store_db's docstring).
         """
@@ -180,6 +183,7 @@ class JobTransitions(Database):
             "ended_at": now,
             "exit_code": exit_code,
             "reason_detail": detail,
+            "hooks_due": 1 if hooks_due else None,
         }
         if log_path is not None:
             values["log_path"] = log_path
@@ -193,6 +197,14 @@ class JobTransitions(Database):
                 .where(jobs.c.id == job_id)
                 .values(pid=pid, pid_start_time=pid_start_time)
             )
+
+    def hooks_started(self, job_id: int) -> None:
+        """The job's hooks are starting: a restart must not start them again.
+
+        Not durable (NORMAL): lost in a power cut, the hooks run a second time.
+        """
+        with self._write(durable=False) as conn:
+            conn.execute(update(jobs).where(jobs.c.id == job_id).values(hooks_due=None))
 
     def set_detail(self, job_id: int, detail: str) -> None:
         """Note on an active job what its end will be explained by (e.g. who cancelled it)."""

@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ import yaml
 from gpusched.client import Client
 from gpusched.config import load_config
 from gpusched.errors import UsageError
-from gpusched.hooks import run_hook
+from gpusched.hooks import MAX_WORKERS, run_hook
 from tests.daemon_harness import RunningDaemon, eventually
 from tests.users import as_user, throwaway_users
 
@@ -102,6 +103,37 @@ def test_a_hanging_hook_is_killed_after_the_timeout_and_scheduling_goes_on(
             eventually(lambda j=job_id: _read(marks / f"on_finish-{j}.json"), timeout=15)
         )
         assert (seen["id"], seen["state"]) == (job_id, "done")
+
+
+def test_hooks_not_started_when_the_daemon_stops_run_once_at_its_next_start(
+    daemon_factory: Any, tmp_path: Path
+) -> None:
+    ran = tmp_path / "ran"
+    daemon = daemon_factory().start()
+    client = daemon.client()
+    # Each hook takes a while, so at the stop MAX_WORKERS of them are running and the
+    # rest are still waiting for a pool thread.
+    hook = f"sh -c 'sleep 2; echo $GPUSCHED_JOB_ID >> {ran}'"
+    ids = [
+        client.submit(["true"], mem="1G", cwd=tmp_path, notify=hook).id
+        for _ in range(MAX_WORKERS + 2)
+    ]
+    assert {job.state for job in client.wait(ids, timeout=20)} == {"done"}
+    assert daemon.stop() == 0  # SIGTERM: the running hooks finish, the daemon exits
+
+    def lines() -> list[int]:
+        return [int(x) for x in ran.read_text().split()] if ran.exists() else []
+
+    before = lines()
+    assert len(before) == MAX_WORKERS, before
+    daemon.start()
+    eventually(lambda: len(lines()) >= len(ids), timeout=20)
+    time.sleep(1.0)  # a hook started twice would have written by now (sleep 2 minus the wait)
+    assert sorted(lines()) == sorted(ids), "each job's hook runs exactly once"
+    assert "running the notification hooks of 2 job(s) that ended before" in daemon.stderr()
+    # `show` says what runs at the end.
+    shown = daemon.cli("show", str(ids[0])).stdout
+    assert f"notify:    sh -c 'sleep 2; echo $GPUSCHED_JOB_ID >> {ran}'" in shown
 
 
 def _read(path: Path) -> str | None:

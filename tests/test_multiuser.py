@@ -120,7 +120,7 @@ def test_identity_comes_from_the_kernel_not_from_the_request(
 def test_users_act_only_on_their_own_jobs(people: Any, shared_daemon: Any) -> None:
     (alice, bob), _ = people
     daemon = shared_daemon()
-    job = submit_as(alice, daemon, ["sleep", "60"], mem="1G")
+    job = submit_as(alice, daemon, ["sleep", "60"], mem="1G", notify="mail alice@lab.org")
     daemon.wait_state(job["id"], {"running"})
     for op in ("cancel", "hold", "release", "logs"):
         with pytest.raises(PermissionDenied, match=f"belongs to {alice.name}"):
@@ -128,10 +128,15 @@ def test_users_act_only_on_their_own_jobs(people: Any, shared_daemon: Any) -> No
     seen_by_bob = request_as(bob, daemon, "show", id=job["id"])
     assert seen_by_bob["user"] == alice.name
     assert seen_by_bob["command"] == ["(hidden)"]
+    assert seen_by_bob["notify"] == ["(hidden)"]  # an address is as private as a command
     status = request_as(bob, daemon, "status")
     mine = next(j for j in status["jobs"] if j["id"] == job["id"])
     assert (mine["state"], mine["mem"], mine["command"]) == ("running", 2**30, ["(hidden)"])
-    assert request_as(alice, daemon, "show", id=job["id"])["command"] == ["sleep", "60"]
+    seen_by_alice = request_as(alice, daemon, "show", id=job["id"])
+    assert (seen_by_alice["command"], seen_by_alice["notify"]) == (
+        ["sleep", "60"],
+        ["mail", "alice@lab.org"],
+    )
     # Root may act on everyone's jobs.
     assert daemon.cli("cancel", str(job["id"])).returncode == 0
     assert daemon.wait_state(job["id"], {"cancelled"})["reason_detail"] == "cancelled by root"

@@ -234,6 +234,27 @@ def test_mark_ended_without_log_path_keeps_it(store: Store) -> None:
     assert store.get(job_id).log_path == f"/logs/{job_id}.log"
 
 
+def test_hooks_due_from_the_end_until_they_start(store: Store) -> None:
+    with_hooks = store.add(new_job(notify=("mail", "alice@lab.org")), NOW).id
+    without = store.add(new_job(), NOW).id
+    later = store.add(new_job(), NOW).id
+    assert store.get(with_hooks).notify == ["mail", "alice@lab.org"]
+    assert store.get(without).notify is None
+    for job_id, hooks_due, now in (
+        (later, True, "t2"),
+        (with_hooks, True, "t1"),
+        (without, False, "t1"),
+    ):
+        start(store, job_id)
+        end(store, job_id, now=now, hooks_due=hooks_due)
+    assert store.hooks_due() == [with_hooks, later]  # in the order they ended
+    store.hooks_started(with_hooks)
+    assert store.hooks_due() == [later]
+    # A second ending is refused, and cannot mark the hooks due again.
+    assert not end(store, with_hooks, hooks_due=True)
+    assert store.hooks_due() == [later]
+
+
 def test_hold_and_release(store: Store) -> None:
     job_id = store.add(new_job(), NOW).id
     assert store.hold(job_id)
