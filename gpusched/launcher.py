@@ -98,7 +98,7 @@ def zygote_command(control_fd: int, jobs_dir: Path) -> list[str]:
 def find_supervisor(spec_path: Path) -> int | None:
     """The pid of a live supervisor for this spec (a daemon may have died before recording it).
 
-    A supervisor forked by the zygote carries the zygote's command line: it is found by
+    A supervisor forked by the zygote shows a title, not that command line: it is found by
     the identity the zygote recorded next to the spec; one started directly, by its
     command line.
     """

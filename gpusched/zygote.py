@@ -20,8 +20,9 @@ exits, and the daemon may restart the zygote from a short-lived worker thread. T
 supervisors it forked are in their own sessions and outlive it, as jobs outlive the
 daemon; it reaps the ones that end while it lives (afterwards init does).
 
-Identity: a forked supervisor carries the zygote's command line, so a restarted daemon
-cannot find it by command line. Before the child may do anything, the zygote records
+Identity: a forked supervisor does not have the command line of one started fresh (it
+shows a title naming its job, set with setproctitle), so a restarted daemon cannot find
+it by command line. Before the child may do anything, the zygote records
 the child's pid and kernel start time in `supervisor.json` next to the spec. The child
 waits until the zygote has closed a pipe to it, then runs only if that record names it:
 a supervisor runs a job if and only if its identity is on record, so a daemon that died
@@ -39,6 +40,8 @@ import socket
 import sys
 import traceback
 from pathlib import Path
+
+from setproctitle import setproctitle
 
 from gpusched.supervisor import Supervisor
 
@@ -101,6 +104,9 @@ def _become_supervisor(spec_path: Path, hold_r: int) -> int:
     # socket object is never used or collected here: the child ends with os._exit).
     os.closerange(3, _MAX_FD)
     spec = json.loads(spec_path.read_text())
+    # What `ps` shows (it would show the zygote's command line): the job, and the spec
+    # path, the same that `python -m gpusched.supervisor SPEC` would show.
+    setproctitle(f"gpusched supervisor: job {spec['job_id']} {spec_path}")
     return Supervisor(spec, job_dir / "exit.json").run()
 
 

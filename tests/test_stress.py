@@ -70,7 +70,7 @@ def _ours(marker: str, daemon_pid: int | None = None) -> list[psutil.Process]:
     """Live supervisors of this test's daemon and their job trees.
 
     The running daemon's own supervisor zygote (its child) is not a job's: it is left out;
-    the supervisors it forked carry its command line and are counted.
+    the supervisors it forked name their spec in their title and are counted.
     """
     found = []
     for process in psutil.process_iter(["cmdline", "status", "ppid"]):

@@ -73,6 +73,10 @@ def test_jobs_start_through_the_zygote_as_if_started_fresh(daemon: RunningDaemon
     job_dir = daemon.root / "state" / "jobs" / str(job_id)
     assert (job_dir / IDENTITY_FILE).exists()
     assert recorded_supervisor(job_dir) == supervisor.pid
+    # `ps` names its job, not the zygote's command line.
+    title = " ".join(supervisor.cmdline()).strip()
+    assert title.startswith(f"gpusched supervisor: job {job_id} "), title
+    assert title.endswith(str(job_dir / "spec.json")), title
     assert daemon.cli("wait", str(job_id), timeout=30).returncode == 7
     # The zygote reaps the supervisors it forked: no zombie is left under it.
     assert _gone(supervisor.pid)
