@@ -268,7 +268,10 @@ def render_jobs(
             bold=True,
         )
     ]
-    groups = [("running", running, "green"), ("waiting", waiting, "yellow")]
+    groups: list[tuple[str, list[Job], str | None]] = [
+        ("running", running, "green"),
+        ("waiting", waiting, "yellow"),
+    ]
     if show_all or ended:
         groups.append(("recently ended", ended, None))
     for title, members, tint in groups:

@@ -420,8 +420,8 @@ class Scheduler(JobEndings):
                 new = self._end_count - seen
                 seen = self._end_count
                 if new > len(self._recent_ends):  # more ended than remembered: read again
-                    found = self.store.get_many(pending).values()
-                    pending = {j.id for j in found if j.state not in TERMINAL_STATES}
+                    again = self.store.get_many(pending).values()
+                    pending = {j.id for j in again if j.state not in TERMINAL_STATES}
                 elif new:
                     pending.difference_update(list(self._recent_ends)[-new:])
         found = self.store.get_many(job_ids)

@@ -52,7 +52,7 @@ from sqlalchemy import (
     select,
     type_coerce,
 )
-from sqlalchemy.engine import Connection, Row
+from sqlalchemy.engine import Connection, CursorResult, Row
 from sqlalchemy.schema import CreateColumn
 from sqlalchemy.sql import Select
 
@@ -139,6 +139,14 @@ def decode_json(text: str | None) -> Any:
     if text is None:
         return None
     return [] if text == "[]" else json.loads(text)
+
+
+def inserted_id(result: CursorResult[Any]) -> int:
+    """The id of the job row an INSERT just created."""
+    key = result.inserted_primary_key
+    if key is None:  # only for a statement that inserted nothing, which ours never are
+        raise RuntimeError("the insert returned no primary key")
+    return int(key[0])
 
 
 def to_job(row: Row[Any]) -> Job:

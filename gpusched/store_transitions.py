@@ -16,7 +16,7 @@ from sqlalchemy import func, select, update
 from sqlalchemy.engine import Connection
 
 from gpusched.models import ACTIVE_STATES, Job, JobState
-from gpusched.store_db import Database, job_select, jobs, to_job
+from gpusched.store_db import Database, inserted_id, job_select, jobs, to_job
 from gpusched.store_usage import usage_values
 
 
@@ -92,7 +92,7 @@ class JobTransitions(Database):
                 notify=list(new.notify) if new.notify else None,
             )
         )
-        return int(result.inserted_primary_key[0])
+        return inserted_id(result)
 
     def _transition(
         self,

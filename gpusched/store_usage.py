@@ -14,7 +14,7 @@ from sqlalchemy import select, update
 
 from gpusched.errors import NotFoundError
 from gpusched.models import Job, JobState
-from gpusched.store_db import job_select, jobs, to_job
+from gpusched.store_db import inserted_id, job_select, jobs, to_job
 from gpusched.store_queries import JobQueries
 
 # What measuring a job may write (Store.set_usage, mark_ended's `usage`).
@@ -101,7 +101,7 @@ class UsageRecords(JobQueries):
                 retry_oom=max(0, (row.retry_oom or 0) - 1),
                 retry_of=row.retry_of or row.id,
             )
-            new_id = int(conn.execute(jobs.insert().values(**values)).inserted_primary_key[0])
+            new_id = inserted_id(conn.execute(jobs.insert().values(**values)))
             conn.execute(update(jobs).where(jobs.c.id == job_id).values(retried_as=new_id))
             retry = conn.execute(job_select().where(jobs.c.id == new_id)).one()
         return to_job(retry)

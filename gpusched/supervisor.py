@@ -204,8 +204,9 @@ class Supervisor:
         finally:
             os.close(log_fd)
         cancelled = timed_out = False
-        limit_s = spec.get("time_limit_s")
-        deadline = None if limit_s is None else time.monotonic() + float(limit_s)
+        limit = spec.get("time_limit_s")
+        limit_s = None if limit is None else float(limit)
+        deadline = None if limit_s is None else time.monotonic() + limit_s
         while self.child.returncode is None:
             if self.terminate_requested and not cancelled:
                 cancelled = True
@@ -229,7 +230,7 @@ class Supervisor:
                 outcome="timeout",
                 exit_code=_exit_code(code),
                 signal=_signal_of(code),
-                message=f"ran longer than its time limit of {_duration(float(limit_s))}",
+                message=f"ran longer than its time limit of {_duration(limit_s or 0.0)}",
             )
         elif cancelled or self.terminate_requested:
             self._record(outcome="cancelled", exit_code=_exit_code(code), signal=_signal_of(code))

@@ -163,8 +163,9 @@ def serve(control: socket.socket, jobs_dir: Path) -> int:
     # Ctrl-C on a daemon in a terminal reaches its whole process group: the daemon
     # decides when we stop, by closing the channel.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    watched: list[socket.socket | int] = [control, wake_r]
     while True:
-        ready, _, _ = select.select([control, wake_r], [], [])
+        ready, _, _ = select.select(watched, [], [])
         if wake_r in ready:
             with contextlib.suppress(BlockingIOError):
                 os.read(wake_r, 512)
