@@ -19,6 +19,7 @@ from gpusched.cli_common import (
     JOB_IDS,
     client_of,
     expand_arrays,
+    job_ids_completer,
     parse_ids,
     parse_targets,
     print_json,
@@ -185,23 +186,45 @@ _JSON_JOBS = click.option(
 
 
 @click.command(cls=ExampleLastCommand)
-@JOB_IDS
+@click.argument("ids", nargs=-1, shell_complete=job_ids_completer())
+@click.option("--all", "all_mine", is_flag=True, help="Cancel every active job of yours.")
+@click.option(
+    "--waiting", is_flag=True, help="With --all: only your jobs that have not started yet."
+)
 @_JSON_JOBS
 @click.pass_context
-def cancel(ctx: click.Context, ids: tuple[str, ...], as_json: bool) -> None:
+def cancel(
+    ctx: click.Context, ids: tuple[str, ...], all_mine: bool, waiting: bool, as_json: bool
+) -> None:
     """Cancel jobs: queued ones never start; running ones get SIGTERM on their whole
     process tree, then SIGKILL after the grace period.
 
     \b
     IDs may be job ids or array ids (aN, from --sweep): an array's ended jobs are
-    left as they are, its active ones cancelled.
+    left as they are, its active ones cancelled. --all takes your own jobs only,
+    also for root: other users' jobs are cancelled by id.
 
     \b
     Example:
       gpusched cancel 12 13
       gpusched cancel a3
+      gpusched cancel --all --waiting
     """
+    if bool(ids) == all_mine:
+        raise UsageError("give job ids, or --all (not both)")
+    if waiting and not all_mine:
+        raise UsageError("--waiting goes with --all")
     client = client_of(ctx)
+    if all_mine:
+        cancelled = client.cancel_mine(waiting_only=waiting)
+        if as_json:
+            print_json([job.to_json() for job in cancelled])
+            return
+        for job in cancelled:
+            click.echo(f"job {job.id}: cancel requested ({job.state})")
+        if not cancelled:
+            click.echo(f"no {'waiting' if waiting else 'active'} jobs of yours")
+        return
     job_ids, arrays = parse_targets(ids)
     done: list[Job] = []
     for array_id in arrays:

@@ -317,6 +317,11 @@ class Client:
     def cancel_array(self, array_id: int) -> list[Job]:
         return [Job.from_json(j) for j in self.request("cancel", array=array_id)]
 
+    def cancel_mine(self, waiting_only: bool = False) -> list[Job]:
+        """Cancel every active job of the caller's (`waiting_only`: those not started yet)."""
+        jobs = self.request("cancel", mine=True, waiting_only=waiting_only)
+        return [Job.from_json(j) for j in jobs]
+
     def hold(self, job_id: int) -> Job:
         return Job.from_json(self.request("hold", id=job_id))
 

@@ -26,7 +26,7 @@ from gpusched.errors import (
 )
 from gpusched.hints import suggest_mem
 from gpusched.identity import Caller, account_gid, can_enter, user_name
-from gpusched.models import TERMINAL_STATES, JobState
+from gpusched.models import ACTIVE_STATES, TERMINAL_STATES, JobState
 from gpusched.store import NewJob
 from gpusched.sweep import expand
 
@@ -304,7 +304,23 @@ def _logs(server: Server, caller: Caller, args: dict[str, Any]) -> Any:
     }
 
 
+def _cancel_mine(server: Server, caller: Caller, waiting_only: bool) -> Any:
+    """Every active job of the caller's own (root's and admins' too: others' only by id)."""
+    wanted = (JobState.QUEUED, JobState.HELD) if waiting_only else tuple(ACTIVE_STATES)
+    cancelled = []
+    for job in server.store.active():
+        if job.uid != caller.uid or job.state not in wanted:
+            continue
+        try:
+            cancelled.append(server.scheduler.cancel(job, caller.user, waiting_only))
+        except ConflictError:  # it ended (or, with waiting_only, started) meanwhile
+            continue
+    return [server.visible(caller, job) for job in cancelled]
+
+
 def _cancel(server: Server, caller: Caller, args: dict[str, Any]) -> Any:
+    if _arg(args, "mine", bool, default=False):
+        return _cancel_mine(server, caller, _arg(args, "waiting_only", bool, default=False))
     if args.get("array") is not None:
         return _cancel_array(server, caller, _arg(args, "array", int))
     job = server.owned_job(caller, _job_id(args))

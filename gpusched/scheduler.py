@@ -355,11 +355,14 @@ class Scheduler(JobEndings):
     def _current_gpus(self) -> list[GpuState]:
         return self._reading.gpus or self.read_gpus()
 
-    def cancel(self, job: Job, by: str) -> Job:
+    def cancel(self, job: Job, by: str, waiting_only: bool = False) -> Job:
+        """`waiting_only`: refuse (ConflictError) if it has started, checked under the lock."""
         with self._lock:
             job = self.store.get(job.id)
             if job.state in TERMINAL_STATES:
                 raise ConflictError(f"job {job.id} has already ended ({job.state})")
+            if waiting_only and job.state == JobState.RUNNING:
+                raise ConflictError(f"job {job.id} has started")
             if job.state == JobState.RUNNING:
                 self.store.set_detail(job.id, f"cancelled by {by}")
                 info = self.store.launch_info(job.id)

@@ -291,6 +291,9 @@ def test_bad_input_gets_one_line_and_the_contract_exit_code(daemon: RunningDaemo
         (["cancel", "abc"], 2, "invalid id"),
         (["wait", "a0"], 2, "invalid id"),
         (["cancel", "a999"], 1, "no array a999"),
+        (["cancel"], 2, "give job ids, or --all"),
+        (["cancel", "5", "--all"], 2, "give job ids, or --all"),
+        (["cancel", "5", "--waiting"], 2, "--waiting goes with --all"),
     ]
     for args, code, text in cases:
         result = daemon.cli(*args)
@@ -299,6 +302,15 @@ def test_bad_input_gets_one_line_and_the_contract_exit_code(daemon: RunningDaemo
         assert len(lines) == 1 and text in lines[0], (args, result.stderr)
     missing = daemon.cli("submit", "--mem", "1G")
     assert missing.returncode == 2
+
+
+def test_cancel_all_from_the_command_line(daemon: RunningDaemon) -> None:
+    held = [daemon.submit("--hold", "--mem", "1G", "--", "true") for _ in range(2)]
+    result = daemon.cli("cancel", "--all", "--waiting")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [f"job {i}: cancel requested (cancelled)" for i in held]
+    again = daemon.cli("cancel", "--all", "--json")
+    assert (again.returncode, json.loads(again.stdout)) == (0, [])
 
 
 def test_no_daemon_exits_3_naming_the_socket(tmp_path: Path) -> None:

@@ -142,6 +142,39 @@ def test_users_act_only_on_their_own_jobs(people: Any, shared_daemon: Any) -> No
     assert daemon.wait_state(job["id"], {"cancelled"})["reason_detail"] == "cancelled by root"
 
 
+def test_cancel_all_takes_only_the_callers_own_jobs(people: Any, shared_daemon: Any) -> None:
+    (alice, bob), _ = people
+    daemon = shared_daemon()
+    socket_path = daemon.socket_path
+
+    def cancel_mine(who: Any, waiting_only: bool) -> list[tuple[int, str]]:
+        found = as_user(
+            who,
+            lambda: [j.to_json() for j in Client(socket_path).cancel_mine(waiting_only)],
+        )
+        return [(job["id"], job["state"]) for job in found]
+
+    running = submit_as(alice, daemon, ["sleep", "60"], mem="1G")["id"]
+    daemon.wait_state(running, {"running"})
+    held = submit_as(alice, daemon, ["true"], mem="1G", hold=True)["id"]
+    queued = submit_as(alice, daemon, ["true"], mem="1G", after=[running])["id"]
+    bobs = submit_as(bob, daemon, ["true"], mem="1G", hold=True)["id"]
+    # --waiting: the jobs that have not started; the running one keeps running.
+    assert sorted(cancel_mine(alice, True)) == [(held, "cancelled"), (queued, "cancelled")]
+    assert daemon.show(running)["state"] == "running"
+    # Root's --all is root's own jobs (none here), never everyone's.
+    result = daemon.cli("cancel", "--all")
+    assert (result.returncode, result.stdout) == (0, "no active jobs of yours\n")
+    assert daemon.show(bobs)["state"] == "held"
+    assert cancel_mine(bob, False) == [(bobs, "cancelled")]
+    # Without --waiting, the running job too (it stops after the grace period).
+    assert [job_id for job_id, _ in cancel_mine(alice, False)] == [running]
+    assert (
+        daemon.wait_state(running, {"cancelled"})["reason_detail"] == f"cancelled by {alice.name}"
+    )
+    assert cancel_mine(alice, False) == []
+
+
 def test_admins_and_show_commands_from_the_config(people: Any, shared_daemon: Any) -> None:
     (alice, bob), _ = people
     daemon = shared_daemon(admins=[bob.name], show_commands=True)
