@@ -207,7 +207,10 @@ def bench_gpusched(n_jobs: int, root: Path) -> dict[str, float]:
         done = {j.id: j for j in client.history(limit=n_jobs + 10)}
         assert all(done[i].state == "done" for i in ids), "some jobs did not succeed"
         stamps = [
-            (datetime.fromisoformat(done[i].started_at), datetime.fromisoformat(done[i].ended_at))
+            (
+                datetime.fromisoformat(done[i].started_at or ""),
+                datetime.fromisoformat(done[i].ended_at or ""),
+            )
             for i in ids
         ]
         runs = [(end - begin).total_seconds() for begin, end in stamps]

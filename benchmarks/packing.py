@@ -47,7 +47,9 @@ from gpusched.policy import GpuSlot, RunningClaim, WaitingJob, plan
 
 GPU_COUNT = 4
 GPU_MEM = 80 * GiB
-HEADROOM = next(f.default for f in fields(Config) if f.name == "headroom_bytes")  # 512M
+_DEFAULT_HEADROOM = next(f.default for f in fields(Config) if f.name == "headroom_bytes")
+assert isinstance(_DEFAULT_HEADROOM, int)
+HEADROOM = _DEFAULT_HEADROOM  # 512M
 ALLOC_LAG_S = 60.0  # a job allocates its memory this long after it starts
 DEFAULT_SEED = 20261121
 DEFAULT_JOBS = 300
@@ -98,7 +100,8 @@ def make_trace(seed: int, n_jobs: int, window_s: float) -> list[TraceJob]:
 def make_interference(seed: int, horizon_s: float, mean_gap_s: float) -> list[Foreign]:
     """Processes outside gpusched: 8-24 GB for 10 min-6 h, about one every `mean_gap_s`."""
     rng = random.Random(seed + 1)
-    result, t = [], 0.0
+    result: list[Foreign] = []
+    t = 0.0
     while True:
         t += rng.expovariate(1 / mean_gap_s)
         if t >= horizon_s:

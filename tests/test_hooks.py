@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -99,9 +100,9 @@ def test_a_hanging_hook_is_killed_after_the_timeout_and_scheduling_goes_on(
     eventually(lambda: not _alive(hook_pid) and not _alive(child_pid), timeout=10)
     eventually(lambda: "still running after 3s: killed" in daemon.stderr(), timeout=15)
     for job_id in (first, second):
-        seen = json.loads(
-            eventually(lambda j=job_id: _read(marks / f"on_finish-{j}.json"), timeout=15)
-        )
+        text = eventually(functools.partial(_read, marks / f"on_finish-{job_id}.json"), timeout=15)
+        assert text is not None
+        seen = json.loads(text)
         assert (seen["id"], seen["state"]) == (job_id, "done")
 
 

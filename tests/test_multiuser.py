@@ -62,7 +62,7 @@ def submit_as(
     )
 
 
-def request_as(who: User, daemon: RunningDaemon, op: str, **args: Any) -> Any:
+def request_as(who: User, daemon: RunningDaemon | _at, op: str, **args: Any) -> Any:
     socket_path = daemon.socket_path
     return as_user(who, lambda: Client(socket_path).request(op, **args))
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -30,9 +31,7 @@ M = 2**20
 HEADROOM = 512 * M
 
 
-def gpu(
-    index: int, total_g: float = 24, free_g: float | None = None, **kw: bool | float | None
-) -> GpuSlot:
+def gpu(index: int, total_g: float = 24, free_g: float | None = None, **kw: Any) -> GpuSlot:
     total = int(total_g * G)
     free = total if free_g is None else int(free_g * G)
     return GpuSlot(f"GPU-{index}", index, total, free, **kw)

@@ -409,7 +409,7 @@ def test_concurrent_compare_and_set_has_one_winner(db_path: Path) -> None:
         for t in threads:
             t.join(timeout=30)
         assert sorted(results) == [False, False, False, True]
-        assert stores[1].get(job_id).started_at.startswith("winner-")
+        assert (stores[1].get(job_id).started_at or "").startswith("winner-")
     finally:
         for s in stores:
             s.close()
