@@ -160,7 +160,7 @@ class Conn:
 
         writer = threading.Thread(target=write)
         writer.start()
-        replies = []
+        replies: list[bytes] = []
         for _ in frames:
             line = self.line()
             assert line is not None, f"connection closed after {len(replies)} replies"
@@ -261,11 +261,14 @@ class Target:
 
     def harmless(self, request: Any) -> Any:
         """Keep the fuzz off the blocker: cancelling it would let fuzzed jobs run, waiting
-        on it would block for up to 30 s."""
+        on it would block for up to 30 s. (`cancel` with `mine` cancels all of root's jobs,
+        the blocker among them.)"""
         if isinstance(request, dict):
             blocker = self.blocker.id
             if _is_int(request.get("id"), blocker) and request.get("op") == "cancel":
                 request["id"] = blocker + 10**6
+            if request.get("op") == "cancel" and request.get("mine") is True:
+                request["mine"] = False
             ids = request.get("ids")
             if isinstance(ids, list) and request.get("op") == "wait":
                 request["ids"] = [self.ended if _is_int(i, blocker) else i for i in ids]
@@ -402,8 +405,8 @@ def test_junk_frames_cost_one_reply_and_never_the_daemon(target: Target) -> None
         batch += [(None, f) for f in odd_documents()]
         for start in range(0, len(batch), 500):
             chunk = batch[start : start + 500]
-            replies = conn.exchange([frame for _, frame in chunk])
-            for (request, frame), line in zip(chunk, replies, strict=True):
+            answers = conn.exchange([frame for _, frame in chunk])
+            for (request, frame), line in zip(chunk, answers, strict=True):
                 reply = check_reply(frame, line)
                 target.created += _created_jobs(request, reply)
             target.cancel_created(conn)
@@ -411,10 +414,10 @@ def test_junk_frames_cost_one_reply_and_never_the_daemon(target: Target) -> None
         # Random bytes, deep nesting: still one error reply each, on one connection.
         for frames in (list(random_bytes(rng, 3500)), list(deep_frames())):
             for start in range(0, len(frames), 500):
-                chunk = frames[start : start + 500]
-                for frame, line in zip(chunk, conn.exchange(chunk), strict=True):
+                raw = frames[start : start + 500]
+                for frame, line in zip(raw, conn.exchange(raw), strict=True):
                     assert check_reply(frame, line)["ok"] is False or frame.startswith(b"{")
-                answered += len(chunk)
+                answered += len(raw)
         conn.close()
 
         answered += _oversized_frames(path)
