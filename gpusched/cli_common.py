@@ -11,12 +11,15 @@ import json
 import os
 import sys
 from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
 import click
 
 from gpusched.client import Client
+from gpusched.clock import iso
 from gpusched.errors import UsageError
+from gpusched.units import parse_duration
 
 if TYPE_CHECKING:
     from click.shell_completion import CompletionItem
@@ -26,6 +29,24 @@ def client_of(ctx: click.Context) -> Client:
     """A client for the socket and config given to the group (--socket, --config)."""
     obj = ctx.find_root().obj or {}
     return Client(obj.get("socket"), obj.get("config"))
+
+
+def since_time(text: str) -> str:
+    """`--since`: a time ago ("12h", "2d") or an ISO date and time (local time unless it
+    names a zone), as the UTC ISO timestamp the daemon compares with."""
+    try:
+        moment = datetime.now(timezone.utc) - timedelta(seconds=parse_duration(text))
+    except UsageError:
+        try:
+            moment = datetime.fromisoformat(text.strip())
+        except ValueError:
+            raise UsageError(
+                f"--since {text!r}: expected a time ago (12h, 2d) or a date and time"
+                " (2026-11-21, 2026-11-21T08:00)"
+            ) from None
+        if moment.tzinfo is None:
+            moment = moment.astimezone()  # the user's local time
+    return iso(moment.astimezone(timezone.utc))
 
 
 # Completion runs while the user waits at the prompt: a daemon that is slow to answer

@@ -20,6 +20,7 @@ from gpusched.cli_common import (
     job_ids_completer,
     parse_targets,
     print_json,
+    since_time,
     use_color,
 )
 from gpusched.cli_help import ExampleLastCommand
@@ -215,17 +216,41 @@ def logs(ctx: click.Context, job_id: int, follow: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the jobs as a JSON list.")
 @click.option("--user", help="Only this user's jobs.")
 @click.option(
+    "--state",
+    "states",
+    multiple=True,
+    metavar="STATE[,STATE]",
+    help="Only jobs that ended so: done, failed, cancelled, lost.",
+)
+@click.option(
+    "--since",
+    metavar="WHEN",
+    help="Only jobs that ended since WHEN: a time ago (12h, 2d) or a date and time"
+    " (2026-11-21, 2026-11-21T08:00; local time unless it names a zone).",
+)
+@click.option(
     "--limit", type=click.IntRange(min=1), default=20, show_default=True, help="How many."
 )
 @click.pass_context
-def history(ctx: click.Context, as_json: bool, user: str | None, limit: int) -> None:
+def history(
+    ctx: click.Context,
+    as_json: bool,
+    user: str | None,
+    states: tuple[str, ...],
+    since: str | None,
+    limit: int,
+) -> None:
     """List ended jobs, most recent first.
 
     \b
     Example:
       gpusched history --user alice --limit 5
+      gpusched history --state failed,lost --since 12h
     """
-    jobs = client_of(ctx).history(user=user, limit=limit)
+    wanted = [name.strip() for value in states for name in value.split(",")] or None
+    jobs = client_of(ctx).history(
+        user=user, limit=limit, states=wanted, since=None if since is None else since_time(since)
+    )
     if as_json:
         print_json([j.to_json() for j in jobs])
         return

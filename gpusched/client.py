@@ -328,8 +328,21 @@ class Client:
     def release(self, job_id: int) -> Job:
         return Job.from_json(self.request("release", id=job_id))
 
-    def history(self, user: str | None = None, limit: int = 50) -> list[Job]:
-        return [Job.from_json(j) for j in self.request("history", user=user, limit=limit)]
+    def history(
+        self,
+        user: str | None = None,
+        limit: int = 50,
+        states: Sequence[str] | None = None,
+        since: str | None = None,
+    ) -> list[Job]:
+        """Ended jobs, most recent first. `states`: e.g. ["failed", "lost"]; `since`: an
+        ISO timestamp with a time zone (jobs that ended at or after it)."""
+        args: dict[str, Any] = {"user": user, "limit": limit}
+        if states is not None:
+            args["states"] = list(states)
+        if since is not None:
+            args["since"] = since
+        return [Job.from_json(j) for j in self.request("history", **args)]
 
     def logs(self, job_id: int, offset: int = 0) -> LogChunk:
         result = self.request("logs", id=job_id, offset=offset)

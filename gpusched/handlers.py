@@ -14,9 +14,11 @@ import math
 import os
 from collections.abc import Callable
 from dataclasses import replace
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from gpusched import __version__
+from gpusched.clock import iso
 from gpusched.errors import (
     ConflictError,
     GpuschedError,
@@ -371,9 +373,32 @@ def _history(server: Server, caller: Caller, args: dict[str, Any]) -> Any:
     if limit < 1:
         raise UsageError("--limit must be at least 1")
     user = _arg(args, "user", str)
-    return [
-        server.visible(caller, j) for j in server.store.ended(limit=min(limit, 10000), user=user)
-    ]
+    states = TERMINAL_STATES
+    if args.get("states") is not None:
+        names = _str_list(args, "states")
+        unknown = sorted(set(names) - {str(s) for s in TERMINAL_STATES})
+        if unknown or not names:
+            raise UsageError(
+                f"--state {','.join(unknown) or '(none)'}: an ended job is one of "
+                + ", ".join(sorted(str(s) for s in TERMINAL_STATES))
+            )
+        states = frozenset(JobState(name) for name in names)
+    since = _arg(args, "since", str)
+    if since is not None:
+        since = _utc_iso(since)
+    found = server.store.ended(limit=min(limit, 10000), user=user, states=states, since=since)
+    return [server.visible(caller, j) for j in found]
+
+
+def _utc_iso(text: str) -> str:
+    """An ISO timestamp with its time zone, as `ended_at` is stored (UTC, milliseconds)."""
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise UsageError(f"'since': not an ISO date and time: {text!r}") from None
+    if moment.tzinfo is None:
+        raise UsageError(f"'since': {text!r} has no time zone")
+    return iso(moment.astimezone(timezone.utc))
 
 
 HANDLERS: dict[str, Handler] = {

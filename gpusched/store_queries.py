@@ -7,7 +7,7 @@ history cannot make a submit wait.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 from sqlalchemy import Text, func, select, type_coerce
@@ -101,11 +101,24 @@ class JobQueries(Database):
             for i, u, m, g, p, a, ai, mc, ro in rows
         ]
 
-    def ended(self, limit: int, user: str | None = None) -> list[Job]:
-        """Ended jobs, most recently ended first."""
-        query = job_select().where(jobs.c.state.in_([str(s) for s in TERMINAL_STATES]))
+    def ended(
+        self,
+        limit: int,
+        user: str | None = None,
+        states: Collection[JobState] = TERMINAL_STATES,
+        since: str | None = None,
+    ) -> list[Job]:
+        """Ended jobs, most recently ended first.
+
+        `states`: some of the terminal states only; `since`: ended at or after this time
+        (an ISO timestamp in UTC, as `ended_at` is stored, so text order is time order).
+        """
+        wanted = [str(s) for s in states if s in TERMINAL_STATES]
+        query = job_select().where(jobs.c.state.in_(wanted))
         if user is not None:
             query = query.where(jobs.c.user == user)
+        if since is not None:
+            query = query.where(jobs.c.ended_at >= since)
         query = query.order_by(jobs.c.ended_at.desc(), jobs.c.id.desc()).limit(limit)
         with self.read() as conn:
             return [to_job(row) for row in conn.execute(query).all()]

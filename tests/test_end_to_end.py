@@ -13,6 +13,7 @@ from typing import Any
 import psutil
 import pytest
 
+from gpusched.errors import UsageError
 from tests.daemon_harness import RunningDaemon
 
 PRINT_GPU = "import os; print('GPU=' + os.environ['CUDA_VISIBLE_DEVICES'])"
@@ -291,6 +292,8 @@ def test_bad_input_gets_one_line_and_the_contract_exit_code(daemon: RunningDaemo
         (["cancel", "abc"], 2, "invalid id"),
         (["wait", "a0"], 2, "invalid id"),
         (["cancel", "a999"], 1, "no array a999"),
+        (["history", "--state", "running"], 2, "an ended job is one of cancelled, done"),
+        (["history", "--since", "yesterday"], 2, "expected a time ago (12h, 2d)"),
         (["cancel"], 2, "give job ids, or --all"),
         (["cancel", "5", "--all"], 2, "give job ids, or --all"),
         (["cancel", "5", "--waiting"], 2, "--waiting goes with --all"),
@@ -302,6 +305,28 @@ def test_bad_input_gets_one_line_and_the_contract_exit_code(daemon: RunningDaemo
         assert len(lines) == 1 and text in lines[0], (args, result.stderr)
     missing = daemon.cli("submit", "--mem", "1G")
     assert missing.returncode == 2
+
+
+def test_history_by_state_and_since(daemon: RunningDaemon) -> None:
+    ok = daemon.submit("--mem", "1G", "--", "true")
+    bad = daemon.submit("--mem", "1G", "--", "false")
+    daemon.client().wait([ok, bad], timeout=20)
+
+    def ids(*args: str) -> list[int]:
+        result = daemon.cli("history", "--json", *args)
+        assert result.returncode == 0, result.stderr
+        return [job["id"] for job in json.loads(result.stdout)]
+
+    assert ids("--state", "failed") == [bad]
+    assert ids("--state", "done,failed", "--since", "10m") == [bad, ok]
+    assert ids("--state", "done", "--state", "lost") == [ok]
+    assert ids("--since", "2999-01-01") == []
+    assert ids("--since", "2000-01-01T00:00+00:00") == [bad, ok]
+    # The protocol wants a zone: a naive time would be read in the daemon's zone.
+    with pytest.raises(UsageError, match="has no time zone"):
+        daemon.client().history(since="2026-11-21T08:00")
+    table = daemon.cli("history", "--state", "failed").stdout.splitlines()
+    assert len(table) == 2 and table[1].split()[:3] == [str(bad), "root", "failed"]
 
 
 def test_cancel_all_from_the_command_line(daemon: RunningDaemon) -> None:

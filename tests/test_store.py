@@ -155,6 +155,29 @@ def test_ended_most_recent_first_with_limit_and_user(store: Store) -> None:
 # -- transitions -----------------------------------------------------------------------------
 
 
+def test_ended_by_state_and_since(store: Store) -> None:
+    ids = [store.add(new_job(), NOW).id for _ in range(4)]
+    endings = [
+        (JobState.DONE, "2026-11-21T10:00:00.000+00:00"),
+        (JobState.FAILED, "2026-11-21T11:00:00.000+00:00"),
+        (JobState.FAILED, "2026-11-21T12:00:00.500+00:00"),
+        (JobState.LOST, "2026-11-21T12:00:00.000+00:00"),
+    ]
+    for job_id, (state, when) in zip(ids, endings, strict=True):
+        start(store, job_id)
+        end(store, job_id, now=when, state=state)
+    failed = store.ended(10, states=[JobState.FAILED])
+    assert [j.id for j in failed] == [ids[2], ids[1]]
+    since = store.ended(10, since="2026-11-21T11:00:00.000+00:00")  # at or after
+    assert [j.id for j in since] == [ids[2], ids[3], ids[1]]
+    both = store.ended(
+        10, states=[JobState.FAILED, JobState.LOST], since="2026-11-21T12:00:00.000+00:00"
+    )
+    assert [j.id for j in both] == [ids[2], ids[3]]
+    # Active states are never "ended", whatever is asked.
+    assert store.ended(10, states=[JobState.QUEUED, JobState.RUNNING]) == []
+
+
 def test_mark_running_records_the_launch(store: Store) -> None:
     job_id = store.add(new_job(), NOW).id
     assert start(store, job_id, now="2025-01-01T00:00:05Z")
