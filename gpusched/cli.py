@@ -19,7 +19,17 @@ import click
 
 from gpusched.cli_common import print_json, use_color
 from gpusched.cli_help import ExampleLastGroup
-from gpusched.cli_jobs import cancel, hold, priority, release, requeue, submit, wait
+from gpusched.cli_jobs import (
+    cancel,
+    drain,
+    hold,
+    priority,
+    release,
+    requeue,
+    submit,
+    undrain,
+    wait,
+)
 from gpusched.cli_usage import estimate
 from gpusched.cli_views import history, logs, show, status
 from gpusched.errors import EXIT_FAILED, EXIT_OK, GpuschedError, UsageError
@@ -150,6 +160,8 @@ for _command in (
     priority,
     requeue,
     estimate,
+    drain,
+    undrain,
 ):
     cli.add_command(_command)
 

@@ -186,6 +186,37 @@ _JSON_JOBS = click.option(
 
 
 @click.command(cls=ExampleLastCommand)
+@click.argument("reason", nargs=-1)
+@click.pass_context
+def drain(ctx: click.Context, reason: tuple[str, ...]) -> None:
+    """Start no new job until `gpusched undrain` (administrators only): running jobs go
+    on, queued ones wait, users can still submit. Kept across daemon restarts.
+
+    \b
+    REASON is shown to everyone in `status` and in each waiting job's reason.
+
+    \b
+    Example:
+      gpusched drain GPU 2 is replaced on Friday, back by noon
+    """
+    done = client_of(ctx).drain(" ".join(reason) or None)
+    click.echo(f"{done.describe()}: no new job starts; running jobs go on")
+
+
+@click.command(cls=ExampleLastCommand)
+@click.pass_context
+def undrain(ctx: click.Context) -> None:
+    """Let jobs start again after `gpusched drain` (administrators only).
+
+    \b
+    Example:
+      gpusched undrain
+    """
+    client_of(ctx).undrain()
+    click.echo("not draining: queued jobs start again")
+
+
+@click.command(cls=ExampleLastCommand)
 @click.argument("ids", nargs=-1, shell_complete=job_ids_completer())
 @click.option("--all", "all_mine", is_flag=True, help="Cancel every active job of yours.")
 @click.option(

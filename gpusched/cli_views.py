@@ -26,7 +26,7 @@ from gpusched.cli_common import (
 from gpusched.cli_help import ExampleLastCommand
 from gpusched.cli_usage import usage_rows, util_text
 from gpusched.errors import GpuschedError, UsageError
-from gpusched.models import GpuReport, Job
+from gpusched.models import Drain, GpuReport, Job
 from gpusched.units import format_size
 
 
@@ -109,6 +109,7 @@ def _status_text(result: dict[str, Any], show_all: bool, color: bool) -> str:
         width=shutil.get_terminal_size((80, 24)).columns,
         color=color,
         show_all=show_all,
+        drain=None if result.get("drain") is None else Drain.from_json(result["drain"]),
     )
 
 

@@ -32,7 +32,7 @@ from gpusched.config import (
     user_socket_path,
 )
 from gpusched.errors import DaemonUnreachable, ProtocolError, UsageError
-from gpusched.models import TERMINAL_STATES, GpuReport, Job
+from gpusched.models import TERMINAL_STATES, Drain, GpuReport, Job
 from gpusched.protocol import MAX_REPLY_BYTES, decode, encode, error_from_reply, read_frame
 from gpusched.units import parse_duration, parse_size
 
@@ -44,6 +44,7 @@ REPLY_TIMEOUT_S = 120.0
 class Status:
     gpus: list[GpuReport]
     jobs: list[Job]
+    drain: Drain | None = None  # an administrator's "start nothing new", if in force
 
 
 @dataclass
@@ -289,9 +290,11 @@ class Client:
     def status(self, all: bool = False) -> Status:
         """GPUs and active jobs (`all`: recently ended jobs too)."""
         result = self.request("status", all=all)
+        drain = result.get("drain")  # absent from older daemons
         return Status(
             [GpuReport.from_json(g) for g in result["gpus"]],
             [Job.from_json(j) for j in result["jobs"]],
+            None if drain is None else Drain.from_json(drain),
         )
 
     def job(self, job_id: int) -> Job:
@@ -327,6 +330,15 @@ class Client:
 
     def release(self, job_id: int) -> Job:
         return Job.from_json(self.request("release", id=job_id))
+
+    def drain(self, reason: str | None = None) -> Drain:
+        """Start no new job (administrators only); running jobs go on, the queue waits."""
+        result = self.request("drain", on=True, reason=reason)
+        return Drain.from_json(result)
+
+    def undrain(self) -> None:
+        """Let jobs start again (administrators only)."""
+        self.request("drain", on=False)
 
     def history(
         self,

@@ -126,6 +126,10 @@ class Daemon:
         # Before adoption, which may end jobs and queue their hooks: none is queued twice.
         self.hooks.resume()
         self.scheduler.adopt_running()
+        if self.scheduler.drain is not None:
+            log.warning(
+                "%s: no new job starts until `gpusched undrain`", self.scheduler.drain.describe()
+            )
         self.server.bind()
         if self.config.metrics_address is not None:
             from gpusched.metrics import MetricsServer  # prometheus_client only when asked

@@ -18,17 +18,18 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from gpusched import __version__
-from gpusched.clock import iso
+from gpusched.clock import iso, utc_now
 from gpusched.errors import (
     ConflictError,
     GpuschedError,
     NotFoundError,
+    PermissionDenied,
     ProtocolError,
     UsageError,
 )
 from gpusched.hints import suggest_mem
 from gpusched.identity import Caller, account_gid, can_enter, user_name
-from gpusched.models import ACTIVE_STATES, TERMINAL_STATES, JobState
+from gpusched.models import ACTIVE_STATES, TERMINAL_STATES, Drain, JobState
 from gpusched.store import NewJob
 from gpusched.sweep import expand
 
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
 MAX_WAIT_S = 30.0
 MAX_LOG_CHUNK = 1 << 20
 MAX_RETRY_OOM = 10
+MAX_REASON_CHARS = 500  # a drain reason is shown on every `status`
 
 Handler = Callable[["Server", Caller, dict[str, Any]], Any]
 
@@ -272,7 +274,11 @@ def _status(server: Server, caller: Caller, args: dict[str, Any]) -> Any:
     jobs = [server.visible(caller, j) for j in active]
     if _arg(args, "all", bool, default=False):
         jobs += [server.visible(caller, j) for j in server.store.ended(limit=20)]
-    return {"gpus": [g.to_json() for g in server.scheduler.gpu_reports(running)], "jobs": jobs}
+    return {
+        "gpus": [g.to_json() for g in server.scheduler.gpu_reports(running)],
+        "jobs": jobs,
+        "drain": _drain_json(server),
+    }
 
 
 def _show(server: Server, caller: Caller, args: dict[str, Any]) -> Any:
@@ -401,6 +407,29 @@ def _utc_iso(text: str) -> str:
     return iso(moment.astimezone(timezone.utc))
 
 
+def _drain(server: Server, caller: Caller, args: dict[str, Any]) -> Any:
+    """An administrator stops new jobs from starting (on=true) or lets them start again."""
+    if not caller.admin:
+        raise PermissionDenied(
+            f"only an administrator (root or one listed in `admins`) may drain; {caller.user}"
+            " is not one"
+        )
+    if _arg(args, "on", bool, required=True):
+        reason = _arg(args, "reason", str)
+        if reason is not None and not 0 < len(reason) <= MAX_REASON_CHARS:
+            raise UsageError(f"a drain reason is 1 to {MAX_REASON_CHARS} characters")
+        drain = Drain(caller.user, iso(utc_now()), None if reason is None else _text(reason))
+        server.scheduler.set_drain(drain)
+    else:
+        server.scheduler.set_drain(None)
+    return _drain_json(server)
+
+
+def _drain_json(server: Server) -> dict[str, Any] | None:
+    drain = server.scheduler.drain
+    return None if drain is None else drain.to_json()
+
+
 HANDLERS: dict[str, Handler] = {
     "ping": _ping,
     "submit": _submit,
@@ -416,4 +445,5 @@ HANDLERS: dict[str, Handler] = {
     "requeue": _requeue,
     "array": _array,
     "estimate_history": _estimate_history,
+    "drain": _drain,
 }

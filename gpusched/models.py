@@ -162,3 +162,23 @@ class GpuReport:
     def from_json(cls, data: dict[str, Any]) -> GpuReport:
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in names})
+
+
+@dataclass(frozen=True)
+class Drain:
+    """An administrator's "start nothing new": running jobs go on, the queue waits."""
+
+    by: str
+    since: str  # ISO 8601, UTC
+    reason: str | None = None
+
+    def describe(self) -> str:
+        why = f": {self.reason}" if self.reason else ""
+        return f"draining since {self.since[:16].replace('T', ' ')} UTC (by {self.by}{why})"
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Drain:
+        return cls(str(data["by"]), str(data["since"]), data.get("reason"))

@@ -11,12 +11,13 @@ Imports only the shared vocabulary and click (for `click.style`): the CLI import
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 from datetime import datetime, timezone
 
 import click
 
-from gpusched.models import TERMINAL_STATES, GpuReport, Job, JobState
+from gpusched.models import TERMINAL_STATES, Drain, GpuReport, Job, JobState
 from gpusched.units import format_size
 
 MIN_WIDTH = 60
@@ -291,11 +292,17 @@ def render_status(
     color: bool = False,
     now: datetime | None = None,
     show_all: bool = False,
+    drain: Drain | None = None,
 ) -> str:
     """The whole `gpusched status` screen, lines no wider than `width` (at least 60)."""
     width = max(MIN_WIDTH, width)
     moment = now if now is not None else datetime.now(timezone.utc)
-    lines = render_gpus(gpus, width, color) if gpus else ["no GPUs"]
+    lines = []
+    if drain is not None:  # first: it explains why nothing in the queue starts
+        text = f"{drain.describe()}: no new job starts; `gpusched undrain` ends it"
+        lines += [_Painter(color)(line, "yellow", bold=True) for line in textwrap.wrap(text, width)]
+        lines.append("")
+    lines += render_gpus(gpus, width, color) if gpus else ["no GPUs"]
     lines.append("")
     lines.extend(render_jobs(jobs, moment, width, color, show_all))
     return "\n".join(lines)

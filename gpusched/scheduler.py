@@ -22,6 +22,7 @@ from datetime import timedelta
 from gpusched.attribution import attribute_processes, held_bytes
 from gpusched.clock import Clock, iso, utc_now
 from gpusched.config import Config
+from gpusched.drain import load_drain, save_drain
 from gpusched.endings import JobEndings
 from gpusched.errors import ConflictError, GpuError, NotFoundError, UsageError
 from gpusched.gpus import Probe, apply_selection
@@ -34,6 +35,7 @@ from gpusched.launcher import (
 )
 from gpusched.models import (
     TERMINAL_STATES,
+    Drain,
     EndReason,
     GpuHealth,
     GpuProcess,
@@ -91,6 +93,7 @@ class Scheduler(JobEndings):
         self._end_count = 0
         self._reading = _Reading()
         self.monitor = UsageMonitor(store)  # memory and utilization of running jobs
+        self.drain: Drain | None = load_drain(config.state_dir)  # set by an administrator
         self.wake: Callable[[], None] = lambda: None  # set by the daemon
         # Called with a job's id once it has ended, and whether it has notification hooks
         # to run. Called under the scheduler lock, so each must only hand the id over.
@@ -158,6 +161,9 @@ class Scheduler(JobEndings):
                 user_usage=self._fair_share(eligible, gpus),
                 busy_util=self.config.busy_util,
             )
+            if self.drain is not None:  # an administrator's "start nothing new"
+                held_back = f"{self.drain.describe()}: no new job starts"
+                result = Plan([], {j.id: held_back for j in eligible}, result.budgets)
             by_uuid = {g.uuid: g for g in gpus}
             for placement in result.placements:
                 gpus_of = [by_uuid[u] for u in placement.gpu_uuids]
@@ -374,6 +380,17 @@ class Scheduler(JobEndings):
                 )
             self.wake()
             return self.store.get(job.id)
+
+    def set_drain(self, drain: Drain | None) -> None:
+        """Start nothing new (a Drain), or start again (None); kept across restarts."""
+        with self._lock:
+            save_drain(self.config.state_dir, drain)
+            self.drain = drain
+        if drain is None:
+            log.info("drain lifted: jobs start again")
+        else:
+            log.warning("%s: no new job starts until `gpusched undrain`", drain.describe())
+        self.wake()
 
     def set_priority(self, job: Job, priority: int) -> Job:
         with self._lock:

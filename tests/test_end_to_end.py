@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from gpusched.errors import UsageError
-from tests.daemon_harness import RunningDaemon
+from tests.daemon_harness import RunningDaemon, eventually
 
 PRINT_GPU = "import os; print('GPU=' + os.environ['CUDA_VISIBLE_DEVICES'])"
 
@@ -327,6 +327,36 @@ def test_history_by_state_and_since(daemon: RunningDaemon) -> None:
         daemon.client().history(since="2026-11-21T08:00")
     table = daemon.cli("history", "--state", "failed").stdout.splitlines()
     assert len(table) == 2 and table[1].split()[:3] == [str(bad), "root", "failed"]
+
+
+def test_drain_holds_the_queue_across_a_restart_and_undrain_lets_it_go(
+    daemon_factory: Any,
+) -> None:
+    daemon = daemon_factory().start()
+    running = daemon.submit("--mem", "1G", "--", "sleep", "1")
+    daemon.wait_state(running, {"running"})
+    drained = daemon.cli("drain", "disk", "swap")
+    assert drained.returncode == 0, drained.stderr
+    assert "(by root: disk swap): no new job starts" in drained.stdout
+    queued = daemon.submit("--mem", "1G", "--", "true")
+
+    def held_back() -> bool:
+        job = daemon.show(queued)
+        return job["state"] == "queued" and "draining since" in (job["waiting_reason"] or "")
+
+    eventually(held_back)
+    assert daemon.wait_state(running, {"done"})["state"] == "done"  # running jobs go on
+    screen = daemon.cli("status").stdout.splitlines()
+    assert screen[0].startswith("draining since") and "(by root: disk swap)" in screen[0]
+    assert json.loads(daemon.cli("status", "--json").stdout)["drain"]["reason"] == "disk swap"
+    # Kept across a restart: the queue still waits, and the log says why.
+    daemon.stop()
+    daemon.start()
+    eventually(held_back)
+    assert "no new job starts until `gpusched undrain`" in daemon.stderr()
+    assert daemon.cli("undrain").returncode == 0
+    assert daemon.wait_state(queued, {"done"})["state"] == "done"
+    assert json.loads(daemon.cli("status", "--json").stdout)["drain"] is None
 
 
 def test_cancel_all_from_the_command_line(daemon: RunningDaemon) -> None:

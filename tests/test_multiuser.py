@@ -175,6 +175,20 @@ def test_cancel_all_takes_only_the_callers_own_jobs(people: Any, shared_daemon: 
     assert cancel_mine(alice, False) == []
 
 
+def test_only_administrators_drain_and_everyone_sees_it(people: Any, shared_daemon: Any) -> None:
+    (alice, bob), _ = people
+    daemon = shared_daemon(admins=[bob.name])
+    with pytest.raises(PermissionDenied, match="only an administrator"):
+        request_as(alice, daemon, "drain", on=True)
+    drain = request_as(bob, daemon, "drain", on=True, reason="new GPU on Friday")
+    assert (drain["by"], drain["reason"]) == (bob.name, "new GPU on Friday")
+    assert request_as(alice, daemon, "status")["drain"] == drain
+    with pytest.raises(PermissionDenied, match="only an administrator"):
+        request_as(alice, daemon, "drain", on=False)
+    assert request_as(bob, daemon, "drain", on=False) is None
+    assert request_as(alice, daemon, "status")["drain"] is None
+
+
 def test_admins_and_show_commands_from_the_config(people: Any, shared_daemon: Any) -> None:
     (alice, bob), _ = people
     daemon = shared_daemon(admins=[bob.name], show_commands=True)

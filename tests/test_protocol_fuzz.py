@@ -280,6 +280,7 @@ class Target:
         assert daemon.process is not None and daemon.process.poll() is None, daemon.stderr()
         client = daemon.client()
         assert client.ping()["pid"] == daemon.process.pid
+        client.undrain()  # the fuzz may have drained the daemon (it is root)
         for job in client.status().jobs:
             if job.id != self.blocker.id:
                 client.cancel(job.id)
