@@ -358,7 +358,7 @@ class Launcher:
         """Call on_exit(job_id) once `pid` exits (also for supervisors adopted after a restart).
 
         on_exit is always called from the watcher thread, never from here: the caller
-        may be in the middle of a scheduling pass, which on_exit may start anew.
+        may be in the middle of a scheduling pass, where an end must not be settled.
         """
         with self._lock:
             try:

@@ -47,6 +47,7 @@ _PER_RUN_COLUMNS = frozenset(
         "reason_detail",
         "log_path",
         "retried_as",
+        "hooks_due",  # the hooks of this run's end, not of the retry's
         *USAGE_COLUMNS,
     }
 )
