@@ -138,32 +138,11 @@ class Scheduler(JobEndings):
             except Exception:  # measuring must never stop scheduling
                 log.exception("watching the running jobs' usage failed")
             eligible, reasons = self._eligible(self.store.queued())
-            users = {j.user for j in running} | {j.user for j in eligible}
-            result = plan(
-                [gpu_slot(g, self.monitor.gpu_util(g.uuid)) for g in gpus],
-                [running_claim(j, usage, self.monitor.job_util(j.id)) for j in running],
-                [
-                    WaitingJob(
-                        j.id,
-                        j.mem,
-                        j.gpus,
-                        j.priority,
-                        j.user,
-                        j.array_id,
-                        j.max_concurrent,
-                        queue_order=j.retry_of,  # an OOM retry keeps its first attempt's place
-                    )
-                    for j in eligible
-                ],
-                self.config.headroom_bytes,
-                self.config.max_jobs_per_gpu,
-                user_caps={user: self._cap(user) for user in users},
-                user_usage=self._fair_share(eligible, gpus),
-                busy_util=self.config.busy_util,
-            )
-            if self.drain is not None:  # an administrator's "start nothing new"
+            if self.drain is None:
+                result = self._plan(gpus, running, usage, eligible)
+            else:  # an administrator's "start nothing new": no plan to make
                 held_back = f"{self.drain.describe()}: no new job starts"
-                result = Plan([], {j.id: held_back for j in eligible}, result.budgets)
+                result = Plan([], {j.id: held_back for j in eligible}, {})
             by_uuid = {g.uuid: g for g in gpus}
             for placement in result.placements:
                 gpus_of = [by_uuid[u] for u in placement.gpu_uuids]
@@ -171,6 +150,38 @@ class Scheduler(JobEndings):
             reasons.update(result.waiting_reasons)
             self._reading = _Reading(gpus, usage, reasons)
             return result
+
+    def _plan(
+        self,
+        gpus: list[GpuState],
+        running: list[Job],
+        usage: dict[int, dict[str, int]],
+        eligible: list[Queued],
+    ) -> Plan:
+        """The policy's placements and waiting reasons for this pass's reading."""
+        users = {j.user for j in running} | {j.user for j in eligible}
+        return plan(
+            [gpu_slot(g, self.monitor.gpu_util(g.uuid)) for g in gpus],
+            [running_claim(j, usage, self.monitor.job_util(j.id)) for j in running],
+            [
+                WaitingJob(
+                    j.id,
+                    j.mem,
+                    j.gpus,
+                    j.priority,
+                    j.user,
+                    j.array_id,
+                    j.max_concurrent,
+                    queue_order=j.retry_of,  # an OOM retry keeps its first attempt's place
+                )
+                for j in eligible
+            ],
+            self.config.headroom_bytes,
+            self.config.max_jobs_per_gpu,
+            user_caps={user: self._cap(user) for user in users},
+            user_usage=self._fair_share(eligible, gpus),
+            busy_util=self.config.busy_util,
+        )
 
     def _fair_share(self, waiting: list[Queued], gpus: list[GpuState]) -> dict[str, float]:
         """Recent decayed GPU memory-time per user; only needed when users compete."""
