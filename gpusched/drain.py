@@ -10,11 +10,10 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 from pathlib import Path
 
 from gpusched.models import Drain
-from gpusched.supervisor import write_json_atomically
+from gpusched.supervisor import fsync_directory, write_json_atomically
 
 log = logging.getLogger("gpusched.drain")
 
@@ -41,8 +40,4 @@ def save_drain(state_dir: Path, drain: Drain | None) -> None:
         return
     with contextlib.suppress(FileNotFoundError):
         path.unlink()
-    dir_fd = os.open(state_dir, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    fsync_directory(state_dir)

@@ -50,10 +50,13 @@ def write_json_atomically(path: Path, data: dict[str, Any], durable: bool = True
         if durable:
             os.fsync(handle.fileno())
     os.replace(tmp, path)
-    if not durable:
-        return
-    # fsync the directory so the rename itself survives a power cut.
-    dir_fd = os.open(path.parent, os.O_RDONLY)
+    if durable:
+        fsync_directory(path.parent)  # so the rename itself survives a power cut
+
+
+def fsync_directory(path: Path) -> None:
+    """Make the names created, renamed or removed in `path` durable."""
+    dir_fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
     finally:
