@@ -35,7 +35,7 @@ import psutil
 
 from gpusched.models import Job
 from gpusched.supervisor import write_json_atomically
-from gpusched.zygote import IDENTITY_FILE, recorded_supervisor
+from gpusched.zygote import recorded_pid, recorded_supervisor
 
 log = logging.getLogger("gpusched.launcher")
 
@@ -269,12 +269,10 @@ class Launcher:
                 log.warning("the supervisor zygote could not fork: %s", reply[7:])
                 return None
             self._stop_zygote_locked(kill=True)
-            try:
-                recorded = json.loads((spec_path.parent / IDENTITY_FILE).read_text())["pid"]
-            except (OSError, ValueError, KeyError):
-                recorded = None
+            # Alive or not: a recorded child may run (or have run) the job already.
+            recorded = recorded_pid(spec_path.parent)
             self._zygote_failed(reply or "it closed its channel")
-            return int(recorded) if recorded is not None else None
+            return recorded
 
     def _zygote_failed(self, why: str) -> None:
         """Start this job directly; start a new zygote for the next one."""

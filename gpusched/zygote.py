@@ -66,12 +66,27 @@ def start_ticks(pid: int) -> int | None:
     return None if state in (b"Z", b"X") else int(ticks)
 
 
-def recorded_supervisor(job_dir: Path) -> int | None:
-    """The pid of the live supervisor the zygote recorded for this job dir, if any."""
+def _read_identity(job_dir: Path) -> dict[str, object] | None:
+    """The zygote's record for this job dir; None if there is none or it was cut short."""
     try:
         identity = json.loads((job_dir / IDENTITY_FILE).read_text())
-        pid, ticks = int(identity["pid"]), int(identity["start_ticks"])
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError):
+        return None
+    return identity if isinstance(identity, dict) else None
+
+
+def recorded_pid(job_dir: Path) -> int | None:
+    """The pid the zygote recorded for this job dir, alive or not: whether a supervisor
+    was allowed to run the job (the child itself, and a launcher whose zygote failed)."""
+    pid = (_read_identity(job_dir) or {}).get("pid")
+    return pid if isinstance(pid, int) else None
+
+
+def recorded_supervisor(job_dir: Path) -> int | None:
+    """The pid of the live supervisor the zygote recorded for this job dir, if any."""
+    identity = _read_identity(job_dir) or {}
+    pid, ticks = identity.get("pid"), identity.get("start_ticks")
+    if not isinstance(pid, int) or not isinstance(ticks, int):
         return None
     return pid if start_ticks(pid) == ticks else None
 
@@ -85,11 +100,7 @@ def _become_supervisor(spec_path: Path, hold_r: int) -> int:
         pass
     os.close(hold_r)
     job_dir = spec_path.parent
-    try:
-        recorded = json.loads((job_dir / IDENTITY_FILE).read_text())["pid"]
-    except (OSError, ValueError, KeyError):
-        recorded = None
-    if recorded != os.getpid():
+    if recorded_pid(job_dir) != os.getpid():
         return 1
     signal.set_wakeup_fd(-1)
     for signum in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
