@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from gpusched.client import Client
-from gpusched.clock import iso
 from gpusched.errors import UsageError
 from gpusched.units import parse_duration
 
@@ -34,6 +33,8 @@ def client_of(ctx: click.Context) -> Client:
 def since_time(text: str) -> str:
     """`--since`: a time ago ("12h", "2d") or an ISO date and time (local time unless it
     names a zone), as the UTC ISO timestamp the daemon compares with."""
+    from gpusched.clock import iso  # only `history --since` needs it: not at every start
+
     try:
         moment = datetime.now(timezone.utc) - timedelta(seconds=parse_duration(text))
     except UsageError:
