@@ -69,8 +69,12 @@ class RunningDaemon:
         simulate: str | None = "2x24G",
         config: dict[str, Any] | None = None,
         env: dict[str, str] | None = None,
+        preexec: Callable[[], None] | None = None,
     ) -> None:
         self.root = root
+        # Run in the daemon's process before exec: the security suite applies the systemd
+        # unit's limits there (umask, open files, a task and memory cgroup).
+        self.preexec = preexec
         self.config_path = root / "config.yaml"
         self.stderr_path = root / "daemon.stderr"
         settings = {
@@ -93,6 +97,7 @@ class RunningDaemon:
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=stderr,
+                preexec_fn=self.preexec,  # noqa: PLW1509 (a few syscalls, no locks or threads)
             )
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
