@@ -79,6 +79,9 @@ class Config:
     admins: tuple[str, ...] = ()
     on_finish: tuple[str, ...] | None = None  # argv run as each job's owner when it ends
     hook_timeout_s: float = 30.0
+    hooks_per_user: int = 2  # one user's hooks running at once; more wait their turn
+    hooks_total: int = 8  # hooks running at once, all users together
+    hook_output_max_bytes: int = 64 * 2**10  # a hook's output kept; at the limit, cut
     metrics_address: tuple[str, int] | None = None  # (host, port) for Prometheus; None: off
     default_limits: UserLimits = UserLimits()
     user_limits: Mapping[str, UserLimits] = field(default_factory=dict)
@@ -198,6 +201,8 @@ def _convert(source: str, key: str, value: Any, base: Config) -> dict[str, Any]:
             return {"on_finish": parse_command(value)}
         if key == "hook_timeout":
             return {"hook_timeout_s": parse_duration(value)}
+        if key in _HOOK_BOUNDS:
+            return _hook_bound(key, value)
         if key == "metrics":
             return {"metrics_address": parse_address(value)}
         if key == "admins":
@@ -208,6 +213,18 @@ def _convert(source: str, key: str, value: Any, base: Config) -> dict[str, Any]:
     except UsageError as exc:
         raise _bad(source, key, exc.message) from None
     raise _bad(source, key, "unknown key (see config/gpusched.yaml for the keys)")
+
+
+_HOOK_BOUNDS = {"hooks_per_user", "hooks_total", "hook_output_max"}
+
+
+def _hook_bound(key: str, value: Any) -> dict[str, Any]:
+    """`hooks_per_user`, `hooks_total` (counts >= 1) and `hook_output_max` (a size)."""
+    if key == "hook_output_max":
+        return {"hook_output_max_bytes": parse_size(value)}
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise UsageError(f"expected a whole number >= 1, not {value!r}")
+    return {key: value}
 
 
 def parse_command(value: Any) -> tuple[str, ...] | None:

@@ -5,15 +5,20 @@ Two sources, both run for every ending (done, failed, cancelled, lost...):
 - `on_finish:` in the config (the administrator's, e.g. a mail or chat script);
 - `gpusched submit --notify CMD` (the job's owner's), stored with the job.
 
-Each runs as the job's owner (uid, gid, supplementary groups, umask, the submitter's
-environment plus the job's GPUSCHED_* variables) in the job's working directory, with the
-job's JSON object on stdin. A command is an argv list; the CLI splits `--notify` with
-shlex, so no shell sees it unless the user wrote `sh -c '...'` themselves.
+Each runs as the job's owner (uid, gid, supplementary groups, umask) in the job's working
+directory (entered as the owner: see gpusched.hookrun), with the job's JSON on stdin. The
+owner's `--notify` hook gets the submitter's environment plus the job's GPUSCHED_*
+variables; the administrator's `on_finish` gets a fixed one (a fixed PATH, the owner's
+HOME, LANG=C.UTF-8 and the GPUSCHED_* variables), never what the owner submitted. A
+command is an argv list; the CLI splits `--notify` with shlex, so no shell sees it unless
+the user wrote `sh -c '...'` themselves.
 
-Hooks never hold up scheduling: `Scheduler._end` only hands the job id to a small thread
-pool, outside any database transaction and without waiting. A hook that fails is
-logged; one that runs past `hook_timeout` is killed (its whole process group) and
-logged.
+Hooks never hold up scheduling: `Scheduler._end` only hands the job id over, outside any
+database transaction and without waiting. Fair to users: at most `hooks_per_user` jobs'
+hooks of one owner run at once and `hooks_total` in all; a free slot goes to the next
+owner in turn (round robin), so one user's many slow hooks delay only their own. A hook
+that fails is logged; one that runs past `hook_timeout` is killed (its whole process
+group) and logged.
 
 Nothing is lost across a restart: a job's end records in the same transaction that its
 hooks are due, and the mark is cleared just before they start. A daemon that stops (or
@@ -24,131 +29,126 @@ power cut can make a job's hooks run twice (see gpusched.store_db's docstring).
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
-import os
-import pwd
-import signal
-import subprocess
-import tempfile
 import threading
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Any
 
 from gpusched.config import Config
 from gpusched.errors import GpuschedError
+from gpusched.hookrun import HookResult, admin_environment, run_hook
 from gpusched.launcher import job_environment
 from gpusched.models import Job
 from gpusched.store import Store
-from gpusched.supervisor import owner_credentials
+
+__all__ = ["HookRunner", "run_hook"]
 
 log = logging.getLogger("gpusched.hooks")
 
-MAX_WORKERS = 4
-OUTPUT_TAIL_BYTES = 2000
-
-
-@dataclass(frozen=True)
-class HookResult:
-    kind: str  # exit | timeout | failed_to_start
-    exit_code: int | None = None
-    output: str = ""  # the end of what the hook printed (stdout and stderr)
-
-
-def _cwd_for(job: Job) -> str:
-    """The job's directory if it still exists, else the owner's home, else /."""
-    if os.path.isdir(job.cwd):
-        return job.cwd
-    with contextlib.suppress(KeyError):
-        home = pwd.getpwuid(job.uid).pw_dir
-        if os.path.isdir(home):
-            return home
-    return "/"
-
-
-def run_hook(
-    argv: Sequence[str],
-    job_json: dict[str, Any],
-    *,
-    env: dict[str, str],
-    cwd: str,
-    uid: int,
-    gid: int,
-    umask: int,
-    timeout_s: float,
-) -> HookResult:
-    """Run one hook to its end or its timeout; never raises for the hook's own failures."""
-    groups = []
-    if os.geteuid() == 0:
-        with contextlib.suppress(KeyError):
-            groups = os.getgrouplist(pwd.getpwuid(uid).pw_name, gid)
-    stdin = (json.dumps(job_json) + "\n").encode()
-    # Output goes to an unnamed file, not a pipe: a chatty hook can neither fill a pipe
-    # and stall nor make the daemon buffer its output in memory.
-    with tempfile.TemporaryFile() as output:
-        try:
-            process = subprocess.Popen(
-                list(argv),
-                cwd=cwd,
-                env=env,
-                stdin=subprocess.PIPE,
-                stdout=output,
-                stderr=output,
-                umask=umask,
-                # Its own session: on timeout the whole group it started is killed.
-                start_new_session=True,
-                close_fds=True,
-                **owner_credentials(uid, gid, groups),
-            )
-        except (OSError, subprocess.SubprocessError, ValueError) as exc:
-            return HookResult("failed_to_start", output=str(exc))
-        try:
-            # communicate() feeds stdin without blocking on a hook that never reads it.
-            process.communicate(stdin, timeout=timeout_s)
-            result = HookResult("exit", process.returncode)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.kill()
-            process.wait()
-            result = HookResult("timeout", process.returncode)
-        output.seek(max(0, output.seek(0, os.SEEK_END) - OUTPUT_TAIL_BYTES))
-        tail = output.read().decode(errors="replace").strip()
-    return HookResult(result.kind, result.exit_code, tail)
+UNKNOWN_OWNER = -1  # a job whose row could not be read: its hooks queue on their own
 
 
 class HookRunner:
-    """Runs the hooks of ended jobs in a few background threads."""
+    """Runs the hooks of ended jobs in background threads, fairly between owners.
 
-    def __init__(
-        self, store: Store, config: Callable[[], Config], max_workers: int = MAX_WORKERS
-    ) -> None:
+    A small dispatcher thread learns each job's owner (a database read, which must not
+    happen under the scheduler's lock where `job_ended` is called) and files the job
+    under them; a job's hooks then run in a thread of their own once its owner and the
+    total are under their limits. Those threads are not daemon threads: a stopping
+    daemon lets the running hooks finish (each ends at `hook_timeout` at the latest).
+    """
+
+    def __init__(self, store: Store, config: Callable[[], Config]) -> None:
         self.store = store
-        self._config = config  # read at each run: a SIGHUP reload applies to the next hook
-        self._pool = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="hook")
-        self._lock = threading.Lock()
+        self._config = config  # read at each decision: a SIGHUP reload applies to the next
+        self._cond = threading.Condition()
+        self._intake: deque[int] = deque()  # ended jobs whose owner is not looked up yet
+        self._waiting: dict[int, deque[int]] = {}  # owner uid -> their jobs, in end order
+        self._turns: deque[int] = deque()  # owners with waiting jobs, next one first
+        self._running: Counter[int] = Counter()  # owner uid -> jobs whose hooks run
         self._closed = False
+        self._dispatcher = threading.Thread(
+            target=self._dispatch, name="hook-dispatch", daemon=True
+        )
+        self._dispatcher.start()
 
     def job_ended(self, job_id: int, hooks_due: bool) -> None:
         """Queue the hooks of a job that just ended, if it has any. Returns at once."""
         if hooks_due:
-            self._queue(job_id)
+            self._queue([job_id])
 
     def resume(self) -> None:
         """Queue the hooks that were due when the daemon last stopped (call at start-up)."""
         due = self.store.hooks_due()
         if due:
             log.info("running the notification hooks of %d job(s) that ended before", len(due))
-        for job_id in due:
-            self._queue(job_id)
+        self._queue(due)
 
-    def _queue(self, job_id: int) -> None:
-        with self._lock:
+    def _queue(self, job_ids: Sequence[int]) -> None:
+        with self._cond:
             if not self._closed:
-                self._pool.submit(self._run_all, job_id)
+                self._intake.extend(job_ids)
+                self._cond.notify_all()
+
+    def _dispatch(self) -> None:
+        while True:
+            with self._cond:
+                while not self._intake and not self._closed:
+                    self._cond.wait()
+                if self._closed:
+                    return
+                new = list(self._intake)
+                self._intake.clear()
+            owners = [(job_id, self._owner(job_id)) for job_id in new]
+            with self._cond:
+                for job_id, uid in owners:
+                    if uid not in self._waiting:
+                        self._waiting[uid] = deque()
+                        self._turns.append(uid)
+                    self._waiting[uid].append(job_id)
+                self._start_ready()
+
+    def _owner(self, job_id: int) -> int:
+        try:
+            return self.store.get(job_id).uid
+        except Exception:  # its hooks' own run says what is wrong with the job
+            return UNKNOWN_OWNER
+
+    def _start_ready(self) -> None:
+        """Start the hooks of every job that may start now (with `_cond` held)."""
+        if self._closed:
+            return
+        config = self._config()
+        started = True
+        while started:  # rounds: each owner in turn starts at most one job's hooks a round
+            started = False
+            for _ in range(len(self._turns)):
+                if sum(self._running.values()) >= config.hooks_total:
+                    return
+                uid = self._turns.popleft()
+                if self._running[uid] >= config.hooks_per_user:
+                    self._turns.append(uid)  # their turn comes when one of theirs ends
+                    continue
+                job_id = self._waiting[uid].popleft()
+                if self._waiting[uid]:
+                    self._turns.append(uid)
+                else:
+                    del self._waiting[uid]
+                self._running[uid] += 1
+                started = True
+                threading.Thread(
+                    target=self._run, args=(job_id, uid), name=f"hook-{job_id}", daemon=False
+                ).start()
+
+    def _run(self, job_id: int, uid: int) -> None:
+        try:
+            self._run_all(job_id)
+        finally:
+            with self._cond:
+                self._running[uid] -= 1
+                if not self._running[uid]:
+                    del self._running[uid]
+                self._start_ready()
 
     def _run_all(self, job_id: int) -> None:
         try:
@@ -159,51 +159,57 @@ class HookRunner:
             if not any(argv for _, argv in commands):
                 return  # on_finish was removed from the config since the job ended
             info = self.store.launch_info(job_id)
-            env = job_environment(
+            ending = {
+                "GPUSCHED_JOB_STATE": str(job.state),
+                "GPUSCHED_JOB_REASON": job.reason or "",
+                "GPUSCHED_EXIT_CODE": "" if job.exit_code is None else str(job.exit_code),
+            }
+            ours = job_environment(job, {}, job.gpu_indices, job.gpu_uuids, config.visible_devices)
+            variables = {k: v for k, v in ours.items() if k.startswith("GPUSCHED_")} | ending
+            owners = job_environment(
                 job, info.env, job.gpu_indices, job.gpu_uuids, config.visible_devices
             )
-            env.update(
-                GPUSCHED_JOB_STATE=str(job.state),
-                GPUSCHED_JOB_REASON=job.reason or "",
-                GPUSCHED_EXIT_CODE="" if job.exit_code is None else str(job.exit_code),
-            )
+            envs = {"on_finish": admin_environment(job.uid, variables), "notify": owners | ending}
             for source, argv in commands:
                 if not argv:
                     continue
                 result = run_hook(
                     argv,
                     job.to_json(),
-                    env=env,
-                    cwd=_cwd_for(job),
+                    env=envs[source],
+                    cwd=job.cwd,
                     uid=job.uid,
                     gid=info.gid,
                     umask=info.umask,
                     timeout_s=config.hook_timeout_s,
+                    output_path=config.state_dir / "hooks" / f"{job_id}.{source}.out",
+                    output_max_bytes=config.hook_output_max_bytes,
                 )
-                _log_result(job, source, argv, result, config.hook_timeout_s)
+                _log_result(job, source, argv, result, config)
         except GpuschedError as exc:
             log.warning("hooks of job %s not run: %s", job_id, exc.message)
-        except Exception:  # a bug here must cost one notification, never a pool thread
+        except Exception:  # a bug here must cost one notification, never a thread
             log.exception("hooks of job %s failed", job_id)
 
     def close(self) -> None:
         """Leave the hooks not yet started to the next start; running ones end by themselves
         (or at their timeout)."""
-        with self._lock:
+        with self._cond:
             self._closed = True
-        self._pool.shutdown(wait=False, cancel_futures=True)
+            self._cond.notify_all()
 
 
 def _log_result(
-    job: Job, source: str, argv: Sequence[str], result: HookResult, timeout_s: float
+    job: Job, source: str, argv: Sequence[str], result: HookResult, config: Config
 ) -> None:
     what = f"{source} hook of job {job.id} ({' '.join(argv)})"
-    tail = f": {result.output}" if result.output else ""
+    cut = f" (output cut at hook_output_max, {config.hook_output_max_bytes} bytes)"
+    tail = (cut if result.cut else "") + (f": {result.output}" if result.output else "")
     if result.kind == "timeout":
-        log.warning("%s still running after %gs: killed%s", what, timeout_s, tail)
+        log.warning("%s still running after %gs: killed%s", what, config.hook_timeout_s, tail)
     elif result.kind == "failed_to_start":
         log.warning("%s could not start%s", what, tail)
     elif result.exit_code != 0:
         log.warning("%s exited %s%s", what, result.exit_code, tail)
     else:
-        log.info("%s ran", what)
+        log.info("%s ran%s", what, cut if result.cut else "")

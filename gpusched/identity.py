@@ -1,18 +1,21 @@
 """Who is asking: the caller as the kernel identifies it (SO_PEERCRED), and the account on
-this host behind a uid: its name, its login group, and whether it may enter a directory.
+this host behind a uid: its name, its login group, and whether it may enter a directory
+(asked as that user, never decided by root).
 
 Shared by the server (which identifies each connection) and the request handlers (which
-check a submitted job's working directory). Only the standard library: no store, no
-scheduler.
+check a submitted job's working directory). Only the standard library (and
+gpusched.supervisor's credentials, itself stdlib): no store, no scheduler.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
-import stat
+import subprocess
 from dataclasses import dataclass
-from pathlib import Path
+
+from gpusched.supervisor import owner_credentials
 
 
 @dataclass(frozen=True)
@@ -44,30 +47,48 @@ def account_gid(caller: Caller) -> int:
         return caller.gid
 
 
+# Asked of /bin/sh as the user: `cd -P` is chdir(2) on the path as given (physical, like
+# the job's own chdir), the path is an argument, never part of the script.
+_ENTER_SCRIPT = 'cd -P -- "$1"'
+ENTER_CHECK_TIMEOUT_S = 10.0
+
+
 def can_enter(uid: int, gid: int, path: str) -> str | None:
-    """Why `uid` could not chdir into `path`, or None if it can (checked as the kernel would,
-    by mode bits along the path; the daemon is root, so os.access would always say yes)."""
+    """Why `uid` may not chdir into `path`, or None if it can.
+
+    Asked of the kernel as the user (their uid, gid and groups, an empty environment), in
+    a short `/bin/sh` child: a check by the daemon itself would run as root, follow the
+    user's symlinks where they could not go, and tell them which paths exist. The daemon
+    is multi-threaded, so the drop is Popen's (in C, before exec), never Python code
+    between fork and exec. Refused with one message whatever the reason, so the answer
+    says no more about a path than the user's own `cd` would.
+    """
     try:
-        groups = set(os.getgrouplist(pwd.getpwuid(uid).pw_name, gid))
+        name = pwd.getpwuid(uid).pw_name
     except KeyError:
         return f"uid {uid} has no account on this server"
-    current = Path("/")
-    for part in Path(path).parts[1:] if path != "/" else ():
-        current = current / part
-        try:
-            info = current.stat()
-        except FileNotFoundError:
-            return f"working directory {path} does not exist"
-        except OSError as exc:
-            return f"cannot check working directory {path}: {exc.strerror}"
-        if not stat.S_ISDIR(info.st_mode):
-            return f"working directory {path}: {current} is not a directory"
-        if info.st_uid == uid:
-            allowed = info.st_mode & stat.S_IXUSR
-        elif info.st_gid in groups:
-            allowed = info.st_mode & stat.S_IXGRP
-        else:
-            allowed = info.st_mode & stat.S_IXOTH
-        if not allowed:
-            return f"working directory {path}: you cannot enter {current} (permission denied)"
-    return None
+    groups = os.getgrouplist(name, gid) if os.geteuid() == 0 else []
+    refused = f"working directory {path} does not exist or you cannot enter it"
+    try:
+        check = subprocess.Popen(
+            ["/bin/sh", "-c", _ENTER_SCRIPT, "gpusched-cwd-check", path],
+            env={},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            close_fds=True,
+            cwd="/",
+            **owner_credentials(uid, gid, groups),
+        )
+    except ValueError:  # a NUL byte: no such path can exist
+        return refused
+    except OSError as exc:
+        return f"cannot check working directory {path}: {exc.strerror}"
+    try:
+        code = check.wait(timeout=ENTER_CHECK_TIMEOUT_S)
+    except subprocess.TimeoutExpired:  # e.g. a hung network filesystem
+        check.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            check.wait(timeout=1.0)  # one stuck in the kernel is reaped by a later Popen
+        return f"cannot check working directory {path}: no answer within {ENTER_CHECK_TIMEOUT_S:g}s"
+    return None if code == 0 else refused

@@ -28,6 +28,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +68,9 @@ def _open_log(path: str, uid: int, gid: int) -> int:
     """Create the job's log afresh, owned by the job's owner, mode 0600.
 
     O_EXCL|O_NOFOLLOW: a symlink or file planted at that name is never followed or
-    reused; it is removed and the log created anew.
+    reused; it is removed and the log created anew. Opened as root, which is safe only
+    because nothing in the path is the user's: `log_dir` is the daemon's and the name is
+    the job's id (the job's own cwd and command are touched only after the drop).
     """
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_APPEND
     with contextlib.suppress(FileNotFoundError):
@@ -139,7 +142,13 @@ class Supervisor:
         extra = owner_credentials(spec["uid"], spec["gid"], spec["groups"])
         return subprocess.Popen(
             spec["argv"],
-            cwd=spec["cwd"],
+            # Not cwd=: CPython's child enters `cwd` *before* it drops to the owner, so a
+            # user's symlink would be followed as root (into another user's 0700 home).
+            # preexec_fn runs after setgroups/setregid/setreuid (Modules/_posixsubprocess.c,
+            # child_exec; tests/security/test_privileges.py pins the order), so the chdir,
+            # and the exec after it, happen as the owner. Safe here: the supervisor is
+            # single-threaded (the daemon itself never uses preexec_fn).
+            preexec_fn=_enter(spec["cwd"]),  # noqa: PLW1509 - single-threaded, see above
             env=spec["env"],
             stdin=subprocess.DEVNULL,
             stdout=log_fd,
@@ -272,15 +281,23 @@ def _drain(fd: int) -> None:
             pass
 
 
+def _enter(cwd: str) -> Callable[[], None]:
+    def enter() -> None:
+        os.chdir(cwd)
+
+    return enter
+
+
 def _start_error(exc: BaseException, spec: dict[str, Any]) -> str:
     argv0 = spec["argv"][0]
+    if isinstance(exc, subprocess.SubprocessError):
+        # Only the chdir runs in preexec_fn. It failed as the owner; one message whatever
+        # the reason, and nothing checked here as root, so a failure tells the owner no
+        # more about a path than their own `cd` would.
+        return f"working directory {spec['cwd']} does not exist or you cannot enter it"
     if isinstance(exc, FileNotFoundError):
-        if exc.filename == spec["cwd"] or not Path(spec["cwd"]).is_dir():
-            return f"working directory {spec['cwd']} does not exist"
         return f"command not found: {argv0}"
     if isinstance(exc, PermissionError):
-        if exc.filename == spec["cwd"]:
-            return f"cannot enter working directory {spec['cwd']}: permission denied"
         return f"cannot execute {argv0}: permission denied"
     if isinstance(exc, OSError) and exc.errno == errno.ENOEXEC:
         return f"cannot execute {argv0}: not an executable file"

@@ -19,7 +19,7 @@ import yaml
 from gpusched.client import Client
 from gpusched.config import load_config
 from gpusched.errors import UsageError
-from gpusched.hooks import MAX_WORKERS, run_hook
+from gpusched.hooks import run_hook
 from tests.daemon_harness import RunningDaemon, eventually
 from tests.users import as_user, throwaway_users
 
@@ -110,14 +110,15 @@ def test_hooks_not_started_when_the_daemon_stops_run_once_at_its_next_start(
     daemon_factory: Any, tmp_path: Path
 ) -> None:
     ran = tmp_path / "ran"
-    daemon = daemon_factory().start()
+    running = 4  # all the jobs are one user's: their hooks_per_user run at once
+    daemon = daemon_factory(config={"hooks_per_user": running}).start()
     client = daemon.client()
-    # Each hook takes a while, so at the stop MAX_WORKERS of them are running and the
-    # rest are still waiting for a pool thread.
+    # Each hook takes a while, so at the stop `running` of them are running and the
+    # rest are still waiting for their turn.
     hook = f"sh -c 'sleep 2; echo $GPUSCHED_JOB_ID >> {ran}'"
     ids = [
         client.submit(["true"], mem="1G", cwd=tmp_path, notify=hook).id
-        for _ in range(MAX_WORKERS + 2)
+        for _ in range(running + 2)
     ]
     assert {job.state for job in client.wait(ids, timeout=20)} == {"done"}
     assert daemon.stop() == 0  # SIGTERM: the running hooks finish, the daemon exits
@@ -126,7 +127,7 @@ def test_hooks_not_started_when_the_daemon_stops_run_once_at_its_next_start(
         return [int(x) for x in ran.read_text().split()] if ran.exists() else []
 
     before = lines()
-    assert len(before) == MAX_WORKERS, before
+    assert len(before) == running, before
     daemon.start()
     eventually(lambda: len(lines()) >= len(ids), timeout=20)
     time.sleep(1.0)  # a hook started twice would have written by now (sleep 2 minus the wait)
@@ -160,14 +161,25 @@ def test_run_hook_reports_failures_without_raising(tmp_path: Path) -> None:
         "gid": os.getegid(),
         "umask": 0o022,
         "timeout_s": 5.0,
+        "output_path": tmp_path / "hook.out",
+        "output_max_bytes": 4096,
     }
     failed = run_hook(["sh", "-c", "echo oops >&2; exit 4"], {"id": 1}, **common)
     assert (failed.kind, failed.exit_code, failed.output) == ("exit", 4, "oops")
+    # Looked up as the owner (by the runner's exec, never by root): a missing command is
+    # the shell's "not found", exit 127.
     missing = run_hook(["/nonexistent/hook"], {"id": 1}, **common)
-    assert missing.kind == "failed_to_start"
+    assert (missing.kind, missing.exit_code) == ("exit", 127)
+    assert "/nonexistent/hook: not found" in missing.output
     # A hook that never reads its stdin does not block on a large job JSON.
     quiet = run_hook(["true"], {"blob": "x" * 1_000_000}, **common)
     assert (quiet.kind, quiet.exit_code) == ("exit", 0)
+    # Output past hook_output_max is cut (the pipe closed), never stored in full.
+    chatty = run_hook(["sh", "-c", "yes hello; echo after >&2"], {"id": 1}, **common)
+    assert chatty.cut
+    assert chatty.exit_code != 0  # `yes`, then the shell, died of SIGPIPE at the cut
+    assert set(chatty.output.splitlines()[1:-1]) == {"hello"}  # nothing after the cut
+    assert not (tmp_path / "hook.out").exists()  # removed once the hook has ended
 
 
 def test_hook_config_keys_are_checked(tmp_path: Path) -> None:
