@@ -117,8 +117,7 @@ def test_hooks_not_started_when_the_daemon_stops_run_once_at_its_next_start(
     # rest are still waiting for their turn.
     hook = f"sh -c 'sleep 2; echo $GPUSCHED_JOB_ID >> {ran}'"
     ids = [
-        client.submit(["true"], mem="1G", cwd=tmp_path, notify=hook).id
-        for _ in range(running + 2)
+        client.submit(["true"], mem="1G", cwd=tmp_path, notify=hook).id for _ in range(running + 2)
     ]
     assert {job.state for job in client.wait(ids, timeout=20)} == {"done"}
     assert daemon.stop() == 0  # SIGTERM: the running hooks finish, the daemon exits
