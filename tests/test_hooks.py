@@ -192,6 +192,17 @@ def test_hook_config_keys_are_checked(tmp_path: Path) -> None:
     documented = yaml.safe_load(shipped.read_text())
     assert {"on_finish", "hook_timeout", "metrics"} <= set(documented)
     assert load_config(shipped).hook_timeout_s == 30.0
+    assert {"hooks_per_user", "hooks_total", "hook_output_max"} <= set(documented)
+    defaults = load_config(None)
+    assert (defaults.hooks_per_user, defaults.hooks_total) == (2, 8)
+    assert defaults.hook_output_max_bytes == 64 * 1024
+    path.write_text("hooks_per_user: 1\nhooks_total: 3\nhook_output_max: 1M\n")
+    tuned = load_config(path)
+    assert (tuned.hooks_per_user, tuned.hooks_total, tuned.hook_output_max_bytes) == (1, 3, 2**20)
+    for bad in ("hooks_per_user: 0", "hooks_total: many", "hook_output_max: -1K"):
+        path.write_text(bad + "\n")
+        with pytest.raises(UsageError, match=bad.split(":")[0]):
+            load_config(path)
     path.write_text("on_finish: [1, 2]\n")
     with pytest.raises(UsageError, match="on_finish"):
         load_config(path)
