@@ -23,7 +23,9 @@ group) and logged.
 Nothing is lost across a restart: a job's end records in the same transaction that its
 hooks are due, and the mark is cleared just before they start. A daemon that stops (or
 dies) before a job's hooks start runs them at its next start (`resume`); hooks already
-running finish on their own (each in its own session) and are not started again. Only a
+running finish on their own (each in its own session) and are not started again. (A
+stopping daemon waits for them; if it is killed, their output pipe goes with it, so a
+hook that still writes then ends by SIGPIPE.) Only a
 power cut can make a job's hooks run twice (see gpusched.store_db's docstring).
 """
 
