@@ -1,0 +1,127 @@
+"""What else a root daemon serving untrusted local users could get wrong (issue 16's last line).
+
+Each test plays mallory (an unprivileged local user) against a root daemon under the
+unit's limits, then checks the promise held: nothing of root's or the victim's reached
+her, the victim's jobs ran as submitted, the daemon still schedules.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+
+from gpusched.client import Client
+from gpusched.launcher import find_supervisor
+from gpusched.store import Store
+from tests.daemon_harness import RunningDaemon, eventually
+from tests.users import User, as_user
+
+SYSTEM_PYTHON = "/usr/bin/python3"  # the venv's interpreter is not reachable by other users
+
+
+def _mark_running_without_pid(daemon: RunningDaemon, job_id: int) -> None:
+    """What a daemon SIGKILLed between marking a held job running and recording its
+    supervisor's pid leaves in the database."""
+    store = Store(f"sqlite:///{daemon.root / 'gpusched.db'}")
+    try:
+        assert store.release(job_id)
+        assert store.mark_running(
+            job_id,
+            gpu_indices=[0],
+            gpu_uuids=[],
+            pid=None,
+            pid_start_time=None,
+            log_path=str(daemon.root / "logs" / f"{job_id}.log"),
+            now="2026-01-01T00:00:00.000+00:00",
+        )
+    finally:
+        store.close()
+
+
+def test_a_users_process_named_like_a_supervisor_is_never_adopted(
+    people: tuple[User, User], root_daemon: Callable[..., RunningDaemon]
+) -> None:
+    """A restarted daemon looks for a job's unrecorded supervisor by its command line.
+
+    Anyone can give a process that command line: mallory runs `python3 -m
+    gpusched.supervisor <the victim's spec path>` (a module of her own on PYTHONPATH that
+    ignores SIGTERM). Adopted, it would keep the victim's job `running` for as long as she
+    likes, never run it, take her signals for the victim's cancel and have her GPU memory
+    counted as the victim's. Only a process of the daemon's own user is a supervisor.
+    """
+    mallory, victim = people
+    daemon = root_daemon()
+    socket_path = daemon.socket_path
+    job = as_user(
+        victim, lambda: Client(socket_path).submit(["true"], mem="1G", hold=True).to_json()
+    )
+    daemon.stop(signal.SIGKILL)
+    _mark_running_without_pid(daemon, job["id"])
+    spec_path = daemon.root / "state" / "jobs" / str(job["id"]) / "spec.json"
+
+    def impostor() -> int:
+        fake = _fake_supervisor(Path(mallory.home))
+        process = subprocess.Popen(
+            [SYSTEM_PYTHON, "-m", "gpusched.supervisor", str(spec_path)],
+            env={"PYTHONPATH": str(fake)},
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        return process.pid
+
+    fake_pid = as_user(mallory, impostor)
+    try:
+        eventually(lambda: psutil.Process(fake_pid).cmdline()[1:2] == ["-m"])
+        daemon.start()
+        done = daemon.wait_state(job["id"], {"done", "failed", "lost", "cancelled"})
+        assert (done["state"], done["reason"]) == ("done", "exit"), done
+        assert done["pid"] != fake_pid
+        assert f"(pid {fake_pid}): re-adopted" not in daemon.stderr()
+    finally:
+        psutil.Process(fake_pid).kill()
+
+
+def _fake_supervisor(home: Path) -> Path:
+    """A module `gpusched.supervisor` that only sleeps, importable from the returned dir."""
+    fake = home / "fake" / "gpusched"
+    fake.mkdir(parents=True, exist_ok=True)
+    (fake / "__init__.py").write_text("")
+    # It ignores SIGTERM: an adopted impostor would outlive the victim's cancel.
+    (fake / "supervisor.py").write_text(
+        "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(60)\n"
+    )
+    return fake.parent
+
+
+def test_find_supervisor_takes_the_daemons_own_process_not_a_users(
+    people: tuple[User, User], tmp_path: Path
+) -> None:
+    """The same command line, as root (a directly started supervisor) and as mallory."""
+    mallory, _victim = people
+    spec_path = tmp_path / "jobs" / "7" / "spec.json"
+    argv = [SYSTEM_PYTHON, "-m", "gpusched.supervisor", str(spec_path)]
+
+    def as_mallory() -> int:
+        path = _fake_supervisor(Path(mallory.home))
+        env = {"PYTHONPATH": str(path)}
+        return subprocess.Popen(argv, env=env, start_new_session=True).pid
+
+    theirs = psutil.Process(as_user(mallory, as_mallory))
+    try:
+        eventually(lambda: theirs.cmdline()[1:] == argv[1:])
+        assert find_supervisor(spec_path) is None
+        ours = subprocess.Popen(argv, env={"PYTHONPATH": str(_fake_supervisor(tmp_path))})
+        try:
+            eventually(lambda: psutil.Process(ours.pid).cmdline()[1:] == argv[1:])
+            assert find_supervisor(spec_path) == ours.pid
+        finally:
+            ours.kill()
+            ours.wait()
+    finally:
+        theirs.kill()
