@@ -8,6 +8,7 @@ her, the victim's jobs ran as submitted, the daemon still schedules.
 from __future__ import annotations
 
 import signal
+import stat
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +18,7 @@ import psutil
 from gpusched.client import Client
 from gpusched.launcher import find_supervisor
 from gpusched.store import Store
+from gpusched.store_db import make_private
 from tests.daemon_harness import RunningDaemon, eventually
 from tests.users import User, as_user
 
@@ -125,3 +127,58 @@ def test_find_supervisor_takes_the_daemons_own_process_not_a_users(
             ours.wait()
     finally:
         theirs.kill()
+
+
+def test_a_database_found_readable_is_made_private_before_it_takes_jobs(
+    people: tuple[User, User], root_daemon: Callable[..., RunningDaemon]
+) -> None:
+    """A database restored with `cp` (umask 022) is 0644; SQLite gives its WAL the same
+    mode, and both hold every job's environment. Mallory reads them for a victim's token."""
+    mallory, victim = people
+    daemon = root_daemon()
+    daemon.stop()
+    files = [daemon.root / f"gpusched.db{suffix}" for suffix in ("", "-wal", "-shm")]
+    for path in files:
+        if path.exists():
+            path.chmod(0o644)
+    daemon.start()
+    socket_path = daemon.socket_path
+    job = as_user(
+        victim,
+        lambda: (
+            Client(socket_path)
+            .submit(["true"], mem="1G", env={"HF_TOKEN": "hf_victims_secret"})
+            .to_json()
+        ),
+    )
+    daemon.wait_state(job["id"], {"done"})
+
+    def read_them() -> list[str]:
+        found = []
+        for path in files:
+            try:
+                if b"hf_victims_secret" in path.read_bytes():
+                    found.append(path.name)
+            except OSError:
+                pass
+        return found
+
+    assert as_user(mallory, read_them) == []
+    for path in files:
+        if path.exists():
+            assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+    assert "was readable by others" in daemon.stderr()
+
+
+def test_make_private_never_follows_a_link_at_a_wal_name(tmp_path: Path) -> None:
+    """A link at a -wal or -shm name is left alone: its target keeps its mode."""
+    target = tmp_path / "someone_elses"
+    target.write_text("")
+    target.chmod(0o644)
+    database = tmp_path / "gpusched.db"
+    database.write_text("")
+    database.chmod(0o640)
+    (tmp_path / "gpusched.db-wal").symlink_to(target)
+    make_private(database)
+    assert stat.S_IMODE(target.stat().st_mode) == 0o644
+    assert stat.S_IMODE(database.stat().st_mode) == 0o600
