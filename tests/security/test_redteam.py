@@ -7,6 +7,7 @@ her, the victim's jobs ran as submitted, the daemon still schedules.
 
 from __future__ import annotations
 
+import json
 import signal
 import stat
 import subprocess
@@ -182,3 +183,52 @@ def test_make_private_never_follows_a_link_at_a_wal_name(tmp_path: Path) -> None
     make_private(database)
     assert stat.S_IMODE(target.stat().st_mode) == 0o644
     assert stat.S_IMODE(database.stat().st_mode) == 0o600
+
+
+JOB_PROBE = r"""
+import json, os, sys
+state, daemon_pid = sys.argv[1], int(sys.argv[2])
+supervisor = os.getppid()
+def tried(fn):
+    try:
+        fn()
+        return "done"
+    except OSError as exc:
+        return type(exc).__name__
+print(json.dumps({
+    "fds": sorted(os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
+                  if os.path.exists(f"/proc/self/fd/{fd}")),
+    "tried": {
+        "signal the supervisor": tried(lambda: os.kill(supervisor, 0)),
+        "signal the daemon": tried(lambda: os.kill(daemon_pid, 0)),
+        "read the supervisor's environment":
+            tried(lambda: open(f"/proc/{supervisor}/environ").read()),
+        "list the daemon's descriptors": tried(lambda: os.listdir(f"/proc/{daemon_pid}/fd")),
+        "read its own spec": tried(lambda: open(f"{state}/spec.json").read()),
+        "forge its exit record": tried(lambda: open(f"{state}/exit.json", "w")),
+        "plant a link at its exit record's temporary name":
+            tried(lambda: os.symlink("/etc/shadow", f"{state}/exit.json.tmp")),
+    },
+}))
+"""
+
+
+def test_a_job_holds_no_root_descriptor_and_cannot_reach_its_supervisor_or_records(
+    people: tuple[User, User], root_daemon: Callable[..., RunningDaemon]
+) -> None:
+    """Inside its job, mallory finds only her log and /dev/null open; the supervisor, the
+    daemon and the job's spec and exit record (root's) are out of her reach."""
+    mallory, _victim = people
+    daemon = root_daemon()
+    assert daemon.process is not None
+    socket_path, daemon_pid = daemon.socket_path, daemon.process.pid
+    state = daemon.root / "state" / "jobs" / "1"
+    argv = [SYSTEM_PYTHON, "-c", JOB_PROBE, str(state), str(daemon_pid)]
+    job = as_user(mallory, lambda: Client(socket_path).submit(argv, mem="1G").to_json())
+    assert job["id"] == 1
+    done = daemon.wait_state(job["id"], {"done", "failed"})
+    assert done["state"] == "done", daemon.log(job["id"])
+    seen = json.loads(daemon.log(job["id"]))
+    assert seen["fds"] == ["/dev/null", done["log_path"], done["log_path"]]
+    assert set(seen["tried"].values()) <= {"PermissionError"}, seen["tried"]
+    assert json.loads((state / "exit.json").read_text())["exit_code"] == 0
