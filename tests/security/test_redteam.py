@@ -7,16 +7,19 @@ her, the victim's jobs ran as submitted, the daemon still schedules.
 
 from __future__ import annotations
 
+import functools
 import json
 import signal
 import stat
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import psutil
 
 from gpusched.client import Client
+from gpusched.errors import GpuschedError
 from gpusched.launcher import find_supervisor
 from gpusched.store import Store
 from gpusched.store_db import make_private
@@ -232,3 +235,67 @@ def test_a_job_holds_no_root_descriptor_and_cannot_reach_its_supervisor_or_recor
     assert seen["fds"] == ["/dev/null", done["log_path"], done["log_path"]]
     assert set(seen["tried"].values()) <= {"PermissionError"}, seen["tried"]
     assert json.loads((state / "exit.json").read_text())["exit_code"] == 0
+
+
+def _views_of(user: User, socket_path: Path, job_id: int, array_id: int) -> list[dict[str, Any]]:
+    """Every reply in which `user` can see the job: show, array, wait, history, status."""
+
+    def ask() -> list[dict[str, Any]]:
+        client = Client(socket_path)
+        replies = [client.request("show", id=job_id)]
+        replies += client.request("array", array=array_id)
+        replies += client.request("wait", ids=[job_id], timeout=0)
+        replies += client.request("history", limit=100)
+        replies += client.request("status", all=True)["jobs"]
+        return [r for r in replies if r["id"] == job_id]
+
+    return list(as_user(user, ask))
+
+
+def test_mallory_can_neither_steer_nor_read_the_victims_jobs_through_any_request(
+    people: tuple[User, User], root_daemon: Callable[..., RunningDaemon]
+) -> None:
+    """Beyond test_multiuser's cancel/hold/release/logs: priority, requeue, an array's
+    cancel, and every reply that lists a job (commands, directories and hooks hidden)."""
+    mallory, victim = people
+    daemon = root_daemon()
+    socket_path = daemon.socket_path
+
+    def victims_jobs() -> list[dict[str, Any]]:
+        client = Client(socket_path)
+        ended = client.submit(["true"], mem="1G", notify="mail victim@lab.org")
+        array = client.submit_sweep(
+            ["sleep", "{s}"], [("s", ["30", "31"])], mem="1G", hold=True, notify="x"
+        )
+        return [ended.to_json(), *(job.to_json() for job in array)]
+
+    ended, *array = as_user(victim, victims_jobs)
+    array_id = array[0]["array_id"]
+    daemon.wait_state(ended["id"], {"done"})
+    attempts = {
+        "priority": {"id": array[0]["id"], "priority": 10**6},
+        "requeue": {"id": ended["id"]},
+        "cancel": {"array": array_id},
+        "release": {"id": array[1]["id"]},
+    }
+    for op, args in attempts.items():
+        refused = as_user(mallory, functools.partial(_refused, socket_path, op, args))
+        assert refused == "PermissionDenied", (op, refused)
+    for job in (ended, array[0]):
+        for seen in _views_of(mallory, socket_path, job["id"], array_id):
+            assert (seen["command"], seen["cwd"], seen["notify"]) == (
+                ["(hidden)"],
+                None,
+                ["(hidden)"],
+            )
+    after = [daemon.show(job["id"]) for job in array]
+    assert [(j["state"], j["priority"]) for j in after] == [("held", 0), ("held", 0)]
+    assert len(daemon.status("--all")["jobs"]) == 3  # nothing requeued
+
+
+def _refused(socket_path: Path, op: str, args: dict[str, Any]) -> str:
+    try:
+        Client(socket_path).request(op, **args)
+    except GpuschedError as exc:
+        return type(exc).__name__
+    return "accepted"
