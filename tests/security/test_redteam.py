@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import signal
 import stat
 import subprocess
@@ -221,14 +222,16 @@ def test_a_job_holds_no_root_descriptor_and_cannot_reach_its_supervisor_or_recor
     people: tuple[User, User], root_daemon: Callable[..., RunningDaemon]
 ) -> None:
     """Inside its job, mallory finds only her log and /dev/null open; the supervisor, the
-    daemon and the job's spec and exit record (root's) are out of her reach."""
+    daemon and the job's spec and exit record (root's) are out of her reach; her log is
+    hers alone whatever umask she submits with."""
     mallory, _victim = people
     daemon = root_daemon()
     assert daemon.process is not None
     socket_path, daemon_pid = daemon.socket_path, daemon.process.pid
     state = daemon.root / "state" / "jobs" / "1"
     argv = [SYSTEM_PYTHON, "-c", JOB_PROBE, str(state), str(daemon_pid)]
-    job = as_user(mallory, lambda: Client(socket_path).submit(argv, mem="1G").to_json())
+    # Submitted with umask 0: her job's own files would be open to all, never its log.
+    job = as_user(mallory, lambda: Client(socket_path).submit(argv, mem="1G").to_json(), umask=0)
     assert job["id"] == 1
     done = daemon.wait_state(job["id"], {"done", "failed"})
     assert done["state"] == "done", daemon.log(job["id"])
@@ -236,6 +239,7 @@ def test_a_job_holds_no_root_descriptor_and_cannot_reach_its_supervisor_or_recor
     assert seen["fds"] == ["/dev/null", done["log_path"], done["log_path"]]
     assert set(seen["tried"].values()) <= {"PermissionError"}, seen["tried"]
     assert json.loads((state / "exit.json").read_text())["exit_code"] == 0
+    assert stat.S_IMODE(os.stat(done["log_path"]).st_mode) == 0o600
 
 
 def _views_of(
