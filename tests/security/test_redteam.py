@@ -25,6 +25,7 @@ from gpusched.errors import GpuschedError
 from gpusched.launcher import find_supervisor
 from gpusched.store import Store
 from gpusched.store_db import make_private
+from gpusched.trusted_dirs import untrusted_part
 from tests.daemon_harness import RunningDaemon, eventually
 from tests.users import User, as_user
 
@@ -329,3 +330,45 @@ def test_an_out_of_memory_line_from_a_private_log_is_not_shown_to_others(
     assert ended["reason"] == "oom" and "hunter2" in ended["reason_detail"]  # hers: she sees it
     for seen in _views_of(mallory, socket_path, job["id"], None):
         assert "hunter2" not in json.dumps(seen), seen
+
+
+def test_a_root_daemon_refuses_a_log_dir_another_user_could_redirect(
+    people: tuple[User, User], root_daemon: Callable[..., RunningDaemon], tmp_path: Path
+) -> None:
+    """An administrator puts log_dir under a directory of mallory's. She swaps `logs` for
+    a link to a 0700 directory of root's; the root supervisor then created her job's log
+    there, owned by her, with what her job printed (a file logrotate.d would run, say).
+    The daemon now refuses to start, naming the directory, and writes nothing."""
+    mallory, _victim = people
+    hers = tmp_path / "hers"
+    hers.mkdir()
+    os.chown(hers, mallory.uid, mallory.gid)
+    roots = tmp_path / "roots"
+    roots.mkdir(mode=0o700)
+    (hers / "logs").symlink_to(roots)
+    with pytest.raises(RuntimeError, match=f"log_dir .*: {hers} belongs to {mallory.name}"):
+        root_daemon(log_dir=str(hers / "logs"))
+    assert list(roots.iterdir()) == []
+
+
+def test_directories_only_root_can_change_pass_the_others_are_named(
+    people: tuple[User, User], tmp_path: Path
+) -> None:
+    mallory, _victim = people
+    tmp_path.chmod(0o755)
+    assert untrusted_part(tmp_path / "not" / "made" / "yet") is None  # /tmp is sticky
+    open_to_all = tmp_path / "open"
+    open_to_all.mkdir()
+    open_to_all.chmod(0o777)
+    assert untrusted_part(open_to_all / "logs") == f"{open_to_all} is writable by every user"
+    sticky = tmp_path / "sticky"
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    assert untrusted_part(sticky / "logs") is None
+    planted = sticky / "logs"
+    planted.symlink_to(tmp_path)
+    os.lchown(planted, mallory.uid, mallory.gid)  # hers: in a sticky dir she may replace it
+    assert untrusted_part(planted) == f"{planted} belongs to {mallory.name}"
+    ours = tmp_path / "link"
+    ours.symlink_to(open_to_all)  # a link of root's is as safe as where it points
+    assert untrusted_part(ours) == f"{open_to_all} is writable by every user"
