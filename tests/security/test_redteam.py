@@ -22,7 +22,7 @@ import pytest
 
 from gpusched.client import Client
 from gpusched.errors import GpuschedError
-from gpusched.launcher import find_supervisor
+from gpusched.launcher import Launcher, find_supervisor, process_start_time
 from gpusched.store import Store
 from gpusched.store_db import make_private
 from gpusched.trusted_dirs import untrusted_part
@@ -372,3 +372,30 @@ def test_directories_only_root_can_change_pass_the_others_are_named(
     ours = tmp_path / "link"
     ours.symlink_to(open_to_all)  # a link of root's is as safe as where it points
     assert untrusted_part(ours) == f"{open_to_all} is writable by every user"
+
+
+def test_a_recorded_pid_reused_by_a_victims_process_is_never_signalled(
+    people: tuple[User, User], tmp_path: Path
+) -> None:
+    """A job's supervisor is known by pid and start time. After its end (and a daemon
+    restart), that pid may be the victim's process: cancel must not signal it, whoever's
+    job the stale record belongs to. Here the victim's process has the recorded pid but
+    not the recorded start time (as a reused pid would)."""
+    _mallory, victim = people
+
+    def victims_process() -> int:
+        argv = ["sleep", "60"]
+        return subprocess.Popen(argv, start_new_session=True, stdin=subprocess.DEVNULL).pid
+
+    pid = as_user(victim, victims_process)
+    launcher = Launcher(tmp_path / "state", tmp_path / "logs", 1.0, lambda _job_id: None)
+    try:
+        started = process_start_time(pid)
+        assert started is not None
+        stale = repr(float(started) - 1.0)  # the supervisor that had this pid before
+        assert launcher.cancel(pid, stale) is False
+        assert launcher.cancel(pid, None) is False
+        assert psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    finally:
+        launcher.close()
+        psutil.Process(pid).kill()
