@@ -100,8 +100,7 @@ def find_supervisor(spec_path: Path) -> int | None:
 
     A supervisor forked by the zygote shows a title, not that command line: it is found by
     the identity the zygote recorded next to the spec; one started directly, by its
-    command line and our user (the supervisor keeps the daemon's: it drops privileges for
-    the job alone).
+    command line and our user (it drops privileges for the job alone).
     """
     pid = recorded_supervisor(spec_path.parent)
     if pid is not None:
