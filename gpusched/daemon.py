@@ -27,12 +27,13 @@ from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from gpusched.config import Config, load_config
-from gpusched.errors import GpuschedError
+from gpusched.errors import ConfigError, GpuschedError
 from gpusched.gpus import Probe, SimulatedProbe
 from gpusched.hooks import HookRunner
 from gpusched.scheduler import Scheduler
 from gpusched.server import Server
 from gpusched.store import Store
+from gpusched.trusted_dirs import untrusted_dirs
 
 if TYPE_CHECKING:
     from gpusched.metrics import MetricsServer
@@ -62,15 +63,37 @@ def make_probe(config: Config) -> Probe:
     return NvmlProbe()
 
 
+def _check_dirs_are_ours(config: Config) -> None:
+    """As root, refuse directories another user could change under us (trusted_dirs)."""
+    if os.geteuid() != 0:
+        return
+    named = {
+        "state_dir": config.state_dir,
+        "log_dir": config.log_dir,
+        "socket": config.socket_path.parent,
+    }
+    if config.database_url.startswith("sqlite:///"):
+        named["database"] = Path(config.database_url.removeprefix("sqlite:///")).parent
+    problems = untrusted_dirs(named)
+    if problems:
+        raise ConfigError(
+            "another user could redirect what the daemon writes as root: "
+            + "; ".join(problems)
+            + " (use directories only root can change)"
+        )
+
+
 def _prepare_dirs(config: Config) -> None:
     # Everything the daemon creates is private unless opened up on purpose below; jobs
     # get their submitter's umask explicitly.
     os.umask(0o077)
+    _check_dirs_are_ours(config)
     # Root-only state: job specs hold users' environments.
     config.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    config.log_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
+    _check_dirs_are_ours(config)  # again: a name made meanwhile is not followed by chmod
     os.chmod(config.state_dir, 0o700)
     # Logs: the directory is traversable so owners can tail their own 0600 files.
-    config.log_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
     os.chmod(config.log_dir, 0o755)  # noqa: S103 - listing job ids is harmless; files are 0600
 
 

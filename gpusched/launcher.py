@@ -100,15 +100,18 @@ def find_supervisor(spec_path: Path) -> int | None:
 
     A supervisor forked by the zygote shows a title, not that command line: it is found by
     the identity the zygote recorded next to the spec; one started directly, by its
-    command line.
+    command line and our user (it drops privileges for the job alone).
     """
     pid = recorded_supervisor(spec_path.parent)
     if pid is not None:
         return pid
+    # Any user can give a process this command line; only we can start one as our user. An
+    # impostor adopted would hold the job `running` for good and take its cancel.
     wanted = supervisor_command(spec_path)[1:]
-    for process in psutil.process_iter(["cmdline"]):
+    for process in psutil.process_iter(["cmdline", "uids"]):
         cmdline = process.info.get("cmdline") or []
-        if cmdline[1:] == wanted:
+        uids = process.info.get("uids")
+        if cmdline[1:] == wanted and uids is not None and uids.real == os.geteuid():
             return process.pid
     return None
 

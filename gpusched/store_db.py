@@ -32,6 +32,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import logging
+import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -57,6 +60,11 @@ from sqlalchemy.schema import CreateColumn
 from sqlalchemy.sql import Select
 
 from gpusched.models import Job, JobState
+
+log = logging.getLogger("gpusched.store")
+
+# The database and the files SQLite keeps beside it (the WAL holds recent rows in full).
+SQLITE_SUFFIXES = ("", "-wal", "-shm", "-journal")
 
 metadata = MetaData()
 
@@ -208,6 +216,37 @@ def _add_missing_columns(engine: Engine) -> None:
             conn.exec_driver_sql(f"ALTER TABLE jobs ADD COLUMN {ddl}")
 
 
+def make_private(path: Path) -> None:
+    """Take group and other access away from the database and SQLite's files beside it.
+
+    They hold every job's command and environment (tokens, keys). The daemon creates
+    them 0600, but one it finds may be wider: a backup restored with `cp`, a file made
+    by hand or by an older version; SQLite gives its -wal and -shm the database's mode.
+    O_NOFOLLOW: a link planted at one of these names is left alone, never chmodded.
+    """
+    for suffix in SQLITE_SUFFIXES:
+        name = path.with_name(path.name + suffix)
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
+        try:
+            fd = os.open(name, flags)
+        except OSError:  # absent (the usual case), or a link: nothing of ours to tighten
+            continue
+        try:
+            info = os.fstat(fd)
+            if stat.S_ISREG(info.st_mode) and info.st_mode & 0o077:
+                os.fchmod(fd, stat.S_IMODE(info.st_mode) & 0o700)
+                log.warning(
+                    "%s was readable by others (mode %o): made private (%o)",
+                    name,
+                    stat.S_IMODE(info.st_mode),
+                    stat.S_IMODE(info.st_mode) & 0o700,
+                )
+        except OSError as exc:
+            log.warning("cannot make %s private: %s", name, exc.strerror)
+        finally:
+            os.close(fd)
+
+
 class Database:
     """The engine and its two kinds of transaction; the base of every part of `Store`."""
 
@@ -217,6 +256,7 @@ class Database:
             path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             if not path.exists():
                 path.touch(mode=0o600)
+            make_private(path)
         self.engine = create_engine(url)
         if self.engine.dialect.name == "sqlite":
             _sqlite_setup(self.engine)
