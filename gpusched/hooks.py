@@ -42,6 +42,7 @@ from gpusched.config import Config
 from gpusched.errors import GpuschedError
 from gpusched.launcher import job_environment
 from gpusched.models import Job
+from gpusched.sanitize import command_for_log, quoted
 from gpusched.store import Store
 from gpusched.supervisor import owner_credentials
 
@@ -197,8 +198,10 @@ class HookRunner:
 def _log_result(
     job: Job, source: str, argv: Sequence[str], result: HookResult, timeout_s: float
 ) -> None:
-    what = f"{source} hook of job {job.id} ({' '.join(argv)})"
-    tail = f": {result.output}" if result.output else ""
+    # The program's name only (a --notify command is the user's, as private as the job's),
+    # and the hook's output quoted: neither can forge a line of the log.
+    what = f"{source} hook of job {job.id} ({command_for_log(list(argv), False)})"
+    tail = f": {quoted(result.output, 500)}" if result.output else ""
     if result.kind == "timeout":
         log.warning("%s still running after %gs: killed%s", what, timeout_s, tail)
     elif result.kind == "failed_to_start":
