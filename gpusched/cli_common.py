@@ -18,6 +18,7 @@ import click
 
 from gpusched.client import Client
 from gpusched.errors import UsageError
+from gpusched.sanitize import shown
 from gpusched.units import parse_duration
 
 if TYPE_CHECKING:
@@ -82,7 +83,9 @@ def job_ids_completer(
             return []
         uid = os.getuid()
         return [
-            CompletionItem(str(job.id), help=f"{job.state} {job.name or ' '.join(job.command)}")
+            CompletionItem(
+                str(job.id), help=shown(f"{job.state} {job.name or ' '.join(job.command)}")
+            )
             for job in jobs
             if uid in (0, job.uid) and str(job.id).startswith(incomplete)
         ]

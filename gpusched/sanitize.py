@@ -103,7 +103,7 @@ def shown_fields(value: T) -> T:
             continue
         if cleaned != current:
             changes[field.name] = cleaned
-    return dataclasses.replace(value, **changes) if changes else value  # type: ignore[type-var]
+    return dataclasses.replace(value, **changes) if changes else value
 
 
 def command_for_log(argv: list[str], show_commands: bool) -> str:
