@@ -274,12 +274,12 @@ class Scheduler(JobEndings):
         self.store.set_pid(job_id, started.pid, started.start_time)
         self.probe.note_job_started(started.pid, uuids, job.mem)
         log.info(
-            "job %s of %s started on GPU %s (pid %s, via %s): %s",
+            "job %s started on GPU %s (pid %s, via %s) as %s: %s",
             job_id,
-            quoted(job.user, 40),
             ",".join(map(str, indices)),
             started.pid,
             started.via,
+            quoted(job.user, 40),
             command_for_log(job.command, self.config.show_commands),
         )
 
