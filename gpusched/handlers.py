@@ -271,7 +271,9 @@ def _requeue(server: Server, caller: Caller, args: dict[str, Any]) -> Any:
         umask=info.umask,
         mem=old.mem,
         gpus=old.gpus,
-        name=old.name,
+        # A swept job's name carries its sweep values; out of its array, nothing would
+        # hide them from other users (the command, which holds them, still shows to you).
+        name=old.name if old.array_id is None else None,
         priority=old.priority,
         time_limit_s=old.time_limit_s,
         retry_oom=first.retry_oom or 0,

@@ -180,6 +180,9 @@ def test_hidden_commands_stay_hidden_from_other_users(
     mallory, victim = people
     daemon = root_daemon()  # show_commands: false, the default
     ids = _mallorys_jobs(daemon, mallory)
+    socket_path = daemon.socket_path
+    swept = ids["swept"]
+    ids["requeued"] = as_user(mallory, lambda: Client(socket_path).requeue(swept).id)
     seen = [
         json.dumps(_cli_json(daemon, victim, "status", "--all")),
         json.dumps(_cli_json(daemon, victim, "history")),
