@@ -32,6 +32,12 @@ _ESCAPED_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs", "Cn"})
 _OUTPUT_KEPT = frozenset("\t")
 
 T = TypeVar("T")
+_FIELD_NAMES: dict[type, tuple[tuple[str, ...], tuple[str, ...]]] = {}
+# Annotations of fields that cannot hold a user's text (a JobState is checked when read).
+_NOT_TEXT = frozenset(
+    {"int", "int | None", "float", "float | None", "bool", "bool | None", "JobState"}
+)
+_NOT_TEXT_LISTS = frozenset({"list[int]", "list[float]"})
 
 
 def _escape(char: str) -> str:
@@ -89,21 +95,46 @@ def quoted(text: object, limit: int = 200) -> str:
 
 def shown_fields(value: T) -> T:
     """A copy of a dataclass (a Job, a GpuReport, a Drain) with every text field, and every
-    text in a list field, passed through shown(): what a view draws from."""
+    text in a list field, passed through shown(): what a view draws from. The value itself
+    when nothing needs escaping (the common case: `status` draws thousands of jobs)."""
     if not dataclasses.is_dataclass(value) or isinstance(value, type):
         return value
+    texts, lists = _text_fields(type(value))
     changes: dict[str, Any] = {}
-    for field in dataclasses.fields(value):
-        current = getattr(value, field.name)
-        if isinstance(current, str):  # a str enum (JobState) is printable: kept as it is
-            cleaned: Any = shown(current)
-        elif isinstance(current, list) and any(isinstance(item, str) for item in current):
-            cleaned = [shown(item) if isinstance(item, str) else item for item in current]
-        else:
-            continue
-        if cleaned != current:
-            changes[field.name] = cleaned
+    for name in texts:
+        current = getattr(value, name)
+        if isinstance(current, str) and not current.isprintable():
+            changes[name] = shown(current)
+    for name in lists:
+        current = getattr(value, name)
+        if isinstance(current, list) and current and not _printable(current):
+            changes[name] = [shown(item) if isinstance(item, str) else item for item in current]
     return dataclasses.replace(value, **changes) if changes else value
+
+
+def _printable(items: list[Any]) -> bool:
+    try:
+        return "".join(items).isprintable()  # one C call for the whole list
+    except TypeError:  # not all text
+        return all(not isinstance(item, str) or item.isprintable() for item in items)
+
+
+def _text_fields(kind: type) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The names of `kind`'s fields that may hold text, and of those that hold lists,
+    from their annotations (cached per class: this runs for every job `status` draws).
+    A field annotated with anything but plain numbers, booleans or a str enum is kept."""
+    known = _FIELD_NAMES.get(kind)
+    if known is None:
+        texts, lists = [], []
+        for field in dataclasses.fields(kind):
+            annotation = str(field.type)
+            if annotation.startswith("list"):
+                if annotation not in _NOT_TEXT_LISTS:
+                    lists.append(field.name)
+            elif annotation not in _NOT_TEXT:
+                texts.append(field.name)
+        known = _FIELD_NAMES[kind] = (tuple(texts), tuple(lists))
+    return known
 
 
 def command_for_log(argv: list[str], show_commands: bool) -> str:
