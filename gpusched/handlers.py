@@ -31,7 +31,7 @@ from gpusched.hints import suggest_mem
 from gpusched.identity import Caller, account_gid, can_enter, user_name
 from gpusched.models import ACTIVE_STATES, TERMINAL_STATES, Drain, JobState
 from gpusched.store import NewJob
-from gpusched.sweep import expand
+from gpusched.sweep import expand, swept_name
 
 if TYPE_CHECKING:
     from gpusched.server import Server
@@ -230,18 +230,11 @@ def _submit(server: Server, caller: Caller, args: dict[str, Any]) -> Any:
             raise ProtocolError("'sweep' must be a list of [name, [values...]]")
         pairs.append((item[0], item[1]))
     news = [
-        replace(new, command=argv, name=_swept_name(name, label))
+        replace(new, command=argv, name=swept_name(name, _text(label), MAX_NAME_CHARS))
         for argv, label in expand(command, pairs)
     ]
     jobs = server.scheduler.submit_many(news, as_array=True)
     return [server.visible(caller, job) for job in jobs]
-
-
-def _swept_name(name: str | None, label: str) -> str:
-    """A swept job's name: --name and its sweep values, within the names' limit (cut, not
-    refused: the values are in the command too, and `show` prints the command)."""
-    full = _text(f"{name} {label}" if name else label)
-    return full if len(full) <= MAX_NAME_CHARS else full[: MAX_NAME_CHARS - 3] + "..."
 
 
 def _priority(server: Server, caller: Caller, args: dict[str, Any]) -> Any:
