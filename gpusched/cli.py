@@ -33,6 +33,7 @@ from gpusched.cli_jobs import (
 from gpusched.cli_usage import estimate
 from gpusched.cli_views import history, logs, show, status
 from gpusched.errors import EXIT_FAILED, EXIT_OK, GpuschedError, UsageError
+from gpusched.sanitize import shown
 
 
 class _Group(ExampleLastGroup):
@@ -42,7 +43,8 @@ class _Group(ExampleLastGroup):
         try:
             return super().invoke(ctx)
         except GpuschedError as exc:
-            click.echo(f"gpusched: {exc.message}", err=True)
+            # The message may quote the user's input or a daemon's reply: shown escaped.
+            click.echo(f"gpusched: {shown(exc.message)}", err=True)
             ctx.exit(exc.exit_code)
 
 

@@ -18,6 +18,7 @@ import click
 
 from gpusched.client import Client
 from gpusched.errors import UsageError
+from gpusched.sanitize import shown
 from gpusched.units import parse_duration
 
 if TYPE_CHECKING:
@@ -36,18 +37,21 @@ def since_time(text: str) -> str:
     from gpusched.clock import iso  # only `history --since` needs it: not at every start
 
     try:
-        moment = datetime.now(timezone.utc) - timedelta(seconds=parse_duration(text))
-    except UsageError:
         try:
-            moment = datetime.fromisoformat(text.strip())
-        except ValueError:
-            raise UsageError(
-                f"--since {text!r}: expected a time ago (12h, 2d) or a date and time"
-                " (2026-11-21, 2026-11-21T08:00)"
-            ) from None
-        if moment.tzinfo is None:
-            moment = moment.astimezone()  # the user's local time
-    return iso(moment.astimezone(timezone.utc))
+            moment = datetime.now(timezone.utc) - timedelta(seconds=parse_duration(text))
+        except UsageError:
+            try:
+                moment = datetime.fromisoformat(text.strip())
+            except ValueError:
+                raise UsageError(
+                    f"--since {text!r}: expected a time ago (12h, 2d) or a date and time"
+                    " (2026-11-21, 2026-11-21T08:00)"
+                ) from None
+            if moment.tzinfo is None:
+                moment = moment.astimezone()  # the user's local time
+        return iso(moment.astimezone(timezone.utc))
+    except (OverflowError, ValueError):  # before the year 1 or after 9999, once in UTC
+        raise UsageError(f"--since {text!r}: out of the range of dates (years 1 to 9999)") from None
 
 
 # Completion runs while the user waits at the prompt: a daemon that is slow to answer
@@ -79,7 +83,9 @@ def job_ids_completer(
             return []
         uid = os.getuid()
         return [
-            CompletionItem(str(job.id), help=f"{job.state} {job.name or ' '.join(job.command)}")
+            CompletionItem(
+                str(job.id), help=shown(f"{job.state} {job.name or ' '.join(job.command)}")
+            )
             for job in jobs
             if uid in (0, job.uid) and str(job.id).startswith(incomplete)
         ]

@@ -28,6 +28,7 @@ from gpusched.cli_help import ExampleLastCommand
 from gpusched.cli_usage import auto_mem, follow_retries
 from gpusched.errors import EXIT_FAILED, EXIT_OK, EXIT_TIMEOUT, GpuschedError, UsageError
 from gpusched.models import TERMINAL_STATES, Job, JobState
+from gpusched.sanitize import shown
 from gpusched.units import parse_duration, parse_size
 
 
@@ -173,7 +174,7 @@ def _for_each(
         except GpuschedError as exc:
             if exc.exit_code != EXIT_FAILED:
                 raise
-            click.echo(f"gpusched: {exc.message}", err=True)
+            click.echo(f"gpusched: {shown(exc.message)}", err=True)
             failed = True
     if as_json:
         print_json([job.to_json() for job in results])
@@ -200,7 +201,7 @@ def drain(ctx: click.Context, reason: tuple[str, ...]) -> None:
       gpusched drain GPU 2 is replaced on Friday, back by noon
     """
     done = client_of(ctx).drain(" ".join(reason) or None)
-    click.echo(f"{done.describe()}: no new job starts; running jobs go on")
+    click.echo(f"{shown(done.describe())}: no new job starts; running jobs go on")
 
 
 @click.command(cls=ExampleLastCommand)

@@ -2,10 +2,13 @@
 
 They read through the client and format for people (or print the JSON as the daemon
 sent it); the status screen itself is drawn by render.py, imported only when drawn.
+What they print for people passes through `sanitize` (users' strings shown escaped);
+the JSON is exact (JSON escapes every control character).
 """
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 import time
@@ -27,6 +30,7 @@ from gpusched.cli_help import ExampleLastCommand
 from gpusched.cli_usage import usage_rows, util_text
 from gpusched.errors import GpuschedError, UsageError
 from gpusched.models import Drain, GpuReport, Job
+from gpusched.sanitize import shown, shown_fields
 from gpusched.units import format_size
 
 
@@ -125,7 +129,7 @@ def _watch(frame: Callable[[], str], interval: float) -> None:
             try:
                 text = frame()
             except GpuschedError as exc:
-                text = f"gpusched: {exc.message}"
+                text = f"gpusched: {shown(exc.message)}"
             stamp = time.strftime("%H:%M:%S")
             header = f"every {interval:g}s: gpusched status    {stamp}    (Ctrl-C to stop)"
             if tty:
@@ -154,6 +158,7 @@ def show(ctx: click.Context, job_id: int, as_json: bool) -> None:
     if as_json:
         print_json(job.to_json())
         return
+    job = shown_fields(job)
     rows = [
         ("id", job.id),
         ("name", job.name or "-"),
@@ -190,9 +195,18 @@ def show(ctx: click.Context, job_id: int, as_json: bool) -> None:
 @click.command(cls=ExampleLastCommand)
 @ANY_JOB_ID
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new output until the job ends.")
+@click.option(
+    "--raw",
+    is_flag=True,
+    help="The output's exact bytes, also on a terminal for another user's job.",
+)
 @click.pass_context
-def logs(ctx: click.Context, job_id: int, follow: bool) -> None:
+def logs(ctx: click.Context, job_id: int, follow: bool, raw: bool = False) -> None:
     """Print a job's output (stdout and stderr, interleaved).
+
+    Your own jobs' output is printed as it is. Another user's (root and administrators
+    may read it) is, on a terminal, shown with its control characters escaped: they
+    are that user's bytes, and a terminal would obey them (--raw: as they are).
 
     \b
     Example:
@@ -200,17 +214,38 @@ def logs(ctx: click.Context, job_id: int, follow: bool) -> None:
     """
     client = client_of(ctx)
     out = sys.stdout.buffer
+    escape = not raw and sys.stdout.isatty() and client.job(job_id).uid != os.getuid()
+    write = _escaped_writer(out) if escape else lambda data, _final=False: out.write(data)
     offset = 0
     while True:
         chunk = client.logs(job_id, offset)
         if chunk.data:
-            out.write(chunk.data)
+            write(chunk.data)
             out.flush()
             offset = chunk.offset
             continue
         if not follow or chunk.ended:
+            write(b"", True)  # the end of a character cut short, escaped
+            out.flush()
             return
         time.sleep(0.2)
+
+
+def _escaped_writer(out: Any) -> Callable[..., Any]:
+    """write(data, final=False) showing another user's output on this terminal with every
+    control character but newline and tab escaped (a UTF-8 character may span chunks)."""
+    import codecs
+
+    from gpusched.sanitize import shown_output
+
+    decoder = codecs.getincrementaldecoder("utf-8")("backslashreplace")
+    encoding = sys.stdout.encoding or "utf-8"
+
+    def write(data: bytes, final: bool = False) -> None:
+        text = shown_output(decoder.decode(data, final))
+        out.write(text.encode(encoding, "backslashreplace"))
+
+    return write
 
 
 @click.command(cls=ExampleLastCommand)
@@ -258,6 +293,7 @@ def history(
     if not jobs:
         click.echo("no ended jobs")
         return
+    jobs = [shown_fields(job) for job in jobs]
     click.echo(
         f"{'ID':<6}{'USER':<11}{'STATE':<10}{'GPU':<6}{'MEM':>7}{'PEAK':>8}{'UTIL':>6}"
         f"  {'ENDED':<20} COMMAND"

@@ -16,7 +16,6 @@ import logging
 import os
 import signal
 import socket
-import sys
 import threading
 from dataclasses import replace
 from datetime import datetime, timezone
@@ -231,11 +230,10 @@ class Daemon:
 
 
 def run_daemon(config_path: Path | None, simulate: str | None) -> int:
-    logging.basicConfig(
-        level=logging.INFO,
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    from gpusched.logfmt import log_handler
+
+    # One record per line, users' strings escaped: a newline in a command forges nothing.
+    logging.basicConfig(level=logging.INFO, handlers=[log_handler()])
     # APScheduler warns each time a wake-up finds a tick running and one already waiting
     # ("maximum number of running instances reached"); that is the design, not a problem.
     logging.getLogger("apscheduler").setLevel(logging.ERROR)

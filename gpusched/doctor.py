@@ -274,6 +274,8 @@ _LABELS = {
 def render_checks(checks: list[Check], color: bool = False) -> str:
     import click
 
+    from gpusched.sanitize import shown as escaped
+
     width = max(len(c.name) for c in checks) + 2
     lines = []
     for check in checks:
@@ -281,9 +283,10 @@ def render_checks(checks: list[Check], color: bool = False) -> str:
         shown = f"{label:<5}"
         if color and fg:
             shown = click.style(shown, fg=fg, bold=check.status == FAIL)
-        lines.append(f"{shown} {check.name:<{width}}{check.message}")
+        # Messages quote paths, config values and the daemon's replies: shown escaped.
+        lines.append(f"{shown} {check.name:<{width}}{escaped(check.message)}")
         if check.fix and check.status in (FAIL, WARN, SKIP):
-            lines.append(f"{'':<6}{'':<{width}}fix: {check.fix}")
+            lines.append(f"{'':<6}{'':<{width}}fix: {escaped(check.fix)}")
     failed = sum(1 for c in checks if c.status == FAIL)
     lines.append("")
     lines.append(f"{failed} check(s) failed" if failed else "all checks passed")

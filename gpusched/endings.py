@@ -35,6 +35,7 @@ from gpusched.models import (
     JobState,
 )
 from gpusched.monitor import UsageMonitor, final_usage, oom_cause, retry_mem
+from gpusched.sanitize import quoted
 from gpusched.store import Store
 from gpusched.supervisor import write_json_atomically
 
@@ -98,7 +99,8 @@ class JobEndings:
             durable=durable,
         )
         if ended:
-            log.info("job %s %s (%s)%s", job_id, state, reason, f": {detail}" if detail else "")
+            why = f": {quoted(detail, 500)}" if detail else ""  # may quote a user's path
+            log.info("job %s %s (%s)%s", job_id, state, reason, why)
             with self._ended:
                 self._recent_ends.append(job_id)
                 self._end_count += 1

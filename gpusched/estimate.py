@@ -73,7 +73,10 @@ def parse_params(text: str | int) -> int:
                 f"invalid parameter count {text!r}: expected e.g. 7B, 350M or 125000000"
             )
         number, suffix = match.groups()
-        value = round(float(number) * _PARAMS_SUFFIX[suffix.upper()])
+        scaled = float(number) * _PARAMS_SUFFIX[suffix.upper()]
+        if not math.isfinite(scaled):  # 1e400: infinity, which round() cannot make an int
+            raise UsageError(f"invalid parameter count {text!r}: too large")
+        value = round(scaled)
     if value <= 0:
         raise UsageError(f"invalid parameter count {text!r}: must be more than zero")
     return value

@@ -31,7 +31,7 @@ from gpusched.hints import suggest_mem
 from gpusched.identity import Caller, account_gid, can_enter, user_name
 from gpusched.models import ACTIVE_STATES, TERMINAL_STATES, Drain, JobState
 from gpusched.store import NewJob
-from gpusched.sweep import expand
+from gpusched.sweep import expand, swept_name
 
 if TYPE_CHECKING:
     from gpusched.server import Server
@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 MAX_WAIT_S = 30.0
 MAX_LOG_CHUNK = 1 << 20
 MAX_RETRY_OOM = 10
+MAX_NAME_CHARS = 200
 MAX_REASON_CHARS = 500  # a drain reason is shown on every `status`
 
 Handler = Callable[["Server", Caller, dict[str, Any]], Any]
@@ -69,6 +70,10 @@ def _arg(
 
 def _check_value(key: str, value: Any) -> None:
     """What the JSON type allows but the database and the OS cannot hold."""
+    if _holds_nul(value):
+        # No path, argument, environment entry or name can hold one (the OS ends a C
+        # string there); refused here, for every request, rather than deep in a stat().
+        raise UsageError(f"'{key}' contains a NUL character (\\x00)")
     if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63:
         raise UsageError(f"'{key}' is out of range")
     if isinstance(value, float) and not math.isfinite(value):
@@ -78,6 +83,23 @@ def _check_value(key: str, value: Any) -> None:
             value.encode("utf-8")  # lone surrogates (PEP 383) fit JSON columns, not text ones
         except UnicodeEncodeError:
             raise UsageError(f"'{key}' is not valid UTF-8 text") from None
+
+
+def _holds_nul(value: Any) -> bool:
+    """A NUL in a string of `value`, its lists or its mappings (keys too), walked without
+    recursion (decode() bounds the depth; this need not trust it)."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                return True
+        elif isinstance(item, list):
+            pending.extend(item)
+        elif isinstance(item, dict):
+            pending.extend(item.keys())
+            pending.extend(item.values())
+    return False
 
 
 def _notify(args: dict[str, Any]) -> tuple[str, ...] | None:
@@ -164,8 +186,8 @@ def _submit(server: Server, caller: Caller, args: dict[str, Any]) -> Any:
     if not 0 <= umask <= 0o777:
         raise ProtocolError("'umask' must be between 0 and 0o777")
     name = _arg(args, "name", str)
-    if name is not None and len(name) > 200:
-        raise UsageError("--name is limited to 200 characters")
+    if name is not None and len(name) > MAX_NAME_CHARS:
+        raise UsageError(f"--name is limited to {MAX_NAME_CHARS} characters")
     time_limit = _arg(args, "time", (int, float))
     if time_limit is not None and not 0 < time_limit < 10**9:
         raise UsageError("--time must be more than zero")
@@ -208,7 +230,7 @@ def _submit(server: Server, caller: Caller, args: dict[str, Any]) -> Any:
             raise ProtocolError("'sweep' must be a list of [name, [values...]]")
         pairs.append((item[0], item[1]))
     news = [
-        replace(new, command=argv, name=_text(f"{name} {label}" if name else label))
+        replace(new, command=argv, name=swept_name(name, _text(label), MAX_NAME_CHARS))
         for argv, label in expand(command, pairs)
     ]
     jobs = server.scheduler.submit_many(news, as_array=True)
@@ -242,7 +264,9 @@ def _requeue(server: Server, caller: Caller, args: dict[str, Any]) -> Any:
         umask=info.umask,
         mem=old.mem,
         gpus=old.gpus,
-        name=old.name,
+        # A swept job's name carries its sweep values; out of its array, nothing would
+        # hide them from other users (the command, which holds them, still shows to you).
+        name=old.name if old.array_id is None else None,
         priority=old.priority,
         time_limit_s=old.time_limit_s,
         retry_oom=first.retry_oom or 0,
@@ -404,7 +428,10 @@ def _utc_iso(text: str) -> str:
         raise UsageError(f"'since': not an ISO date and time: {text!r}") from None
     if moment.tzinfo is None:
         raise UsageError(f"'since': {text!r} has no time zone")
-    return iso(moment.astimezone(timezone.utc))
+    try:
+        return iso(moment.astimezone(timezone.utc))
+    except OverflowError:  # 0001-01-01T00:00+05:00 is before the year 1 in UTC
+        raise UsageError(f"'since': {text!r} is out of range in UTC") from None
 
 
 def _drain(server: Server, caller: Caller, args: dict[str, Any]) -> Any:

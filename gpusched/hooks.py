@@ -41,6 +41,7 @@ from gpusched.errors import GpuschedError
 from gpusched.hookrun import HookResult, admin_environment, run_hook
 from gpusched.launcher import job_environment
 from gpusched.models import Job
+from gpusched.sanitize import command_for_log, quoted
 from gpusched.store import Store
 
 __all__ = ["HookRunner", "run_hook"]
@@ -204,9 +205,13 @@ class HookRunner:
 def _log_result(
     job: Job, source: str, argv: Sequence[str], result: HookResult, config: Config
 ) -> None:
-    what = f"{source} hook of job {job.id} ({' '.join(argv)})"
+    # The program's name only (a --notify command is the user's, as private as the job's),
+    # and the hook's output quoted: neither can forge a line of the log.
+    what = f"{source} hook of job {job.id} ({command_for_log(list(argv), False)})"
     cut = f" (output cut at hook_output_max, {config.hook_output_max_bytes} bytes)"
-    tail = (cut if result.cut else "") + (f": {result.output}" if result.output else "")
+    tail = (cut if result.cut else "") + (
+        f": {quoted(result.output, 500)}" if result.output else ""
+    )
     if result.kind == "timeout":
         log.warning("%s still running after %gs: killed%s", what, config.hook_timeout_s, tail)
     elif result.kind == "failed_to_start":

@@ -6,6 +6,11 @@ prints the result. Colour is only decoration: without it every fact is still in 
 characters (the memory bar uses a different character per segment), so the output reads
 the same in a pipe, a log file or a terminal without colour.
 
+Every text field (a job's name, command, user, reasons; a GPU's name and error; a drain's
+reason) is passed through `sanitize.shown` first, and the columns are measured on what it
+returns: a user's ESC, newline or bidi override is drawn as a visible escape, never
+interpreted by the terminal, and cannot forge a row.
+
 Imports only the shared vocabulary and click (for `click.style`): the CLI imports this.
 """
 
@@ -18,6 +23,7 @@ from datetime import datetime, timezone
 import click
 
 from gpusched.models import TERMINAL_STATES, Drain, GpuReport, Job, JobState
+from gpusched.sanitize import shown_fields
 from gpusched.units import format_size
 
 MIN_WIDTH = 60
@@ -159,6 +165,7 @@ def _gpu_columns(width: int) -> tuple[int, int]:
 
 def render_gpus(gpus: Sequence[GpuReport], width: int = 80, color: bool = False) -> list[str]:
     paint = _Painter(color)
+    gpus = [shown_fields(gpu) for gpu in gpus]
     name_w, cells = _gpu_columns(width)
     bar_w = cells + 2
     lines = [
@@ -258,6 +265,7 @@ def render_jobs(
     show_all: bool = False,
 ) -> list[str]:
     paint = _Painter(color)
+    jobs = [shown_fields(job) for job in jobs]
     running = [j for j in jobs if j.state == JobState.RUNNING]
     waiting = [j for j in jobs if j.state.is_waiting]
     ended = [j for j in jobs if j.state in TERMINAL_STATES]
@@ -299,7 +307,7 @@ def render_status(
     moment = now if now is not None else datetime.now(timezone.utc)
     lines = []
     if drain is not None:  # first: it explains why nothing in the queue starts
-        text = f"{drain.describe()}: no new job starts; `gpusched undrain` ends it"
+        text = f"{shown_fields(drain).describe()}: no new job starts; `gpusched undrain` ends it"
         lines += [_Painter(color)(line, "yellow", bold=True) for line in textwrap.wrap(text, width)]
         lines.append("")
     lines += render_gpus(gpus, width, color) if gpus else ["no GPUs"]

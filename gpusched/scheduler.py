@@ -55,6 +55,7 @@ from gpusched.policy import (
     plan,
 )
 from gpusched.policy_inputs import capacity_bytes, epoch_seconds, gpu_slot, running_claim
+from gpusched.sanitize import command_for_log, quoted
 from gpusched.store import NewJob, Queued, Store
 from gpusched.units import format_size
 
@@ -267,18 +268,19 @@ class Scheduler(JobEndings):
         try:
             started = self.launcher.start(job, env, info.umask, info.gid)
         except StartError as exc:
-            log.warning("job %s failed to start: %s", job_id, exc)
+            log.warning("job %s failed to start: %s", job_id, quoted(str(exc), 500))
             self._end(job_id, JobState.FAILED, EndReason.FAILED_TO_START, detail=str(exc))
             return
         self.store.set_pid(job_id, started.pid, started.start_time)
         self.probe.note_job_started(started.pid, uuids, job.mem)
         log.info(
-            "job %s started on GPU %s (pid %s, via %s): %s",
+            "job %s started on GPU %s (pid %s, via %s) as %s: %s",
             job_id,
             ",".join(map(str, indices)),
             started.pid,
             started.via,
-            " ".join(job.command),
+            quoted(job.user, 40),
+            command_for_log(job.command, self.config.show_commands),
         )
 
     def _watch(

@@ -41,6 +41,9 @@ MAX_CONNECTIONS = 512
 MAX_CONNECTIONS_PER_USER = 64
 IDLE_TIMEOUT_S = 60.0
 HIDDEN_COMMAND = ["(hidden)"]
+# Ends whose detail is gpusched's own words about public facts (a signal's name, who
+# cancelled, which dependency failed, the memory over the declared): shown to everyone.
+PUBLIC_DETAILS = frozenset({"signal", "cancelled", "dependency_failed", "overrun", "timeout"})
 
 
 class Server:
@@ -203,4 +206,13 @@ class Server:
             data["command"] = HIDDEN_COMMAND
             data["cwd"] = None
             data["notify"] = None if job.notify is None else HIDDEN_COMMAND
+            if job.array_id is not None:
+                # A swept job's name ends with its sweep values ("lr=0.1 token=..."): as
+                # private as the command they were put into. Only the name as a whole is
+                # stored, so the whole name is hidden (the user, array and index still show).
+                data["name"] = None
+            if job.reason not in PUBLIC_DETAILS:
+                # A failed start names the program and the working directory; an OOM quotes
+                # a line of the job's output.
+                data["reason_detail"] = None
         return data

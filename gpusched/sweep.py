@@ -55,3 +55,10 @@ def expand(
             argv = [arg.replace("{" + key + "}", value) for arg in argv]
         combos.append((argv, " ".join(f"{k}={v}" for k, v in zip(keys, values, strict=True))))
     return combos
+
+
+def swept_name(name: str | None, label: str, limit: int) -> str:
+    """A swept job's name: --name and its sweep values, within the names' `limit` (cut, not
+    refused: the values are in the command too, which `show` prints)."""
+    full = f"{name} {label}" if name else label
+    return full if len(full) <= limit else full[: max(0, limit - 3)] + "..."

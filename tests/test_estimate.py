@@ -125,3 +125,9 @@ def test_estimate_command_refuses_bad_usage_with_exit_2() -> None:
         result = cli(*args)
         assert result.returncode == 2, (args, result.stderr)
         assert result.stderr.startswith("gpusched: ")
+
+
+def test_a_parameter_count_past_a_float_is_a_usage_error() -> None:
+    # Before: OverflowError (a traceback) from round(inf).
+    with pytest.raises(UsageError, match="too large"):
+        parse_params("1e400")
