@@ -62,9 +62,9 @@ def cap_log(fd: int, cap: int) -> int:
     """Cut the log's middle if it is over `cap` bytes; returns the bytes dropped now.
 
     `fd` must be open read-write WITHOUT O_APPEND (Linux's pwrite appends on an O_APPEND
-    descriptor, wherever it is told to write). Bytes the job appends during the cut are
-    moved with the tail, up to the final truncate: a write landing in the microseconds
-    between the last read and the truncate is lost (not counted).
+    descriptor, wherever it is told to write). Bytes the job appends while the tail is
+    moved are moved too, in one more pass; what it appends during that pass is lost, not
+    counted in the marker (only a writer about as fast as the copy loses anything).
     """
     size = os.fstat(fd).st_size
     if size <= cap:
@@ -83,10 +83,19 @@ def cap_log(fd: int, cap: int) -> int:
     dropped_now = cut_to - kept_from
     os.pwrite(fd, _marker(_TRIMMING + b"]"), head)
     source, target = cut_to, head + MARKER_BYTES
-    while chunk := os.pread(fd, _COPY_CHUNK, source):  # target < source: a forward copy is safe
-        os.pwrite(fd, chunk, target)
-        source += len(chunk)
-        target += len(chunk)
+    # Moves what was there when the cut began and what was appended while it moved, in
+    # two passes at most: a writer faster than the copy must not keep the cut going.
+    for _ in range(2):
+        end = os.fstat(fd).st_size
+        while source < end:  # target < source: a forward copy is safe
+            chunk = os.pread(fd, min(_COPY_CHUNK, end - source), source)
+            if not chunk:
+                break
+            os.pwrite(fd, chunk, target)
+            source += len(chunk)
+            target += len(chunk)
+    # What the job appended during the second pass (a writer as fast as the copy) is lost
+    # and not counted: counting it would shift the offsets of the kept tail for followers.
     os.ftruncate(fd, target)
     os.pwrite(fd, _final_marker(dropped_before + dropped_now), head)
     return dropped_now
