@@ -18,8 +18,9 @@ With `max_log_bytes` in the spec, the supervisor keeps the log under that size b
 cutting its middle (gpusched.logcap), checked every time its loop wakes: at least once
 a second, ten times a second while the log grows fast.
 
-Stdlib, and psutil only when a process tree must be stopped: this runs once per job
-and its start-up is part of every job's dispatch time.
+Stdlib only (psutil only on a kernel without /proc/PID/task/TID/children, and only
+when a tree must be stopped): this runs once per job and its start-up is part of every
+job's dispatch time.
 """
 
 from __future__ import annotations
