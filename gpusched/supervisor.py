@@ -114,6 +114,7 @@ class Supervisor:
         self.log_cap = spec.get("max_log_bytes") or None
         self._cap_fd = -1  # the log, read-write without O_APPEND, to cut it (logcap)
         self._log_size = 0
+        self._cap_failed = False
 
     def _on_term(self, _signum: int, _frame: object) -> None:
         self.terminate_requested = True
@@ -163,13 +164,15 @@ class Supervisor:
         if self.log_cap is None or self._cap_fd < 0:
             return 1.0
         try:
-            cap_log(self._cap_fd, self.log_cap)
+            cut = cap_log(self._cap_fd, self.log_cap)
             size = os.fstat(self._cap_fd).st_size
         except OSError as exc:  # e.g. a full disk: the job goes on, uncapped for now
-            print(f"gpusched supervisor: cannot cap the log: {exc}", file=sys.stderr, flush=True)
+            if not self._cap_failed:  # once, not every second
+                print(f"gpusched supervisor: cannot cap the log: {exc}", file=sys.stderr)
+                self._cap_failed = True
             return 1.0
         grew, self._log_size = size - self._log_size, size
-        return 0.1 if grew > self.log_cap // 16 else 1.0
+        return 0.1 if cut or grew > self.log_cap // 16 else 1.0
 
     def _reap(self) -> None:
         """Reap every exited child (the job and orphans re-parented to us)."""
