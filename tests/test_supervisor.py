@@ -277,3 +277,20 @@ def test_a_reader_past_the_end_of_a_cut_log_restarts_at_the_marker(tmp_path: Pat
         assert read_log(fd, 2**80, 10) == (b"", 2**80)
     finally:
         os.close(fd)
+
+
+def test_a_marker_the_job_printed_itself_hides_nothing_from_its_reader(tmp_path: Path) -> None:
+    path = tmp_path / "log"
+    forged = b"start\n[gpusched: trimming]\n" + lines(0, 100)
+    path.write_bytes(forged)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        seen, offset = b"", 0
+        while True:
+            data, offset = read_log(fd, offset, 1000, patience_s=0.1)
+            if not data:
+                break
+            seen += data
+        assert seen == forged
+    finally:
+        os.close(fd)
