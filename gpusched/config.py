@@ -74,6 +74,7 @@ class Config:
     overrun_margin_bytes: int = 0  # or a size (overrun_margin: 1G)
     hint_min_runtime_s: float = 120.0  # shorter jobs get no size/utilization hints
     kill_grace_s: float = 10.0
+    max_log_bytes: int | None = 2**30  # each job's log (max_log_size); None: unlimited
     fair_share_half_life_s: float = 3600.0
     show_commands: bool = False
     admins: tuple[str, ...] = ()
@@ -147,6 +148,8 @@ def _convert(source: str, key: str, value: Any, base: Config) -> dict[str, Any]:
             return {"poll_interval_s": parse_duration(value)}
         if key == "kill_grace":
             return {"kill_grace_s": parse_duration(value)}
+        if key == "max_log_size":
+            return {"max_log_bytes": parse_log_cap(value)}
         if key == "fair_share_half_life":
             return {"fair_share_half_life_s": parse_duration(value)}
         if key == "headroom":
@@ -225,6 +228,18 @@ def _hook_bound(key: str, value: Any) -> dict[str, Any]:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise UsageError(f"expected a whole number >= 1, not {value!r}")
     return {key: value}
+
+
+def parse_log_cap(value: Any) -> int | None:
+    """`max_log_size`: a size of at least 64K, or 0 / null for no cap."""
+    if value in (0, "0", None):
+        return None
+    from gpusched.logcap import MIN_LOG_CAP_BYTES
+
+    size = parse_size(value)
+    if size < MIN_LOG_CAP_BYTES:
+        raise UsageError("expected a size of at least 64K, or 0 for no cap")
+    return size
 
 
 def parse_command(value: Any) -> tuple[str, ...] | None:

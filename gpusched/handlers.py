@@ -29,6 +29,7 @@ from gpusched.errors import (
 )
 from gpusched.hints import suggest_mem
 from gpusched.identity import Caller, account_gid, can_enter, user_name
+from gpusched.logcap import read_log
 from gpusched.models import ACTIVE_STATES, TERMINAL_STATES, Drain, JobState
 from gpusched.store import NewJob
 from gpusched.sweep import expand, swept_name
@@ -313,7 +314,7 @@ def _logs(server: Server, caller: Caller, args: dict[str, Any]) -> Any:
     job = server.owned_job(caller, _job_id(args))
     offset = max(0, _arg(args, "offset", int, default=0))
     limit = min(MAX_LOG_CHUNK, max(1, _arg(args, "max_bytes", int, default=MAX_LOG_CHUNK)))
-    data = b""
+    data, next_offset = b"", offset
     if job.log_path:
         try:
             # O_NOFOLLOW: the daemon reads only the file it created, never a planted link.
@@ -323,13 +324,19 @@ def _logs(server: Server, caller: Caller, args: dict[str, Any]) -> Any:
         except OSError as exc:
             raise GpuschedError(f"cannot read the log of job {job.id}: {exc.strerror}") from None
         if fd >= 0:
-            with os.fdopen(fd, "rb") as handle:
-                # Past the end: nothing to read (and no EINVAL from lseek beyond the max size).
-                handle.seek(min(offset, os.fstat(handle.fileno()).st_size))
-                data = handle.read(limit)
+            try:
+                # Offsets count all the job wrote: a log cut at max_log_size is read
+                # around its cut, so a follower neither re-reads nor waits (logcap).
+                data, next_offset = read_log(fd, offset, limit)
+            except OSError as exc:
+                raise GpuschedError(
+                    f"cannot read the log of job {job.id}: {exc.strerror}"
+                ) from None
+            finally:
+                os.close(fd)
     return {
         "data": base64.b64encode(data).decode("ascii"),
-        "offset": offset + len(data),
+        "offset": next_offset,
         "ended": job.state in TERMINAL_STATES,
         "state": str(job.state),
         "log_path": job.log_path,

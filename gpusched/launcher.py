@@ -172,11 +172,17 @@ def sharing_environment(
 
 class Launcher:
     def __init__(
-        self, state_dir: Path, log_dir: Path, kill_grace_s: float, on_exit: Callable[[int], None]
+        self,
+        state_dir: Path,
+        log_dir: Path,
+        kill_grace_s: float,
+        on_exit: Callable[[int], None],
+        max_log_bytes: int | None = None,
     ) -> None:
         self.jobs_dir = state_dir / "jobs"
         self.log_dir = log_dir
         self.kill_grace_s = kill_grace_s
+        self.max_log_bytes = max_log_bytes  # the supervisor keeps each job's log under it
         self._on_exit = on_exit
         self._children: dict[int, subprocess.Popen[bytes]] = {}
         self._selector = selectors.DefaultSelector()
@@ -319,6 +325,7 @@ class Launcher:
             "umask": umask,
             "log_path": str(log_path),
             "kill_grace_s": self.kill_grace_s,
+            "max_log_bytes": self.max_log_bytes,
             "time_limit_s": job.time_limit_s,
         }
         spec_path = job_dir / "spec.json"

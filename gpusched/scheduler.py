@@ -84,7 +84,11 @@ class Scheduler(JobEndings):
         self.probe = probe
         self.clock = clock
         self.launcher = Launcher(
-            config.state_dir, config.log_dir, config.kill_grace_s, self._on_job_exit
+            config.state_dir,
+            config.log_dir,
+            config.kill_grace_s,
+            self._on_job_exit,
+            max_log_bytes=config.max_log_bytes,
         )
         self._lock = threading.RLock()
         self._ended = threading.Condition()

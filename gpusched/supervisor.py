@@ -8,12 +8,19 @@ how it ended to `exit.json` next to the spec. Because the outcome is on disk, a
 daemon that was killed or restarted meanwhile still learns the real exit code.
 
 SIGTERM (sent by the daemon on cancel) means: SIGTERM the job's whole tree, wait
-the grace period, SIGKILL whatever is left. When the job's main process exits, any
-process it left behind is stopped the same way, so nothing keeps GPU memory after
-its job has ended.
+the grace period, then freeze and SIGKILL whatever is left, again and again until the
+supervisor has no child at all (gpusched.treekill: a job that forks continuously cannot
+outrun it). When the job's main process exits, any process it left behind is stopped
+the same way, so nothing keeps GPU memory after its job has ended. `exit.json` is
+written only then: a job recorded as ended has no process left.
 
-Stdlib, and psutil only when a process tree must be stopped: this runs once per job
-and its start-up is part of every job's dispatch time.
+With `max_log_bytes` in the spec, the supervisor keeps the log under that size by
+cutting its middle (gpusched.logcap), checked every time its loop wakes: at least once
+a second, ten times a second while the log grows fast.
+
+Stdlib only (psutil only on a kernel without /proc/PID/task/TID/children, and only
+when a tree must be stopped): this runs once per job and its start-up is part of every
+job's dispatch time.
 """
 
 from __future__ import annotations
@@ -31,6 +38,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from gpusched import treekill
+from gpusched.logcap import cap_log
 
 PR_SET_CHILD_SUBREAPER = 36
 
@@ -82,34 +92,9 @@ def _open_log(path: str, uid: int, gid: int) -> int:
 
 
 def _has_children() -> bool:
-    """Whether any process is left under us; cheap, without importing psutil.
-
-    As a subreaper, any descendant left implies a direct child of ours (orphans are
-    re-parented to us), and the kernel lists direct children per thread in /proc.
-    """
-    try:
-        tasks = os.listdir("/proc/self/task")
-        return any(Path(f"/proc/self/task/{t}/children").read_text().strip() for t in tasks)
-    except OSError:  # a kernel without CONFIG_PROC_CHILDREN: ask psutil
-        return bool(_descendants())
-
-
-def _descendants() -> list[Any]:
-    import psutil  # only when there is a tree to stop: it costs 10-30 ms to import
-
-    try:
-        return psutil.Process().children(recursive=True)
-    except psutil.Error:
-        return []
-
-
-def _signal_all(processes: list[Any], signum: int) -> None:
-    import psutil
-
-    for process in processes:
-        # ESRCH (already gone) is the common, harmless case.
-        with contextlib.suppress(psutil.Error):
-            process.send_signal(signum)
+    """Whether any process is left under us (as a subreaper, any descendant left implies
+    a direct child of ours: orphans are re-parented to us)."""
+    return bool(treekill.children_of(os.getpid()))
 
 
 def owner_credentials(uid: int, gid: int, groups: list[int]) -> dict[str, Any]:
@@ -129,6 +114,10 @@ class Supervisor:
         self.exit_path = exit_path
         self.terminate_requested = False
         self.child: subprocess.Popen[bytes] | None = None
+        self.log_cap = spec.get("max_log_bytes") or None
+        self._cap_fd = -1  # the log, read-write without O_APPEND, to cut it (logcap)
+        self._log_size = 0
+        self._cap_failed = False
 
     def _on_term(self, _signum: int, _frame: object) -> None:
         self.terminate_requested = True
@@ -160,22 +149,39 @@ class Supervisor:
         )
 
     def _stop_tree(self, grace_s: float, wakeup_fd: int) -> None:
-        """SIGTERM every descendant, wait up to the grace period, SIGKILL the rest."""
-        _signal_all(_descendants(), signal.SIGTERM)
+        """SIGTERM every descendant, wait up to the grace period, then freeze and SIGKILL
+        the tree until we have no child left (see gpusched.treekill)."""
+
+        def pause(seconds: float) -> None:
+            select.select([wakeup_fd], [], [], seconds)
+            _drain(wakeup_fd)
+            self._check_log()
+
+        treekill.terminate_tree()
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline:
             self._reap()
-            if not _descendants():
+            if not _has_children():
                 return
-            select.select([wakeup_fd], [], [], 0.05)
-            _drain(wakeup_fd)
-        _signal_all(_descendants(), signal.SIGKILL)
-        # A process in uninterruptible sleep (D state, e.g. stuck on NFS) dies only when
-        # its I/O returns; don't wait for it forever, the exit record matters more.
-        deadline = time.monotonic() + 5.0
-        while _descendants() and time.monotonic() < deadline:
-            self._reap()
-            time.sleep(0.01)
+            pause(0.05)
+        treekill.kill_tree(self._reap, pause)
+        self._reap()
+
+    def _check_log(self) -> float:
+        """Keep the log under its cap; returns how long the loop may sleep before the
+        next check (shorter while the log grows fast)."""
+        if self.log_cap is None or self._cap_fd < 0:
+            return 1.0
+        try:
+            cut = cap_log(self._cap_fd, self.log_cap)
+            size = os.fstat(self._cap_fd).st_size
+        except OSError as exc:  # e.g. a full disk: the job goes on, uncapped for now
+            if not self._cap_failed:  # once, not every second
+                print(f"gpusched supervisor: cannot cap the log: {exc}", file=sys.stderr)
+                self._cap_failed = True
+            return 1.0
+        grew, self._log_size = size - self._log_size, size
+        return 0.1 if cut or grew > self.log_cap // 16 else 1.0
 
     def _reap(self) -> None:
         """Reap every exited child (the job and orphans re-parented to us)."""
@@ -206,6 +212,13 @@ class Supervisor:
                 message=f"cannot open log {spec['log_path']}: {exc.strerror}",
             )
             return 1
+        if self.log_cap is not None:
+            # A second open file of the same log (through /proc, not its name): ours
+            # without O_APPEND, since pwrite on an O_APPEND descriptor always appends.
+            try:
+                self._cap_fd = os.open(f"/proc/self/fd/{log_fd}", os.O_RDWR | os.O_CLOEXEC)
+            except OSError as exc:
+                print(f"gpusched supervisor: log not capped: {exc}", file=sys.stderr, flush=True)
         try:
             self.child = self._start(log_fd)
         except (OSError, subprocess.SubprocessError, ValueError) as exc:
@@ -215,11 +228,15 @@ class Supervisor:
             return 1
         finally:
             os.close(log_fd)
+        return self._supervise(self.child, read_fd)
+
+    def _supervise(self, child: subprocess.Popen[bytes], read_fd: int) -> int:
+        spec = self.spec
         cancelled = timed_out = False
         limit = spec.get("time_limit_s")
         limit_s = None if limit is None else float(limit)
         deadline = None if limit_s is None else time.monotonic() + limit_s
-        while self.child.returncode is None:
+        while child.returncode is None:
             if self.terminate_requested and not cancelled:
                 cancelled = True
                 self._stop_tree(float(spec["kill_grace_s"]), read_fd)
@@ -229,14 +246,17 @@ class Supervisor:
                 timed_out = True
                 self._stop_tree(float(spec["kill_grace_s"]), read_fd)
                 continue
-            wait_s = 1.0 if deadline is None else max(0.0, min(1.0, deadline - time.monotonic()))
+            wait_s = self._check_log()
+            if deadline is not None:
+                wait_s = max(0.0, min(wait_s, deadline - time.monotonic()))
             select.select([read_fd], [], [], wait_s)
             _drain(read_fd)
             self._reap()
         # The main process is gone; stop anything it left behind holding the GPU.
         if _has_children():
             self._stop_tree(float(spec["kill_grace_s"]), read_fd)
-        code = self.child.returncode
+        self._check_log()  # nothing writes any more: the final log is within the cap
+        code = child.returncode
         if timed_out and not cancelled:
             self._record(
                 outcome="timeout",
