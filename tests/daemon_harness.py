@@ -22,7 +22,9 @@ import yaml
 
 from gpusched.client import Client
 from gpusched.config import load_config
+from gpusched.config_holder import ConfigHolder
 from gpusched.gpus import SimulatedProbe
+from gpusched.launcher import Launcher
 from gpusched.scheduler import Scheduler
 from gpusched.store import Store
 
@@ -58,8 +60,13 @@ def in_process_scheduler(root: Path, simulate: str, **overrides: Any) -> Schedul
 
     Close it with `scheduler.launcher.close()` and `scheduler.store.close()`.
     """
-    config = load_config(None, {**directory_settings(root, simulate), **overrides})
-    return Scheduler(config, Store(config.database_url), SimulatedProbe.from_spec(simulate))
+    holder = ConfigHolder(load_config(None, {**directory_settings(root, simulate), **overrides}))
+    return Scheduler(
+        holder,
+        Store(holder.current.database_url),
+        SimulatedProbe.from_spec(simulate),
+        Launcher(holder),
+    )
 
 
 class RunningDaemon:
