@@ -9,6 +9,7 @@ but died before starting is queued again, never run twice, never lost.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -164,6 +165,19 @@ def test_sighup_applies_a_valid_config_and_keeps_the_old_one_when_broken(
     daemon.config_path.write_text(yaml.safe_dump(settings))
     _still_schedules(daemon)
     assert "Traceback" not in daemon.stderr()
+
+
+def test_a_reloaded_kill_grace_reaches_the_next_job(daemon_factory: Any) -> None:
+    # The launcher writes each job's grace into its supervisor's spec. It once copied
+    # kill_grace when the daemon started, so a reload never reached it.
+    daemon = daemon_factory(simulate="1x24G", config={"kill_grace": "30s"}).start()
+    settings = yaml.safe_load(daemon.config_path.read_text())
+    _reload(daemon, {**settings, "kill_grace": "3s"}, "config reloaded")
+    job_id = daemon.submit("--mem", "1G", "--", "sleep", "60")
+    daemon.supervisor_pid(job_id)
+    spec = json.loads((daemon.root / "state" / "jobs" / str(job_id) / "spec.json").read_text())
+    assert spec["kill_grace_s"] == 3.0
+    assert daemon.cli("cancel", str(job_id)).returncode == 0
 
 
 def _db(daemon: RunningDaemon) -> Store:
