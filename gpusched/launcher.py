@@ -48,8 +48,14 @@ log = logging.getLogger("gpusched.launcher")
 ZYGOTE_REPLY_TIMEOUT_S = 10.0
 
 
-def supervisor_command(spec_path: Path) -> list[str]:
-    return [sys.executable, "-m", "gpusched.supervisor", str(spec_path)]
+SUPERVISOR_MODULE = "gpusched.supervisor"
+# Module paths that supervisors started by earlier versions run: after an upgrade in place
+# a job whose pid was never recorded is still found by its supervisor's command line.
+LEGACY_SUPERVISOR_MODULES: tuple[str, ...] = ()
+
+
+def supervisor_command(spec_path: Path, module: str = SUPERVISOR_MODULE) -> list[str]:
+    return [sys.executable, "-m", module, str(spec_path)]
 
 
 def zygote_command(control_fd: int, jobs_dir: Path) -> list[str]:
@@ -66,10 +72,13 @@ def find_supervisor(spec_path: Path) -> int | None:
     pid = recorded_supervisor(spec_path.parent)
     if pid is not None:
         return pid
-    wanted = supervisor_command(spec_path)[1:]
+    wanted = [
+        supervisor_command(spec_path, module)[1:]
+        for module in (SUPERVISOR_MODULE, *LEGACY_SUPERVISOR_MODULES)
+    ]
     for process in psutil.process_iter(["cmdline"]):
         cmdline = process.info.get("cmdline") or []
-        if cmdline[1:] == wanted:
+        if cmdline[1:] in wanted:
             return process.pid
     return None
 
