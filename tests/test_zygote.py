@@ -12,40 +12,45 @@ import re
 import signal
 import socket
 import sys
-import time
 from pathlib import Path
 
 import psutil
 
 from gpusched.zygote import IDENTITY_FILE, recorded_supervisor
-from tests.daemon_harness import RunningDaemon
+from tests.daemon_harness import RunningDaemon, eventually
 
 
 def _zygote(daemon: RunningDaemon, timeout_s: float = 10) -> psutil.Process:
     """The daemon's zygote: its child running `python -m gpusched.zygote`."""
     assert daemon.process is not None
-    deadline = time.monotonic() + timeout_s
-    while True:
-        for child in psutil.Process(daemon.process.pid).children():
+    parent = psutil.Process(daemon.process.pid)
+
+    def zygote() -> psutil.Process | None:
+        for child in parent.children():
             try:
                 if "gpusched.zygote" in child.cmdline() and child.status() != "zombie":
                     return child
             except psutil.Error:
                 continue
-        assert time.monotonic() < deadline, "the daemon has no zygote"
-        time.sleep(0.05)
+        return None
+
+    found = eventually(zygote, timeout_s)
+    assert found is not None  # it is true
+    return found
+
+
+def _ended(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 def _gone(pid: int, timeout_s: float = 10) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-                return True
-        except psutil.NoSuchProcess:
-            return True
-        time.sleep(0.05)
-    return False
+    try:
+        return eventually(lambda: _ended(pid), timeout_s)
+    except AssertionError:
+        return False
 
 
 def _started_via(daemon: RunningDaemon, job_id: int) -> str:
@@ -80,10 +85,7 @@ def test_jobs_start_through_the_zygote_as_if_started_fresh(daemon: RunningDaemon
     assert daemon.cli("wait", str(job_id), timeout=30).returncode == 7
     # The zygote reaps the supervisors it forked: no zombie is left under it.
     assert _gone(supervisor.pid)
-    deadline = time.monotonic() + 5
-    while any(c.status() == "zombie" for c in zygote.children()):
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    eventually(lambda: not any(c.status() == "zombie" for c in zygote.children()), 5)
 
 
 def test_a_dead_zygote_costs_one_slow_start_and_comes_back(daemon: RunningDaemon) -> None:
