@@ -259,7 +259,7 @@ class Launcher:
         return Started(pid, start_time, str(log_path), via)
 
     def _popen_supervisor(self, spec_path: Path) -> int:
-        """Start `python -m gpusched.supervisor SPEC` in a new session: the slow, sure way."""
+        """Start a supervisor in a fresh interpreter, in a new session: the slow, sure way."""
         try:
             with open(spec_path.with_name("supervisor.err"), "wb") as supervisor_err:
                 process = subprocess.Popen(

@@ -8,9 +8,9 @@ only for `status` and is rebuilt by the next tick.
 Config, time, hardware and processes are injected (`config` holder, `clock`, `probe`,
 `launcher`), so tests drive one tick at a time with a fixed clock and a launcher that
 spawns nothing (tests/test_tick.py). Each phase of a tick reads and returns what it
-found (gpusched.observe, gpusched.admission, gpusched.policy); only the tick acts on it.
-How jobs end is `JobEndings`' (gpusched.endings), held here. One lock serialises ticks,
-endings and job operations.
+found (modules observe, admission, policy); only the tick acts on it. How jobs end is
+`JobEndings`' (module endings), held here. One lock serialises ticks, endings and job
+operations.
 """
 
 from __future__ import annotations
