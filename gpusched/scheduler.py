@@ -113,7 +113,10 @@ class Scheduler:
         """One pass: observe → admit → plan → start. Never raises for one bad job."""
         with self._lock:
             seen = self.observe()
-            self._act_on_overruns(seen.overruns)
+            try:
+                self._act_on_overruns(seen.overruns)
+            except Exception:  # acting on what was measured must never stop scheduling
+                log.exception("acting on the running jobs' overruns failed")
             admitted = self.admit()
             for doomed in admitted.doomed:
                 self.endings.end(
