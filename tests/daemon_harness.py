@@ -53,6 +53,15 @@ def eventually(
     return value
 
 
+def job_until(go: Path, marker: Path, code: int) -> str:
+    """A job's Python that runs until the test creates `go`, then writes `marker` and exits
+    `code`: a job that outlives a daemon restart however slow the machine, with no sleep."""
+    return (
+        f"import os, time\nwhile not os.path.exists({str(go)!r}): time.sleep(0.05)\n"
+        f"open({str(marker)!r}, 'w').close()\nraise SystemExit({code})"
+    )
+
+
 def answers(daemon: RunningDaemon) -> bool:
     """Whether the daemon answers a ping now."""
     try:

@@ -21,7 +21,7 @@ import psutil
 import yaml
 
 from gpusched.store import Store
-from tests.daemon_harness import RunningDaemon, eventually
+from tests.daemon_harness import RunningDaemon, eventually, job_until
 
 GIB = 2**30
 
@@ -93,9 +93,8 @@ def test_sigterm_leaves_jobs_running_and_a_restart_readopts_them(
     daemon: RunningDaemon, tmp_path: Path
 ) -> None:
     marker = tmp_path / "finished"
-    script = (
-        f"import time; time.sleep(2.5); open({str(marker)!r}, 'w').close(); raise SystemExit(4)"
-    )
+    go = tmp_path / "go"  # it runs until the restarted daemon has re-adopted it
+    script = job_until(go, marker, 4)
     job_id = daemon.submit("--mem", "1G", "--", sys.executable, "-c", script)
     supervisor = daemon.supervisor_pid(job_id)
     assert daemon.stop(signal.SIGTERM) == 0
@@ -104,6 +103,7 @@ def test_sigterm_leaves_jobs_running_and_a_restart_readopts_them(
     daemon.start()
     assert daemon.show(job_id)["state"] == "running"
     assert f"job {job_id} still running (pid {supervisor}): re-adopted" in daemon.stderr()
+    go.touch()
     assert daemon.cli("wait", str(job_id), timeout=30).returncode == 4
     job = daemon.show(job_id)
     assert (job["state"], job["reason"], job["exit_code"]) == ("failed", "exit", 4)
@@ -121,7 +121,7 @@ def _reload(daemon: RunningDaemon, settings: dict[str, Any] | str, expect: str) 
     before = daemon.stderr().count(expect)
     assert daemon.process is not None
     daemon.process.send_signal(signal.SIGHUP)
-    eventually(lambda: daemon.stderr().count(expect) > before, describe=daemon.stderr)
+    eventually(lambda: daemon.stderr().count(expect) > before, 30, describe=daemon.stderr)
 
 
 def test_sighup_applies_a_valid_config_and_keeps_the_old_one_when_broken(
@@ -132,7 +132,7 @@ def test_sighup_applies_a_valid_config_and_keeps_the_old_one_when_broken(
     assert _available(daemon) == 24 * GIB - 512 * 2**20  # the default headroom
 
     _reload(daemon, {**settings, "headroom": "2G"}, "config reloaded")
-    eventually(lambda: _available(daemon) == 22 * GIB, describe=daemon.client().status)
+    eventually(lambda: _available(daemon) == 22 * GIB, 30, describe=daemon.client().status)
 
     for broken, why in [
         ("headroom: [unclosed\n", "config reload failed, keeping the old config"),
@@ -235,9 +235,8 @@ def test_a_zygote_forked_supervisor_whose_pid_was_never_recorded_is_readopted(
     restarted daemon finds it by the identity the zygote recorded in the job's directory.
     """
     marker = tmp_path / "finished"
-    script = (
-        f"import time; time.sleep(2.5); open({str(marker)!r}, 'w').close(); raise SystemExit(5)"
-    )
+    go = tmp_path / "go"  # it runs until the restarted daemon has re-adopted it
+    script = job_until(go, marker, 5)
     job_id = daemon.submit("--mem", "1G", "--", sys.executable, "-c", script)
     supervisor = daemon.supervisor_pid(job_id)
     assert "gpusched.supervisor" not in " ".join(psutil.Process(supervisor).cmdline())
@@ -253,6 +252,7 @@ def test_a_zygote_forked_supervisor_whose_pid_was_never_recorded_is_readopted(
     daemon.start()
     assert f"job {job_id} still running (pid {supervisor}): re-adopted" in daemon.stderr()
     assert daemon.show(job_id)["pid"] == supervisor
+    go.touch()
     assert daemon.cli("wait", str(job_id), timeout=30).returncode == 5
     job = daemon.show(job_id)
     assert (job["state"], job["reason"], job["exit_code"]) == ("failed", "exit", 5)

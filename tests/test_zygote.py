@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 
 from gpusched.zygote import IDENTITY_FILE, recorded_supervisor
-from tests.daemon_harness import RunningDaemon, eventually
+from tests.daemon_harness import RunningDaemon, eventually, job_until
 
 
 def _zygote(daemon: RunningDaemon, timeout_s: float = 10) -> psutil.Process:
@@ -59,8 +59,12 @@ def _started_via(daemon: RunningDaemon, job_id: int) -> str:
     return str(found[0])
 
 
-def test_jobs_start_through_the_zygote_as_if_started_fresh(daemon: RunningDaemon) -> None:
-    job_id = daemon.submit("--mem", "1G", "--", "sh", "-c", "sleep 1; exit 7")
+def test_jobs_start_through_the_zygote_as_if_started_fresh(
+    daemon: RunningDaemon, tmp_path: Path
+) -> None:
+    go = tmp_path / "go"  # the job runs until the test has looked at its supervisor
+    script = f"while [ ! -e {go} ]; do sleep 0.05; done; exit 7"
+    job_id = daemon.submit("--mem", "1G", "--", "sh", "-c", script)
     supervisor = psutil.Process(daemon.supervisor_pid(job_id))
     zygote = _zygote(daemon)
     assert supervisor.ppid() == zygote.pid
@@ -82,6 +86,7 @@ def test_jobs_start_through_the_zygote_as_if_started_fresh(daemon: RunningDaemon
     title = " ".join(supervisor.cmdline()).strip()
     assert title.startswith(f"gpusched supervisor: job {job_id} "), title
     assert title.endswith(str(job_dir / "spec.json")), title
+    go.touch()
     assert daemon.cli("wait", str(job_id), timeout=30).returncode == 7
     # The zygote reaps the supervisors it forked: no zombie is left under it.
     assert _gone(supervisor.pid)
@@ -132,7 +137,8 @@ def test_the_zygote_dies_with_its_daemon_and_its_jobs_are_readopted(
     daemon: RunningDaemon, tmp_path: Path
 ) -> None:
     marker = tmp_path / "finished"
-    script = f"import time; time.sleep(3); open({str(marker)!r}, 'w').close(); raise SystemExit(4)"
+    go = tmp_path / "go"  # it runs until the restarted daemon has re-adopted it
+    script = job_until(go, marker, 4)
     job_id = daemon.submit("--mem", "1G", "--", sys.executable, "-c", script)
     supervisor = daemon.supervisor_pid(job_id)
     zygote = _zygote(daemon)
@@ -142,6 +148,7 @@ def test_the_zygote_dies_with_its_daemon_and_its_jobs_are_readopted(
     assert not _gone(supervisor, timeout_s=0.2), "the job must outlive the daemon and zygote"
     daemon.start()
     assert f"job {job_id} still running (pid {supervisor}): re-adopted" in daemon.stderr()
+    go.touch()
     assert daemon.cli("wait", str(job_id), timeout=30).returncode == 4
     job = daemon.show(job_id)
     assert (job["state"], job["reason"], job["exit_code"]) == ("failed", "exit", 4)
