@@ -48,20 +48,61 @@ class _Group(ExampleLastGroup):
             ctx.exit(exc.exit_code)
 
 
+_CONFIG_HELP = "Config file (YAML). Env: GPUSCHED_CONFIG."
+_SOCKET_HELP = "The daemon's Unix socket. Env: GPUSCHED_SOCKET."
+
+
+def _given_after_the_command(ctx: click.Context, param: click.Parameter, value: Any) -> None:
+    """`gpusched CMD --config PATH`: the same as `gpusched --config PATH CMD`, and it wins."""
+    if value is None:
+        return
+    root = ctx.find_root()
+    key = "config" if param.name == "config" else "socket"
+    root.obj = {**(root.obj or {}), key: value}
+    root.params[str(param.name)] = value  # where the job-id completer looks
+
+
+def global_options(command: click.Command) -> click.Command:
+    """Accept the group's --config and --socket after the command's name as well.
+
+    Values go where the group's do (the root context), so every command reads them in
+    one place (`ctx.find_root().obj`); the environment is read once, by the group.
+    """
+    command.params.extend(
+        [
+            click.Option(
+                ["--config", "config"],
+                type=click.Path(dir_okay=False),
+                expose_value=False,
+                callback=_given_after_the_command,
+                help=_CONFIG_HELP,
+            ),
+            click.Option(
+                ["--socket", "socket_path"],
+                type=click.Path(),
+                expose_value=False,
+                callback=_given_after_the_command,
+                help=_SOCKET_HELP,
+            ),
+        ]
+    )
+    return command
+
+
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option(
     "--config",
     "config",
     envvar="GPUSCHED_CONFIG",
     type=click.Path(dir_okay=False),
-    help="Config file (YAML). Env: GPUSCHED_CONFIG.",
+    help=_CONFIG_HELP,
 )
 @click.option(
     "--socket",
     "socket_path",
     envvar="GPUSCHED_SOCKET",
     type=click.Path(),
-    help="The daemon's Unix socket. Env: GPUSCHED_SOCKET.",
+    help=_SOCKET_HELP,
 )
 @click.version_option(package_name="gpusched")
 @click.pass_context
@@ -166,6 +207,8 @@ for _command in (
     undrain,
 ):
     cli.add_command(_command)
+for _registered in cli.commands.values():  # every command, this module's own too
+    global_options(_registered)
 
 
 def main() -> None:

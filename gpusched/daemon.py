@@ -26,9 +26,11 @@ from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from gpusched.config import Config, load_config
+from gpusched.config_holder import ConfigHolder
 from gpusched.errors import ConfigError, GpuschedError
 from gpusched.gpus import Probe, SimulatedProbe
 from gpusched.hooks import HookRunner
+from gpusched.launcher import Launcher
 from gpusched.scheduler import Scheduler
 from gpusched.server import Server
 from gpusched.store import Store
@@ -114,7 +116,9 @@ class Daemon:
         _prepare_dirs(config)
         self.store = Store(config.database_url)
         log.info("database %s, socket %s", config.database_url, config.socket_path)
-        self.scheduler = Scheduler(config, self.store, self.probe)
+        # The one holder of the config: a reload replaces it once and reaches every reader.
+        self.settings = ConfigHolder(config)
+        self.scheduler = Scheduler(self.settings, self.store, self.probe, Launcher(self.settings))
         self.scheduler.wake = self.wake
         self.hooks = HookRunner(self.store, lambda: self.config)
         self.scheduler.end_listeners.append(self.hooks.job_ended)
@@ -222,7 +226,7 @@ class Daemon:
             log.warning("config reload: %s need a restart to change; kept", ", ".join(changed))
             new = replace(new, **{name: getattr(self.config, name) for name in changed})
         self.config = new
-        self.scheduler.config = new
+        self.settings.replace(new)
         self.server.config = new
         self._ticks.reschedule_job(TICK_JOB_ID, trigger="interval", seconds=new.poll_interval_s)
         log.info("config reloaded from %s", self.config_path or "defaults")

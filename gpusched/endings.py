@@ -1,10 +1,11 @@
 """How jobs end, and what a restarted daemon makes of the jobs it finds running.
 
-`JobEndings` is the part of the scheduler that turns a supervisor's outcome into a job's
-final state (exit, signal, cancel, timeout, failed start, out of memory, lost), records
-what the job used, queues an OOM retry, and re-adopts running jobs after a restart:
-a `running` row is a claim to verify, not a fact. `Scheduler` inherits it; the
-attributes it uses are the scheduler's own, declared below.
+`JobEndings` turns a supervisor's outcome into a job's final state (exit, signal, cancel,
+overrun, timeout, failed start, out of memory, lost), records what the job used, queues
+an OOM retry, tells whoever waits for endings, and re-adopts running jobs after a
+restart: a `running` row is a claim to verify, not a fact. The scheduler holds one and
+hands it the lock that serialises ticks and job operations; it reaches processes only
+through the launcher's interface (gpusched.launching), so tests drive it in memory.
 """
 
 from __future__ import annotations
@@ -13,26 +14,24 @@ import json
 import logging
 import os
 import threading
+import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any
 
 from gpusched.clock import Clock, iso
 from gpusched.config import Config
+from gpusched.config_holder import ConfigHolder
 from gpusched.gpus import Probe
-from gpusched.launcher import (
-    Launcher,
-    Outcome,
-    find_supervisor,
-    is_same_process,
-    process_start_time,
-)
+from gpusched.launching import JobLauncher, Outcome, OutcomeKind
 from gpusched.models import (
+    TERMINAL_STATES,
     EndReason,
     GpuState,
     Job,
     JobState,
+    StopIntent,
 )
 from gpusched.monitor import UsageMonitor, final_usage, oom_cause, retry_mem
 from gpusched.sanitize import quoted
@@ -42,31 +41,69 @@ from gpusched.supervisor import write_json_atomically
 log = logging.getLogger("gpusched.scheduler")
 
 # How a supervisor's outcome (other than a plain exit) ends a job; anything else is lost.
-_ENDINGS: dict[str, tuple[JobState, EndReason]] = {
-    "signal": (JobState.FAILED, EndReason.SIGNAL),
-    "cancelled": (JobState.CANCELLED, EndReason.CANCELLED),
-    "timeout": (JobState.FAILED, EndReason.TIMEOUT),
-    "failed_to_start": (JobState.FAILED, EndReason.FAILED_TO_START),
+_ENDINGS: dict[OutcomeKind, tuple[JobState, EndReason]] = {
+    OutcomeKind.SIGNAL: (JobState.FAILED, EndReason.SIGNAL),
+    OutcomeKind.CANCELLED: (JobState.CANCELLED, EndReason.CANCELLED),
+    OutcomeKind.TIMEOUT: (JobState.FAILED, EndReason.TIMEOUT),
+    OutcomeKind.FAILED_TO_START: (JobState.FAILED, EndReason.FAILED_TO_START),
 }
+
+# How many of the latest ended job ids a waiter can catch up from without a read.
+RECENT_ENDS = 1024
+
+
+def legacy_stop_intent(detail: str | None) -> tuple[StopIntent | None, str | None]:
+    """The intent of a stop asked by a version that kept it as a prefix of `reason_detail`.
+
+    Only for a job stopping across an upgrade (no `stop_intent` recorded yet).
+    """
+    if detail and detail.startswith("overrun: "):
+        return StopIntent.OVERRUN, detail.removeprefix("overrun: ")
+    if detail and detail.startswith("cancelled"):
+        return StopIntent.CANCEL, detail
+    return None, detail
 
 
 class JobEndings:
-    config: Config
-    store: Store
-    probe: Probe
-    launcher: Launcher
-    monitor: UsageMonitor
-    clock: Clock
-    wake: Callable[[], None]
-    end_listeners: list[Callable[[int, bool], None]]
-    _lock: Any  # a threading.RLock: ticks and job operations take it
-    _ended: threading.Condition
-    _recent_ends: deque[int]
-    _end_count: int
-    _reading: Any  # the scheduler's latest GPU reading
-    _current_gpus: Callable[[], list[GpuState]]
+    def __init__(
+        self,
+        *,
+        config: ConfigHolder,
+        store: Store,
+        probe: Probe,
+        launcher: JobLauncher,
+        monitor: UsageMonitor,
+        clock: Clock,
+        lock: AbstractContextManager[object],
+        gpus: Callable[[], list[GpuState]],
+        wake: Callable[[], None],
+        end_listeners: list[Callable[[int, bool], None]],
+    ) -> None:
+        """`lock`: the scheduler's, taken for an ending that comes from the launcher's
+        thread. `gpus`: the latest GPU reading. `end_listeners`: called with a job's id
+        once it has ended, and whether it has notification hooks to run; called under the
+        lock, so each must only hand the id over."""
+        self._config = config
+        self.store = store
+        self.probe = probe
+        self.launcher = launcher
+        self.monitor = monitor
+        self.clock = clock
+        self._lock = lock
+        self._gpus = gpus
+        self._wake = wake
+        self.end_listeners = end_listeners
+        self.ended = threading.Condition()
+        # Ids of the latest ended jobs and how many ended in all (under `ended`): a
+        # waiter re-reads the database only when one of its own jobs may have ended.
+        self._recent_ends: deque[int] = deque(maxlen=RECENT_ENDS)
+        self._end_count = 0
 
-    def _end(
+    @property
+    def config(self) -> Config:
+        return self._config.current  # read at each use: a reload reaches the next ending
+
+    def end(
         self,
         job_id: int,
         state: JobState,
@@ -101,10 +138,10 @@ class JobEndings:
         if ended:
             why = f": {quoted(detail, 500)}" if detail else ""  # may quote a user's path
             log.info("job %s %s (%s)%s", job_id, state, reason, why)
-            with self._ended:
+            with self.ended:
                 self._recent_ends.append(job_id)
                 self._end_count += 1
-                self._ended.notify_all()
+                self.ended.notify_all()
             for listener in self.end_listeners:
                 try:
                     listener(job_id, hooks_due)
@@ -128,7 +165,7 @@ class JobEndings:
         try:
             if job.started_at is None:
                 return None
-            totals = [g.total_bytes for g in self._reading.gpus if g.uuid in job.gpu_uuids]
+            totals = [g.total_bytes for g in self._gpus() if g.uuid in job.gpu_uuids]
             return final_usage(
                 job,
                 self.monitor.finish(job),
@@ -147,12 +184,12 @@ class JobEndings:
 
     def _end_oom(self, job: Job, outcome: Outcome, cause: str, durable: bool) -> None:
         """End a job that ran out of GPU memory; queue its retry if it asked for one."""
-        mem, why_not = retry_mem(job, self._current_gpus(), self.config.headroom_bytes)
+        mem, why_not = retry_mem(job, self._gpus(), self.config.headroom_bytes)
         retry = self.store.add_retry(job.id, mem) if mem is not None and job.retry_oom else None
         if retry is not None:
             log.info("job %s ran out of GPU memory: retried as job %s", job.id, retry.id)
-            self.wake()
-        self._end(
+            self._wake()
+        self.end(
             job.id,
             JobState.FAILED,
             EndReason.OOM,
@@ -165,59 +202,61 @@ class JobEndings:
             durable=durable,
         )
 
-    def _on_job_exit(self, job_id: int) -> None:
+    def on_job_exit(self, job_id: int) -> None:
         """Called by the launcher's watcher thread when a job's supervisor exits."""
         with self._lock:
             # Not fsynced: the outcome stays on disk in the exit record (see Store).
-            self._settle(job_id, self.launcher.outcome(job_id), durable=False)
-        self.wake()
+            self.settle(job_id, self.launcher.outcome(job_id), durable=False)
+        self._wake()
 
-    def _settle(self, job_id: int, outcome: Outcome, *, durable: bool = True) -> None:
+    def settle(self, job_id: int, outcome: Outcome, *, durable: bool = True) -> None:
+        """End a running job as its supervisor's `outcome` says, read with why it was stopped."""
         job = self.store.get(job_id)
         if job.state != JobState.RUNNING:
             return
-        if (
-            outcome.kind == "lost"
-            and job.reason_detail
-            and job.reason_detail.startswith("cancelled")
-        ):
+        intent, detail = self.store.launch_info(job_id).stop_intent, job.reason_detail
+        if intent is None:
+            intent, detail = legacy_stop_intent(detail)
+        if outcome.kind == OutcomeKind.LOST and intent == StopIntent.CANCEL:
             # A cancel that reached the supervisor before it set up its SIGTERM handler
             # killed it outright; it sets the handler before starting the job, so the job
             # never started: the cancel simply won.
-            outcome = Outcome("cancelled")
-        if outcome.kind == "cancelled" and (job.reason_detail or "").startswith("overrun: "):
-            self._end(
+            outcome = Outcome(OutcomeKind.CANCELLED)
+        if outcome.kind == OutcomeKind.CANCELLED and intent == StopIntent.OVERRUN:
+            self.end(
                 job_id,
                 JobState.FAILED,
                 EndReason.OVERRUN,
                 exit_code=outcome.exit_code,
-                detail=(job.reason_detail or "")[len("overrun: ") :],
+                detail=detail,
                 durable=durable,
                 job=job,
             )
             return
-        if outcome.kind == "signal" or (outcome.kind == "exit" and outcome.exit_code != 0):
+        if outcome.kind == OutcomeKind.SIGNAL or (
+            outcome.kind == OutcomeKind.EXIT and outcome.exit_code != 0
+        ):
             # The tracker is in memory, or after a restart in the database (a minute old).
             cause = oom_cause(job, self.monitor.tracker(job))
             if cause is not None:
                 self._end_oom(job, outcome, cause, durable)
                 return
-        if outcome.kind == "exit":
+        if outcome.kind == OutcomeKind.EXIT:
             state = JobState.DONE if outcome.exit_code == 0 else JobState.FAILED
-            self._end(
+            self.end(
                 job_id, state, EndReason.EXIT, exit_code=outcome.exit_code, durable=durable, job=job
             )
             return
         state, reason = _ENDINGS.get(outcome.kind, (JobState.LOST, EndReason.LOST))
-        detail = outcome.message
+        message = outcome.message
         if reason == EndReason.CANCELLED:
-            detail = job.reason_detail or "cancelled"  # who cancelled it, noted at the request
-        self._end(
+            message = detail or "cancelled"  # who cancelled it, noted at the request
+        self.end(
             job_id,
             state,
             reason,
             exit_code=outcome.exit_code,
-            detail=detail,
+            detail=message,
             durable=durable,
             job=job,
         )
@@ -253,11 +292,11 @@ class JobEndings:
                 pid, start_time = job.pid, self.store.launch_info(job.id).pid_start_time
                 if pid is None:
                     # The previous daemon died between marking and recording the pid.
-                    pid = find_supervisor(self.launcher.job_dir(job.id) / "spec.json")
-                    start_time = process_start_time(pid) if pid is not None else None
+                    pid = self.launcher.find_supervisor(job.id)
+                    start_time = self.launcher.start_time(pid) if pid is not None else None
                     if pid is not None and start_time is not None:
                         self.store.set_pid(job.id, pid, start_time)
-                if pid is not None and is_same_process(pid, start_time):
+                if pid is not None and self.launcher.is_running(pid, start_time):
                     log.info("job %s still running (pid %s): re-adopted", job.id, pid)
                     self.launcher.watch(job.id, pid)
                     self.probe.note_job_started(pid, job.gpu_uuids, job.mem)
@@ -269,7 +308,7 @@ class JobEndings:
                     # log's creation (and the pid, see Store) may have been lost with the
                     # page cache, so its absence proves nothing.
                     if (
-                        outcome.kind == "lost"
+                        outcome.kind == OutcomeKind.LOST
                         and pid is None
                         and not rebooted
                         and not (job.log_path and os.path.lexists(job.log_path))
@@ -277,10 +316,33 @@ class JobEndings:
                     ):
                         log.info("job %s never started before the restart: queued again", job.id)
                         continue
-                    if outcome.kind == "lost":
+                    if outcome.kind == OutcomeKind.LOST:
                         outcome = Outcome(
-                            "lost",
+                            OutcomeKind.LOST,
                             message="its supervisor was gone when the daemon"
                             " restarted, with no exit status recorded",
                         )
-                    self._settle(job.id, outcome)
+                    self.settle(job.id, outcome)
+
+    def wait_ended(self, job_ids: list[int], timeout_s: float) -> list[Job]:
+        """Block until every job has ended or the timeout passes; return their current rows."""
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        with self.ended:
+            # Every ending goes through end(), which records it under this condition after
+            # its commit: an end is either seen by this read or recorded while we wait.
+            seen = self._end_count
+            pending = _active(self.store.get_many(job_ids).values())
+            while pending and (remaining := deadline - time.monotonic()) > 0:
+                self.ended.wait(remaining)
+                new = self._end_count - seen
+                seen = self._end_count
+                if new > len(self._recent_ends):  # more ended than remembered: read again
+                    pending = _active(self.store.get_many(pending).values())
+                elif new:
+                    pending.difference_update(list(self._recent_ends)[-new:])
+        found = self.store.get_many(job_ids)
+        return [found[i] for i in job_ids if i in found]
+
+
+def _active(jobs: Iterable[Job]) -> set[int]:
+    return {j.id for j in jobs if j.state not in TERMINAL_STATES}

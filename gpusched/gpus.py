@@ -10,7 +10,6 @@ The NVML probe lives in `gpusched.nvml` so that importing this module never load
 
 from __future__ import annotations
 
-import re
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -18,9 +17,10 @@ from typing import Protocol
 
 import psutil
 
-from gpusched.errors import ConfigError
 from gpusched.models import GpuHealth, GpuProcess, GpuState
-from gpusched.units import parse_size
+
+# The config validates `simulate:` with it; it lives with the other parsers of sizes.
+from gpusched.units import parse_simulate_spec
 
 
 class Probe(Protocol):
@@ -39,23 +39,6 @@ class Probe(Protocol):
         ...
 
     def close(self) -> None: ...
-
-
-_SIM_PART_RE = re.compile(r"^\s*(?:(\d+)\s*x\s*)?([0-9.]+\s*[KMGT]?)\s*$", re.IGNORECASE)
-
-
-def parse_simulate_spec(spec: str) -> list[int]:
-    """ "2x24G" -> [24G, 24G]; "24G,16G" -> [24G, 16G]; "2x24G,80G" mixes both."""
-    sizes: list[int] = []
-    for part in spec.split(","):
-        match = _SIM_PART_RE.match(part)
-        if not match:
-            raise ConfigError(f"invalid simulate spec {spec!r}: expected e.g. 2x24G or 24G,16G")
-        count = int(match.group(1) or 1)
-        if count < 1 or count > 256:
-            raise ConfigError(f"invalid simulate spec {spec!r}: 1 to 256 GPUs per part")
-        sizes.extend([parse_size(match.group(2))] * count)
-    return sizes
 
 
 @dataclass

@@ -26,14 +26,17 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import psutil
 
+from gpusched.config_holder import ConfigHolder
+from gpusched.environment import job_environment  # noqa: F401 - hooks.py imports it from here
+from gpusched.launching import Outcome, OutcomeKind, Started, StartError
 from gpusched.models import Job
+from gpusched.pidref import is_same_process, process_start_time
 from gpusched.supervisor import write_json_atomically
 from gpusched.zygote import recorded_pid, recorded_supervisor
 
@@ -45,50 +48,14 @@ log = logging.getLogger("gpusched.launcher")
 ZYGOTE_REPLY_TIMEOUT_S = 10.0
 
 
-@dataclass(frozen=True)
-class Started:
-    pid: int
-    start_time: str
-    log_path: str
-    via: str = "popen"  # zygote: forked by the zygote; popen: a fresh interpreter
+SUPERVISOR_MODULE = "gpusched.supervisor"
+# Module paths that supervisors started by earlier versions run: after an upgrade in place
+# a job whose pid was never recorded is still found by its supervisor's command line.
+LEGACY_SUPERVISOR_MODULES: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
-class Outcome:
-    """How a job's supervisor says the job ended (None fields: unknown)."""
-
-    kind: str  # exit | signal | cancelled | failed_to_start | lost
-    exit_code: int | None = None
-    signal: int | None = None
-    message: str | None = None
-
-
-class StartError(Exception):
-    """The job could not be handed to a supervisor (the message is for the job's owner)."""
-
-
-def process_start_time(pid: int) -> str | None:
-    try:
-        return repr(psutil.Process(pid).create_time())
-    except psutil.Error:
-        return None
-
-
-def is_same_process(pid: int, start_time: str | None) -> bool:
-    """True if `pid` is alive and is the process that started at `start_time`."""
-    if start_time is None:
-        return False
-    try:
-        process = psutil.Process(pid)
-        return (
-            repr(process.create_time()) == start_time and process.status() != psutil.STATUS_ZOMBIE
-        )
-    except psutil.Error:
-        return False
-
-
-def supervisor_command(spec_path: Path) -> list[str]:
-    return [sys.executable, "-m", "gpusched.supervisor", str(spec_path)]
+def supervisor_command(spec_path: Path, module: str = SUPERVISOR_MODULE) -> list[str]:
+    return [sys.executable, "-m", module, str(spec_path)]
 
 
 def zygote_command(control_fd: int, jobs_dir: Path) -> list[str]:
@@ -107,83 +74,35 @@ def find_supervisor(spec_path: Path) -> int | None:
         return pid
     # Any user can give a process this command line; only we can start one as our user. An
     # impostor adopted would hold the job `running` for good and take its cancel.
-    wanted = supervisor_command(spec_path)[1:]
+    wanted = [
+        supervisor_command(spec_path, module)[1:]
+        for module in (SUPERVISOR_MODULE, *LEGACY_SUPERVISOR_MODULES)
+    ]
     for process in psutil.process_iter(["cmdline", "uids"]):
         cmdline = process.info.get("cmdline") or []
         uids = process.info.get("uids")
-        if cmdline[1:] == wanted and uids is not None and uids.real == os.geteuid():
+        if cmdline[1:] in wanted and uids is not None and uids.real == os.geteuid():
             return process.pid
     return None
 
 
-def job_environment(
-    job: Job,
-    submitted_env: dict[str, str],
-    gpu_indices: Sequence[int],
-    gpu_uuids: Sequence[str],
-    visible_devices: str,
-    *,
-    gpu_totals: Sequence[int] = (),
-) -> dict[str, str]:
-    """The submitter's environment plus what gpusched sets for every job.
-
-    `gpu_totals`: the total memory of the chosen GPUs, for `sharing_environment`.
-    """
-    env = dict(submitted_env)
-    if os.geteuid() == 0:
-        # Identity variables come from the account database, never from the client.
-        try:
-            entry = pwd.getpwuid(job.uid)
-            env.update(
-                HOME=entry.pw_dir, USER=entry.pw_name, LOGNAME=entry.pw_name, SHELL=entry.pw_shell
-            )
-        except KeyError:
-            pass
-    visible = gpu_uuids if visible_devices == "uuid" else [str(i) for i in gpu_indices]
-    env["CUDA_VISIBLE_DEVICES"] = ",".join(visible)
-    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-    env["GPUSCHED_JOB_ID"] = str(job.id)
-    env["GPUSCHED_GPU_UUIDS"] = ",".join(gpu_uuids)
-    env.update(sharing_environment(job.mem, gpu_totals, submitted_env))
-    return env
-
-
-def sharing_environment(
-    mem: int | None, gpu_totals: Sequence[int], submitted_env: dict[str, str]
-) -> dict[str, str]:
-    """Tell frameworks that grab a whole card by default to take only the job's share.
-
-    Only for a job with a declared size (it shares the card), and never over a value the
-    submitter set. JAX preallocates 75 % of the card: XLA_PYTHON_CLIENT_MEM_FRACTION is
-    declared / total, rounded *down* to two decimals so the preallocation stays within the
-    declared size (on a multi-GPU job, of the smallest card). TensorFlow maps every card
-    whole: TF_FORCE_GPU_ALLOW_GROWTH makes it allocate as it goes.
-    """
-    if mem is None:
-        return {}
-    extra = {}
-    if gpu_totals and "XLA_PYTHON_CLIENT_MEM_FRACTION" not in submitted_env:
-        hundredths = max(1, min(100, mem * 100 // min(gpu_totals)))
-        extra["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{hundredths / 100:.2f}"
-    if "TF_FORCE_GPU_ALLOW_GROWTH" not in submitted_env:
-        extra["TF_FORCE_GPU_ALLOW_GROWTH"] = "true"
-    return extra
+def _no_listener(job_id: int) -> None:
+    log.warning("job %s's supervisor exited with nobody listening", job_id)
 
 
 class Launcher:
-    def __init__(
-        self,
-        state_dir: Path,
-        log_dir: Path,
-        kill_grace_s: float,
-        on_exit: Callable[[int], None],
-        max_log_bytes: int | None = None,
-    ) -> None:
-        self.jobs_dir = state_dir / "jobs"
-        self.log_dir = log_dir
-        self.kill_grace_s = kill_grace_s
-        self.max_log_bytes = max_log_bytes  # the supervisor keeps each job's log under it
-        self._on_exit = on_exit
+    """Starts, watches and stops job supervisors (see `JobLauncher` for the interface).
+
+    `config`: read when a job starts (its `kill_grace`), so a reload reaches the next
+    job; the directories are fixed at start. `on_exit(job_id)` is set by whoever settles
+    endings (the scheduler), before the first job starts or is re-adopted.
+    """
+
+    def __init__(self, config: ConfigHolder) -> None:
+        self._config = config
+        self.jobs_dir = config.current.state_dir / "jobs"
+        self.log_dir = config.current.log_dir
+        self.on_exit: Callable[[int], None] = _no_listener
         self._children: dict[int, subprocess.Popen[bytes]] = {}
         self._selector = selectors.DefaultSelector()
         self._watched: dict[int, int] = {}  # pidfd -> job id
@@ -324,8 +243,9 @@ class Launcher:
             "groups": groups,
             "umask": umask,
             "log_path": str(log_path),
-            "kill_grace_s": self.kill_grace_s,
-            "max_log_bytes": self.max_log_bytes,
+            "kill_grace_s": self._config.current.kill_grace_s,
+            # the supervisor keeps the job's log under it (read at start, as kill_grace)
+            "max_log_bytes": self._config.current.max_log_bytes,
             "time_limit_s": job.time_limit_s,
         }
         spec_path = job_dir / "spec.json"
@@ -344,7 +264,7 @@ class Launcher:
         return Started(pid, start_time, str(log_path), via)
 
     def _popen_supervisor(self, spec_path: Path) -> int:
-        """Start `python -m gpusched.supervisor SPEC` in a new session: the slow, sure way."""
+        """Start a supervisor in a fresh interpreter, in a new session: the slow, sure way."""
         try:
             with open(spec_path.with_name("supervisor.err"), "wb") as supervisor_err:
                 process = subprocess.Popen(
@@ -398,7 +318,7 @@ class Launcher:
 
     def _exited(self, job_id: int) -> None:
         try:
-            self._on_exit(job_id)
+            self.on_exit(job_id)
         except Exception:  # the watcher must outlive any bug in a callback
             log.exception("handling the exit of job %s failed", job_id)
 
@@ -419,15 +339,26 @@ class Launcher:
             with contextlib.suppress(OSError):
                 detail = err.read_text().strip().splitlines()[-1] if err.stat().st_size else ""
             why = "its supervisor ended without recording an exit status"
-            return Outcome("lost", message=f"{why}: {detail}" if detail else why)
+            return Outcome(OutcomeKind.LOST, message=f"{why}: {detail}" if detail else why)
         except (OSError, ValueError) as exc:
-            return Outcome("lost", message=f"unreadable exit record: {exc}")
+            return Outcome(OutcomeKind.LOST, message=f"unreadable exit record: {exc}")
         return Outcome(
-            str(data.get("outcome")),
+            OutcomeKind.read(data.get("outcome")),
             exit_code=data.get("exit_code"),
             signal=data.get("signal"),
             message=data.get("message"),
         )
+
+    def find_supervisor(self, job_id: int) -> int | None:
+        """A live supervisor of this job that no pid was recorded for (see find_supervisor)."""
+        return find_supervisor(self.job_dir(job_id) / "spec.json")
+
+    def start_time(self, pid: int) -> str | None:
+        return process_start_time(pid)
+
+    def is_running(self, pid: int, start_time: str | None) -> bool:
+        """Whether the supervisor `pid` that started at `start_time` is still alive."""
+        return is_same_process(pid, start_time)
 
     def cancel(self, pid: int, start_time: str | None) -> bool:
         """Ask a job's supervisor to stop the job's tree (SIGTERM, grace, SIGKILL)."""

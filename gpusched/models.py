@@ -51,6 +51,18 @@ class EndReason(_StrEnum):
     DEPENDENCY_FAILED = "dependency_failed"
 
 
+class StopIntent(_StrEnum):
+    """Why the daemon asked a running job's supervisor to stop it (column `stop_intent`).
+
+    Recorded before the signal is sent and read when the supervisor reports the end: its
+    record says only "cancelled" (stopped on request). A time limit is not an intent of
+    the daemon's: the supervisor enforces it and reports the outcome `timeout` itself.
+    """
+
+    CANCEL = "cancel"
+    OVERRUN = "overrun"
+
+
 class GpuHealth(_StrEnum):
     OK = "ok"
     LOST = "lost"

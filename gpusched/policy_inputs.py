@@ -9,7 +9,8 @@ from __future__ import annotations
 from datetime import datetime
 
 from gpusched.models import GpuHealth, GpuState, Job
-from gpusched.policy import GpuSlot, RunningClaim
+from gpusched.policy import GpuSlot, RunningClaim, WaitingJob
+from gpusched.store import Queued
 
 
 def capacity_bytes(gpu: GpuState) -> int:
@@ -49,3 +50,16 @@ def running_claim(
 
 def epoch_seconds(moment: str | None) -> float:
     return datetime.fromisoformat(moment).timestamp() if moment else 0.0
+
+
+def waiting_job(job: Queued) -> WaitingJob:
+    return WaitingJob(
+        job.id,
+        job.mem,
+        job.gpus,
+        job.priority,
+        job.user,
+        job.array_id,
+        job.max_concurrent,
+        queue_order=job.retry_of,  # an OOM retry keeps its first attempt's place
+    )

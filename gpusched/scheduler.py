@@ -1,62 +1,55 @@
-"""The scheduler core: reconcile, plan and launch (one `tick()`), and the job operations.
+"""The scheduler core: one `tick()` (observe → admit → plan → start), and the job operations.
 
 `Scheduler` reconciles the three owners of truth on every tick: the store (jobs),
 the probe (GPUs) and the launcher (processes). It keeps no second copy of any of
 them; what it caches (the last GPU reading, the last plan's waiting reasons) is
 only for `status` and is rebuilt by the next tick.
 
-Time, hardware and processes are injected (`clock`, `probe`, `launcher`) so tests
-can drive one tick at a time. One lock serialises ticks and job operations.
+Config, time, hardware and processes are injected (`config` holder, `clock`, `probe`,
+`launcher`), so tests drive one tick at a time with a fixed clock and a launcher that
+spawns nothing (tests/test_tick.py). Each phase of a tick reads and returns what it
+found (modules observe, admission, policy); only the tick acts on it. How jobs end is
+`JobEndings`' (module endings), held here. One lock serialises ticks, endings and job
+operations.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
 
-from gpusched.attribution import attribute_processes, held_bytes
+from gpusched.admission import Admission, admit
 from gpusched.clock import Clock, iso, utc_now
 from gpusched.config import Config
+from gpusched.config_holder import ConfigHolder
 from gpusched.drain import load_drain, save_drain
 from gpusched.endings import JobEndings
-from gpusched.errors import ConflictError, GpuError, NotFoundError, UsageError
-from gpusched.gpus import Probe, apply_selection
+from gpusched.environment import job_environment
+from gpusched.errors import ConflictError, NotFoundError, UsageError
+from gpusched.fair_share import recent_usage
+from gpusched.gpu_reports import gpu_reports
+from gpusched.gpus import Probe
 from gpusched.joblog import append_note
-from gpusched.launcher import (
-    Launcher,
-    Outcome,
-    StartError,
-    job_environment,
-)
+from gpusched.launching import JobLauncher, Outcome, OutcomeKind, StartError
 from gpusched.models import (
     TERMINAL_STATES,
     Drain,
     EndReason,
     GpuHealth,
-    GpuProcess,
     GpuReport,
     GpuState,
     Job,
     JobState,
+    StopIntent,
 )
-from gpusched.monitor import UsageMonitor
-from gpusched.policy import (
-    Plan,
-    UsageSpan,
-    UserCap,
-    WaitingJob,
-    decayed_usage,
-    gpu_budgets,
-    plan,
-)
-from gpusched.policy_inputs import capacity_bytes, epoch_seconds, gpu_slot, running_claim
+from gpusched.monitor import Overrun, UsageMonitor
+from gpusched.observe import Observation, observe, read_gpus
+from gpusched.policy import Placement, Plan, UserCap, plan
+from gpusched.policy_inputs import capacity_bytes, gpu_slot, running_claim, waiting_job
 from gpusched.sanitize import command_for_log, quoted
-from gpusched.store import NewJob, Queued, Store
+from gpusched.store import NewJob, Store
 from gpusched.units import format_size
 
 log = logging.getLogger("gpusched.scheduler")
@@ -71,175 +64,124 @@ class _Reading:
     waiting_reasons: dict[int, str] = field(default_factory=dict)
 
 
-class Scheduler(JobEndings):
+class Scheduler:
     def __init__(
         self,
-        config: Config,
+        config: ConfigHolder,
         store: Store,
         probe: Probe,
+        launcher: JobLauncher,
         clock: Clock = utc_now,
     ) -> None:
-        self.config = config
+        self.settings = config
         self.store = store
         self.probe = probe
+        self.launcher = launcher
         self.clock = clock
-        self.launcher = Launcher(
-            config.state_dir,
-            config.log_dir,
-            config.kill_grace_s,
-            self._on_job_exit,
-            max_log_bytes=config.max_log_bytes,
-        )
         self._lock = threading.RLock()
-        self._ended = threading.Condition()
-        # Ids of the latest ended jobs and how many ended in all (under `_ended`): a
-        # waiter re-reads the database only when one of its own jobs may have ended.
-        self._recent_ends: deque[int] = deque(maxlen=1024)
-        self._end_count = 0
         self._reading = _Reading()
         self.monitor = UsageMonitor(store)  # memory and utilization of running jobs
-        self.drain: Drain | None = load_drain(config.state_dir)  # set by an administrator
+        self.drain: Drain | None = load_drain(self.config.state_dir)  # set by an administrator
         self.wake: Callable[[], None] = lambda: None  # set by the daemon
         # Called with a job's id once it has ended, and whether it has notification hooks
         # to run. Called under the scheduler lock, so each must only hand the id over.
         self.end_listeners: list[Callable[[int, bool], None]] = []
+        self.endings = JobEndings(
+            config=config,
+            store=store,
+            probe=probe,
+            launcher=launcher,
+            monitor=self.monitor,
+            clock=clock,
+            lock=self._lock,
+            gpus=self._current_gpus,
+            wake=self._wake,
+            end_listeners=self.end_listeners,
+        )
+        launcher.on_exit = self.endings.on_job_exit
+
+    def _wake(self) -> None:
+        self.wake()  # late-bound: the daemon sets `wake` after we are built
+
+    @property
+    def config(self) -> Config:
+        """The current config (read at each use, so a reload reaches the next tick)."""
+        return self.settings.current
 
     # -- the tick -----------------------------------------------------------------------
 
-    def read_gpus(self) -> list[GpuState]:
-        try:
-            gpus = self.probe.snapshot()
-        except GpuError as exc:
-            # Hardware that read fine at start-up and now fails: show every card lost,
-            # start nothing, keep the daemon alive; the next tick tries again.
-            log.error("cannot read GPUs: %s", exc.message)
-            gpus = [
-                GpuState(
-                    g.index,
-                    g.uuid,
-                    g.name,
-                    g.total_bytes,
-                    0,
-                    0,
-                    None,
-                    GpuHealth.LOST,
-                    (),
-                    exc.message,
-                )
-                for g in self._reading.gpus
-            ]
-        return apply_selection(gpus, self.config.gpus)
-
     def tick(self) -> Plan:
-        """One pass: read GPUs, settle dependencies, plan, launch. Never raises for one bad job."""
+        """One pass: observe → admit → plan → start. Never raises for one bad job."""
         with self._lock:
-            gpus = self.read_gpus()
-            running = self.store.running()
-            processes = attribute_processes(gpus, running)
-            usage = held_bytes(processes)
-            self.monitor.observe_gpus(gpus)
+            seen = self.observe()
             try:
-                self._watch(gpus, running, processes)
-            except Exception:  # measuring must never stop scheduling
-                log.exception("watching the running jobs' usage failed")
-            eligible, reasons = self._eligible(self.store.queued())
-            if self.drain is None:
-                result = self._plan(gpus, running, usage, eligible)
-            else:  # an administrator's "start nothing new": no plan to make
-                held_back = f"{self.drain.describe()}: no new job starts"
-                result = Plan([], {j.id: held_back for j in eligible}, {})
-            by_uuid = {g.uuid: g for g in gpus}
-            for placement in result.placements:
-                gpus_of = [by_uuid[u] for u in placement.gpu_uuids]
-                self._launch(self.store.get(placement.job_id), gpus_of)
-            reasons.update(result.waiting_reasons)
-            self._reading = _Reading(gpus, usage, reasons)
+                self._act_on_overruns(seen.overruns)
+            except Exception:  # acting on what was measured must never stop scheduling
+                log.exception("acting on the running jobs' overruns failed")
+            admitted = self.admit()
+            for doomed in admitted.doomed:
+                self.endings.end(
+                    doomed.job_id,
+                    JobState.CANCELLED,
+                    EndReason.DEPENDENCY_FAILED,
+                    detail=doomed.detail,
+                )
+            result = self.plan(seen, admitted)
+            self.start(result.placements, seen.gpus)
+            self._reading = _Reading(
+                seen.gpus, seen.usage, {**admitted.waiting_reasons, **result.waiting_reasons}
+            )
             return result
 
-    def _plan(
-        self,
-        gpus: list[GpuState],
-        running: list[Job],
-        usage: dict[int, dict[str, int]],
-        eligible: list[Queued],
-    ) -> Plan:
-        """The policy's placements and waiting reasons for this pass's reading."""
-        users = {j.user for j in running} | {j.user for j in eligible}
-        return plan(
-            [gpu_slot(g, self.monitor.gpu_util(g.uuid)) for g in gpus],
-            [running_claim(j, usage, self.monitor.job_util(j.id)) for j in running],
-            [
-                WaitingJob(
-                    j.id,
-                    j.mem,
-                    j.gpus,
-                    j.priority,
-                    j.user,
-                    j.array_id,
-                    j.max_concurrent,
-                    queue_order=j.retry_of,  # an OOM retry keeps its first attempt's place
-                )
-                for j in eligible
-            ],
-            self.config.headroom_bytes,
-            self.config.max_jobs_per_gpu,
-            user_caps={user: self._cap(user) for user in users},
-            user_usage=self._fair_share(eligible, gpus),
-            busy_util=self.config.busy_util,
+    def read_gpus(self) -> list[GpuState]:
+        return read_gpus(self.probe, self.config, self._reading.gpus)
+
+    def observe(self) -> Observation:
+        """The GPUs, the running jobs and what they hold; overruns found (not acted on)."""
+        running = self.store.running()
+        return observe(
+            self.probe,
+            self.monitor,
+            self.config,
+            running=running,
+            last=self._reading.gpus,
+            now=self.clock(),
         )
 
-    def _fair_share(self, waiting: list[Queued], gpus: list[GpuState]) -> dict[str, float]:
-        """Recent decayed GPU memory-time per user; only needed when users compete."""
-        if len({j.user for j in waiting}) < 2:
-            return {}
-        now = self.clock()
-        half_life = self.config.fair_share_half_life_s
-        # Past ten half-lives a job weighs under 0.1 % of what it did: leave it out.
-        since = iso(now - timedelta(seconds=10 * half_life))
-        totals = {g.uuid: g.total_bytes for g in gpus}
-        spans = [
-            UsageSpan(
-                job.user,
-                sum(job.mem if job.mem is not None else totals.get(u, 0) for u in job.gpu_uuids),
-                epoch_seconds(job.started_at),
-                None if job.ended_at is None else epoch_seconds(job.ended_at),
-            )
-            for job in self.store.usage_since(since)
-            if job.started_at is not None
-        ]
-        return decayed_usage(spans, now.timestamp(), half_life)
+    def admit(self) -> Admission:
+        """The queued jobs free to be planned (dependencies), and those that never can be."""
+        return admit(self.store.queued(), self.store.latest_attempts)
+
+    def plan(self, seen: Observation, admitted: Admission) -> Plan:
+        """The policy's placements and waiting reasons for this pass's reading."""
+        eligible = admitted.eligible
+        if self.drain is not None:  # an administrator's "start nothing new": no plan to make
+            held_back = f"{self.drain.describe()}: no new job starts"
+            return Plan([], {j.id: held_back for j in eligible}, {})
+        users = {j.user for j in seen.running} | {j.user for j in eligible}
+        config = self.config
+        return plan(
+            [gpu_slot(g, self.monitor.gpu_util(g.uuid)) for g in seen.gpus],
+            [running_claim(j, seen.usage, self.monitor.job_util(j.id)) for j in seen.running],
+            [waiting_job(j) for j in eligible],
+            config.headroom_bytes,
+            config.max_jobs_per_gpu,
+            user_caps={user: self._cap(user) for user in users},
+            user_usage=recent_usage(
+                self.store, eligible, seen.gpus, self.clock(), config.fair_share_half_life_s
+            ),
+            busy_util=config.busy_util,
+        )
+
+    def start(self, placements: list[Placement], gpus: list[GpuState]) -> None:
+        by_uuid = {g.uuid: g for g in gpus}
+        for placement in placements:
+            chosen = [by_uuid[u] for u in placement.gpu_uuids]
+            self._launch(self.store.get(placement.job_id), chosen)
 
     def _cap(self, user: str) -> UserCap:
         limits = self.config.limits_for(user)
         return UserCap(limits.max_running, limits.max_mem_bytes)
-
-    def _eligible(self, queued: list[Queued]) -> tuple[list[Queued], dict[int, str]]:
-        """Queued jobs whose dependencies succeeded; end those whose dependencies cannot."""
-        reasons: dict[int, str] = {}
-        needed = {dep for job in queued for dep in job.after}
-        # A dependency that ran out of memory and was retried is its retry.
-        deps = self.store.latest_attempts(needed) if needed else {}
-        eligible = []
-        for job in queued:
-            failed = [
-                d
-                for d in job.after
-                if d in deps and deps[d].state in TERMINAL_STATES and deps[d].state != JobState.DONE
-            ]
-            pending = [d for d in job.after if d in deps and deps[d].state not in TERMINAL_STATES]
-            if failed:
-                dep = deps[failed[0]]
-                self._end(
-                    job.id,
-                    JobState.CANCELLED,
-                    EndReason.DEPENDENCY_FAILED,
-                    detail=f"job {dep.id} ended {dep.state} ({dep.reason})",
-                )
-            elif pending:
-                reasons[job.id] = "waiting for job " + ", ".join(map(str, pending))
-            else:
-                eligible.append(job)
-        return eligible, reasons
 
     def _launch(self, job: Job, gpus: list[GpuState]) -> None:
         """Start a queued job on `gpus`."""
@@ -273,7 +215,7 @@ class Scheduler(JobEndings):
             started = self.launcher.start(job, env, info.umask, info.gid)
         except StartError as exc:
             log.warning("job %s failed to start: %s", job_id, quoted(str(exc), 500))
-            self._end(job_id, JobState.FAILED, EndReason.FAILED_TO_START, detail=str(exc))
+            self.endings.end(job_id, JobState.FAILED, EndReason.FAILED_TO_START, detail=str(exc))
             return
         self.store.set_pid(job_id, started.pid, started.start_time)
         self.probe.note_job_started(started.pid, uuids, job.mem)
@@ -287,46 +229,33 @@ class Scheduler(JobEndings):
             command_for_log(job.command, self.config.show_commands),
         )
 
-    def _watch(
-        self,
-        gpus: list[GpuState],
-        running: list[Job],
-        processes: dict[int, dict[str, list[GpuProcess]]],
-    ) -> None:
-        """Feed the usage monitor; act on jobs over their declared memory (`overrun`)."""
-        if not processes:
+    def _act_on_overruns(self, overruns: list[Overrun]) -> None:
+        """Record each job over its declared memory; stop it with `overrun: kill`."""
+        if not overruns:
             return
-        process_util = None
-        sample = getattr(self.probe, "process_utilization", None)  # NVML only
-        if sample is not None:
-            try:
-                process_util = sample()
-            except GpuError as exc:
-                log.warning("cannot sample per-process utilization: %s", exc.message)
-        now = self.clock()
-        overruns = self.monitor.observe(
-            now_s=now.timestamp(),
-            now_iso=iso(now),
-            gpus=gpus,
-            running=running,
-            processes=processes,
-            process_util=process_util,
-            margin_fraction=self.config.overrun_margin_fraction,
-            margin_bytes=self.config.overrun_margin_bytes,
-        )
+        now = iso(self.clock())
+        kill = self.config.overrun == "kill"
         for overrun in overruns:
-            job, kill = overrun.job, self.config.overrun == "kill"
+            job = overrun.job
             hint = overrun.hint()
-            self.store.set_usage(job.id, overrun_at=iso(now), hints=[hint] if hint else [])
+            self.store.set_usage(job.id, overrun_at=now, hints=[hint] if hint else [])
             what = overrun.describe()
             action = ": stopping it (overrun: kill)" if kill else ": it puts its neighbours at risk"
             log.warning("%s%s", what, action)
             append_note(job.log_path, job.uid, what + action)
             if kill:
-                self.store.set_detail(job.id, "overrun: " + what)
-                start_time = self.store.launch_info(job.id).pid_start_time
-                if job.pid is None or not self.launcher.cancel(job.pid, start_time):
-                    self._settle(job.id, Outcome("cancelled"))
+                self._stop(job, StopIntent.OVERRUN, what)
+
+    def _stop(self, job: Job, intent: StopIntent, detail: str) -> None:
+        """Ask a running job's supervisor to stop it, recording why first (read at its end)."""
+        self.store.set_stop_intent(job.id, intent, detail)
+        start_time = self.store.launch_info(job.id).pid_start_time
+        if job.pid is None or not self.launcher.cancel(job.pid, start_time):
+            self.endings.settle(job.id, Outcome(OutcomeKind.CANCELLED))
+
+    def adopt_running(self) -> None:
+        """After a (re)start: a `running` row is a claim to verify, not a fact."""
+        self.endings.adopt_running()
 
     # -- operations requested by clients ------------------------------------------------------
 
@@ -387,12 +316,9 @@ class Scheduler(JobEndings):
             if waiting_only and job.state == JobState.RUNNING:
                 raise ConflictError(f"job {job.id} has started")
             if job.state == JobState.RUNNING:
-                self.store.set_detail(job.id, f"cancelled by {by}")
-                info = self.store.launch_info(job.id)
-                if job.pid is None or not self.launcher.cancel(job.pid, info.pid_start_time):
-                    self._settle(job.id, Outcome("cancelled"))
+                self._stop(job, StopIntent.CANCEL, f"cancelled by {by}")
             else:
-                self._end(
+                self.endings.end(
                     job.id, JobState.CANCELLED, EndReason.CANCELLED, detail=f"cancelled by {by}"
                 )
             self.wake()
@@ -442,27 +368,7 @@ class Scheduler(JobEndings):
 
     def wait_ended(self, job_ids: list[int], timeout_s: float) -> list[Job]:
         """Block until every job has ended or the timeout passes; return their current rows."""
-        deadline = time.monotonic() + max(0.0, timeout_s)
-        with self._ended:
-            # Every ending goes through _end, which records it under this condition after
-            # its commit: an end is either seen by this read or recorded while we wait.
-            seen = self._end_count
-            pending = {
-                j.id
-                for j in self.store.get_many(job_ids).values()
-                if j.state not in TERMINAL_STATES
-            }
-            while pending and (remaining := deadline - time.monotonic()) > 0:
-                self._ended.wait(remaining)
-                new = self._end_count - seen
-                seen = self._end_count
-                if new > len(self._recent_ends):  # more ended than remembered: read again
-                    again = self.store.get_many(pending).values()
-                    pending = {j.id for j in again if j.state not in TERMINAL_STATES}
-                elif new:
-                    pending.difference_update(list(self._recent_ends)[-new:])
-        found = self.store.get_many(job_ids)
-        return [found[i] for i in job_ids if i in found]
+        return self.endings.wait_ended(job_ids, timeout_s)
 
     # -- views ------------------------------------------------------------------------------
 
@@ -485,31 +391,4 @@ class Scheduler(JobEndings):
 
     def gpu_reports(self, running: list[Job]) -> list[GpuReport]:
         reading = self._reading
-        claims = [running_claim(j, reading.usage) for j in running]
-        budgets = gpu_budgets(
-            [gpu_slot(g) for g in reading.gpus], claims, self.config.headroom_bytes
-        )
-        reports = []
-        for gpu in reading.gpus:
-            budget = budgets[gpu.uuid]
-            by_jobs = sum(u.get(gpu.uuid, 0) for u in reading.usage.values())
-            used = gpu.used_bytes
-            reports.append(
-                GpuReport(
-                    index=gpu.index,
-                    uuid=gpu.uuid,
-                    name=gpu.name,
-                    total=gpu.total_bytes,
-                    used=used,
-                    free=gpu.free_bytes,
-                    reserved=budget.reserved_bytes,
-                    available=budget.available_bytes,
-                    used_by_jobs=by_jobs,
-                    used_by_others=max(0, used - by_jobs),
-                    util=gpu.util_percent,
-                    state=str(gpu.health),
-                    jobs=[j.id for j in running if gpu.uuid in j.gpu_uuids],
-                    error=gpu.error,
-                )
-            )
-        return reports
+        return gpu_reports(reading.gpus, reading.usage, running, self.config.headroom_bytes)

@@ -95,6 +95,7 @@ jobs = Table(
     Column("exit_code", Integer, nullable=True),
     Column("reason", String, nullable=True),
     Column("reason_detail", Text, nullable=True),
+    Column("stop_intent", String, nullable=True),  # a StopIntent, while a running job stops
     Column("log_path", Text, nullable=True),
     Column("peak_mem", Integer, nullable=True),
     Column("mean_util", Integer, nullable=True),

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from sqlalchemy import Text, func, select, type_coerce
 
 from gpusched.errors import NotFoundError
-from gpusched.models import ACTIVE_STATES, TERMINAL_STATES, Job, JobState
+from gpusched.models import ACTIVE_STATES, TERMINAL_STATES, Job, JobState, StopIntent
 from gpusched.store_db import Database, decode_json, job_select, jobs, to_job
 
 
@@ -49,6 +49,7 @@ class LaunchInfo:
     env: dict[str, str]
     umask: int
     pid_start_time: str | None
+    stop_intent: StopIntent | None = None  # set once the daemon asked it to stop
 
 
 class JobQueries(Database):
@@ -68,13 +69,14 @@ class JobQueries(Database):
     def launch_info(self, job_id: int) -> LaunchInfo:
         with self.read() as conn:
             row = conn.execute(
-                select(jobs.c.gid, jobs.c.env, jobs.c.umask, jobs.c.pid_start_time).where(
-                    jobs.c.id == job_id
-                )
+                select(
+                    jobs.c.gid, jobs.c.env, jobs.c.umask, jobs.c.pid_start_time, jobs.c.stop_intent
+                ).where(jobs.c.id == job_id)
             ).first()
         if row is None:
             raise NotFoundError(f"no job {job_id}")
-        return LaunchInfo(row.gid, dict(row.env), row.umask, row.pid_start_time)
+        intent = StopIntent(row.stop_intent) if row.stop_intent else None
+        return LaunchInfo(row.gid, dict(row.env), row.umask, row.pid_start_time, intent)
 
     def active(self) -> list[Job]:
         """Queued, held and running jobs, in submit order."""

@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import func, select, update
 from sqlalchemy.engine import Connection
 
-from gpusched.models import ACTIVE_STATES, Job, JobState
+from gpusched.models import ACTIVE_STATES, Job, JobState, StopIntent
 from gpusched.store_db import Database, inserted_id, job_select, jobs, to_job
 from gpusched.store_usage import usage_values
 
@@ -210,6 +210,15 @@ class JobTransitions(Database):
         """Note on an active job what its end will be explained by (e.g. who cancelled it)."""
         with self.engine.begin() as conn:
             conn.execute(update(jobs).where(jobs.c.id == job_id).values(reason_detail=detail))
+
+    def set_stop_intent(self, job_id: int, intent: StopIntent, detail: str) -> None:
+        """Before a running job is asked to stop: why (read at its end), and the sentence."""
+        with self.engine.begin() as conn:
+            conn.execute(
+                update(jobs)
+                .where(jobs.c.id == job_id)
+                .values(stop_intent=str(intent), reason_detail=detail)
+            )
 
     def set_priority(self, job_id: int, priority: int) -> bool:
         return self._transition(job_id, [JobState.QUEUED, JobState.HELD], {"priority": priority})

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import re
 
-from gpusched.errors import UsageError
+from gpusched.errors import ConfigError, UsageError
 
 _SIZE_SUFFIX = {"": 1, "B": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 _SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(?:([KMGT])(?:I?B)?|B?)\s*$", re.IGNORECASE)
@@ -72,3 +72,20 @@ def parse_duration(text: str | int | float) -> float:
     if seconds <= 0:
         raise UsageError(f"invalid duration {text!r}: must be more than zero")
     return seconds
+
+
+_SIM_PART_RE = re.compile(r"^\s*(?:(\d+)\s*x\s*)?([0-9.]+\s*[KMGT]?)\s*$", re.IGNORECASE)
+
+
+def parse_simulate_spec(spec: str) -> list[int]:
+    """ "2x24G" -> [24G, 24G]; "24G,16G" -> [24G, 16G]; "2x24G,80G" mixes both."""
+    sizes: list[int] = []
+    for part in spec.split(","):
+        match = _SIM_PART_RE.match(part)
+        if not match:
+            raise ConfigError(f"invalid simulate spec {spec!r}: expected e.g. 2x24G or 24G,16G")
+        count = int(match.group(1) or 1)
+        if count < 1 or count > 256:
+            raise ConfigError(f"invalid simulate spec {spec!r}: 1 to 256 GPUs per part")
+        sizes.extend([parse_size(match.group(2))] * count)
+    return sizes

@@ -43,27 +43,12 @@ from pathlib import Path
 
 from setproctitle import setproctitle
 
+from gpusched.pidref import is_same_ticks, start_ticks
 from gpusched.supervisor import Supervisor
 
 IDENTITY_FILE = "supervisor.json"
 MAX_REQUEST_BYTES = 4096
 _MAX_FD = max(os.sysconf("SC_OPEN_MAX"), 1024)
-
-
-def start_ticks(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat).
-
-    With the pid it names one process for good: a reused pid has a later start time.
-    """
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            stat = handle.read()
-    except OSError:
-        return None
-    # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
-    fields = stat[stat.rfind(b")") + 2 :].split()
-    state, ticks = fields[0], fields[19]
-    return None if state in (b"Z", b"X") else int(ticks)
 
 
 def _read_identity(job_dir: Path) -> dict[str, object] | None:
@@ -88,7 +73,7 @@ def recorded_supervisor(job_dir: Path) -> int | None:
     pid, ticks = identity.get("pid"), identity.get("start_ticks")
     if not isinstance(pid, int) or not isinstance(ticks, int):
         return None
-    return pid if start_ticks(pid) == ticks else None
+    return pid if is_same_ticks(pid, ticks) else None
 
 
 def _become_supervisor(spec_path: Path, hold_r: int) -> int:

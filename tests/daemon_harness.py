@@ -22,7 +22,9 @@ import yaml
 
 from gpusched.client import Client
 from gpusched.config import load_config
+from gpusched.config_holder import ConfigHolder
 from gpusched.gpus import SimulatedProbe
+from gpusched.launcher import Launcher
 from gpusched.scheduler import Scheduler
 from gpusched.store import Store
 
@@ -30,14 +32,43 @@ START_TIMEOUT_S = 15.0
 T = TypeVar("T")
 
 
-def eventually(check: Callable[[], T], timeout: float = 10.0) -> T:
-    """Poll `check` until it returns something true; return that (fails after `timeout`)."""
+def eventually(
+    check: Callable[[], T],
+    timeout: float = 10.0,
+    *,
+    interval: float = 0.05,
+    describe: Callable[[], object] | None = None,
+) -> T:
+    """Poll `check` until it returns something true; return that.
+
+    The one polling loop of the tests: fails after `timeout` seconds, saying what
+    `describe()` returns (the state worth seeing when it did not happen).
+    """
     deadline = time.monotonic() + timeout
     while not (value := check()):
         if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s")
-        time.sleep(0.05)
+            seen = f": {describe()}" if describe is not None else ""
+            raise AssertionError(f"condition not met within {timeout}s{seen}")
+        time.sleep(interval)
     return value
+
+
+def job_until(go: Path, marker: Path, code: int) -> str:
+    """A job's Python that runs until the test creates `go`, then writes `marker` and exits
+    `code`: a job that outlives a daemon restart however slow the machine, with no sleep."""
+    return (
+        f"import os, time\nwhile not os.path.exists({str(go)!r}): time.sleep(0.05)\n"
+        f"open({str(marker)!r}, 'w').close()\nraise SystemExit({code})"
+    )
+
+
+def answers(daemon: RunningDaemon) -> bool:
+    """Whether the daemon answers a ping now."""
+    try:
+        daemon.client().ping()
+    except Exception:
+        return False
+    return True
 
 
 def directory_settings(root: Path, simulate: str | None = "2x24G") -> dict[str, Any]:
@@ -58,8 +89,13 @@ def in_process_scheduler(root: Path, simulate: str, **overrides: Any) -> Schedul
 
     Close it with `scheduler.launcher.close()` and `scheduler.store.close()`.
     """
-    config = load_config(None, {**directory_settings(root, simulate), **overrides})
-    return Scheduler(config, Store(config.database_url), SimulatedProbe.from_spec(simulate))
+    holder = ConfigHolder(load_config(None, {**directory_settings(root, simulate), **overrides}))
+    return Scheduler(
+        holder,
+        Store(holder.current.database_url),
+        SimulatedProbe.from_spec(simulate),
+        Launcher(holder),
+    )
 
 
 class RunningDaemon:
@@ -99,16 +135,15 @@ class RunningDaemon:
                 stderr=stderr,
                 preexec_fn=self.preexec,  # noqa: PLW1509 (a few syscalls, no locks or threads)
             )
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"daemon exited {self.process.returncode}: {self.stderr()}")
-            try:
-                self.client().ping()
-                return self
-            except Exception:
-                time.sleep(0.05)
-        raise RuntimeError(f"daemon did not answer within {START_TIMEOUT_S}s: {self.stderr()}")
+        process = self.process
+
+        def ready() -> bool:
+            if process.poll() is not None:
+                raise RuntimeError(f"daemon exited {process.returncode}: {self.stderr()}")
+            return answers(self)
+
+        eventually(ready, START_TIMEOUT_S, describe=self.stderr)
+        return self
 
     def stop(self, signum: int = signal.SIGTERM) -> int | None:
         if self.process is None or self.process.poll() is not None:
@@ -169,24 +204,33 @@ class RunningDaemon:
 
     def wait_state(self, job_id: int, states: set[str], timeout: float = 20) -> dict[str, Any]:
         """Poll until the job is in one of `states` (fails with the last state seen)."""
-        deadline = time.monotonic() + timeout
-        job = self.client().job(job_id).to_json()
-        while job["state"] not in states:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"job {job_id} still {job['state']} after {timeout}s: {job}")
-            time.sleep(0.05)
-            job = self.client().job(job_id).to_json()
+        seen: list[dict[str, Any]] = []
+
+        def reached() -> dict[str, Any] | None:
+            seen[:] = [self.client().job(job_id).to_json()]
+            return seen[0] if seen[0]["state"] in states else None
+
+        job = eventually(reached, timeout, describe=lambda: seen)
+        assert job is not None  # it is true
+        return job
+
+    def wait_reason(self, job_id: int, text: str, timeout: float = 20) -> dict[str, Any]:
+        """Poll until a scheduling pass has said why the job waits, in words with `text`."""
+
+        def said() -> dict[str, Any] | None:
+            job = self.show(job_id)
+            assert job["state"] in ("queued", "held"), job
+            return job if text in (job["waiting_reason"] or "") else None
+
+        job = eventually(said, timeout, describe=lambda: self.show(job_id))
+        assert job is not None  # it is true
         return job
 
     def supervisor_pid(self, job_id: int, timeout: float = 10) -> int:
         """The running job's supervisor pid, once recorded (a job is marked running first,
         then started, then its pid is recorded)."""
         self.wait_state(job_id, {"running"})
-        deadline = time.monotonic() + timeout
-        while (pid := self.show(job_id)["pid"]) is None:
-            assert time.monotonic() < deadline, f"job {job_id} has no pid after {timeout}s"
-            time.sleep(0.05)
-        return int(pid)
+        return int(eventually(lambda: self.show(job_id)["pid"], timeout))
 
     def log(self, job_id: int) -> str:
         result = self.cli("logs", str(job_id))

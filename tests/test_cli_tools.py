@@ -10,7 +10,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import click
@@ -18,7 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from gpusched.cli import cli
-from tests.daemon_harness import RunningDaemon
+from tests.daemon_harness import RunningDaemon, eventually
 
 JOB_FIELDS = {"id", "user", "state", "command", "mem", "gpus", "gpu_indices", "exit_code", "reason"}
 
@@ -214,10 +213,11 @@ def test_status_watch_redraws_until_ctrl_c_and_exits_0(
             stderr=err,
         )
     try:
-        deadline = time.monotonic() + 20
-        while out_path.read_text().count("every 0.2s: gpusched status") < 3:
-            assert time.monotonic() < deadline, out_path.read_text()
-            time.sleep(0.1)
+        eventually(
+            lambda: out_path.read_text().count("every 0.2s: gpusched status") >= 3,
+            20,
+            describe=out_path.read_text,
+        )
         process.send_signal(signal.SIGINT)  # what Ctrl-C sends
         assert process.wait(timeout=10) == 0
     finally:

@@ -24,6 +24,7 @@ import pytest
 from gpusched.errors import GpuError
 from gpusched.models import GpuHealth, GpuProcess
 from gpusched.nvml import NvmlProbe
+from tests.daemon_harness import eventually
 from tests.fakenvml import state as fakestate
 from tests.fakenvml.fixtures import FakeNvml
 
@@ -329,10 +330,7 @@ sys.stdin.read()  # stay alive (the driver lists live processes only) until told
 
 
 def wait_for(condition: Callable[[], bool], timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
+    eventually(condition, timeout, interval=0.02)
 
 
 def test_gpujob_allocates_after_its_lag_and_frees_on_exit(

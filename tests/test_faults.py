@@ -9,11 +9,11 @@ but died before starting is queued again, never run twice, never lost.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ import psutil
 import yaml
 
 from gpusched.store import Store
-from tests.daemon_harness import RunningDaemon
+from tests.daemon_harness import RunningDaemon, eventually, job_until
 
 GIB = 2**30
 
@@ -93,9 +93,8 @@ def test_sigterm_leaves_jobs_running_and_a_restart_readopts_them(
     daemon: RunningDaemon, tmp_path: Path
 ) -> None:
     marker = tmp_path / "finished"
-    script = (
-        f"import time; time.sleep(2.5); open({str(marker)!r}, 'w').close(); raise SystemExit(4)"
-    )
+    go = tmp_path / "go"  # it runs until the restarted daemon has re-adopted it
+    script = job_until(go, marker, 4)
     job_id = daemon.submit("--mem", "1G", "--", sys.executable, "-c", script)
     supervisor = daemon.supervisor_pid(job_id)
     assert daemon.stop(signal.SIGTERM) == 0
@@ -104,6 +103,7 @@ def test_sigterm_leaves_jobs_running_and_a_restart_readopts_them(
     daemon.start()
     assert daemon.show(job_id)["state"] == "running"
     assert f"job {job_id} still running (pid {supervisor}): re-adopted" in daemon.stderr()
+    go.touch()
     assert daemon.cli("wait", str(job_id), timeout=30).returncode == 4
     job = daemon.show(job_id)
     assert (job["state"], job["reason"], job["exit_code"]) == ("failed", "exit", 4)
@@ -121,10 +121,7 @@ def _reload(daemon: RunningDaemon, settings: dict[str, Any] | str, expect: str) 
     before = daemon.stderr().count(expect)
     assert daemon.process is not None
     daemon.process.send_signal(signal.SIGHUP)
-    deadline = time.monotonic() + 10
-    while daemon.stderr().count(expect) == before:
-        assert time.monotonic() < deadline, daemon.stderr()[-2000:]
-        time.sleep(0.05)
+    eventually(lambda: daemon.stderr().count(expect) > before, 30, describe=daemon.stderr)
 
 
 def test_sighup_applies_a_valid_config_and_keeps_the_old_one_when_broken(
@@ -135,10 +132,7 @@ def test_sighup_applies_a_valid_config_and_keeps_the_old_one_when_broken(
     assert _available(daemon) == 24 * GIB - 512 * 2**20  # the default headroom
 
     _reload(daemon, {**settings, "headroom": "2G"}, "config reloaded")
-    deadline = time.monotonic() + 10
-    while _available(daemon) != 22 * GIB:
-        assert time.monotonic() < deadline, daemon.client().status().gpus
-        time.sleep(0.05)
+    eventually(lambda: _available(daemon) == 22 * GIB, 30, describe=daemon.client().status)
 
     for broken, why in [
         ("headroom: [unclosed\n", "config reload failed, keeping the old config"),
@@ -156,14 +150,26 @@ def test_sighup_applies_a_valid_config_and_keeps_the_old_one_when_broken(
     assert daemon.process is not None
     before = daemon.stderr().count("config reload failed")
     daemon.process.send_signal(signal.SIGHUP)
-    deadline = time.monotonic() + 10
-    while daemon.stderr().count("config reload failed") == before:
-        assert time.monotonic() < deadline, daemon.stderr()[-2000:]
-        time.sleep(0.05)
+    eventually(
+        lambda: daemon.stderr().count("config reload failed") > before, describe=daemon.stderr
+    )
     assert _available(daemon) == 22 * GIB
     daemon.config_path.write_text(yaml.safe_dump(settings))
     _still_schedules(daemon)
     assert "Traceback" not in daemon.stderr()
+
+
+def test_a_reloaded_kill_grace_reaches_the_next_job(daemon_factory: Any) -> None:
+    # The launcher writes each job's grace into its supervisor's spec. It once copied
+    # kill_grace when the daemon started, so a reload never reached it.
+    daemon = daemon_factory(simulate="1x24G", config={"kill_grace": "30s"}).start()
+    settings = yaml.safe_load(daemon.config_path.read_text())
+    _reload(daemon, {**settings, "kill_grace": "3s"}, "config reloaded")
+    job_id = daemon.submit("--mem", "1G", "--", "sleep", "60")
+    daemon.supervisor_pid(job_id)
+    spec = json.loads((daemon.root / "state" / "jobs" / str(job_id) / "spec.json").read_text())
+    assert spec["kill_grace_s"] == 3.0
+    assert daemon.cli("cancel", str(job_id)).returncode == 0
 
 
 def _db(daemon: RunningDaemon) -> Store:
@@ -229,9 +235,8 @@ def test_a_zygote_forked_supervisor_whose_pid_was_never_recorded_is_readopted(
     restarted daemon finds it by the identity the zygote recorded in the job's directory.
     """
     marker = tmp_path / "finished"
-    script = (
-        f"import time; time.sleep(2.5); open({str(marker)!r}, 'w').close(); raise SystemExit(5)"
-    )
+    go = tmp_path / "go"  # it runs until the restarted daemon has re-adopted it
+    script = job_until(go, marker, 5)
     job_id = daemon.submit("--mem", "1G", "--", sys.executable, "-c", script)
     supervisor = daemon.supervisor_pid(job_id)
     assert "gpusched.supervisor" not in " ".join(psutil.Process(supervisor).cmdline())
@@ -247,6 +252,7 @@ def test_a_zygote_forked_supervisor_whose_pid_was_never_recorded_is_readopted(
     daemon.start()
     assert f"job {job_id} still running (pid {supervisor}): re-adopted" in daemon.stderr()
     assert daemon.show(job_id)["pid"] == supervisor
+    go.touch()
     assert daemon.cli("wait", str(job_id), timeout=30).returncode == 5
     job = daemon.show(job_id)
     assert (job["state"], job["reason"], job["exit_code"]) == ("failed", "exit", 5)

@@ -6,7 +6,10 @@ import subprocess
 import threading
 from pathlib import Path
 
+from gpusched.config import load_config
+from gpusched.config_holder import ConfigHolder
 from gpusched.launcher import Launcher
+from tests.daemon_harness import directory_settings
 
 
 def test_an_exit_is_reported_from_the_watcher_thread_even_when_already_gone(
@@ -21,7 +24,9 @@ def test_an_exit_is_reported_from_the_watcher_thread_even_when_already_gone(
         reports.append((job_id, threading.current_thread().name))
         reported.set()
 
-    launcher = Launcher(tmp_path / "state", tmp_path / "logs", 1.0, on_exit)
+    config = load_config(None, directory_settings(tmp_path, None))
+    launcher = Launcher(ConfigHolder(config))
+    launcher.on_exit = on_exit
     try:
         gone = subprocess.Popen(["true"])
         gone.wait()  # reaped: pidfd_open finds no such process

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import socket
-import time
 import urllib.request
 from typing import Any
 
@@ -12,6 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpusched.config import load_config
 from gpusched.errors import UsageError
+from tests.daemon_harness import eventually
 
 G = 2**30
 
@@ -45,10 +45,7 @@ def test_metrics_endpoint_serves_the_schedulers_state(daemon_factory: Any) -> No
     running = daemon.submit("--mem", "4G", "--", "sleep", "60")
     daemon.wait_state(running, {"running"})
     # Simulated jobs "allocate" what they declared a moment after starting.
-    deadline = time.monotonic() + 10
-    while sum(g["used"] for g in daemon.status()["gpus"]) != 4 * G:
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
+    eventually(lambda: sum(g["used"] for g in daemon.status()["gpus"]) == 4 * G)
     status = {g["index"]: g for g in daemon.status()["gpus"]}
     metrics = _scrape(port)
 

@@ -54,12 +54,10 @@ def test_job_avoids_memory_held_by_other_processes(daemon_factory: Any, fake: Fa
     # A card filled from outside gets no job at all.
     fake.set_gpu(1, other_bytes=23 * GiB)
     fake.set_gpu(0, other_bytes=23 * GiB)
-    time.sleep(1.2)
+    # Both cards read full before the job is submitted (else it could start at once).
+    eventually(lambda: all(g["available"] < 2 * GiB for g in gpus_by_index(daemon).values()))
     blocked = daemon.submit("--mem", "2G", "--", "true")
-    time.sleep(1.2)
-    waiting = daemon.show(blocked)
-    assert waiting["state"] == "queued"
-    assert "needs 2.0G" in waiting["waiting_reason"]
+    daemon.wait_reason(blocked, "needs 2.0G")
     fake.set_gpu(0, other_bytes=0)
     assert daemon.wait_state(blocked, {"done"})["gpu_indices"] == [0]
 
@@ -149,8 +147,7 @@ def test_lost_gpu_gets_no_job_and_comes_back(daemon_factory: Any, fake: FakeNvml
     for job in jobs:
         assert daemon.wait_state(job, {"running"})["gpu_indices"] == [1]
     whole = daemon.submit("--", "true")
-    time.sleep(1.2)
-    assert daemon.show(whole)["state"] == "queued"
+    daemon.wait_reason(whole, "GPU")  # a pass has seen it and left it waiting
     fake.set_gpu(0, lost=False)
     assert daemon.wait_state(whole, {"done"})["gpu_indices"] == [0]
     assert gpus_by_index(daemon)[0]["state"] == "ok"

@@ -32,6 +32,8 @@ from gpusched.client import Client
 from gpusched.protocol import MAX_FRAME_BYTES
 from tests.daemon_harness import RunningDaemon
 
+pytestmark = pytest.mark.fuzz  # skipped locally with -m "not fuzz"; CI runs it
+
 OPS = sorted(handlers.HANDLERS)
 NOWHERE = "/nonexistent/gpusched-fuzz"
 MIN_FRAMES = 10_000

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import shutil
 import sys
-import time
 from typing import Any
 
 import psutil
@@ -125,9 +124,7 @@ def test_sweep_max_concurrent_and_cancel_by_array_id(daemon: RunningDaemon) -> N
     array = daemon.show(ids[0])["array_id"]
     daemon.wait_state(ids[0], {"running"})
     daemon.wait_state(ids[1], {"running"})
-    time.sleep(1.2)
-    waiting = daemon.show(ids[2])
-    assert waiting["state"] == "queued"
+    waiting = daemon.wait_reason(ids[2], "array limit")
     assert (
         waiting["waiting_reason"]
         == f"array limit: 2 of array a{array} running (--max-concurrent 2)"

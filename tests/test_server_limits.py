@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import json
 import socket
-import time
 
-from gpusched.errors import GpuschedError
 from gpusched.server import MAX_CONNECTIONS_PER_USER
-from tests.daemon_harness import RunningDaemon
+from tests.daemon_harness import RunningDaemon, answers, eventually
 
 
 def test_idle_connections_are_capped_per_user_and_freed_on_close(daemon: RunningDaemon) -> None:
@@ -33,11 +31,4 @@ def test_idle_connections_are_capped_per_user_and_freed_on_close(daemon: Running
         for conn in idle:
             conn.close()
     # The server notices the closed connections as their threads read EOF: shortly after.
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            assert daemon.client().ping()["version"]
-            return
-        except GpuschedError:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+    eventually(lambda: answers(daemon))

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from gpusched.config import load_config
+from gpusched.environment import sharing_environment
 from gpusched.errors import UsageError
-from gpusched.launcher import sharing_environment
 from gpusched.models import GpuProcess, GpuState, JobState
 from gpusched.monitor import Overrun, UsageMonitor
 from gpusched.policy import GpuSlot, WaitingJob, plan

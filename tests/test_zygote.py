@@ -12,40 +12,45 @@ import re
 import signal
 import socket
 import sys
-import time
 from pathlib import Path
 
 import psutil
 
 from gpusched.zygote import IDENTITY_FILE, recorded_supervisor
-from tests.daemon_harness import RunningDaemon
+from tests.daemon_harness import RunningDaemon, eventually, job_until
 
 
 def _zygote(daemon: RunningDaemon, timeout_s: float = 10) -> psutil.Process:
     """The daemon's zygote: its child running `python -m gpusched.zygote`."""
     assert daemon.process is not None
-    deadline = time.monotonic() + timeout_s
-    while True:
-        for child in psutil.Process(daemon.process.pid).children():
+    parent = psutil.Process(daemon.process.pid)
+
+    def zygote() -> psutil.Process | None:
+        for child in parent.children():
             try:
                 if "gpusched.zygote" in child.cmdline() and child.status() != "zombie":
                     return child
             except psutil.Error:
                 continue
-        assert time.monotonic() < deadline, "the daemon has no zygote"
-        time.sleep(0.05)
+        return None
+
+    found = eventually(zygote, timeout_s)
+    assert found is not None  # it is true
+    return found
+
+
+def _ended(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 def _gone(pid: int, timeout_s: float = 10) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-                return True
-        except psutil.NoSuchProcess:
-            return True
-        time.sleep(0.05)
-    return False
+    try:
+        return eventually(lambda: _ended(pid), timeout_s)
+    except AssertionError:
+        return False
 
 
 def _started_via(daemon: RunningDaemon, job_id: int) -> str:
@@ -54,8 +59,12 @@ def _started_via(daemon: RunningDaemon, job_id: int) -> str:
     return str(found[0])
 
 
-def test_jobs_start_through_the_zygote_as_if_started_fresh(daemon: RunningDaemon) -> None:
-    job_id = daemon.submit("--mem", "1G", "--", "sh", "-c", "sleep 1; exit 7")
+def test_jobs_start_through_the_zygote_as_if_started_fresh(
+    daemon: RunningDaemon, tmp_path: Path
+) -> None:
+    go = tmp_path / "go"  # the job runs until the test has looked at its supervisor
+    script = f"while [ ! -e {go} ]; do sleep 0.05; done; exit 7"
+    job_id = daemon.submit("--mem", "1G", "--", "sh", "-c", script)
     supervisor = psutil.Process(daemon.supervisor_pid(job_id))
     zygote = _zygote(daemon)
     assert supervisor.ppid() == zygote.pid
@@ -77,13 +86,11 @@ def test_jobs_start_through_the_zygote_as_if_started_fresh(daemon: RunningDaemon
     title = " ".join(supervisor.cmdline()).strip()
     assert title.startswith(f"gpusched supervisor: job {job_id} "), title
     assert title.endswith(str(job_dir / "spec.json")), title
+    go.touch()
     assert daemon.cli("wait", str(job_id), timeout=30).returncode == 7
     # The zygote reaps the supervisors it forked: no zombie is left under it.
     assert _gone(supervisor.pid)
-    deadline = time.monotonic() + 5
-    while any(c.status() == "zombie" for c in zygote.children()):
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    eventually(lambda: not any(c.status() == "zombie" for c in zygote.children()), 5)
 
 
 def test_a_dead_zygote_costs_one_slow_start_and_comes_back(daemon: RunningDaemon) -> None:
@@ -130,7 +137,8 @@ def test_the_zygote_dies_with_its_daemon_and_its_jobs_are_readopted(
     daemon: RunningDaemon, tmp_path: Path
 ) -> None:
     marker = tmp_path / "finished"
-    script = f"import time; time.sleep(3); open({str(marker)!r}, 'w').close(); raise SystemExit(4)"
+    go = tmp_path / "go"  # it runs until the restarted daemon has re-adopted it
+    script = job_until(go, marker, 4)
     job_id = daemon.submit("--mem", "1G", "--", sys.executable, "-c", script)
     supervisor = daemon.supervisor_pid(job_id)
     zygote = _zygote(daemon)
@@ -140,6 +148,7 @@ def test_the_zygote_dies_with_its_daemon_and_its_jobs_are_readopted(
     assert not _gone(supervisor, timeout_s=0.2), "the job must outlive the daemon and zygote"
     daemon.start()
     assert f"job {job_id} still running (pid {supervisor}): re-adopted" in daemon.stderr()
+    go.touch()
     assert daemon.cli("wait", str(job_id), timeout=30).returncode == 4
     job = daemon.show(job_id)
     assert (job["state"], job["reason"], job["exit_code"]) == ("failed", "exit", 4)

@@ -20,10 +20,13 @@ from typing import Any
 import psutil
 
 from gpusched.client import Client
+from gpusched.config import load_config
+from gpusched.config_holder import ConfigHolder
 from gpusched.errors import GpuschedError
-from gpusched.launcher import Launcher, find_supervisor, process_start_time
+from gpusched.launcher import Launcher, find_supervisor
+from gpusched.pidref import process_start_time
 from gpusched.store import Store
-from tests.daemon_harness import RunningDaemon, eventually
+from tests.daemon_harness import RunningDaemon, directory_settings, eventually
 from tests.users import User, as_user
 
 SYSTEM_PYTHON = "/usr/bin/python3"  # the venv's interpreter is not reachable by other users
@@ -285,7 +288,7 @@ def test_a_recorded_pid_reused_by_a_victims_process_is_never_signalled(
         return subprocess.Popen(argv, start_new_session=True, stdin=subprocess.DEVNULL).pid
 
     pid = as_user(victim, victims_process)
-    launcher = Launcher(tmp_path / "state", tmp_path / "logs", 1.0, lambda _job_id: None)
+    launcher = Launcher(ConfigHolder(load_config(None, directory_settings(tmp_path))))
     try:
         started = process_start_time(pid)
         assert started is not None

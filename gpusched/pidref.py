@@ -1,0 +1,60 @@
+"""Process identity: a pid *and* its start time, the one way gpusched names a process.
+
+A pid alone is not an identity: after a restart, a pid recorded in the database or in a
+job directory may belong to an unrelated process by now (pids are reused). Two readings
+of the same kernel fact are kept, for two kinds of reader:
+- `process_start_time`: psutil's creation time as a string, stored in the database
+  (`pid_start_time`) by the daemon, compared by `is_same_process`;
+- `start_ticks`: field 22 of /proc/PID/stat, read without psutil by the zygote, whose
+  fork path must stay light, and recorded in a job's `supervisor.json`.
+They are not interchangeable (one is recorded by each side), which is why both live here
+and nowhere else. psutil is imported only when called: the zygote imports this module.
+"""
+
+from __future__ import annotations
+
+
+def start_ticks(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat).
+
+    None for a process that does not exist or is a zombie (it has ended).
+    """
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            stat = handle.read()
+    except OSError:
+        return None
+    # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    state, ticks = fields[0], fields[19]
+    return None if state in (b"Z", b"X") else int(ticks)
+
+
+def is_same_ticks(pid: int, ticks: int | None) -> bool:
+    """True if `pid` is alive and started at `ticks` (a `start_ticks` reading)."""
+    return ticks is not None and start_ticks(pid) == ticks
+
+
+def process_start_time(pid: int) -> str | None:
+    """The process's creation time as stored in the database; None if it does not exist."""
+    import psutil
+
+    try:
+        return repr(psutil.Process(pid).create_time())
+    except psutil.Error:
+        return None
+
+
+def is_same_process(pid: int, start_time: str | None) -> bool:
+    """True if `pid` is alive (not a zombie) and is the process that started at `start_time`."""
+    import psutil
+
+    if start_time is None:
+        return False
+    try:
+        process = psutil.Process(pid)
+        return (
+            repr(process.create_time()) == start_time and process.status() != psutil.STATUS_ZOMBIE
+        )
+    except psutil.Error:
+        return False

@@ -1,0 +1,134 @@
+"""Test doubles of gpusched's interfaces (never of its modules' internals).
+
+`FakeLauncher` implements `gpusched.launching.JobLauncher` in memory: a started job gets a
+pid no process has, and ends only when the test says how (`finish`), as its supervisor's
+exit record would. `FakeProbe` implements `gpusched.gpus.Probe` with GPUs whose processes
+the test sets. `FixedClock` is a clock that moves only when told. With them,
+`Scheduler.tick()` runs one scheduling pass at a time and spawns nothing.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+from gpusched.launching import Outcome, OutcomeKind, Started, StartError
+from gpusched.models import GpuProcess, GpuState, Job
+
+GiB = 2**30
+# Above the kernel's largest pid (2**22): never the pid of a real process.
+_FAKE_PIDS = itertools.count(10_000_000)
+
+
+class FixedClock:
+    def __init__(self, start: str = "2026-01-05T09:00:00+00:00") -> None:
+        self.now = datetime.fromisoformat(start).astimezone(timezone.utc)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+
+class FakeLauncher:
+    """Jobs that run until the test finishes them; nothing is forked."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.on_exit: Callable[[int], None] = lambda job_id: None
+        self.running: dict[int, int] = {}  # job id -> pid, while its "supervisor" lives
+        self.outcomes: dict[int, Outcome] = {}
+        self.stop_requests: list[int] = []  # job ids whose supervisor was asked to stop
+        self.refuse: dict[int, str] = {}  # job id -> StartError message
+        self.started: list[int] = []
+
+    def log_path(self, job_id: int) -> Path:
+        return self.log_dir / f"{job_id}.log"
+
+    def start(self, job: Job, env: dict[str, str], umask: int, gid: int) -> Started:
+        if job.id in self.refuse:
+            raise StartError(self.refuse[job.id])
+        pid = next(_FAKE_PIDS)
+        self.running[job.id] = pid
+        self.started.append(job.id)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path(job.id).touch()  # as the supervisor opens the job's log
+        return Started(pid, self._start_time(pid), str(self.log_path(job.id)), via="fake")
+
+    def finish(self, job_id: int, outcome: Outcome) -> None:
+        """The job's supervisor records `outcome` and exits; the watcher reports it."""
+        self.outcomes[job_id] = outcome
+        del self.running[job_id]
+        self.on_exit(job_id)
+
+    def watch(self, job_id: int, pid: int) -> None:
+        self.running[job_id] = pid
+
+    def outcome(self, job_id: int) -> Outcome:
+        return self.outcomes.get(job_id, Outcome(OutcomeKind.LOST, message="no exit record"))
+
+    def cancel(self, pid: int, start_time: str | None) -> bool:
+        for job_id, running_pid in self.running.items():
+            if running_pid == pid and start_time == self._start_time(pid):
+                self.stop_requests.append(job_id)
+                return True
+        return False
+
+    def find_supervisor(self, job_id: int) -> int | None:
+        return self.running.get(job_id)
+
+    def start_time(self, pid: int) -> str | None:
+        return self._start_time(pid) if pid in self.running.values() else None
+
+    def is_running(self, pid: int, start_time: str | None) -> bool:
+        return pid in self.running.values() and start_time == self._start_time(pid)
+
+    def start_zygote(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    @staticmethod
+    def _start_time(pid: int) -> str:
+        return f"{pid}.0"
+
+
+class FakeProbe:
+    """GPUs of the given sizes; `hold` makes a process use memory on one."""
+
+    def __init__(self, sizes: Sequence[int]) -> None:
+        self.gpus = [
+            GpuState(i, f"GPU-fake-{i}", "Fake GPU", size, 0, size, 0)
+            for i, size in enumerate(sizes)
+        ]
+        self.held: dict[tuple[int, str], int] = {}  # (pid, uuid) -> bytes
+
+    def uuid(self, index: int) -> str:
+        return self.gpus[index].uuid
+
+    def hold(self, pid: int, index: int, used: int) -> None:
+        self.held[(pid, self.uuid(index))] = used
+
+    def snapshot(self) -> list[GpuState]:
+        states = []
+        for gpu in self.gpus:
+            procs = tuple(GpuProcess(pid, b) for (pid, u), b in self.held.items() if u == gpu.uuid)
+            used = sum(p.used_bytes or 0 for p in procs)
+            states.append(
+                replace(gpu, used_bytes=used, free_bytes=gpu.total_bytes - used, processes=procs)
+            )
+        return states
+
+    def note_job_started(self, pid: int, gpu_uuids: Sequence[str], mem_bytes: int | None) -> None:
+        pass  # a fake job holds only what the test says it holds
+
+    def describe(self) -> str:
+        return f"{len(self.gpus)} fake GPU(s)"
+
+    def close(self) -> None:
+        pass
