@@ -5,8 +5,9 @@ the state directory, has the zygote (gpusched.zygote) fork a supervisor for it, 
 when the zygote is gone or not answering starts `python -m gpusched.supervisor` in a
 new session itself, and watches the supervisor through a pidfd, which works the same
 for a child, for the zygote's child and for a supervisor adopted after a daemon
-restart. When a supervisor exits, its outcome is read from `exit.json` (written by the
-supervisor before it exits).
+restart; when the daemon is out of open files (a pidfd is one per running job), the
+supervisor is polled once a second instead until a pidfd can be had. When a supervisor
+exits, its outcome is read from `exit.json` (written by the supervisor before it exits).
 
 A process is identified by its pid *and* its start time: after a restart, a pid
 recorded in the database may belong to an unrelated process by now.
@@ -15,6 +16,7 @@ recorded in the database may belong to an unrelated process by now.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -63,14 +65,31 @@ class Outcome:
     message: str | None = None
 
 
+# Errors of starting a job that pass (out of files, memory or tasks): the job waits in
+# the queue for the next pass instead of failing.
+TRANSIENT_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EAGAIN})
+
+
 class StartError(Exception):
-    """The job could not be handed to a supervisor (the message is for the job's owner)."""
+    """The job could not be handed to a supervisor (the message is for the job's owner).
+
+    `transient`: it failed for want of a resource, before any supervisor existed, so the
+    job may be queued again.
+    """
+
+    def __init__(self, message: str, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient
+
+
+def _start_error(what: str, exc: OSError) -> StartError:
+    return StartError(f"{what}: {exc}", transient=exc.errno in TRANSIENT_ERRNOS)
 
 
 def process_start_time(pid: int) -> str | None:
     try:
         return repr(psutil.Process(pid).create_time())
-    except psutil.Error:
+    except (psutil.Error, OSError):  # OSError: out of open files to read /proc with
         return None
 
 
@@ -85,6 +104,19 @@ def is_same_process(pid: int, start_time: str | None) -> bool:
         )
     except psutil.Error:
         return False
+
+
+def _still_running(pid: int, start_time: str | None) -> bool:
+    """For a polled job: is its process alive? True when that cannot be read right now."""
+    try:
+        process = psutil.Process(pid)
+        if process.status() == psutil.STATUS_ZOMBIE:
+            return False
+        return start_time in (None, "0") or repr(process.create_time()) == start_time
+    except psutil.NoSuchProcess:
+        return False
+    except (psutil.Error, OSError):
+        return True  # out of files to read /proc with: ask again at the next poll
 
 
 def supervisor_command(spec_path: Path) -> list[str]:
@@ -179,6 +211,7 @@ class Launcher:
         self._selector = selectors.DefaultSelector()
         self._watched: dict[int, int] = {}  # pidfd -> job id
         self._already_exited: list[int] = []  # watched after their process had ended
+        self._polled: dict[int, tuple[int, str | None]] = {}  # job id -> pid, start: no pidfd
         self._lock = threading.Lock()
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._selector.register(self._wake_r, selectors.EVENT_READ)
@@ -303,7 +336,7 @@ class Launcher:
             job_dir.mkdir(parents=True, mode=0o700)
             self.log_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise StartError(f"cannot prepare job directories: {exc}") from None
+            raise _start_error("cannot prepare job directories", exc) from None
         log_path = self.log_path(job.id)
         spec: dict[str, Any] = {
             "job_id": job.id,
@@ -324,13 +357,13 @@ class Launcher:
             # the machine the job's fate is settled from its exit record, never its spec.
             write_json_atomically(spec_path, spec, durable=False)
         except OSError as exc:
-            raise StartError(f"cannot write the job's spec: {exc}") from None
+            raise _start_error("cannot write the job's spec", exc) from None
         pid = self._fork_via_zygote(spec_path)
         via = "zygote"
         if pid is None:
             pid, via = self._popen_supervisor(spec_path), "popen"
         start_time = process_start_time(pid) or "0"
-        self.watch(job.id, pid)
+        self.watch(job.id, pid, start_time)
         return Started(pid, start_time, str(log_path), via)
 
     def _popen_supervisor(self, spec_path: Path) -> int:
@@ -347,26 +380,57 @@ class Launcher:
                     cwd="/",
                 )
         except OSError as exc:
-            raise StartError(f"cannot start the job's supervisor: {exc}") from None
+            raise _start_error("cannot start the job's supervisor", exc) from None
         with self._lock:
             self._children[process.pid] = process
         return process.pid
 
-    def watch(self, job_id: int, pid: int) -> None:
+    def watch(self, job_id: int, pid: int, start_time: str | None = None) -> None:
         """Call on_exit(job_id) once `pid` exits (also for supervisors adopted after a restart).
 
         on_exit is always called from the watcher thread, never from here: the caller
         may be in the middle of a scheduling pass, where an end must not be settled.
+        `start_time` (process_start_time) tells the process from a later one with its pid
+        while it has to be polled.
         """
         with self._lock:
             try:
                 pidfd = os.pidfd_open(pid)
             except ProcessLookupError:
                 self._already_exited.append(job_id)
+            except OSError as exc:  # out of open files: poll until a pidfd can be had
+                if not self._polled:
+                    log.warning("cannot watch job %s through a pidfd (%s): polling", job_id, exc)
+                self._polled[job_id] = (pid, start_time)
             else:
                 self._watched[pidfd] = job_id
                 self._selector.register(pidfd, selectors.EVENT_READ)
-        os.write(self._wake_w, b"x")
+        with contextlib.suppress(BlockingIOError):  # a full pipe: the loop wakes anyway
+            os.write(self._wake_w, b"x")
+
+    def _poll_unwatched(self) -> list[int]:
+        """Jobs polled for want of a pidfd: those whose process ended; a pidfd for the rest."""
+        exited = []
+        with self._lock:
+            for job_id, (pid, start_time) in list(self._polled.items()):
+                try:
+                    pidfd = os.pidfd_open(pid)
+                except ProcessLookupError:
+                    pidfd = None
+                except OSError:  # still out of files
+                    if _still_running(pid, start_time):
+                        continue
+                    pidfd = None
+                if pidfd is not None and _still_running(pid, start_time):
+                    self._watched[pidfd] = job_id
+                    self._selector.register(pidfd, selectors.EVENT_READ)
+                elif pidfd is not None:
+                    os.close(pidfd)  # the pid is another process's by now
+                    pidfd = None
+                if pidfd is None:
+                    exited.append(job_id)
+                del self._polled[job_id]
+        return exited
 
     def _watch_loop(self) -> None:
         while not self._stopping:
@@ -381,6 +445,12 @@ class Launcher:
                         exited = [self._watched.pop(fd)]
                         self._selector.unregister(fd)
                         os.close(fd)
+                if exited:
+                    self._reap_children()
+                for job_id in exited:
+                    self._exited(job_id)
+            if self._polled:
+                exited = self._poll_unwatched()
                 if exited:
                     self._reap_children()
                 for job_id in exited:

@@ -55,6 +55,7 @@ from gpusched.policy import (
     plan,
 )
 from gpusched.policy_inputs import capacity_bytes, epoch_seconds, gpu_slot, running_claim
+from gpusched.ratelog import RateLimitedLog
 from gpusched.store import NewJob, Queued, Store
 from gpusched.units import format_size
 
@@ -98,6 +99,7 @@ class Scheduler(JobEndings):
         # Called with a job's id once it has ended, and whether it has notification hooks
         # to run. Called under the scheduler lock, so each must only hand the id over.
         self.end_listeners: list[Callable[[int, bool], None]] = []
+        self.trouble = RateLimitedLog(log)  # problems that recur every pass, said once a minute
 
     # -- the tick -----------------------------------------------------------------------
 
@@ -267,6 +269,11 @@ class Scheduler(JobEndings):
         try:
             started = self.launcher.start(job, env, info.umask, info.gid)
         except StartError as exc:
+            # Out of files, memory or tasks for now: the job keeps its place in the queue
+            # and the next pass tries again (said once a minute, not once a pass).
+            if exc.transient and self.store.unmark_running(job_id):
+                self.trouble.warning("start", f"job {job_id} cannot start yet: {exc}: queued")
+                return
             log.warning("job %s failed to start: %s", job_id, exc)
             self._end(job_id, JobState.FAILED, EndReason.FAILED_TO_START, detail=str(exc))
             return
