@@ -80,6 +80,10 @@ class Config:
     on_finish: tuple[str, ...] | None = None  # argv run as each job's owner when it ends
     hook_timeout_s: float = 30.0
     metrics_address: tuple[str, int] | None = None  # (host, port) for Prometheus; None: off
+    # Every listener's clients (listening.py): idle time allowed between requests, and the
+    # whole time one request may take to arrive however it trickles in (slowloris).
+    client_idle_timeout_s: float = 60.0
+    client_request_timeout_s: float = 30.0
     default_limits: UserLimits = UserLimits()
     user_limits: Mapping[str, UserLimits] = field(default_factory=dict)
     source: str | None = None  # the file this came from, for messages
@@ -200,6 +204,8 @@ def _convert(source: str, key: str, value: Any, base: Config) -> dict[str, Any]:
             return {"hook_timeout_s": parse_duration(value)}
         if key == "metrics":
             return {"metrics_address": parse_address(value)}
+        if key in ("client_idle_timeout", "client_request_timeout"):
+            return {f"{key}_s": parse_duration(value)}
         if key == "admins":
             items = value or []
             if not isinstance(items, list) or not all(isinstance(i, str) for i in items):

@@ -3,8 +3,9 @@
 It serves GET (and HEAD) of a fixed table of paths, one request per connection
 (HTTP/1.0, `Connection: close`), for the metrics endpoint now and the dashboard to
 come. Its bounds are the listener's: connections in all and per source address, a
-deadline for the whole request head (a client trickling it a byte at a time is dropped),
-a size cap on that head, and a deadline for sending the reply.
+deadline for the whole request head from the connection on (a client trickling it a
+byte at a time is dropped), a size cap on that head, and the same deadline for sending
+the reply.
 
 A route is a function returning a `Response`; an error in it is a 500 for that request.
 """
@@ -23,7 +24,6 @@ log = logging.getLogger("gpusched.http")
 
 MAX_HTTP_CONNECTIONS = 32  # a scraper (or a few people's browsers) needs a handful
 MAX_HTTP_CONNECTIONS_PER_ADDRESS = 4
-HTTP_DEADLINE_S = 10.0  # the whole request head must arrive within it; so must the reply go
 MAX_HEAD_BYTES = 16 * 1024
 
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed"}
@@ -73,10 +73,15 @@ class HttpListener(Listener):
     name = "http"
 
     def __init__(
-        self, sock: socket.socket, routes: Mapping[str, Callable[[], Response]], name: str
+        self,
+        sock: socket.socket,
+        routes: Mapping[str, Callable[[], Response]],
+        name: str,
+        deadline_s: Callable[[], float],
     ) -> None:
         self.name = name
         self.routes = routes
+        self.deadline_s = deadline_s  # read at each connection: a config reload applies
         super().__init__(sock, Slots(MAX_HTTP_CONNECTIONS, MAX_HTTP_CONNECTIONS_PER_ADDRESS))
 
     def client_of(self, conn: socket.socket, address: Any) -> Hashable:
@@ -86,7 +91,8 @@ class HttpListener(Listener):
         return render(_text(503, message))
 
     def serve(self, conn: socket.socket, client: Hashable) -> None:
-        reader = DeadlineReader(conn, HTTP_DEADLINE_S, HTTP_DEADLINE_S)
+        deadline_s = self.deadline_s()
+        reader = DeadlineReader(conn, deadline_s, deadline_s)
         reader.next_request(pending=True)  # the deadline runs from the connection
         try:
             head = _read_head(reader)
@@ -110,7 +116,7 @@ class HttpListener(Listener):
                 except Exception:  # one failed page must not end the connection's thread
                     log.exception("%s: %s failed", self.name, target)
                     response = _text(500, "internal error (see the daemon's log)")
-        conn.settimeout(HTTP_DEADLINE_S)  # sendall's timeout bounds the whole reply
+        conn.settimeout(deadline_s)  # sendall's timeout bounds the whole reply
         try:
             conn.sendall(render(response, head_only))
         except OSError:

@@ -35,6 +35,7 @@ from typing import Any
 
 import psutil
 
+from gpusched.fdbudget import FD_RESERVE, files_left
 from gpusched.models import Job
 from gpusched.supervisor import write_json_atomically
 from gpusched.zygote import recorded_pid, recorded_supervisor
@@ -395,6 +396,8 @@ class Launcher:
         """
         with self._lock:
             try:
+                if files_left() < FD_RESERVE:  # the reserve is for starting jobs, not this
+                    raise OSError(errno.EMFILE, "open files down to the reserve")
                 pidfd = os.pidfd_open(pid)
             except ProcessLookupError:
                 self._already_exited.append(job_id)
@@ -412,8 +415,12 @@ class Launcher:
         """Jobs polled for want of a pidfd: those whose process ended; a pidfd for the rest."""
         exited = []
         with self._lock:
+            spare = files_left() - FD_RESERVE
             for job_id, (pid, start_time) in list(self._polled.items()):
                 try:
+                    if spare <= 0:
+                        raise OSError(errno.EMFILE, "open files down to the reserve")
+                    spare -= 1
                     pidfd = os.pidfd_open(pid)
                 except ProcessLookupError:
                     pidfd = None

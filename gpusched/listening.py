@@ -11,8 +11,10 @@ to come) runs a `Listener`. What it owns:
   then exits non-zero so systemd restarts it, rather than stay "active" while deaf.
 - Connection slots: a cap in all and a cap per client (a uid on the Unix socket, a
   source address on TCP), so one client's idle connections cannot take everybody's.
-- A reserve of open files: when fewer than `fd_reserve` remain, new connections are
-  told to come back later, so starting jobs, watching them and the database keep theirs.
+- A reserve of open files: when fewer than `fd_reserve` remain, a client that already
+  holds two connections is told to come back later (under half of it, every client is), so
+  starting jobs, watching them and the database keep theirs, and a flood of one client
+  does not shut out another's first connection.
 - Spare threads, started with the listener: when no new thread can start, a connection is
   served by an idle spare (one per client at a time), so someone can still cancel the job
   that filled the task limit.
@@ -25,20 +27,21 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
-import os
 import queue
-import resource
 import socket
 import threading
 import time
 from collections.abc import Hashable
 from typing import Any
 
+from gpusched.fdbudget import FD_RESERVE, FdReserve
 from gpusched.ratelog import RateLimitedLog
 
 log = logging.getLogger("gpusched.listening")
 
-FD_RESERVE = 64  # open files kept for jobs and the database (see FdReserve)
+# Short of files, a client may still open this many: one, and the next of a client that
+# connects once per request (the CLI), whose last slot may not be given back yet.
+SHORT_PER_CLIENT = 2
 SPARE_THREADS = 2  # started up front: they serve when the task limit stops new threads
 BACKOFF_MIN_S = 0.01
 BACKOFF_MAX_S = 1.0
@@ -81,42 +84,10 @@ class Slots:
         with self._lock:
             return self._count
 
-
-def open_fds() -> int:
-    try:
-        return len(os.listdir("/proc/self/fd")) - 1  # listdir's own descriptor
-    except OSError:
-        return 0  # cannot tell (or out of files this very moment): let accept decide
-
-
-class FdReserve:
-    """Whether fewer than `reserve` open files remain under the soft limit.
-
-    Counting /proc/self/fd costs a little per open file, so a count is reused for a
-    moment unless connections accepted since could have used up the margin.
-    """
-
-    RECOUNT_S = 0.2
-
-    def __init__(self, reserve: int) -> None:
-        self.reserve = reserve
-        self._counted_at = -1e9
-        self._count = 0
-        self._since = 0
-        self._lock = threading.Lock()
-
-    def short(self) -> bool:
+    def of(self, client: Hashable) -> int:
+        """Connections `client` holds now."""
         with self._lock:
-            limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-            if limit == resource.RLIM_INFINITY:
-                return False
-            now = time.monotonic()
-            estimate = self._count + self._since
-            if now - self._counted_at > self.RECOUNT_S or limit - estimate < 2 * self.reserve:
-                self._count, self._counted_at, self._since = open_fds(), now, 0
-                estimate = self._count
-            self._since += 1
-            return limit - estimate < self.reserve
+            return self._held.get(client, 0)
 
 
 class DeadlineReader:
@@ -213,31 +184,35 @@ class Listener:
                 backoff = _pause(backoff)
                 continue
             try:
-                if self._admit(conn, address):
-                    backoff = 0.0
-                    continue
+                self._admit(conn, address)
             except Exception as exc:  # one connection's trouble is never the loop's
                 self.trouble.warning("admit", f"{self.name}: dropped a connection: {exc!r}")
                 conn.close()
-            backoff = _pause(backoff)
+                backoff = _pause(backoff)
+                continue
+            backoff = 0.0
 
-    def _admit(self, conn: socket.socket, address: Any) -> bool:
-        """Hand the connection to a thread, or refuse it; False: back off before the next."""
-        if self.fds.short():
-            self.trouble.warning(
-                "fds", f"{self.name}: fewer than {self.fds.reserve} open files left: refusing"
-            )
-            refuse(conn, self.refusal("the server is short of open files: try again shortly"))
-            return False
+    def _admit(self, conn: socket.socket, address: Any) -> None:
+        """Hand the connection to a thread, or refuse it (at once: backing off here would
+        keep the next client waiting in the backlog behind a refused flood)."""
         try:
             client = self.client_of(conn, address)
         except OSError:
             conn.close()
-            return True
+            return
+        left = self.fds.left()
+        if left < self.fds.reserve and (
+            self.slots.of(client) >= SHORT_PER_CLIENT or left < self.fds.reserve // 2
+        ):
+            self.trouble.warning(
+                "fds", f"{self.name}: {left} open files left (reserve {self.fds.reserve}): refusing"
+            )
+            refuse(conn, self.refusal("the server is short of open files: try again shortly"))
+            return
         why = self.slots.take(client)
         if why is not None:
             refuse(conn, self.refusal(why))
-            return True
+            return
         try:
             threading.Thread(target=self._run, args=(conn, client), daemon=True).start()
         except RuntimeError as exc:  # "can't start new thread": the task limit is reached
@@ -245,8 +220,6 @@ class Listener:
             if not self._to_spare(conn, client):
                 self.slots.give_back(client)
                 refuse(conn, self.refusal("the server cannot start a thread: try again shortly"))
-            return False
-        return True
 
     def _run(self, conn: socket.socket, client: Hashable) -> None:
         try:

@@ -214,7 +214,12 @@ class MetricsServer:
         def scrape() -> Response:
             return Response(200, CONTENT_TYPE_LATEST, generate_latest(registry))
 
-        listener = HttpListener(sock, {"/metrics": scrape}, name="metrics")
+        listener = HttpListener(
+            sock,
+            {"/metrics": scrape},
+            name="metrics",
+            deadline_s=lambda: scheduler.config.client_request_timeout_s,
+        )
         bound = (host, int(sock.getsockname()[1]))
         log.info("metrics on http://%s:%s/metrics", *bound)
         return cls(listener, bound)

@@ -40,10 +40,6 @@ log = logging.getLogger("gpusched.server")
 
 MAX_CONNECTIONS = 512
 MAX_CONNECTIONS_PER_USER = 64
-IDLE_TIMEOUT_S = 60.0  # between requests; also the most a reply may take to be read
-# From a request's first byte to its newline: a submit is at most 4 MiB, seconds over a
-# Unix socket, and a client trickling bytes (slowloris) loses its slot after this.
-REQUEST_DEADLINE_S = 30.0
 HIDDEN_COMMAND = ["(hidden)"]
 
 
@@ -122,14 +118,17 @@ class Server:
         """Answer requests until the client closes, stalls, or trickles (the caller closes)."""
         try:
             caller = self._identify(conn)
-            reader = DeadlineReader(conn, IDLE_TIMEOUT_S, REQUEST_DEADLINE_S)
+            # Idle: between requests, and the most a reply may take to be read. Request:
+            # a submit is at most 4 MiB, well under a second over a Unix socket.
+            idle_s = self.config.client_idle_timeout_s
+            reader = DeadlineReader(conn, idle_s, self.config.client_request_timeout_s)
             buffer = bytearray()
             while True:
                 reader.next_request(pending=bool(buffer))
                 try:
                     frame = read_frame(reader, buffer)
                 except ProtocolError as exc:
-                    conn.settimeout(IDLE_TIMEOUT_S)
+                    conn.settimeout(idle_s)
                     conn.sendall(encode(error_reply(exc)))
                     return  # the stream is out of step: drop this connection only
                 if frame is None:
@@ -141,7 +140,7 @@ class Server:
                     data = encode(error_reply(exc))
                 # sendall's timeout bounds the whole reply: a client that does not read
                 # cannot hold its slot (and the reply's memory) forever.
-                conn.settimeout(IDLE_TIMEOUT_S)
+                conn.settimeout(idle_s)
                 conn.sendall(data)
         except (OSError, TimeoutError):
             return  # the client went away, stalled or trickled: nothing to answer
