@@ -12,7 +12,7 @@ to come) runs a `Listener`. What it owns:
 - Connection slots: a cap in all and a cap per client (a uid on the Unix socket, a
   source address on TCP), so one client's idle connections cannot take everybody's.
 - A reserve of open files: when fewer than `fd_reserve` remain, a client that already
-  holds two connections is told to come back later (under half of it, every client is), so
+  holds four connections is told to come back later (under half of it, every client is), so
   starting jobs, watching them and the database keep theirs, and a flood of one client
   does not shut out another's first connection.
 - Spare threads, started with the listener: when no new thread can start, a connection is
@@ -39,9 +39,10 @@ from gpusched.ratelog import RateLimitedLog
 
 log = logging.getLogger("gpusched.listening")
 
-# Short of files, a client may still open this many: one, and the next of a client that
-# connects once per request (the CLI), whose last slot may not be given back yet.
-SHORT_PER_CLIENT = 2
+# Short of files, a client may still open this many: enough for a client that connects
+# once per request (the CLI) and whose last slots are not given back yet, few enough that
+# nobody takes the reserve.
+SHORT_PER_CLIENT = 4
 SPARE_THREADS = 2  # started up front: they serve when the task limit stops new threads
 BACKOFF_MIN_S = 0.01
 BACKOFF_MAX_S = 1.0
