@@ -15,9 +15,9 @@ to come) runs a `Listener`. What it owns:
   holds four connections is told to come back later (under half of it, every client is), so
   starting jobs, watching them and the database keep theirs, and a flood of one client
   does not shut out another's first connection.
-- Spare threads, started with the listener: when no new thread can start, a connection is
-  served by an idle spare (one per client at a time), so someone can still cancel the job
-  that filled the task limit.
+- Spare threads, started with the listener: when no new thread can start, a connection
+  waits for a spare (two per client at a time, so one client cannot hold them all), so
+  someone can still cancel the job that filled the task limit.
 - `DeadlineReader`: an idle timeout between requests and a total deadline per request,
   so a client that trickles a byte every few seconds (slowloris) cannot hold a slot.
 """
@@ -43,7 +43,8 @@ log = logging.getLogger("gpusched.listening")
 # once per request (the CLI) and whose last slots are not given back yet, few enough that
 # nobody takes the reserve.
 SHORT_PER_CLIENT = 4
-SPARE_THREADS = 2  # started up front: they serve when the task limit stops new threads
+SPARE_THREADS = 4  # started up front: they serve when the task limit stops new threads
+SPARE_PER_CLIENT = 2  # connections of one client served or waiting for a spare at once
 BACKOFF_MIN_S = 0.01
 BACKOFF_MAX_S = 1.0
 # Errors of `accept` that say the listening socket is gone, not that one connection or a
@@ -147,7 +148,7 @@ class Listener:
         self.trouble = RateLimitedLog(log)
         self._stopping = False
         self._spare_work: queue.Queue[tuple[socket.socket, Hashable]] = queue.Queue()
-        self._spares_busy: dict[Hashable, None] = {}  # clients a spare is serving
+        self._spares_busy: dict[Hashable, int] = {}  # client -> its connections for spares
         self._spares_lock = threading.Lock()
         self._spare_count = spares
         for i in range(spares):
@@ -232,11 +233,16 @@ class Listener:
             self.slots.give_back(client)
 
     def _to_spare(self, conn: socket.socket, client: Hashable) -> bool:
-        """Give the connection to an idle spare thread (one per client); False: none."""
+        """Queue the connection for a spare thread; False: the client or the queue is full.
+
+        A client's next connection may wait behind its last (a CLI connects once per
+        request, and a spare sees the last one end a moment after the client does).
+        """
         with self._spares_lock:
-            if len(self._spares_busy) >= self._spare_count or client in self._spares_busy:
+            mine = self._spares_busy.get(client, 0)
+            if mine >= SPARE_PER_CLIENT or sum(self._spares_busy.values()) >= 2 * self._spare_count:
                 return False
-            self._spares_busy[client] = None
+            self._spares_busy[client] = mine + 1
         self._spare_work.put((conn, client))
         return True
 
@@ -247,7 +253,9 @@ class Listener:
                 self._run(conn, client)
             finally:
                 with self._spares_lock:
-                    self._spares_busy.pop(client, None)
+                    left = self._spares_busy.pop(client, 1) - 1
+                    if left:
+                        self._spares_busy[client] = left
 
     def close(self) -> None:
         self._stopping = True
