@@ -15,6 +15,7 @@ SQLAlchemy, APScheduler or pynvml.
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import shlex
 import shutil
@@ -151,7 +152,10 @@ class Client:
                     f"cannot reach the gpusched daemon at {self.socket_path}: permission denied"
                 ) from None
             sock.settimeout(self._reply_timeout_s)
-            sock.sendall(encode({"op": op, **args}))
+            # A daemon that refuses a connection (too many, out of files) says why and
+            # closes at once: its reason is still there to read after a broken pipe.
+            with contextlib.suppress(BrokenPipeError):
+                sock.sendall(encode({"op": op, **args}))
             frame = read_frame(sock, bytearray(), limit=MAX_REPLY_BYTES)
         except (TimeoutError, ConnectionResetError, BrokenPipeError) as exc:
             raise DaemonUnreachable(

@@ -84,6 +84,10 @@ class Config:
     hooks_total: int = 8  # hooks running at once, all users together
     hook_output_max_bytes: int = 64 * 2**10  # a hook's output kept; at the limit, cut
     metrics_address: tuple[str, int] | None = None  # (host, port) for Prometheus; None: off
+    # Every listener's clients (listening.py): idle time allowed between requests, and the
+    # whole time one request may take to arrive however it trickles in (slowloris).
+    client_idle_timeout_s: float = 60.0
+    client_request_timeout_s: float = 30.0
     default_limits: UserLimits = UserLimits()
     user_limits: Mapping[str, UserLimits] = field(default_factory=dict)
     source: str | None = None  # the file this came from, for messages
@@ -208,6 +212,8 @@ def _convert(source: str, key: str, value: Any, base: Config) -> dict[str, Any]:
             return _hook_bound(key, value)
         if key == "metrics":
             return {"metrics_address": parse_address(value)}
+        if key in ("client_idle_timeout", "client_request_timeout"):
+            return {f"{key}_s": parse_duration(value)}
         if key == "admins":
             items = value or []
             if not isinstance(items, list) or not all(isinstance(i, str) for i in items):

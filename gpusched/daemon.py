@@ -7,6 +7,11 @@ Signals only set flags or wake the main thread; the main thread acts. SIGTERM an
 SIGINT stop scheduling and close the database; running jobs keep running (each
 under its own supervisor, in its own session) and are re-adopted by the next start.
 SIGHUP reloads the configuration file; a bad new file is logged and the old one kept.
+
+The daemon raises its open-file soft limit to the hard limit (each running job holds a
+pidfd, each client a socket). Its listeners run in threads; should one end (its socket
+broke: see listening.py), the daemon stops and exits 1, so that systemd restarts it
+rather than keep a process that is "active" and deaf.
 """
 
 from __future__ import annotations
@@ -14,9 +19,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import resource
 import signal
 import socket
 import threading
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -31,6 +38,7 @@ from gpusched.errors import ConfigError, GpuschedError
 from gpusched.gpus import Probe, SimulatedProbe
 from gpusched.hooks import HookRunner
 from gpusched.launcher import Launcher
+from gpusched.ratelog import RateLimitedLog
 from gpusched.scheduler import Scheduler
 from gpusched.server import Server
 from gpusched.store import Store
@@ -84,6 +92,20 @@ def _check_dirs_are_ours(config: Config) -> None:
         )
 
 
+def raise_open_file_limit() -> None:
+    """Soft limit up to the hard one: systemd's soft default (1024) is the whole budget
+    of a daemon holding a pidfd per running job and a socket per client."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft in (hard, resource.RLIM_INFINITY):
+        return
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (OSError, ValueError) as exc:
+        log.warning("cannot raise the open-file limit from %s to %s: %s", soft, hard, exc)
+    else:
+        log.info("open files: soft limit raised from %s to %s", soft, hard)
+
+
 def _prepare_dirs(config: Config) -> None:
     # Everything the daemon creates is private unless opened up on purpose below; jobs
     # get their submitter's umask explicitly.
@@ -110,6 +132,7 @@ class Daemon:
             os.getpid(),
             "system mode" if os.geteuid() == 0 else "single-user mode",
         )
+        raise_open_file_limit()
         self.probe = make_probe(config)
         self.probe.snapshot()  # fail now, with the driver's message, not at the first tick
         log.info("GPUs: %s", self.probe.describe())
@@ -126,6 +149,8 @@ class Daemon:
         self.server = Server(self.scheduler, config.socket_path)
         self.reload_requested = False
         self.stop_requested = threading.Event()
+        self._listeners: dict[str, threading.Thread] = {}  # name -> thread: must not end
+        self._trouble = RateLimitedLog(log)
         self._ticks = BackgroundScheduler(
             executors={"default": ThreadPoolExecutor(2)}, timezone=timezone.utc
         )
@@ -143,8 +168,11 @@ class Daemon:
     def _tick(self) -> None:
         try:
             self.scheduler.tick()
-        except Exception:  # one bad tick must not end the loop; the next one retries
-            log.exception("scheduling pass failed")
+        except Exception as exc:  # one bad tick must not end the loop; the next one retries
+            # A pass that fails every poll the same way (out of open files: EMFILE) is said
+            # once a minute, with its traceback, not every two seconds.
+            key = f"tick: {type(exc).__name__} {getattr(exc, 'errno', '')}"
+            self._trouble.warning(key, f"scheduling pass failed: {exc!r}", exc_info=True)
 
     def run(self) -> int:
         # Warm up the supervisor zygote while we re-adopt jobs and bind the socket.
@@ -176,14 +204,22 @@ class Daemon:
             next_run_time=datetime.now(timezone.utc),
         )
         self._ticks.start()
-        threading.Thread(target=self.server.serve_forever, name="server", daemon=True).start()
+        self._listen("socket", self.server.serve_forever)
+        if self.metrics is not None:
+            self._listen("metrics", self.metrics.serve_forever)
         self._install_signals()
         sd_notify("READY=1\nSTATUS=scheduling")
         log.info("ready: listening on %s", self.config.socket_path)
+        status = 0
         while not self.stop_requested.wait(0.5):
             if self.reload_requested:
                 self.reload_requested = False
                 self._reload()
+            dead = [name for name, thread in self._listeners.items() if not thread.is_alive()]
+            if dead:
+                log.critical("the %s listener ended: exiting for a restart", dead[0])
+                status = 1
+                break
         sd_notify("STOPPING=1")
         log.info("stopping: running jobs keep running and will be re-adopted at the next start")
         self.server.close()
@@ -194,7 +230,12 @@ class Daemon:
             self.metrics.close()
         self.store.close()
         self.probe.close()
-        return 0
+        return status
+
+    def _listen(self, name: str, serve_forever: Callable[[], None]) -> None:
+        thread = threading.Thread(target=serve_forever, name=name, daemon=True)
+        thread.start()
+        self._listeners[name] = thread
 
     def _install_signals(self) -> None:
         def stop(_signum: int, _frame: object) -> None:

@@ -298,7 +298,7 @@ class JobEndings:
                         self.store.set_pid(job.id, pid, start_time)
                 if pid is not None and self.launcher.is_running(pid, start_time):
                     log.info("job %s still running (pid %s): re-adopted", job.id, pid)
-                    self.launcher.watch(job.id, pid)
+                    self.launcher.watch(job.id, pid, start_time)
                     self.probe.note_job_started(pid, job.gpu_uuids, job.mem)
                 else:
                     outcome = self.launcher.outcome(job.id)

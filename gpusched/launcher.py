@@ -5,8 +5,9 @@ the state directory, has the zygote (gpusched.zygote) fork a supervisor for it, 
 when the zygote is gone or not answering starts `python -m gpusched.supervisor` in a
 new session itself, and watches the supervisor through a pidfd, which works the same
 for a child, for the zygote's child and for a supervisor adopted after a daemon
-restart. When a supervisor exits, its outcome is read from `exit.json` (written by the
-supervisor before it exits).
+restart; when the daemon is out of open files (a pidfd is one per running job), the
+supervisor is polled once a second instead until a pidfd can be had. When a supervisor
+exits, its outcome is read from `exit.json` (written by the supervisor before it exits).
 
 A process is identified by its pid *and* its start time: after a restart, a pid
 recorded in the database may belong to an unrelated process by now.
@@ -15,6 +16,7 @@ recorded in the database may belong to an unrelated process by now.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -34,9 +36,10 @@ import psutil
 
 from gpusched.config_holder import ConfigHolder
 from gpusched.environment import job_environment  # noqa: F401 - hooks.py imports it from here
-from gpusched.launching import Outcome, OutcomeKind, Started, StartError
+from gpusched.fdbudget import FD_RESERVE, files_left
+from gpusched.launching import Outcome, OutcomeKind, Started, StartError, start_error
 from gpusched.models import Job
-from gpusched.pidref import is_same_process, process_start_time
+from gpusched.pidref import is_same_process, process_start_time, still_running
 from gpusched.supervisor import write_json_atomically
 from gpusched.zygote import recorded_pid, recorded_supervisor
 
@@ -107,6 +110,7 @@ class Launcher:
         self._selector = selectors.DefaultSelector()
         self._watched: dict[int, int] = {}  # pidfd -> job id
         self._already_exited: list[int] = []  # watched after their process had ended
+        self._polled: dict[int, tuple[int, str | None]] = {}  # job id -> pid, start: no pidfd
         self._lock = threading.Lock()
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._selector.register(self._wake_r, selectors.EVENT_READ)
@@ -231,7 +235,7 @@ class Launcher:
             job_dir.mkdir(parents=True, mode=0o700)
             self.log_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise StartError(f"cannot prepare job directories: {exc}") from None
+            raise start_error("cannot prepare job directories", exc) from None
         log_path = self.log_path(job.id)
         spec: dict[str, Any] = {
             "job_id": job.id,
@@ -254,13 +258,13 @@ class Launcher:
             # the machine the job's fate is settled from its exit record, never its spec.
             write_json_atomically(spec_path, spec, durable=False)
         except OSError as exc:
-            raise StartError(f"cannot write the job's spec: {exc}") from None
+            raise start_error("cannot write the job's spec", exc) from None
         pid = self._fork_via_zygote(spec_path)
         via = "zygote"
         if pid is None:
             pid, via = self._popen_supervisor(spec_path), "popen"
         start_time = process_start_time(pid) or "0"
-        self.watch(job.id, pid)
+        self.watch(job.id, pid, start_time)
         return Started(pid, start_time, str(log_path), via)
 
     def _popen_supervisor(self, spec_path: Path) -> int:
@@ -277,26 +281,63 @@ class Launcher:
                     cwd="/",
                 )
         except OSError as exc:
-            raise StartError(f"cannot start the job's supervisor: {exc}") from None
+            raise start_error("cannot start the job's supervisor", exc) from None
         with self._lock:
             self._children[process.pid] = process
         return process.pid
 
-    def watch(self, job_id: int, pid: int) -> None:
+    def watch(self, job_id: int, pid: int, start_time: str | None = None) -> None:
         """Call on_exit(job_id) once `pid` exits (also for supervisors adopted after a restart).
 
         on_exit is always called from the watcher thread, never from here: the caller
         may be in the middle of a scheduling pass, where an end must not be settled.
+        `start_time` (process_start_time) tells the process from a later one with its pid
+        while it has to be polled.
         """
         with self._lock:
             try:
+                if files_left() < FD_RESERVE:  # the reserve is for starting jobs, not this
+                    raise OSError(errno.EMFILE, "open files down to the reserve")
                 pidfd = os.pidfd_open(pid)
             except ProcessLookupError:
                 self._already_exited.append(job_id)
+            except OSError as exc:  # out of open files: poll until a pidfd can be had
+                if not self._polled:
+                    log.warning("cannot watch job %s through a pidfd (%s): polling", job_id, exc)
+                self._polled[job_id] = (pid, start_time)
             else:
                 self._watched[pidfd] = job_id
                 self._selector.register(pidfd, selectors.EVENT_READ)
-        os.write(self._wake_w, b"x")
+        with contextlib.suppress(BlockingIOError):  # a full pipe: the loop wakes anyway
+            os.write(self._wake_w, b"x")
+
+    def _poll_unwatched(self) -> list[int]:
+        """Jobs polled for want of a pidfd: those whose process ended; a pidfd for the rest."""
+        exited = []
+        with self._lock:
+            spare = files_left() - FD_RESERVE
+            for job_id, (pid, start_time) in list(self._polled.items()):
+                try:
+                    if spare <= 0:
+                        raise OSError(errno.EMFILE, "open files down to the reserve")
+                    spare -= 1
+                    pidfd = os.pidfd_open(pid)
+                except ProcessLookupError:
+                    pidfd = None
+                except OSError:  # still out of files
+                    if still_running(pid, start_time):
+                        continue
+                    pidfd = None
+                if pidfd is not None and still_running(pid, start_time):
+                    self._watched[pidfd] = job_id
+                    self._selector.register(pidfd, selectors.EVENT_READ)
+                elif pidfd is not None:
+                    os.close(pidfd)  # the pid is another process's by now
+                    pidfd = None
+                if pidfd is None:
+                    exited.append(job_id)
+                del self._polled[job_id]
+        return exited
 
     def _watch_loop(self) -> None:
         while not self._stopping:
@@ -311,6 +352,12 @@ class Launcher:
                         exited = [self._watched.pop(fd)]
                         self._selector.unregister(fd)
                         os.close(fd)
+                if exited:
+                    self._reap_children()
+                for job_id in exited:
+                    self._exited(job_id)
+            if self._polled:
+                exited = self._poll_unwatched()
                 if exited:
                     self._reap_children()
                 for job_id in exited:

@@ -7,6 +7,7 @@ it in memory (tests/fakes.py) to drive `Scheduler.tick()` without spawning a pro
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,8 +53,26 @@ class Outcome:
     message: str | None = None
 
 
+# Errors of starting a job that pass (out of files, memory or tasks): the job waits in
+# the queue for the next pass instead of failing.
+TRANSIENT_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EAGAIN})
+
+
 class StartError(Exception):
-    """The job could not be handed to a supervisor (the message is for the job's owner)."""
+    """The job could not be handed to a supervisor (the message is for the job's owner).
+
+    `transient`: it failed for want of a resource, before any supervisor existed, so the
+    job may be queued again.
+    """
+
+    def __init__(self, message: str, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient
+
+
+def start_error(what: str, exc: OSError) -> StartError:
+    """A StartError for an OS error, transient when it is one of TRANSIENT_ERRNOS."""
+    return StartError(f"{what}: {exc}", transient=exc.errno in TRANSIENT_ERRNOS)
 
 
 class JobLauncher(Protocol):
@@ -68,8 +87,9 @@ class JobLauncher(Protocol):
         """Hand the job to a new supervisor; raises StartError (a message for the owner)."""
         ...
 
-    def watch(self, job_id: int, pid: int) -> None:
-        """Call on_exit(job_id) once `pid` exits (also for a supervisor adopted at restart)."""
+    def watch(self, job_id: int, pid: int, start_time: str | None = None) -> None:
+        """Call on_exit(job_id) once `pid` exits (also for a supervisor adopted at restart);
+        `start_time` tells it from a later process with its pid while it has to be polled."""
         ...
 
     def outcome(self, job_id: int) -> Outcome:

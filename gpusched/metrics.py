@@ -19,14 +19,11 @@ Only the daemon imports this module (and prometheus_client), and only when metri
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import threading
 from collections.abc import Iterator
 from datetime import datetime
-from typing import Any
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -39,6 +36,7 @@ from sqlalchemy import func, select
 
 from gpusched import __version__
 from gpusched.errors import GpuschedError
+from gpusched.httpserve import HttpListener, Response, listening_socket
 from gpusched.models import TERMINAL_STATES, JobState
 from gpusched.scheduler import Scheduler
 from gpusched.store import jobs as jobs_table
@@ -189,31 +187,45 @@ def _histogram(name: str, help_text: str, values: list[float]) -> Metric:
 
 
 class MetricsServer:
-    """The HTTP endpoint (prometheus_client's own server, in a thread)."""
+    """The HTTP endpoint: /metrics on gpusched's own bounded HTTP listener (httpserve.py).
 
-    def __init__(self, server: Any, thread: threading.Thread, address: tuple[str, int]) -> None:
-        self._server = server
-        self._thread = thread
+    Not prometheus_client's server: that one gives each connection a thread with no cap
+    and no timeout, so idle connections to the port used up the daemon's open files.
+    """
+
+    def __init__(self, listener: HttpListener, address: tuple[str, int]) -> None:
+        self._listener = listener
         self.address = address
 
     @classmethod
     def start(cls, scheduler: Scheduler, address: tuple[str, int]) -> MetricsServer:
+        """Bind the port (the daemon runs `serve_forever` in a thread of its own)."""
         registry = CollectorRegistry(auto_describe=False)
         registry.register(GpuschedCollector(scheduler))
         host, port = address
         try:
-            server, thread = start_http_server(port, addr=host, registry=registry)
+            sock = listening_socket(host, port)
         except OSError as exc:
             raise GpuschedError(
                 f"metrics: cannot listen on {host}:{port}: {exc.strerror or exc};"
                 " change `metrics:` in the config or remove it"
             ) from None
-        bound = (host, int(server.server_address[1]))
+
+        def scrape() -> Response:
+            return Response(200, CONTENT_TYPE_LATEST, generate_latest(registry))
+
+        listener = HttpListener(
+            sock,
+            {"/metrics": scrape},
+            name="metrics",
+            deadline_s=lambda: scheduler.config.client_request_timeout_s,
+        )
+        bound = (host, int(sock.getsockname()[1]))
         log.info("metrics on http://%s:%s/metrics", *bound)
-        return cls(server, thread, bound)
+        return cls(listener, bound)
+
+    def serve_forever(self) -> None:
+        self._listener.serve_forever()
 
     def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self._server.shutdown()
-            self._server.server_close()
-        self._thread.join(timeout=5)
+        self._listener.close()

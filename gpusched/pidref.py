@@ -41,7 +41,7 @@ def process_start_time(pid: int) -> str | None:
 
     try:
         return repr(psutil.Process(pid).create_time())
-    except psutil.Error:
+    except (psutil.Error, OSError):  # OSError: out of open files to read /proc with
         return None
 
 
@@ -58,3 +58,19 @@ def is_same_process(pid: int, start_time: str | None) -> bool:
         )
     except psutil.Error:
         return False
+
+
+def still_running(pid: int, start_time: str | None) -> bool:
+    """For a polled job: is its process alive? True when that cannot be read right now
+    (out of open files to read /proc with: ask again at the next poll)."""
+    import psutil
+
+    try:
+        process = psutil.Process(pid)
+        if process.status() == psutil.STATUS_ZOMBIE:
+            return False
+        return start_time in (None, "0") or repr(process.create_time()) == start_time
+    except psutil.NoSuchProcess:
+        return False
+    except (psutil.Error, OSError):
+        return True

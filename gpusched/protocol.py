@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import socket
 import struct
-from typing import Any
+from typing import Any, Protocol
 
 from gpusched.errors import ERROR_KINDS, GpuschedError, ProtocolError
 
@@ -65,9 +65,13 @@ def decode(line: bytes, limit: int = MAX_FRAME_BYTES) -> dict[str, Any]:
     return value
 
 
-def read_frame(
-    sock: socket.socket, buffer: bytearray, limit: int = MAX_FRAME_BYTES
-) -> bytes | None:
+class Receiver(Protocol):
+    """A socket, or anything that reads from one (the daemon's reader adds deadlines)."""
+
+    def recv(self, size: int, /) -> bytes: ...
+
+
+def read_frame(sock: Receiver, buffer: bytearray, limit: int = MAX_FRAME_BYTES) -> bytes | None:
     """Read one newline-terminated frame; None at a clean end of stream.
 
     `buffer` carries bytes past the newline between calls on the same connection.

@@ -48,6 +48,7 @@ from gpusched.monitor import Overrun, UsageMonitor
 from gpusched.observe import Observation, observe, read_gpus
 from gpusched.policy import Placement, Plan, UserCap, plan
 from gpusched.policy_inputs import capacity_bytes, gpu_slot, running_claim, waiting_job
+from gpusched.ratelog import RateLimitedLog
 from gpusched.sanitize import command_for_log, quoted
 from gpusched.store import NewJob, Store
 from gpusched.units import format_size
@@ -99,6 +100,7 @@ class Scheduler:
             end_listeners=self.end_listeners,
         )
         launcher.on_exit = self.endings.on_job_exit
+        self.trouble = RateLimitedLog(log)  # problems that recur every pass, said once a minute
 
     def _wake(self) -> None:
         self.wake()  # late-bound: the daemon sets `wake` after we are built
@@ -214,6 +216,11 @@ class Scheduler:
         try:
             started = self.launcher.start(job, env, info.umask, info.gid)
         except StartError as exc:
+            # Out of files, memory or tasks for now: the job keeps its place in the queue
+            # and the next pass tries again (said once a minute, not once a pass).
+            if exc.transient and self.store.unmark_running(job_id):
+                self.trouble.warning("start", f"job {job_id} cannot start yet: {exc}: queued")
+                return
             log.warning("job %s failed to start: %s", job_id, quoted(str(exc), 500))
             self.endings.end(job_id, JobState.FAILED, EndReason.FAILED_TO_START, detail=str(exc))
             return

@@ -16,13 +16,14 @@ import contextlib
 import logging
 import os
 import socket
-import threading
+from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
 
 from gpusched.errors import GpuschedError, PermissionDenied, ProtocolError
 from gpusched.handlers import HANDLERS
 from gpusched.identity import Caller, user_name
+from gpusched.listening import DeadlineReader, Listener, Slots
 from gpusched.models import Job
 from gpusched.protocol import (
     MAX_REPLY_BYTES,
@@ -39,11 +40,29 @@ log = logging.getLogger("gpusched.server")
 
 MAX_CONNECTIONS = 512
 MAX_CONNECTIONS_PER_USER = 64
-IDLE_TIMEOUT_S = 60.0
 HIDDEN_COMMAND = ["(hidden)"]
 # Ends whose detail is gpusched's own words about public facts (a signal's name, who
 # cancelled, which dependency failed, the memory over the declared): shown to everyone.
 PUBLIC_DETAILS = frozenset({"signal", "cancelled", "dependency_failed", "overrun", "timeout"})
+
+
+class _SocketListener(Listener):
+    """The Unix socket's accept loop: clients are uids (SO_PEERCRED)."""
+
+    name = "socket"
+
+    def __init__(self, sock: socket.socket, server: Server) -> None:
+        self.server = server
+        super().__init__(sock, Slots(MAX_CONNECTIONS, MAX_CONNECTIONS_PER_USER))
+
+    def client_of(self, conn: socket.socket, address: Any) -> Hashable:
+        return f"uid {peer_credentials(conn)[1]}"
+
+    def serve(self, conn: socket.socket, client: Hashable) -> None:
+        self.server._serve(conn)
+
+    def refusal(self, message: str) -> bytes:
+        return encode(error_reply(GpuschedError(message)))
 
 
 class Server:
@@ -57,11 +76,7 @@ class Server:
         # Run by root: serve everyone, each as themselves. Run by a user: serve only that user.
         self.owner_uid = os.geteuid() if owner_uid is None else owner_uid
         self.single_user = self.owner_uid != 0
-        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
-        self._per_uid: dict[int, int] = {}
-        self._per_uid_lock = threading.Lock()
-        self._listener: socket.socket | None = None
-        self._stopping = False
+        self._listener: _SocketListener | None = None
 
     # -- listening ----------------------------------------------------------------------------
 
@@ -81,69 +96,42 @@ class Server:
             else:
                 probe.close()
                 raise GpuschedError(f"another gpusched daemon is already listening on {path}")
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        listener.bind(str(path))
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.bind(str(path))
         # Everyone may connect on a shared server: identity comes from SO_PEERCRED.
         os.chmod(path, 0o600 if self.single_user else 0o666)
-        listener.listen(128)
-        self._listener = listener
+        sock.listen(128)
+        self._listener = _SocketListener(sock, self)
 
     def serve_forever(self) -> None:
-        listener = self._listener
-        if listener is None:
+        """Accept until close(); raises only if the listening socket itself breaks."""
+        if self._listener is None:
             raise RuntimeError("serve_forever() before bind()")
-        while not self._stopping:
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                if self._stopping:
-                    return
-                raise
-            if not self._slots.acquire(blocking=False):
-                conn.close()  # too many clients at once: drop, never queue unboundedly
-                continue
-            try:
-                uid = peer_credentials(conn)[1]
-            except OSError:
-                conn.close()
-                self._slots.release()
-                continue
-            # One user's idle or stalled connections must not use up everybody's slots.
-            with self._per_uid_lock:
-                if self._per_uid.get(uid, 0) >= MAX_CONNECTIONS_PER_USER:
-                    refused = True
-                else:
-                    refused = False
-                    self._per_uid[uid] = self._per_uid.get(uid, 0) + 1
-            if refused:
-                message = f"too many open connections from uid {uid}"
-                with contextlib.suppress(OSError):
-                    conn.sendall(encode(error_reply(GpuschedError(message))))
-                conn.close()
-                self._slots.release()
-                continue
-            threading.Thread(target=self._serve, args=(conn, uid), daemon=True).start()
+        self._listener.serve_forever()
 
     def close(self) -> None:
-        self._stopping = True
         if self._listener is not None:
-            with contextlib.suppress(OSError):
-                self._listener.shutdown(socket.SHUT_RDWR)
             self._listener.close()
         with contextlib.suppress(FileNotFoundError):
             self.socket_path.unlink()
 
     # -- one connection -------------------------------------------------------------------------
 
-    def _serve(self, conn: socket.socket, uid: int) -> None:
+    def _serve(self, conn: socket.socket) -> None:
+        """Answer requests until the client closes, stalls, or trickles (the caller closes)."""
         try:
-            conn.settimeout(IDLE_TIMEOUT_S)
             caller = self._identify(conn)
+            # Idle: between requests, and the most a reply may take to be read. Request:
+            # a submit is at most 4 MiB, well under a second over a Unix socket.
+            idle_s = self.config.client_idle_timeout_s
+            reader = DeadlineReader(conn, idle_s, self.config.client_request_timeout_s)
             buffer = bytearray()
             while True:
+                reader.next_request(pending=bool(buffer))
                 try:
-                    frame = read_frame(conn, buffer)
+                    frame = read_frame(reader, buffer)
                 except ProtocolError as exc:
+                    conn.settimeout(idle_s)
                     conn.sendall(encode(error_reply(exc)))
                     return  # the stream is out of step: drop this connection only
                 if frame is None:
@@ -153,16 +141,12 @@ class Server:
                     data = encode(reply, limit=MAX_REPLY_BYTES)
                 except ProtocolError as exc:  # an answer no client would read: say so
                     data = encode(error_reply(exc))
+                # sendall's timeout bounds the whole reply: a client that does not read
+                # cannot hold its slot (and the reply's memory) forever.
+                conn.settimeout(idle_s)
                 conn.sendall(data)
         except (OSError, TimeoutError):
-            return  # the client went away or stalled: nothing to answer
-        except Exception:
-            log.exception("unexpected error serving a client")
-        finally:
-            conn.close()
-            with self._per_uid_lock:
-                self._per_uid[uid] -= 1
-            self._slots.release()
+            return  # the client went away, stalled or trickled: nothing to answer
 
     def _identify(self, conn: socket.socket) -> Caller:
         pid, uid, gid = peer_credentials(conn)

@@ -65,7 +65,7 @@ class FakeLauncher:
         del self.running[job_id]
         self.on_exit(job_id)
 
-    def watch(self, job_id: int, pid: int) -> None:
+    def watch(self, job_id: int, pid: int, start_time: str | None = None) -> None:
         self.running[job_id] = pid
 
     def outcome(self, job_id: int) -> Outcome:

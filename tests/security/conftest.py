@@ -64,8 +64,21 @@ class UnitLimits:
                 else int(Path("/proc/sys/kernel/pid_max").read_text()) * int(value[:-1]) // 100
             )
         if keys.get("MemoryMax", "infinity") not in ("infinity", ""):
-            limits.memory_max_bytes = parse_size(keys["MemoryMax"])
+            value = keys["MemoryMax"]
+            limits.memory_max_bytes = (
+                parse_size(value)
+                if not value.endswith("%")
+                else _mem_total_bytes() * int(value[:-1]) // 100
+            )
         return limits
+
+
+def _mem_total_bytes() -> int:
+    """Physical memory, as systemd reads it for `MemoryMax=N%`."""
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no MemTotal in /proc/meminfo")
 
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
