@@ -10,6 +10,8 @@ gpusched.supervisor's credentials, itself stdlib): no store, no scheduler.
 from __future__ import annotations
 
 import contextlib
+import errno
+import logging
 import os
 import pwd
 import subprocess
@@ -17,6 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpusched.supervisor import owner_credentials
+
+log = logging.getLogger("gpusched.identity")
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,7 @@ def account_gid(caller: Caller) -> int:
 # the job's own chdir), the path is an argument, never part of the script.
 _ENTER_SCRIPT = 'cd -P -- "$1"'
 ENTER_CHECK_TIMEOUT_S = 10.0
+_SHORT_OF_RESOURCES = frozenset({errno.EAGAIN, errno.ENOMEM, errno.EMFILE, errno.ENFILE})
 # util-linux's setpriv switches uid, gid and groups (real, effective and saved), then
 # execs. Started without a credentials change, Popen may vfork; with one it must fork the
 # whole daemon, which made a user's submit about twice as slow on a loaded test machine.
@@ -87,6 +92,13 @@ def can_enter(uid: int, gid: int, path: str) -> str | None:
     except ValueError:  # a NUL byte: no such path can exist
         return refused
     except OSError as exc:
+        if exc.errno in _SHORT_OF_RESOURCES:
+            # The server is out of tasks, memory or files right now (a job may have filled
+            # the service's task limit): this check is only an early answer, the job's own
+            # chdir, done as the user at its start, is the guarantee. Refusing here would
+            # turn one user's runaway job into everyone's failed submit.
+            log.warning("cannot check a working directory now (%s): left to the job's start", exc)
+            return None
         return f"cannot check working directory {path}: {exc.strerror}"
     try:
         code = check.wait(timeout=ENTER_CHECK_TIMEOUT_S)
