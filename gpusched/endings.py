@@ -99,16 +99,24 @@ class JobEndings:
         )
         if ended:
             log.info("job %s %s (%s)%s", job_id, state, reason, f": {detail}" if detail else "")
-            with self._ended:
-                self._recent_ends.append(job_id)
-                self._end_count += 1
-                self._ended.notify_all()
+            self._announce_ends([(job_id, hooks_due)])
+        return ended
+
+    def _announce_ends(self, ended: list[tuple[int, bool]]) -> None:
+        """Tell waiters and end listeners that these jobs have ended (after the commit):
+        (job id, whether it has notification hooks to run) for each."""
+        if not ended:
+            return
+        with self._ended:
+            self._recent_ends.extend(job_id for job_id, _ in ended)
+            self._end_count += len(ended)
+            self._ended.notify_all()
+        for job_id, hooks_due in ended:
             for listener in self.end_listeners:
                 try:
                     listener(job_id, hooks_due)
                 except Exception:  # a listener's bug must not undo the job's ending
                     log.exception("end listener failed for job %s", job_id)
-        return ended
 
     def _final_usage(
         self,

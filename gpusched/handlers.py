@@ -18,6 +18,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from gpusched import __version__
+from gpusched.bounds import check_env, check_ids, check_submit
 from gpusched.clock import iso, utc_now
 from gpusched.errors import (
     ConflictError,
@@ -29,7 +30,7 @@ from gpusched.errors import (
 )
 from gpusched.hints import suggest_mem
 from gpusched.identity import Caller, account_gid, can_enter, user_name
-from gpusched.models import ACTIVE_STATES, TERMINAL_STATES, Drain, JobState
+from gpusched.models import ACTIVE_STATES, TERMINAL_STATES, Drain, Job, JobState
 from gpusched.store import NewJob
 from gpusched.sweep import expand
 
@@ -117,12 +118,14 @@ def _text(value: str) -> str:
 
 
 def _int_list(args: dict[str, Any], key: str) -> list[int]:
+    """Job ids: each once, at most bounds.MAX_IDS (checked before any is looked up)."""
     value = _arg(args, key, list, default=[])
     if not all(isinstance(item, int) and not isinstance(item, bool) for item in value):
         raise ProtocolError(f"'{key}' must be a list of job ids")
-    for item in value:
+    ids = check_ids(key, value)
+    for item in ids:
         _check_value(key, item)
-    return value
+    return ids
 
 
 # -- handlers: one per request, each returns a JSON-able value ------------------------------------
@@ -154,6 +157,7 @@ def _submit(server: Server, caller: Caller, args: dict[str, Any]) -> Any:
     env = _arg(args, "env", dict, default={})
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
         raise ProtocolError("'env' must map strings to strings")
+    check_env(env, server.config)
     mem = _arg(args, "mem", int)
     if mem is not None and mem <= 0:
         raise UsageError("--mem must be more than zero")
@@ -195,6 +199,7 @@ def _submit(server: Server, caller: Caller, args: dict[str, Any]) -> Any:
     if sweep is None:
         if max_concurrent is not None:
             raise UsageError("--max-concurrent applies to a --sweep array")
+        check_submit(server.config, command, None, name, new.after)
         return server.visible(caller, server.scheduler.submit(new))
     pairs = []
     for item in sweep:
@@ -207,9 +212,10 @@ def _submit(server: Server, caller: Caller, args: dict[str, Any]) -> Any:
         ):
             raise ProtocolError("'sweep' must be a list of [name, [values...]]")
         pairs.append((item[0], item[1]))
+    check_submit(server.config, command, pairs, name, new.after)  # before expanding
     news = [
         replace(new, command=argv, name=_text(f"{name} {label}" if name else label))
-        for argv, label in expand(command, pairs)
+        for argv, label in expand(command, pairs, server.config.max_array_jobs)
     ]
     jobs = server.scheduler.submit_many(news, as_array=True)
     return [server.visible(caller, job) for job in jobs]
@@ -260,24 +266,59 @@ def _array(server: Server, caller: Caller, args: dict[str, Any]) -> Any:
 
 
 def _cancel_array(server: Server, caller: Caller, array_id: int) -> Any:
+    """The array's waiting jobs in one transaction, then its running ones one by one."""
     everything = server.store.array_jobs(array_id)
     if not everything:
         raise NotFoundError(f"no array a{array_id}")
-    jobs = [j for j in everything if j.state not in TERMINAL_STATES]
-    owned = [server.owned_job(caller, j.id) for j in jobs]
-    return [server.visible(caller, server.scheduler.cancel(j, by=caller.user)) for j in owned]
+    owner = server.owned_job(caller, everything[0].id)  # one submit: one owner
+    ids = server.scheduler.cancel_waiting(owner.uid, caller.user, array_id=array_id)
+    running = [j for j in everything if j.state == JobState.RUNNING]
+    return _cancelled(server, caller, ids, running, waiting_only=False)
+
+
+def _cancelled(
+    server: Server, caller: Caller, ids: list[int], running: list[Job], waiting_only: bool
+) -> list[dict[str, Any]]:
+    """The jobs cancelled at once (`ids`), then `running` cancelled one by one."""
+    found = server.store.get_many(ids)
+    jobs = [found[i] for i in ids if i in found]
+    for job in running:
+        try:
+            jobs.append(server.scheduler.cancel(job, caller.user, waiting_only))
+        except ConflictError:  # it ended (or, with waiting_only, started) meanwhile
+            continue
+    return [server.visible(caller, job) for job in jobs]
 
 
 def _status(server: Server, caller: Caller, args: dict[str, Any]) -> Any:
-    active = server.store.active()
-    running = [j for j in active if j.state == JobState.RUNNING]
-    jobs = [server.visible(caller, j) for j in active]
-    if _arg(args, "all", bool, default=False):
+    """GPUs and one page of active jobs in id order, whatever the queue's length.
+
+    `cursor`: the page after this id (the previous reply's `next`; null at the last
+    page); `limit`: jobs per page, at most `status_page_jobs`; `states`: only these
+    active states. With `all`, the last page ends with the 20 most recently ended jobs.
+    `counts`: how many jobs are in each active state, all pages together.
+    """
+    page_size = server.config.status_page_jobs
+    limit = min(page_size, max(1, _arg(args, "limit", int, default=page_size)))
+    cursor = max(0, _arg(args, "cursor", int, default=0))
+    states = ACTIVE_STATES
+    if args.get("states") is not None:
+        names = _str_list(args, "states")
+        if not set(names) <= {str(s) for s in ACTIVE_STATES}:
+            raise UsageError("'states': only queued, held and running jobs are paged")
+        states = frozenset(JobState(name) for name in names)
+    page = server.store.active_page(cursor, limit + 1, states)
+    more = len(page) > limit
+    page = page[:limit]
+    jobs = [server.visible(caller, j) for j in page]
+    if not more and _arg(args, "all", bool, default=False):
         jobs += [server.visible(caller, j) for j in server.store.ended(limit=20)]
     return {
-        "gpus": [g.to_json() for g in server.scheduler.gpu_reports(running)],
+        "gpus": [g.to_json() for g in server.scheduler.gpu_reports(server.store.running())],
         "jobs": jobs,
         "drain": _drain_json(server),
+        "next": page[-1].id if more else None,
+        "counts": server.store.count_active(),
     }
 
 
@@ -314,16 +355,9 @@ def _logs(server: Server, caller: Caller, args: dict[str, Any]) -> Any:
 
 def _cancel_mine(server: Server, caller: Caller, waiting_only: bool) -> Any:
     """Every active job of the caller's own (root's and admins' too: others' only by id)."""
-    wanted = (JobState.QUEUED, JobState.HELD) if waiting_only else tuple(ACTIVE_STATES)
-    cancelled = []
-    for job in server.store.active():
-        if job.uid != caller.uid or job.state not in wanted:
-            continue
-        try:
-            cancelled.append(server.scheduler.cancel(job, caller.user, waiting_only))
-        except ConflictError:  # it ended (or, with waiting_only, started) meanwhile
-            continue
-    return [server.visible(caller, job) for job in cancelled]
+    ids = server.scheduler.cancel_waiting(caller.uid, caller.user)
+    running = [] if waiting_only else [j for j in server.store.running() if j.uid == caller.uid]
+    return _cancelled(server, caller, ids, running, waiting_only)
 
 
 def _cancel(server: Server, caller: Caller, args: dict[str, Any]) -> Any:
@@ -347,8 +381,10 @@ def _wait(server: Server, caller: Caller, args: dict[str, Any]) -> Any:
     ids = _int_list(args, "ids")
     if not ids:
         raise UsageError("no job ids to wait for")
+    found = server.store.get_many(ids)
     for job_id in ids:
-        server.store.get(job_id)  # unknown ids fail now, not after the timeout
+        if job_id not in found:  # unknown ids fail now, not after the timeout
+            raise NotFoundError(f"no job {job_id}")
     timeout = float(_arg(args, "timeout", (int, float), default=MAX_WAIT_S))
     timeout = min(max(timeout, 0.0), MAX_WAIT_S)
     return [server.visible(caller, j) for j in server.scheduler.wait_ended(ids, timeout)]

@@ -24,7 +24,7 @@ from gpusched.clock import Clock, iso, utc_now
 from gpusched.config import Config
 from gpusched.drain import load_drain, save_drain
 from gpusched.endings import JobEndings
-from gpusched.errors import ConflictError, GpuError, NotFoundError, UsageError
+from gpusched.errors import ConflictError, GpuError, UsageError
 from gpusched.gpus import Probe, apply_selection
 from gpusched.joblog import append_note
 from gpusched.launcher import (
@@ -344,20 +344,15 @@ class Scheduler(JobEndings):
                     f" GPU {largest.index} ({largest.name}) with {format_size(largest.total_bytes)}"
                     f" total, {format_size(most)} usable by jobs"
                 )
-        max_queued = self.config.limits_for(new.user).max_queued
-        if max_queued is not None:
-            waiting = self.store.count_waiting(new.uid)
-            if waiting + len(news) > max_queued:
-                raise ConflictError(
-                    f"user limit: {new.user} has {waiting} waiting jobs and submits {len(news)}"
-                    f" (max_queued {max_queued}); cancel some or wait for them to start"
-                )
+        found = self.store.get_many(new.after)
         for dep in new.after:
-            try:
-                self.store.get(dep)
-            except NotFoundError:
-                raise UsageError(f"--after {dep}: no job {dep}") from None
-        jobs = self.store.add_many(news, iso(self.clock()), as_array=as_array)
+            if dep not in found:
+                raise UsageError(f"--after {dep}: no job {dep}")
+        # `max_queued` is counted and applied in the insert's own transaction (Store).
+        max_queued = self.config.limits_for(new.user).max_queued
+        jobs = self.store.add_many(
+            news, iso(self.clock()), as_array=as_array, max_waiting=max_queued
+        )
         log.info(
             "job %s submitted by %s: mem %s x %s GPU(s)%s",
             ",".join(str(j.id) for j in jobs) if len(jobs) < 5 else f"{jobs[0].id}-{jobs[-1].id}",
@@ -391,6 +386,22 @@ class Scheduler(JobEndings):
                 )
             self.wake()
             return self.store.get(job.id)
+
+    def cancel_waiting(self, uid: int, by: str, array_id: int | None = None) -> list[int]:
+        """Cancel all of a user's waiting jobs (of one array) at once: their ids.
+
+        One transaction for any number (job by job, 100,000 took minutes); their ends
+        are announced as `_end` announces one.
+        """
+        with self._lock:
+            ended = self.store.cancel_waiting(
+                uid, array_id, f"cancelled by {by}", iso(self.clock()), bool(self.config.on_finish)
+            )
+            self._announce_ends(ended)
+        if ended:
+            log.info("%d waiting jobs of uid %d cancelled by %s", len(ended), uid, by)
+            self.wake()
+        return [job_id for job_id, _ in ended]
 
     def set_drain(self, drain: Drain | None) -> None:
         """Start nothing new (a Drain), or start again (None); kept across restarts."""

@@ -14,7 +14,7 @@ from sqlalchemy import Text, func, select, type_coerce
 
 from gpusched.errors import NotFoundError
 from gpusched.models import ACTIVE_STATES, TERMINAL_STATES, Job, JobState
-from gpusched.store_db import Database, decode_json, job_select, jobs, to_job
+from gpusched.store_db import Database, decode_json, envs, job_select, jobs, to_job
 
 
 @dataclass(frozen=True)
@@ -68,13 +68,20 @@ class JobQueries(Database):
     def launch_info(self, job_id: int) -> LaunchInfo:
         with self.read() as conn:
             row = conn.execute(
-                select(jobs.c.gid, jobs.c.env, jobs.c.umask, jobs.c.pid_start_time).where(
-                    jobs.c.id == job_id
+                select(
+                    jobs.c.gid,
+                    jobs.c.env,
+                    envs.c.env.label("shared_env"),
+                    jobs.c.umask,
+                    jobs.c.pid_start_time,
                 )
+                .select_from(jobs.outerjoin(envs, jobs.c.env_id == envs.c.id))
+                .where(jobs.c.id == job_id)
             ).first()
         if row is None:
             raise NotFoundError(f"no job {job_id}")
-        return LaunchInfo(row.gid, dict(row.env), row.umask, row.pid_start_time)
+        env = row.shared_env if row.shared_env is not None else row.env  # older rows: inline
+        return LaunchInfo(row.gid, dict(env), row.umask, row.pid_start_time)
 
     def active(self) -> list[Job]:
         """Queued, held and running jobs, in submit order."""
@@ -84,6 +91,33 @@ class JobQueries(Database):
                 job_select().where(jobs.c.state.in_(states)).order_by(jobs.c.id)
             ).all()
         return [to_job(row) for row in rows]
+
+    def active_page(
+        self, after_id: int, limit: int, states: Collection[JobState] = ACTIVE_STATES
+    ) -> list[Job]:
+        """Up to `limit` active jobs in `states` with ids above `after_id`, in id order:
+        a page of `status`, whatever the queue's length."""
+        wanted = [str(s) for s in states if s in ACTIVE_STATES]
+        query = (
+            job_select()
+            .where(jobs.c.state.in_(wanted), jobs.c.id > after_id)
+            .order_by(jobs.c.id)
+            .limit(limit)
+        )
+        with self.read() as conn:
+            return [to_job(row) for row in conn.execute(query).all()]
+
+    def count_active(self) -> dict[str, int]:
+        """How many jobs are in each active state (every state named, zero included)."""
+        states = [str(s) for s in ACTIVE_STATES]
+        query = (
+            select(jobs.c.state, func.count())
+            .where(jobs.c.state.in_(states))
+            .group_by(jobs.c.state)
+        )
+        with self.read() as conn:
+            found = {str(state): int(n) for state, n in conn.execute(query).all()}
+        return {state: found.get(state, 0) for state in sorted(states)}
 
     def running(self) -> list[Job]:
         with self.read() as conn:
@@ -122,13 +156,6 @@ class JobQueries(Database):
         query = query.order_by(jobs.c.ended_at.desc(), jobs.c.id.desc()).limit(limit)
         with self.read() as conn:
             return [to_job(row) for row in conn.execute(query).all()]
-
-    def count_waiting(self, uid: int) -> int:
-        """How many of a user's jobs are queued or held (for `max_queued`)."""
-        waiting = [str(JobState.QUEUED), str(JobState.HELD)]
-        query = select(func.count()).where(jobs.c.uid == uid, jobs.c.state.in_(waiting))
-        with self.read() as conn:
-            return int(conn.execute(query).scalar_one())
 
     def count(self) -> int:
         with self.read() as conn:
