@@ -48,6 +48,15 @@ def check_ids(key: str, ids: Sequence[int]) -> list[int]:
     return list(dict.fromkeys(ids))
 
 
+def array_job_name(name: str | None, label: str) -> str:
+    """A sweep job's name: its --name and its values ("run lr=0.1"), within MAX_NAME_CHARS
+    like any name (long values are cut: the array index tells the jobs apart)."""
+    full = f"{name} {label}" if name else label
+    if len(full) <= MAX_NAME_CHARS:
+        return full
+    return full[: MAX_NAME_CHARS - 3] + "..."
+
+
 def check_submit(
     config: Config,
     command: Sequence[str],
@@ -58,10 +67,10 @@ def check_submit(
     """Refuse a submit whose jobs would be too many or too large, before expanding it.
 
     The bytes counted are what the jobs' rows hold per job: command (after substitution),
-    name (with the sweep's label), dependency list. The environment is stored once per
-    submit (gpusched.store_db `envs`) and checked apart (check_env).
+    name (with the sweep's label, before array_job_name cuts it), dependency list. The
+    environment is stored once per submit (gpusched.store_db `envs`) and checked apart
+    (check_env).
     """
-    prefix = 0 if name is None else len(name) + 1
     if sweep is None:
         jobs = 1
         command_bytes = sum(_size(arg) + ARG_OVERHEAD_BYTES for arg in command)
@@ -72,12 +81,6 @@ def check_submit(
             raise UsageError(
                 f"--sweep makes {size.jobs} jobs; one array holds at most"
                 f" {config.max_array_jobs} (max_array_jobs)"
-            )
-        if prefix + size.longest_label > MAX_NAME_CHARS:
-            raise UsageError(
-                f"--sweep: a job's name would be {prefix + size.longest_label} characters"
-                f" (its --name and its values, e.g. 'lr=0.1'); names are limited to"
-                f" {MAX_NAME_CHARS}"
             )
         jobs, command_bytes = size.jobs, size.command_bytes
         name_bytes = size.label_bytes + (0 if name is None else jobs * _size(name + " "))

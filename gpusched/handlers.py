@@ -18,7 +18,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from gpusched import __version__
-from gpusched.bounds import check_env, check_ids, check_submit
+from gpusched.bounds import array_job_name, check_env, check_ids, check_submit
 from gpusched.clock import iso, utc_now
 from gpusched.errors import (
     ConflictError,
@@ -214,7 +214,7 @@ def _submit(server: Server, caller: Caller, args: dict[str, Any]) -> Any:
         pairs.append((item[0], item[1]))
     check_submit(server.config, command, pairs, name, new.after)  # before expanding
     news = [
-        replace(new, command=argv, name=_text(f"{name} {label}" if name else label))
+        replace(new, command=argv, name=_text(array_job_name(name, label)))
         for argv, label in expand(command, pairs, server.config.max_array_jobs)
     ]
     jobs = server.scheduler.submit_many(news, as_array=True)

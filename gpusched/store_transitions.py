@@ -71,6 +71,38 @@ def _env_id(conn: Connection, env: dict[str, str]) -> int:
     return inserted_id(conn.execute(envs.insert().values(digest=digest, env=dict(env))))
 
 
+def _row(
+    new: NewJob, now: str, array_id: int | None, array_index: int | None, env_id: int
+) -> dict[str, Any]:
+    """A new job's row (every row of one insert has the same keys)."""
+    return {
+        "name": new.name,
+        "user": new.user,
+        "uid": new.uid,
+        "gid": new.gid,
+        "state": str(JobState.HELD if new.held else JobState.QUEUED),
+        "command": list(new.command),
+        "cwd": new.cwd,
+        "env": {},  # in `envs`, once
+        "env_id": env_id,
+        "umask": new.umask,
+        "mem": new.mem,
+        "gpus": new.gpus,
+        "gpu_indices": [],
+        "gpu_uuids": [],
+        "priority": new.priority,
+        "after": list(new.after),
+        "submitted_at": now,
+        "hints": [],
+        "array_id": array_id,
+        "array_index": array_index,
+        "max_concurrent": new.max_concurrent,
+        "retry_oom": new.retry_oom,
+        "time_limit_s": new.time_limit_s,
+        "notify": list(new.notify) if new.notify else None,
+    }
+
+
 class JobTransitions(Database):
     def add(self, new: NewJob, now: str) -> Job:
         return self.add_many([new], now, as_array=False)[0]
@@ -97,52 +129,18 @@ class JobTransitions(Database):
             if as_array:
                 top = conn.execute(select(func.max(jobs.c.array_id))).scalar()
                 array_id = (top or 0) + 1
-            ids = [
-                self._insert(conn, new, now, array_id, index if as_array else None, env_id=env_id)
+            rows = [
+                _row(new, now, array_id, index if as_array else None, env_id)
                 for index, new in enumerate(news)
             ]
-            rows = conn.execute(job_select().where(jobs.c.id.in_(ids)).order_by(jobs.c.id)).all()
-        return [to_job(row) for row in rows]
-
-    @staticmethod
-    def _insert(
-        conn: Connection,
-        new: NewJob,
-        now: str,
-        array_id: int | None,
-        array_index: int | None,
-        *,
-        env_id: int,
-    ) -> int:
-        result = conn.execute(
-            jobs.insert().values(
-                name=new.name,
-                user=new.user,
-                uid=new.uid,
-                gid=new.gid,
-                state=str(JobState.HELD if new.held else JobState.QUEUED),
-                command=list(new.command),
-                cwd=new.cwd,
-                env={},  # in `envs`, once
-                env_id=env_id,
-                umask=new.umask,
-                mem=new.mem,
-                gpus=new.gpus,
-                gpu_indices=[],
-                gpu_uuids=[],
-                priority=new.priority,
-                after=list(new.after),
-                submitted_at=now,
-                hints=[],
-                array_id=array_id,
-                array_index=array_index,
-                max_concurrent=new.max_concurrent,
-                retry_oom=new.retry_oom,
-                time_limit_s=new.time_limit_s,
-                notify=list(new.notify) if new.notify else None,
-            )
-        )
-        return inserted_id(result)
+            if array_id is None:
+                ids = [inserted_id(conn.execute(jobs.insert().values(**row))) for row in rows]
+                query = job_select().where(jobs.c.id.in_(ids))
+            else:  # one executemany (10,000 single inserts took 20 s); found by array id
+                conn.execute(jobs.insert(), rows)
+                query = job_select().where(jobs.c.array_id == array_id)
+            found = conn.execute(query.order_by(jobs.c.id)).all()
+        return [to_job(row) for row in found]
 
     def cancel_waiting(
         self, uid: int, array_id: int | None, detail: str, now: str, on_finish: bool
