@@ -317,9 +317,9 @@ def test_status_of_a_long_queue_is_paged_and_works_for_everyone(
     with guarded(daemon, db_growth=16 * MiB):
         as_user(mallory, lambda: _raw(sock, "submit", timeout_s=60, **args))
         page = as_user(victim, lambda: _raw(sock, "status"))
+        assert len(page["jobs"]) == 50 and page["next"] is not None
+        assert page["counts"] == {"held": 1000, "queued": 0, "running": 1}
         complete = as_user(victim, lambda: Client(sock).status_reply())
-    assert len(page["jobs"]) == 50 and page["next"] is not None
-    assert page["counts"] == {"held": 1000, "queued": 0, "running": 1}
     assert len(complete["jobs"]) == 1001
     assert len({j["id"] for j in complete["jobs"]}) == 1001
     screen = as_user(victim, lambda: _cli_output(sock, "status"))
