@@ -67,13 +67,16 @@ def check_submit(
     """Refuse a submit whose jobs would be too many or too large, before expanding it.
 
     The bytes counted are what the jobs' rows hold per job: command (after substitution),
-    name (with the sweep's label, before array_job_name cuts it), dependency list. The
+    name (with the sweep's label, before array_job_name cuts it), dependency list; one
+    job's command and dependency list are bounded apart (max_job_bytes), so that a
+    user's rows are at most about max_queued x max_job_bytes on disk. The
     environment is stored once per submit (gpusched.store_db `envs`) and checked apart
     (check_env).
     """
     if sweep is None:
         jobs = 1
         command_bytes = sum(_size(arg) + ARG_OVERHEAD_BYTES for arg in command)
+        largest = command_bytes
         name_bytes = 0 if name is None else _size(name)
     else:
         size = measure(command, sweep)
@@ -82,7 +85,7 @@ def check_submit(
                 f"--sweep makes {size.jobs} jobs; one array holds at most"
                 f" {config.max_array_jobs} (max_array_jobs)"
             )
-        jobs, command_bytes = size.jobs, size.command_bytes
+        jobs, command_bytes, largest = size.jobs, size.command_bytes, size.largest_command
         name_bytes = size.label_bytes + (0 if name is None else jobs * _size(name + " "))
     total = command_bytes + name_bytes + jobs * len(after) * _ID_BYTES
     if total > config.max_submit_bytes:
@@ -90,4 +93,10 @@ def check_submit(
             f"this submit would store {format_size(total)} of commands, names and dependencies"
             f" for {jobs} job(s), over the limit of {format_size(config.max_submit_bytes)}"
             " (max_submit_bytes)"
+        )
+    one = largest + len(after) * _ID_BYTES
+    if one > config.max_job_bytes:
+        raise UsageError(
+            f"a job's command and --after list would be {format_size(one)}, over the limit of"
+            f" {format_size(config.max_job_bytes)} (max_job_bytes)"
         )

@@ -44,6 +44,7 @@ DEFAULT_MAX_QUEUED = 10_000  # limits.default.max_queued: waiting jobs per user
 _REQUEST_BOUNDS = {  # key: (Config field, kind, default)
     "max_array_jobs": ("max_array_jobs", "count", 10_000),  # jobs one --sweep creates
     "max_submit_bytes": ("max_submit_bytes", "size", 16 * 2**20),  # argv+names+after, all jobs
+    "max_job_bytes": ("max_job_bytes", "size", 128 * 2**10),  # one job's argv and after
     "max_env_bytes": ("max_env_bytes", "size", 256 * 2**10),  # a submit's environment
     "status_page_jobs": ("status_page_jobs", "count", 1000),  # jobs per `status` reply
 }
@@ -93,6 +94,7 @@ class Config:
     metrics_address: tuple[str, int] | None = None  # (host, port) for Prometheus; None: off
     max_array_jobs: int = _REQUEST_BOUNDS["max_array_jobs"][2]
     max_submit_bytes: int = _REQUEST_BOUNDS["max_submit_bytes"][2]
+    max_job_bytes: int = _REQUEST_BOUNDS["max_job_bytes"][2]
     max_env_bytes: int = _REQUEST_BOUNDS["max_env_bytes"][2]
     status_page_jobs: int = _REQUEST_BOUNDS["status_page_jobs"][2]
     default_limits: UserLimits = UserLimits()

@@ -36,6 +36,7 @@ class SweepSize:
     command_bytes: int  # every job's argv after substitution (UTF-8, plus ARG_OVERHEAD_BYTES)
     label_bytes: int  # every job's label ("lr=0.1 bs=32"), UTF-8
     longest_label: int  # characters of the longest label
+    largest_command: int  # bytes of the largest job's argv, counted as command_bytes
 
 
 def _size(text: str) -> int:
@@ -93,6 +94,7 @@ def measure(command: Sequence[str], sweep: Sequence[tuple[str, Sequence[str]]]) 
             found[match] = found.get(match, 0) + 1
     label_bytes = jobs * max(0, len(sweep) - 1)  # the spaces between "k=v" pairs
     longest = max(0, len(sweep) - 1)
+    largest = base
     for key, values in sweep:
         share = jobs // len(values)  # how many jobs carry each one value
         value_bytes = sum(_size(v) for v in values)
@@ -101,7 +103,8 @@ def measure(command: Sequence[str], sweep: Sequence[tuple[str, Sequence[str]]]) 
         command_bytes += count * share * (value_bytes - len(values) * placeholder)
         label_bytes += share * value_bytes + jobs * (_size(key) + 1)
         longest += len(key) + 1 + max(len(v) for v in values)
-    return SweepSize(jobs, command_bytes, label_bytes, longest)
+        largest += count * (max(_size(v) for v in values) - placeholder)
+    return SweepSize(jobs, command_bytes, label_bytes, longest, largest)
 
 
 def _filler(chosen: dict[str, str]) -> Callable[[re.Match[str]], str]:

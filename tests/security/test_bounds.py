@@ -160,6 +160,10 @@ def test_a_sweep_that_would_build_a_terabyte_is_refused_before_it_is_built(
     assert refused.get("error") == "UsageError", refused
     assert "max_submit_bytes" in refused["message"]
     assert "\n" not in refused["message"]
+    one = _submit_args(mallory, ["echo", "x" * 2**20])  # one job, 1 MiB: rows add up
+    refused = _attempt(mallory, lambda: _raw(sock, "submit", **one))
+    assert refused.get("error") == "UsageError", refused
+    assert "max_job_bytes" in refused["message"]
     _still_serving(daemon, victim, before)
 
 
@@ -192,14 +196,14 @@ def test_placeholders_planted_in_sweep_values_are_not_expanded_again(
     daemon = root_daemon()
     before = _victim_job(daemon, victim)
     sock = daemon.socket_path
-    planted = "{b}" * 50_000  # 150 KB
-    sweep = [["a", [planted]], ["b", ["x" * 4096, "y" * 4096]]]
+    planted = "{b}" * 20_000  # 60 KB, expanded again: 160 MB per job
+    sweep = [["a", [planted]], ["b", ["x" * 8192, "y" * 8192]]]
     args = _submit_args(mallory, ["echo", "{a}{b}"], sweep=sweep)
     with guarded(daemon, db_growth=8 * MiB):
         jobs = as_user(mallory, lambda: _raw(sock, "submit", **args))
     assert len(jobs) == 2
     own = as_user(mallory, lambda: Client(sock).job(jobs[0]["id"]).to_json())
-    assert own["command"] == ["echo", planted + "x" * 4096]
+    assert own["command"] == ["echo", planted + "x" * 8192]
     _still_serving(daemon, victim, before)
 
 
