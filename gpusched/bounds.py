@@ -11,6 +11,7 @@ config key, before anything of that size exists. The limits are the daemon's `Co
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from gpusched.config import Config
 from gpusched.errors import UsageError
@@ -18,6 +19,9 @@ from gpusched.sweep import ARG_OVERHEAD_BYTES, measure
 from gpusched.units import format_size
 
 MAX_IDS = 10_000  # job ids in one request: `wait`, `after`
+# What the daemon builds of one reply that lists jobs (their JSON, estimated): below the
+# protocol's MAX_REPLY_BYTES, so an answer too long is refused before it is all in memory.
+REPLY_BUDGET = 32 * 2**20
 MAX_NAME_CHARS = 200  # a job's name, a sweep's label included
 _ID_BYTES = 21  # an id as stored in a JSON list: up to 19 digits, a sign and a comma
 
@@ -39,6 +43,20 @@ def check_env(env: Mapping[str, str], config: Config) -> None:
             f" {format_size(config.max_env_bytes)} (max_env_bytes): unset large variables"
             " or pass a smaller one (Client.submit(env=...))"
         )
+
+
+def reply_weight(job: Mapping[str, Any]) -> int:
+    """About how many bytes of JSON one job of a reply is: its strings, plus the rest."""
+    strings = [*(job.get("command") or ()), *(job.get("notify") or ()), *(job.get("hints") or ())]
+    strings += [job.get("name"), job.get("cwd"), job.get("reason_detail")]
+    strings += [job.get("waiting_reason"), job.get("log_path")]
+    ids = len(job.get("after") or ())
+    return 1024 + 24 * ids + sum(_json_len(text) for text in strings if isinstance(text, str))
+
+
+def _json_len(text: str) -> int:
+    """At most what json.dumps makes of `text` (ASCII escapes: up to 6 bytes a character)."""
+    return len(text) + 2 if text.isascii() else 6 * len(text) + 2
 
 
 def check_ids(key: str, ids: Sequence[int]) -> list[int]:

@@ -18,7 +18,14 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from gpusched import __version__
-from gpusched.bounds import array_job_name, check_env, check_ids, check_submit
+from gpusched.bounds import (
+    REPLY_BUDGET,
+    array_job_name,
+    check_env,
+    check_ids,
+    check_submit,
+    reply_weight,
+)
 from gpusched.clock import iso, utc_now
 from gpusched.errors import (
     ConflictError,
@@ -259,10 +266,26 @@ def _requeue(server: Server, caller: Caller, args: dict[str, Any]) -> Any:
 
 def _array(server: Server, caller: Caller, args: dict[str, Any]) -> Any:
     array_id = _arg(args, "array", int, required=True)
-    jobs = server.store.array_jobs(array_id)
-    if not jobs:
+    ids = server.store.array_ids(array_id)
+    if not ids:
         raise NotFoundError(f"no array a{array_id}")
-    return [server.visible(caller, job) for job in jobs]
+    return _job_list(server, caller, ids)
+
+
+def _job_list(server: Server, caller: Caller, ids: list[int]) -> list[dict[str, Any]]:
+    """The jobs as the caller may see them, read in chunks and refused past REPLY_BUDGET:
+    the daemon never holds more of a reply than a client could read."""
+    shown, size = [], 0
+    for job in server.store.iter_jobs(ids):
+        data = server.visible(caller, job)
+        size += reply_weight(data)
+        if size > REPLY_BUDGET:
+            raise UsageError(
+                f"the answer lists {len(ids)} jobs, more than one reply holds"
+                f" ({REPLY_BUDGET // 2**20} MiB): ask for fewer (e.g. --limit)"
+            )
+        shown.append(data)
+    return shown
 
 
 def _cancel_array(server: Server, caller: Caller, array_id: int) -> Any:
@@ -280,14 +303,12 @@ def _cancelled(
     server: Server, caller: Caller, ids: list[int], running: list[Job], waiting_only: bool
 ) -> list[dict[str, Any]]:
     """The jobs cancelled at once (`ids`), then `running` cancelled one by one."""
-    found = server.store.get_many(ids)
-    jobs = [found[i] for i in ids if i in found]
     for job in running:
         try:
-            jobs.append(server.scheduler.cancel(job, caller.user, waiting_only))
+            ids.append(server.scheduler.cancel(job, caller.user, waiting_only).id)
         except ConflictError:  # it ended (or, with waiting_only, started) meanwhile
             continue
-    return [server.visible(caller, job) for job in jobs]
+    return _job_list(server, caller, ids)
 
 
 def _status(server: Server, caller: Caller, args: dict[str, Any]) -> Any:
@@ -309,15 +330,22 @@ def _status(server: Server, caller: Caller, args: dict[str, Any]) -> Any:
         states = frozenset(JobState(name) for name in names)
     page = server.store.active_page(cursor, limit + 1, states)
     more = len(page) > limit
-    page = page[:limit]
-    jobs = [server.visible(caller, j) for j in page]
+    jobs: list[dict[str, Any]] = []
+    size, last = 0, cursor
+    for job in server.store.iter_jobs(page[:limit]):
+        if jobs and size > REPLY_BUDGET // 2:  # a page of long commands ends early
+            more = True
+            break
+        jobs.append(server.visible(caller, job))
+        size += reply_weight(jobs[-1])
+        last = job.id
     if not more and _arg(args, "all", bool, default=False):
         jobs += [server.visible(caller, j) for j in server.store.ended(limit=20)]
     return {
         "gpus": [g.to_json() for g in server.scheduler.gpu_reports(server.store.running())],
         "jobs": jobs,
         "drain": _drain_json(server),
-        "next": page[-1].id if more else None,
+        "next": last if more else None,
         "counts": server.store.count_active(),
     }
 
@@ -381,13 +409,14 @@ def _wait(server: Server, caller: Caller, args: dict[str, Any]) -> Any:
     ids = _int_list(args, "ids")
     if not ids:
         raise UsageError("no job ids to wait for")
-    found = server.store.get_many(ids)
+    found = server.store.states_of(ids)
     for job_id in ids:
         if job_id not in found:  # unknown ids fail now, not after the timeout
             raise NotFoundError(f"no job {job_id}")
     timeout = float(_arg(args, "timeout", (int, float), default=MAX_WAIT_S))
     timeout = min(max(timeout, 0.0), MAX_WAIT_S)
-    return [server.visible(caller, j) for j in server.scheduler.wait_ended(ids, timeout)]
+    server.scheduler.wait_until_ended(ids, timeout)
+    return _job_list(server, caller, ids)
 
 
 def _estimate_history(server: Server, caller: Caller, args: dict[str, Any]) -> Any:
@@ -428,8 +457,8 @@ def _history(server: Server, caller: Caller, args: dict[str, Any]) -> Any:
     since = _arg(args, "since", str)
     if since is not None:
         since = _utc_iso(since)
-    found = server.store.ended(limit=min(limit, 10000), user=user, states=states, since=since)
-    return [server.visible(caller, j) for j in found]
+    found = server.store.ended_ids(min(limit, 10000), user=user, states=states, since=since)
+    return _job_list(server, caller, found)
 
 
 def _utc_iso(text: str) -> str:

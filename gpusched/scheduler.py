@@ -447,27 +447,28 @@ class Scheduler(JobEndings):
 
     def wait_ended(self, job_ids: list[int], timeout_s: float) -> list[Job]:
         """Block until every job has ended or the timeout passes; return their current rows."""
+        self.wait_until_ended(job_ids, timeout_s)
+        found = self.store.get_many(job_ids)
+        return [found[i] for i in job_ids if i in found]
+
+    def wait_until_ended(self, job_ids: list[int], timeout_s: float) -> None:
+        """Block until every job has ended or the timeout passes (reads their states only)."""
         deadline = time.monotonic() + max(0.0, timeout_s)
         with self._ended:
             # Every ending goes through _end, which records it under this condition after
             # its commit: an end is either seen by this read or recorded while we wait.
             seen = self._end_count
-            pending = {
-                j.id
-                for j in self.store.get_many(job_ids).values()
-                if j.state not in TERMINAL_STATES
-            }
+            states = self.store.states_of(job_ids).items()
+            pending = {i for i, state in states if state not in TERMINAL_STATES}
             while pending and (remaining := deadline - time.monotonic()) > 0:
                 self._ended.wait(remaining)
                 new = self._end_count - seen
                 seen = self._end_count
                 if new > len(self._recent_ends):  # more ended than remembered: read again
-                    again = self.store.get_many(pending).values()
-                    pending = {j.id for j in again if j.state not in TERMINAL_STATES}
+                    again = self.store.states_of(pending).items()
+                    pending = {i for i, state in again if state not in TERMINAL_STATES}
                 elif new:
                     pending.difference_update(list(self._recent_ends)[-new:])
-        found = self.store.get_many(job_ids)
-        return [found[i] for i in job_ids if i in found]
 
     # -- views ------------------------------------------------------------------------------
 

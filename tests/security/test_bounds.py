@@ -113,6 +113,10 @@ def _attempt(user: User, fn: Callable[[], Any]) -> dict[str, Any]:
         return {"error": type(exc).__name__, "message": exc.message}
 
 
+def _submit_as(user: User, socket_path: Path, args: dict[str, Any]) -> list[dict[str, Any]]:
+    return list(as_user(user, lambda: _raw(socket_path, "submit", timeout_s=60, **args)))
+
+
 def _cli_output(socket_path: Path, *args: str) -> str:
     """The CLI's output, run in this process (as_user's child: the user's own view)."""
     from click.testing import CliRunner
@@ -126,7 +130,7 @@ def _cli_output(socket_path: Path, *args: str) -> str:
 
 def _victim_job(daemon: RunningDaemon, victim: User) -> int:
     sock = daemon.socket_path
-    job = as_user(victim, lambda: Client(sock).submit(["sleep", "30"], mem="1G").to_json())
+    job = as_user(victim, lambda: Client(sock).submit(["sleep", "600"], mem="1G").to_json())
     daemon.wait_state(job["id"], {"running"})
     return int(job["id"])
 
@@ -330,6 +334,33 @@ def test_status_of_a_long_queue_is_paged_and_works_for_everyone(
     assert "waiting (1000)" in screen
     assert "... and 800 more waiting" in screen
     assert f"{before}" in screen
+    _still_serving(daemon, victim, before)
+
+
+def test_replies_over_jobs_with_long_commands_are_bounded_while_built(
+    people: tuple[User, User], root_daemon: Callable[..., RunningDaemon]
+) -> None:
+    """300 jobs of 120 KB commands (36 MB, under every submit bound): a status page ends
+    early instead of holding them all, the client still gets every job, and a `wait` on
+    all of them is refused before its reply is built (at max_queued x max_job_bytes it
+    would be 1.25 GiB)."""
+    mallory, victim = people
+    daemon = root_daemon(show_commands=True)  # everyone's commands in everyone's replies
+    before = _victim_job(daemon, victim)
+    sock = daemon.socket_path
+    ids: list[int] = []
+    with guarded(daemon, db_growth=64 * MiB):
+        for part in range(3):
+            sweep = [["i", [f"{part}-{i}" for i in range(100)]]]
+            args = _submit_args(mallory, ["echo", "{i}", "c" * 120_000], sweep=sweep)
+            ids += [job["id"] for job in _submit_as(mallory, sock, args)]
+        page = as_user(victim, lambda: _raw(sock, "status"))
+        assert 0 < len(page["jobs"]) < 301 and page["next"] is not None
+        complete = as_user(victim, lambda: Client(sock).status_reply())
+        assert len(complete["jobs"]) == 301
+        refused = _attempt(mallory, lambda: _raw(sock, "wait", ids=ids, timeout=0))
+    assert refused.get("error") == "UsageError", refused
+    assert "more than one reply holds" in refused["message"]
     _still_serving(daemon, victim, before)
 
 
