@@ -272,18 +272,21 @@ def _array(server: Server, caller: Caller, args: dict[str, Any]) -> Any:
     return _job_list(server, caller, ids)
 
 
-def _job_list(server: Server, caller: Caller, ids: list[int]) -> list[dict[str, Any]]:
+def _job_list(
+    server: Server, caller: Caller, ids: list[int], done: str | None = None
+) -> list[dict[str, Any]]:
     """The jobs as the caller may see them, read in chunks and refused past REPLY_BUDGET:
-    the daemon never holds more of a reply than a client could read."""
+    the daemon never holds more of a reply than a client could read. `done`: what the
+    request did anyway (the error says so)."""
     shown, size = [], 0
     for job in server.store.iter_jobs(ids):
         data = server.visible(caller, job)
         size += reply_weight(data)
         if size > REPLY_BUDGET:
-            raise UsageError(
-                f"the answer lists {len(ids)} jobs, more than one reply holds"
-                f" ({REPLY_BUDGET // 2**20} MiB): ask for fewer (e.g. --limit)"
-            )
+            too_long = f"more than one reply holds ({REPLY_BUDGET // 2**20} MiB)"
+            if done is not None:
+                raise GpuschedError(f"{done}, but listing them is {too_long}")
+            raise UsageError(f"the answer lists {len(ids)} jobs, {too_long}: ask for fewer")
         shown.append(data)
     return shown
 
@@ -308,7 +311,7 @@ def _cancelled(
             ids.append(server.scheduler.cancel(job, caller.user, waiting_only).id)
         except ConflictError:  # it ended (or, with waiting_only, started) meanwhile
             continue
-    return _job_list(server, caller, ids)
+    return _job_list(server, caller, ids, done=f"{len(ids)} jobs cancelled")
 
 
 def _status(server: Server, caller: Caller, args: dict[str, Any]) -> Any:
