@@ -29,10 +29,13 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpusched.client import Client
 from gpusched.config import DEFAULT_MAX_QUEUED, load_config
 from gpusched.errors import ConflictError, GpuschedError
+from gpusched.sweep import ARG_OVERHEAD_BYTES, expand, measure
 from tests.daemon_harness import RunningDaemon
 from tests.users import User, as_user
 
@@ -387,3 +390,31 @@ def test_cancel_all_of_a_long_queue_is_one_transaction(
     last = daemon.show(jobs[-1]["id"])
     assert (last["state"], last["reason"]) == ("cancelled", "cancelled")
     _still_serving(daemon, victim, before)
+
+
+_TEXT = st.text(alphabet="ab{}é\udcff", min_size=0, max_size=6)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    keys=st.lists(st.sampled_from(["a", "b", "ab", "c_1"]), min_size=1, max_size=3, unique=True),
+    data=st.data(),
+)
+def test_measure_is_exactly_what_expand_builds(keys: list[str], data: st.DataObject) -> None:
+    """The bounds are checked on measure(): it must be the size of the expansion, exactly
+    (values may hold other keys' placeholders: they stay text)."""
+    sweep = [(k, data.draw(st.lists(_TEXT, min_size=1, max_size=3))) for k in keys]
+    filled = data.draw(st.lists(st.sampled_from(["{" + k + "}" for k in keys]), max_size=4))
+    command = [data.draw(_TEXT) + "".join(filled), "".join("{" + k + "}" for k in keys)]
+    size = measure(command, sweep)
+    built = expand(command, sweep)
+
+    def weight(text: str) -> int:
+        return len(text.encode("utf-8", "surrogatepass"))
+
+    per_job = [sum(weight(a) + ARG_OVERHEAD_BYTES for a in argv) for argv, _ in built]
+    assert size.jobs == len(built)
+    assert size.command_bytes == sum(per_job)
+    assert size.largest_command == max(per_job)
+    assert size.label_bytes == sum(weight(label) for _, label in built)
+    assert size.longest_label == max(len(label) for _, label in built)
