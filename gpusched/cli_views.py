@@ -33,6 +33,8 @@ from gpusched.models import Drain, GpuReport, Job
 from gpusched.sanitize import shown, shown_fields
 from gpusched.units import format_size
 
+WAITING_SHOWN = 200  # `status` lists this many waiting jobs and counts the rest
+
 
 def _job_where(job: Job) -> str:
     if job.gpu_indices:
@@ -47,6 +49,14 @@ def _job_what(job: Job) -> str:
 @click.command(cls=ExampleLastCommand)
 @click.option("--json", "as_json", is_flag=True, help="Print {gpus: [...], jobs: [...]} as JSON.")
 @click.option("--all", "show_all", is_flag=True, help="Also show recently ended jobs.")
+@click.option(
+    "--limit",
+    type=click.IntRange(min=0),
+    default=WAITING_SHOWN,
+    show_default=True,
+    metavar="N",
+    help="Show the first N waiting jobs and count the rest (0: all). --json lists all.",
+)
 @click.option("-w", "--watch", is_flag=True, help="Redraw every --interval until Ctrl-C.")
 @click.option(
     "--interval",
@@ -62,6 +72,7 @@ def status(
     ctx: click.Context,
     as_json: bool,
     show_all: bool,
+    limit: int,
     watch: bool,
     interval: float,
     targets: tuple[str, ...],
@@ -81,13 +92,22 @@ def status(
     client = client_of(ctx)
 
     def fetch() -> dict[str, Any]:
-        result: dict[str, Any] = client.request("status", all=show_all)
         if targets:
+            result = client.status_reply(states=["running"], first=1)
             job_ids, arrays = parse_targets(targets)
             chosen = [client.request("show", id=job_id) for job_id in job_ids]
             for array_id in arrays:
                 chosen.extend(client.request("array", array=array_id))
             result["jobs"] = chosen
+        elif as_json or limit == 0:
+            result = client.status_reply(all=show_all)
+        else:  # every running job, the first `limit` waiting ones, and how many more wait
+            result = client.status_reply(all=show_all, states=["running"])
+            waiting = client.status_reply(states=["queued", "held"], first=limit)
+            counts = waiting.get("counts") or {}
+            total = counts.get("queued", 0) + counts.get("held", 0)
+            result["jobs"] = waiting["jobs"] + result["jobs"]
+            result["more_waiting"] = max(0, total - len(waiting["jobs"]))
         return result
 
     if watch:
@@ -96,8 +116,8 @@ def status(
         _watch(lambda: _status_text(fetch(), show_all, use_color()), interval)
         return
     result = fetch()
-    if as_json:
-        print_json(result)
+    if as_json:  # the interface contract's shape (DESIGN.md): no paging fields
+        print_json({key: result[key] for key in ("gpus", "jobs", "drain") if key in result})
         return
     click.echo(_status_text(result, show_all, use_color()))
 
@@ -114,6 +134,7 @@ def _status_text(result: dict[str, Any], show_all: bool, color: bool) -> str:
         color=color,
         show_all=show_all,
         drain=None if result.get("drain") is None else Drain.from_json(result["drain"]),
+        more_waiting=result.get("more_waiting", 0),
     )
 
 

@@ -292,14 +292,43 @@ class Client:
         return dict(self.request("estimate_history", command=argv))
 
     def status(self, all: bool = False) -> Status:
-        """GPUs and active jobs (`all`: recently ended jobs too)."""
-        result = self.request("status", all=all)
+        """GPUs and active jobs (`all`: recently ended jobs too), every page of them."""
+        result = self.status_reply(all=all)
         drain = result.get("drain")  # absent from older daemons
         return Status(
             [GpuReport.from_json(g) for g in result["gpus"]],
             [Job.from_json(j) for j in result["jobs"]],
             None if drain is None else Drain.from_json(drain),
         )
+
+    def status_reply(
+        self,
+        all: bool = False,
+        states: Sequence[str] | None = None,
+        first: int | None = None,
+    ) -> dict[str, Any]:
+        """The daemon's `status` reply as JSON, its pages joined: {"gpus", "jobs", "drain",
+        "counts"}. `states`: only active jobs in these states (recently ended ones too with
+        `all`); `first`: stop after this many jobs (the rest are only counted in "counts").
+
+        The daemon answers in pages (`status_page_jobs` each) so that any queue fits;
+        a job is listed once, in the state it had when its page was read.
+        """
+        args: dict[str, Any] = {"all": all}
+        if states is not None:
+            args["states"] = list(states)
+        if first is not None:
+            args["limit"] = max(1, first)
+        result: dict[str, Any] = self.request("status", **args)
+        jobs = list(result["jobs"])
+        while result.get("next") is not None and (first is None or len(jobs) < first):
+            result = {**result, **self.request("status", cursor=result["next"], **args)}
+            jobs += result["jobs"]
+        if states is not None:  # an older daemon sends every state
+            wanted = set(states) | ({str(s) for s in TERMINAL_STATES} if all else set())
+            jobs = [j for j in jobs if j.get("state") in wanted]
+        result.pop("next", None)
+        return {**result, "jobs": jobs if first is None else jobs[:first]}
 
     def job(self, job_id: int) -> Job:
         """One job by id (NotFoundError if there is none)."""
@@ -382,12 +411,14 @@ class Client:
 
     def _wait(self, job_ids: list[int], timeout: float | None) -> list[Job]:
         deadline = None if timeout is None else time.monotonic() + timeout
+        unique = list(dict.fromkeys(job_ids))  # the daemon answers each id once
         while True:
             remaining = 30.0 if deadline is None else max(0.0, deadline - time.monotonic())
-            jobs = [
-                Job.from_json(j)
-                for j in self.request("wait", ids=list(job_ids), timeout=min(30.0, remaining))
-            ]
+            found = {
+                job["id"]: Job.from_json(job)
+                for job in self.request("wait", ids=unique, timeout=min(30.0, remaining))
+            }
+            jobs = [found[i] for i in job_ids if i in found]
             if all(job.state in TERMINAL_STATES for job in jobs):
                 return jobs
             if deadline is not None and time.monotonic() >= deadline:

@@ -38,13 +38,25 @@ def _is_root() -> bool:
     return os.geteuid() == 0
 
 
+# Request bounds (issue 16): what one request may make the daemon build or store. Each is
+# a config key of the same name; docs/operations.md lists them with the rest.
+DEFAULT_MAX_QUEUED = 10_000  # limits.default.max_queued: waiting jobs per user
+_REQUEST_BOUNDS = {  # key: (Config field, kind, default)
+    "max_array_jobs": ("max_array_jobs", "count", 10_000),  # jobs one --sweep creates
+    "max_submit_bytes": ("max_submit_bytes", "size", 16 * 2**20),  # argv+names+after, all jobs
+    "max_job_bytes": ("max_job_bytes", "size", 128 * 2**10),  # one job's argv and after
+    "max_env_bytes": ("max_env_bytes", "size", 256 * 2**10),  # a submit's environment
+    "status_page_jobs": ("status_page_jobs", "count", 1000),  # jobs per `status` reply
+}
+
+
 @dataclass(frozen=True)
 class UserLimits:
     """Per-user limits (None: unlimited). `max_mem_bytes` sums declared memory over GPUs."""
 
     max_running: int | None = None
     max_mem_bytes: int | None = None
-    max_queued: int | None = None
+    max_queued: int | None = DEFAULT_MAX_QUEUED
 
     def over(self, other: UserLimits) -> UserLimits:
         """These limits, with every key `other` sets taking precedence."""
@@ -88,6 +100,11 @@ class Config:
     # whole time one request may take to arrive however it trickles in (slowloris).
     client_idle_timeout_s: float = 60.0
     client_request_timeout_s: float = 30.0
+    max_array_jobs: int = _REQUEST_BOUNDS["max_array_jobs"][2]
+    max_submit_bytes: int = _REQUEST_BOUNDS["max_submit_bytes"][2]
+    max_job_bytes: int = _REQUEST_BOUNDS["max_job_bytes"][2]
+    max_env_bytes: int = _REQUEST_BOUNDS["max_env_bytes"][2]
+    status_page_jobs: int = _REQUEST_BOUNDS["status_page_jobs"][2]
     default_limits: UserLimits = UserLimits()
     user_limits: Mapping[str, UserLimits] = field(default_factory=dict)
     source: str | None = None  # the file this came from, for messages
@@ -214,6 +231,8 @@ def _convert(source: str, key: str, value: Any, base: Config) -> dict[str, Any]:
             return {"metrics_address": parse_address(value)}
         if key in ("client_idle_timeout", "client_request_timeout"):
             return {f"{key}_s": parse_duration(value)}
+        if key in _REQUEST_BOUNDS:
+            return {_REQUEST_BOUNDS[key][0]: parse_bound(value, _REQUEST_BOUNDS[key][1])}
         if key == "admins":
             items = value or []
             if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
@@ -269,6 +288,19 @@ def parse_command(value: Any) -> tuple[str, ...] | None:
     return tuple(argv)
 
 
+def parse_bound(value: Any, kind: str) -> int:
+    """A request bound: a whole number ("count") or a size ("size", e.g. 16M), at least 1."""
+    if kind == "size" and isinstance(value, str):
+        number = parse_size(value)
+    elif isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    else:
+        raise UsageError(f"expected {'a size such as 16M' if kind == 'size' else 'a whole number'}")
+    if number < 1:
+        raise UsageError("expected at least 1 (a bound cannot be switched off)")
+    return number
+
+
 def parse_percent(value: Any) -> float | None:
     """ "90%", 90 or 90.5 -> 90.0; null -> None (off). Between 1 and 100."""
     if value is None:
@@ -301,8 +333,10 @@ _LIMIT_KEYS = {"max_running", "max_mem", "max_queued"}
 
 
 def _one_limit(where: str, value: Any) -> UserLimits:
+    """`default` (a key left out takes the built-in default; null: unlimited) or one
+    user's overrides (a key left out or null takes `default`'s)."""
     if value is None:
-        return UserLimits()
+        value = {}
     if not isinstance(value, dict):
         raise UsageError(f"{where}: expected a mapping with max_running, max_mem, max_queued")
     unknown = set(value) - _LIMIT_KEYS
@@ -320,7 +354,11 @@ def _one_limit(where: str, value: Any) -> UserLimits:
     return UserLimits(
         max_running=counts["max_running"],
         max_mem_bytes=None if mem is None else parse_size(mem),
-        max_queued=counts["max_queued"],
+        max_queued=(
+            DEFAULT_MAX_QUEUED
+            if where == "default" and "max_queued" not in value
+            else counts["max_queued"]
+        ),
     )
 
 

@@ -138,16 +138,24 @@ class JobEndings:
         if ended:
             why = f": {quoted(detail, 500)}" if detail else ""  # may quote a user's path
             log.info("job %s %s (%s)%s", job_id, state, reason, why)
-            with self.ended:
-                self._recent_ends.append(job_id)
-                self._end_count += 1
-                self.ended.notify_all()
+            self.announce_ends([(job_id, hooks_due)])
+        return ended
+
+    def announce_ends(self, ended: list[tuple[int, bool]]) -> None:
+        """Tell waiters and end listeners that these jobs have ended (after the commit):
+        (job id, whether it has notification hooks to run) for each."""
+        if not ended:
+            return
+        with self.ended:
+            self._recent_ends.extend(job_id for job_id, _ in ended)
+            self._end_count += len(ended)
+            self.ended.notify_all()
+        for job_id, hooks_due in ended:
             for listener in self.end_listeners:
                 try:
                     listener(job_id, hooks_due)
                 except Exception:  # a listener's bug must not undo the job's ending
                     log.exception("end listener failed for job %s", job_id)
-        return ended
 
     def _final_usage(
         self,
@@ -326,23 +334,29 @@ class JobEndings:
 
     def wait_ended(self, job_ids: list[int], timeout_s: float) -> list[Job]:
         """Block until every job has ended or the timeout passes; return their current rows."""
+        self.wait_until_ended(job_ids, timeout_s)
+        found = self.store.get_many(job_ids)
+        return [found[i] for i in job_ids if i in found]
+
+    def wait_until_ended(self, job_ids: list[int], timeout_s: float) -> None:
+        """Block until every job has ended or the timeout passes (reads their states only:
+        a `wait` on 10,000 jobs must not hold 10,000 rows while it waits)."""
         deadline = time.monotonic() + max(0.0, timeout_s)
         with self.ended:
             # Every ending goes through end(), which records it under this condition after
             # its commit: an end is either seen by this read or recorded while we wait.
             seen = self._end_count
-            pending = _active(self.store.get_many(job_ids).values())
+            pending = self._active(job_ids)
             while pending and (remaining := deadline - time.monotonic()) > 0:
                 self.ended.wait(remaining)
                 new = self._end_count - seen
                 seen = self._end_count
                 if new > len(self._recent_ends):  # more ended than remembered: read again
-                    pending = _active(self.store.get_many(pending).values())
+                    pending = self._active(pending)
                 elif new:
                     pending.difference_update(list(self._recent_ends)[-new:])
-        found = self.store.get_many(job_ids)
-        return [found[i] for i in job_ids if i in found]
 
-
-def _active(jobs: Iterable[Job]) -> set[int]:
-    return {j.id for j in jobs if j.state not in TERMINAL_STATES}
+    def _active(self, job_ids: Iterable[int]) -> set[int]:
+        return {
+            i for i, state in self.store.states_of(job_ids).items() if state not in TERMINAL_STATES
+        }

@@ -18,6 +18,14 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from gpusched import __version__
+from gpusched.bounds import (
+    MAX_NAME_CHARS,
+    REPLY_BUDGET,
+    check_env,
+    check_ids,
+    check_submit,
+    reply_weight,
+)
 from gpusched.clock import iso, utc_now
 from gpusched.errors import (
     ConflictError,
@@ -30,7 +38,7 @@ from gpusched.errors import (
 from gpusched.hints import suggest_mem
 from gpusched.identity import Caller, account_gid, can_enter, user_name
 from gpusched.logcap import read_log
-from gpusched.models import ACTIVE_STATES, TERMINAL_STATES, Drain, JobState
+from gpusched.models import ACTIVE_STATES, TERMINAL_STATES, Drain, Job, JobState
 from gpusched.store import NewJob
 from gpusched.sweep import expand, swept_name
 
@@ -40,7 +48,6 @@ if TYPE_CHECKING:
 MAX_WAIT_S = 30.0
 MAX_LOG_CHUNK = 1 << 20
 MAX_RETRY_OOM = 10
-MAX_NAME_CHARS = 200
 MAX_REASON_CHARS = 500  # a drain reason is shown on every `status`
 
 Handler = Callable[["Server", Caller, dict[str, Any]], Any]
@@ -140,12 +147,14 @@ def _text(value: str) -> str:
 
 
 def _int_list(args: dict[str, Any], key: str) -> list[int]:
+    """Job ids: each once, at most bounds.MAX_IDS (checked before any is looked up)."""
     value = _arg(args, key, list, default=[])
     if not all(isinstance(item, int) and not isinstance(item, bool) for item in value):
         raise ProtocolError(f"'{key}' must be a list of job ids")
-    for item in value:
+    ids = check_ids(key, value)
+    for item in ids:
         _check_value(key, item)
-    return value
+    return ids
 
 
 # -- handlers: one per request, each returns a JSON-able value ------------------------------------
@@ -177,6 +186,7 @@ def _submit(server: Server, caller: Caller, args: dict[str, Any]) -> Any:
     env = _arg(args, "env", dict, default={})
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
         raise ProtocolError("'env' must map strings to strings")
+    check_env(env, server.config)
     mem = _arg(args, "mem", int)
     if mem is not None and mem <= 0:
         raise UsageError("--mem must be more than zero")
@@ -218,6 +228,7 @@ def _submit(server: Server, caller: Caller, args: dict[str, Any]) -> Any:
     if sweep is None:
         if max_concurrent is not None:
             raise UsageError("--max-concurrent applies to a --sweep array")
+        check_submit(server.config, command, None, name, new.after)
         return server.visible(caller, server.scheduler.submit(new))
     pairs = []
     for item in sweep:
@@ -230,9 +241,10 @@ def _submit(server: Server, caller: Caller, args: dict[str, Any]) -> Any:
         ):
             raise ProtocolError("'sweep' must be a list of [name, [values...]]")
         pairs.append((item[0], item[1]))
+    check_submit(server.config, command, pairs, name, new.after)  # before expanding
     news = [
         replace(new, command=argv, name=swept_name(name, _text(label), MAX_NAME_CHARS))
-        for argv, label in expand(command, pairs)
+        for argv, label in expand(command, pairs, server.config.max_array_jobs)
     ]
     jobs = server.scheduler.submit_many(news, as_array=True)
     return [server.visible(caller, job) for job in jobs]
@@ -278,31 +290,90 @@ def _requeue(server: Server, caller: Caller, args: dict[str, Any]) -> Any:
 
 def _array(server: Server, caller: Caller, args: dict[str, Any]) -> Any:
     array_id = _arg(args, "array", int, required=True)
-    jobs = server.store.array_jobs(array_id)
-    if not jobs:
+    ids = server.store.array_ids(array_id)
+    if not ids:
         raise NotFoundError(f"no array a{array_id}")
-    return [server.visible(caller, job) for job in jobs]
+    return _job_list(server, caller, ids)
+
+
+def _job_list(
+    server: Server, caller: Caller, ids: list[int], done: str | None = None
+) -> list[dict[str, Any]]:
+    """The jobs as the caller may see them, read in chunks and refused past REPLY_BUDGET:
+    the daemon never holds more of a reply than a client could read. `done`: what the
+    request did anyway (the error says so)."""
+    shown, size = [], 0
+    for job in server.store.iter_jobs(ids):
+        data = server.visible(caller, job)
+        size += reply_weight(data)
+        if size > REPLY_BUDGET:
+            too_long = f"more than one reply holds ({REPLY_BUDGET // 2**20} MiB)"
+            if done is not None:
+                raise GpuschedError(f"{done}, but listing them is {too_long}")
+            raise UsageError(f"the answer lists {len(ids)} jobs, {too_long}: ask for fewer")
+        shown.append(data)
+    return shown
 
 
 def _cancel_array(server: Server, caller: Caller, array_id: int) -> Any:
+    """The array's waiting jobs in one transaction, then its running ones one by one."""
     everything = server.store.array_jobs(array_id)
     if not everything:
         raise NotFoundError(f"no array a{array_id}")
-    jobs = [j for j in everything if j.state not in TERMINAL_STATES]
-    owned = [server.owned_job(caller, j.id) for j in jobs]
-    return [server.visible(caller, server.scheduler.cancel(j, by=caller.user)) for j in owned]
+    owner = server.owned_job(caller, everything[0].id)  # one submit: one owner
+    ids = server.scheduler.cancel_waiting(owner.uid, caller.user, array_id=array_id)
+    running = [j for j in everything if j.state == JobState.RUNNING]
+    return _cancelled(server, caller, ids, running, waiting_only=False)
+
+
+def _cancelled(
+    server: Server, caller: Caller, ids: list[int], running: list[Job], waiting_only: bool
+) -> list[dict[str, Any]]:
+    """The jobs cancelled at once (`ids`), then `running` cancelled one by one."""
+    for job in running:
+        try:
+            ids.append(server.scheduler.cancel(job, caller.user, waiting_only).id)
+        except ConflictError:  # it ended (or, with waiting_only, started) meanwhile
+            continue
+    return _job_list(server, caller, ids, done=f"{len(ids)} jobs cancelled")
 
 
 def _status(server: Server, caller: Caller, args: dict[str, Any]) -> Any:
-    active = server.store.active()
-    running = [j for j in active if j.state == JobState.RUNNING]
-    jobs = [server.visible(caller, j) for j in active]
-    if _arg(args, "all", bool, default=False):
+    """GPUs and one page of active jobs in id order, whatever the queue's length.
+
+    `cursor`: the page after this id (the previous reply's `next`; null at the last
+    page); `limit`: jobs per page, at most `status_page_jobs`; `states`: only these
+    active states. With `all`, the last page ends with the 20 most recently ended jobs.
+    `counts`: how many jobs are in each active state, all pages together.
+    """
+    page_size = server.config.status_page_jobs
+    limit = min(page_size, max(1, _arg(args, "limit", int, default=page_size)))
+    cursor = max(0, _arg(args, "cursor", int, default=0))
+    states = ACTIVE_STATES
+    if args.get("states") is not None:
+        names = _str_list(args, "states")
+        if not set(names) <= {str(s) for s in ACTIVE_STATES}:
+            raise UsageError("'states': only queued, held and running jobs are paged")
+        states = frozenset(JobState(name) for name in names)
+    page = server.store.active_page(cursor, limit + 1, states)
+    more = len(page) > limit
+    jobs: list[dict[str, Any]] = []
+    size, last = 0, cursor
+    for job in server.store.iter_jobs(page[:limit]):
+        if jobs and size > REPLY_BUDGET // 2:  # a page of long commands ends early
+            more = True
+            break
+        jobs.append(server.visible(caller, job))
+        size += reply_weight(jobs[-1])
+        last = job.id
+    if not more and _arg(args, "all", bool, default=False):
         jobs += [server.visible(caller, j) for j in server.store.ended(limit=20)]
     return {
-        "gpus": [g.to_json() for g in server.scheduler.gpu_reports(running)],
+        "gpus": [g.to_json() for g in server.scheduler.gpu_reports(server.store.running())],
         "jobs": jobs,
         "drain": _drain_json(server),
+        "next": last if more else None,
+        "counts": server.store.count_active(),
     }
 
 
@@ -345,16 +416,9 @@ def _logs(server: Server, caller: Caller, args: dict[str, Any]) -> Any:
 
 def _cancel_mine(server: Server, caller: Caller, waiting_only: bool) -> Any:
     """Every active job of the caller's own (root's and admins' too: others' only by id)."""
-    wanted = (JobState.QUEUED, JobState.HELD) if waiting_only else tuple(ACTIVE_STATES)
-    cancelled = []
-    for job in server.store.active():
-        if job.uid != caller.uid or job.state not in wanted:
-            continue
-        try:
-            cancelled.append(server.scheduler.cancel(job, caller.user, waiting_only))
-        except ConflictError:  # it ended (or, with waiting_only, started) meanwhile
-            continue
-    return [server.visible(caller, job) for job in cancelled]
+    ids = server.scheduler.cancel_waiting(caller.uid, caller.user)
+    running = [] if waiting_only else [j for j in server.store.running() if j.uid == caller.uid]
+    return _cancelled(server, caller, ids, running, waiting_only)
 
 
 def _cancel(server: Server, caller: Caller, args: dict[str, Any]) -> Any:
@@ -378,11 +442,14 @@ def _wait(server: Server, caller: Caller, args: dict[str, Any]) -> Any:
     ids = _int_list(args, "ids")
     if not ids:
         raise UsageError("no job ids to wait for")
+    found = server.store.states_of(ids)
     for job_id in ids:
-        server.store.get(job_id)  # unknown ids fail now, not after the timeout
+        if job_id not in found:  # unknown ids fail now, not after the timeout
+            raise NotFoundError(f"no job {job_id}")
     timeout = float(_arg(args, "timeout", (int, float), default=MAX_WAIT_S))
     timeout = min(max(timeout, 0.0), MAX_WAIT_S)
-    return [server.visible(caller, j) for j in server.scheduler.wait_ended(ids, timeout)]
+    server.scheduler.wait_until_ended(ids, timeout)
+    return _job_list(server, caller, ids)
 
 
 def _estimate_history(server: Server, caller: Caller, args: dict[str, Any]) -> Any:
@@ -423,8 +490,8 @@ def _history(server: Server, caller: Caller, args: dict[str, Any]) -> Any:
     since = _arg(args, "since", str)
     if since is not None:
         since = _utc_iso(since)
-    found = server.store.ended(limit=min(limit, 10000), user=user, states=states, since=since)
-    return [server.visible(caller, j) for j in found]
+    found = server.store.ended_ids(min(limit, 10000), user=user, states=states, since=since)
+    return _job_list(server, caller, found)
 
 
 def _utc_iso(text: str) -> str:

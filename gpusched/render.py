@@ -263,7 +263,11 @@ def render_jobs(
     width: int = 80,
     color: bool = False,
     show_all: bool = False,
+    *,
+    more_waiting: int = 0,
 ) -> list[str]:
+    """`more_waiting`: waiting jobs beyond those in `jobs`, counted in the title and the
+    last line of the waiting group (status lists the first few of a long queue)."""
     paint = _Painter(color)
     jobs = [shown_fields(job) for job in jobs]
     running = [j for j in jobs if j.state == JobState.RUNNING]
@@ -286,9 +290,12 @@ def render_jobs(
     for title, members, tint in groups:
         if not members:
             continue
-        lines.append(paint(f"{title} ({len(members)})", tint, bold=True))
+        extra = more_waiting if title == "waiting" else 0
+        lines.append(paint(f"{title} ({len(members) + extra})", tint, bold=True))
         for job in members:
             lines.extend(_job_lines(job, now, width, paint))
+        if extra:
+            lines.append(f"   ... and {extra} more waiting (--limit 0 lists all)")
     return lines
 
 
@@ -301,6 +308,7 @@ def render_status(
     now: datetime | None = None,
     show_all: bool = False,
     drain: Drain | None = None,
+    more_waiting: int = 0,
 ) -> str:
     """The whole `gpusched status` screen, lines no wider than `width` (at least 60)."""
     width = max(MIN_WIDTH, width)
@@ -312,5 +320,5 @@ def render_status(
         lines.append("")
     lines += render_gpus(gpus, width, color) if gpus else ["no GPUs"]
     lines.append("")
-    lines.extend(render_jobs(jobs, moment, width, color, show_all))
+    lines.extend(render_jobs(jobs, moment, width, color, show_all, more_waiting=more_waiting))
     return "\n".join(lines)

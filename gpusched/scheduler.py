@@ -27,7 +27,7 @@ from gpusched.config_holder import ConfigHolder
 from gpusched.drain import load_drain, save_drain
 from gpusched.endings import JobEndings
 from gpusched.environment import job_environment
-from gpusched.errors import ConflictError, NotFoundError, UsageError
+from gpusched.errors import ConflictError, UsageError
 from gpusched.fair_share import recent_usage
 from gpusched.gpu_reports import gpu_reports
 from gpusched.gpus import Probe
@@ -286,20 +286,15 @@ class Scheduler:
                     f" GPU {largest.index} ({largest.name}) with {format_size(largest.total_bytes)}"
                     f" total, {format_size(most)} usable by jobs"
                 )
-        max_queued = self.config.limits_for(new.user).max_queued
-        if max_queued is not None:
-            waiting = self.store.count_waiting(new.uid)
-            if waiting + len(news) > max_queued:
-                raise ConflictError(
-                    f"user limit: {new.user} has {waiting} waiting jobs and submits {len(news)}"
-                    f" (max_queued {max_queued}); cancel some or wait for them to start"
-                )
+        found = self.store.get_many(new.after)
         for dep in new.after:
-            try:
-                self.store.get(dep)
-            except NotFoundError:
-                raise UsageError(f"--after {dep}: no job {dep}") from None
-        jobs = self.store.add_many(news, iso(self.clock()), as_array=as_array)
+            if dep not in found:
+                raise UsageError(f"--after {dep}: no job {dep}")
+        # `max_queued` is counted and applied in the insert's own transaction (Store).
+        max_queued = self.config.limits_for(new.user).max_queued
+        jobs = self.store.add_many(
+            news, iso(self.clock()), as_array=as_array, max_waiting=max_queued
+        )
         log.info(
             "job %s submitted by %s: mem %s x %s GPU(s)%s",
             ",".join(str(j.id) for j in jobs) if len(jobs) < 5 else f"{jobs[0].id}-{jobs[-1].id}",
@@ -330,6 +325,22 @@ class Scheduler:
                 )
             self.wake()
             return self.store.get(job.id)
+
+    def cancel_waiting(self, uid: int, by: str, array_id: int | None = None) -> list[int]:
+        """Cancel all of a user's waiting jobs (of one array) at once: their ids.
+
+        One transaction for any number (job by job, 100,000 took minutes); their ends
+        are announced as `_end` announces one.
+        """
+        with self._lock:
+            ended = self.store.cancel_waiting(
+                uid, array_id, f"cancelled by {by}", iso(self.clock()), bool(self.config.on_finish)
+            )
+            self.endings.announce_ends(ended)
+        if ended:
+            log.info("%d waiting jobs of uid %d cancelled by %s", len(ended), uid, by)
+            self.wake()
+        return [job_id for job_id, _ in ended]
 
     def set_drain(self, drain: Drain | None) -> None:
         """Start nothing new (a Drain), or start again (None); kept across restarts."""
@@ -376,6 +387,10 @@ class Scheduler:
     def wait_ended(self, job_ids: list[int], timeout_s: float) -> list[Job]:
         """Block until every job has ended or the timeout passes; return their current rows."""
         return self.endings.wait_ended(job_ids, timeout_s)
+
+    def wait_until_ended(self, job_ids: list[int], timeout_s: float) -> None:
+        """Block until every job has ended or the timeout passes (reads their states only)."""
+        self.endings.wait_until_ended(job_ids, timeout_s)
 
     # -- views ------------------------------------------------------------------------------
 

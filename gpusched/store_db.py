@@ -115,6 +115,19 @@ jobs = Table(
     Column("notify", JSON, nullable=True),  # argv run as the owner when the job ends
     # 1 from a job's end until its notification hooks start: they survive a restart.
     Column("hooks_due", Integer, nullable=True),
+    # The job's environment in `envs` (then `env` is {}); NULL for rows written before.
+    Column("env_id", Integer, nullable=True),
+)
+
+# Environments, stored once each and shared by every job submitted with the same one:
+# a 10,000-job sweep stores its submitter's environment once, not 10,000 times, and a
+# user's successive submits from one shell share a row. Keyed by a digest of the content.
+envs = Table(
+    "envs",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("digest", String, nullable=False, unique=True),
+    Column("env", JSON, nullable=False),
 )
 
 # -- rows read as Jobs ------------------------------------------------------------------

@@ -300,7 +300,10 @@ class Target:
 
 @pytest.fixture
 def target(daemon_factory: Any) -> Target:
-    daemon = daemon_factory(simulate="1x24G", config={"poll_interval": "0.5s"}).start()
+    # max_job_bytes raised: test_replies_bigger_than_a_request_still_reach_the_client
+    # needs jobs whose commands are larger than a request may be.
+    settings = {"poll_interval": "0.5s", "max_job_bytes": "4M"}
+    daemon = daemon_factory(simulate="1x24G", config=settings).start()
     return Target(daemon)
 
 
