@@ -82,6 +82,7 @@ class Install:
     root: Path
     prefix: Path
     bindir: Path
+    checkout: Path
 
 
 def _system_python_makes_venvs() -> bool:
@@ -100,6 +101,23 @@ def _clean_env() -> dict[str, str]:
     return env
 
 
+def _run_script(install: Install) -> None:
+    """`sudo scripts/install.sh`, by an administrator whose umask is 077: the script must
+    still leave an install that every user can read and run."""
+    script = install.checkout / "scripts" / "install.sh"
+    places = ["--prefix", str(install.prefix), "--bindir", str(install.bindir)]
+    result = subprocess.run(
+        ["sh", "-c", 'umask 077; exec "$0" "$@"', str(script), *places],
+        env=_clean_env(),
+        cwd=install.root,
+        capture_output=True,
+        text=True,
+        timeout=540,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 @pytest.fixture(scope="module")
 def installed() -> Iterator[Install]:
     if not _system_python_makes_venvs():
@@ -111,21 +129,8 @@ def installed() -> Iterator[Install]:
         root.chmod(0o755)  # every user traverses it, as they do / on a server
         checkout = root / "checkout"
         shutil.copytree(REPO, checkout, ignore=NOT_CHECKOUT)
-        install = Install(root, root / "opt" / "gpusched", root / "usr-local-bin")
-        # An administrator whose umask is 077: the script must still leave an install that
-        # every user can read and run.
-        script = checkout / "scripts" / "install.sh"
-        places = ["--prefix", str(install.prefix), "--bindir", str(install.bindir)]
-        result = subprocess.run(
-            ["sh", "-c", 'umask 077; exec "$0" "$@"', str(script), *places],
-            env=_clean_env(),
-            cwd=root,
-            capture_output=True,
-            text=True,
-            timeout=540,
-            check=False,
-        )
-        assert result.returncode == 0, result.stdout + result.stderr
+        install = Install(root, root / "opt" / "gpusched", root / "usr-local-bin", checkout)
+        _run_script(install)
         yield install
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -137,14 +142,8 @@ def lab_user() -> Iterator[User]:
         yield users[0]
 
 
-@pytest.fixture
-def installed_daemon(installed: Install) -> Iterator[RunningDaemon]:
-    """The installed `gpusched daemon`, as the unit starts it (root, no test venv around)."""
-    run = installed.root / "run"
-    run.mkdir(mode=0o755, exist_ok=True)
-    # The harness writes the config (socket, database, state and logs under `run`) and
-    # stops the daemon and its jobs; the process is the installed script's, not the venv's.
-    daemon = RunningDaemon(run, simulate="1x24G")
+def _start_installed_daemon(installed: Install, daemon: RunningDaemon) -> None:
+    """Start the installed `gpusched daemon` as the unit does (root, no test venv around)."""
     gpusched = str(installed.prefix / "bin" / "gpusched")
     with open(daemon.stderr_path, "ab") as stderr:
         daemon.process = subprocess.Popen(
@@ -155,8 +154,19 @@ def installed_daemon(installed: Install) -> Iterator[RunningDaemon]:
             stdout=subprocess.DEVNULL,
             stderr=stderr,
         )
+    eventually(lambda: answers(daemon), 20, describe=daemon.stderr)
+
+
+@pytest.fixture
+def installed_daemon(installed: Install) -> Iterator[RunningDaemon]:
+    """A started daemon from the install, in a fresh directory every user can traverse."""
+    run = Path(tempfile.mkdtemp(prefix="run-", dir=installed.root))
+    run.chmod(0o755)
+    # The harness writes the config (socket, database, state and logs under `run`) and
+    # stops the daemon and its jobs; the process is the installed script's, not the venv's.
+    daemon = RunningDaemon(run, simulate="1x24G")
     try:
-        eventually(lambda: answers(daemon), 20, describe=daemon.stderr)
+        _start_installed_daemon(installed, daemon)
         yield daemon
     finally:
         daemon.stop()
@@ -249,3 +259,48 @@ def test_a_user_runs_the_installed_cli_against_the_installed_daemon(
     result = _as_user(lab_user, installed, installed_daemon, "logs", job_id)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == [str(lab_user.uid)], result.stdout
+
+
+@pytest.mark.install
+def test_upgrade_reinstalls_into_the_same_venv_and_jobs_keep_running(
+    installed: Install, installed_daemon: RunningDaemon, lab_user: User
+) -> None:
+    """docs/operations.md's upgrade: pull, run the script again, restart; a job runs on."""
+    go = installed_daemon.root / "go"
+    wait_for_go = f"while [ ! -e {go} ]; do sleep 0.1; done; echo finished"
+    result = _as_user(
+        lab_user,
+        installed,
+        installed_daemon,
+        "submit",
+        "--mem",
+        "1G",
+        "--",
+        "sh",
+        "-c",
+        wait_for_go,
+    )
+    assert result.returncode == 0, result.stderr
+    job_id = int(result.stdout.strip())
+    installed_daemon.wait_state(job_id, {"running"})
+
+    # A new version in the checkout (as after `git pull`), with the same version number:
+    # the reinstall must still replace the installed code.
+    marker = f"# upgraded {os.urandom(4).hex()}\n"
+    init = installed.checkout / "gpusched" / "__init__.py"
+    init.write_text(init.read_text() + marker)
+    _run_script(installed)
+    installed_init = next(installed.prefix.glob("lib/python3*/site-packages/gpusched/__init__.py"))
+    assert installed_init.read_text().endswith(marker)
+
+    installed_daemon.stop()
+    _start_installed_daemon(installed, installed_daemon)
+    assert installed_daemon.show(job_id)["state"] == "running"
+    go.touch()
+    result = _as_user(lab_user, installed, installed_daemon, "wait", str(job_id))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert installed_daemon.show(job_id)["state"] == "done"
+    result = _as_user(lab_user, installed, installed_daemon, "logs", str(job_id))
+    assert result.stdout.split() == ["finished"], result.stdout
+    result = _as_user(lab_user, installed, None, "--version")
+    assert result.returncode == 0, result.stderr
