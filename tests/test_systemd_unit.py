@@ -50,7 +50,7 @@ def test_systemd_analyze_verify(tmp_path: Path) -> None:
         pytest.skip("systemd-analyze or the gpusched console script is not installed")
     # verify checks that ExecStart exists: point it at this installation's gpusched.
     unit = tmp_path / "gpusched.service"
-    unit.write_text(UNIT.read_text().replace("/usr/local/bin/gpusched", gpusched))
+    unit.write_text(UNIT.read_text().replace("/opt/gpusched/bin/gpusched", gpusched))
     result = subprocess.run(
         [analyze, "verify", str(unit)], capture_output=True, text=True, check=False
     )

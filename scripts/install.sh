@@ -1,0 +1,43 @@
+#!/bin/sh
+# Install (or upgrade) gpusched from this checkout into its own Python environment, and
+# put the `gpusched` command on every user's PATH. docs/operations.md ("Install") shows and
+# explains these steps; tests/test_install.py runs this script, so the two cannot drift.
+#
+#   sudo scripts/install.sh [--prefix /opt/gpusched] [--bindir /usr/local/bin] [--python /usr/bin/python3]
+#
+# Why a venv: Debian 12 and Ubuntu 23.04+ mark their Python "externally managed" (PEP 668)
+# and refuse `sudo pip install .`; a venv is also kept apart from the distribution's own
+# Python packages, so an apt upgrade cannot break the daemon and the daemon cannot break apt.
+# Running it again upgrades in place: the same venv, the package reinstalled from the
+# checkout; then `sudo systemctl restart gpusched` (running jobs keep running).
+set -eu
+
+prefix=/opt/gpusched
+bindir=/usr/local/bin
+python=/usr/bin/python3
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --prefix) prefix=$2; shift 2 ;;
+        --bindir) bindir=$2; shift 2 ;;
+        --python) python=$2; shift 2 ;;
+        *) echo "usage: $0 [--prefix DIR] [--bindir DIR] [--python PYTHON]" >&2; exit 2 ;;
+    esac
+done
+checkout=$(cd "$(dirname "$0")/.." && pwd)
+
+# Every user runs the installed `gpusched` (the CLI) from this venv. An administrator whose
+# umask is 077 would otherwise create a venv that only root can read, and every user's
+# `gpusched status` would fail with "Permission denied".
+umask 022
+
+if ! "$python" -c 'import ensurepip, venv' 2>/dev/null; then
+    echo "$python cannot create a venv: install it first (Debian, Ubuntu: sudo apt install python3-venv)" >&2
+    exit 1
+fi
+
+set -x
+"$python" -m venv "$prefix"
+# Not editable (-e): the service must not run code from a checkout someone may edit or remove.
+"$prefix/bin/pip" install --quiet --upgrade "$checkout"
+install -d -m 0755 "$bindir"
+ln -sfn "$prefix/bin/gpusched" "$bindir/gpusched"
