@@ -78,7 +78,7 @@ def process_cpu_s(pid: int, reaped_children: bool = False) -> float:
 _SUPERVISOR_ALONE = """
 import json, os, resource, shutil, statistics, sys, time
 from pathlib import Path
-from gpusched.zygote import fork_supervisor
+from gpusched.processes.zygote import fork_supervisor
 
 root, rounds, true = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 job_dir = root / "jobs" / "1"
@@ -191,7 +191,7 @@ def bench_gpusched(n_jobs: int, root: Path) -> dict[str, float]:
             (zygote,) = [
                 child
                 for child in psutil.Process(daemon.process.pid).children()
-                if "gpusched.zygote" in child.cmdline()
+                if "gpusched.processes.zygote" in child.cmdline()
             ]
             daemon_before = process_cpu_s(daemon.process.pid)
             job_side_before = process_cpu_s(zygote.pid, reaped_children=True)

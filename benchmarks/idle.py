@@ -6,7 +6,7 @@ written with `tests.fakenvml.state`. The daemon runs WITHOUT `simulate`, so ever
 goes through pynvml into the driver library, with LD_LIBRARY_PATH and FAKENVML_STATE
 set, `poll_interval: 1s`, and no job. After a settling period, psutil samples the
 daemon process over the measuring window: CPU as (user + system time) / wall time,
-RSS once a second. Its supervisor zygote (gpusched.zygote, a separate process the
+RSS once a second. Its supervisor zygote (gpusched.processes.zygote, a separate process the
 daemon starts) is measured the same way after it, and reported on its own. Baseline in
 the same run: a bare `python -c` process that imports nothing and sleeps.
 
@@ -74,7 +74,7 @@ def main() -> None:
             zygote = next(
                 c
                 for c in psutil.Process(daemon.process.pid).children()
-                if "gpusched.zygote" in c.cmdline()
+                if "gpusched.processes.zygote" in c.cmdline()
             )
             zygote_cpu, _, zygote_rss = measure(zygote.pid, min(args.seconds, 5.0))
             zygote_uss = zygote.memory_full_info().uss / 2**20

@@ -4,7 +4,7 @@ A seeded generator makes a lab-like trace (declared memory 2-40 GB, long-tailed;
 peak 50-100 % of the declaration; durations of minutes to hours; compute demand 20-100 %
 of a GPU). A discrete-event simulation replays it on 4 simulated 80 GB GPUs and, at
 every event (a submit, a job's end, a job allocating its memory), asks gpusched's own
-`gpusched.policy.plan()` which waiting jobs start where, exactly as `Scheduler.tick()`
+`gpusched.scheduling.policy.plan()` which waiting jobs start where, exactly as `Scheduler.tick()`
 does: GPUs as `GpuSlot` (free memory as the driver would report it), running jobs as
 `RunningClaim` (with their observed usage), the queue as `WaitingJob`.
 
@@ -42,8 +42,8 @@ from dataclasses import dataclass, fields, replace
 
 from _common import Figure, GiB, report
 
-from gpusched.config import Config
-from gpusched.policy import GpuSlot, RunningClaim, WaitingJob, plan
+from gpusched.core.config import Config
+from gpusched.scheduling.policy import GpuSlot, RunningClaim, WaitingJob, plan
 
 GPU_COUNT = 4
 GPU_MEM = 80 * GiB

@@ -30,7 +30,7 @@ from typing import Any
 from _common import Figure, print_conditions, profiled, report
 
 from gpusched.client import Client
-from gpusched.errors import GpuschedError
+from gpusched.core.errors import GpuschedError
 from gpusched.store import Store
 from tests.daemon_harness import RunningDaemon
 

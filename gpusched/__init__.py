@@ -10,16 +10,21 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
-__all__ = ["Client", "__version__"]
+__all__ = ["Client", "GpuschedError", "__version__"]
 
 if TYPE_CHECKING:
     from gpusched.client import Client
+    from gpusched.core.errors import GpuschedError
 
 
 def __getattr__(name: str) -> Any:
-    # Lazy so that `import gpusched.supervisor` does not drag the client in.
+    # Lazy so that `import gpusched.processes.supervisor` does not drag the client in.
     if name == "Client":
         from gpusched.client import Client
 
         return Client
+    if name == "GpuschedError":  # the root of every error the client raises
+        from gpusched.core.errors import GpuschedError
+
+        return GpuschedError
     raise AttributeError(name)

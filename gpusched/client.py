@@ -6,8 +6,8 @@
     job = client.wait(job.id)              # a Job; wait([ids]) returns a list
     print(job.state, job.exit_code)
 
-Every method returns plain data from gpusched.models (`Job`, `GpuReport`) and raises a
-`gpusched.errors.GpuschedError` subclass with a one-line message on failure
+Every method returns plain data from gpusched.core.models (`Job`, `GpuReport`) and raises a
+`gpusched.core.errors.GpuschedError` subclass with a one-line message on failure
 (`DaemonUnreachable` when no daemon answers). The CLI is built on this. It imports no
 SQLAlchemy, APScheduler or pynvml.
 """
@@ -26,16 +26,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, overload
 
-from gpusched.config import (
+from gpusched.core.config import (
     SYSTEM_CONFIG_PATH,
     SYSTEM_SOCKET_PATH,
     config_path_from_env,
     user_socket_path,
 )
-from gpusched.errors import DaemonUnreachable, ProtocolError, UsageError
-from gpusched.models import TERMINAL_STATES, Drain, GpuReport, Job
-from gpusched.protocol import MAX_REPLY_BYTES, decode, encode, error_from_reply, read_frame
-from gpusched.units import parse_duration, parse_size
+from gpusched.core.errors import DaemonUnreachable, ProtocolError, UsageError
+from gpusched.core.models import TERMINAL_STATES, Drain, GpuReport, Job
+from gpusched.core.protocol import MAX_REPLY_BYTES, decode, encode, error_from_reply, read_frame
+from gpusched.core.units import parse_duration, parse_size
 
 CONNECT_TIMEOUT_S = 5.0
 REPLY_TIMEOUT_S = 120.0
@@ -68,7 +68,7 @@ def resolve_socket(
         return Path(env), [Path(env)]
     named = config_path_from_env(str(config_path) if config_path else None)
     if named is not None or (os.geteuid() == 0 and SYSTEM_CONFIG_PATH.exists()):
-        from gpusched.config import load_config  # reads YAML only when a config is in play
+        from gpusched.core.config import load_config  # reads YAML only when a config is in play
 
         path = load_config(named).socket_path
         return path, [path]

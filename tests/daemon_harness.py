@@ -21,11 +21,11 @@ import psutil
 import yaml
 
 from gpusched.client import Client
-from gpusched.config import load_config
-from gpusched.config_holder import ConfigHolder
-from gpusched.gpus import SimulatedProbe
-from gpusched.launcher import Launcher
-from gpusched.scheduler import Scheduler
+from gpusched.core.config import load_config
+from gpusched.core.config_holder import ConfigHolder
+from gpusched.gpus.probe import SimulatedProbe
+from gpusched.processes.launcher import Launcher
+from gpusched.scheduling.scheduler import Scheduler
 from gpusched.store import Store
 
 START_TIMEOUT_S = 15.0

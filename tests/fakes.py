@@ -1,8 +1,8 @@
 """Test doubles of gpusched's interfaces (never of its modules' internals).
 
-`FakeLauncher` implements `gpusched.launching.JobLauncher` in memory: a started job gets a
+`FakeLauncher` implements `gpusched.processes.launching.JobLauncher` in memory: a started job gets a
 pid no process has, and ends only when the test says how (`finish`), as its supervisor's
-exit record would. `FakeProbe` implements `gpusched.gpus.Probe` with GPUs whose processes
+exit record would. `FakeProbe` implements `gpusched.gpus.probe.Probe` with GPUs whose processes
 the test sets. `FixedClock` is a clock that moves only when told. With them,
 `Scheduler.tick()` runs one scheduling pass at a time and spawns nothing.
 """
@@ -15,8 +15,8 @@ from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from gpusched.launching import Outcome, OutcomeKind, Started, StartError
-from gpusched.models import GpuProcess, GpuState, Job
+from gpusched.core.models import GpuProcess, GpuState, Job
+from gpusched.processes.launching import Outcome, OutcomeKind, Started, StartError
 
 GiB = 2**30
 # Above the kernel's largest pid (2**22): never the pid of a real process.

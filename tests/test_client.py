@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from gpusched import Client
-from gpusched.errors import UsageError
-from gpusched.models import Job
+from gpusched.core.errors import UsageError
+from gpusched.core.models import Job
 from tests.daemon_harness import RunningDaemon
 
 README = Path(__file__).resolve().parents[1] / "README.md"

@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from gpusched.config import (
+from gpusched.core.config import (
     SYSTEM_SOCKET_PATH,
     Config,
     config_path_from_env,
     default_config,
     load_config,
 )
-from gpusched.errors import ConfigError, UsageError
+from gpusched.core.errors import ConfigError, UsageError
 
 G, M = 2**30, 2**20
 
@@ -187,7 +187,7 @@ def test_defaults_of_a_real_non_root_process() -> None:
     """The same as above without monkeypatching: a subprocess that really is not root."""
     if os.geteuid() != 0:
         pytest.skip("needs root to start a process as another user")
-    code = "from gpusched.config import load_config; c = load_config(None); "
+    code = "from gpusched.core.config import load_config; c = load_config(None); "
     code += "print(c.socket_path); print(c.database_url)"
     env = {  # the paths need not exist: the defaults are only computed here
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),

@@ -1,12 +1,12 @@
-"""The drain record in the state directory (gpusched.drain): kept, lifted, and read
+"""The drain record in the state directory (gpusched.scheduling.drain): kept, lifted, and read
 carefully when damaged."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from gpusched.drain import DRAIN_FILE, load_drain, save_drain
-from gpusched.models import Drain
+from gpusched.core.models import Drain
+from gpusched.scheduling.drain import DRAIN_FILE, load_drain, save_drain
 
 
 def test_a_drain_is_kept_and_lifted(tmp_path: Path) -> None:

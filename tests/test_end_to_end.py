@@ -12,7 +12,7 @@ from typing import Any
 import psutil
 import pytest
 
-from gpusched.errors import UsageError
+from gpusched.core.errors import UsageError
 from tests.daemon_harness import RunningDaemon, eventually
 
 PRINT_GPU = "import os; print('GPU=' + os.environ['CUDA_VISIBLE_DEVICES'])"

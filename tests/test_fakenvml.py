@@ -21,9 +21,9 @@ from typing import Any
 import psutil
 import pytest
 
-from gpusched.errors import GpuError
-from gpusched.models import GpuHealth, GpuProcess
-from gpusched.nvml import NvmlProbe
+from gpusched.core.errors import GpuError
+from gpusched.core.models import GpuHealth, GpuProcess
+from gpusched.gpus.nvml import NvmlProbe
 from tests.daemon_harness import eventually
 from tests.fakenvml import state as fakestate
 from tests.fakenvml.fixtures import FakeNvml
@@ -35,8 +35,8 @@ RESERVED = fakestate.DEFAULT_RESERVED_BYTES
 # Prints each GPU of an NvmlProbe snapshot as JSON, or the GpuError's message.
 SNAPSHOT_SCRIPT = """
 import json, sys
-from gpusched.errors import GpuError
-from gpusched.nvml import NvmlProbe
+from gpusched.core.errors import GpuError
+from gpusched.gpus.nvml import NvmlProbe
 probe = NvmlProbe()
 try:
     gpus = probe.snapshot()
@@ -98,7 +98,7 @@ def test_missing_v2_symbol_is_function_not_found_and_asked_once(fake_nvml_no_v2:
     # Count the v2 attempts by wrapping the binding (pynvml, not gpusched) in the subprocess.
     code = """
 import pynvml
-from gpusched.nvml import NvmlProbe
+from gpusched.gpus.nvml import NvmlProbe
 real, v2_calls = pynvml.nvmlDeviceGetMemoryInfo, []
 def counting(handle, version=None):
     if version:

@@ -231,7 +231,7 @@ def test_a_zygote_forked_supervisor_whose_pid_was_never_recorded_is_readopted(
 ) -> None:
     """The daemon died after the zygote forked a job's supervisor, before set_pid.
 
-    That supervisor has not the command line of `python -m gpusched.supervisor SPEC`: the
+    That supervisor has not the command line of `python -m gpusched.processes.supervisor SPEC`: the
     restarted daemon finds it by the identity the zygote recorded in the job's directory.
     """
     marker = tmp_path / "finished"
@@ -239,7 +239,7 @@ def test_a_zygote_forked_supervisor_whose_pid_was_never_recorded_is_readopted(
     script = job_until(go, marker, 5)
     job_id = daemon.submit("--mem", "1G", "--", sys.executable, "-c", script)
     supervisor = daemon.supervisor_pid(job_id)
-    assert "gpusched.supervisor" not in " ".join(psutil.Process(supervisor).cmdline())
+    assert "gpusched.processes.supervisor" not in " ".join(psutil.Process(supervisor).cmdline())
     daemon.stop(signal.SIGKILL)
     store = _db(daemon)
     try:  # what the database holds when set_pid never committed

@@ -17,9 +17,9 @@ import pytest
 import yaml
 
 from gpusched.client import Client
-from gpusched.config import load_config
-from gpusched.errors import UsageError
-from gpusched.hooks import run_hook
+from gpusched.core.config import load_config
+from gpusched.core.errors import UsageError
+from gpusched.daemon.hooks import run_hook
 from tests.daemon_harness import RunningDaemon, eventually
 from tests.users import as_user, throwaway_users
 

@@ -6,9 +6,9 @@ import subprocess
 import threading
 from pathlib import Path
 
-from gpusched.config import load_config
-from gpusched.config_holder import ConfigHolder
-from gpusched.launcher import Launcher
+from gpusched.core.config import load_config
+from gpusched.core.config_holder import ConfigHolder
+from gpusched.processes.launcher import Launcher
 from tests.daemon_harness import directory_settings
 
 

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpusched.config import load_config
-from gpusched.errors import UsageError
+from gpusched.core.config import load_config
+from gpusched.core.errors import UsageError
 from tests.daemon_harness import eventually
 
 G = 2**30

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from gpusched.client import Client
-from gpusched.errors import ConflictError, PermissionDenied, UsageError
-from gpusched.server import Server
+from gpusched.core.errors import ConflictError, PermissionDenied, UsageError
+from gpusched.daemon.server import Server
 from tests.daemon_harness import RunningDaemon, in_process_scheduler
 from tests.users import User, as_user, throwaway_users
 

@@ -15,7 +15,7 @@ from typing import Any
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from gpusched.policy import (
+from gpusched.scheduling.policy import (
     GpuBudget,
     GpuSlot,
     Plan,

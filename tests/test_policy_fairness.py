@@ -7,7 +7,14 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpusched.policy import GpuSlot, RunningClaim, UsageSpan, WaitingJob, decayed_usage, plan
+from gpusched.scheduling.policy import (
+    GpuSlot,
+    RunningClaim,
+    UsageSpan,
+    WaitingJob,
+    decayed_usage,
+    plan,
+)
 
 GiB = 2**30
 HOUR = 3600.0

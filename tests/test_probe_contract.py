@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import psutil
 import pytest
 
-from gpusched.gpus import Probe, SimulatedProbe
-from gpusched.models import GpuHealth, GpuState
+from gpusched.core.models import GpuHealth, GpuState
+from gpusched.gpus.probe import Probe, SimulatedProbe
 from tests.daemon_harness import eventually
 from tests.fakenvml.fixtures import FakeNvml
 
@@ -36,7 +36,7 @@ def _simulated() -> Kit:
 
 
 def _nvml(fake: FakeNvml) -> Kit:
-    from gpusched.nvml import NvmlProbe
+    from gpusched.gpus.nvml import NvmlProbe
 
     fake.set_gpus(SIZES)
     probe = NvmlProbe()

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpusched.errors import ERROR_KINDS, GpuschedError, ProtocolError
-from gpusched.protocol import (
+from gpusched.core.errors import ERROR_KINDS, GpuschedError, ProtocolError
+from gpusched.core.protocol import (
     MAX_FRAME_BYTES,
     MAX_JSON_DEPTH,
     decode,

@@ -27,9 +27,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpusched import handlers
 from gpusched.client import Client
-from gpusched.protocol import MAX_FRAME_BYTES
+from gpusched.core.protocol import MAX_FRAME_BYTES
+from gpusched.daemon import handlers
 from tests.daemon_harness import RunningDaemon
 
 pytestmark = pytest.mark.fuzz  # skipped locally with -m "not fuzz"; CI runs it

@@ -13,8 +13,8 @@ from pathlib import Path
 import click
 import pytest
 
-from gpusched.models import GpuReport, Job, JobState
-from gpusched.render import format_duration, format_indices, render_status, split_cells
+from gpusched.cli.render import format_duration, format_indices, render_status, split_cells
+from gpusched.core.models import GpuReport, Job, JobState
 
 GOLDEN = Path(__file__).parent / "golden"
 G = 2**30

@@ -1,4 +1,4 @@
-"""The one sanitizer for people's eyes (gpusched.sanitize) and the daemon log's formatter."""
+"""The one sanitizer for people's eyes (gpusched.core.sanitize) and the daemon log's formatter."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import unicodedata
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpusched.logfmt import CONTINUATION, OneLineFormatter
-from gpusched.models import Job, JobState
-from gpusched.sanitize import command_for_log, quoted, shown, shown_fields, shown_output
+from gpusched.core.models import Job, JobState
+from gpusched.core.sanitize import command_for_log, quoted, shown, shown_fields, shown_output
+from gpusched.daemon.logfmt import CONTINUATION, OneLineFormatter
 
 INTERPRETED = {"Cc", "Cf", "Zl", "Zp", "Cs", "Cn"}
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from gpusched.models import EndReason, JobState
-from gpusched.scheduler import Scheduler
+from gpusched.core.models import EndReason, JobState
+from gpusched.scheduling.scheduler import Scheduler
 from gpusched.store import NewJob
 from tests.daemon_harness import in_process_scheduler
 

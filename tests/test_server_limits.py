@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import socket
 
-from gpusched.server import MAX_CONNECTIONS_PER_USER
+from gpusched.daemon.server import MAX_CONNECTIONS_PER_USER
 from tests.daemon_harness import RunningDaemon, answers, eventually
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from gpusched.errors import NotFoundError
-from gpusched.models import EndReason, JobState
+from gpusched.core.errors import NotFoundError
+from gpusched.core.models import EndReason, JobState
 from gpusched.store import LaunchInfo, NewJob, Store
 
 NOW = "2025-01-01T00:00:00+00:00"
@@ -440,7 +440,7 @@ def test_concurrent_compare_and_set_has_one_winner(db_path: Path) -> None:
 
 _SYNC_SCRIPT = """
 import sys
-from gpusched.models import JobState
+from gpusched.core.models import JobState
 from gpusched.store import NewJob, Store
 
 store = Store(f"sqlite:///{sys.argv[1]}")

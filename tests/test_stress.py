@@ -31,8 +31,8 @@ import psutil
 import pytest
 
 from gpusched.client import Client
-from gpusched.errors import DaemonUnreachable, GpuschedError, ProtocolError
-from gpusched.models import Job
+from gpusched.core.errors import DaemonUnreachable, GpuschedError, ProtocolError
+from gpusched.core.models import Job
 from tests.daemon_harness import RunningDaemon, eventually
 
 pytestmark = pytest.mark.stress  # skipped locally with -m "not stress"; CI runs it
@@ -80,7 +80,7 @@ def _ours(marker: str, daemon_pid: int | None = None) -> list[psutil.Process]:
         if process.info["status"] == psutil.STATUS_ZOMBIE:
             continue
         cmdline = process.info.get("cmdline") or []
-        if process.info["ppid"] == daemon_pid and "gpusched.zygote" in cmdline:
+        if process.info["ppid"] == daemon_pid and "gpusched.processes.zygote" in cmdline:
             continue
         if any(marker in part for part in process.info.get("cmdline") or []):
             found.append(process)

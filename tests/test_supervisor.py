@@ -1,6 +1,6 @@
 """The supervisor with real jobs: cancel leaves no process behind, and the log cap holds.
 
-Each job runs under a real `python -m gpusched.supervisor SPEC`, marked with an
+Each job runs under a real `python -m gpusched.processes.supervisor SPEC`, marked with an
 environment variable of its own, so any process it left behind (re-parented to init
 once the supervisor is gone) is found by that mark.
 """
@@ -23,7 +23,7 @@ from typing import Any
 import psutil
 import pytest
 
-from gpusched.logcap import MARKER_BYTES, cap_log, head_bytes, read_log
+from gpusched.core.logcap import MARKER_BYTES, cap_log, head_bytes, read_log
 from tests.daemon_harness import eventually
 
 # Each ignores SIGTERM (so do its children: an ignored signal stays ignored across exec),
@@ -92,7 +92,7 @@ class Run:
         spec_path = tmp / "spec.json"
         spec_path.write_text(json.dumps(full))
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "gpusched.supervisor", str(spec_path)],
+            [sys.executable, "-m", "gpusched.processes.supervisor", str(spec_path)],
             start_new_session=True,
         )
 

@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from gpusched.config import load_config
-from gpusched.config_holder import ConfigHolder
-from gpusched.launching import Outcome, OutcomeKind
-from gpusched.models import Drain, EndReason, Job, JobState
-from gpusched.scheduler import Scheduler
+from gpusched.core.config import load_config
+from gpusched.core.config_holder import ConfigHolder
+from gpusched.core.models import Drain, EndReason, Job, JobState
+from gpusched.processes.launching import Outcome, OutcomeKind
+from gpusched.scheduling.scheduler import Scheduler
 from gpusched.store import NewJob, Store
 from tests.daemon_harness import directory_settings
 from tests.fakes import FakeLauncher, FakeProbe, FixedClock, GiB

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpusched.errors import UsageError
-from gpusched.units import format_size, parse_duration, parse_size
+from gpusched.core.errors import UsageError
+from gpusched.core.units import format_size, parse_duration, parse_size
 
 K, M, G, T = 2**10, 2**20, 2**30, 2**40
 

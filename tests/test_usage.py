@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpusched.hints import (
+from gpusched.core.hints import (
     JobFacts,
     job_hints,
     mem_option,
@@ -20,8 +20,8 @@ from gpusched.hints import (
     suggest_mem,
     utilization_hint,
 )
-from gpusched.units import parse_size
-from gpusched.usage import (
+from gpusched.core.units import parse_size
+from gpusched.usage.tracker import (
     UsageTracker,
     at_card_limit,
     job_utilization,

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from gpusched.config import load_config
-from gpusched.environment import sharing_environment
-from gpusched.errors import UsageError
-from gpusched.models import GpuProcess, GpuState, JobState
-from gpusched.monitor import Overrun, UsageMonitor
-from gpusched.policy import GpuSlot, WaitingJob, plan
+from gpusched.core.config import load_config
+from gpusched.core.errors import UsageError
+from gpusched.core.models import GpuProcess, GpuState, JobState
+from gpusched.processes.environment import sharing_environment
+from gpusched.scheduling.policy import GpuSlot, WaitingJob, plan
 from gpusched.store import NewJob, Store
+from gpusched.usage.monitor import Overrun, UsageMonitor
 
 GiB = 2**30
 NOW = "2025-01-01T00:00:00.000+00:00"

@@ -1,4 +1,4 @@
-"""The supervisor zygote (gpusched.zygote) behind a real daemon.
+"""The supervisor zygote (gpusched.processes.zygote) behind a real daemon.
 
 Jobs start through it; a dead zygote costs nothing but speed (the job starts through a
 fresh interpreter and the zygote comes back); it never outlives its daemon, while the
@@ -16,19 +16,19 @@ from pathlib import Path
 
 import psutil
 
-from gpusched.zygote import IDENTITY_FILE, recorded_supervisor
+from gpusched.processes.zygote import IDENTITY_FILE, recorded_supervisor
 from tests.daemon_harness import RunningDaemon, eventually, job_until
 
 
 def _zygote(daemon: RunningDaemon, timeout_s: float = 10) -> psutil.Process:
-    """The daemon's zygote: its child running `python -m gpusched.zygote`."""
+    """The daemon's zygote: its child running `python -m gpusched.processes.zygote`."""
     assert daemon.process is not None
     parent = psutil.Process(daemon.process.pid)
 
     def zygote() -> psutil.Process | None:
         for child in parent.children():
             try:
-                if "gpusched.zygote" in child.cmdline() and child.status() != "zombie":
+                if "gpusched.processes.zygote" in child.cmdline() and child.status() != "zombie":
                     return child
             except psutil.Error:
                 continue

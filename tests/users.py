@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from gpusched.errors import GpuschedError
+from gpusched.core.errors import GpuschedError
 
 
 @dataclass(frozen=True)
@@ -104,7 +104,7 @@ def as_user(user: User, fn: Callable[[], Any], umask: int = 0o022) -> Any:
     if "error" in payload:
         if payload["error"] == "crash":
             raise AssertionError(payload["message"])
-        from gpusched import errors
+        from gpusched.core import errors
 
         raise getattr(errors, payload["error"])(payload["message"])
     return payload["result"]

@@ -25,7 +25,7 @@ from tests.daemon_harness import RunningDaemon
 from tests.users import User, as_user
 
 Attack = Callable[[], dict[str, Any]]
-# gpusched.fdbudget.FD_RESERVE, spelt out so that this module also runs against the code
+# gpusched.processes.fdbudget.FD_RESERVE, spelt out so that this module also runs against the code
 # before it (each test here fails there).
 FD_RESERVE = 64
 _kept: list[socket.socket] = []  # in an attacker: what it holds until the test lets go

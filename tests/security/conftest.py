@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from gpusched.units import parse_size
+from gpusched.core.units import parse_size
 from tests.daemon_harness import RunningDaemon
 from tests.users import User, throwaway_users
 

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from gpusched.client import Client
-from gpusched.errors import GpuschedError, UsageError
+from gpusched.core.errors import GpuschedError, UsageError
 from tests.daemon_harness import RunningDaemon, eventually
 from tests.users import User, as_user
 
@@ -32,7 +32,7 @@ FORGED_ROW = "\n 9999  root        0,1     24G      1m  FORGEDROW"
 SWEEP_VALUE = "SWEEPVALUE"
 PATH_PART = "PATHPART"
 ARGUMENT = "ARGUMENTVALUE"
-FORGED_LOG = "\n2026-01-01 00:00:00,000 INFO gpusched.scheduler: FORGEDLOG"
+FORGED_LOG = "\n2026-01-01 00:00:00,000 INFO gpusched.scheduling.scheduler: FORGEDLOG"
 SGR = re.compile(r"\x1b\[[0-9;]*m")  # the CLI's own colours, on a terminal
 
 

@@ -22,7 +22,7 @@ import psutil
 import pytest
 
 from gpusched.client import Client
-from gpusched.server import MAX_CONNECTIONS_PER_USER
+from gpusched.daemon.server import MAX_CONNECTIONS_PER_USER
 from tests.daemon_harness import RunningDaemon, eventually
 from tests.security.attackers import (
     FD_RESERVE,

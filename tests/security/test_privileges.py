@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 
 from gpusched.client import Client
-from gpusched.errors import UsageError
-from gpusched.supervisor import owner_credentials
+from gpusched.core.errors import UsageError
+from gpusched.processes.supervisor import owner_credentials
 from tests.daemon_harness import RunningDaemon, eventually
 from tests.users import User, as_user
 

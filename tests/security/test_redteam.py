@@ -20,11 +20,11 @@ from typing import Any
 import psutil
 
 from gpusched.client import Client
-from gpusched.config import load_config
-from gpusched.config_holder import ConfigHolder
-from gpusched.errors import GpuschedError
-from gpusched.launcher import Launcher, find_supervisor
-from gpusched.pidref import process_start_time
+from gpusched.core.config import load_config
+from gpusched.core.config_holder import ConfigHolder
+from gpusched.core.errors import GpuschedError
+from gpusched.processes.launcher import Launcher, find_supervisor
+from gpusched.processes.pidref import process_start_time
 from gpusched.store import Store
 from tests.daemon_harness import RunningDaemon, directory_settings, eventually
 from tests.users import User, as_user
@@ -57,7 +57,7 @@ def test_a_users_process_named_like_a_supervisor_is_never_adopted(
     """A restarted daemon looks for a job's unrecorded supervisor by its command line.
 
     Anyone can give a process that command line: mallory runs `python3 -m
-    gpusched.supervisor <the victim's spec path>` (a module of her own on PYTHONPATH that
+    gpusched.processes.supervisor <the victim's spec path>` (a module of her own on PYTHONPATH that
     ignores SIGTERM). Adopted, it would keep the victim's job `running` for as long as she
     likes, never run it, take her signals for the victim's cancel and have her GPU memory
     counted as the victim's. Only a process of the daemon's own user is a supervisor.
@@ -75,7 +75,7 @@ def test_a_users_process_named_like_a_supervisor_is_never_adopted(
     def impostor() -> int:
         fake = _fake_supervisor(Path(mallory.home))
         process = subprocess.Popen(
-            [SYSTEM_PYTHON, "-m", "gpusched.supervisor", str(spec_path)],
+            [SYSTEM_PYTHON, "-m", "gpusched.processes.supervisor", str(spec_path)],
             env={"PYTHONPATH": str(fake)},
             start_new_session=True,
             stdin=subprocess.DEVNULL,
@@ -97,15 +97,17 @@ def test_a_users_process_named_like_a_supervisor_is_never_adopted(
 
 
 def _fake_supervisor(home: Path) -> Path:
-    """A module `gpusched.supervisor` that only sleeps, importable from the returned dir."""
-    fake = home / "fake" / "gpusched"
+    """A module `gpusched.processes.supervisor` that only sleeps, importable from the
+    returned dir."""
+    fake = home / "fake" / "gpusched" / "processes"
     fake.mkdir(parents=True, exist_ok=True)
+    (fake.parent / "__init__.py").write_text("")
     (fake / "__init__.py").write_text("")
     # It ignores SIGTERM: an adopted impostor would outlive the victim's cancel.
     (fake / "supervisor.py").write_text(
         "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(60)\n"
     )
-    return fake.parent
+    return fake.parent.parent
 
 
 def test_find_supervisor_takes_the_daemons_own_process_not_a_users(
@@ -114,7 +116,7 @@ def test_find_supervisor_takes_the_daemons_own_process_not_a_users(
     """The same command line, as root (a directly started supervisor) and as mallory."""
     mallory, _victim = people
     spec_path = tmp_path / "jobs" / "7" / "spec.json"
-    argv = [SYSTEM_PYTHON, "-m", "gpusched.supervisor", str(spec_path)]
+    argv = [SYSTEM_PYTHON, "-m", "gpusched.processes.supervisor", str(spec_path)]
 
     def as_mallory() -> int:
         path = _fake_supervisor(Path(mallory.home))

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from gpusched.client import Client
-from gpusched.store_db import make_private
-from gpusched.trusted_dirs import untrusted_part
+from gpusched.daemon.trusted_dirs import untrusted_part
+from gpusched.store.database import make_private
 from tests.daemon_harness import RunningDaemon
 from tests.users import User, as_user
 

@@ -1,0 +1,138 @@
+"""What every command module shares: the client for this invocation, job and array ids
+from the command line, JSON output and the choice of colour.
+
+Its own module (not cli.py) because cli.py imports the command modules to register
+them; helpers there would make each command module import cli.py back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta, timezone
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from gpusched.client import Client
+from gpusched.core.errors import UsageError
+from gpusched.core.sanitize import shown
+from gpusched.core.units import parse_duration
+
+if TYPE_CHECKING:
+    from click.shell_completion import CompletionItem
+
+
+def client_of(ctx: click.Context) -> Client:
+    """A client for the socket and config given to the group (--socket, --config)."""
+    obj = ctx.find_root().obj or {}
+    return Client(obj.get("socket"), obj.get("config"))
+
+
+def since_time(text: str) -> str:
+    """`--since`: a time ago ("12h", "2d") or an ISO date and time (local time unless it
+    names a zone), as the UTC ISO timestamp the daemon compares with."""
+    from gpusched.core.clock import iso  # only `history --since` needs it: not at every start
+
+    try:
+        try:
+            moment = datetime.now(timezone.utc) - timedelta(seconds=parse_duration(text))
+        except UsageError:
+            try:
+                moment = datetime.fromisoformat(text.strip())
+            except ValueError:
+                raise UsageError(
+                    f"--since {text!r}: expected a time ago (12h, 2d) or a date and time"
+                    " (2026-11-21, 2026-11-21T08:00)"
+                ) from None
+            if moment.tzinfo is None:
+                moment = moment.astimezone()  # the user's local time
+        return iso(moment.astimezone(timezone.utc))
+    except (OverflowError, ValueError):  # before the year 1 or after 9999, once in UTC
+        raise UsageError(f"--since {text!r}: out of the range of dates (years 1 to 9999)") from None
+
+
+# Completion runs while the user waits at the prompt: a daemon that is slow to answer
+# must cost a moment, not the shell.
+COMPLETION_TIMEOUT_S = 1.0
+
+
+def job_ids_completer(
+    ended_too: bool = False,
+) -> Callable[[click.Context, click.Parameter, str], list[CompletionItem]]:
+    """Shell completion for job ids: the caller's own active jobs (`ended_too`: and the
+    recently ended ones), each with its state and name.
+
+    Asks the daemon (one `status` request); offers nothing when it cannot be reached.
+    """
+
+    def complete(
+        ctx: click.Context, _param: click.Parameter, incomplete: str
+    ) -> list[CompletionItem]:
+        from click.shell_completion import CompletionItem
+
+        params = ctx.find_root().params
+        try:
+            client = Client(
+                params.get("socket_path"), params.get("config"), timeout_s=COMPLETION_TIMEOUT_S
+            )
+            jobs = client.status(all=ended_too).jobs
+        except Exception:  # completion must never print a traceback into the user's prompt
+            return []
+        uid = os.getuid()
+        return [
+            CompletionItem(
+                str(job.id), help=shown(f"{job.state} {job.name or ' '.join(job.command)}")
+            )
+            for job in jobs
+            if uid in (0, job.uid) and str(job.id).startswith(incomplete)
+        ]
+
+    return complete
+
+
+# The id arguments of the job commands, with their shell completion.
+JOB_IDS = click.argument("ids", nargs=-1, required=True, shell_complete=job_ids_completer())
+ACTIVE_JOB_ID = click.argument("job_id", type=int, shell_complete=job_ids_completer())
+ANY_JOB_ID = click.argument("job_id", type=int, shell_complete=job_ids_completer(ended_too=True))
+
+
+def print_json(value: Any) -> None:
+    click.echo(json.dumps(value, indent=2, sort_keys=False))
+
+
+def use_color() -> bool:
+    """Colour on a terminal only, and never with NO_COLOR set (https://no-color.org)."""
+    return sys.stdout.isatty() and not os.environ.get("NO_COLOR")
+
+
+def parse_ids(values: Sequence[str]) -> list[int]:
+    return parse_targets(values, arrays_allowed=False)[0]
+
+
+def parse_targets(
+    values: Sequence[str], arrays_allowed: bool = True
+) -> tuple[list[int], list[int]]:
+    """Job ids ("12", "12,13") and array ids ("a3") from the command line."""
+    jobs: list[int] = []
+    arrays: list[int] = []
+    for value in values:
+        for part in value.split(","):
+            text = part.strip()
+            is_array = arrays_allowed and text[:1] in ("a", "A")
+            number = text[1:] if is_array else text
+            if not number.isdigit() or int(number) < 1:
+                expected = "a job id (12) or an array id (a3)" if arrays_allowed else "a job id"
+                raise UsageError(f"invalid id {part!r}: expected {expected}")
+            (arrays if is_array else jobs).append(int(number))
+    return jobs, arrays
+
+
+def expand_arrays(client: Client, values: Sequence[str]) -> list[int]:
+    """Job ids, with each array id replaced by its jobs' ids (one request per array)."""
+    jobs, arrays = parse_targets(values)
+    for array_id in arrays:
+        jobs.extend(job.id for job in client.array(array_id))
+    return jobs

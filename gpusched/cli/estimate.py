@@ -1,0 +1,208 @@
+"""The command line's view of what jobs use: `estimate`, `--mem auto`, usage rows of `show`.
+
+Kept apart from cli.py so that module stays a list of commands; like it, this imports
+no SQLAlchemy, APScheduler or pynvml (the estimate is `gpusched.core.sizing`, pure).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import click
+
+from gpusched.cli.help import ExampleLastCommand
+from gpusched.client import Client
+from gpusched.core.errors import NotFoundError, UsageError
+from gpusched.core.models import Job
+from gpusched.core.units import format_size, parse_size
+
+LARGEST_CARD_BYTES = 141 * 10**9  # an H200: past this, no single GPU holds the job
+
+
+def util_text(percent: float | None) -> str:
+    return "-" if percent is None else f"{percent:.0f}%"
+
+
+def usage_rows(job: Job) -> list[tuple[str, Any]]:
+    """`show`'s lines about what the job used, beside what it declared."""
+    declared = f"declared {format_size(job.mem)} per GPU" if job.mem else "declared a whole GPU"
+    rows: list[tuple[str, Any]] = [("peak mem", f"{format_size(job.peak_mem)} ({declared})")]
+    if job.mean_util is None:
+        rows.append(("gpu util", "-"))
+    else:
+        spread = f", {util_text(job.util_min)}-{util_text(job.util_max)}"
+        if job.util_stddev is not None:
+            spread += f" (sd {job.util_stddev:.0f})"
+        rows.append(("gpu util", f"{util_text(job.mean_util)} on average{spread}"))
+    if job.overrun_at:
+        rows.append(("overrun", f"over its declared memory since {job.overrun_at}"))
+    if job.retry_of is not None:
+        rows.append(("retry of", f"job {job.retry_of} (ran out of GPU memory)"))
+    if job.retried_as is not None:
+        rows.append(("retried as", f"job {job.retried_as}"))
+    if job.retry_oom:
+        rows.append(("retry-oom", f"{job.retry_oom} more time(s) if it runs out of GPU memory"))
+    return rows
+
+
+def auto_mem(client: Client, command: Sequence[str], cwd: str | None) -> int:
+    """`submit --mem auto`: the suggestion from history, said on stderr; refuses without one."""
+    from gpusched.core.hints import mem_option, size_text
+
+    try:
+        info = client.estimate_history(command, cwd=cwd)
+    except NotFoundError as exc:
+        raise NotFoundError(f"--mem auto: {exc.message}") from None
+    mem = int(info["suggested_mem"])
+    ids = ", ".join(str(run["id"]) for run in info["jobs"])
+    click.echo(
+        f"gpusched: --mem auto: {mem_option(mem)} (peak {size_text(info['peak_mem'])}"
+        f" over {len(info['jobs'])} earlier run(s): job {ids})",
+        err=True,
+    )
+    return mem
+
+
+def follow_retries(client: Client, jobs: list[Job], deadline: float | None) -> list[Job]:
+    """For `wait`: a job that ran out of memory and was retried is followed to its retry."""
+    while any(job.retried_as is not None for job in jobs):
+        for job in jobs:
+            if job.retried_as is not None:
+                click.echo(
+                    f"gpusched: job {job.id} ran out of GPU memory; waiting for its retry,"
+                    f" job {job.retried_as}",
+                    err=True,
+                )
+        ids = [job.retried_as if job.retried_as is not None else job.id for job in jobs]
+        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+        jobs = client.wait(ids, timeout=remaining)
+    return jobs
+
+
+@click.command(cls=ExampleLastCommand, context_settings={"ignore_unknown_options": True})
+@click.option("--params", metavar="N", help="Model parameters: 7B, 350M, 125000000...")
+@click.option(
+    "--dtype",
+    default="fp32",
+    show_default=True,
+    help="The weights' dtype: fp32, bf16, fp16 (training or inference); fp8, int8, int4"
+    " (inference).",
+)
+@click.option(
+    "--optimizer",
+    default="adamw",
+    show_default=True,
+    help="adamw, adam, sgd-momentum or sgd.",
+)
+@click.option("--inference", is_flag=True, help="No gradients, no optimizer (torch.no_grad()).")
+@click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--per-sample", metavar="SIZE", help="Activation memory per sample, e.g. 1.2G.")
+@click.option(
+    "--context",
+    metavar="SIZE",
+    default="512M",
+    show_default=True,
+    help="CUDA context, kernels and allocator per process.",
+)
+@click.option(
+    "--history", is_flag=True, help="Suggest --mem from the peaks of your runs of COMMAND."
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+@click.pass_context
+def estimate(  # noqa: PLR0917 - click passes one positional argument per option
+    ctx: click.Context,
+    params: str | None,
+    dtype: str,
+    optimizer: str,
+    inference: bool,
+    batch: int,
+    per_sample: str | None,
+    context: str,
+    history: bool,
+    as_json: bool,
+    command: tuple[str, ...],
+) -> None:
+    """Estimate the GPU memory a job needs, and the --mem to submit it with.
+
+    \b
+    From the model (no daemon needed), per process holding the whole model:
+      weights          params x bytes per value (fp32 4, fp16/bf16 2, fp8/int8 1, int4 0.5)
+      gradients        the weights again (training only)
+      optimizer state  params x 4 bytes x moments kept in fp32
+                       (SGD 0, SGD with momentum 1, Adam/AdamW 2)
+      master weights   params x 4 bytes when training in fp16/bf16 (the fp32 copy
+                       mixed precision keeps for the optimizer)
+      activations      batch x per-sample (measure memory at two batch sizes: the
+                       difference over the batch difference is the per-sample part)
+      CUDA context     --context, once per process
+    In fp32 that is 2x (SGD), 3x (momentum) or 4x (Adam) the weight memory; in bf16
+    with AdamW, 16 bytes per parameter. --inference keeps weights, activations and
+    the context only. Suggested --mem: the total plus 10 % (allocator slack), rounded
+    up to a whole G.
+
+    With --history -- COMMAND (asks the daemon): the highest peak of your latest
+    successful runs of exactly COMMAND, plus 10 %, rounded up. `submit --mem auto`
+    uses the same figure.
+
+    \b
+    Example:
+      gpusched estimate --params 7B --dtype bf16 --optimizer adamw --batch 8 --per-sample 1.2G
+      gpusched estimate --params 1.3B --dtype fp16 --inference
+      gpusched estimate --history -- python train.py --epochs 5
+    """
+    # Imported here, not at the top: every other command would pay for them at start-up.
+    from gpusched.core.hints import mem_option, size_text
+    from gpusched.core.sizing import estimate as estimate_memory
+    from gpusched.core.sizing import parse_params
+
+    if history:
+        if params is not None or not command:
+            raise UsageError("--history takes a command and no --params: estimate --history -- CMD")
+        _from_history(ctx, list(command), as_json)
+        return
+    if command:
+        raise UsageError(f"unexpected argument {command[0]!r} (a command needs --history)")
+    if params is None:
+        raise UsageError("give --params (e.g. --params 7B), or --history -- COMMAND")
+    result = estimate_memory(
+        parse_params(params),
+        dtype,
+        None if inference else optimizer,
+        batch=batch,
+        per_sample_bytes=None if per_sample is None else parse_size(per_sample),
+        context_bytes=parse_size(context),
+    )
+    if as_json:
+        click.echo(json.dumps(result.to_json(), indent=2))
+        return
+    mode = "inference" if result.optimizer is None else f"training with {optimizer}"
+    click.echo(f"{params} parameters, {result.dtype} weights, {mode}")
+    for part, size, how in result.rows():
+        click.echo(f"  {part:<17}{size_text(size):>8}  {how}")
+    click.echo(f"  {'total':<17}{size_text(result.total):>8}")
+    click.echo(f"suggested: --mem {mem_option(result.suggested_mem)} (total + 10%, rounded up)")
+    if result.total > LARGEST_CARD_BYTES:
+        click.echo(
+            "note: no single GPU holds this: shard the model (FSDP, DeepSpeed ZeRO) or"
+            " offload optimizer state, and estimate per GPU"
+        )
+
+
+def _from_history(ctx: click.Context, command: list[str], as_json: bool) -> None:
+    from gpusched.core.hints import mem_option, size_text
+
+    obj = ctx.find_root().obj or {}
+    info = Client(obj.get("socket"), obj.get("config")).estimate_history(command)
+    if as_json:
+        click.echo(json.dumps(info, indent=2))
+        return
+    runs = info["jobs"]
+    click.echo(
+        f"peak {size_text(info['peak_mem'])} over {len(runs)} earlier run(s) of this command"
+        f" (job {', '.join(str(run['id']) for run in runs)})"
+    )
+    click.echo(f"suggested: --mem {mem_option(info['suggested_mem'])} (peak + 10%, rounded up)")

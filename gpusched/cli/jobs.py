@@ -1,0 +1,380 @@
+"""Commands that act on jobs: submit, cancel, hold, release, wait, priority, requeue.
+
+Each is one or a few requests through the client; what they print is the job's id or a
+line per job (or the JSON of the jobs with --json). The views (status, show, logs,
+history) are in cli_views.py; cli.py registers all of them on the group.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import click
+
+from gpusched.cli.common import (
+    ACTIVE_JOB_ID,
+    ANY_JOB_ID,
+    JOB_IDS,
+    client_of,
+    expand_arrays,
+    job_ids_completer,
+    parse_ids,
+    parse_targets,
+    print_json,
+)
+from gpusched.cli.estimate import auto_mem, follow_retries
+from gpusched.cli.help import ExampleLastCommand
+from gpusched.core.errors import EXIT_FAILED, EXIT_OK, EXIT_TIMEOUT, GpuschedError, UsageError
+from gpusched.core.models import TERMINAL_STATES, Job, JobState
+from gpusched.core.sanitize import shown
+from gpusched.core.units import parse_duration, parse_size
+
+
+@click.command(cls=ExampleLastCommand, context_settings={"ignore_unknown_options": True})
+@click.option(
+    "--mem",
+    metavar="SIZE",
+    help="GPU memory per GPU, e.g. 8G or 512M. Omit for a whole GPU. 'auto': from the peaks"
+    " of your earlier runs of the same command (see `gpusched estimate --history`).",
+)
+@click.option("--gpus", type=int, default=1, show_default=True, help="Number of GPUs.")
+@click.option("--name", help="A name to show in status.")
+@click.option("--priority", type=int, default=0, show_default=True, help="Higher starts first.")
+@click.option("--after", metavar="ID,...", help="Start only after these jobs succeeded.")
+@click.option("--hold", is_flag=True, help="Queue the job held; start it with `gpusched release`.")
+@click.option(
+    "--cwd", type=click.Path(file_okay=False), help="Working directory (default: the current one)."
+)
+@click.option(
+    "--time",
+    "time_limit",
+    metavar="DURATION",
+    help="Stop the job (SIGTERM, then SIGKILL) if it runs longer, e.g. 2h or 30m.",
+)
+@click.option(
+    "--sweep",
+    multiple=True,
+    metavar="NAME=V1,V2,...",
+    help="Submit one job per value (repeat for a cartesian product); {NAME} in the"
+    " command is replaced. The jobs form an array (id aN).",
+)
+@click.option(
+    "--max-concurrent",
+    type=int,
+    metavar="K",
+    help="With --sweep: at most K jobs of the array run at once.",
+)
+@click.option(
+    "--notify",
+    metavar="CMD",
+    help="When the job ends, run CMD as you with the job's JSON on stdin. CMD is split"
+    " into words like a shell would but never run by one: write sh -c '...' for a shell.",
+)
+@click.option(
+    "--retry-oom",
+    type=click.IntRange(0, 10),
+    default=0,
+    metavar="N",
+    help="If the job runs out of GPU memory, queue it again in its place with 1.5x --mem"
+    " (at most what the largest GPU gives), up to N times.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the job as JSON instead of its id.")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@click.pass_context
+def submit(
+    ctx: click.Context,
+    mem: str | None,
+    gpus: int,
+    name: str | None,
+    priority: int,
+    after: str | None,
+    hold: bool,
+    cwd: str | None,
+    time_limit: str | None,
+    sweep: tuple[str, ...],
+    max_concurrent: int | None,
+    as_json: bool,
+    command: tuple[str, ...],
+    notify: str | None = None,
+    retry_oom: int = 0,
+) -> None:
+    """Queue COMMAND; print the new job's id (with --sweep, one id per line).
+
+    The job runs with your environment, working directory and arguments (never
+    through a shell) when a GPU has --mem available. A first word ending in .py
+    that is not executable runs with the python on your PATH. Put -- before the
+    command when its own options could be mistaken for gpusched's.
+
+    \b
+    Example:
+      id=$(gpusched submit --mem 10G -- python train.py --epochs 5)
+      gpusched submit train.py --mem 8G
+      gpusched submit --mem 8G --notify 'mail -s "job done" me@lab.org' -- python train.py
+      gpusched submit --mem 8G --sweep lr=0.1,0.01 --sweep bs=32,64 \\
+          --max-concurrent 2 -- python train.py --lr {lr} --bs {bs}
+    """
+    if gpus < 1:
+        raise UsageError("--gpus must be at least 1")
+    if max_concurrent is not None and not sweep:
+        raise UsageError("--max-concurrent applies to a --sweep array")
+    options: dict[str, Any] = {
+        "mem": None if mem is None else "auto" if mem == "auto" else parse_size(mem),
+        "gpus": gpus,
+        "name": name,
+        "priority": priority,
+        "after": parse_ids([after]) if after else (),
+        "hold": hold,
+        "cwd": cwd,
+        "time_limit": parse_duration(time_limit) if time_limit is not None else None,
+        "notify": notify,
+        "retry_oom": retry_oom,
+    }
+    client = client_of(ctx)
+    if options["mem"] == "auto" and not sweep:
+        options["mem"] = auto_mem(client, list(command), cwd)
+    if sweep:
+        from gpusched.core.sweep import parse_sweep_option  # only --sweep needs it
+
+        pairs = [parse_sweep_option(item) for item in sweep]
+        jobs = client.submit_sweep(list(command), pairs, max_concurrent=max_concurrent, **options)
+        if as_json:
+            print_json([j.to_json() for j in jobs])
+        else:
+            click.echo("\n".join(str(j.id) for j in jobs))
+            click.echo(f"array a{jobs[0].array_id}: {len(jobs)} jobs", err=True)
+        return
+    job = client.submit(list(command), **options)
+    if as_json:
+        print_json(job.to_json())
+    else:
+        click.echo(job.id)
+
+
+def _for_each(
+    ctx: click.Context,
+    ids: Sequence[str],
+    op: str,
+    verb: str,
+    arrays: bool = False,
+    as_json: bool = False,
+    done: Sequence[Job] = (),
+) -> None:
+    """Apply `op` to each job; with `as_json`, print the jobs (after `done`) as a list."""
+    client = client_of(ctx)
+    failed = False
+    results = list(done)
+    for job_id in expand_arrays(client, ids) if arrays else parse_ids(ids):
+        try:
+            job = Job.from_json(client.request(op, id=job_id))
+            results.append(job)
+            if not as_json:
+                click.echo(f"job {job.id}: {verb} ({job.state})")
+        except GpuschedError as exc:
+            if exc.exit_code != EXIT_FAILED:
+                raise
+            click.echo(f"gpusched: {shown(exc.message)}", err=True)
+            failed = True
+    if as_json:
+        print_json([job.to_json() for job in results])
+    ctx.exit(EXIT_FAILED if failed else EXIT_OK)
+
+
+_JSON_JOBS = click.option(
+    "--json", "as_json", is_flag=True, help="Print the jobs as a JSON list (JOB objects)."
+)
+
+
+@click.command(cls=ExampleLastCommand)
+@click.argument("reason", nargs=-1)
+@click.pass_context
+def drain(ctx: click.Context, reason: tuple[str, ...]) -> None:
+    """Start no new job until `gpusched undrain` (administrators only): running jobs go
+    on, queued ones wait, users can still submit. Kept across daemon restarts.
+
+    \b
+    REASON is shown to everyone in `status` and in each waiting job's reason.
+
+    \b
+    Example:
+      gpusched drain GPU 2 is replaced on Friday, back by noon
+    """
+    done = client_of(ctx).drain(" ".join(reason) or None)
+    click.echo(f"{shown(done.describe())}: no new job starts; running jobs go on")
+
+
+@click.command(cls=ExampleLastCommand)
+@click.pass_context
+def undrain(ctx: click.Context) -> None:
+    """Let jobs start again after `gpusched drain` (administrators only).
+
+    \b
+    Example:
+      gpusched undrain
+    """
+    client_of(ctx).undrain()
+    click.echo("not draining: queued jobs start again")
+
+
+@click.command(cls=ExampleLastCommand)
+@click.argument("ids", nargs=-1, shell_complete=job_ids_completer())
+@click.option("--all", "all_mine", is_flag=True, help="Cancel every active job of yours.")
+@click.option(
+    "--waiting", is_flag=True, help="With --all: only your jobs that have not started yet."
+)
+@_JSON_JOBS
+@click.pass_context
+def cancel(
+    ctx: click.Context, ids: tuple[str, ...], all_mine: bool, waiting: bool, as_json: bool
+) -> None:
+    """Cancel jobs: queued ones never start; running ones get SIGTERM on their whole
+    process tree, then SIGKILL after the grace period.
+
+    \b
+    IDs may be job ids or array ids (aN, from --sweep): an array's ended jobs are
+    left as they are, its active ones cancelled. --all takes your own jobs only,
+    also for root: other users' jobs are cancelled by id.
+
+    \b
+    Example:
+      gpusched cancel 12 13
+      gpusched cancel a3
+      gpusched cancel --all --waiting
+    """
+    if bool(ids) == all_mine:
+        raise UsageError("give job ids, or --all (not both)")
+    if waiting and not all_mine:
+        raise UsageError("--waiting goes with --all")
+    client = client_of(ctx)
+    if all_mine:
+        cancelled = client.cancel_mine(waiting_only=waiting)
+        if as_json:
+            print_json([job.to_json() for job in cancelled])
+            return
+        for job in cancelled:
+            click.echo(f"job {job.id}: cancel requested ({job.state})")
+        if not cancelled:
+            click.echo(f"no {'waiting' if waiting else 'active'} jobs of yours")
+        return
+    job_ids, arrays = parse_targets(ids)
+    done: list[Job] = []
+    for array_id in arrays:
+        for job in client.cancel_array(array_id):
+            done.append(job)
+            if not as_json:
+                click.echo(f"job {job.id}: cancel requested ({job.state})")
+    if job_ids:
+        _for_each(
+            ctx, [str(i) for i in job_ids], "cancel", "cancel requested", as_json=as_json, done=done
+        )
+    elif as_json:
+        print_json([job.to_json() for job in done])
+
+
+@click.command(cls=ExampleLastCommand)
+@JOB_IDS
+@_JSON_JOBS
+@click.pass_context
+def hold(ctx: click.Context, ids: tuple[str, ...], as_json: bool) -> None:
+    """Keep queued jobs from starting until released.
+
+    \b
+    Example:
+      gpusched hold 12
+    """
+    _for_each(ctx, ids, "hold", "held", as_json=as_json)
+
+
+@click.command(cls=ExampleLastCommand)
+@JOB_IDS
+@_JSON_JOBS
+@click.pass_context
+def release(ctx: click.Context, ids: tuple[str, ...], as_json: bool) -> None:
+    """Let held jobs start again.
+
+    \b
+    Example:
+      gpusched release 12
+    """
+    _for_each(ctx, ids, "release", "released", as_json=as_json)
+
+
+@click.command(cls=ExampleLastCommand)
+@JOB_IDS
+@click.option(
+    "--timeout", type=float, metavar="SECONDS", help="Give up after this long (exit 124)."
+)
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print the jobs as a JSON list when done or timed out."
+)
+@click.pass_context
+def wait(ctx: click.Context, ids: tuple[str, ...], timeout: float | None, as_json: bool) -> None:
+    """Wait until jobs end. With one id, exit with that job's exit code.
+
+    With several ids, exit 0 if all succeeded, else 1. A job that ran out of GPU
+    memory and was retried (submit --retry-oom) is followed to its retry.
+
+    \b
+    Example:
+      gpusched wait 12 && echo trained
+    """
+    if timeout is not None and timeout < 0:
+        raise UsageError("--timeout must not be negative")
+    client = client_of(ctx)
+    job_ids = expand_arrays(client, ids)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    jobs = follow_retries(client, client.wait(job_ids, timeout=timeout), deadline)
+    if as_json:
+        print_json([job.to_json() for job in jobs])
+    if any(job.state not in TERMINAL_STATES for job in jobs):
+        click.echo(
+            "gpusched: timed out waiting for job(s) "
+            + ", ".join(str(j.id) for j in jobs if j.state not in TERMINAL_STATES),
+            err=True,
+        )
+        ctx.exit(EXIT_TIMEOUT)
+    if len(jobs) == 1:
+        job = jobs[0]
+        if job.exit_code is not None and job.state in (JobState.DONE, JobState.FAILED):
+            ctx.exit(job.exit_code)
+        ctx.exit(EXIT_OK if job.state == JobState.DONE else EXIT_FAILED)
+    ctx.exit(EXIT_OK if all(j.state == JobState.DONE for j in jobs) else EXIT_FAILED)
+
+
+@click.command(cls=ExampleLastCommand)
+@ACTIVE_JOB_ID
+@click.argument("priority", type=int)
+@click.option("--json", "as_json", is_flag=True, help="Print the job as JSON.")
+@click.pass_context
+def priority(ctx: click.Context, job_id: int, priority: int, as_json: bool = False) -> None:
+    """Change the priority of a waiting job (higher starts first).
+
+    \b
+    Example:
+      gpusched priority 12 10
+    """
+    job = client_of(ctx).set_priority(job_id, priority)
+    if as_json:
+        print_json(job.to_json())
+        return
+    click.echo(f"job {job.id}: priority {job.priority}")
+
+
+@click.command(cls=ExampleLastCommand)
+@ANY_JOB_ID
+@click.option("--json", "as_json", is_flag=True, help="Print the new job as JSON.")
+@click.pass_context
+def requeue(ctx: click.Context, job_id: int, as_json: bool) -> None:
+    """Submit an ended job again: a new job with the same command, directory,
+    environment and resources. Prints the new job's id.
+
+    \b
+    Example:
+      gpusched requeue 12
+    """
+    job = client_of(ctx).requeue(job_id)
+    if as_json:
+        print_json(job.to_json())
+    else:
+        click.echo(job.id)

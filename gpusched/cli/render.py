@@ -1,0 +1,324 @@
+"""`gpusched status` as text: data in, text out, no I/O.
+
+`render_status()` is a pure function of the GPU and job lists, the terminal width, the
+time and whether to colour; the CLI decides those (isatty, NO_COLOR, terminal size) and
+prints the result. Colour is only decoration: without it every fact is still in the
+characters (the memory bar uses a different character per segment), so the output reads
+the same in a pipe, a log file or a terminal without colour.
+
+Every text field (a job's name, command, user, reasons; a GPU's name and error; a drain's
+reason) is passed through `sanitize.shown` first, and the columns are measured on what it
+returns: a user's ESC, newline or bidi override is drawn as a visible escape, never
+interpreted by the terminal, and cannot forge a row.
+
+Imports only the shared vocabulary and click (for `click.style`): the CLI imports this.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Sequence
+from datetime import datetime, timezone
+
+import click
+
+from gpusched.core.models import TERMINAL_STATES, Drain, GpuReport, Job, JobState
+from gpusched.core.sanitize import shown_fields
+from gpusched.core.units import format_size
+
+MIN_WIDTH = 60
+MIN_BAR = 8
+MAX_BAR = 50
+
+# One character per memory segment, so the bar reads without colour too.
+BAR_JOBS = "#"
+BAR_OTHERS = "%"
+BAR_RESERVED = "+"
+BAR_FREE = "."
+
+_SEGMENT_COLORS = {
+    BAR_JOBS: "green",
+    BAR_OTHERS: "magenta",
+    BAR_RESERVED: "yellow",
+    BAR_FREE: None,
+}
+
+_STATE_COLORS = {
+    JobState.RUNNING: "green",
+    JobState.QUEUED: "yellow",
+    JobState.HELD: "cyan",
+    JobState.DONE: "green",
+    JobState.FAILED: "red",
+    JobState.CANCELLED: "yellow",
+    JobState.LOST: "red",
+}
+
+
+class _Painter:
+    """click.style when colouring, identity otherwise."""
+
+    def __init__(self, color: bool) -> None:
+        self.color = color
+
+    def __call__(self, text: str, fg: str | None = None, **styles: bool) -> str:
+        if not self.color or (fg is None and not styles):
+            return text
+        return click.style(text, fg=fg, **styles)
+
+
+def split_cells(values: Sequence[int], cells: int) -> list[int]:
+    """Share `cells` characters among `values` in proportion, every non-zero value getting
+    at least one cell when there are enough cells; the counts always sum to `cells`."""
+    total = sum(max(0, v) for v in values)
+    if cells <= 0:
+        return [0] * len(values)
+    if total <= 0:
+        return [0] * (len(values) - 1) + [cells]
+    # Cumulative rounding: the boundaries fall where the bytes do, and the sum is exact.
+    counts = []
+    running = 0
+    previous = 0
+    for value in values:
+        running += max(0, value)
+        boundary = round(running * cells / total)
+        counts.append(boundary - previous)
+        previous = boundary
+    # A sliver (e.g. 300M of another user's process on an 80G card) must still show.
+    for i, value in enumerate(values):
+        if value > 0 and counts[i] == 0:
+            donor = max(range(len(counts)), key=lambda j: counts[j])
+            if counts[donor] > 1:
+                counts[donor] -= 1
+                counts[i] = 1
+    return counts
+
+
+def memory_bar(gpu: GpuReport, cells: int, paint: _Painter) -> str:
+    """[###%%++......]: gpusched jobs, other processes, reserved for jobs, free."""
+    jobs = max(0, gpu.used_by_jobs)
+    others = max(0, gpu.used_by_others)
+    reserved = max(0, gpu.reserved)
+    free = max(0, gpu.total - jobs - others - reserved)
+    counts = split_cells([jobs, others, reserved, free], cells)
+    parts = [
+        paint(char * count, _SEGMENT_COLORS[char], **({"dim": True} if char == BAR_FREE else {}))
+        for char, count in zip((BAR_JOBS, BAR_OTHERS, BAR_RESERVED, BAR_FREE), counts, strict=True)
+        if count
+    ]
+    return "[" + "".join(parts) + "]"
+
+
+def format_duration(seconds: float) -> str:
+    """45s, 12m, 1h02m, 3d04h: at most six characters."""
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def format_indices(indices: Sequence[int]) -> str:
+    """[0, 1, 2, 3] -> "0-3"; [0, 2] -> "0,2"; [] -> "-"."""
+    if not indices:
+        return "-"
+    ordered = sorted(indices)
+    runs: list[list[int]] = [[ordered[0], ordered[0]]]
+    for index in ordered[1:]:
+        if index == runs[-1][1] + 1:
+            runs[-1][1] = index
+        else:
+            runs.append([index, index])
+    return ",".join(str(a) if a == b else f"{a},{b}" if b == a + 1 else f"{a}-{b}" for a, b in runs)
+
+
+def _clip(text: str, width: int, marker: str = "...") -> str:
+    """`text` cut to `width` characters, ending with `marker` when cut."""
+    if width <= 0:
+        return ""
+    if len(text) <= width:
+        return text
+    return text[: width - len(marker)] + marker if width > len(marker) else text[:width]
+
+
+def _seconds_since(moment: str | None, now: datetime) -> float | None:
+    if not moment:
+        return None
+    try:
+        then = datetime.fromisoformat(moment)
+    except ValueError:
+        return None
+    if then.tzinfo is None:
+        then = then.replace(tzinfo=timezone.utc)
+    return (now - then).total_seconds()
+
+
+def _gpu_columns(width: int) -> tuple[int, int]:
+    """(name width, bar cells) for a terminal `width` columns wide."""
+    name = 20 if width >= 100 else 14 if width >= 80 else 10
+    # index 3, spaces, name, [bar], used/total 13, available 10, util 5
+    bar = width - (3 + 1 + name + 1 + 2 + 14 + 10 + 5) - 1
+    return name, min(MAX_BAR, max(MIN_BAR, bar))
+
+
+def render_gpus(gpus: Sequence[GpuReport], width: int = 80, color: bool = False) -> list[str]:
+    paint = _Painter(color)
+    gpus = [shown_fields(gpu) for gpu in gpus]
+    name_w, cells = _gpu_columns(width)
+    bar_w = cells + 2
+    lines = [
+        paint(
+            f"{'GPU':>3} {'NAME':<{name_w}} {'MEMORY':<{bar_w}}"
+            f" {'USED/TOTAL':>13} {'AVAILABLE':>9} {'UTIL':>4}",
+            bold=True,
+        )
+    ]
+    for gpu in gpus:
+        # "NVIDIA A100-SXM4-80GB": every card here is NVIDIA's; the model is what tells them apart.
+        name = _clip(gpu.name.removeprefix("NVIDIA "), name_w, "+")
+        if gpu.state == "ok":
+            bar = memory_bar(gpu, cells, paint)
+            used = f"{format_size(gpu.used)}/{format_size(gpu.total)}"
+            util = "-" if gpu.util is None else f"{gpu.util}%"
+            tail = f" {used:>13} {format_size(gpu.available):>9} {util:>4}"
+        else:
+            why = f"{gpu.state}: {gpu.error}" if gpu.error else str(gpu.state)
+            bar = paint(f"{_clip(why, bar_w):<{bar_w}}", "red" if gpu.state == "lost" else None)
+            tail = f" {'-/' + format_size(gpu.total):>13} {'-':>9} {'-':>4}"
+        lines.append(f"{gpu.index:>3} {name:<{name_w}} {bar}{tail}")
+    if gpus:
+        lines.append(_legend(width, 3 + 1 + name_w + 1, paint))
+    return lines
+
+
+def _legend(width: int, indent: int, paint: _Painter) -> str:
+    """What the bar's characters mean, under the bars (shorter on a narrow terminal)."""
+    words = ("gpusched jobs", "other processes", "reserved", "free")
+    if indent + 54 > width:
+        words = ("jobs", "others", "reserved", "free")
+        indent = min(indent, max(0, width - 34))
+    chars = (BAR_JOBS, BAR_OTHERS, BAR_RESERVED, BAR_FREE)
+    items = [
+        paint(c, _SEGMENT_COLORS[c], **({"dim": True} if c == BAR_FREE else {})) + " " + w
+        for c, w in zip(chars, words, strict=True)
+    ]
+    return " " * indent + "  ".join(items)
+
+
+def _job_what(job: Job) -> str:
+    return job.name or " ".join(job.command)
+
+
+def _job_mem(job: Job) -> str:
+    mem = format_size(job.mem) if job.mem is not None else "whole"
+    return mem if job.gpus == 1 else f"{job.gpus}x{mem}"
+
+
+def _ended_label(job: Job) -> str:
+    if job.reason in (None, "exit"):
+        code = "" if job.exit_code is None else f" {job.exit_code}"
+        return f"{job.state}{' exit' + code if code else ''}"
+    if job.reason == "signal" and job.reason_detail:
+        return f"{job.state} ({job.reason_detail})"
+    return f"{job.state} ({job.reason})" if job.reason != str(job.state) else str(job.state)
+
+
+def _job_lines(job: Job, now: datetime, width: int, paint: _Painter) -> list[str]:
+    # TIME: running for, waiting for, or (ended) ran for.
+    if job.state == JobState.RUNNING:
+        since = _seconds_since(job.started_at, now)
+    elif job.state in TERMINAL_STATES:
+        ended = _seconds_since(job.ended_at, now)
+        started = _seconds_since(job.started_at, now)
+        since = None if ended is None or started is None else started - ended
+    else:
+        since = _seconds_since(job.submitted_at, now)
+    elapsed = "-" if since is None else format_duration(since)
+    head = (
+        f"{job.id:>6}  {_clip(job.user, 10, '+'):<10}  {format_indices(job.gpu_indices):<5}"
+        f" {_job_mem(job):>7}  {elapsed:>6}  "
+    )
+    room = max(10, width - len(head))
+    what = _job_what(job)
+    color = _STATE_COLORS.get(job.state)
+    if job.state in TERMINAL_STATES:
+        label = _ended_label(job)
+        what = _clip(f"{label}: {what}", room)
+        what = paint(what[: len(label)], color) + what[len(label) :]
+    else:
+        what = _clip(what, room)
+    lines = [head + what]
+    if job.state.is_waiting and job.waiting_reason:
+        indent = " " * 8
+        reason = _clip(job.waiting_reason, width - len(indent))
+        lines.append(indent + paint(reason, color))
+    return lines
+
+
+def render_jobs(
+    jobs: Sequence[Job],
+    now: datetime,
+    width: int = 80,
+    color: bool = False,
+    show_all: bool = False,
+    *,
+    more_waiting: int = 0,
+) -> list[str]:
+    """`more_waiting`: waiting jobs beyond those in `jobs`, counted in the title and the
+    last line of the waiting group (status lists the first few of a long queue)."""
+    paint = _Painter(color)
+    jobs = [shown_fields(job) for job in jobs]
+    running = [j for j in jobs if j.state == JobState.RUNNING]
+    waiting = [j for j in jobs if j.state.is_waiting]
+    ended = [j for j in jobs if j.state in TERMINAL_STATES]
+    if not jobs:
+        return ["no jobs" + ("" if show_all else " (--all shows recently ended ones)")]
+    lines = [
+        paint(
+            f"{'ID':>6}  {'USER':<10}  {'GPU':<5} {'MEM':>7}  {'TIME':>6}  COMMAND",
+            bold=True,
+        )
+    ]
+    groups: list[tuple[str, list[Job], str | None]] = [
+        ("running", running, "green"),
+        ("waiting", waiting, "yellow"),
+    ]
+    if show_all or ended:
+        groups.append(("recently ended", ended, None))
+    for title, members, tint in groups:
+        if not members:
+            continue
+        extra = more_waiting if title == "waiting" else 0
+        lines.append(paint(f"{title} ({len(members) + extra})", tint, bold=True))
+        for job in members:
+            lines.extend(_job_lines(job, now, width, paint))
+        if extra:
+            lines.append(f"   ... and {extra} more waiting (--limit 0 lists all)")
+    return lines
+
+
+def render_status(
+    gpus: Sequence[GpuReport],
+    jobs: Sequence[Job],
+    *,
+    width: int = 80,
+    color: bool = False,
+    now: datetime | None = None,
+    show_all: bool = False,
+    drain: Drain | None = None,
+    more_waiting: int = 0,
+) -> str:
+    """The whole `gpusched status` screen, lines no wider than `width` (at least 60)."""
+    width = max(MIN_WIDTH, width)
+    moment = now if now is not None else datetime.now(timezone.utc)
+    lines = []
+    if drain is not None:  # first: it explains why nothing in the queue starts
+        text = f"{shown_fields(drain).describe()}: no new job starts; `gpusched undrain` ends it"
+        lines += [_Painter(color)(line, "yellow", bold=True) for line in textwrap.wrap(text, width)]
+        lines.append("")
+    lines += render_gpus(gpus, width, color) if gpus else ["no GPUs"]
+    lines.append("")
+    lines.extend(render_jobs(jobs, moment, width, color, show_all, more_waiting=more_waiting))
+    return "\n".join(lines)

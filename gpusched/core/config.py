@@ -1,0 +1,426 @@
+"""Configuration: YAML file -> frozen `Config`, with defaults, validation and discovery.
+
+Every key is optional. Defaults depend on who runs the daemon: as root, system paths
+under /run, /var/lib and /var/log; as anyone else, paths in the user's own runtime and
+state directories, so gpusched can be tried on a laptop without installing anything.
+Sizes are bytes and durations are seconds inside `Config` (units in the names).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import astuple, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from gpusched.core.errors import ConfigError, UsageError
+from gpusched.core.units import parse_duration, parse_size
+
+SYSTEM_CONFIG_PATH = Path("/etc/gpusched/config.yaml")
+SYSTEM_SOCKET_PATH = Path("/run/gpusched/gpusched.sock")
+
+
+def _user_state_dir() -> Path:
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "gpusched"
+
+
+def user_socket_path() -> Path:
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime:
+        return Path(runtime) / "gpusched.sock"
+    return _user_state_dir() / "gpusched.sock"
+
+
+def _is_root() -> bool:
+    return os.geteuid() == 0
+
+
+# Request bounds (issue 16): what one request may make the daemon build or store. Each is
+# a config key of the same name; docs/operations.md lists them with the rest.
+DEFAULT_MAX_QUEUED = 10_000  # limits.default.max_queued: waiting jobs per user
+_REQUEST_BOUNDS = {  # key: (Config field, kind, default)
+    "max_array_jobs": ("max_array_jobs", "count", 10_000),  # jobs one --sweep creates
+    "max_submit_bytes": ("max_submit_bytes", "size", 16 * 2**20),  # argv+names+after, all jobs
+    "max_job_bytes": ("max_job_bytes", "size", 128 * 2**10),  # one job's argv and after
+    "max_env_bytes": ("max_env_bytes", "size", 256 * 2**10),  # a submit's environment
+    "status_page_jobs": ("status_page_jobs", "count", 1000),  # jobs per `status` reply
+}
+
+
+@dataclass(frozen=True)
+class UserLimits:
+    """Per-user limits (None: unlimited). `max_mem_bytes` sums declared memory over GPUs."""
+
+    max_running: int | None = None
+    max_mem_bytes: int | None = None
+    max_queued: int | None = DEFAULT_MAX_QUEUED
+
+    def over(self, other: UserLimits) -> UserLimits:
+        """These limits, with every key `other` sets taking precedence."""
+        return UserLimits(
+            *(
+                theirs if theirs is not None else mine
+                for mine, theirs in zip(astuple(self), astuple(other), strict=True)
+            )
+        )
+
+
+@dataclass(frozen=True)
+class Config:
+    socket_path: Path
+    database_url: str
+    state_dir: Path
+    log_dir: Path
+    poll_interval_s: float = 2.0
+    headroom_bytes: int = 512 * 2**20
+    gpus: tuple[int | str, ...] | None = None  # None = all
+    simulate: str | None = None
+    max_jobs_per_gpu: int | None = None
+    busy_util: float | None = None  # percent; a GPU this busy takes no new job (None: off)
+    visible_devices: str = "index"  # or "uuid"
+    overrun: str = "warn"  # or "kill": a job over its declared memory + margin is stopped
+    overrun_margin_fraction: float = 0.10  # of the declared memory (overrun_margin: 10%)
+    overrun_margin_bytes: int = 0  # or a size (overrun_margin: 1G)
+    hint_min_runtime_s: float = 120.0  # shorter jobs get no size/utilization hints
+    kill_grace_s: float = 10.0
+    max_log_bytes: int | None = 2**30  # each job's log (max_log_size); None: unlimited
+    fair_share_half_life_s: float = 3600.0
+    show_commands: bool = False
+    admins: tuple[str, ...] = ()
+    on_finish: tuple[str, ...] | None = None  # argv run as each job's owner when it ends
+    hook_timeout_s: float = 30.0
+    hooks_per_user: int = 2  # one user's hooks running at once; more wait their turn
+    hooks_total: int = 8  # hooks running at once, all users together
+    hook_output_max_bytes: int = 64 * 2**10  # a hook's output kept; at the limit, cut
+    metrics_address: tuple[str, int] | None = None  # (host, port) for Prometheus; None: off
+    # Every listener's clients (listening.py): idle time allowed between requests, and the
+    # whole time one request may take to arrive however it trickles in (slowloris).
+    client_idle_timeout_s: float = 60.0
+    client_request_timeout_s: float = 30.0
+    max_array_jobs: int = _REQUEST_BOUNDS["max_array_jobs"][2]
+    max_submit_bytes: int = _REQUEST_BOUNDS["max_submit_bytes"][2]
+    max_job_bytes: int = _REQUEST_BOUNDS["max_job_bytes"][2]
+    max_env_bytes: int = _REQUEST_BOUNDS["max_env_bytes"][2]
+    status_page_jobs: int = _REQUEST_BOUNDS["status_page_jobs"][2]
+    default_limits: UserLimits = UserLimits()
+    user_limits: Mapping[str, UserLimits] = field(default_factory=dict)
+    source: str | None = None  # the file this came from, for messages
+
+    def limits_for(self, user: str) -> UserLimits:
+        override = self.user_limits.get(user)
+        return self.default_limits if override is None else self.default_limits.over(override)
+
+
+def default_config() -> Config:
+    if _is_root():
+        return Config(
+            socket_path=SYSTEM_SOCKET_PATH,
+            database_url="sqlite:////var/lib/gpusched/gpusched.db",
+            state_dir=Path("/var/lib/gpusched"),
+            log_dir=Path("/var/log/gpusched/jobs"),
+        )
+    state = _user_state_dir()
+    return Config(
+        socket_path=user_socket_path(),
+        database_url=f"sqlite:///{state / 'gpusched.db'}",
+        state_dir=state,
+        log_dir=state / "jobs",
+    )
+
+
+def _bad(source: str, key: str, problem: str) -> ConfigError:
+    return ConfigError(f"{source}: key '{key}': {problem}")
+
+
+def parse_margin(value: Any) -> dict[str, Any]:
+    """`overrun_margin`: a percentage of the declared memory ("10%") or a size ("1G"), or 0."""
+    if value in (0, "0", None):
+        return {"overrun_margin_fraction": 0.0, "overrun_margin_bytes": 0}
+    text = str(value).strip()
+    if text.endswith("%"):
+        try:
+            percent = float(text[:-1])
+        except ValueError:
+            raise UsageError(
+                f"expected a percentage such as 10% or a size such as 1G, not {value!r}"
+            ) from None
+        if not 0 <= percent <= 1000:
+            raise UsageError("expected a percentage between 0% and 1000%")
+        return {"overrun_margin_fraction": percent / 100, "overrun_margin_bytes": 0}
+    return {"overrun_margin_fraction": 0.0, "overrun_margin_bytes": parse_size(value)}
+
+
+def _convert(source: str, key: str, value: Any, base: Config) -> dict[str, Any]:  # noqa: PLR0911
+    """Turn one YAML key into Config field values, or raise naming file and key."""
+    try:
+        if key == "socket":
+            return {"socket_path": Path(str(value)).expanduser()}
+        if key == "database":
+            url = str(value)
+            if "://" not in url:
+                raise UsageError("expected an SQLAlchemy URL such as sqlite:////var/lib/x.db")
+            return {"database_url": url}
+        if key in ("state_dir", "log_dir"):
+            return {key: Path(str(value)).expanduser()}
+        if key == "poll_interval":
+            return {"poll_interval_s": parse_duration(value)}
+        if key == "kill_grace":
+            return {"kill_grace_s": parse_duration(value)}
+        if key == "max_log_size":
+            return {"max_log_bytes": parse_log_cap(value)}
+        if key == "fair_share_half_life":
+            return {"fair_share_half_life_s": parse_duration(value)}
+        if key == "headroom":
+            if value in (0, "0"):
+                return {"headroom_bytes": 0}
+            return {"headroom_bytes": parse_size(value)}
+        if key == "gpus":
+            if value in (None, "all"):
+                return {"gpus": None}
+            items = value if isinstance(value, list) else [value]
+            if not items or not all(
+                isinstance(i, int | str) and not isinstance(i, bool) for i in items
+            ):
+                raise UsageError("expected 'all' or a list of GPU indices or UUIDs")
+            return {"gpus": tuple(items)}
+        if key == "simulate":
+            if value is None:
+                return {"simulate": None}
+            from gpusched.core.units import parse_simulate_spec
+
+            parse_simulate_spec(str(value))
+            return {"simulate": str(value)}
+        if key == "max_jobs_per_gpu":
+            if value is None:
+                return {"max_jobs_per_gpu": None}
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise UsageError("expected a positive integer or null")
+            return {"max_jobs_per_gpu": value}
+        if key == "busy_util":
+            return {"busy_util": parse_percent(value)}
+        if key == "visible_devices":
+            if value not in ("index", "uuid"):
+                raise UsageError("expected 'index' or 'uuid'")
+            return {"visible_devices": value}
+        if key == "overrun":
+            if value not in ("warn", "kill"):
+                raise UsageError("expected 'warn' or 'kill'")
+            return {"overrun": value}
+        if key == "overrun_margin":
+            return parse_margin(value)
+        if key == "hint_min_runtime":
+            if value in (0, "0"):
+                return {"hint_min_runtime_s": 0.0}
+            return {"hint_min_runtime_s": parse_duration(value)}
+        if key == "show_commands":
+            if not isinstance(value, bool):
+                raise UsageError("expected true or false")
+            return {"show_commands": value}
+        if key == "limits":
+            return _limits(value)
+        if key == "on_finish":
+            return {"on_finish": parse_command(value)}
+        if key == "hook_timeout":
+            return {"hook_timeout_s": parse_duration(value)}
+        if key in _HOOK_BOUNDS:
+            return _hook_bound(key, value)
+        if key == "metrics":
+            return {"metrics_address": parse_address(value)}
+        if key in ("client_idle_timeout", "client_request_timeout"):
+            return {f"{key}_s": parse_duration(value)}
+        if key in _REQUEST_BOUNDS:
+            return {_REQUEST_BOUNDS[key][0]: parse_bound(value, _REQUEST_BOUNDS[key][1])}
+        if key == "admins":
+            items = value or []
+            if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+                raise UsageError("expected a list of user names")
+            return {"admins": tuple(items)}
+    except UsageError as exc:
+        raise _bad(source, key, exc.message) from None
+    raise _bad(source, key, "unknown key (see config/gpusched.yaml for the keys)")
+
+
+_HOOK_BOUNDS = {"hooks_per_user", "hooks_total", "hook_output_max"}
+
+
+def _hook_bound(key: str, value: Any) -> dict[str, Any]:
+    """`hooks_per_user`, `hooks_total` (counts >= 1) and `hook_output_max` (a size)."""
+    if key == "hook_output_max":
+        return {"hook_output_max_bytes": parse_size(value)}
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise UsageError(f"expected a whole number >= 1, not {value!r}")
+    return {key: value}
+
+
+def parse_log_cap(value: Any) -> int | None:
+    """`max_log_size`: a size of at least 64K, or 0 / null for no cap."""
+    if value in (0, "0", None):
+        return None
+    from gpusched.core.logcap import MIN_LOG_CAP_BYTES
+
+    size = parse_size(value)
+    if size < MIN_LOG_CAP_BYTES:
+        raise UsageError("expected a size of at least 64K, or 0 for no cap")
+    return size
+
+
+def parse_command(value: Any) -> tuple[str, ...] | None:
+    """A hook command: a list of strings, or one string split as a shell would split it
+    (shlex; never run by a shell: write `sh -c '...'` to get one)."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, str):
+        import shlex
+
+        try:
+            argv = shlex.split(value)
+        except ValueError as exc:
+            raise UsageError(f"cannot split {value!r} into arguments: {exc}") from None
+    elif isinstance(value, list) and all(isinstance(item, str) for item in value):
+        argv = list(value)
+    else:
+        raise UsageError("expected a command: a string or a list of strings")
+    if not argv or not argv[0]:
+        raise UsageError("expected a command, got an empty one")
+    return tuple(argv)
+
+
+def parse_bound(value: Any, kind: str) -> int:
+    """A request bound: a whole number ("count") or a size ("size", e.g. 16M), at least 1."""
+    if kind == "size" and isinstance(value, str):
+        number = parse_size(value)
+    elif isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    else:
+        raise UsageError(f"expected {'a size such as 16M' if kind == 'size' else 'a whole number'}")
+    if number < 1:
+        raise UsageError("expected at least 1 (a bound cannot be switched off)")
+    return number
+
+
+def parse_percent(value: Any) -> float | None:
+    """ "90%", 90 or 90.5 -> 90.0; null -> None (off). Between 1 and 100."""
+    if value is None:
+        return None
+    text = str(value).strip().removesuffix("%").strip()
+    try:
+        percent = float(text)
+    except ValueError:
+        percent = math.nan
+    if isinstance(value, bool) or not 1 <= percent <= 100:
+        raise UsageError(f"expected a percentage from 1% to 100%, or null, not {value!r}")
+    return percent
+
+
+def parse_address(value: Any) -> tuple[str, int] | None:
+    """ "127.0.0.1:9400", "[::1]:9400", ":9400" (all interfaces) or 9400 (localhost)."""
+    if value is None or value is False:
+        return None
+    text = str(value).strip()
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        host, port = "127.0.0.1", text
+    host = host.strip("[]") or "0.0.0.0"  # noqa: S104 - only when the admin wrote ":PORT"
+    if not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise UsageError(f"expected HOST:PORT such as 127.0.0.1:9400, not {value!r}")
+    return host, int(port)
+
+
+_LIMIT_KEYS = {"max_running", "max_mem", "max_queued"}
+
+
+def _one_limit(where: str, value: Any) -> UserLimits:
+    """`default` (a key left out takes the built-in default; null: unlimited) or one
+    user's overrides (a key left out or null takes `default`'s)."""
+    if value is None:
+        value = {}
+    if not isinstance(value, dict):
+        raise UsageError(f"{where}: expected a mapping with max_running, max_mem, max_queued")
+    unknown = set(value) - _LIMIT_KEYS
+    if unknown:
+        raise UsageError(f"{where}: unknown limit {sorted(unknown)[0]!r}")
+    counts: dict[str, int | None] = {}
+    for name in ("max_running", "max_queued"):
+        count = value.get(name)
+        if count is not None and (
+            not isinstance(count, int) or isinstance(count, bool) or count < 0
+        ):
+            raise UsageError(f"{where}.{name}: expected a whole number >= 0")
+        counts[name] = count
+    mem = value.get("max_mem")
+    return UserLimits(
+        max_running=counts["max_running"],
+        max_mem_bytes=None if mem is None else parse_size(mem),
+        max_queued=(
+            DEFAULT_MAX_QUEUED
+            if where == "default" and "max_queued" not in value
+            else counts["max_queued"]
+        ),
+    )
+
+
+def _limits(value: Any) -> dict[str, Any]:
+    """`limits: {default: {...}, users: {alice: {...}}}` -> default and per-user limits."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or set(value) - {"default", "users"}:
+        raise UsageError("expected a mapping with 'default' and/or 'users'")
+    users = value.get("users") or {}
+    if not isinstance(users, dict):
+        raise UsageError("'users' must map user names to limits")
+    return {
+        "default_limits": _one_limit("default", value.get("default")),
+        "user_limits": {str(name): _one_limit(f"users.{name}", lim) for name, lim in users.items()},
+    }
+
+
+def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> Config:
+    """Read `path` (or the default location if it exists) over the defaults.
+
+    A path that was named explicitly must exist; the default location may be absent.
+    `overrides` are YAML-style keys from the command line (e.g. {"simulate": "2x24G"}).
+    """
+    import yaml  # only the daemon and a client given a config file pay for YAML
+
+    base = default_config()
+    data: dict[str, Any] = {}
+    source = "defaults"
+    if path is None and _is_root() and SYSTEM_CONFIG_PATH.exists():
+        path = SYSTEM_CONFIG_PATH
+    if path is not None:
+        source = str(path)
+        try:
+            text = Path(path).read_text()
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: config file not found") from None
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read config file: {exc.strerror}") from None
+        try:
+            loaded = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" at line {mark.line + 1}" if mark is not None else ""
+            raise ConfigError(f"{path}: not valid YAML{where}") from None
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: expected a mapping of keys to values")
+        data.update(loaded)
+    for key, value in (overrides or {}).items():
+        if value is not None:
+            data[key] = value
+    values: dict[str, Any] = {"source": source}
+    for key, value in data.items():
+        values.update(_convert(source, str(key), value, base))
+    known = {f.name for f in fields(Config)}
+    return replace(base, **{k: v for k, v in values.items() if k in known})
+
+
+def config_path_from_env(explicit: str | None) -> Path | None:
+    if explicit:
+        return Path(explicit)
+    env = os.environ.get("GPUSCHED_CONFIG")
+    return Path(env) if env else None

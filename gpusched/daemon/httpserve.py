@@ -1,0 +1,136 @@
+"""A small read-only HTTP server on the daemon's listener machinery (listening.py).
+
+It serves GET (and HEAD) of a fixed table of paths, one request per connection
+(HTTP/1.0, `Connection: close`), for the metrics endpoint now and the dashboard to
+come. Its bounds are the listener's: connections in all and per source address, a
+deadline for the whole request head from the connection on (a client trickling it a
+byte at a time is dropped), a size cap on that head, and the same deadline for sending
+the reply.
+
+A route is a function returning a `Response`; an error in it is a 500 for that request.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from collections.abc import Callable, Hashable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpusched.daemon.listening import DeadlineReader, Listener, Slots
+
+log = logging.getLogger("gpusched.http")
+
+MAX_HTTP_CONNECTIONS = 32  # a scraper (or a few people's browsers) needs a handful
+MAX_HTTP_CONNECTIONS_PER_ADDRESS = 4
+MAX_HEAD_BYTES = 16 * 1024
+
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed"}
+_REASONS |= {431: "Request Header Fields Too Large", 500: "Internal Server Error"}
+_REASONS |= {503: "Service Unavailable"}
+
+
+@dataclass(frozen=True)
+class Response:
+    status: int
+    content_type: str
+    body: bytes
+
+
+def _text(status: int, message: str) -> Response:
+    return Response(status, "text/plain; charset=utf-8", (message + "\n").encode())
+
+
+def render(response: Response, head_only: bool = False) -> bytes:
+    reason = _REASONS.get(response.status, "")
+    head = (
+        f"HTTP/1.0 {response.status} {reason}\r\n"
+        f"Content-Type: {response.content_type}\r\n"
+        f"Content-Length: {len(response.body)}\r\n"
+        "Connection: close\r\n\r\n"
+    ).encode()
+    return head if head_only else head + response.body
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound and listening on host:port (raises OSError)."""
+    family, kind, proto, _name, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(128)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+class HttpListener(Listener):
+    """GET `routes` on a TCP socket; clients are source addresses."""
+
+    name = "http"
+
+    def __init__(
+        self,
+        sock: socket.socket,
+        routes: Mapping[str, Callable[[], Response]],
+        name: str,
+        deadline_s: Callable[[], float],
+    ) -> None:
+        self.name = name
+        self.routes = routes
+        self.deadline_s = deadline_s  # read at each connection: a config reload applies
+        super().__init__(sock, Slots(MAX_HTTP_CONNECTIONS, MAX_HTTP_CONNECTIONS_PER_ADDRESS))
+
+    def client_of(self, conn: socket.socket, address: Any) -> Hashable:
+        return str(address[0])
+
+    def refusal(self, message: str) -> bytes:
+        return render(_text(503, message))
+
+    def serve(self, conn: socket.socket, client: Hashable) -> None:
+        deadline_s = self.deadline_s()
+        reader = DeadlineReader(conn, deadline_s, deadline_s)
+        reader.next_request(pending=True)  # the deadline runs from the connection
+        try:
+            head = _read_head(reader)
+        except (OSError, TimeoutError):
+            return  # stalled, trickling or gone: nothing to answer
+        head_only = False
+        if head is None:
+            response = _text(431, "request head too large")
+        else:
+            method, _, rest = head.partition(" ")
+            target = rest.partition(" ")[0]
+            route = self.routes.get(target.partition("?")[0])
+            head_only = method == "HEAD"
+            if method not in ("GET", "HEAD"):
+                response = _text(405, "only GET and HEAD")
+            elif route is None:
+                response = _text(404, "not found")
+            else:
+                try:
+                    response = route()
+                except Exception:  # one failed page must not end the connection's thread
+                    log.exception("%s: %s failed", self.name, target)
+                    response = _text(500, "internal error (see the daemon's log)")
+        conn.settimeout(deadline_s)  # sendall's timeout bounds the whole reply
+        try:
+            conn.sendall(render(response, head_only))
+        except OSError:
+            return
+
+
+def _read_head(reader: DeadlineReader) -> str | None:
+    """The request line of a request whose head arrived whole; None if it is too large."""
+    data = bytearray()
+    while b"\r\n\r\n" not in data and b"\n\n" not in data:
+        if len(data) > MAX_HEAD_BYTES:
+            return None
+        chunk = reader.recv(4096)
+        if not chunk:
+            raise ConnectionResetError("the client closed before its request ended")
+        data.extend(chunk)
+    return data.split(b"\n", 1)[0].decode("latin-1").strip()

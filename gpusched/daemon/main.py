@@ -1,0 +1,287 @@
+"""The daemon process: wires config, store, probe, launcher, scheduler and server.
+
+It also owns the process-level concerns: logging to stderr, the APScheduler interval
+job that drives `tick()`, immediate wake-ups, signals and systemd's sd_notify.
+
+Signals only set flags or wake the main thread; the main thread acts. SIGTERM and
+SIGINT stop scheduling and close the database; running jobs keep running (each
+under its own supervisor, in its own session) and are re-adopted by the next start.
+SIGHUP reloads the configuration file; a bad new file is logged and the old one kept.
+
+The daemon raises its open-file soft limit to the hard limit (each running job holds a
+pidfd, each client a socket). Its listeners run in threads; should one end (its socket
+broke: see listening.py), the daemon stops and exits 1, so that systemd restarts it
+rather than keep a process that is "active" and deaf.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import resource
+import signal
+import socket
+import threading
+from collections.abc import Callable
+from dataclasses import replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from apscheduler.executors.pool import ThreadPoolExecutor
+from apscheduler.schedulers.background import BackgroundScheduler
+
+from gpusched.core.config import Config, load_config
+from gpusched.core.config_holder import ConfigHolder
+from gpusched.core.errors import ConfigError, GpuschedError
+from gpusched.core.ratelog import RateLimitedLog
+from gpusched.daemon.hooks import HookRunner
+from gpusched.daemon.server import Server
+from gpusched.daemon.trusted_dirs import untrusted_dirs
+from gpusched.gpus.probe import Probe, SimulatedProbe
+from gpusched.processes.launcher import Launcher
+from gpusched.scheduling.scheduler import Scheduler
+from gpusched.store import Store
+
+if TYPE_CHECKING:
+    from gpusched.daemon.metrics import MetricsServer
+
+log = logging.getLogger("gpusched.daemon")
+
+TICK_JOB_ID = "tick"
+
+
+def sd_notify(message: str) -> None:
+    """Tell systemd (Type=notify) about our state; a no-op outside systemd."""
+    address = os.environ.get("NOTIFY_SOCKET")
+    if not address:
+        return
+    if address.startswith("@"):
+        address = "\0" + address[1:]  # abstract namespace
+    with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.connect(address)
+        sock.sendall(message.encode())
+
+
+def make_probe(config: Config) -> Probe:
+    if config.simulate:
+        return SimulatedProbe.from_spec(config.simulate)
+    from gpusched.gpus.nvml import NvmlProbe
+
+    return NvmlProbe()
+
+
+def _check_dirs_are_ours(config: Config) -> None:
+    """As root, refuse directories another user could change under us (trusted_dirs)."""
+    if os.geteuid() != 0:
+        return
+    named = {
+        "state_dir": config.state_dir,
+        "log_dir": config.log_dir,
+        "socket": config.socket_path.parent,
+    }
+    if config.database_url.startswith("sqlite:///"):
+        named["database"] = Path(config.database_url.removeprefix("sqlite:///")).parent
+    problems = untrusted_dirs(named)
+    if problems:
+        raise ConfigError(
+            "another user could redirect what the daemon writes as root: "
+            + "; ".join(problems)
+            + " (use directories only root can change)"
+        )
+
+
+def raise_open_file_limit() -> None:
+    """Soft limit up to the hard one: systemd's soft default (1024) is the whole budget
+    of a daemon holding a pidfd per running job and a socket per client."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft in (hard, resource.RLIM_INFINITY):
+        return
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (OSError, ValueError) as exc:
+        log.warning("cannot raise the open-file limit from %s to %s: %s", soft, hard, exc)
+    else:
+        log.info("open files: soft limit raised from %s to %s", soft, hard)
+
+
+def _prepare_dirs(config: Config) -> None:
+    # Everything the daemon creates is private unless opened up on purpose below; jobs
+    # get their submitter's umask explicitly.
+    os.umask(0o077)
+    _check_dirs_are_ours(config)
+    # Root-only state: job specs hold users' environments.
+    config.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    config.log_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
+    _check_dirs_are_ours(config)  # again: a name made meanwhile is not followed by chmod
+    os.chmod(config.state_dir, 0o700)
+    # Logs: the directory is traversable so owners can tail their own 0600 files.
+    os.chmod(config.log_dir, 0o755)  # noqa: S103 - listing job ids is harmless; files are 0600
+
+
+class Daemon:
+    """Builds every part at construction (failing early with a clear message), runs on run()."""
+
+    def __init__(self, config: Config, config_path: Path | None, overrides: dict[str, str]) -> None:
+        self.config = config
+        self.config_path = config_path
+        self.overrides = overrides
+        log.info(
+            "gpusched daemon starting (pid %s, %s)",
+            os.getpid(),
+            "system mode" if os.geteuid() == 0 else "single-user mode",
+        )
+        raise_open_file_limit()
+        self.probe = make_probe(config)
+        self.probe.snapshot()  # fail now, with the driver's message, not at the first tick
+        log.info("GPUs: %s", self.probe.describe())
+        _prepare_dirs(config)
+        self.store = Store(config.database_url)
+        log.info("database %s, socket %s", config.database_url, config.socket_path)
+        # The one holder of the config: a reload replaces it once and reaches every reader.
+        self.settings = ConfigHolder(config)
+        self.scheduler = Scheduler(self.settings, self.store, self.probe, Launcher(self.settings))
+        self.scheduler.wake = self.wake
+        self.hooks = HookRunner(self.store, lambda: self.config)
+        self.scheduler.end_listeners.append(self.hooks.job_ended)
+        self.metrics: MetricsServer | None = None
+        self.server = Server(self.scheduler, config.socket_path)
+        self.reload_requested = False
+        self.stop_requested = threading.Event()
+        self._listeners: dict[str, threading.Thread] = {}  # name -> thread: must not end
+        self._trouble = RateLimitedLog(log)
+        self._ticks = BackgroundScheduler(
+            executors={"default": ThreadPoolExecutor(2)}, timezone=timezone.utc
+        )
+
+    def wake(self) -> None:
+        """Run a tick now.
+
+        A tick may be running: max_instances=2 lets one more wait behind it, and the
+        scheduler's lock serialises them, so a wake-up that arrives during a tick is
+        never lost (with max_instances=1 APScheduler would skip it until the next poll).
+        """
+        with contextlib.suppress(Exception):
+            self._ticks.modify_job(TICK_JOB_ID, next_run_time=datetime.now(timezone.utc))
+
+    def _tick(self) -> None:
+        try:
+            self.scheduler.tick()
+        except Exception as exc:  # one bad tick must not end the loop; the next one retries
+            # A pass that fails every poll the same way (out of open files: EMFILE) is said
+            # once a minute, with its traceback, not every two seconds.
+            key = f"tick: {type(exc).__name__} {getattr(exc, 'errno', '')}"
+            self._trouble.warning(key, f"scheduling pass failed: {exc!r}", exc_info=True)
+
+    def run(self) -> int:
+        # Warm up the supervisor zygote while we re-adopt jobs and bind the socket.
+        self.scheduler.launcher.start_zygote()
+        # Before adoption, which may end jobs and queue their hooks: none is queued twice.
+        self.hooks.resume()
+        self.scheduler.adopt_running()
+        if self.scheduler.drain is not None:
+            log.warning(
+                "%s: no new job starts until `gpusched undrain`", self.scheduler.drain.describe()
+            )
+        self.server.bind()
+        if self.config.metrics_address is not None:
+            from gpusched.daemon.metrics import MetricsServer  # prometheus_client only when asked
+
+            try:
+                self.metrics = MetricsServer.start(self.scheduler, self.config.metrics_address)
+            except GpuschedError:
+                self.server.close()  # a busy port stops the daemon: leave no socket behind
+                raise
+        self._ticks.add_job(
+            self._tick,
+            "interval",
+            seconds=self.config.poll_interval_s,
+            id=TICK_JOB_ID,
+            max_instances=2,
+            coalesce=True,
+            misfire_grace_time=None,
+            next_run_time=datetime.now(timezone.utc),
+        )
+        self._ticks.start()
+        self._listen("socket", self.server.serve_forever)
+        if self.metrics is not None:
+            self._listen("metrics", self.metrics.serve_forever)
+        self._install_signals()
+        sd_notify("READY=1\nSTATUS=scheduling")
+        log.info("ready: listening on %s", self.config.socket_path)
+        status = 0
+        while not self.stop_requested.wait(0.5):
+            if self.reload_requested:
+                self.reload_requested = False
+                self._reload()
+            dead = [name for name, thread in self._listeners.items() if not thread.is_alive()]
+            if dead:
+                log.critical("the %s listener ended: exiting for a restart", dead[0])
+                status = 1
+                break
+        sd_notify("STOPPING=1")
+        log.info("stopping: running jobs keep running and will be re-adopted at the next start")
+        self.server.close()
+        self._ticks.shutdown(wait=True)
+        self.scheduler.launcher.close()
+        self.hooks.close()
+        if self.metrics is not None:
+            self.metrics.close()
+        self.store.close()
+        self.probe.close()
+        return status
+
+    def _listen(self, name: str, serve_forever: Callable[[], None]) -> None:
+        thread = threading.Thread(target=serve_forever, name=name, daemon=True)
+        thread.start()
+        self._listeners[name] = thread
+
+    def _install_signals(self) -> None:
+        def stop(_signum: int, _frame: object) -> None:
+            self.stop_requested.set()
+
+        def reload(_signum: int, _frame: object) -> None:
+            self.reload_requested = True
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        signal.signal(signal.SIGHUP, reload)
+
+    def _reload(self) -> None:
+        try:
+            new = load_config(self.config_path, self.overrides)
+        except GpuschedError as exc:
+            log.error("config reload failed, keeping the old config: %s", exc.message)
+            return
+        fixed = (
+            "socket_path",
+            "database_url",
+            "state_dir",
+            "log_dir",
+            "simulate",
+            "metrics_address",
+        )
+        changed = [name for name in fixed if getattr(new, name) != getattr(self.config, name)]
+        if changed:
+            log.warning("config reload: %s need a restart to change; kept", ", ".join(changed))
+            new = replace(new, **{name: getattr(self.config, name) for name in changed})
+        self.config = new
+        self.settings.replace(new)
+        self.server.config = new
+        self._ticks.reschedule_job(TICK_JOB_ID, trigger="interval", seconds=new.poll_interval_s)
+        log.info("config reloaded from %s", self.config_path or "defaults")
+        self.wake()
+
+
+def run_daemon(config_path: Path | None, simulate: str | None) -> int:
+    from gpusched.daemon.logfmt import log_handler
+
+    # One record per line, users' strings escaped: a newline in a command forges nothing.
+    logging.basicConfig(level=logging.INFO, handlers=[log_handler()])
+    # APScheduler warns each time a wake-up finds a tick running and one already waiting
+    # ("maximum number of running instances reached"); that is the design, not a problem.
+    logging.getLogger("apscheduler").setLevel(logging.ERROR)
+    overrides = {"simulate": simulate} if simulate else {}
+    config = load_config(config_path, overrides)
+    return Daemon(config, config_path, overrides).run()

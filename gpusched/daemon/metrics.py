@@ -1,0 +1,231 @@
+"""Prometheus metrics: `metrics: 127.0.0.1:9400` in the config serves /metrics.
+
+A custom collector computes every value at scrape time from the owners of the facts:
+the scheduler's latest GPU reading (the same numbers `status` shows) and the job store.
+Nothing is counted on the side, so the metrics cannot drift from `status`, and they
+survive a daemon restart because they come from the database.
+
+    gpusched_gpu_memory_{total,used,free,reserved,available}_bytes   per GPU
+    gpusched_gpu_memory_used_by_{jobs,others}_bytes                 per GPU
+    gpusched_gpu_utilization_percent                                per GPU (when known)
+    gpusched_gpu_state{state}                                       1 for the GPU's state
+    gpusched_gpu_jobs                                               running gpusched jobs
+    gpusched_jobs{state,user}                                       jobs in the database
+    gpusched_queue_wait_seconds                                     histogram, submit->start
+    gpusched_jobs_ended_total{reason}                               ended jobs by reason
+
+Only the daemon imports this module (and prometheus_client), and only when metrics are on.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from datetime import datetime
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
+from sqlalchemy import func, select
+
+from gpusched import __version__
+from gpusched.core.errors import GpuschedError
+from gpusched.core.models import TERMINAL_STATES, JobState
+from gpusched.daemon.httpserve import HttpListener, Response, listening_socket
+from gpusched.scheduling.scheduler import Scheduler
+from gpusched.store import jobs as jobs_table
+
+log = logging.getLogger("gpusched.metrics")
+
+# Queue waits run from seconds (an idle server) to days (a full one).
+WAIT_BUCKETS_S = (
+    1.0,
+    5.0,
+    15.0,
+    30.0,
+    60.0,
+    300.0,
+    900.0,
+    1800.0,
+    3600.0,
+    3 * 3600.0,
+    6 * 3600.0,
+    12 * 3600.0,
+    86400.0,
+    2 * 86400.0,
+    7 * 86400.0,
+)
+
+_GPU_LABELS = ["gpu", "uuid", "name"]
+
+
+def _seconds_between(start: str, end: str) -> float | None:
+    try:
+        return (datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds()
+    except (TypeError, ValueError):
+        return None
+
+
+class GpuschedCollector(Collector):
+    """Reads the scheduler and the store on every scrape."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
+
+    def describe(self) -> list[Metric]:
+        # Nothing to declare up front: registering must not run a scrape.
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._gpus()
+        yield from self._jobs()
+        info = GaugeMetricFamily("gpusched_info", "gpusched daemon version", labels=["version"])
+        info.add_metric([__version__], 1)
+        yield info
+
+    def _gpus(self) -> Iterator[Metric]:
+        running = [j for j in self.scheduler.store.active() if j.state == JobState.RUNNING]
+        reports = self.scheduler.gpu_reports(running)
+        memory = {
+            key: GaugeMetricFamily(
+                f"gpusched_gpu_memory_{key}_bytes", help_text, labels=_GPU_LABELS
+            )
+            for key, help_text in (
+                ("total", "GPU memory in total"),
+                ("used", "GPU memory in use, as the driver reports it"),
+                ("free", "GPU memory free, as the driver reports it"),
+                ("reserved", "GPU memory held for running gpusched jobs beyond what they use yet"),
+                ("available", "GPU memory the next gpusched job could get"),
+                ("used_by_jobs", "GPU memory used by gpusched jobs' processes"),
+                ("used_by_others", "GPU memory used by processes gpusched did not start"),
+            )
+        }
+        util = GaugeMetricFamily(
+            "gpusched_gpu_utilization_percent", "GPU utilization (0-100)", labels=_GPU_LABELS
+        )
+        state = GaugeMetricFamily(
+            "gpusched_gpu_state",
+            "1 for the GPU's current state (ok, lost, excluded)",
+            labels=[*_GPU_LABELS, "state"],
+        )
+        count = GaugeMetricFamily(
+            "gpusched_gpu_jobs", "gpusched jobs running on the GPU", labels=_GPU_LABELS
+        )
+        for gpu in reports:
+            labels = [str(gpu.index), gpu.uuid, gpu.name]
+            for key, family in memory.items():
+                family.add_metric(labels, float(getattr(gpu, key)))
+            if gpu.util is not None:
+                util.add_metric(labels, float(gpu.util))
+            state.add_metric([*labels, gpu.state], 1)
+            count.add_metric(labels, len(gpu.jobs))
+        yield from memory.values()
+        yield from (util, state, count)
+
+    def _jobs(self) -> Iterator[Metric]:
+        table = jobs_table
+        with self.scheduler.store.read() as conn:
+            by_state = conn.execute(
+                select(table.c.state, table.c.user, func.count()).group_by(
+                    table.c.state, table.c.user
+                )
+            ).all()
+            by_reason = conn.execute(
+                select(table.c.reason, func.count())
+                .where(table.c.state.in_([str(s) for s in TERMINAL_STATES]))
+                .group_by(table.c.reason)
+            ).all()
+            # Every job that ever started: the database is the history, so the histogram
+            # is the same after a daemon restart. (Two short strings per job: cheap even
+            # for a few hundred thousand jobs.)
+            waits = conn.execute(
+                select(table.c.submitted_at, table.c.started_at).where(
+                    table.c.started_at.is_not(None)
+                )
+            ).all()
+        jobs = GaugeMetricFamily(
+            "gpusched_jobs", "gpusched jobs by state and user", labels=["state", "user"]
+        )
+        for job_state, user, n in by_state:
+            jobs.add_metric([job_state, user], n)
+        yield jobs
+        ended = CounterMetricFamily(
+            "gpusched_jobs_ended", "gpusched jobs ended, by reason", labels=["reason"]
+        )
+        for reason, n in by_reason:
+            ended.add_metric([reason or "unknown"], n)
+        yield ended
+        yield _histogram(
+            "gpusched_queue_wait_seconds",
+            "Time from submit to start of gpusched jobs",
+            [w for w in (_seconds_between(a, b) for a, b in waits) if w is not None],
+        )
+
+
+def _histogram(name: str, help_text: str, values: list[float]) -> Metric:
+    counts = [0] * len(WAIT_BUCKETS_S)
+    for value in values:
+        for i, bound in enumerate(WAIT_BUCKETS_S):
+            if value <= bound:
+                counts[i] += 1
+                break
+    cumulative: list[tuple[str, float]] = []
+    total = 0
+    for bound, n in zip(WAIT_BUCKETS_S, counts, strict=True):
+        total += n
+        cumulative.append((floatToGoString(bound), total))
+    cumulative.append(("+Inf", len(values)))
+    return HistogramMetricFamily(
+        name, help_text, buckets=cumulative, sum_value=max(0.0, sum(values))
+    )
+
+
+class MetricsServer:
+    """The HTTP endpoint: /metrics on gpusched's own bounded HTTP listener (httpserve.py).
+
+    Not prometheus_client's server: that one gives each connection a thread with no cap
+    and no timeout, so idle connections to the port used up the daemon's open files.
+    """
+
+    def __init__(self, listener: HttpListener, address: tuple[str, int]) -> None:
+        self._listener = listener
+        self.address = address
+
+    @classmethod
+    def start(cls, scheduler: Scheduler, address: tuple[str, int]) -> MetricsServer:
+        """Bind the port (the daemon runs `serve_forever` in a thread of its own)."""
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(GpuschedCollector(scheduler))
+        host, port = address
+        try:
+            sock = listening_socket(host, port)
+        except OSError as exc:
+            raise GpuschedError(
+                f"metrics: cannot listen on {host}:{port}: {exc.strerror or exc};"
+                " change `metrics:` in the config or remove it"
+            ) from None
+
+        def scrape() -> Response:
+            return Response(200, CONTENT_TYPE_LATEST, generate_latest(registry))
+
+        listener = HttpListener(
+            sock,
+            {"/metrics": scrape},
+            name="metrics",
+            deadline_s=lambda: scheduler.config.client_request_timeout_s,
+        )
+        bound = (host, int(sock.getsockname()[1]))
+        log.info("metrics on http://%s:%s/metrics", *bound)
+        return cls(listener, bound)
+
+    def serve_forever(self) -> None:
+        self._listener.serve_forever()
+
+    def close(self) -> None:
+        self._listener.close()

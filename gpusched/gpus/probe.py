@@ -1,0 +1,143 @@
+"""GPU probes: what the GPUs hold right now, read from NVML or simulated.
+
+A probe answers one question, `snapshot()`: the list of GPUs with their memory,
+utilization and the processes holding memory on them. It knows nothing about jobs
+beyond `note_job_started()`, which only the simulated probe uses (to make a running
+job "allocate" what it declared, as a real job would).
+
+The NVML probe lives in `gpusched.gpus.nvml` so that importing this module never loads pynvml.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+import psutil
+
+from gpusched.core.models import GpuHealth, GpuProcess, GpuState
+
+# The config validates `simulate:` with it; it lives with the other parsers of sizes.
+from gpusched.core.units import parse_simulate_spec
+
+
+class Probe(Protocol):
+    """What the daemon needs from the hardware."""
+
+    def snapshot(self) -> list[GpuState]:
+        """Read every GPU now. Raises GpuError only when no GPU can be read at all."""
+        ...
+
+    def note_job_started(self, pid: int, gpu_uuids: Sequence[str], mem_bytes: int | None) -> None:
+        """Tell the probe a job's process tree now runs on these GPUs."""
+        ...
+
+    def describe(self) -> str:
+        """One line for the daemon's log: what GPUs this probe reads and how."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class _SimulatedAllocation:
+    pid: int
+    create_time: float
+    gpu_uuids: tuple[str, ...]
+    mem_bytes: int
+
+
+class SimulatedProbe:
+    """GPUs that exist only in memory: a running job uses exactly what it declared.
+
+    A job without a declared size (a whole GPU) is simulated as using nothing, so
+    its card shows as reserved rather than used.
+    """
+
+    def __init__(self, sizes: Sequence[int]) -> None:
+        self._gpus = [
+            GpuState(
+                index=i,
+                uuid=f"GPU-5a5a5a5a-0000-4000-8000-{i:012d}",
+                name="Simulated GPU",
+                total_bytes=size,
+                used_bytes=0,
+                free_bytes=size,
+                util_percent=0,
+            )
+            for i, size in enumerate(sizes)
+        ]
+        self._allocations: list[_SimulatedAllocation] = []
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_spec(cls, spec: str) -> SimulatedProbe:
+        return cls(parse_simulate_spec(spec))
+
+    def describe(self) -> str:
+        sizes = ", ".join(f"{g.total_bytes / 2**30:g}G" for g in self._gpus)
+        return f"{len(self._gpus)} simulated GPU(s): {sizes}"
+
+    def note_job_started(self, pid: int, gpu_uuids: Sequence[str], mem_bytes: int | None) -> None:
+        if not mem_bytes:
+            return
+        try:
+            create_time = psutil.Process(pid).create_time()
+        except psutil.Error:
+            return
+        with self._lock:
+            self._allocations.append(
+                _SimulatedAllocation(pid, create_time, tuple(gpu_uuids), mem_bytes)
+            )
+
+    def _alive(self, allocation: _SimulatedAllocation) -> bool:
+        # Compare start times so that a reused pid does not keep a dead job's memory.
+        try:
+            process = psutil.Process(allocation.pid)
+            return (
+                process.create_time() == allocation.create_time
+                and process.status() != psutil.STATUS_ZOMBIE
+            )
+        except psutil.Error:
+            return False
+
+    def snapshot(self) -> list[GpuState]:
+        with self._lock:
+            self._allocations = [a for a in self._allocations if self._alive(a)]
+            allocations = list(self._allocations)
+        states = []
+        for gpu in self._gpus:
+            procs = tuple(
+                GpuProcess(a.pid, a.mem_bytes) for a in allocations if gpu.uuid in a.gpu_uuids
+            )
+            used = min(gpu.total_bytes, sum(p.used_bytes or 0 for p in procs))
+            states.append(
+                replace(
+                    gpu,
+                    used_bytes=used,
+                    free_bytes=gpu.total_bytes - used,
+                    util_percent=100 if procs else 0,
+                    processes=procs,
+                )
+            )
+        return states
+
+    def close(self) -> None:
+        pass
+
+
+def apply_selection(
+    states: list[GpuState], selection: Sequence[int | str] | None
+) -> list[GpuState]:
+    """Mark GPUs outside the config's `gpus:` list as excluded (kept so status shows them)."""
+    if selection is None:
+        return states
+    wanted = {str(item) for item in selection}
+    return [
+        gpu
+        if str(gpu.index) in wanted or gpu.uuid in wanted
+        else replace(gpu, health=GpuHealth.EXCLUDED)
+        for gpu in states
+    ]

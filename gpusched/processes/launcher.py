@@ -1,0 +1,424 @@
+"""The launcher: starts jobs under their supervisor, watches them, stops them.
+
+The launcher is the daemon's truth about processes. It writes each job's spec to
+the state directory, has the zygote (gpusched.processes.zygote) fork a supervisor for it, or
+when the zygote is gone or not answering starts `python -m gpusched.processes.supervisor` in a
+new session itself, and watches the supervisor through a pidfd, which works the same
+for a child, for the zygote's child and for a supervisor adopted after a daemon
+restart; when the daemon is out of open files (a pidfd is one per running job), the
+supervisor is polled once a second instead until a pidfd can be had. When a supervisor
+exits, its outcome is read from `exit.json` (written by the supervisor before it exits).
+
+A process is identified by its pid *and* its start time: after a restart, a pid
+recorded in the database may belong to an unrelated process by now.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import logging
+import os
+import pwd
+import selectors
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from gpusched.core.config_holder import ConfigHolder
+from gpusched.core.models import Job
+from gpusched.processes.fdbudget import FD_RESERVE, files_left
+from gpusched.processes.launching import Outcome, OutcomeKind, Started, StartError, start_error
+from gpusched.processes.pidref import is_same_process, process_start_time, still_running
+from gpusched.processes.supervisor import write_json_atomically
+from gpusched.processes.zygote import recorded_pid, recorded_supervisor
+
+log = logging.getLogger("gpusched.launcher")
+
+# How long a fork request may wait for the zygote's answer. The first request after a
+# (re)start waits for its interpreter to come up (a fraction of a second, more on a
+# loaded machine); a fork itself takes about a millisecond.
+ZYGOTE_REPLY_TIMEOUT_S = 10.0
+
+
+SUPERVISOR_MODULE = "gpusched.processes.supervisor"
+# Module paths that supervisors started by earlier versions run: after an upgrade in place
+# a job whose pid was never recorded is still found by its supervisor's command line.
+LEGACY_SUPERVISOR_MODULES: tuple[str, ...] = ("gpusched.supervisor",)
+
+
+def supervisor_command(spec_path: Path, module: str = SUPERVISOR_MODULE) -> list[str]:
+    return [sys.executable, "-m", module, str(spec_path)]
+
+
+def zygote_command(control_fd: int, jobs_dir: Path) -> list[str]:
+    return [sys.executable, "-m", "gpusched.processes.zygote", str(control_fd), str(jobs_dir)]
+
+
+def find_supervisor(spec_path: Path) -> int | None:
+    """The pid of a live supervisor for this spec (a daemon may have died before recording it).
+
+    A supervisor forked by the zygote shows a title, not that command line: it is found by
+    the identity the zygote recorded next to the spec; one started directly, by its
+    command line and our user (it drops privileges for the job alone).
+    """
+    pid = recorded_supervisor(spec_path.parent)
+    if pid is not None:
+        return pid
+    # Any user can give a process this command line; only we can start one as our user. An
+    # impostor adopted would hold the job `running` for good and take its cancel.
+    wanted = [
+        supervisor_command(spec_path, module)[1:]
+        for module in (SUPERVISOR_MODULE, *LEGACY_SUPERVISOR_MODULES)
+    ]
+    for process in psutil.process_iter(["cmdline", "uids"]):
+        cmdline = process.info.get("cmdline") or []
+        uids = process.info.get("uids")
+        if cmdline[1:] in wanted and uids is not None and uids.real == os.geteuid():
+            return process.pid
+    return None
+
+
+def _no_listener(job_id: int) -> None:
+    log.warning("job %s's supervisor exited with nobody listening", job_id)
+
+
+class Launcher:
+    """Starts, watches and stops job supervisors (see `JobLauncher` for the interface).
+
+    `config`: read when a job starts (its `kill_grace`), so a reload reaches the next
+    job; the directories are fixed at start. `on_exit(job_id)` is set by whoever settles
+    endings (the scheduler), before the first job starts or is re-adopted.
+    """
+
+    def __init__(self, config: ConfigHolder) -> None:
+        self._config = config
+        self.jobs_dir = config.current.state_dir / "jobs"
+        self.log_dir = config.current.log_dir
+        self.on_exit: Callable[[int], None] = _no_listener
+        self._children: dict[int, subprocess.Popen[bytes]] = {}
+        self._selector = selectors.DefaultSelector()
+        self._watched: dict[int, int] = {}  # pidfd -> job id
+        self._already_exited: list[int] = []  # watched after their process had ended
+        self._polled: dict[int, tuple[int, str | None]] = {}  # job id -> pid, start: no pidfd
+        self._lock = threading.Lock()
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._selector.register(self._wake_r, selectors.EVENT_READ)
+        self._stopping = False
+        self._thread = threading.Thread(target=self._watch_loop, name="job-watcher", daemon=True)
+        self._thread.start()
+        self._zygote: subprocess.Popen[bytes] | None = None
+        self._zygote_channel: socket.socket | None = None
+        self._zygote_lock = threading.Lock()
+        self._zygote_warned = False
+
+    # -- the zygote ---------------------------------------------------------------------
+
+    def start_zygote(self) -> None:
+        """Start the zygote that forks supervisors (the daemon does at start-up).
+
+        Does not wait for it: the first fork request queues in the channel meanwhile.
+        """
+        with self._zygote_lock:
+            self._start_zygote_locked()
+
+    def _start_zygote_locked(self) -> None:
+        # SOCK_SEQPACKET: one request, one reply, kept apart by the kernel. The daemon's
+        # end is close-on-exec, so no job, hook or fallback supervisor ever holds it.
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self.jobs_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            self._zygote = subprocess.Popen(
+                zygote_command(theirs.fileno(), self.jobs_dir),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                pass_fds=(theirs.fileno(),),
+                close_fds=True,
+                cwd="/",
+            )
+        except OSError as exc:
+            ours.close()
+            report = log.info if self._zygote_warned else log.warning
+            report("cannot start the supervisor zygote (%s): starting jobs directly", exc)
+            self._zygote_warned = True
+            return
+        finally:
+            theirs.close()
+        ours.settimeout(ZYGOTE_REPLY_TIMEOUT_S)
+        self._zygote_channel = ours
+        log.info("supervisor zygote started (pid %s)", self._zygote.pid)
+
+    def _stop_zygote_locked(self, kill: bool) -> None:
+        """Close the channel (the zygote exits on end of file) and reap it."""
+        if self._zygote_channel is not None:
+            self._zygote_channel.close()
+            self._zygote_channel = None
+        if self._zygote is not None:
+            if kill:
+                with contextlib.suppress(ProcessLookupError):
+                    self._zygote.kill()
+            try:
+                self._zygote.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._zygote.kill()
+                self._zygote.wait()
+            self._zygote = None
+
+    def _fork_via_zygote(self, spec_path: Path) -> int | None:
+        """A supervisor forked by the zygote; None: start one directly instead.
+
+        Never both: when the zygote fails mid-request it is killed and reaped first; then
+        the job has a supervisor if and only if the zygote recorded one (a forked child
+        runs only when its identity is on record), and that one is taken.
+        """
+        with self._zygote_lock:
+            if self._zygote is None:  # never started, or it could not be: try now
+                self._start_zygote_locked()
+            channel = self._zygote_channel
+            if self._zygote is None or channel is None:
+                return None  # could not start one (said so)
+            if self._zygote.poll() is not None:
+                self._zygote_failed("exited")
+                return None
+            try:
+                channel.send(os.fsencode(spec_path))
+                reply = channel.recv(4096).decode()
+            except (OSError, UnicodeDecodeError) as exc:  # a timeout is an OSError too
+                reply = f"no answer ({exc.__class__.__name__}: {exc})"
+            if reply.isdigit():
+                return int(reply)
+            if reply.startswith("error: "):  # it answered: no child was left behind
+                log.warning("the supervisor zygote could not fork: %s", reply[7:])
+                return None
+            self._stop_zygote_locked(kill=True)
+            # Alive or not: a recorded child may run (or have run) the job already.
+            recorded = recorded_pid(spec_path.parent)
+            self._zygote_failed(reply or "it closed its channel")
+            return recorded
+
+    def _zygote_failed(self, why: str) -> None:
+        """Start this job directly; start a new zygote for the next one."""
+        self._stop_zygote_locked(kill=True)
+        report = log.info if self._zygote_warned else log.warning
+        report("supervisor zygote %s: starting a job's supervisor directly; restarting it", why)
+        self._zygote_warned = True
+        self._start_zygote_locked()
+
+    def job_dir(self, job_id: int) -> Path:
+        return self.jobs_dir / str(job_id)
+
+    def log_path(self, job_id: int) -> Path:
+        return self.log_dir / f"{job_id}.log"
+
+    def start(self, job: Job, env: dict[str, str], umask: int, gid: int) -> Started:
+        """Hand the job to a new supervisor. Raises StartError with a message for the owner."""
+        try:
+            entry = pwd.getpwuid(job.uid)
+        except KeyError:
+            raise StartError(f"the job's owner (uid {job.uid}) no longer exists") from None
+        groups = os.getgrouplist(entry.pw_name, gid) if os.geteuid() == 0 else []
+        job_dir = self.job_dir(job.id)
+        try:
+            # The job dir is root's (0700): only the daemon and supervisor read the spec.
+            with contextlib.suppress(FileNotFoundError):
+                shutil.rmtree(job_dir)
+            job_dir.mkdir(parents=True, mode=0o700)
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise start_error("cannot prepare job directories", exc) from None
+        log_path = self.log_path(job.id)
+        spec: dict[str, Any] = {
+            "job_id": job.id,
+            "argv": job.command,
+            "cwd": job.cwd,
+            "env": env,
+            "uid": job.uid,
+            "gid": gid,
+            "groups": groups,
+            "umask": umask,
+            "log_path": str(log_path),
+            "kill_grace_s": self._config.current.kill_grace_s,
+            # the supervisor keeps the job's log under it (read at start, as kill_grace)
+            "max_log_bytes": self._config.current.max_log_bytes,
+            "time_limit_s": job.time_limit_s,
+        }
+        spec_path = job_dir / "spec.json"
+        try:
+            # No fsync: the spec must outlive the daemon, not a power cut; after a crash of
+            # the machine the job's fate is settled from its exit record, never its spec.
+            write_json_atomically(spec_path, spec, durable=False)
+        except OSError as exc:
+            raise start_error("cannot write the job's spec", exc) from None
+        pid = self._fork_via_zygote(spec_path)
+        via = "zygote"
+        if pid is None:
+            pid, via = self._popen_supervisor(spec_path), "popen"
+        start_time = process_start_time(pid) or "0"
+        self.watch(job.id, pid, start_time)
+        return Started(pid, start_time, str(log_path), via)
+
+    def _popen_supervisor(self, spec_path: Path) -> int:
+        """Start a supervisor in a fresh interpreter, in a new session: the slow, sure way."""
+        try:
+            with open(spec_path.with_name("supervisor.err"), "wb") as supervisor_err:
+                process = subprocess.Popen(
+                    supervisor_command(spec_path),
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=supervisor_err,
+                    start_new_session=True,
+                    close_fds=True,
+                    cwd="/",
+                )
+        except OSError as exc:
+            raise start_error("cannot start the job's supervisor", exc) from None
+        with self._lock:
+            self._children[process.pid] = process
+        return process.pid
+
+    def watch(self, job_id: int, pid: int, start_time: str | None = None) -> None:
+        """Call on_exit(job_id) once `pid` exits (also for supervisors adopted after a restart).
+
+        on_exit is always called from the watcher thread, never from here: the caller
+        may be in the middle of a scheduling pass, where an end must not be settled.
+        `start_time` (process_start_time) tells the process from a later one with its pid
+        while it has to be polled.
+        """
+        with self._lock:
+            try:
+                if files_left() < FD_RESERVE:  # the reserve is for starting jobs, not this
+                    raise OSError(errno.EMFILE, "open files down to the reserve")
+                pidfd = os.pidfd_open(pid)
+            except ProcessLookupError:
+                self._already_exited.append(job_id)
+            except OSError as exc:  # out of open files: poll until a pidfd can be had
+                if not self._polled:
+                    log.warning("cannot watch job %s through a pidfd (%s): polling", job_id, exc)
+                self._polled[job_id] = (pid, start_time)
+            else:
+                self._watched[pidfd] = job_id
+                self._selector.register(pidfd, selectors.EVENT_READ)
+        with contextlib.suppress(BlockingIOError):  # a full pipe: the loop wakes anyway
+            os.write(self._wake_w, b"x")
+
+    def _poll_unwatched(self) -> list[int]:
+        """Jobs polled for want of a pidfd: those whose process ended; a pidfd for the rest."""
+        exited = []
+        with self._lock:
+            spare = files_left() - FD_RESERVE
+            for job_id, (pid, start_time) in list(self._polled.items()):
+                try:
+                    if spare <= 0:
+                        raise OSError(errno.EMFILE, "open files down to the reserve")
+                    spare -= 1
+                    pidfd = os.pidfd_open(pid)
+                except ProcessLookupError:
+                    pidfd = None
+                except OSError:  # still out of files
+                    if still_running(pid, start_time):
+                        continue
+                    pidfd = None
+                if pidfd is not None and still_running(pid, start_time):
+                    self._watched[pidfd] = job_id
+                    self._selector.register(pidfd, selectors.EVENT_READ)
+                elif pidfd is not None:
+                    os.close(pidfd)  # the pid is another process's by now
+                    pidfd = None
+                if pidfd is None:
+                    exited.append(job_id)
+                del self._polled[job_id]
+        return exited
+
+    def _watch_loop(self) -> None:
+        while not self._stopping:
+            for key, _ in self._selector.select(timeout=1.0):
+                fd = int(key.fd)
+                with self._lock:
+                    if fd == self._wake_r:
+                        with contextlib.suppress(BlockingIOError):
+                            os.read(self._wake_r, 4096)
+                        exited, self._already_exited = self._already_exited, []
+                    else:
+                        exited = [self._watched.pop(fd)]
+                        self._selector.unregister(fd)
+                        os.close(fd)
+                if exited:
+                    self._reap_children()
+                for job_id in exited:
+                    self._exited(job_id)
+            if self._polled:
+                exited = self._poll_unwatched()
+                if exited:
+                    self._reap_children()
+                for job_id in exited:
+                    self._exited(job_id)
+
+    def _exited(self, job_id: int) -> None:
+        try:
+            self.on_exit(job_id)
+        except Exception:  # the watcher must outlive any bug in a callback
+            log.exception("handling the exit of job %s failed", job_id)
+
+    def _reap_children(self) -> None:
+        with self._lock:
+            for pid, process in list(self._children.items()):
+                if process.poll() is not None:
+                    del self._children[pid]
+
+    def outcome(self, job_id: int) -> Outcome:
+        """How the job ended, from its supervisor's record; `lost` when there is none."""
+        path = self.job_dir(job_id) / "exit.json"
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            err = self.job_dir(job_id) / "supervisor.err"
+            detail = ""
+            with contextlib.suppress(OSError):
+                detail = err.read_text().strip().splitlines()[-1] if err.stat().st_size else ""
+            why = "its supervisor ended without recording an exit status"
+            return Outcome(OutcomeKind.LOST, message=f"{why}: {detail}" if detail else why)
+        except (OSError, ValueError) as exc:
+            return Outcome(OutcomeKind.LOST, message=f"unreadable exit record: {exc}")
+        return Outcome(
+            OutcomeKind.read(data.get("outcome")),
+            exit_code=data.get("exit_code"),
+            signal=data.get("signal"),
+            message=data.get("message"),
+        )
+
+    def find_supervisor(self, job_id: int) -> int | None:
+        """A live supervisor of this job that no pid was recorded for (see find_supervisor)."""
+        return find_supervisor(self.job_dir(job_id) / "spec.json")
+
+    def start_time(self, pid: int) -> str | None:
+        return process_start_time(pid)
+
+    def is_running(self, pid: int, start_time: str | None) -> bool:
+        """Whether the supervisor `pid` that started at `start_time` is still alive."""
+        return is_same_process(pid, start_time)
+
+    def cancel(self, pid: int, start_time: str | None) -> bool:
+        """Ask a job's supervisor to stop the job's tree (SIGTERM, grace, SIGKILL)."""
+        if not is_same_process(pid, start_time):
+            return False
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+        return True
+
+    def close(self) -> None:
+        """Stop watching and the zygote. Jobs keep running: their supervisors are in their
+        own sessions."""
+        with self._zygote_lock:
+            self._stop_zygote_locked(kill=False)
+        self._stopping = True
+        os.write(self._wake_w, b"x")
+        self._thread.join(timeout=5)

@@ -1,0 +1,113 @@
+"""What the scheduler knows of a launcher: its interface and the values it returns.
+
+`JobLauncher` is the seam between scheduling and processes: the daemon's `Launcher`
+(gpusched.processes.launcher) implements it with zygotes, supervisors and pidfds; tests implement
+it in memory (tests/fakes.py) to drive `Scheduler.tick()` without spawning a process.
+"""
+
+from __future__ import annotations
+
+import errno
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from gpusched.core.models import Job, _StrEnum
+
+
+@dataclass(frozen=True)
+class Started:
+    pid: int
+    start_time: str
+    log_path: str
+    via: str = "popen"  # zygote: forked by the zygote; popen: a fresh interpreter
+
+
+class OutcomeKind(_StrEnum):
+    """How a supervisor says its job ended (the `outcome` of its exit record)."""
+
+    EXIT = "exit"
+    SIGNAL = "signal"
+    CANCELLED = "cancelled"  # stopped on the daemon's request (a cancel, an overrun kill)
+    TIMEOUT = "timeout"  # the supervisor stopped it at its time limit
+    FAILED_TO_START = "failed_to_start"
+    LOST = "lost"  # no record: the supervisor died without writing one
+
+    @classmethod
+    def read(cls, value: object) -> OutcomeKind:
+        """An exit record's `outcome`; an unknown one (a newer supervisor's) reads as lost."""
+        try:
+            return cls(value)
+        except ValueError:
+            return cls.LOST
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a job's supervisor says the job ended (None fields: unknown)."""
+
+    kind: OutcomeKind
+    exit_code: int | None = None
+    signal: int | None = None
+    message: str | None = None
+
+
+# Errors of starting a job that pass (out of files, memory or tasks): the job waits in
+# the queue for the next pass instead of failing.
+TRANSIENT_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EAGAIN})
+
+
+class StartError(Exception):
+    """The job could not be handed to a supervisor (the message is for the job's owner).
+
+    `transient`: it failed for want of a resource, before any supervisor existed, so the
+    job may be queued again.
+    """
+
+    def __init__(self, message: str, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient
+
+
+def start_error(what: str, exc: OSError) -> StartError:
+    """A StartError for an OS error, transient when it is one of TRANSIENT_ERRNOS."""
+    return StartError(f"{what}: {exc}", transient=exc.errno in TRANSIENT_ERRNOS)
+
+
+class JobLauncher(Protocol):
+    """Starts, watches and stops job supervisors; the scheduler's only way to processes."""
+
+    # Called with a job's id, from another thread, once its supervisor has exited.
+    on_exit: Callable[[int], None]
+
+    def log_path(self, job_id: int) -> Path: ...
+
+    def start(self, job: Job, env: dict[str, str], umask: int, gid: int) -> Started:
+        """Hand the job to a new supervisor; raises StartError (a message for the owner)."""
+        ...
+
+    def watch(self, job_id: int, pid: int, start_time: str | None = None) -> None:
+        """Call on_exit(job_id) once `pid` exits (also for a supervisor adopted at restart);
+        `start_time` tells it from a later process with its pid while it has to be polled."""
+        ...
+
+    def outcome(self, job_id: int) -> Outcome:
+        """How the job ended, from its supervisor's record; `lost` when there is none."""
+        ...
+
+    def cancel(self, pid: int, start_time: str | None) -> bool:
+        """Ask a supervisor to stop its job; False if that process is gone."""
+        ...
+
+    def find_supervisor(self, job_id: int) -> int | None:
+        """A live supervisor of the job whose pid was never recorded (a daemon crash)."""
+        ...
+
+    def start_time(self, pid: int) -> str | None: ...
+
+    def is_running(self, pid: int, start_time: str | None) -> bool: ...
+
+    def start_zygote(self) -> None: ...
+
+    def close(self) -> None: ...

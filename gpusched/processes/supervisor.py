@@ -1,0 +1,337 @@
+"""The job supervisor: one small process per job, between the daemon and the job.
+
+The daemon starts `python -m gpusched.processes.supervisor SPEC` in a new session. The
+supervisor becomes a child subreaper (so every descendant of the job, even one that
+calls setsid and whose parent exits, is re-parented to it and can be found and
+killed), opens the job's log, starts the job as its owner, waits for it and writes
+how it ended to `exit.json` next to the spec. Because the outcome is on disk, a
+daemon that was killed or restarted meanwhile still learns the real exit code.
+
+SIGTERM (sent by the daemon on cancel) means: SIGTERM the job's whole tree, wait
+the grace period, then freeze and SIGKILL whatever is left, again and again until the
+supervisor has no child at all (gpusched.processes.treekill: a job that forks continuously cannot
+outrun it). When the job's main process exits, any process it left behind is stopped
+the same way, so nothing keeps GPU memory after its job has ended. `exit.json` is
+written only then: a job recorded as ended has no process left.
+
+With `max_log_bytes` in the spec, the supervisor keeps the log under that size by
+cutting its middle (gpusched.core.logcap), checked every time its loop wakes: at least once
+a second, ten times a second while the log grows fast.
+
+Stdlib only (psutil only on a kernel without /proc/PID/task/TID/children, and only
+when a tree must be stopped): this runs once per job and its start-up is part of every
+job's dispatch time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from gpusched.core.logcap import cap_log
+from gpusched.processes import treekill
+
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def _become_subreaper() -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
+
+
+def write_json_atomically(path: Path, data: dict[str, Any], durable: bool = True) -> None:
+    """Replace `path` with `data` in one rename; `durable` also fsyncs it to disk."""
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        json.dump(data, handle)
+        handle.flush()
+        if durable:
+            os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    if durable:
+        fsync_directory(path.parent)  # so the rename itself survives a power cut
+
+
+def fsync_directory(path: Path) -> None:
+    """Make the names created, renamed or removed in `path` durable."""
+    dir_fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def _open_log(path: str, uid: int, gid: int) -> int:
+    """Create the job's log afresh, owned by the job's owner, mode 0600.
+
+    O_EXCL|O_NOFOLLOW: a symlink or file planted at that name is never followed or
+    reused; it is removed and the log created anew. Opened as root, which is safe only
+    because nothing in the path is the user's: `log_dir` is the daemon's and the name is
+    the job's id (the job's own cwd and command are touched only after the drop).
+    """
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_APPEND
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    fd = os.open(path, flags, 0o600)
+    if os.geteuid() == 0:
+        os.fchown(fd, uid, gid)
+    return fd
+
+
+def _has_children() -> bool:
+    """Whether any process is left under us (as a subreaper, any descendant left implies
+    a direct child of ours: orphans are re-parented to us)."""
+    return bool(treekill.children_of(os.getpid()))
+
+
+def owner_credentials(uid: int, gid: int, groups: list[int]) -> dict[str, Any]:
+    """Popen arguments that run a child as its owner: uid, gid and supplementary groups.
+
+    Only root can switch; a single-user daemon runs everything as itself. Also used for
+    notification hooks (gpusched.daemon.hooks), so both drop privileges the same way.
+    """
+    if os.geteuid() != 0 or uid == 0:
+        return {}
+    return {"user": uid, "group": gid, "extra_groups": groups}
+
+
+class Supervisor:
+    def __init__(self, spec: dict[str, Any], exit_path: Path) -> None:
+        self.spec = spec
+        self.exit_path = exit_path
+        self.terminate_requested = False
+        self.child: subprocess.Popen[bytes] | None = None
+        self.log_cap = spec.get("max_log_bytes") or None
+        self._cap_fd = -1  # the log, read-write without O_APPEND, to cut it (logcap)
+        self._log_size = 0
+        self._cap_failed = False
+
+    def _on_term(self, _signum: int, _frame: object) -> None:
+        self.terminate_requested = True
+
+    def _record(self, **outcome: Any) -> None:
+        outcome.setdefault("ended_at", time.time())
+        write_json_atomically(self.exit_path, outcome)
+
+    def _start(self, log_fd: int) -> subprocess.Popen[bytes]:
+        spec = self.spec
+        extra = owner_credentials(spec["uid"], spec["gid"], spec["groups"])
+        return subprocess.Popen(
+            spec["argv"],
+            # Not cwd=: CPython's child enters `cwd` *before* it drops to the owner, so a
+            # user's symlink would be followed as root (into another user's 0700 home).
+            # preexec_fn runs after setgroups/setregid/setreuid (Modules/_posixsubprocess.c,
+            # child_exec; tests/security/test_privileges.py pins the order), so the chdir,
+            # and the exec after it, happen as the owner. Safe here: the supervisor is
+            # single-threaded (the daemon itself never uses preexec_fn).
+            preexec_fn=_enter(spec["cwd"]),  # noqa: PLW1509 - single-threaded, see above
+            env=spec["env"],
+            stdin=subprocess.DEVNULL,
+            stdout=log_fd,
+            stderr=log_fd,
+            umask=spec["umask"],
+            start_new_session=True,
+            close_fds=True,
+            **extra,
+        )
+
+    def _stop_tree(self, grace_s: float, wakeup_fd: int) -> None:
+        """SIGTERM every descendant, wait up to the grace period, then freeze and SIGKILL
+        the tree until we have no child left (see gpusched.processes.treekill)."""
+
+        def pause(seconds: float) -> None:
+            select.select([wakeup_fd], [], [], seconds)
+            _drain(wakeup_fd)
+            self._check_log()
+
+        treekill.terminate_tree()
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            self._reap()
+            if not _has_children():
+                return
+            pause(0.05)
+        treekill.kill_tree(self._reap, pause)
+        self._reap()
+
+    def _check_log(self) -> float:
+        """Keep the log under its cap; returns how long the loop may sleep before the
+        next check (shorter while the log grows fast)."""
+        if self.log_cap is None or self._cap_fd < 0:
+            return 1.0
+        try:
+            cut = cap_log(self._cap_fd, self.log_cap)
+            size = os.fstat(self._cap_fd).st_size
+        except OSError as exc:  # e.g. a full disk: the job goes on, uncapped for now
+            if not self._cap_failed:  # once, not every second
+                print(f"gpusched supervisor: cannot cap the log: {exc}", file=sys.stderr)
+                self._cap_failed = True
+            return 1.0
+        grew, self._log_size = size - self._log_size, size
+        return 0.1 if cut or grew > self.log_cap // 16 else 1.0
+
+    def _reap(self) -> None:
+        """Reap every exited child (the job and orphans re-parented to us)."""
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if self.child is not None and pid == self.child.pid:
+                self.child.returncode = os.waitstatus_to_exitcode(status)
+
+    def run(self) -> int:
+        spec = self.spec
+        _become_subreaper()
+        read_fd, write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        signal.set_wakeup_fd(write_fd)
+        # Handlers only set flags; the loop below acts (handlers are reset in the job on exec).
+        signal.signal(signal.SIGTERM, self._on_term)
+        signal.signal(signal.SIGINT, self._on_term)
+        signal.signal(signal.SIGCHLD, lambda _s, _f: None)
+        try:
+            log_fd = _open_log(spec["log_path"], spec["uid"], spec["gid"])
+        except OSError as exc:
+            self._record(
+                outcome="failed_to_start",
+                message=f"cannot open log {spec['log_path']}: {exc.strerror}",
+            )
+            return 1
+        if self.log_cap is not None:
+            # A second open file of the same log (through /proc, not its name): ours
+            # without O_APPEND, since pwrite on an O_APPEND descriptor always appends.
+            try:
+                self._cap_fd = os.open(f"/proc/self/fd/{log_fd}", os.O_RDWR | os.O_CLOEXEC)
+            except OSError as exc:
+                print(f"gpusched supervisor: log not capped: {exc}", file=sys.stderr, flush=True)
+        try:
+            self.child = self._start(log_fd)
+        except (OSError, subprocess.SubprocessError, ValueError) as exc:
+            message = _start_error(exc, spec)
+            os.write(log_fd, f"gpusched: {message}\n".encode())
+            self._record(outcome="failed_to_start", message=message)
+            return 1
+        finally:
+            os.close(log_fd)
+        return self._supervise(self.child, read_fd)
+
+    def _supervise(self, child: subprocess.Popen[bytes], read_fd: int) -> int:
+        spec = self.spec
+        cancelled = timed_out = False
+        limit = spec.get("time_limit_s")
+        limit_s = None if limit is None else float(limit)
+        deadline = None if limit_s is None else time.monotonic() + limit_s
+        while child.returncode is None:
+            if self.terminate_requested and not cancelled:
+                cancelled = True
+                self._stop_tree(float(spec["kill_grace_s"]), read_fd)
+                continue
+            # The time limit is kept here, not by the daemon, so it holds across daemon restarts.
+            if deadline is not None and not timed_out and time.monotonic() >= deadline:
+                timed_out = True
+                self._stop_tree(float(spec["kill_grace_s"]), read_fd)
+                continue
+            wait_s = self._check_log()
+            if deadline is not None:
+                wait_s = max(0.0, min(wait_s, deadline - time.monotonic()))
+            select.select([read_fd], [], [], wait_s)
+            _drain(read_fd)
+            self._reap()
+        # The main process is gone; stop anything it left behind holding the GPU.
+        if _has_children():
+            self._stop_tree(float(spec["kill_grace_s"]), read_fd)
+        self._check_log()  # nothing writes any more: the final log is within the cap
+        code = child.returncode
+        if timed_out and not cancelled:
+            self._record(
+                outcome="timeout",
+                exit_code=_exit_code(code),
+                signal=_signal_of(code),
+                message=f"ran longer than its time limit of {_duration(limit_s or 0.0)}",
+            )
+        elif cancelled or self.terminate_requested:
+            self._record(outcome="cancelled", exit_code=_exit_code(code), signal=_signal_of(code))
+        elif code < 0:
+            self._record(
+                outcome="signal",
+                exit_code=_exit_code(code),
+                signal=-code,
+                message=f"killed by {signal.Signals(-code).name}",
+            )
+        else:
+            self._record(outcome="exit", exit_code=code)
+        return 0
+
+
+def _exit_code(code: int) -> int:
+    # A shell reports death by signal N as 128+N; so do we.
+    return 128 - code if code < 0 else code
+
+
+def _signal_of(code: int) -> int | None:
+    return -code if code < 0 else None
+
+
+def _duration(seconds: float) -> str:
+    if seconds >= 3600:
+        return f"{seconds / 3600:g}h"
+    if seconds >= 60:
+        return f"{seconds / 60:g}m"
+    return f"{seconds:g}s"
+
+
+def _drain(fd: int) -> None:
+    with contextlib.suppress(BlockingIOError):
+        while os.read(fd, 512):
+            pass
+
+
+def _enter(cwd: str) -> Callable[[], None]:
+    def enter() -> None:
+        os.chdir(cwd)
+
+    return enter
+
+
+def _start_error(exc: BaseException, spec: dict[str, Any]) -> str:
+    argv0 = spec["argv"][0]
+    if isinstance(exc, subprocess.SubprocessError):
+        # Only the chdir runs in preexec_fn. It failed as the owner; one message whatever
+        # the reason, and nothing checked here as root, so a failure tells the owner no
+        # more about a path than their own `cd` would.
+        return f"working directory {spec['cwd']} does not exist or you cannot enter it"
+    if isinstance(exc, FileNotFoundError):
+        return f"command not found: {argv0}"
+    if isinstance(exc, PermissionError):
+        return f"cannot execute {argv0}: permission denied"
+    if isinstance(exc, OSError) and exc.errno == errno.ENOEXEC:
+        return f"cannot execute {argv0}: not an executable file"
+    return f"could not start {argv0}: {exc}"
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print("usage: python -m gpusched.processes.supervisor SPEC.json", file=sys.stderr)
+        return 2
+    spec_path = Path(argv[1])
+    spec = json.loads(spec_path.read_text())
+    return Supervisor(spec, spec_path.with_name("exit.json")).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

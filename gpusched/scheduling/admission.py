@@ -1,0 +1,53 @@
+"""The tick's second phase: which queued jobs may be planned, by their `--after` dependencies.
+
+`admit()` reads only: it returns the jobs whose dependencies all succeeded, a waiting
+reason for each job whose dependencies are still active, and the jobs that can never run
+because a dependency failed (the scheduler ends those as `dependency_failed`). A
+dependency that ran out of memory and was retried is its latest attempt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from gpusched.core.models import TERMINAL_STATES, Job, JobState
+from gpusched.store import Queued
+
+
+@dataclass(frozen=True)
+class DependencyFailed:
+    job_id: int
+    detail: str  # which dependency ended how, for the job's `reason_detail`
+
+
+@dataclass
+class Admission:
+    eligible: list[Queued] = field(default_factory=list)
+    waiting_reasons: dict[int, str] = field(default_factory=dict)
+    doomed: list[DependencyFailed] = field(default_factory=list)
+
+
+def admit(
+    queued: list[Queued], latest_attempts: Callable[[Iterable[int]], dict[int, Job]]
+) -> Admission:
+    result = Admission()
+    needed = {dep for job in queued for dep in job.after}
+    deps = latest_attempts(needed) if needed else {}
+    for job in queued:
+        failed = [
+            d
+            for d in job.after
+            if d in deps and deps[d].state in TERMINAL_STATES and deps[d].state != JobState.DONE
+        ]
+        pending = [d for d in job.after if d in deps and deps[d].state not in TERMINAL_STATES]
+        if failed:
+            dep = deps[failed[0]]
+            result.doomed.append(
+                DependencyFailed(job.id, f"job {dep.id} ended {dep.state} ({dep.reason})")
+            )
+        elif pending:
+            result.waiting_reasons[job.id] = "waiting for job " + ", ".join(map(str, pending))
+        else:
+            result.eligible.append(job)
+    return result

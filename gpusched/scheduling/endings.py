@@ -1,0 +1,362 @@
+"""How jobs end, and what a restarted daemon makes of the jobs it finds running.
+
+`JobEndings` turns a supervisor's outcome into a job's final state (exit, signal, cancel,
+overrun, timeout, failed start, out of memory, lost), records what the job used, queues
+an OOM retry, tells whoever waits for endings, and re-adopts running jobs after a
+restart: a `running` row is a claim to verify, not a fact. The scheduler holds one and
+hands it the lock that serialises ticks and job operations; it reaches processes only
+through the launcher's interface (gpusched.processes.launching), so tests drive it in memory.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
+from pathlib import Path
+
+from gpusched.core.clock import Clock, iso
+from gpusched.core.config import Config
+from gpusched.core.config_holder import ConfigHolder
+from gpusched.core.models import (
+    TERMINAL_STATES,
+    EndReason,
+    GpuState,
+    Job,
+    JobState,
+    StopIntent,
+)
+from gpusched.core.sanitize import quoted
+from gpusched.gpus.probe import Probe
+from gpusched.processes.launching import JobLauncher, Outcome, OutcomeKind
+from gpusched.processes.supervisor import write_json_atomically
+from gpusched.store import Store
+from gpusched.usage.monitor import UsageMonitor, final_usage, oom_cause, retry_mem
+
+log = logging.getLogger("gpusched.scheduler")
+
+# How a supervisor's outcome (other than a plain exit) ends a job; anything else is lost.
+_ENDINGS: dict[OutcomeKind, tuple[JobState, EndReason]] = {
+    OutcomeKind.SIGNAL: (JobState.FAILED, EndReason.SIGNAL),
+    OutcomeKind.CANCELLED: (JobState.CANCELLED, EndReason.CANCELLED),
+    OutcomeKind.TIMEOUT: (JobState.FAILED, EndReason.TIMEOUT),
+    OutcomeKind.FAILED_TO_START: (JobState.FAILED, EndReason.FAILED_TO_START),
+}
+
+# How many of the latest ended job ids a waiter can catch up from without a read.
+RECENT_ENDS = 1024
+
+
+def legacy_stop_intent(detail: str | None) -> tuple[StopIntent | None, str | None]:
+    """The intent of a stop asked by a version that kept it as a prefix of `reason_detail`.
+
+    Only for a job stopping across an upgrade (no `stop_intent` recorded yet).
+    """
+    if detail and detail.startswith("overrun: "):
+        return StopIntent.OVERRUN, detail.removeprefix("overrun: ")
+    if detail and detail.startswith("cancelled"):
+        return StopIntent.CANCEL, detail
+    return None, detail
+
+
+class JobEndings:
+    def __init__(
+        self,
+        *,
+        config: ConfigHolder,
+        store: Store,
+        probe: Probe,
+        launcher: JobLauncher,
+        monitor: UsageMonitor,
+        clock: Clock,
+        lock: AbstractContextManager[object],
+        gpus: Callable[[], list[GpuState]],
+        wake: Callable[[], None],
+        end_listeners: list[Callable[[int, bool], None]],
+    ) -> None:
+        """`lock`: the scheduler's, taken for an ending that comes from the launcher's
+        thread. `gpus`: the latest GPU reading. `end_listeners`: called with a job's id
+        once it has ended, and whether it has notification hooks to run; called under the
+        lock, so each must only hand the id over."""
+        self._config = config
+        self.store = store
+        self.probe = probe
+        self.launcher = launcher
+        self.monitor = monitor
+        self.clock = clock
+        self._lock = lock
+        self._gpus = gpus
+        self._wake = wake
+        self.end_listeners = end_listeners
+        self.ended = threading.Condition()
+        # Ids of the latest ended jobs and how many ended in all (under `ended`): a
+        # waiter re-reads the database only when one of its own jobs may have ended.
+        self._recent_ends: deque[int] = deque(maxlen=RECENT_ENDS)
+        self._end_count = 0
+
+    @property
+    def config(self) -> Config:
+        return self._config.current  # read at each use: a reload reaches the next ending
+
+    def end(
+        self,
+        job_id: int,
+        state: JobState,
+        reason: EndReason,
+        *,
+        exit_code: int | None = None,
+        detail: str | None = None,
+        retry: Job | None = None,
+        retry_refused: str | None = None,
+        oom_next_mem: int | None = None,
+        durable: bool = True,
+        job: Job | None = None,
+    ) -> bool:
+        """`durable=False`: the ending comes from the supervisor's exit record (Store).
+
+        `job`: its row if the caller has just read it (under the lock), else it is read.
+        """
+        now = iso(self.clock())
+        job = job or self.store.get(job_id)
+        hooks_due = bool(self.config.on_finish or job.notify)
+        ended = self.store.mark_ended(
+            job_id,
+            state=state,
+            reason=str(reason),
+            now=now,
+            exit_code=exit_code,
+            detail=detail,
+            usage=self._final_usage(job, state, reason, now, (retry, retry_refused, oom_next_mem)),
+            hooks_due=hooks_due,
+            durable=durable,
+        )
+        if ended:
+            why = f": {quoted(detail, 500)}" if detail else ""  # may quote a user's path
+            log.info("job %s %s (%s)%s", job_id, state, reason, why)
+            self.announce_ends([(job_id, hooks_due)])
+        return ended
+
+    def announce_ends(self, ended: list[tuple[int, bool]]) -> None:
+        """Tell waiters and end listeners that these jobs have ended (after the commit):
+        (job id, whether it has notification hooks to run) for each."""
+        if not ended:
+            return
+        with self.ended:
+            self._recent_ends.extend(job_id for job_id, _ in ended)
+            self._end_count += len(ended)
+            self.ended.notify_all()
+        for job_id, hooks_due in ended:
+            for listener in self.end_listeners:
+                try:
+                    listener(job_id, hooks_due)
+                except Exception:  # a listener's bug must not undo the job's ending
+                    log.exception("end listener failed for job %s", job_id)
+
+    def _final_usage(
+        self,
+        job: Job,
+        state: JobState,
+        reason: EndReason,
+        now: str,
+        oom: tuple[Job | None, str | None, int | None],
+    ) -> dict[str, object] | None:
+        """A job's measured figures and hints at its end (None for a job that never ran).
+
+        `oom`, after an out-of-memory end: its retry, why there is none although one was
+        asked for, and the --mem a retry takes.
+        """
+        try:
+            if job.started_at is None:
+                return None
+            totals = [g.total_bytes for g in self._gpus() if g.uuid in job.gpu_uuids]
+            return final_usage(
+                job,
+                self.monitor.finish(job),
+                state=str(state),
+                reason=str(reason),
+                ended_at=now,
+                min_runtime_s=self.config.hint_min_runtime_s,
+                card_bytes=min(totals) if totals else None,
+                retry=oom[0],
+                retry_refused=oom[1],
+                oom_next_mem=oom[2],
+            )
+        except Exception:  # the figures must never keep a job from ending
+            log.exception("summing up the usage of job %s failed", job.id)
+            return None
+
+    def _end_oom(self, job: Job, outcome: Outcome, cause: str, durable: bool) -> None:
+        """End a job that ran out of GPU memory; queue its retry if it asked for one."""
+        mem, why_not = retry_mem(job, self._gpus(), self.config.headroom_bytes)
+        retry = self.store.add_retry(job.id, mem) if mem is not None and job.retry_oom else None
+        if retry is not None:
+            log.info("job %s ran out of GPU memory: retried as job %s", job.id, retry.id)
+            self._wake()
+        self.end(
+            job.id,
+            JobState.FAILED,
+            EndReason.OOM,
+            job=job,
+            exit_code=outcome.exit_code,
+            detail=cause,
+            retry=retry,
+            retry_refused=why_not if retry is None and job.retry_oom else None,
+            oom_next_mem=mem,
+            durable=durable,
+        )
+
+    def on_job_exit(self, job_id: int) -> None:
+        """Called by the launcher's watcher thread when a job's supervisor exits."""
+        with self._lock:
+            # Not fsynced: the outcome stays on disk in the exit record (see Store).
+            self.settle(job_id, self.launcher.outcome(job_id), durable=False)
+        self._wake()
+
+    def settle(self, job_id: int, outcome: Outcome, *, durable: bool = True) -> None:
+        """End a running job as its supervisor's `outcome` says, read with why it was stopped."""
+        job = self.store.get(job_id)
+        if job.state != JobState.RUNNING:
+            return
+        intent, detail = self.store.launch_info(job_id).stop_intent, job.reason_detail
+        if intent is None:
+            intent, detail = legacy_stop_intent(detail)
+        if outcome.kind == OutcomeKind.LOST and intent == StopIntent.CANCEL:
+            # A cancel that reached the supervisor before it set up its SIGTERM handler
+            # killed it outright; it sets the handler before starting the job, so the job
+            # never started: the cancel simply won.
+            outcome = Outcome(OutcomeKind.CANCELLED)
+        if outcome.kind == OutcomeKind.CANCELLED and intent == StopIntent.OVERRUN:
+            self.end(
+                job_id,
+                JobState.FAILED,
+                EndReason.OVERRUN,
+                exit_code=outcome.exit_code,
+                detail=detail,
+                durable=durable,
+                job=job,
+            )
+            return
+        if outcome.kind == OutcomeKind.SIGNAL or (
+            outcome.kind == OutcomeKind.EXIT and outcome.exit_code != 0
+        ):
+            # The tracker is in memory, or after a restart in the database (a minute old).
+            cause = oom_cause(job, self.monitor.tracker(job))
+            if cause is not None:
+                self._end_oom(job, outcome, cause, durable)
+                return
+        if outcome.kind == OutcomeKind.EXIT:
+            state = JobState.DONE if outcome.exit_code == 0 else JobState.FAILED
+            self.end(
+                job_id, state, EndReason.EXIT, exit_code=outcome.exit_code, durable=durable, job=job
+            )
+            return
+        state, reason = _ENDINGS.get(outcome.kind, (JobState.LOST, EndReason.LOST))
+        message = outcome.message
+        if reason == EndReason.CANCELLED:
+            message = detail or "cancelled"  # who cancelled it, noted at the request
+        self.end(
+            job_id,
+            state,
+            reason,
+            exit_code=outcome.exit_code,
+            detail=message,
+            durable=durable,
+            job=job,
+        )
+
+    def _rebooted(self) -> bool:
+        """Whether the machine restarted since the last daemon run (then remember this boot).
+
+        Unknown (no record yet) counts as a reboot: the careful answer.
+        """
+        record = self.config.state_dir / "boot.json"
+        try:
+            now = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        except OSError:
+            return True
+        try:
+            before = json.loads(record.read_text()).get("boot_id")
+        except (OSError, ValueError, AttributeError):
+            before = None
+        if before != now:
+            try:
+                write_json_atomically(record, {"boot_id": now})
+            except OSError as exc:
+                log.warning("cannot record the boot id in %s: %s", record, exc)
+        return before != now
+
+    def adopt_running(self) -> None:
+        """After a (re)start: a `running` row is a claim to verify, not a fact."""
+        rebooted = self._rebooted()
+        with self._lock:
+            for job in self.store.active():
+                if job.state != JobState.RUNNING:
+                    continue
+                pid, start_time = job.pid, self.store.launch_info(job.id).pid_start_time
+                if pid is None:
+                    # The previous daemon died between marking and recording the pid.
+                    pid = self.launcher.find_supervisor(job.id)
+                    start_time = self.launcher.start_time(pid) if pid is not None else None
+                    if pid is not None and start_time is not None:
+                        self.store.set_pid(job.id, pid, start_time)
+                if pid is not None and self.launcher.is_running(pid, start_time):
+                    log.info("job %s still running (pid %s): re-adopted", job.id, pid)
+                    self.launcher.watch(job.id, pid, start_time)
+                    self.probe.note_job_started(pid, job.gpu_uuids, job.mem)
+                else:
+                    outcome = self.launcher.outcome(job.id)
+                    # Died between marking the job running and its supervisor opening the
+                    # log (no pid, no supervisor, no exit record, no log): the command never
+                    # ran, so running it now cannot run it twice. Not after a reboot: the
+                    # log's creation (and the pid, see Store) may have been lost with the
+                    # page cache, so its absence proves nothing.
+                    if (
+                        outcome.kind == OutcomeKind.LOST
+                        and pid is None
+                        and not rebooted
+                        and not (job.log_path and os.path.lexists(job.log_path))
+                        and self.store.unmark_running(job.id)
+                    ):
+                        log.info("job %s never started before the restart: queued again", job.id)
+                        continue
+                    if outcome.kind == OutcomeKind.LOST:
+                        outcome = Outcome(
+                            OutcomeKind.LOST,
+                            message="its supervisor was gone when the daemon"
+                            " restarted, with no exit status recorded",
+                        )
+                    self.settle(job.id, outcome)
+
+    def wait_ended(self, job_ids: list[int], timeout_s: float) -> list[Job]:
+        """Block until every job has ended or the timeout passes; return their current rows."""
+        self.wait_until_ended(job_ids, timeout_s)
+        found = self.store.get_many(job_ids)
+        return [found[i] for i in job_ids if i in found]
+
+    def wait_until_ended(self, job_ids: list[int], timeout_s: float) -> None:
+        """Block until every job has ended or the timeout passes (reads their states only:
+        a `wait` on 10,000 jobs must not hold 10,000 rows while it waits)."""
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        with self.ended:
+            # Every ending goes through end(), which records it under this condition after
+            # its commit: an end is either seen by this read or recorded while we wait.
+            seen = self._end_count
+            pending = self._active(job_ids)
+            while pending and (remaining := deadline - time.monotonic()) > 0:
+                self.ended.wait(remaining)
+                new = self._end_count - seen
+                seen = self._end_count
+                if new > len(self._recent_ends):  # more ended than remembered: read again
+                    pending = self._active(pending)
+                elif new:
+                    pending.difference_update(list(self._recent_ends)[-new:])
+
+    def _active(self, job_ids: Iterable[int]) -> set[int]:
+        return {
+            i for i, state in self.store.states_of(job_ids).items() if state not in TERMINAL_STATES
+        }

@@ -1,0 +1,42 @@
+"""Fair share's input: each user's recent GPU memory-time, decayed by a half-life.
+
+Read from the store's recent jobs (running and ended) only when users compete: with one
+user waiting, order within that user's queue needs no history.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+
+from gpusched.core.clock import iso
+from gpusched.core.models import GpuState
+from gpusched.scheduling.policy import UsageSpan, decayed_usage
+from gpusched.scheduling.policy_inputs import epoch_seconds
+from gpusched.store import Queued, Store
+
+
+def recent_usage(
+    store: Store,
+    waiting: Sequence[Queued],
+    gpus: Sequence[GpuState],
+    now: datetime,
+    half_life_s: float,
+) -> dict[str, float]:
+    """Recent decayed GPU memory-time per user; empty when fewer than two users wait."""
+    if len({j.user for j in waiting}) < 2:
+        return {}
+    # Past ten half-lives a job weighs under 0.1 % of what it did: leave it out.
+    since = iso(now - timedelta(seconds=10 * half_life_s))
+    totals = {g.uuid: g.total_bytes for g in gpus}
+    spans = [
+        UsageSpan(
+            job.user,
+            sum(job.mem if job.mem is not None else totals.get(u, 0) for u in job.gpu_uuids),
+            epoch_seconds(job.started_at),
+            None if job.ended_at is None else epoch_seconds(job.ended_at),
+        )
+        for job in store.usage_since(since)
+        if job.started_at is not None
+    ]
+    return decayed_usage(spans, now.timestamp(), half_life_s)

@@ -1,0 +1,47 @@
+"""What `status` shows of each GPU: its memory split into used, reserved and available.
+
+Built from the scheduler's latest reading with the same budget the policy plans with
+(`gpu_budgets`), so `available` is exactly what the next job could get.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from gpusched.core.models import GpuReport, GpuState, Job
+from gpusched.scheduling.policy import gpu_budgets
+from gpusched.scheduling.policy_inputs import gpu_slot, running_claim
+
+
+def gpu_reports(
+    gpus: Sequence[GpuState],
+    usage: dict[int, dict[str, int]],
+    running: Sequence[Job],
+    headroom_bytes: int,
+) -> list[GpuReport]:
+    claims = [running_claim(j, usage) for j in running]
+    budgets = gpu_budgets([gpu_slot(g) for g in gpus], claims, headroom_bytes)
+    reports = []
+    for gpu in gpus:
+        budget = budgets[gpu.uuid]
+        by_jobs = sum(u.get(gpu.uuid, 0) for u in usage.values())
+        used = gpu.used_bytes
+        reports.append(
+            GpuReport(
+                index=gpu.index,
+                uuid=gpu.uuid,
+                name=gpu.name,
+                total=gpu.total_bytes,
+                used=used,
+                free=gpu.free_bytes,
+                reserved=budget.reserved_bytes,
+                available=budget.available_bytes,
+                used_by_jobs=by_jobs,
+                used_by_others=max(0, used - by_jobs),
+                util=gpu.util_percent,
+                state=str(gpu.health),
+                jobs=[j.id for j in running if gpu.uuid in j.gpu_uuids],
+                error=gpu.error,
+            )
+        )
+    return reports

@@ -1,0 +1,86 @@
+"""The tick's first phase: read the GPUs and what each running job holds on them.
+
+`observe()` returns an `Observation`: the GPU reading (every card marked lost when the
+probe fails, so nothing starts and the daemon lives on), the running jobs, each job's
+memory per GPU, and the jobs newly over their declared memory. It changes no job: the
+scheduler decides what to do about an overrun. The usage monitor is fed here.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from gpusched.core.clock import iso
+from gpusched.core.config import Config
+from gpusched.core.errors import GpuError
+from gpusched.core.models import GpuHealth, GpuState, Job
+from gpusched.gpus.probe import Probe, apply_selection
+from gpusched.usage.attribution import attribute_processes, held_bytes
+from gpusched.usage.monitor import Overrun, UsageMonitor
+
+log = logging.getLogger("gpusched.scheduler")
+
+
+@dataclass(frozen=True)
+class Observation:
+    gpus: list[GpuState]
+    running: list[Job]
+    usage: dict[int, dict[str, int]]  # job id -> GPU uuid -> bytes it holds
+    overruns: list[Overrun]  # jobs newly over their declared memory
+
+
+def read_gpus(probe: Probe, config: Config, last: Sequence[GpuState]) -> list[GpuState]:
+    """The probe's reading with the config's GPU selection applied; `last`: the previous one."""
+    try:
+        gpus = probe.snapshot()
+    except GpuError as exc:
+        # Hardware that read fine at start-up and now fails: show every card lost,
+        # start nothing, keep the daemon alive; the next tick tries again.
+        log.error("cannot read GPUs: %s", exc.message)
+        gpus = [
+            GpuState(
+                g.index, g.uuid, g.name, g.total_bytes, 0, 0, None, GpuHealth.LOST, (), exc.message
+            )
+            for g in last
+        ]
+    return apply_selection(gpus, config.gpus)
+
+
+def observe(
+    probe: Probe,
+    monitor: UsageMonitor,
+    config: Config,
+    *,
+    running: list[Job],
+    last: Sequence[GpuState],
+    now: datetime,
+) -> Observation:
+    gpus = read_gpus(probe, config, last)
+    processes = attribute_processes(gpus, running)
+    monitor.observe_gpus(gpus)
+    overruns: list[Overrun] = []
+    if processes:
+        try:
+            process_util = None
+            sample = getattr(probe, "process_utilization", None)  # NVML only
+            if sample is not None:
+                try:
+                    process_util = sample()
+                except GpuError as exc:
+                    log.warning("cannot sample per-process utilization: %s", exc.message)
+            overruns = monitor.observe(
+                now_s=now.timestamp(),
+                now_iso=iso(now),
+                gpus=gpus,
+                running=running,
+                processes=processes,
+                process_util=process_util,
+                margin_fraction=config.overrun_margin_fraction,
+                margin_bytes=config.overrun_margin_bytes,
+            )
+        except Exception:  # measuring must never stop scheduling
+            log.exception("watching the running jobs' usage failed")
+    return Observation(gpus, running, held_bytes(processes), overruns)

@@ -1,0 +1,416 @@
+"""The scheduler core: one `tick()` (observe → admit → plan → start), and the job operations.
+
+`Scheduler` reconciles the three owners of truth on every tick: the store (jobs),
+the probe (GPUs) and the launcher (processes). It keeps no second copy of any of
+them; what it caches (the last GPU reading, the last plan's waiting reasons) is
+only for `status` and is rebuilt by the next tick.
+
+Config, time, hardware and processes are injected (`config` holder, `clock`, `probe`,
+`launcher`), so tests drive one tick at a time with a fixed clock and a launcher that
+spawns nothing (tests/test_tick.py). Each phase of a tick reads and returns what it
+found (modules observe, admission, policy); only the tick acts on it. How jobs end is
+`JobEndings`' (module endings), held here. One lock serialises ticks, endings and job
+operations.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from gpusched.core.clock import Clock, iso, utc_now
+from gpusched.core.config import Config
+from gpusched.core.config_holder import ConfigHolder
+from gpusched.core.errors import ConflictError, UsageError
+from gpusched.core.models import (
+    TERMINAL_STATES,
+    Drain,
+    EndReason,
+    GpuHealth,
+    GpuReport,
+    GpuState,
+    Job,
+    JobState,
+    StopIntent,
+)
+from gpusched.core.ratelog import RateLimitedLog
+from gpusched.core.sanitize import command_for_log, quoted
+from gpusched.core.units import format_size
+from gpusched.gpus.probe import Probe
+from gpusched.processes.environment import job_environment
+from gpusched.processes.launching import JobLauncher, Outcome, OutcomeKind, StartError
+from gpusched.scheduling.admission import Admission, admit
+from gpusched.scheduling.drain import load_drain, save_drain
+from gpusched.scheduling.endings import JobEndings
+from gpusched.scheduling.fair_share import recent_usage
+from gpusched.scheduling.gpu_reports import gpu_reports
+from gpusched.scheduling.observe import Observation, observe, read_gpus
+from gpusched.scheduling.policy import Placement, Plan, UserCap, plan
+from gpusched.scheduling.policy_inputs import capacity_bytes, gpu_slot, running_claim, waiting_job
+from gpusched.store import NewJob, Store
+from gpusched.usage.joblog import append_note
+from gpusched.usage.monitor import Overrun, UsageMonitor
+
+log = logging.getLogger("gpusched.scheduler")
+
+
+@dataclass
+class _Reading:
+    """The latest GPU reading and what the last plan said; for `status` only."""
+
+    gpus: list[GpuState] = field(default_factory=list)
+    usage: dict[int, dict[str, int]] = field(default_factory=dict)  # job id -> uuid -> bytes
+    waiting_reasons: dict[int, str] = field(default_factory=dict)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        config: ConfigHolder,
+        store: Store,
+        probe: Probe,
+        launcher: JobLauncher,
+        clock: Clock = utc_now,
+    ) -> None:
+        self.settings = config
+        self.store = store
+        self.probe = probe
+        self.launcher = launcher
+        self.clock = clock
+        self._lock = threading.RLock()
+        self._reading = _Reading()
+        self.monitor = UsageMonitor(store)  # memory and utilization of running jobs
+        self.drain: Drain | None = load_drain(self.config.state_dir)  # set by an administrator
+        self.wake: Callable[[], None] = lambda: None  # set by the daemon
+        # Called with a job's id once it has ended, and whether it has notification hooks
+        # to run. Called under the scheduler lock, so each must only hand the id over.
+        self.end_listeners: list[Callable[[int, bool], None]] = []
+        self.endings = JobEndings(
+            config=config,
+            store=store,
+            probe=probe,
+            launcher=launcher,
+            monitor=self.monitor,
+            clock=clock,
+            lock=self._lock,
+            gpus=self._current_gpus,
+            wake=self._wake,
+            end_listeners=self.end_listeners,
+        )
+        launcher.on_exit = self.endings.on_job_exit
+        self.trouble = RateLimitedLog(log)  # problems that recur every pass, said once a minute
+
+    def _wake(self) -> None:
+        self.wake()  # late-bound: the daemon sets `wake` after we are built
+
+    @property
+    def config(self) -> Config:
+        """The current config (read at each use, so a reload reaches the next tick)."""
+        return self.settings.current
+
+    # -- the tick -----------------------------------------------------------------------
+
+    def tick(self) -> Plan:
+        """One pass: observe → admit → plan → start. Never raises for one bad job."""
+        with self._lock:
+            seen = self.observe()
+            try:
+                self._act_on_overruns(seen.overruns)
+            except Exception:  # acting on what was measured must never stop scheduling
+                log.exception("acting on the running jobs' overruns failed")
+            admitted = self.admit()
+            for doomed in admitted.doomed:
+                self.endings.end(
+                    doomed.job_id,
+                    JobState.CANCELLED,
+                    EndReason.DEPENDENCY_FAILED,
+                    detail=doomed.detail,
+                )
+            result = self.plan(seen, admitted)
+            self.start(result.placements, seen.gpus)
+            self._reading = _Reading(
+                seen.gpus, seen.usage, {**admitted.waiting_reasons, **result.waiting_reasons}
+            )
+            return result
+
+    def read_gpus(self) -> list[GpuState]:
+        return read_gpus(self.probe, self.config, self._reading.gpus)
+
+    def observe(self) -> Observation:
+        """The GPUs, the running jobs and what they hold; overruns found (not acted on)."""
+        running = self.store.running()
+        return observe(
+            self.probe,
+            self.monitor,
+            self.config,
+            running=running,
+            last=self._reading.gpus,
+            now=self.clock(),
+        )
+
+    def admit(self) -> Admission:
+        """The queued jobs free to be planned (dependencies), and those that never can be."""
+        return admit(self.store.queued(), self.store.latest_attempts)
+
+    def plan(self, seen: Observation, admitted: Admission) -> Plan:
+        """The policy's placements and waiting reasons for this pass's reading."""
+        eligible = admitted.eligible
+        if self.drain is not None:  # an administrator's "start nothing new": no plan to make
+            held_back = f"{self.drain.describe()}: no new job starts"
+            return Plan([], {j.id: held_back for j in eligible}, {})
+        users = {j.user for j in seen.running} | {j.user for j in eligible}
+        config = self.config
+        return plan(
+            [gpu_slot(g, self.monitor.gpu_util(g.uuid)) for g in seen.gpus],
+            [running_claim(j, seen.usage, self.monitor.job_util(j.id)) for j in seen.running],
+            [waiting_job(j) for j in eligible],
+            config.headroom_bytes,
+            config.max_jobs_per_gpu,
+            user_caps={user: self._cap(user) for user in users},
+            user_usage=recent_usage(
+                self.store, eligible, seen.gpus, self.clock(), config.fair_share_half_life_s
+            ),
+            busy_util=config.busy_util,
+        )
+
+    def start(self, placements: list[Placement], gpus: list[GpuState]) -> None:
+        by_uuid = {g.uuid: g for g in gpus}
+        for placement in placements:
+            chosen = [by_uuid[u] for u in placement.gpu_uuids]
+            self._launch(self.store.get(placement.job_id), chosen)
+
+    def _cap(self, user: str) -> UserCap:
+        limits = self.config.limits_for(user)
+        return UserCap(limits.max_running, limits.max_mem_bytes)
+
+    def _launch(self, job: Job, gpus: list[GpuState]) -> None:
+        """Start a queued job on `gpus`."""
+        job_id = job.id
+        info = self.store.launch_info(job_id)
+        indices = [g.index for g in gpus]
+        uuids = [g.uuid for g in gpus]
+        env = job_environment(
+            job,
+            info.env,
+            indices,
+            uuids,
+            self.config.visible_devices,
+            gpu_totals=[g.total_bytes for g in gpus],
+        )
+        # Mark running *before* starting: if the daemon dies in between, a restart finds
+        # a running row with no pid and looks for its supervisor, so nothing starts twice.
+        log_path = str(self.launcher.log_path(job_id))
+        if not self.store.mark_running(
+            job_id,
+            gpu_indices=indices,
+            gpu_uuids=uuids,
+            pid=None,
+            pid_start_time=None,
+            log_path=log_path,
+            now=iso(self.clock()),
+        ):
+            return
+        self.monitor.started(job_id)  # before: its end (even a failed start) forgets it
+        try:
+            started = self.launcher.start(job, env, info.umask, info.gid)
+        except StartError as exc:
+            # Out of files, memory or tasks for now: the job keeps its place in the queue
+            # and the next pass tries again (said once a minute, not once a pass).
+            if exc.transient and self.store.unmark_running(job_id):
+                self.trouble.warning("start", f"job {job_id} cannot start yet: {exc}: queued")
+                return
+            log.warning("job %s failed to start: %s", job_id, quoted(str(exc), 500))
+            self.endings.end(job_id, JobState.FAILED, EndReason.FAILED_TO_START, detail=str(exc))
+            return
+        self.store.set_pid(job_id, started.pid, started.start_time)
+        self.probe.note_job_started(started.pid, uuids, job.mem)
+        log.info(
+            "job %s started on GPU %s (pid %s, via %s) as %s: %s",
+            job_id,
+            ",".join(map(str, indices)),
+            started.pid,
+            started.via,
+            quoted(job.user, 40),
+            command_for_log(job.command, self.config.show_commands),
+        )
+
+    def _act_on_overruns(self, overruns: list[Overrun]) -> None:
+        """Record each job over its declared memory; stop it with `overrun: kill`."""
+        if not overruns:
+            return
+        now = iso(self.clock())
+        kill = self.config.overrun == "kill"
+        for overrun in overruns:
+            job = overrun.job
+            hint = overrun.hint()
+            self.store.set_usage(job.id, overrun_at=now, hints=[hint] if hint else [])
+            what = overrun.describe()
+            action = ": stopping it (overrun: kill)" if kill else ": it puts its neighbours at risk"
+            log.warning("%s%s", what, action)
+            append_note(job.log_path, job.uid, what + action)
+            if kill:
+                self._stop(job, StopIntent.OVERRUN, what)
+
+    def _stop(self, job: Job, intent: StopIntent, detail: str) -> None:
+        """Ask a running job's supervisor to stop it, recording why first (read at its end)."""
+        self.store.set_stop_intent(job.id, intent, detail)
+        start_time = self.store.launch_info(job.id).pid_start_time
+        if job.pid is None or not self.launcher.cancel(job.pid, start_time):
+            self.endings.settle(job.id, Outcome(OutcomeKind.CANCELLED))
+
+    def adopt_running(self) -> None:
+        """After a (re)start: a `running` row is a claim to verify, not a fact."""
+        self.endings.adopt_running()
+
+    # -- operations requested by clients ------------------------------------------------------
+
+    def submit(self, new: NewJob) -> Job:
+        return self.submit_many([new], as_array=False)[0]
+
+    def submit_many(self, news: list[NewJob], as_array: bool) -> list[Job]:
+        """Check and queue jobs in one transaction (an array shares one array id)."""
+        new = news[0]  # the jobs of one submit differ only in their command
+        gpus = [g for g in self._current_gpus() if g.health != GpuHealth.EXCLUDED]
+        if not gpus:
+            raise ConflictError("this daemon has no GPUs to run jobs on")
+        if new.gpus > len(gpus):
+            raise UsageError(f"--gpus {new.gpus}: this server has only {len(gpus)} GPU(s)")
+        if new.mem is not None:
+            largest = max(gpus, key=lambda g: (capacity_bytes(g), -g.index))
+            most = capacity_bytes(largest) - self.config.headroom_bytes
+            if new.mem > most:
+                raise UsageError(
+                    f"--mem {format_size(new.mem)} is more than any GPU can give: the largest is"
+                    f" GPU {largest.index} ({largest.name}) with {format_size(largest.total_bytes)}"
+                    f" total, {format_size(most)} usable by jobs"
+                )
+        found = self.store.get_many(new.after)
+        for dep in new.after:
+            if dep not in found:
+                raise UsageError(f"--after {dep}: no job {dep}")
+        # `max_queued` is counted and applied in the insert's own transaction (Store).
+        max_queued = self.config.limits_for(new.user).max_queued
+        jobs = self.store.add_many(
+            news, iso(self.clock()), as_array=as_array, max_waiting=max_queued
+        )
+        log.info(
+            "job %s submitted by %s: mem %s x %s GPU(s)%s",
+            ",".join(str(j.id) for j in jobs) if len(jobs) < 5 else f"{jobs[0].id}-{jobs[-1].id}",
+            new.user,
+            format_size(new.mem) if new.mem else "whole",
+            new.gpus,
+            f", array a{jobs[0].array_id}" if as_array else "",
+        )
+        self.wake()
+        return jobs
+
+    def _current_gpus(self) -> list[GpuState]:
+        return self._reading.gpus or self.read_gpus()
+
+    def cancel(self, job: Job, by: str, waiting_only: bool = False) -> Job:
+        """`waiting_only`: refuse (ConflictError) if it has started, checked under the lock."""
+        with self._lock:
+            job = self.store.get(job.id)
+            if job.state in TERMINAL_STATES:
+                raise ConflictError(f"job {job.id} has already ended ({job.state})")
+            if waiting_only and job.state == JobState.RUNNING:
+                raise ConflictError(f"job {job.id} has started")
+            if job.state == JobState.RUNNING:
+                self._stop(job, StopIntent.CANCEL, f"cancelled by {by}")
+            else:
+                self.endings.end(
+                    job.id, JobState.CANCELLED, EndReason.CANCELLED, detail=f"cancelled by {by}"
+                )
+            self.wake()
+            return self.store.get(job.id)
+
+    def cancel_waiting(self, uid: int, by: str, array_id: int | None = None) -> list[int]:
+        """Cancel all of a user's waiting jobs (of one array) at once: their ids.
+
+        One transaction for any number (job by job, 100,000 took minutes); their ends
+        are announced as `_end` announces one.
+        """
+        with self._lock:
+            ended = self.store.cancel_waiting(
+                uid, array_id, f"cancelled by {by}", iso(self.clock()), bool(self.config.on_finish)
+            )
+            self.endings.announce_ends(ended)
+        if ended:
+            log.info("%d waiting jobs of uid %d cancelled by %s", len(ended), uid, by)
+            self.wake()
+        return [job_id for job_id, _ in ended]
+
+    def set_drain(self, drain: Drain | None) -> None:
+        """Start nothing new (a Drain), or start again (None); kept across restarts."""
+        with self._lock:
+            save_drain(self.config.state_dir, drain)
+            self.drain = drain
+        if drain is None:
+            log.info("drain lifted: jobs start again")
+        else:
+            log.warning("%s: no new job starts until `gpusched undrain`", drain.describe())
+        self.wake()
+
+    def set_priority(self, job: Job, priority: int) -> Job:
+        with self._lock:
+            if not self.store.set_priority(job.id, priority):
+                current = self.store.get(job.id)
+                raise ConflictError(
+                    f"job {job.id} is {current.state}: only a waiting job's priority can change"
+                )
+        self.wake()
+        return self.store.get(job.id)
+
+    def hold(self, job: Job) -> Job:
+        with self._lock:
+            if not self.store.hold(job.id):
+                current = self.store.get(job.id)
+                if current.state != JobState.HELD:
+                    raise ConflictError(
+                        f"job {job.id} is {current.state}: only a queued job can be held"
+                    )
+            return self.store.get(job.id)
+
+    def release(self, job: Job) -> Job:
+        with self._lock:
+            if not self.store.release(job.id):
+                current = self.store.get(job.id)
+                if current.state != JobState.QUEUED:
+                    raise ConflictError(
+                        f"job {job.id} is {current.state}: only a held job can be released"
+                    )
+        self.wake()
+        return self.store.get(job.id)
+
+    def wait_ended(self, job_ids: list[int], timeout_s: float) -> list[Job]:
+        """Block until every job has ended or the timeout passes; return their current rows."""
+        return self.endings.wait_ended(job_ids, timeout_s)
+
+    def wait_until_ended(self, job_ids: list[int], timeout_s: float) -> None:
+        """Block until every job has ended or the timeout passes (reads their states only)."""
+        self.endings.wait_until_ended(job_ids, timeout_s)
+
+    # -- views ------------------------------------------------------------------------------
+
+    def decorate(self, job: Job) -> Job:
+        """Add what is known only in memory: why a queued job waits."""
+        if job.state == JobState.HELD:
+            job.waiting_reason = "held: release it with `gpusched release`"
+        elif job.state == JobState.QUEUED:
+            job.waiting_reason = self._reading.waiting_reasons.get(
+                job.id, "waiting for the next scheduling pass"
+            )
+        elif job.state == JobState.RUNNING:
+            tracker = self.monitor.live(job.id)
+            if tracker is not None:  # figures so far, from memory (written at the end)
+                summary = tracker.summary()
+                job.peak_mem = max(job.peak_mem or 0, summary.pop("peak_mem") or 0) or None
+                for key, value in summary.items():
+                    setattr(job, key, value)
+        return job
+
+    def gpu_reports(self, running: list[Job]) -> list[GpuReport]:
+        reading = self._reading
+        return gpu_reports(reading.gpus, reading.usage, running, self.config.headroom_bytes)

@@ -1,0 +1,23 @@
+"""The job store: SQLAlchemy Core over SQLite (WAL) by default; the daemon is its only user.
+
+`Store` is assembled from one class per concern, each in its own module; import from
+here, which re-exports what the rest of gpusched uses:
+- gpusched.store.database: the `jobs` table, rows read as Jobs, the engine, and durability per
+  transaction (BEGIN IMMEDIATE, synchronous FULL or NORMAL: its docstring says which)
+- gpusched.store.queries: reads (`Queued`, `LaunchInfo`)
+- gpusched.store.transitions: submits and state changes, one transaction each (`NewJob`)
+- gpusched.store.usage: measured usage and OOM retries (`USAGE_COLUMNS`)
+"""
+
+from __future__ import annotations
+
+from gpusched.store.database import jobs, metadata
+from gpusched.store.queries import LaunchInfo, Queued
+from gpusched.store.transitions import JobTransitions, NewJob
+from gpusched.store.usage import USAGE_COLUMNS, UsageRecords
+
+__all__ = ["USAGE_COLUMNS", "LaunchInfo", "NewJob", "Queued", "Store", "jobs", "metadata"]
+
+
+class Store(JobTransitions, UsageRecords):
+    """The database is the truth about jobs: every read and write of it goes through here."""

@@ -1,0 +1,296 @@
+"""The store's database: the `jobs` table, how its rows become Jobs, and the connections.
+
+The database is the truth about jobs. Every state change is one short transaction
+that starts with BEGIN IMMEDIATE, so concurrent writers queue on SQLite's lock (with
+a busy timeout) instead of failing with "database is locked" half way through, and
+a submit is acknowledged only once its row is committed (synchronous=FULL).
+
+Durability, per transaction. In WAL mode synchronous=FULL fsyncs the WAL at every
+commit; NORMAL does not (the WAL is synced at the next FULL commit or checkpoint).
+Either way a commit survives a crash of the daemon (it is in the OS's page cache) and
+the database stays consistent after a power cut; NORMAL only risks that the *last*
+transactions before a power cut or kernel crash are rolled back. Everything a user
+is told (submit, cancel, hold, release, priority) and the claim that a job starts
+(mark_running) are FULL. Three of the daemon's own per-job writes are NORMAL, because
+a power cut kills every job anyway and the next start reconciles what they recorded
+(JobEndings.adopt_running) from facts that do survive, or the loss is harmless:
+- set_pid: lost, the row is `running` with no pid; no supervisor survives a power cut,
+  so the job's fate comes from its exit record (fsynced by the supervisor) or, with
+  none, it is `lost`. It is never queued again after a reboot (adopt_running checks
+  the boot id), since a missing log proves nothing once the page cache is gone.
+- mark_ended with the supervisor's outcome: lost, the row is `running` again; the
+  outcome is re-read from the same fsynced exit record. Only ended_at moves (to the
+  restart) and a notification hook may run a second time.
+- hooks_started (a job's notification hooks are starting): lost, they run again at the
+  next start.
+Each NORMAL commit is made durable by the next FULL one (the WAL is one sequence), so
+the window is short while jobs flow: the next job's mark_running closes it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    Column,
+    Engine,
+    Float,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    create_engine,
+    event,
+    inspect,
+    select,
+    type_coerce,
+)
+from sqlalchemy.engine import Connection, CursorResult, Row
+from sqlalchemy.schema import CreateColumn
+from sqlalchemy.sql import Select
+
+from gpusched.core.models import Job, JobState
+
+log = logging.getLogger("gpusched.store")
+
+# The database and the files SQLite keeps beside it (the WAL holds recent rows in full).
+SQLITE_SUFFIXES = ("", "-wal", "-shm", "-journal")
+
+metadata = MetaData()
+
+jobs = Table(
+    "jobs",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("name", String, nullable=True),
+    Column("user", String, nullable=False),
+    Column("uid", Integer, nullable=False),
+    Column("gid", Integer, nullable=False),
+    Column("state", String, nullable=False, index=True),
+    Column("command", JSON, nullable=False),
+    Column("cwd", Text, nullable=False),
+    Column("env", JSON, nullable=False),
+    Column("umask", Integer, nullable=False),
+    Column("mem", Integer, nullable=True),
+    Column("gpus", Integer, nullable=False),
+    Column("gpu_indices", JSON, nullable=False, default=list),
+    Column("gpu_uuids", JSON, nullable=False, default=list),
+    Column("priority", Integer, nullable=False, default=0),
+    Column("after", JSON, nullable=False, default=list),
+    Column("submitted_at", String, nullable=False),
+    Column("started_at", String, nullable=True),
+    Column("ended_at", String, nullable=True, index=True),
+    Column("pid", Integer, nullable=True),
+    Column("pid_start_time", String, nullable=True),  # guards against pid reuse
+    Column("exit_code", Integer, nullable=True),
+    Column("reason", String, nullable=True),
+    Column("reason_detail", Text, nullable=True),
+    Column("stop_intent", String, nullable=True),  # a StopIntent, while a running job stops
+    Column("log_path", Text, nullable=True),
+    Column("peak_mem", Integer, nullable=True),
+    Column("mean_util", Integer, nullable=True),
+    Column("hints", JSON, nullable=False, default=list),
+    Column("util_min", Integer, nullable=True),
+    Column("util_max", Integer, nullable=True),
+    Column("util_stddev", Float, nullable=True),
+    Column("overrun_at", String, nullable=True),
+    Column("retry_oom", Integer, nullable=True),  # OOM retries left
+    Column("retry_of", Integer, nullable=True),  # an OOM retry: the first attempt's id
+    Column("retried_as", Integer, nullable=True),
+    Column("usage_state", JSON, nullable=True),  # the daemon's UsageTracker, between restarts
+    Column("array_id", Integer, nullable=True, index=True),  # jobs of one --sweep share it
+    Column("array_index", Integer, nullable=True),
+    Column("max_concurrent", Integer, nullable=True),  # per array
+    Column("time_limit_s", Float, nullable=True),
+    Column("notify", JSON, nullable=True),  # argv run as the owner when the job ends
+    # 1 from a job's end until its notification hooks start: they survive a restart.
+    Column("hooks_due", Integer, nullable=True),
+    # The job's environment in `envs` (then `env` is {}); NULL for rows written before.
+    Column("env_id", Integer, nullable=True),
+)
+
+# Environments, stored once each and shared by every job submitted with the same one:
+# a 10,000-job sweep stores its submitter's environment once, not 10,000 times, and a
+# user's successive submits from one shell share a row. Keyed by a digest of the content.
+envs = Table(
+    "envs",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("digest", String, nullable=False, unique=True),
+    Column("env", JSON, nullable=False),
+)
+
+# -- rows read as Jobs ------------------------------------------------------------------
+
+# The columns a Job shows: the model's fields that are stored (waiting_reason is not;
+# it is the scheduler's, computed each pass). Derived, so a field added to both stays in step.
+_JOB_FIELDS = tuple(f.name for f in dataclasses.fields(Job) if f.name in jobs.c)
+
+# A Job's JSON columns, read as text and decoded by to_job: most are "[]" on a queued
+# job, and SQLAlchemy's JSON type runs json.loads on each (five per job, for every
+# queued job at every scheduling pass: most of a pass's time with a long queue).
+_JSON_FIELDS = tuple(name for name in _JOB_FIELDS if isinstance(jobs.c[name].type, JSON))
+
+
+# The columns a Job shows: everything but the environment, the heaviest column, so that
+# a scheduling pass over thousands of queued jobs does not load their environments. Built
+# once (statements are immutable; .where() makes new ones).
+_JOB_SELECT = select(
+    *(
+        type_coerce(jobs.c[name], Text).label(name) if name in _JSON_FIELDS else jobs.c[name]
+        for name in _JOB_FIELDS
+    )
+)
+
+
+def job_select() -> Select[Any]:
+    return _JOB_SELECT
+
+
+def decode_json(text: str | None) -> Any:
+    if text is None:
+        return None
+    return [] if text == "[]" else json.loads(text)
+
+
+def inserted_id(result: CursorResult[Any]) -> int:
+    """The id of the job row an INSERT just created."""
+    key = result.inserted_primary_key
+    if key is None:  # only for a statement that inserted nothing, which ours never are
+        raise RuntimeError("the insert returned no primary key")
+    return int(key[0])
+
+
+def to_job(row: Row[Any]) -> Job:
+    # By position (rows of job_select): a scheduling pass converts every queued job.
+    values = dict(zip(_JOB_FIELDS, row, strict=True))
+    for name in _JSON_FIELDS:
+        values[name] = decode_json(values[name])
+    values["state"] = JobState(values["state"])
+    return Job(**values)
+
+
+# -- the engine ---------------------------------------------------------------------------
+
+
+def _sqlite_setup(engine: Engine) -> None:
+    """WAL, a busy timeout and BEGIN IMMEDIATE for every transaction (the pysqlite recipe)."""
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Let us issue BEGIN ourselves: pysqlite's implicit BEGIN is DEFERRED, which can
+        # fail with "database is locked" at the first write instead of waiting.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA busy_timeout=10000")
+        cursor.execute("PRAGMA synchronous=FULL")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection: Connection) -> None:
+        # Writes take the write lock up front; reads take none (WAL readers never block
+        # writers), so a slow status or history cannot make a submit wait.
+        options = connection.get_execution_options()
+        if options.get("gpusched_read", False):
+            connection.exec_driver_sql("BEGIN")
+            return
+        # The level sticks to the pooled connection: set it only when it changes.
+        wanted = "NORMAL" if options.get("gpusched_relaxed", False) else "FULL"
+        if connection.info.get("synchronous", "FULL") != wanted:
+            connection.exec_driver_sql(f"PRAGMA synchronous={wanted}")
+            connection.info["synchronous"] = wanted
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def _add_missing_columns(engine: Engine) -> None:
+    """Add the columns `jobs` gained since this database was created.
+
+    create_all() creates missing tables only; a database from an older gpusched lacks the
+    newer (always nullable) columns, and old rows read them as NULL.
+    """
+    present = {column["name"] for column in inspect(engine).get_columns("jobs")}
+    missing = [column for column in jobs.columns if column.name not in present]
+    if not missing:
+        return
+    with engine.begin() as conn:
+        for column in missing:
+            ddl = CreateColumn(column).compile(dialect=engine.dialect)
+            conn.exec_driver_sql(f"ALTER TABLE jobs ADD COLUMN {ddl}")
+
+
+def make_private(path: Path) -> None:
+    """Take group and other access away from the database and SQLite's files beside it.
+
+    They hold every job's command and environment (tokens, keys). The daemon creates
+    them 0600, but one it finds may be wider: a backup restored with `cp`, a file made
+    by hand or by an older version; SQLite gives its -wal and -shm the database's mode.
+    O_NOFOLLOW: a link planted at one of these names is left alone, never chmodded.
+    """
+    for suffix in SQLITE_SUFFIXES:
+        name = path.with_name(path.name + suffix)
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
+        try:
+            fd = os.open(name, flags)
+        except OSError:  # absent (the usual case), or a link: nothing of ours to tighten
+            continue
+        try:
+            info = os.fstat(fd)
+            if stat.S_ISREG(info.st_mode) and info.st_mode & 0o077:
+                os.fchmod(fd, stat.S_IMODE(info.st_mode) & 0o700)
+                log.warning(
+                    "%s was readable by others (mode %o): made private (%o)",
+                    name,
+                    stat.S_IMODE(info.st_mode),
+                    stat.S_IMODE(info.st_mode) & 0o700,
+                )
+        except OSError as exc:
+            log.warning("cannot make %s private: %s", name, exc.strerror)
+        finally:
+            os.close(fd)
+
+
+class Database:
+    """The engine and its two kinds of transaction; the base of every part of `Store`."""
+
+    def __init__(self, url: str) -> None:
+        if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
+            path = Path(url.removeprefix("sqlite:///"))
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            if not path.exists():
+                path.touch(mode=0o600)
+            make_private(path)
+        self.engine = create_engine(url)
+        if self.engine.dialect.name == "sqlite":
+            _sqlite_setup(self.engine)
+        metadata.create_all(self.engine)
+        _add_missing_columns(self.engine)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def read(self) -> Connection:
+        """A connection for reading: no write lock is taken (see _on_begin)."""
+        return self.engine.connect().execution_options(gpusched_read=True)
+
+    @contextlib.contextmanager
+    def _write(self, durable: bool = True) -> Iterator[Connection]:
+        """One write transaction; `durable=False`: synchronous=NORMAL (module docstring)."""
+        if durable:
+            with self.engine.begin() as conn:
+                yield conn
+            return
+        relaxed = self.engine.connect().execution_options(gpusched_relaxed=True)
+        with relaxed as conn, conn.begin():
+            yield conn

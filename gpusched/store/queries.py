@@ -1,0 +1,226 @@
+"""The store's reads: jobs by id, by state, by array, for fair share and for notifications.
+
+Every read runs on `Database.read()`, which takes no write lock, so a slow status or
+history cannot make a submit wait.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Collection, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+from sqlalchemy import Text, func, select, type_coerce
+
+from gpusched.core.errors import NotFoundError
+from gpusched.core.models import ACTIVE_STATES, TERMINAL_STATES, Job, JobState, StopIntent
+from gpusched.store.database import Database, decode_json, envs, job_select, jobs, to_job
+
+_CHUNK = 200  # ids per read: within SQLite's variable limit, and 200 x 128K of commands
+
+
+@dataclass(frozen=True)
+class Queued:
+    """What a scheduling pass needs of a queued job (Store.queued): a pass reads every
+    queued job, so it reads these columns only, not the whole Job."""
+
+    id: int
+    user: str
+    mem: int | None
+    gpus: int
+    priority: int
+    after: list[int]
+    array_id: int | None
+    max_concurrent: int | None
+    retry_of: int | None
+
+
+_QUEUED_SELECT = select(
+    *(
+        type_coerce(jobs.c[f.name], Text) if f.name == "after" else jobs.c[f.name]
+        for f in dataclasses.fields(Queued)
+    )
+).where(jobs.c.state == str(JobState.QUEUED))
+
+
+@dataclass(frozen=True)
+class LaunchInfo:
+    """The parts of a job only the launcher needs (never sent to clients)."""
+
+    gid: int
+    env: dict[str, str]
+    umask: int
+    pid_start_time: str | None
+    stop_intent: StopIntent | None = None  # set once the daemon asked it to stop
+
+
+class JobQueries(Database):
+    def get(self, job_id: int) -> Job:
+        with self.read() as conn:
+            row = conn.execute(job_select().where(jobs.c.id == job_id)).first()
+        if row is None:
+            raise NotFoundError(f"no job {job_id}")
+        return to_job(row)
+
+    def get_many(self, job_ids: Iterable[int]) -> dict[int, Job]:
+        ids = list(job_ids)
+        with self.read() as conn:
+            rows = conn.execute(job_select().where(jobs.c.id.in_(ids))).all()
+        return {row.id: to_job(row) for row in rows}
+
+    def launch_info(self, job_id: int) -> LaunchInfo:
+        with self.read() as conn:
+            row = conn.execute(
+                select(
+                    jobs.c.gid,
+                    jobs.c.env,
+                    envs.c.env.label("shared_env"),
+                    jobs.c.umask,
+                    jobs.c.pid_start_time,
+                    jobs.c.stop_intent,
+                )
+                .select_from(jobs.outerjoin(envs, jobs.c.env_id == envs.c.id))
+                .where(jobs.c.id == job_id)
+            ).first()
+        if row is None:
+            raise NotFoundError(f"no job {job_id}")
+        env = row.shared_env if row.shared_env is not None else row.env  # older rows: inline
+        intent = StopIntent(row.stop_intent) if row.stop_intent else None
+        return LaunchInfo(row.gid, dict(env), row.umask, row.pid_start_time, intent)
+
+    def active(self) -> list[Job]:
+        """Queued, held and running jobs, in submit order."""
+        states = [str(s) for s in ACTIVE_STATES]
+        with self.read() as conn:
+            rows = conn.execute(
+                job_select().where(jobs.c.state.in_(states)).order_by(jobs.c.id)
+            ).all()
+        return [to_job(row) for row in rows]
+
+    def active_page(
+        self, after_id: int, limit: int, states: Collection[JobState] = ACTIVE_STATES
+    ) -> list[int]:
+        """The ids of up to `limit` active jobs in `states` with ids above `after_id`, in
+        id order: a page of `status`, whatever the queue's length (read with iter_jobs)."""
+        wanted = [str(s) for s in states if s in ACTIVE_STATES]
+        query = (
+            select(jobs.c.id)
+            .where(jobs.c.state.in_(wanted), jobs.c.id > after_id)
+            .order_by(jobs.c.id)
+            .limit(limit)
+        )
+        with self.read() as conn:
+            return [int(job_id) for job_id in conn.execute(query).scalars()]
+
+    def iter_jobs(self, job_ids: Sequence[int]) -> Iterator[Job]:
+        """The jobs of `job_ids` that exist, in that order, read a chunk at a time: a reply
+        over thousands of jobs never holds them all (each may carry a 128K command)."""
+        for start in range(0, len(job_ids), _CHUNK):
+            chunk = job_ids[start : start + _CHUNK]
+            found = self.get_many(chunk)
+            yield from (found[i] for i in chunk if i in found)
+
+    def states_of(self, job_ids: Iterable[int]) -> dict[int, JobState]:
+        """The state of each of these jobs that exists (no other column is read)."""
+        ids = list(job_ids)
+        states: dict[int, JobState] = {}
+        with self.read() as conn:
+            for start in range(0, len(ids), _CHUNK):
+                query = select(jobs.c.id, jobs.c.state).where(
+                    jobs.c.id.in_(ids[start : start + _CHUNK])
+                )
+                states.update((int(i), JobState(s)) for i, s in conn.execute(query).all())
+        return states
+
+    def count_active(self) -> dict[str, int]:
+        """How many jobs are in each active state (every state named, zero included)."""
+        states = [str(s) for s in ACTIVE_STATES]
+        query = (
+            select(jobs.c.state, func.count())
+            .where(jobs.c.state.in_(states))
+            .group_by(jobs.c.state)
+        )
+        with self.read() as conn:
+            found = {str(state): int(n) for state, n in conn.execute(query).all()}
+        return {state: found.get(state, 0) for state in sorted(states)}
+
+    def running(self) -> list[Job]:
+        with self.read() as conn:
+            rows = conn.execute(
+                job_select().where(jobs.c.state == str(JobState.RUNNING)).order_by(jobs.c.id)
+            ).all()
+        return [to_job(row) for row in rows]
+
+    def queued(self) -> list[Queued]:
+        """Queued jobs (not held), in submit order, with what a scheduling pass needs."""
+        with self.read() as conn:
+            rows = conn.execute(_QUEUED_SELECT.order_by(jobs.c.id)).all()
+        return [
+            Queued(i, u, m, g, p, decode_json(a), ai, mc, ro)
+            for i, u, m, g, p, a, ai, mc, ro in rows
+        ]
+
+    def ended(
+        self,
+        limit: int,
+        user: str | None = None,
+        states: Collection[JobState] = TERMINAL_STATES,
+        since: str | None = None,
+    ) -> list[Job]:
+        """Ended jobs, most recently ended first.
+
+        `states`: some of the terminal states only; `since`: ended at or after this time
+        (an ISO timestamp in UTC, as `ended_at` is stored, so text order is time order).
+        """
+        return list(self.iter_jobs(self.ended_ids(limit, user, states, since)))
+
+    def ended_ids(
+        self,
+        limit: int,
+        user: str | None = None,
+        states: Collection[JobState] = TERMINAL_STATES,
+        since: str | None = None,
+    ) -> list[int]:
+        """The ids of `ended()`, in its order."""
+        wanted = [str(s) for s in states if s in TERMINAL_STATES]
+        query = select(jobs.c.id).where(jobs.c.state.in_(wanted))
+        if user is not None:
+            query = query.where(jobs.c.user == user)
+        if since is not None:
+            query = query.where(jobs.c.ended_at >= since)
+        query = query.order_by(jobs.c.ended_at.desc(), jobs.c.id.desc()).limit(limit)
+        with self.read() as conn:
+            return [int(job_id) for job_id in conn.execute(query).scalars()]
+
+    def count(self) -> int:
+        with self.read() as conn:
+            return int(conn.execute(select(func.count()).select_from(jobs)).scalar_one())
+
+    def array_ids(self, array_id: int) -> list[int]:
+        query = select(jobs.c.id).where(jobs.c.array_id == array_id).order_by(jobs.c.id)
+        with self.read() as conn:
+            return [int(job_id) for job_id in conn.execute(query).scalars()]
+
+    def array_jobs(self, array_id: int) -> list[Job]:
+        with self.read() as conn:
+            rows = conn.execute(
+                job_select().where(jobs.c.array_id == array_id).order_by(jobs.c.id)
+            ).all()
+        return [to_job(row) for row in rows]
+
+    def usage_since(self, since: str) -> list[Job]:
+        """Jobs that held GPUs at some point after `since`: for fair share."""
+        with self.read() as conn:
+            rows = conn.execute(
+                job_select().where(
+                    jobs.c.started_at.is_not(None),
+                    (jobs.c.ended_at.is_(None)) | (jobs.c.ended_at >= since),
+                )
+            ).all()
+        return [to_job(row) for row in rows]
+
+    def hooks_due(self) -> list[int]:
+        """Ended jobs whose notification hooks have not started, in the order they ended."""
+        query = select(jobs.c.id).where(jobs.c.hooks_due == 1).order_by(jobs.c.ended_at, jobs.c.id)
+        with self.read() as conn:
+            return [int(job_id) for job_id in conn.execute(query).scalars()]

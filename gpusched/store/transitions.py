@@ -1,0 +1,319 @@
+"""The store's writes of a job's life: submit, start, end, hold, release, priority.
+
+One transaction each. A state change is a compare-and-set (`_transition`): it applies
+only if the job is still in a state it may leave, so of two racing changes the first
+wins and the second returns False. How durable each write is: gpusched.store.database's
+docstring.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Text, func, select, type_coerce, update
+from sqlalchemy.engine import Connection
+
+from gpusched.core.errors import ConflictError
+from gpusched.core.models import ACTIVE_STATES, EndReason, Job, JobState, StopIntent
+from gpusched.store.database import (
+    Database,
+    decode_json,
+    envs,
+    inserted_id,
+    job_select,
+    jobs,
+    to_job,
+)
+from gpusched.store.usage import usage_values
+
+
+@dataclass(frozen=True)
+class NewJob:
+    """What a submit stores: the job's spec and its owner's identity."""
+
+    user: str
+    uid: int
+    gid: int
+    command: list[str]
+    cwd: str
+    env: dict[str, str]
+    umask: int
+    mem: int | None
+    gpus: int = 1
+    name: str | None = None
+    priority: int = 0
+    after: tuple[int, ...] = ()
+    held: bool = False
+    retry_oom: int = 0  # `submit --retry-oom N`
+    time_limit_s: float | None = None
+    notify: tuple[str, ...] | None = None  # `submit --notify`: argv run when the job ends
+    max_concurrent: int | None = None  # for the jobs of one array
+
+
+_CHUNK = 500  # ids per `IN (...)`: SQLite allows 999 variables before 3.32
+
+
+def _check_waiting(conn: Connection, new: NewJob, adding: int, max_waiting: int) -> None:
+    waiting_states = [str(JobState.QUEUED), str(JobState.HELD)]
+    waiting = conn.execute(
+        select(func.count()).where(jobs.c.uid == new.uid, jobs.c.state.in_(waiting_states))
+    ).scalar_one()
+    if waiting + adding > max_waiting:
+        raise ConflictError(
+            f"user limit: {new.user} has {waiting} waiting jobs and submits {adding}"
+            f" (max_queued {max_waiting}); cancel some or wait for them to start"
+        )
+
+
+def _env_id(conn: Connection, env: dict[str, str]) -> int:
+    """The `envs` row holding `env`, added if no job had this environment before."""
+    text = json.dumps(env, sort_keys=True, separators=(",", ":"))
+    digest = hashlib.sha256(text.encode("ascii")).hexdigest()  # json escapes the rest
+    found = conn.execute(select(envs.c.id).where(envs.c.digest == digest)).scalar()
+    if found is not None:
+        return int(found)
+    return inserted_id(conn.execute(envs.insert().values(digest=digest, env=dict(env))))
+
+
+def _row(
+    new: NewJob, now: str, array_id: int | None, array_index: int | None, env_id: int
+) -> dict[str, Any]:
+    """A new job's row (every row of one insert has the same keys)."""
+    return {
+        "name": new.name,
+        "user": new.user,
+        "uid": new.uid,
+        "gid": new.gid,
+        "state": str(JobState.HELD if new.held else JobState.QUEUED),
+        "command": list(new.command),
+        "cwd": new.cwd,
+        "env": {},  # in `envs`, once
+        "env_id": env_id,
+        "umask": new.umask,
+        "mem": new.mem,
+        "gpus": new.gpus,
+        "gpu_indices": [],
+        "gpu_uuids": [],
+        "priority": new.priority,
+        "after": list(new.after),
+        "submitted_at": now,
+        "hints": [],
+        "array_id": array_id,
+        "array_index": array_index,
+        "max_concurrent": new.max_concurrent,
+        "retry_oom": new.retry_oom,
+        "time_limit_s": new.time_limit_s,
+        "notify": list(new.notify) if new.notify else None,
+    }
+
+
+class JobTransitions(Database):
+    def add(self, new: NewJob, now: str) -> Job:
+        return self.add_many([new], now, as_array=False)[0]
+
+    def add_many(
+        self,
+        news: Sequence[NewJob],
+        now: str,
+        as_array: bool = True,
+        max_waiting: int | None = None,
+    ) -> list[Job]:
+        """Insert jobs in one transaction; as an array, they share a new array id.
+
+        `max_waiting`: refuse (ConflictError) if the owner's waiting jobs would then be
+        more. Counted in the same transaction as the insert (BEGIN IMMEDIATE holds the
+        write lock from the start), so parallel submits cannot each see room for theirs.
+        The jobs of one call have one owner and one environment (stored once).
+        """
+        with self.engine.begin() as conn:
+            if max_waiting is not None:
+                _check_waiting(conn, news[0], len(news), max_waiting)
+            env_id = _env_id(conn, news[0].env)
+            array_id = None
+            if as_array:
+                top = conn.execute(select(func.max(jobs.c.array_id))).scalar()
+                array_id = (top or 0) + 1
+            rows = [
+                _row(new, now, array_id, index if as_array else None, env_id)
+                for index, new in enumerate(news)
+            ]
+            if array_id is None:
+                ids = [inserted_id(conn.execute(jobs.insert().values(**row))) for row in rows]
+                query = job_select().where(jobs.c.id.in_(ids))
+            else:  # one executemany (10,000 single inserts took 20 s); found by array id
+                conn.execute(jobs.insert(), rows)
+                query = job_select().where(jobs.c.array_id == array_id)
+            found = conn.execute(query.order_by(jobs.c.id)).all()
+        return [to_job(row) for row in found]
+
+    def cancel_waiting(
+        self, uid: int, array_id: int | None, detail: str, now: str, on_finish: bool
+    ) -> list[tuple[int, bool]]:
+        """Cancel every waiting (queued or held) job of `uid` (of one array), in one
+        transaction: (id, whether its notification hooks are due) for each.
+
+        One statement, where cancelling job by job costs a transaction (and an fsync) each.
+        `on_finish`: an administrator's hook runs for every job; else only a job's own.
+        """
+        where = [
+            jobs.c.uid == uid,
+            jobs.c.state.in_([str(JobState.QUEUED), str(JobState.HELD)]),
+        ]
+        if array_id is not None:
+            where.append(jobs.c.array_id == array_id)
+        values = {
+            "state": str(JobState.CANCELLED),
+            "reason": str(EndReason.CANCELLED),
+            "ended_at": now,
+            "reason_detail": detail,
+            "hooks_due": 1 if on_finish else None,
+        }
+        with self.engine.begin() as conn:
+            notify = type_coerce(jobs.c.notify, Text)
+            rows = conn.execute(select(jobs.c.id, notify).where(*where).order_by(jobs.c.id)).all()
+            conn.execute(update(jobs).where(*where).values(**values))
+            ended = [(int(i), on_finish or decode_json(notify) is not None) for i, notify in rows]
+            own_hooks = [job_id for job_id, due in ended if due] if not on_finish else []
+            for start in range(0, len(own_hooks), _CHUNK):  # within SQLite's variable limit
+                chunk = own_hooks[start : start + _CHUNK]
+                conn.execute(update(jobs).where(jobs.c.id.in_(chunk)).values(hooks_due=1))
+        return ended
+
+    def _transition(
+        self,
+        job_id: int,
+        from_states: Sequence[JobState],
+        values: dict[str, Any],
+        durable: bool = True,
+    ) -> bool:
+        """Apply `values` only if the job is still in one of `from_states` (compare-and-set)."""
+        with self._write(durable) as conn:
+            result = conn.execute(
+                update(jobs)
+                .where(jobs.c.id == job_id, jobs.c.state.in_([str(s) for s in from_states]))
+                .values(**values)
+            )
+        return result.rowcount == 1
+
+    def mark_running(
+        self,
+        job_id: int,
+        *,
+        gpu_indices: Sequence[int],
+        gpu_uuids: Sequence[str],
+        pid: int | None,
+        pid_start_time: str | None,
+        log_path: str,
+        now: str,
+    ) -> bool:
+        # Durable (FULL): this is the claim, made before the job's supervisor exists, that
+        # the job may have started. Lost in a power cut, the job would be queued again
+        # and could run twice.
+        return self._transition(
+            job_id,
+            [JobState.QUEUED],
+            {
+                "state": str(JobState.RUNNING),
+                "gpu_indices": list(gpu_indices),
+                "gpu_uuids": list(gpu_uuids),
+                "pid": pid,
+                "pid_start_time": pid_start_time,
+                "log_path": log_path,
+                "started_at": now,
+            },
+        )
+
+    def unmark_running(self, job_id: int) -> bool:
+        """Back to queued: a `running` job whose command provably never started."""
+        return self._transition(
+            job_id,
+            [JobState.RUNNING],
+            {
+                "state": str(JobState.QUEUED),
+                "gpu_indices": [],
+                "gpu_uuids": [],
+                "pid": None,
+                "pid_start_time": None,
+                "log_path": None,
+                "started_at": None,
+            },
+        )
+
+    def mark_ended(
+        self,
+        job_id: int,
+        *,
+        state: JobState,
+        reason: str,
+        now: str,
+        exit_code: int | None = None,
+        detail: str | None = None,
+        log_path: str | None = None,
+        usage: dict[str, Any] | None = None,
+        hooks_due: bool = False,
+        durable: bool = True,
+    ) -> bool:
+        """End an active job; False if it had already ended (the first ending wins).
+
+        `usage`: the job's final figures (peak, utilization, hints), written with the end.
+        `hooks_due`: it has notification hooks to run; recorded with the end, so that a
+        daemon that stops before they start runs them at its next start.
+        `durable=False` only for an ending read from the supervisor's exit record, which
+        a restart can read again (gpusched.store.database's docstring).
+        """
+        values: dict[str, Any] = {
+            **usage_values(usage or {}),
+            "state": str(state),
+            "reason": reason,
+            "ended_at": now,
+            "exit_code": exit_code,
+            "reason_detail": detail,
+            "hooks_due": 1 if hooks_due else None,
+        }
+        if log_path is not None:
+            values["log_path"] = log_path
+        return self._transition(job_id, list(ACTIVE_STATES), values, durable)
+
+    def set_pid(self, job_id: int, pid: int, pid_start_time: str) -> None:
+        # Not durable (NORMAL): after a power cut no supervisor is left to find by its pid.
+        with self._write(durable=False) as conn:
+            conn.execute(
+                update(jobs)
+                .where(jobs.c.id == job_id)
+                .values(pid=pid, pid_start_time=pid_start_time)
+            )
+
+    def hooks_started(self, job_id: int) -> None:
+        """The job's hooks are starting: a restart must not start them again.
+
+        Not durable (NORMAL): lost in a power cut, the hooks run a second time.
+        """
+        with self._write(durable=False) as conn:
+            conn.execute(update(jobs).where(jobs.c.id == job_id).values(hooks_due=None))
+
+    def set_detail(self, job_id: int, detail: str) -> None:
+        """Note on an active job what its end will be explained by (e.g. who cancelled it)."""
+        with self.engine.begin() as conn:
+            conn.execute(update(jobs).where(jobs.c.id == job_id).values(reason_detail=detail))
+
+    def set_stop_intent(self, job_id: int, intent: StopIntent, detail: str) -> None:
+        """Before a running job is asked to stop: why (read at its end), and the sentence."""
+        with self.engine.begin() as conn:
+            conn.execute(
+                update(jobs)
+                .where(jobs.c.id == job_id)
+                .values(stop_intent=str(intent), reason_detail=detail)
+            )
+
+    def set_priority(self, job_id: int, priority: int) -> bool:
+        return self._transition(job_id, [JobState.QUEUED, JobState.HELD], {"priority": priority})
+
+    def hold(self, job_id: int) -> bool:
+        return self._transition(job_id, [JobState.QUEUED], {"state": str(JobState.HELD)})
+
+    def release(self, job_id: int) -> bool:
+        return self._transition(job_id, [JobState.HELD], {"state": str(JobState.QUEUED)})

@@ -1,0 +1,151 @@
+"""The store's measured usage and OOM retries (for gpusched.usage.monitor and Scheduler._settle).
+
+What measuring a job may write (USAGE_COLUMNS), the daemon's usage tracker kept between
+restarts, a job's OOM retry queued as a copy of its row, and the peaks of a user's past
+runs of a command (for estimates).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from sqlalchemy import select, update
+
+from gpusched.core.errors import NotFoundError
+from gpusched.core.models import Job, JobState
+from gpusched.store.database import inserted_id, job_select, jobs, to_job
+from gpusched.store.queries import JobQueries
+
+# What measuring a job may write (Store.set_usage, mark_ended's `usage`).
+USAGE_COLUMNS = frozenset(
+    {
+        "peak_mem",
+        "mean_util",
+        "util_min",
+        "util_max",
+        "util_stddev",
+        "hints",
+        "overrun_at",
+        "usage_state",
+    }
+)
+
+# Columns that describe one run of a job: an OOM retry starts them afresh.
+_PER_RUN_COLUMNS = frozenset(
+    {
+        "id",
+        "state",
+        "gpu_indices",
+        "gpu_uuids",
+        "started_at",
+        "ended_at",
+        "pid",
+        "pid_start_time",
+        "exit_code",
+        "reason",
+        "reason_detail",
+        "log_path",
+        "retried_as",
+        "hooks_due",  # the hooks of this run's end, not of the retry's
+        *USAGE_COLUMNS,
+    }
+)
+
+
+def usage_values(values: dict[str, Any]) -> dict[str, Any]:
+    unknown = set(values) - USAGE_COLUMNS
+    if unknown:
+        raise ValueError(f"not a usage column: {sorted(unknown)}")
+    return dict(values)
+
+
+class UsageRecords(JobQueries):
+    def set_usage(self, job_id: int, **values: Any) -> None:
+        """Write some of a job's measured figures (see USAGE_COLUMNS)."""
+        with self.engine.begin() as conn:
+            conn.execute(update(jobs).where(jobs.c.id == job_id).values(**usage_values(values)))
+
+    def usage_state(self, job_id: int) -> dict[str, Any] | None:
+        with self.read() as conn:
+            state = conn.execute(
+                select(jobs.c.usage_state).where(jobs.c.id == job_id)
+            ).scalar_one_or_none()
+        return dict(state) if isinstance(state, dict) else None
+
+    def add_retry(self, job_id: int, mem: int | None) -> Job:
+        """Queue an OOM retry of an ended or ending job: its row copied with `mem`.
+
+        Idempotent: a job already retried returns its retry. Every column is copied (so
+        columns added later, such as an array id or a time limit, carry over) except those
+        that describe one run. The retry keeps the original's `submitted_at`, and its
+        `retry_of` (the first attempt's id) is its place in the queue.
+        """
+        with self.engine.begin() as conn:
+            row = conn.execute(select(jobs).where(jobs.c.id == job_id)).first()  # every column
+            if row is None:
+                raise NotFoundError(f"no job {job_id}")
+            if row.retried_as is not None:
+                retry = conn.execute(job_select().where(jobs.c.id == row.retried_as)).one()
+                return to_job(retry)
+            values = {
+                column.name: getattr(row, column.name)
+                for column in jobs.columns
+                if column.name not in _PER_RUN_COLUMNS
+            }
+            values.update(
+                state=str(JobState.QUEUED),
+                mem=mem,
+                gpu_indices=[],
+                gpu_uuids=[],
+                hints=[],
+                retry_oom=max(0, (row.retry_oom or 0) - 1),
+                retry_of=row.retry_of or row.id,
+            )
+            new_id = inserted_id(conn.execute(jobs.insert().values(**values)))
+            conn.execute(update(jobs).where(jobs.c.id == job_id).values(retried_as=new_id))
+            retry = conn.execute(job_select().where(jobs.c.id == new_id)).one()
+        return to_job(retry)
+
+    def latest_attempts(self, job_ids: Iterable[int]) -> dict[int, Job]:
+        """Each job by id, or its latest OOM retry in its place."""
+        latest = self.get_many(job_ids)
+        for _ in range(100):  # retries form short chains; the bound is only a guard
+            chase = {i: j.retried_as for i, j in latest.items() if j.retried_as is not None}
+            if not chase:
+                break
+            retries = self.get_many(chase.values())
+            for job_id, retry_id in chase.items():
+                if retry_id in retries:
+                    latest[job_id] = retries[retry_id]
+                else:
+                    latest[job_id].retried_as = None  # a missing row: stop chasing it
+        return latest
+
+    def peaks_for_command(
+        self, uid: int, command: Sequence[str], limit: int = 20
+    ) -> list[tuple[int, int, int | None]]:
+        """(id, peak_mem, declared mem) of the owner's latest successful runs of `command`.
+
+        Only jobs that ended `done` count: a job that failed early never reached its
+        working size, and one that ran out of memory shows the card's size, not its need.
+        """
+        wanted = list(command)
+        query = (
+            select(jobs.c.id, jobs.c.command, jobs.c.peak_mem, jobs.c.mem)
+            .where(
+                jobs.c.uid == uid,
+                jobs.c.state == str(JobState.DONE),
+                jobs.c.peak_mem.is_not(None),
+            )
+            .order_by(jobs.c.ended_at.desc(), jobs.c.id.desc())
+            .limit(5000)  # a bound on the scan; the command is compared here, not in SQL
+        )
+        with self.read() as conn:
+            rows = conn.execute(query).all()
+        found = [(row.id, row.peak_mem, row.mem) for row in rows if list(row.command) == wanted]
+        return found[:limit]
+
+    def record_usage(self, job_id: int, peak_mem: int | None) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(update(jobs).where(jobs.c.id == job_id).values(peak_mem=peak_mem))

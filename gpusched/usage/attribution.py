@@ -1,0 +1,63 @@
+"""Which GPU processes belong to which job: each job's whole process tree.
+
+NVML lists the pids holding memory on a GPU; a job is its supervisor and every
+descendant (children included, and orphans, which the supervisor reaps as a subreaper).
+One scan of the process table per tick serves every job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import psutil
+
+from gpusched.core.models import GpuProcess, GpuState, Job
+
+
+def _children_map() -> dict[int, list[int]]:
+    children: dict[int, list[int]] = {}
+    for process in psutil.process_iter(["ppid"]):
+        children.setdefault(process.info["ppid"] or 0, []).append(process.pid)
+    return children
+
+
+def _tree(root: int, children: dict[int, list[int]]) -> set[int]:
+    seen = {root}
+    stack = [root]
+    while stack:
+        for child in children.get(stack.pop(), ()):
+            if child not in seen:
+                seen.add(child)
+                stack.append(child)
+    return seen
+
+
+def attribute_processes(
+    gpus: Iterable[GpuState], running: Iterable[Job]
+) -> dict[int, dict[str, list[GpuProcess]]]:
+    """Each running job's processes holding memory on each GPU: those of its whole tree.
+
+    One scan of the process table per tick, not one per job.
+    """
+    gpus = list(gpus)
+    found: dict[int, dict[str, list[GpuProcess]]] = {}
+    if not any(gpu.processes for gpu in gpus):
+        return found
+    children = _children_map()
+    for job in running:
+        if job.pid is None:
+            continue
+        tree = _tree(job.pid, children)
+        for gpu in gpus:
+            mine = [p for p in gpu.processes if p.pid in tree]
+            if sum(p.used_bytes or 0 for p in mine):
+                found.setdefault(job.id, {})[gpu.uuid] = mine
+    return found
+
+
+def held_bytes(processes: dict[int, dict[str, list[GpuProcess]]]) -> dict[int, dict[str, int]]:
+    """GPU memory per running job and GPU, from `attribute_processes`."""
+    return {
+        job_id: {uuid: sum(p.used_bytes or 0 for p in procs) for uuid, procs in per_gpu.items()}
+        for job_id, per_gpu in processes.items()
+    }
