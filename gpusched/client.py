@@ -26,12 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, overload
 
-from gpusched.core.config import (
-    SYSTEM_CONFIG_PATH,
-    SYSTEM_SOCKET_PATH,
-    config_path_from_env,
-    user_socket_path,
-)
+from gpusched.core.config import resolve_socket
 from gpusched.core.errors import DaemonUnreachable, ProtocolError, UsageError
 from gpusched.core.models import TERMINAL_STATES, Drain, GpuReport, Job
 from gpusched.core.protocol import MAX_REPLY_BYTES, decode, encode, error_from_reply, read_frame
@@ -54,31 +49,6 @@ class LogChunk:
     offset: int
     ended: bool
     state: str
-
-
-def resolve_socket(
-    explicit: str | os.PathLike[str] | None = None,
-    config_path: str | os.PathLike[str] | None = None,
-) -> tuple[Path, list[Path]]:
-    """The socket to use, and the candidates tried (for the error message)."""
-    if explicit:
-        return Path(explicit), [Path(explicit)]
-    env = os.environ.get("GPUSCHED_SOCKET")
-    if env:
-        return Path(env), [Path(env)]
-    named = config_path_from_env(str(config_path) if config_path else None)
-    if named is not None or (os.geteuid() == 0 and SYSTEM_CONFIG_PATH.exists()):
-        from gpusched.core.config import load_config  # reads YAML only when a config is in play
-
-        path = load_config(named).socket_path
-        return path, [path]
-    candidates = [user_socket_path(), SYSTEM_SOCKET_PATH]
-    if os.geteuid() == 0:
-        candidates.reverse()
-    for candidate in candidates:
-        if candidate.exists():
-            return candidate, [candidate]
-    return candidates[0], candidates
 
 
 def resolve_command(command: Sequence[str], cwd: str, path_env: str | None) -> list[str]:

@@ -24,6 +24,7 @@ from gpusched.core.config import (
     config_path_from_env,
     default_config,
     load_config,
+    resolve_socket,
 )
 from gpusched.core.errors import GpuschedError
 
@@ -127,7 +128,7 @@ def _gpus_check(ctx: _Context) -> Check:
 
 
 def _daemon_check(ctx: _Context) -> Check:
-    from gpusched.client import Client, resolve_socket
+    from gpusched.client import Client
 
     try:
         path, _ = resolve_socket(ctx.socket_arg, ctx.config_path)

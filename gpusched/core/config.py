@@ -1,4 +1,5 @@
-"""Configuration: YAML file -> frozen `Config`, with defaults, validation and discovery.
+"""Configuration: YAML file -> frozen `Config`, with defaults, validation and discovery
+(of the config file, and of the daemon's socket for a client: `resolve_socket`).
 
 Every key is optional. Defaults depend on who runs the daemon: as root, system paths
 under /run, /var/lib and /var/log; as anyone else, paths in the user's own runtime and
@@ -8,13 +9,22 @@ Sizes are bytes and durations are seconds inside `Config` (units in the names).
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Mapping
 from dataclasses import astuple, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from gpusched.core.config_values import (
+    HOOK_BOUNDS,
+    parse_address,
+    parse_bound,
+    parse_command,
+    parse_hook_bound,
+    parse_log_cap,
+    parse_margin,
+    parse_percent,
+)
 from gpusched.core.errors import ConfigError, UsageError
 from gpusched.core.units import parse_duration, parse_size
 
@@ -135,24 +145,6 @@ def _bad(source: str, key: str, problem: str) -> ConfigError:
     return ConfigError(f"{source}: key '{key}': {problem}")
 
 
-def parse_margin(value: Any) -> dict[str, Any]:
-    """`overrun_margin`: a percentage of the declared memory ("10%") or a size ("1G"), or 0."""
-    if value in (0, "0", None):
-        return {"overrun_margin_fraction": 0.0, "overrun_margin_bytes": 0}
-    text = str(value).strip()
-    if text.endswith("%"):
-        try:
-            percent = float(text[:-1])
-        except ValueError:
-            raise UsageError(
-                f"expected a percentage such as 10% or a size such as 1G, not {value!r}"
-            ) from None
-        if not 0 <= percent <= 1000:
-            raise UsageError("expected a percentage between 0% and 1000%")
-        return {"overrun_margin_fraction": percent / 100, "overrun_margin_bytes": 0}
-    return {"overrun_margin_fraction": 0.0, "overrun_margin_bytes": parse_size(value)}
-
-
 def _convert(source: str, key: str, value: Any, base: Config) -> dict[str, Any]:  # noqa: PLR0911
     """Turn one YAML key into Config field values, or raise naming file and key."""
     try:
@@ -225,8 +217,8 @@ def _convert(source: str, key: str, value: Any, base: Config) -> dict[str, Any]:
             return {"on_finish": parse_command(value)}
         if key == "hook_timeout":
             return {"hook_timeout_s": parse_duration(value)}
-        if key in _HOOK_BOUNDS:
-            return _hook_bound(key, value)
+        if key in HOOK_BOUNDS:
+            return parse_hook_bound(key, value)
         if key == "metrics":
             return {"metrics_address": parse_address(value)}
         if key in ("client_idle_timeout", "client_request_timeout"):
@@ -241,92 +233,6 @@ def _convert(source: str, key: str, value: Any, base: Config) -> dict[str, Any]:
     except UsageError as exc:
         raise _bad(source, key, exc.message) from None
     raise _bad(source, key, "unknown key (see config/gpusched.yaml for the keys)")
-
-
-_HOOK_BOUNDS = {"hooks_per_user", "hooks_total", "hook_output_max"}
-
-
-def _hook_bound(key: str, value: Any) -> dict[str, Any]:
-    """`hooks_per_user`, `hooks_total` (counts >= 1) and `hook_output_max` (a size)."""
-    if key == "hook_output_max":
-        return {"hook_output_max_bytes": parse_size(value)}
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise UsageError(f"expected a whole number >= 1, not {value!r}")
-    return {key: value}
-
-
-def parse_log_cap(value: Any) -> int | None:
-    """`max_log_size`: a size of at least 64K, or 0 / null for no cap."""
-    if value in (0, "0", None):
-        return None
-    from gpusched.core.logcap import MIN_LOG_CAP_BYTES
-
-    size = parse_size(value)
-    if size < MIN_LOG_CAP_BYTES:
-        raise UsageError("expected a size of at least 64K, or 0 for no cap")
-    return size
-
-
-def parse_command(value: Any) -> tuple[str, ...] | None:
-    """A hook command: a list of strings, or one string split as a shell would split it
-    (shlex; never run by a shell: write `sh -c '...'` to get one)."""
-    if value is None or value == "":
-        return None
-    if isinstance(value, str):
-        import shlex
-
-        try:
-            argv = shlex.split(value)
-        except ValueError as exc:
-            raise UsageError(f"cannot split {value!r} into arguments: {exc}") from None
-    elif isinstance(value, list) and all(isinstance(item, str) for item in value):
-        argv = list(value)
-    else:
-        raise UsageError("expected a command: a string or a list of strings")
-    if not argv or not argv[0]:
-        raise UsageError("expected a command, got an empty one")
-    return tuple(argv)
-
-
-def parse_bound(value: Any, kind: str) -> int:
-    """A request bound: a whole number ("count") or a size ("size", e.g. 16M), at least 1."""
-    if kind == "size" and isinstance(value, str):
-        number = parse_size(value)
-    elif isinstance(value, int) and not isinstance(value, bool):
-        number = value
-    else:
-        raise UsageError(f"expected {'a size such as 16M' if kind == 'size' else 'a whole number'}")
-    if number < 1:
-        raise UsageError("expected at least 1 (a bound cannot be switched off)")
-    return number
-
-
-def parse_percent(value: Any) -> float | None:
-    """ "90%", 90 or 90.5 -> 90.0; null -> None (off). Between 1 and 100."""
-    if value is None:
-        return None
-    text = str(value).strip().removesuffix("%").strip()
-    try:
-        percent = float(text)
-    except ValueError:
-        percent = math.nan
-    if isinstance(value, bool) or not 1 <= percent <= 100:
-        raise UsageError(f"expected a percentage from 1% to 100%, or null, not {value!r}")
-    return percent
-
-
-def parse_address(value: Any) -> tuple[str, int] | None:
-    """ "127.0.0.1:9400", "[::1]:9400", ":9400" (all interfaces) or 9400 (localhost)."""
-    if value is None or value is False:
-        return None
-    text = str(value).strip()
-    host, sep, port = text.rpartition(":")
-    if not sep:
-        host, port = "127.0.0.1", text
-    host = host.strip("[]") or "0.0.0.0"  # noqa: S104 - only when the admin wrote ":PORT"
-    if not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise UsageError(f"expected HOST:PORT such as 127.0.0.1:9400, not {value!r}")
-    return host, int(port)
 
 
 _LIMIT_KEYS = {"max_running", "max_mem", "max_queued"}
@@ -424,3 +330,26 @@ def config_path_from_env(explicit: str | None) -> Path | None:
         return Path(explicit)
     env = os.environ.get("GPUSCHED_CONFIG")
     return Path(env) if env else None
+
+
+def resolve_socket(
+    explicit: str | os.PathLike[str] | None = None,
+    config_path: str | os.PathLike[str] | None = None,
+) -> tuple[Path, list[Path]]:
+    """The socket to use, and the candidates tried (for the error message)."""
+    if explicit:
+        return Path(explicit), [Path(explicit)]
+    env = os.environ.get("GPUSCHED_SOCKET")
+    if env:
+        return Path(env), [Path(env)]
+    named = config_path_from_env(str(config_path) if config_path else None)
+    if named is not None or (os.geteuid() == 0 and SYSTEM_CONFIG_PATH.exists()):
+        path = load_config(named).socket_path  # reads YAML only when a config is in play
+        return path, [path]
+    candidates = [user_socket_path(), SYSTEM_SOCKET_PATH]
+    if os.geteuid() == 0:
+        candidates.reverse()
+    for candidate in candidates:
+        if candidate.exists():
+            return candidate, [candidate]
+    return candidates[0], candidates

@@ -1,0 +1,118 @@
+"""Parsers of the config values that are more than a size or a duration.
+
+Each takes the value as YAML gave it and returns what `Config` stores, or raises
+UsageError with a one-line problem; `config.py` adds the file and key to the message.
+Sizes and durations themselves are parsed by `units`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from gpusched.core.errors import UsageError
+from gpusched.core.units import parse_size
+
+
+def parse_margin(value: Any) -> dict[str, Any]:
+    """`overrun_margin`: a percentage of the declared memory ("10%") or a size ("1G"), or 0."""
+    if value in (0, "0", None):
+        return {"overrun_margin_fraction": 0.0, "overrun_margin_bytes": 0}
+    text = str(value).strip()
+    if text.endswith("%"):
+        try:
+            percent = float(text[:-1])
+        except ValueError:
+            raise UsageError(
+                f"expected a percentage such as 10% or a size such as 1G, not {value!r}"
+            ) from None
+        if not 0 <= percent <= 1000:
+            raise UsageError("expected a percentage between 0% and 1000%")
+        return {"overrun_margin_fraction": percent / 100, "overrun_margin_bytes": 0}
+    return {"overrun_margin_fraction": 0.0, "overrun_margin_bytes": parse_size(value)}
+
+
+HOOK_BOUNDS = {"hooks_per_user", "hooks_total", "hook_output_max"}
+
+
+def parse_hook_bound(key: str, value: Any) -> dict[str, Any]:
+    """`hooks_per_user`, `hooks_total` (counts >= 1) and `hook_output_max` (a size)."""
+    if key == "hook_output_max":
+        return {"hook_output_max_bytes": parse_size(value)}
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise UsageError(f"expected a whole number >= 1, not {value!r}")
+    return {key: value}
+
+
+def parse_log_cap(value: Any) -> int | None:
+    """`max_log_size`: a size of at least 64K, or 0 / null for no cap."""
+    if value in (0, "0", None):
+        return None
+    from gpusched.core.logcap import MIN_LOG_CAP_BYTES
+
+    size = parse_size(value)
+    if size < MIN_LOG_CAP_BYTES:
+        raise UsageError("expected a size of at least 64K, or 0 for no cap")
+    return size
+
+
+def parse_command(value: Any) -> tuple[str, ...] | None:
+    """A hook command: a list of strings, or one string split as a shell would split it
+    (shlex; never run by a shell: write `sh -c '...'` to get one)."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, str):
+        import shlex
+
+        try:
+            argv = shlex.split(value)
+        except ValueError as exc:
+            raise UsageError(f"cannot split {value!r} into arguments: {exc}") from None
+    elif isinstance(value, list) and all(isinstance(item, str) for item in value):
+        argv = list(value)
+    else:
+        raise UsageError("expected a command: a string or a list of strings")
+    if not argv or not argv[0]:
+        raise UsageError("expected a command, got an empty one")
+    return tuple(argv)
+
+
+def parse_bound(value: Any, kind: str) -> int:
+    """A request bound: a whole number ("count") or a size ("size", e.g. 16M), at least 1."""
+    if kind == "size" and isinstance(value, str):
+        number = parse_size(value)
+    elif isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    else:
+        raise UsageError(f"expected {'a size such as 16M' if kind == 'size' else 'a whole number'}")
+    if number < 1:
+        raise UsageError("expected at least 1 (a bound cannot be switched off)")
+    return number
+
+
+def parse_percent(value: Any) -> float | None:
+    """ "90%", 90 or 90.5 -> 90.0; null -> None (off). Between 1 and 100."""
+    if value is None:
+        return None
+    text = str(value).strip().removesuffix("%").strip()
+    try:
+        percent = float(text)
+    except ValueError:
+        percent = math.nan
+    if isinstance(value, bool) or not 1 <= percent <= 100:
+        raise UsageError(f"expected a percentage from 1% to 100%, or null, not {value!r}")
+    return percent
+
+
+def parse_address(value: Any) -> tuple[str, int] | None:
+    """ "127.0.0.1:9400", "[::1]:9400", ":9400" (all interfaces) or 9400 (localhost)."""
+    if value is None or value is False:
+        return None
+    text = str(value).strip()
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        host, port = "127.0.0.1", text
+    host = host.strip("[]") or "0.0.0.0"  # noqa: S104 - only when the admin wrote ":PORT"
+    if not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise UsageError(f"expected HOST:PORT such as 127.0.0.1:9400, not {value!r}")
+    return host, int(port)
