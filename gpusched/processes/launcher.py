@@ -3,11 +3,9 @@
 The launcher is the daemon's truth about processes. It writes each job's spec to
 the state directory, has the zygote (gpusched.processes.zygote) fork a supervisor for it, or
 when the zygote is gone or not answering starts `python -m gpusched.processes.supervisor` in a
-new session itself, and watches the supervisor through a pidfd, which works the same
-for a child, for the zygote's child and for a supervisor adopted after a daemon
-restart; when the daemon is out of open files (a pidfd is one per running job), the
-supervisor is polled once a second instead until a pidfd can be had. When a supervisor
-exits, its outcome is read from `exit.json` (written by the supervisor before it exits).
+new session itself, and has the exit watcher (gpusched.processes.exit_watcher) report when
+the supervisor exits. Its outcome is then read from `exit.json` (written by the supervisor
+before it exits).
 
 A process is identified by its pid *and* its start time: after a restart, a pid
 recorded in the database may belong to an unrelated process by now.
@@ -16,12 +14,10 @@ recorded in the database may belong to an unrelated process by now.
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import logging
 import os
 import pwd
-import selectors
 import shutil
 import signal
 import socket
@@ -36,9 +32,9 @@ import psutil
 
 from gpusched.core.config_holder import ConfigHolder
 from gpusched.core.models import Job
-from gpusched.processes.fdbudget import FD_RESERVE, files_left
+from gpusched.processes.exit_watcher import ExitWatcher
 from gpusched.processes.launching import Outcome, OutcomeKind, Started, StartError, start_error
-from gpusched.processes.pidref import is_same_process, process_start_time, still_running
+from gpusched.processes.pidref import is_same_process, process_start_time
 from gpusched.processes.supervisor import write_json_atomically
 from gpusched.processes.zygote import recorded_pid, recorded_supervisor
 
@@ -106,16 +102,8 @@ class Launcher:
         self.log_dir = config.current.log_dir
         self.on_exit: Callable[[int], None] = _no_listener
         self._children: dict[int, subprocess.Popen[bytes]] = {}
-        self._selector = selectors.DefaultSelector()
-        self._watched: dict[int, int] = {}  # pidfd -> job id
-        self._already_exited: list[int] = []  # watched after their process had ended
-        self._polled: dict[int, tuple[int, str | None]] = {}  # job id -> pid, start: no pidfd
-        self._lock = threading.Lock()
-        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self._selector.register(self._wake_r, selectors.EVENT_READ)
-        self._stopping = False
-        self._thread = threading.Thread(target=self._watch_loop, name="job-watcher", daemon=True)
-        self._thread.start()
+        self._lock = threading.Lock()  # guards _children
+        self._watcher = ExitWatcher(self._exits)
         self._zygote: subprocess.Popen[bytes] | None = None
         self._zygote_channel: socket.socket | None = None
         self._zygote_lock = threading.Lock()
@@ -293,80 +281,15 @@ class Launcher:
         `start_time` (process_start_time) tells the process from a later one with its pid
         while it has to be polled.
         """
-        with self._lock:
+        self._watcher.watch(job_id, pid, start_time)
+
+    def _exits(self, job_ids: list[int]) -> None:
+        self._reap_children()
+        for job_id in job_ids:
             try:
-                if files_left() < FD_RESERVE:  # the reserve is for starting jobs, not this
-                    raise OSError(errno.EMFILE, "open files down to the reserve")
-                pidfd = os.pidfd_open(pid)
-            except ProcessLookupError:
-                self._already_exited.append(job_id)
-            except OSError as exc:  # out of open files: poll until a pidfd can be had
-                if not self._polled:
-                    log.warning("cannot watch job %s through a pidfd (%s): polling", job_id, exc)
-                self._polled[job_id] = (pid, start_time)
-            else:
-                self._watched[pidfd] = job_id
-                self._selector.register(pidfd, selectors.EVENT_READ)
-        with contextlib.suppress(BlockingIOError):  # a full pipe: the loop wakes anyway
-            os.write(self._wake_w, b"x")
-
-    def _poll_unwatched(self) -> list[int]:
-        """Jobs polled for want of a pidfd: those whose process ended; a pidfd for the rest."""
-        exited = []
-        with self._lock:
-            spare = files_left() - FD_RESERVE
-            for job_id, (pid, start_time) in list(self._polled.items()):
-                try:
-                    if spare <= 0:
-                        raise OSError(errno.EMFILE, "open files down to the reserve")
-                    spare -= 1
-                    pidfd = os.pidfd_open(pid)
-                except ProcessLookupError:
-                    pidfd = None
-                except OSError:  # still out of files
-                    if still_running(pid, start_time):
-                        continue
-                    pidfd = None
-                if pidfd is not None and still_running(pid, start_time):
-                    self._watched[pidfd] = job_id
-                    self._selector.register(pidfd, selectors.EVENT_READ)
-                elif pidfd is not None:
-                    os.close(pidfd)  # the pid is another process's by now
-                    pidfd = None
-                if pidfd is None:
-                    exited.append(job_id)
-                del self._polled[job_id]
-        return exited
-
-    def _watch_loop(self) -> None:
-        while not self._stopping:
-            for key, _ in self._selector.select(timeout=1.0):
-                fd = int(key.fd)
-                with self._lock:
-                    if fd == self._wake_r:
-                        with contextlib.suppress(BlockingIOError):
-                            os.read(self._wake_r, 4096)
-                        exited, self._already_exited = self._already_exited, []
-                    else:
-                        exited = [self._watched.pop(fd)]
-                        self._selector.unregister(fd)
-                        os.close(fd)
-                if exited:
-                    self._reap_children()
-                for job_id in exited:
-                    self._exited(job_id)
-            if self._polled:
-                exited = self._poll_unwatched()
-                if exited:
-                    self._reap_children()
-                for job_id in exited:
-                    self._exited(job_id)
-
-    def _exited(self, job_id: int) -> None:
-        try:
-            self.on_exit(job_id)
-        except Exception:  # the watcher must outlive any bug in a callback
-            log.exception("handling the exit of job %s failed", job_id)
+                self.on_exit(job_id)
+            except Exception:  # the watcher must outlive any bug in a callback
+                log.exception("handling the exit of job %s failed", job_id)
 
     def _reap_children(self) -> None:
         with self._lock:
@@ -419,6 +342,4 @@ class Launcher:
         own sessions."""
         with self._zygote_lock:
             self._stop_zygote_locked(kill=False)
-        self._stopping = True
-        os.write(self._wake_w, b"x")
-        self._thread.join(timeout=5)
+        self._watcher.close()
