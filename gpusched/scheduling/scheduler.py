@@ -9,8 +9,8 @@ Config, time, hardware and processes are injected (`config` holder, `clock`, `pr
 `launcher`), so tests drive one tick at a time with a fixed clock and a launcher that
 spawns nothing (tests/test_tick.py). Each phase of a tick reads and returns what it
 found (modules observe, admission, policy); only the tick acts on it. How jobs end is
-`JobEndings`' (module endings), held here. One lock serialises ticks, endings and job
-operations.
+`JobEndings`' (module endings), and how a placed job starts is `JobStarter`'s (module
+starting), both held here. One lock serialises ticks, endings and job operations.
 """
 
 from __future__ import annotations
@@ -35,12 +35,9 @@ from gpusched.core.models import (
     JobState,
     StopIntent,
 )
-from gpusched.core.ratelog import RateLimitedLog
-from gpusched.core.sanitize import command_for_log, quoted
 from gpusched.core.units import format_size
 from gpusched.gpus.probe import Probe
-from gpusched.processes.environment import job_environment
-from gpusched.processes.launching import JobLauncher, Outcome, OutcomeKind, StartError
+from gpusched.processes.launching import JobLauncher, Outcome, OutcomeKind
 from gpusched.scheduling.admission import Admission, admit
 from gpusched.scheduling.drain import load_drain, save_drain
 from gpusched.scheduling.endings import JobEndings
@@ -49,6 +46,7 @@ from gpusched.scheduling.gpu_reports import gpu_reports
 from gpusched.scheduling.observe import Observation, observe, read_gpus
 from gpusched.scheduling.policy import Placement, Plan, UserCap, plan
 from gpusched.scheduling.policy_inputs import capacity_bytes, gpu_slot, running_claim, waiting_job
+from gpusched.scheduling.starting import JobStarter
 from gpusched.store import NewJob, Store
 from gpusched.usage.joblog import append_note
 from gpusched.usage.monitor import Overrun, UsageMonitor
@@ -100,7 +98,15 @@ class Scheduler:
             end_listeners=self.end_listeners,
         )
         launcher.on_exit = self.endings.on_job_exit
-        self.trouble = RateLimitedLog(log)  # problems that recur every pass, said once a minute
+        self.starter = JobStarter(
+            config=config,
+            store=store,
+            probe=probe,
+            launcher=launcher,
+            monitor=self.monitor,
+            endings=self.endings,
+            clock=clock,
+        )
 
     def _wake(self) -> None:
         self.wake()  # late-bound: the daemon sets `wake` after we are built
@@ -176,65 +182,12 @@ class Scheduler:
         )
 
     def start(self, placements: list[Placement], gpus: list[GpuState]) -> None:
-        by_uuid = {g.uuid: g for g in gpus}
-        for placement in placements:
-            chosen = [by_uuid[u] for u in placement.gpu_uuids]
-            self._launch(self.store.get(placement.job_id), chosen)
+        """Start each placed job on its GPUs (a job that cannot start is queued or ended)."""
+        self.starter.start(placements, gpus)
 
     def _cap(self, user: str) -> UserCap:
         limits = self.config.limits_for(user)
         return UserCap(limits.max_running, limits.max_mem_bytes)
-
-    def _launch(self, job: Job, gpus: list[GpuState]) -> None:
-        """Start a queued job on `gpus`."""
-        job_id = job.id
-        info = self.store.launch_info(job_id)
-        indices = [g.index for g in gpus]
-        uuids = [g.uuid for g in gpus]
-        env = job_environment(
-            job,
-            info.env,
-            indices,
-            uuids,
-            self.config.visible_devices,
-            gpu_totals=[g.total_bytes for g in gpus],
-        )
-        # Mark running *before* starting: if the daemon dies in between, a restart finds
-        # a running row with no pid and looks for its supervisor, so nothing starts twice.
-        log_path = str(self.launcher.log_path(job_id))
-        if not self.store.mark_running(
-            job_id,
-            gpu_indices=indices,
-            gpu_uuids=uuids,
-            pid=None,
-            pid_start_time=None,
-            log_path=log_path,
-            now=iso(self.clock()),
-        ):
-            return
-        self.monitor.started(job_id)  # before: its end (even a failed start) forgets it
-        try:
-            started = self.launcher.start(job, env, info.umask, info.gid)
-        except StartError as exc:
-            # Out of files, memory or tasks for now: the job keeps its place in the queue
-            # and the next pass tries again (said once a minute, not once a pass).
-            if exc.transient and self.store.unmark_running(job_id):
-                self.trouble.warning("start", f"job {job_id} cannot start yet: {exc}: queued")
-                return
-            log.warning("job %s failed to start: %s", job_id, quoted(str(exc), 500))
-            self.endings.end(job_id, JobState.FAILED, EndReason.FAILED_TO_START, detail=str(exc))
-            return
-        self.store.set_pid(job_id, started.pid, started.start_time)
-        self.probe.note_job_started(started.pid, uuids, job.mem)
-        log.info(
-            "job %s started on GPU %s (pid %s, via %s) as %s: %s",
-            job_id,
-            ",".join(map(str, indices)),
-            started.pid,
-            started.via,
-            quoted(job.user, 40),
-            command_for_log(job.command, self.config.show_commands),
-        )
 
     def _act_on_overruns(self, overruns: list[Overrun]) -> None:
         """Record each job over its declared memory; stop it with `overrun: kill`."""

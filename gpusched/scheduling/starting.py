@@ -1,0 +1,108 @@
+"""Starting placed jobs: from a policy placement to a running, watched supervisor.
+
+Owns the order that keeps a start safe across a daemon crash (the row is marked running
+before the process starts, so a restart looks for its supervisor instead of starting the
+job twice), the job's environment, and what a failed start does: a transient failure (out
+of files, memory or tasks) puts the job back in the queue, any other ends it.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from gpusched.core.clock import Clock, iso
+from gpusched.core.config_holder import ConfigHolder
+from gpusched.core.models import EndReason, GpuState, Job, JobState
+from gpusched.core.ratelog import RateLimitedLog
+from gpusched.core.sanitize import command_for_log, quoted
+from gpusched.gpus.probe import Probe
+from gpusched.processes.environment import job_environment
+from gpusched.processes.launching import JobLauncher, StartError
+from gpusched.scheduling.endings import JobEndings
+from gpusched.scheduling.policy import Placement
+from gpusched.store import Store
+from gpusched.usage.monitor import UsageMonitor
+
+log = logging.getLogger("gpusched.scheduler")
+
+
+class JobStarter:
+    """Starts the jobs a plan placed; called by the scheduler's tick, under its lock."""
+
+    def __init__(
+        self,
+        *,
+        config: ConfigHolder,
+        store: Store,
+        probe: Probe,
+        launcher: JobLauncher,
+        monitor: UsageMonitor,
+        endings: JobEndings,
+        clock: Clock,
+    ) -> None:
+        self._config = config
+        self.store = store
+        self.probe = probe
+        self.launcher = launcher
+        self.monitor = monitor
+        self.endings = endings
+        self.clock = clock
+        self.trouble = RateLimitedLog(log)  # problems that recur every pass, said once a minute
+
+    def start(self, placements: list[Placement], gpus: list[GpuState]) -> None:
+        """Start each placed job on its GPUs (a job that cannot start is queued or ended)."""
+        by_uuid = {g.uuid: g for g in gpus}
+        for placement in placements:
+            chosen = [by_uuid[u] for u in placement.gpu_uuids]
+            self._launch(self.store.get(placement.job_id), chosen)
+
+    def _launch(self, job: Job, gpus: list[GpuState]) -> None:
+        """Start a queued job on `gpus`."""
+        job_id = job.id
+        info = self.store.launch_info(job_id)
+        indices = [g.index for g in gpus]
+        uuids = [g.uuid for g in gpus]
+        env = job_environment(
+            job,
+            info.env,
+            indices,
+            uuids,
+            self._config.current.visible_devices,
+            gpu_totals=[g.total_bytes for g in gpus],
+        )
+        # Mark running *before* starting: if the daemon dies in between, a restart finds
+        # a running row with no pid and looks for its supervisor, so nothing starts twice.
+        log_path = str(self.launcher.log_path(job_id))
+        if not self.store.mark_running(
+            job_id,
+            gpu_indices=indices,
+            gpu_uuids=uuids,
+            pid=None,
+            pid_start_time=None,
+            log_path=log_path,
+            now=iso(self.clock()),
+        ):
+            return
+        self.monitor.started(job_id)  # before: its end (even a failed start) forgets it
+        try:
+            started = self.launcher.start(job, env, info.umask, info.gid)
+        except StartError as exc:
+            # Out of files, memory or tasks for now: the job keeps its place in the queue
+            # and the next pass tries again (said once a minute, not once a pass).
+            if exc.transient and self.store.unmark_running(job_id):
+                self.trouble.warning("start", f"job {job_id} cannot start yet: {exc}: queued")
+                return
+            log.warning("job %s failed to start: %s", job_id, quoted(str(exc), 500))
+            self.endings.end(job_id, JobState.FAILED, EndReason.FAILED_TO_START, detail=str(exc))
+            return
+        self.store.set_pid(job_id, started.pid, started.start_time)
+        self.probe.note_job_started(started.pid, uuids, job.mem)
+        log.info(
+            "job %s started on GPU %s (pid %s, via %s) as %s: %s",
+            job_id,
+            ",".join(map(str, indices)),
+            started.pid,
+            started.via,
+            quoted(job.user, 40),
+            command_for_log(job.command, self._config.current.show_commands),
+        )
