@@ -43,7 +43,8 @@ from dataclasses import dataclass, fields, replace
 from _common import Figure, GiB, report
 
 from gpusched.core.config import Config
-from gpusched.scheduling.policy import GpuSlot, RunningClaim, WaitingJob, plan
+from gpusched.scheduling.gpu_budget import GpuSlot, RunningClaim
+from gpusched.scheduling.policy import WaitingJob, plan
 
 GPU_COUNT = 4
 GPU_MEM = 80 * GiB

@@ -26,7 +26,8 @@ from pathlib import Path
 from _common import Figure, GiB, median_time, print_conditions, report
 from packing import make_trace
 
-from gpusched.scheduling.policy import GpuSlot, RunningClaim, WaitingJob, plan
+from gpusched.scheduling.gpu_budget import GpuSlot, RunningClaim
+from gpusched.scheduling.policy import WaitingJob, plan
 from gpusched.store import jobs
 from tests.daemon_harness import in_process_scheduler
 

@@ -15,16 +15,8 @@ from typing import Any
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from gpusched.scheduling.policy import (
-    GpuBudget,
-    GpuSlot,
-    Plan,
-    RunningClaim,
-    UserCap,
-    WaitingJob,
-    gpu_budgets,
-    plan,
-)
+from gpusched.scheduling.gpu_budget import GpuBudget, GpuSlot, RunningClaim, gpu_budgets
+from gpusched.scheduling.policy import Plan, UserCap, WaitingJob, plan
 
 G = 2**30
 M = 2**20

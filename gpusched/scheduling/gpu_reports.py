@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from gpusched.core.models import GpuReport, GpuState, Job
-from gpusched.scheduling.policy import gpu_budgets
+from gpusched.scheduling.gpu_budget import gpu_budgets
 from gpusched.scheduling.policy_inputs import gpu_slot, running_claim
 
 

@@ -58,34 +58,21 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from gpusched.core.units import format_size
-
-
-@dataclass(frozen=True)
-class GpuSlot:
-    """A GPU as the policy sees it."""
-
-    uuid: str
-    index: int
-    total_bytes: int
-    free_bytes: int  # as the driver reports it: every process's memory is already out
-    usable: bool = True  # False when lost or excluded
-    util_percent: float | None = None  # recent compute utilization, every process's; None: unknown
-
-
-@dataclass(frozen=True)
-class RunningClaim:
-    """A running gpusched job's hold on its GPUs."""
-
-    job_id: int
-    gpu_uuids: tuple[str, ...]
-    mem_bytes: int | None  # declared per GPU; None = the whole GPU
-    used_bytes: Mapping[str, int] = field(default_factory=dict)  # observed, per GPU uuid
-    user: str = ""
-    array_id: int | None = None
-    util_percent: float | None = None  # its own recent utilization; None: not measured yet
+from gpusched.scheduling.gpu_budget import (
+    NEW_JOB_UTIL,
+    GpuBudget,
+    GpuSlot,
+    PlanGpu,
+    RunningClaim,
+    budget_table,
+    by_room,
+    could_ever_fit,
+    fits,
+    is_open,
+)
 
 
 @dataclass(frozen=True)
@@ -117,112 +104,17 @@ class Placement:
 
 
 @dataclass(frozen=True)
-class GpuBudget:
-    """What a GPU holds for gpusched before this plan's placements."""
-
-    reserved_bytes: int  # claimed by running jobs beyond what they use yet
-    available_bytes: int  # what the next job could get
-    job_ids: tuple[int, ...]
-
-
-@dataclass(frozen=True)
 class Plan:
     placements: list[Placement]
     waiting_reasons: dict[int, str]
     budgets: dict[str, GpuBudget]
 
 
-# Rule 6: what a job that has not used its GPU yet counts for, in percent of the GPU.
-NEW_JOB_UTIL = 100.0
-
-
-@dataclass
-class _Gpu:
-    slot: GpuSlot
-    available: int
-    potential: int  # available once every gpusched job on it has ended
-    job_count: int
-    whole: bool  # a whole-GPU job runs here
-    job_ids: list[int]  # gpusched jobs on it, running or placed by this plan
-    load: float  # compute load, percent of the GPU (rule 6)
-
-
-def gpu_budgets(
-    gpus: Sequence[GpuSlot], running: Sequence[RunningClaim], headroom_bytes: int
-) -> dict[str, GpuBudget]:
-    """Rule 1 alone: reserved and available memory per GPU (what `status` shows)."""
-    return {uuid: budget for uuid, (budget, _) in _budgets(gpus, running, headroom_bytes).items()}
-
-
-def _budgets(
-    gpus: Sequence[GpuSlot], running: Sequence[RunningClaim], headroom_bytes: int
-) -> dict[str, tuple[GpuBudget, _Gpu]]:
-    result: dict[str, tuple[GpuBudget, _Gpu]] = {}
-    for slot in gpus:
-        on_gpu = [claim for claim in running if slot.uuid in claim.gpu_uuids]
-        used_by_jobs = sum(claim.used_bytes.get(slot.uuid, 0) for claim in on_gpu)
-        reserved = sum(
-            max(0, claim.mem_bytes - claim.used_bytes.get(slot.uuid, 0))
-            for claim in on_gpu
-            if claim.mem_bytes is not None
-        )
-        whole = any(claim.mem_bytes is None for claim in on_gpu)
-        if whole:
-            reserved = max(0, slot.free_bytes - headroom_bytes)  # all of what is left is theirs
-        available = max(0, slot.free_bytes - headroom_bytes - reserved)
-        if whole or not slot.usable:
-            available = 0
-        used_by_others = max(0, slot.total_bytes - slot.free_bytes - used_by_jobs)
-        potential = max(0, slot.total_bytes - headroom_bytes - used_by_others) if slot.usable else 0
-        budget = GpuBudget(reserved, available, tuple(claim.job_id for claim in on_gpu))
-        job_ids = [claim.job_id for claim in on_gpu]
-        gpu = _Gpu(slot, available, potential, len(on_gpu), whole, job_ids, _load(slot, on_gpu))
-        result[slot.uuid] = (budget, gpu)
-    return result
-
-
-def _load(slot: GpuSlot, on_gpu: Sequence[RunningClaim]) -> float:
-    """Rule 6: a GPU's compute load in percent (may pass 100 when it is oversubscribed)."""
-    known = sum(c.util_percent for c in on_gpu if c.util_percent is not None)
-    unmeasured = sum(1 for c in on_gpu if c.util_percent is None)
-    # The GPU's own reading also counts processes gpusched did not start.
-    return max(slot.util_percent or 0.0, known) + NEW_JOB_UTIL * unmeasured
-
-
-def _open(gpu: _Gpu, max_jobs_per_gpu: int | None, busy_util: float | None) -> bool:
-    """Whether a GPU may take a new job at all, whatever its size."""
-    if not gpu.slot.usable or gpu.whole:
-        return False
-    if max_jobs_per_gpu is not None and gpu.job_count >= max_jobs_per_gpu:
-        return False
-    return busy_util is None or gpu.load < busy_util
-
-
-def _fits(
-    gpu: _Gpu, job: WaitingJob, max_jobs_per_gpu: int | None, busy_util: float | None = None
-) -> bool:
-    if not _open(gpu, max_jobs_per_gpu, busy_util):
-        return False
-    if job.mem_bytes is None:
-        return gpu.job_count == 0
-    return gpu.available >= job.mem_bytes
-
-
-def _could_ever_fit(gpu: _Gpu, job: WaitingJob) -> bool:
-    if not gpu.slot.usable:
-        return False
-    return job.mem_bytes is None or gpu.potential >= job.mem_bytes
-
-
-def _by_room(gpu: _Gpu) -> tuple[int, int]:
-    return (-gpu.available, gpu.slot.index)
-
-
-def _claim_order(job: WaitingJob) -> Callable[[_Gpu], tuple[bool, int, int]]:
+def _claim_order(job: WaitingJob) -> Callable[[PlanGpu], tuple[bool, int, int]]:
     """Rule 5's preference: cards with no job newer than `job` first, then by room."""
 
-    def key(gpu: _Gpu) -> tuple[bool, int, int]:
-        return (any(other > job.job_id for other in gpu.job_ids), *_by_room(gpu))
+    def key(gpu: PlanGpu) -> tuple[bool, int, int]:
+        return (any(other > job.job_id for other in gpu.job_ids), *by_room(gpu))
 
     return key
 
@@ -248,11 +140,11 @@ class _Claims:
     it changes only when a job claims cards, so it is built once per claim, not per job."""
 
     usable_count: int
-    free: list[_Gpu]  # usable and kept for nobody
+    free: list[PlanGpu]  # usable and kept for nobody
     behind: str  # "; GPUs kept for job N ahead of it", or ""
 
     @classmethod
-    def of(cls, gpus: list[_Gpu], claimed_by: dict[str, int]) -> _Claims:
+    def of(cls, gpus: list[PlanGpu], claimed_by: dict[str, int]) -> _Claims:
         usable = [g for g in gpus if g.slot.usable]
         free = [g for g in usable if g.slot.uuid not in claimed_by]
         held = sorted({claimed_by[g.slot.uuid] for g in usable if g.slot.uuid in claimed_by})
@@ -265,7 +157,7 @@ def _why_not(job: WaitingJob, claims: _Claims, busy_util: float | None) -> str:
         return f"needs {job.gpu_count} GPUs, {claims.usable_count} usable"
     free, behind = claims.free, claims.behind
     if busy_util is not None:
-        busy = [g for g in free if _fits(g, job, None) and g.load >= busy_util]
+        busy = [g for g in free if fits(g, job.mem_bytes, None) and g.load >= busy_util]
         if busy:
             loads = ", ".join(f"GPU {g.slot.index} at {g.load:.0f} %" for g in busy)
             return (
@@ -288,13 +180,13 @@ def _why_not(job: WaitingJob, claims: _Claims, busy_util: float | None) -> str:
     )
 
 
-def _claimed_bytes(mem_bytes: int | None, gpus: Sequence[_Gpu]) -> int:
+def _claimed_bytes(mem_bytes: int | None, gpus: Sequence[PlanGpu]) -> int:
     """Declared memory a job holds over its GPUs; a whole GPU counts as its total."""
     return sum(g.slot.total_bytes if mem_bytes is None else mem_bytes for g in gpus)
 
 
 def _over_mem_cap(
-    job: WaitingJob, cap: UserCap | None, held_bytes: int, chosen: Sequence[_Gpu]
+    job: WaitingJob, cap: UserCap | None, held_bytes: int, chosen: Sequence[PlanGpu]
 ) -> str | None:
     if cap is None or cap.max_mem_bytes is None:
         return None
@@ -345,7 +237,7 @@ def plan(
     busy_util: float | None = None,
 ) -> Plan:
     """Decide which waiting jobs start now and where. Pure: same input, same output."""
-    table = _budgets(gpus, running, headroom_bytes)
+    table = budget_table(gpus, running, headroom_bytes)
     budgets = {uuid: budget for uuid, (budget, _) in table.items()}
     state = [gpu for _, gpu in table.values()]
     claimed_by: dict[str, int] = {}
@@ -366,9 +258,9 @@ def plan(
     usage = user_usage or {}
     # Jobs that ask for the same memory get the same answer until a placement or a claim
     # changes the GPUs: memoised, a pass over 10,000 waiting jobs stays cheap.
-    room: list[_Gpu] | None = None  # GPUs open to a new job, most available first
+    room: list[PlanGpu] | None = None  # GPUs open to a new job, most available first
     claims: _Claims | None = None  # for waiting reasons; None: build it when next needed
-    fits_by_mem: dict[int | None, list[_Gpu]] = {}
+    fits_by_mem: dict[int | None, list[PlanGpu]] = {}
     why_by_need: dict[tuple[int | None, int], str] = {}
 
     for job in sorted(waiting, key=lambda j: (usage.get(j.user, 0.0), -j.priority, _place(j))):
@@ -392,9 +284,9 @@ def plan(
                 (
                     g
                     for g in state
-                    if g.slot.uuid not in claimed_by and _open(g, max_jobs_per_gpu, busy_util)
+                    if g.slot.uuid not in claimed_by and is_open(g, max_jobs_per_gpu, busy_util)
                 ),
-                key=_by_room,
+                key=by_room,
             )
         if job.mem_bytes is None:
             candidates = fits_by_mem.get(None)
@@ -428,8 +320,8 @@ def plan(
                     gpu.available -= job.mem_bytes
                 # Only the chosen GPUs changed: each goes back to its new place, if any
                 # (a sort of all of them after every placement was most of a long pass).
-                if _open(gpu, max_jobs_per_gpu, busy_util):
-                    bisect.insort(room, gpu, key=_by_room)
+                if is_open(gpu, max_jobs_per_gpu, busy_util):
+                    bisect.insort(room, gpu, key=by_room)
             if job.array_id is not None:
                 array_running[job.array_id] = array_running.get(job.array_id, 0) + 1
             placements.append(Placement(job.job_id, tuple(g.slot.uuid for g in chosen)))
@@ -445,7 +337,7 @@ def plan(
         if not claimed_by:
             open_gpus = list(state)
             hopeful = sorted(
-                (g for g in open_gpus if _could_ever_fit(g, job)), key=_claim_order(job)
+                (g for g in open_gpus if could_ever_fit(g, job.mem_bytes)), key=_claim_order(job)
             )
             # A job its owner's cap holds back would not start on drained cards either.
             over = _over_mem_cap(job, cap, user_bytes.get(job.user, 0), hopeful[: job.gpu_count])

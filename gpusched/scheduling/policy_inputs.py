@@ -9,7 +9,8 @@ from __future__ import annotations
 from datetime import datetime
 
 from gpusched.core.models import GpuHealth, GpuState, Job
-from gpusched.scheduling.policy import GpuSlot, RunningClaim, WaitingJob
+from gpusched.scheduling.gpu_budget import GpuSlot, RunningClaim
+from gpusched.scheduling.policy import WaitingJob
 from gpusched.store import Queued
 
 

@@ -1,0 +1,145 @@
+"""What each GPU holds for gpusched and has left: the policy's rules 1 and 6.
+
+Rule 1 (memory): a GPU's available memory is what the driver says is free, minus the
+headroom, minus what running gpusched jobs have declared but not allocated yet; a GPU
+running a whole-GPU job, lost or excluded has none. Rule 6 (compute): a GPU's load is the
+higher of its own recent utilization and its jobs' sum, plus `NEW_JOB_UTIL` per job not
+measured yet. `gpu_budgets` is rule 1 alone (what `status` shows); `budget_table` also
+gives the working state (`PlanGpu`) that `policy.plan` places jobs on. Pure, like the
+policy (see its docstring for all the rules).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class GpuSlot:
+    """A GPU as the policy sees it."""
+
+    uuid: str
+    index: int
+    total_bytes: int
+    free_bytes: int  # as the driver reports it: every process's memory is already out
+    usable: bool = True  # False when lost or excluded
+    util_percent: float | None = None  # recent compute utilization, every process's; None: unknown
+
+
+@dataclass(frozen=True)
+class RunningClaim:
+    """A running gpusched job's hold on its GPUs."""
+
+    job_id: int
+    gpu_uuids: tuple[str, ...]
+    mem_bytes: int | None  # declared per GPU; None = the whole GPU
+    used_bytes: Mapping[str, int] = field(default_factory=dict)  # observed, per GPU uuid
+    user: str = ""
+    array_id: int | None = None
+    util_percent: float | None = None  # its own recent utilization; None: not measured yet
+
+
+@dataclass(frozen=True)
+class GpuBudget:
+    """What a GPU holds for gpusched before this plan's placements."""
+
+    reserved_bytes: int  # claimed by running jobs beyond what they use yet
+    available_bytes: int  # what the next job could get
+    job_ids: tuple[int, ...]
+
+
+# Rule 6: what a job that has not used its GPU yet counts for, in percent of the GPU.
+NEW_JOB_UTIL = 100.0
+
+
+@dataclass
+class PlanGpu:
+    """A GPU as one plan works on it: its room changes as the plan places jobs."""
+
+    slot: GpuSlot
+    available: int
+    potential: int  # available once every gpusched job on it has ended
+    job_count: int
+    whole: bool  # a whole-GPU job runs here
+    job_ids: list[int]  # gpusched jobs on it, running or placed by this plan
+    load: float  # compute load, percent of the GPU (rule 6)
+
+
+def gpu_budgets(
+    gpus: Sequence[GpuSlot], running: Sequence[RunningClaim], headroom_bytes: int
+) -> dict[str, GpuBudget]:
+    """Rule 1 alone: reserved and available memory per GPU (what `status` shows)."""
+    table = budget_table(gpus, running, headroom_bytes)
+    return {uuid: budget for uuid, (budget, _) in table.items()}
+
+
+def budget_table(
+    gpus: Sequence[GpuSlot], running: Sequence[RunningClaim], headroom_bytes: int
+) -> dict[str, tuple[GpuBudget, PlanGpu]]:
+    """Each GPU's budget (rule 1) and the state a plan starts from (rule 6's load too)."""
+    result: dict[str, tuple[GpuBudget, PlanGpu]] = {}
+    for slot in gpus:
+        on_gpu = [claim for claim in running if slot.uuid in claim.gpu_uuids]
+        used_by_jobs = sum(claim.used_bytes.get(slot.uuid, 0) for claim in on_gpu)
+        reserved = sum(
+            max(0, claim.mem_bytes - claim.used_bytes.get(slot.uuid, 0))
+            for claim in on_gpu
+            if claim.mem_bytes is not None
+        )
+        whole = any(claim.mem_bytes is None for claim in on_gpu)
+        if whole:
+            reserved = max(0, slot.free_bytes - headroom_bytes)  # all of what is left is theirs
+        available = max(0, slot.free_bytes - headroom_bytes - reserved)
+        if whole or not slot.usable:
+            available = 0
+        used_by_others = max(0, slot.total_bytes - slot.free_bytes - used_by_jobs)
+        potential = max(0, slot.total_bytes - headroom_bytes - used_by_others) if slot.usable else 0
+        budget = GpuBudget(reserved, available, tuple(claim.job_id for claim in on_gpu))
+        job_ids = [claim.job_id for claim in on_gpu]
+        load = compute_load(slot, on_gpu)
+        gpu = PlanGpu(slot, available, potential, len(on_gpu), whole, job_ids, load)
+        result[slot.uuid] = (budget, gpu)
+    return result
+
+
+def compute_load(slot: GpuSlot, on_gpu: Sequence[RunningClaim]) -> float:
+    """Rule 6: a GPU's compute load in percent (may pass 100 when it is oversubscribed)."""
+    known = sum(c.util_percent for c in on_gpu if c.util_percent is not None)
+    unmeasured = sum(1 for c in on_gpu if c.util_percent is None)
+    # The GPU's own reading also counts processes gpusched did not start.
+    return max(slot.util_percent or 0.0, known) + NEW_JOB_UTIL * unmeasured
+
+
+def is_open(gpu: PlanGpu, max_jobs_per_gpu: int | None, busy_util: float | None) -> bool:
+    """Whether a GPU may take a new job at all, whatever its size."""
+    if not gpu.slot.usable or gpu.whole:
+        return False
+    if max_jobs_per_gpu is not None and gpu.job_count >= max_jobs_per_gpu:
+        return False
+    return busy_util is None or gpu.load < busy_util
+
+
+def fits(
+    gpu: PlanGpu,
+    mem_bytes: int | None,
+    max_jobs_per_gpu: int | None,
+    busy_util: float | None = None,
+) -> bool:
+    """Whether a job asking `mem_bytes` (None: the whole GPU) could start on it now."""
+    if not is_open(gpu, max_jobs_per_gpu, busy_util):
+        return False
+    if mem_bytes is None:
+        return gpu.job_count == 0
+    return gpu.available >= mem_bytes
+
+
+def could_ever_fit(gpu: PlanGpu, mem_bytes: int | None) -> bool:
+    """Whether it could, once every gpusched job on the GPU has ended."""
+    if not gpu.slot.usable:
+        return False
+    return mem_bytes is None or gpu.potential >= mem_bytes
+
+
+def by_room(gpu: PlanGpu) -> tuple[int, int]:
+    return (-gpu.available, gpu.slot.index)
