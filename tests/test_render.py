@@ -13,8 +13,9 @@ from pathlib import Path
 import click
 import pytest
 
-from gpusched.cli.render import format_duration, format_indices, render_status, split_cells
+from gpusched.cli.render import format_indices, render_status, split_cells
 from gpusched.core.models import GpuReport, Job, JobState
+from gpusched.core.units import format_duration
 
 GOLDEN = Path(__file__).parent / "golden"
 G = 2**30

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpusched.core.errors import UsageError
-from gpusched.core.units import format_size, parse_duration, parse_size
+from gpusched.core.units import format_duration, format_size, parse_duration, parse_size
 
 K, M, G, T = 2**10, 2**20, 2**30, 2**40
 
@@ -112,6 +112,26 @@ def test_whole_units_round_trip_exactly(count: int, unit: int) -> None:
     assert parse_size(format_size(count * unit)) == count * unit
 
 
+def test_format_size_in_a_sentence_drops_a_zero_decimal() -> None:
+    sizes = (0, 1023, 1024, 6 * G, int(6.1 * G), 768 * M, 3 * T // 2, None)
+    assert [format_size(n, tabular=False) for n in sizes] == [
+        "0B",
+        "1023B",
+        "1K",
+        "6G",
+        "6.1G",
+        "768M",
+        "1.5T",
+        "-",
+    ]
+
+
+def test_format_size_rounds_up_into_the_next_unit_in_both_styles() -> None:
+    almost = 1023 * K + 1000  # 1023.98K
+    assert format_size(almost) == "1.0M"
+    assert format_size(almost, tabular=False) == "1M"
+
+
 # -- parse_duration ------------------------------------------------------------------------
 
 
@@ -166,3 +186,25 @@ def test_parse_duration_sums_parts(hours: int, minutes: int, seconds: int, milli
             parse_duration(text or "0s")
     else:
         assert parse_duration(text) == pytest.approx(expected)
+
+
+# -- format_duration -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("seconds", "expected"),
+    [(0, "0s"), (0.5, "0.5s"), (90, "1m30s"), (3600, "1h"), (5400, "1h30m"), (3661, "1h1m1s")],
+)
+def test_format_duration_exact(seconds: float, expected: str) -> None:
+    assert format_duration(seconds, exact=True) == expected
+
+
+@given(st.integers(min_value=1, max_value=10**7), st.sampled_from([0, 0.5, 0.25]))
+def test_format_duration_exact_parses_back(whole: int, fraction: float) -> None:
+    seconds = whole + fraction
+    assert parse_duration(format_duration(seconds, exact=True)) == pytest.approx(seconds)
+
+
+@given(st.floats(min_value=0, max_value=100 * 86400 - 1))
+def test_format_duration_in_a_table_is_at_most_six_characters(seconds: float) -> None:
+    assert len(format_duration(seconds)) <= 6

@@ -16,7 +16,6 @@ from gpusched.core.hints import (
     oom_hint,
     over_declared_hint,
     oversized_hint,
-    size_text,
     suggest_mem,
     utilization_hint,
 )
@@ -261,15 +260,3 @@ def test_mem_option_round_trips_through_parse_size_never_below(size: int) -> Non
     text = mem_option(size)
     assert parse_size(text) >= size
     assert parse_size(text) - size < MiB
-
-
-def test_size_text() -> None:
-    assert [size_text(n) for n in (0, 1023, 1024, 6 * GiB, int(6.1 * GiB), 768 * MiB)] == [
-        "0B",
-        "1023B",
-        "1K",
-        "6G",
-        "6.1G",
-        "768M",
-    ]
-    assert size_text(3 * 2**40 // 2) == "1.5T"

@@ -50,7 +50,7 @@ def usage_rows(job: Job) -> list[tuple[str, Any]]:
 
 def auto_mem(client: Client, command: Sequence[str], cwd: str | None) -> int:
     """`submit --mem auto`: the suggestion from history, said on stderr; refuses without one."""
-    from gpusched.core.hints import mem_option, size_text
+    from gpusched.core.hints import mem_option
 
     try:
         info = client.estimate_history(command, cwd=cwd)
@@ -59,7 +59,8 @@ def auto_mem(client: Client, command: Sequence[str], cwd: str | None) -> int:
     mem = int(info["suggested_mem"])
     ids = ", ".join(str(run["id"]) for run in info["jobs"])
     click.echo(
-        f"gpusched: --mem auto: {mem_option(mem)} (peak {size_text(info['peak_mem'])}"
+        f"gpusched: --mem auto: {mem_option(mem)}"
+        f" (peak {format_size(info['peak_mem'], tabular=False)}"
         f" over {len(info['jobs'])} earlier run(s): job {ids})",
         err=True,
     )
@@ -155,7 +156,7 @@ def estimate(  # noqa: PLR0917 - click passes one positional argument per option
       gpusched estimate --history -- python train.py --epochs 5
     """
     # Imported here, not at the top: every other command would pay for them at start-up.
-    from gpusched.core.hints import mem_option, size_text
+    from gpusched.core.hints import mem_option
     from gpusched.core.sizing import estimate as estimate_memory
     from gpusched.core.sizing import parse_params
 
@@ -182,8 +183,8 @@ def estimate(  # noqa: PLR0917 - click passes one positional argument per option
     mode = "inference" if result.optimizer is None else f"training with {optimizer}"
     click.echo(f"{params} parameters, {result.dtype} weights, {mode}")
     for part, size, how in result.rows():
-        click.echo(f"  {part:<17}{size_text(size):>8}  {how}")
-    click.echo(f"  {'total':<17}{size_text(result.total):>8}")
+        click.echo(f"  {part:<17}{format_size(size, tabular=False):>8}  {how}")
+    click.echo(f"  {'total':<17}{format_size(result.total, tabular=False):>8}")
     click.echo(f"suggested: --mem {mem_option(result.suggested_mem)} (total + 10%, rounded up)")
     if result.total > LARGEST_CARD_BYTES:
         click.echo(
@@ -193,7 +194,7 @@ def estimate(  # noqa: PLR0917 - click passes one positional argument per option
 
 
 def _from_history(ctx: click.Context, command: list[str], as_json: bool) -> None:
-    from gpusched.core.hints import mem_option, size_text
+    from gpusched.core.hints import mem_option
 
     obj = ctx.find_root().obj or {}
     info = Client(obj.get("socket"), obj.get("config")).estimate_history(command)
@@ -202,7 +203,8 @@ def _from_history(ctx: click.Context, command: list[str], as_json: bool) -> None
         return
     runs = info["jobs"]
     click.echo(
-        f"peak {size_text(info['peak_mem'])} over {len(runs)} earlier run(s) of this command"
+        f"peak {format_size(info['peak_mem'], tabular=False)}"
+        f" over {len(runs)} earlier run(s) of this command"
         f" (job {', '.join(str(run['id']) for run in runs)})"
     )
     click.echo(f"suggested: --mem {mem_option(info['suggested_mem'])} (peak + 10%, rounded up)")

@@ -24,7 +24,7 @@ import click
 
 from gpusched.core.models import TERMINAL_STATES, Drain, GpuReport, Job, JobState
 from gpusched.core.sanitize import shown_fields
-from gpusched.core.units import format_size
+from gpusched.core.units import format_duration, format_size
 
 MIN_WIDTH = 60
 MIN_BAR = 8
@@ -106,18 +106,6 @@ def memory_bar(gpu: GpuReport, cells: int, paint: _Painter) -> str:
         if count
     ]
     return "[" + "".join(parts) + "]"
-
-
-def format_duration(seconds: float) -> str:
-    """45s, 12m, 1h02m, 3d04h: at most six characters."""
-    s = max(0, int(seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m"
-    if s < 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
 
 
 def format_indices(indices: Sequence[int]) -> str:

@@ -31,7 +31,7 @@ from gpusched.cli.help import ExampleLastCommand
 from gpusched.core.errors import GpuschedError, UsageError
 from gpusched.core.models import Drain, GpuReport, Job
 from gpusched.core.sanitize import shown, shown_fields
-from gpusched.core.units import format_size
+from gpusched.core.units import format_duration, format_size
 
 WAITING_SHOWN = 200  # `status` lists this many waiting jobs and counts the rest
 
@@ -152,7 +152,8 @@ def _watch(frame: Callable[[], str], interval: float) -> None:
             except GpuschedError as exc:
                 text = f"gpusched: {shown(exc.message)}"
             stamp = time.strftime("%H:%M:%S")
-            header = f"every {interval:g}s: gpusched status    {stamp}    (Ctrl-C to stop)"
+            every = format_duration(interval, exact=True)
+            header = f"every {every}: gpusched status    {stamp}    (Ctrl-C to stop)"
             if tty:
                 click.clear()
             click.echo(header + "\n\n" + text)

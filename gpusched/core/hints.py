@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from gpusched.core.units import parse_size
+from gpusched.core.units import format_size, parse_size
 
 MiB = 2**20
 GiB = 2**30
@@ -50,24 +50,9 @@ def suggest_mem(peak_bytes: int) -> int:
     return max(step, -(-wanted // step) * step)
 
 
-def size_text(n_bytes: int) -> str:
-    """A size as people write it: 20G, 6.1G, 768M, 1.5T (binary units, one decimal)."""
-    if abs(n_bytes) < 1024:
-        return f"{n_bytes}B"
-    value = n_bytes / 1024
-    suffix = "K"
-    for bigger in ("M", "G", "T"):
-        if abs(value) < 1024:
-            break
-        value /= 1024
-        suffix = bigger
-    text = f"{value:.1f}"
-    return (text[:-2] if text.endswith(".0") else text) + suffix
-
-
 def mem_option(n_bytes: int) -> str:
     """A size as a --mem argument: "7G" or "23.5G" when that is exact, else M (rounded up)."""
-    text = size_text(n_bytes)
+    text = format_size(n_bytes, tabular=False)
     if text[-1] in "GT" and parse_size(text) == n_bytes:
         return text
     return f"{-(-n_bytes // MiB)}M"
@@ -100,8 +85,9 @@ def oversized_hint(facts: JobFacts) -> str | None:
         return None
     if mem < OVERSIZED_RATIO * peak or mem - peak < OVERSIZED_MIN_GAP_BYTES:
         return None
+    declared, used = format_size(mem, tabular=False), format_size(peak, tabular=False)
     return (
-        f"declared {size_text(mem)}, peak {size_text(peak)}:"
+        f"declared {declared}, peak {used}:"
         f" --mem {mem_option(suggest_mem(peak))} would let others share the card"
     )
 
@@ -110,8 +96,9 @@ def over_declared_hint(facts: JobFacts) -> str | None:
     mem, peak = facts.mem, facts.peak_mem
     if mem is None or not peak or peak <= mem:
         return None
+    declared, used = format_size(mem, tabular=False), format_size(peak, tabular=False)
     return (
-        f"peak {size_text(peak)} went above the declared {size_text(mem)}: the job put the"
+        f"peak {used} went above the declared {declared}: the job put the"
         f" other jobs on its GPU at risk of running out of memory;"
         f" declare --mem {mem_option(suggest_mem(peak))}"
     )
@@ -149,20 +136,21 @@ def oom_hint(facts: JobFacts) -> str | None:
             f" with --mem {mem_option(facts.retry_mem)}"
         )
     if facts.mem is None:
-        card = f" {size_text(facts.card_bytes)}" if facts.card_bytes else ""
+        card = f" {format_size(facts.card_bytes, tabular=False)}" if facts.card_bytes else ""
         return f"ran out of memory on a whole{card} GPU: {smaller}"
+    declared = format_size(facts.mem, tabular=False)
     if facts.retry_refused:
         return (
-            f"ran out of GPU memory with --mem {size_text(facts.mem)}, not retried"
+            f"ran out of GPU memory with --mem {declared}, not retried"
             f" ({facts.retry_refused}): {smaller}"
         )
     if facts.oom_next_mem is None:
         return (
-            f"ran out of GPU memory with --mem {size_text(facts.mem)}, already about the most"
+            f"ran out of GPU memory with --mem {declared}, already about the most"
             f" a GPU here gives: {smaller}"
         )
     return (
-        f"ran out of GPU memory with --mem {size_text(facts.mem)}: resubmit with --mem"
+        f"ran out of GPU memory with --mem {declared}: resubmit with --mem"
         f" {mem_option(facts.oom_next_mem)} (--retry-oom N does that by itself), or {smaller}"
     )
 

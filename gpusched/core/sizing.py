@@ -31,7 +31,8 @@ import re
 from dataclasses import dataclass
 
 from gpusched.core.errors import UsageError
-from gpusched.core.hints import size_text, suggest_mem
+from gpusched.core.hints import suggest_mem
+from gpusched.core.units import format_size
 
 MiB = 2**20
 DEFAULT_CONTEXT_BYTES = 512 * MiB
@@ -160,7 +161,8 @@ class Estimate:
                     )
                 )
         if self.per_sample_bytes is not None:
-            how = f"batch {self.batch} x {size_text(self.per_sample_bytes)} per sample"
+            per_sample = format_size(self.per_sample_bytes, tabular=False)
+            how = f"batch {self.batch} x {per_sample} per sample"
         else:
             how = "not counted: give --batch and --per-sample"
         rows.append(("activations", self.activations, how))

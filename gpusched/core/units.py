@@ -1,4 +1,8 @@
-"""Human sizes and durations: "8G" <-> bytes, "2s"/"1h30m" <-> seconds.
+"""Human sizes and durations: "8G" <-> bytes, "2s"/"1h30m" <-> seconds, both ways.
+
+Every size or duration gpusched shows people is formatted here (`format_size`,
+`format_duration`), so the CLI, the daemon's messages and the supervisor's agree; the
+supervisor imports this, so it stays standard library only.
 
 Sizes are binary (1G = 2**30 bytes), as GPU memory is reported by NVML and nvidia-smi.
 """
@@ -36,17 +40,27 @@ def parse_size(text: str | int) -> int:
     return value
 
 
-def format_size(n_bytes: int | None) -> str:
-    """Render bytes compactly: 10737418240 -> "10.0G"; None -> "-"."""
+def format_size(n_bytes: int | None, *, tabular: bool = True) -> str:
+    """Bytes for people, in the binary units `parse_size` reads; None -> "-".
+
+    In a table (the default) one decimal always, so a column lines up: 10737418240 ->
+    "10.0G", 512 -> "512B". In a sentence (`tabular=False`) as people write sizes, the
+    decimal only when it says something: "10G", "6.1G", "768M".
+    """
     if n_bytes is None:
         return "-"
     value = float(n_bytes)
-    for suffix in ("B", "K", "M", "G"):
+    for suffix in ("B", "K", "M", "G", "T"):
         # Compare after rounding, so 1023.96K shows as 1.0M rather than 1024.0K.
-        if abs(round(value, 1)) < 1024:
-            return f"{value:.0f}{suffix}" if suffix == "B" else f"{value:.1f}{suffix}"
+        if suffix == "B" and abs(value) < 1024:
+            return f"{value:.0f}B"
+        if suffix == "T" or abs(round(value, 1)) < 1024:
+            text = f"{value:.1f}"
+            if not tabular:
+                text = text.removesuffix(".0")
+            return text + suffix
         value /= 1024
-    return f"{value:.1f}T"
+    raise AssertionError("unreachable: T takes any size")
 
 
 def parse_duration(text: str | int | float) -> float:
@@ -72,6 +86,35 @@ def parse_duration(text: str | int | float) -> float:
     if seconds <= 0:
         raise UsageError(f"invalid duration {text!r}: must be more than zero")
     return seconds
+
+
+def format_duration(seconds: float, *, exact: bool = False) -> str:
+    """Seconds for people, in the units `parse_duration` reads.
+
+    In a table (the default) the two largest units, cut down (never rounded up) to at
+    most six characters: 45s, 12m, 1h02m, 3d04h. `exact=True`, for a duration someone set
+    and reads back (a time limit): every unit down to the second and any fraction of it,
+    1.5s, 1m30s, 1h30m, 2d, so that it parses back to the same number.
+    """
+    if not exact:
+        s = max(0, int(seconds))
+        if s < 60:
+            return f"{s}s"
+        if s < 3600:
+            return f"{s // 60}m"
+        if s < 86400:
+            return f"{s // 3600}h{s % 3600 // 60:02d}m"
+        return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+    whole, fraction = divmod(max(0.0, seconds), 1)
+    rest = int(whole)
+    parts = []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if rest >= size:
+            parts.append(f"{rest // size}{unit}")
+            rest %= size
+    if rest or fraction or not parts:
+        parts.append(f"{rest + fraction:g}s")
+    return "".join(parts)
 
 
 _SIM_PART_RE = re.compile(r"^\s*(?:(\d+)\s*x\s*)?([0-9.]+\s*[KMGT]?)\s*$", re.IGNORECASE)

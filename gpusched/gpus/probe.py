@@ -20,7 +20,7 @@ import psutil
 from gpusched.core.models import GpuHealth, GpuProcess, GpuState
 
 # The config validates `simulate:` with it; it lives with the other parsers of sizes.
-from gpusched.core.units import parse_simulate_spec
+from gpusched.core.units import format_size, parse_simulate_spec
 
 
 class Probe(Protocol):
@@ -77,7 +77,7 @@ class SimulatedProbe:
         return cls(parse_simulate_spec(spec))
 
     def describe(self) -> str:
-        sizes = ", ".join(f"{g.total_bytes / 2**30:g}G" for g in self._gpus)
+        sizes = ", ".join(format_size(g.total_bytes, tabular=False) for g in self._gpus)
         return f"{len(self._gpus)} simulated GPU(s): {sizes}"
 
     def note_job_started(self, pid: int, gpu_uuids: Sequence[str], mem_bytes: int | None) -> None:

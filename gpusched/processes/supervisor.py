@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from gpusched.core.logcap import cap_log
+from gpusched.core.units import format_duration
 from gpusched.processes import treekill
 
 PR_SET_CHILD_SUBREAPER = 36
@@ -262,7 +263,8 @@ class Supervisor:
                 outcome="timeout",
                 exit_code=_exit_code(code),
                 signal=_signal_of(code),
-                message=f"ran longer than its time limit of {_duration(limit_s or 0.0)}",
+                message="ran longer than its time limit of "
+                + format_duration(limit_s or 0.0, exact=True),
             )
         elif cancelled or self.terminate_requested:
             self._record(outcome="cancelled", exit_code=_exit_code(code), signal=_signal_of(code))
@@ -285,14 +287,6 @@ def _exit_code(code: int) -> int:
 
 def _signal_of(code: int) -> int | None:
     return -code if code < 0 else None
-
-
-def _duration(seconds: float) -> str:
-    if seconds >= 3600:
-        return f"{seconds / 3600:g}h"
-    if seconds >= 60:
-        return f"{seconds / 60:g}m"
-    return f"{seconds:g}s"
 
 
 def _drain(fd: int) -> None:
