@@ -5,6 +5,9 @@ that may start) and returns plain data (which job goes where, and why each other
 waits). No I/O, no clock, no randomness: tests drive it with hypothesis and the
 benchmarks call it in a loop.
 
+What each GPU has left (rules 1 and 6 below) is module gpu_budget's; the order, the
+placements, the claims of rule 5, the caps and the waiting reasons are this module's.
+
 The rules, in order:
 
 1. A GPU's available memory is what NVML says is free, minus the headroom, minus for
