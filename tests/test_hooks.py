@@ -19,6 +19,7 @@ import yaml
 from gpusched.client import Client
 from gpusched.core.config import load_config
 from gpusched.core.errors import UsageError
+from gpusched.daemon.hookrun import HookResultKind
 from gpusched.daemon.hooks import run_hook
 from tests.daemon_harness import RunningDaemon, eventually
 from tests.users import as_user, throwaway_users
@@ -164,21 +165,47 @@ def test_run_hook_reports_failures_without_raising(tmp_path: Path) -> None:
         "output_max_bytes": 4096,
     }
     failed = run_hook(["sh", "-c", "echo oops >&2; exit 4"], {"id": 1}, **common)
-    assert (failed.kind, failed.exit_code, failed.output) == ("exit", 4, "oops")
+    assert (failed.kind, failed.exit_code, failed.output) == (HookResultKind.EXIT, 4, "oops")
     # Looked up as the owner (by the runner's exec, never by root): a missing command is
     # the shell's "not found", exit 127.
     missing = run_hook(["/nonexistent/hook"], {"id": 1}, **common)
-    assert (missing.kind, missing.exit_code) == ("exit", 127)
+    assert (missing.kind, missing.exit_code) == (HookResultKind.EXIT, 127)
     assert "/nonexistent/hook: not found" in missing.output
     # A hook that never reads its stdin does not block on a large job JSON.
     quiet = run_hook(["true"], {"blob": "x" * 1_000_000}, **common)
-    assert (quiet.kind, quiet.exit_code) == ("exit", 0)
+    assert (quiet.kind, quiet.exit_code) == (HookResultKind.EXIT, 0)
     # Output past hook_output_max is cut (the pipe closed), never stored in full.
     chatty = run_hook(["sh", "-c", "yes hello; echo after >&2"], {"id": 1}, **common)
     assert chatty.cut
     assert chatty.exit_code != 0  # `yes`, then the shell, died of SIGPIPE at the cut
     assert set(chatty.output.splitlines()[1:-1]) == {"hello"}  # nothing after the cut
     assert not (tmp_path / "hook.out").exists()  # removed once the hook has ended
+
+
+def test_run_hook_says_how_the_hook_ended_as_a_kind(tmp_path: Path) -> None:
+    common: dict[str, Any] = {
+        "env": {"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+        "cwd": str(tmp_path),
+        "uid": os.geteuid(),
+        "gid": os.getegid(),
+        "umask": 0o022,
+        "output_max_bytes": 4096,
+    }
+    out = tmp_path / "hook.out"
+    ran = run_hook(["true"], {"id": 1}, timeout_s=5.0, output_path=out, **common)
+    assert ran.kind is HookResultKind.EXIT
+    hung = run_hook(["sleep", "60"], {"id": 1}, timeout_s=0.5, output_path=out, **common)
+    assert hung.kind is HookResultKind.TIMEOUT
+    # Its output file cannot be created (its directory would be under a plain file).
+    (tmp_path / "plain").write_text("")
+    nowhere = tmp_path / "plain" / "hook.out"
+    unborn = run_hook(["true"], {"id": 1}, timeout_s=5.0, output_path=nowhere, **common)
+    assert unborn.kind is HookResultKind.FAILED_TO_START
+    assert "cannot create" in unborn.output
+    # Enum members, not bare words that happen to compare equal.
+    assert all(isinstance(r.kind, HookResultKind) for r in (ran, hung, unborn))
+    # Each prints (and compares) as the word the daemon's log has always used.
+    assert [str(k) for k in HookResultKind] == ["exit", "timeout", "failed_to_start"]
 
 
 def test_hook_config_keys_are_checked(tmp_path: Path) -> None:

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, cast
 
+from gpusched.core.models import _StrEnum
 from gpusched.processes.supervisor import owner_credentials
 
 OUTPUT_TAIL_BYTES = 2000  # the end of a hook's output quoted in the daemon's log
@@ -51,9 +52,17 @@ RUNNER_SCRIPT = (
 ADMIN_HOOK_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
+class HookResultKind(_StrEnum):
+    """How a hook ended (gpusched.daemon.hooks logs each kind its own way)."""
+
+    EXIT = "exit"  # it exited by itself, or died of a signal: see exit_code
+    TIMEOUT = "timeout"  # still running at hook_timeout: its process group was killed
+    FAILED_TO_START = "failed_to_start"  # no process: its output file or its exec failed
+
+
 @dataclass(frozen=True)
 class HookResult:
-    kind: str  # exit | timeout | failed_to_start
+    kind: HookResultKind
     exit_code: int | None = None
     output: str = ""  # the end of what the hook printed (stdout and stderr)
     cut: bool = False  # its output reached hook_output_max: the pipe was closed
@@ -96,7 +105,9 @@ def run_hook(
     try:
         sink = _create(output_path)
     except OSError as exc:
-        return HookResult("failed_to_start", output=f"cannot create {output_path}: {exc.strerror}")
+        return HookResult(
+            HookResultKind.FAILED_TO_START, output=f"cannot create {output_path}: {exc.strerror}"
+        )
     try:
         try:
             process = subprocess.Popen(
@@ -113,7 +124,7 @@ def run_hook(
                 **owner_credentials(uid, gid, groups),
             )
         except (OSError, subprocess.SubprocessError, ValueError) as exc:
-            return HookResult("failed_to_start", output=str(exc))
+            return HookResult(HookResultKind.FAILED_TO_START, output=str(exc))
         timed_out, cut = _exchange(process, stdin, sink, output_max_bytes, timeout_s)
         if timed_out:
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -122,7 +133,7 @@ def run_hook(
         process.wait()
         size = os.fstat(sink).st_size
         tail = os.pread(sink, OUTPUT_TAIL_BYTES, max(0, size - OUTPUT_TAIL_BYTES))
-        kind = "timeout" if timed_out else "exit"
+        kind = HookResultKind.TIMEOUT if timed_out else HookResultKind.EXIT
         return HookResult(kind, process.returncode, tail.decode(errors="replace").strip(), cut)
     finally:
         os.close(sink)

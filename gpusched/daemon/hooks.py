@@ -40,7 +40,7 @@ from gpusched.core.config import Config
 from gpusched.core.errors import GpuschedError
 from gpusched.core.models import Job
 from gpusched.core.sanitize import command_for_log, quoted
-from gpusched.daemon.hookrun import HookResult, admin_environment, run_hook
+from gpusched.daemon.hookrun import HookResult, HookResultKind, admin_environment, run_hook
 from gpusched.processes.environment import job_environment
 from gpusched.store import Store
 
@@ -212,9 +212,9 @@ def _log_result(
     tail = (cut if result.cut else "") + (
         f": {quoted(result.output, 500)}" if result.output else ""
     )
-    if result.kind == "timeout":
+    if result.kind is HookResultKind.TIMEOUT:
         log.warning("%s still running after %gs: killed%s", what, config.hook_timeout_s, tail)
-    elif result.kind == "failed_to_start":
+    elif result.kind is HookResultKind.FAILED_TO_START:
         log.warning("%s could not start%s", what, tail)
     elif result.exit_code != 0:
         log.warning("%s exited %s%s", what, result.exit_code, tail)

@@ -1,7 +1,8 @@
 """Prometheus metrics: `metrics: 127.0.0.1:9400` in the config serves /metrics.
 
 A custom collector computes every value at scrape time from the owners of the facts:
-the scheduler's latest GPU reading (the same numbers `status` shows) and the job store.
+the scheduler's latest GPU reading (the same numbers `status` shows) and the job store's
+named reads (gpusched.store.queries: this module runs no SQL of its own).
 Nothing is counted on the side, so the metrics cannot drift from `status`, and they
 survive a daemon restart because they come from the database.
 
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from datetime import datetime
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import (
@@ -32,14 +32,12 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
-from sqlalchemy import func, select
 
 from gpusched import __version__
 from gpusched.core.errors import GpuschedError
-from gpusched.core.models import TERMINAL_STATES, JobState
+from gpusched.core.models import JobState
 from gpusched.daemon.httpserve import HttpListener, Response, listening_socket
 from gpusched.scheduling.scheduler import Scheduler
-from gpusched.store import jobs as jobs_table
 
 log = logging.getLogger("gpusched.metrics")
 
@@ -63,13 +61,6 @@ WAIT_BUCKETS_S = (
 )
 
 _GPU_LABELS = ["gpu", "uuid", "name"]
-
-
-def _seconds_between(start: str, end: str) -> float | None:
-    try:
-        return (datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds()
-    except (TypeError, ValueError):
-        return None
 
 
 class GpuschedCollector(Collector):
@@ -129,42 +120,23 @@ class GpuschedCollector(Collector):
         yield from (util, state, count)
 
     def _jobs(self) -> Iterator[Metric]:
-        table = jobs_table
-        with self.scheduler.store.read() as conn:
-            by_state = conn.execute(
-                select(table.c.state, table.c.user, func.count()).group_by(
-                    table.c.state, table.c.user
-                )
-            ).all()
-            by_reason = conn.execute(
-                select(table.c.reason, func.count())
-                .where(table.c.state.in_([str(s) for s in TERMINAL_STATES]))
-                .group_by(table.c.reason)
-            ).all()
-            # Every job that ever started: the database is the history, so the histogram
-            # is the same after a daemon restart. (Two short strings per job: cheap even
-            # for a few hundred thousand jobs.)
-            waits = conn.execute(
-                select(table.c.submitted_at, table.c.started_at).where(
-                    table.c.started_at.is_not(None)
-                )
-            ).all()
+        figures = self.scheduler.store.job_figures()
         jobs = GaugeMetricFamily(
             "gpusched_jobs", "gpusched jobs by state and user", labels=["state", "user"]
         )
-        for job_state, user, n in by_state:
-            jobs.add_metric([job_state, user], n)
+        for (job_state, user), n in figures.by_state_and_user.items():
+            jobs.add_metric([str(job_state), user], n)
         yield jobs
         ended = CounterMetricFamily(
             "gpusched_jobs_ended", "gpusched jobs ended, by reason", labels=["reason"]
         )
-        for reason, n in by_reason:
+        for reason, n in figures.ended_by_reason.items():
             ended.add_metric([reason or "unknown"], n)
         yield ended
         yield _histogram(
             "gpusched_queue_wait_seconds",
             "Time from submit to start of gpusched jobs",
-            [w for w in (_seconds_between(a, b) for a, b in waits) if w is not None],
+            figures.queue_waits_s,
         )
 
 

@@ -4,7 +4,7 @@
 here, which re-exports what the rest of gpusched uses:
 - gpusched.store.database: the `jobs` table, rows read as Jobs, the engine, and durability per
   transaction (BEGIN IMMEDIATE, synchronous FULL or NORMAL: its docstring says which)
-- gpusched.store.queries: reads (`Queued`, `LaunchInfo`)
+- gpusched.store.queries: reads (`Queued`, `LaunchInfo`, `JobFigures` for the metrics)
 - gpusched.store.transitions: submits and state changes, one transaction each (`NewJob`)
 - gpusched.store.usage: measured usage and OOM retries (`USAGE_COLUMNS`)
 """
@@ -12,11 +12,20 @@ here, which re-exports what the rest of gpusched uses:
 from __future__ import annotations
 
 from gpusched.store.database import jobs, metadata
-from gpusched.store.queries import LaunchInfo, Queued
+from gpusched.store.queries import JobFigures, LaunchInfo, Queued
 from gpusched.store.transitions import JobTransitions, NewJob
 from gpusched.store.usage import USAGE_COLUMNS, UsageRecords
 
-__all__ = ["USAGE_COLUMNS", "LaunchInfo", "NewJob", "Queued", "Store", "jobs", "metadata"]
+__all__ = [
+    "USAGE_COLUMNS",
+    "JobFigures",
+    "LaunchInfo",
+    "NewJob",
+    "Queued",
+    "Store",
+    "jobs",
+    "metadata",
+]
 
 
 class Store(JobTransitions, UsageRecords):

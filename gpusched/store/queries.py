@@ -1,4 +1,5 @@
-"""The store's reads: jobs by id, by state, by array, for fair share and for notifications.
+"""The store's reads: jobs by id, by state, by array, for fair share, for notifications
+and for the Prometheus metrics (counts and queue waits as plain data).
 
 Every read runs on `Database.read()`, which takes no write lock, so a slow status or
 history cannot make a submit wait.
@@ -9,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 
 from sqlalchemy import Text, func, select, type_coerce
 
@@ -52,6 +54,16 @@ class LaunchInfo:
     umask: int
     pid_start_time: str | None
     stop_intent: StopIntent | None = None  # set once the daemon asked it to stop
+
+
+@dataclass(frozen=True)
+class JobFigures:
+    """What the Prometheus metrics report of the jobs (Store.job_figures), over the whole
+    database: it is the history, so the figures survive a daemon restart."""
+
+    by_state_and_user: dict[tuple[JobState, str], int]  # only the pairs that have jobs
+    ended_by_reason: dict[str | None, int]  # ended jobs; None: a row with no reason
+    queue_waits_s: list[float]  # submit to start, every job that started (id order)
 
 
 class JobQueries(Database):
@@ -224,3 +236,40 @@ class JobQueries(Database):
         query = select(jobs.c.id).where(jobs.c.hooks_due == 1).order_by(jobs.c.ended_at, jobs.c.id)
         with self.read() as conn:
             return [int(job_id) for job_id in conn.execute(query).scalars()]
+
+    def job_figures(self) -> JobFigures:
+        """The job counts and queue waits the metrics report, read in one transaction so
+        that one scrape sees one moment of the queue."""
+        by_state = select(jobs.c.state, jobs.c.user, func.count()).group_by(
+            jobs.c.state, jobs.c.user
+        )
+        by_reason = (
+            select(jobs.c.reason, func.count())
+            .where(jobs.c.state.in_([str(s) for s in TERMINAL_STATES]))
+            .group_by(jobs.c.reason)
+        )
+        # Every job that ever started: the database is the history, so the waits are the
+        # same after a daemon restart. (Two short strings per job: cheap even for a few
+        # hundred thousand jobs.)
+        starts = (
+            select(jobs.c.submitted_at, jobs.c.started_at)
+            .where(jobs.c.started_at.is_not(None))
+            .order_by(jobs.c.id)
+        )
+        with self.read() as conn:
+            state_rows = conn.execute(by_state).all()
+            reason_rows = conn.execute(by_reason).all()
+            start_rows = conn.execute(starts).all()
+        waits = (_seconds_between(submitted, started) for submitted, started in start_rows)
+        return JobFigures(
+            by_state_and_user={(JobState(s), str(u)): int(n) for s, u, n in state_rows},
+            ended_by_reason={reason: int(n) for reason, n in reason_rows},
+            queue_waits_s=[w for w in waits if w is not None],
+        )
+
+
+def _seconds_between(start: str, end: str) -> float | None:
+    try:
+        return (datetime.fromisoformat(end) - datetime.fromisoformat(start)).total_seconds()
+    except (TypeError, ValueError):
+        return None
