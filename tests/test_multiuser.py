@@ -21,6 +21,7 @@ import pytest
 from gpusched.client import Client
 from gpusched.core.errors import ConflictError, PermissionDenied, UsageError
 from gpusched.daemon.server import Server
+from gpusched.daemon.services import Services
 from tests.daemon_harness import RunningDaemon, in_process_scheduler
 from tests.users import User, as_user, throwaway_users
 
@@ -266,7 +267,8 @@ def test_a_daemon_run_by_a_user_serves_only_that_user(people: Any) -> None:
     root.chmod(0o755)
     scheduler = in_process_scheduler(root, "1x24G", kill_grace="1s")
     config, store = scheduler.config, scheduler.store
-    server = Server(scheduler, config.socket_path, owner_uid=alice.uid)
+    services = Services(scheduler, store, scheduler.settings, owner_uid=alice.uid)
+    server = Server(services, config.socket_path)
     server.bind()
     # A single-user socket is 0600; open it up so that the peer-credential check behind
     # the file mode is what is tested.

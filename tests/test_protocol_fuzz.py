@@ -12,10 +12,8 @@ never runs. The blocker is never cancelled or waited on by the fuzz.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import json
 import random
-import re
 import socket
 import sys
 import threading
@@ -39,36 +37,9 @@ NOWHERE = "/nonexistent/gpusched-fuzz"
 MIN_FRAMES = 10_000
 
 
-def _handler_fields() -> dict[str, set[str]]:
-    """The request fields each handler reads, from its source and the helpers it calls.
-
-    Read from the code rather than listed here so that a new handler or field is fuzzed
-    without anyone remembering to add it.
-    """
-    pattern = re.compile(
-        r'(?:_arg|_str_list|_int_list)\(\s*args,\s*"(\w+)"|args(?:\.get\(|\[)"(\w+)"'
-    )
-    helpers = {
-        name: fn
-        for name, fn in vars(handlers).items()
-        if inspect.isfunction(fn) and fn.__module__ == handlers.__name__
-    }
-
-    def fields_of(fn: Callable[..., Any], seen: set[str]) -> set[str]:
-        if fn.__name__ in seen:
-            return set()
-        seen.add(fn.__name__)
-        source = inspect.getsource(fn)
-        found = {a or b for a, b in pattern.findall(source)}
-        for called in re.findall(r"\b(_\w+)\(", source):
-            if called in helpers:
-                found |= fields_of(helpers[called], seen)
-        return found
-
-    return {op: fields_of(fn, set()) for op, fn in handlers.HANDLERS.items()}
-
-
-FIELDS = _handler_fields()
+# The arguments each request may carry, as the handlers package declares them: a new
+# handler or field is fuzzed as soon as it is declared there.
+FIELDS = handlers.FIELDS
 ALL_FIELDS = sorted(set().union(*FIELDS.values()))
 
 

@@ -2,8 +2,9 @@
 this host behind a uid: its name, its login group, and whether it may enter a directory
 (asked as that user, never decided by root).
 
-Shared by the server (which identifies each connection) and the request handlers (which
-check a submitted job's working directory). Only the standard library (and
+Shared by the server (which identifies each connection), auth.py (which decides what a
+Caller may do and see) and the request handlers (which check a submitted job's working
+directory). Only the standard library (and
 gpusched.processes.supervisor's credentials, itself stdlib): no store, no scheduler.
 """
 

@@ -38,6 +38,7 @@ from gpusched.core.errors import ConfigError, GpuschedError
 from gpusched.core.ratelog import RateLimitedLog
 from gpusched.daemon.hooks import HookRunner
 from gpusched.daemon.server import Server
+from gpusched.daemon.services import Services
 from gpusched.daemon.trusted_dirs import untrusted_dirs
 from gpusched.gpus.probe import Probe, SimulatedProbe
 from gpusched.processes.launcher import Launcher
@@ -146,7 +147,9 @@ class Daemon:
         self.hooks = HookRunner(self.store, lambda: self.config)
         self.scheduler.end_listeners.append(self.hooks.job_ended)
         self.metrics: MetricsServer | None = None
-        self.server = Server(self.scheduler, config.socket_path)
+        # Whose daemon this is: root's serves everyone, a user's serves only that user.
+        services = Services(self.scheduler, self.store, self.settings, owner_uid=os.geteuid())
+        self.server = Server(services, config.socket_path)
         self.reload_requested = False
         self.stop_requested = threading.Event()
         self._listeners: dict[str, threading.Thread] = {}  # name -> thread: must not end
@@ -267,8 +270,7 @@ class Daemon:
             log.warning("config reload: %s need a restart to change; kept", ", ".join(changed))
             new = replace(new, **{name: getattr(self.config, name) for name in changed})
         self.config = new
-        self.settings.replace(new)
-        self.server.config = new
+        self.settings.replace(new)  # the scheduler, launcher and request handlers read it
         self._ticks.reschedule_job(TICK_JOB_ID, trigger="interval", seconds=new.poll_interval_s)
         log.info("config reloaded from %s", self.config_path or "defaults")
         self.wake()

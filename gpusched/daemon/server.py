@@ -2,12 +2,13 @@
 
 Each connection gets a thread; each request is decoded, authenticated by the
 socket's peer credentials (SO_PEERCRED: never a field the client sends, never
-$USER), authorized, and dispatched through a flat table of handlers (handlers.py). A
-handler returns a value; the server writes it. Any error in a request becomes an error
-reply; nothing a client sends can stop the server.
+$USER), and handed to `handlers.dispatch` with the daemon's `Services`. A handler
+returns a value; the server writes it. Any error in a request becomes an error reply;
+nothing a client sends can stop the server.
 
-This module owns the socket, the connections and their limits, and the authorization
-rules the handlers call (`owned_job`, `visible`); who a uid is lives in identity.py.
+This module owns the socket, the connections, the framing and their limits, nothing
+else: the handlers never see the server; who a uid is lives in identity.py, what a
+caller may do or see in auth.py.
 """
 
 from __future__ import annotations
@@ -20,8 +21,7 @@ from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
 
-from gpusched.core.errors import GpuschedError, PermissionDenied, ProtocolError
-from gpusched.core.models import Job
+from gpusched.core.errors import GpuschedError, ProtocolError
 from gpusched.core.protocol import (
     MAX_REPLY_BYTES,
     decode,
@@ -31,19 +31,16 @@ from gpusched.core.protocol import (
     peer_credentials,
     read_frame,
 )
-from gpusched.daemon.handlers import HANDLERS
+from gpusched.daemon.auth import is_admin
+from gpusched.daemon.handlers import dispatch
 from gpusched.daemon.identity import Caller, user_name
 from gpusched.daemon.listening import DeadlineReader, Listener, Slots
-from gpusched.scheduling.scheduler import Scheduler
+from gpusched.daemon.services import Services
 
 log = logging.getLogger("gpusched.server")
 
 MAX_CONNECTIONS = 512
 MAX_CONNECTIONS_PER_USER = 64
-HIDDEN_COMMAND = ["(hidden)"]
-# Ends whose detail is gpusched's own words about public facts (a signal's name, who
-# cancelled, which dependency failed, the memory over the declared): shown to everyone.
-PUBLIC_DETAILS = frozenset({"signal", "cancelled", "dependency_failed", "overrun", "timeout"})
 
 
 class _SocketListener(Listener):
@@ -66,16 +63,12 @@ class _SocketListener(Listener):
 
 
 class Server:
-    def __init__(
-        self, scheduler: Scheduler, socket_path: Path, owner_uid: int | None = None
-    ) -> None:
-        self.scheduler = scheduler
-        self.store = scheduler.store
-        self.config = scheduler.config
+    def __init__(self, services: Services, socket_path: Path) -> None:
+        # The services' owner_uid: run by root, serve everyone, each as themselves; run
+        # by a user, serve only that user (auth.check_served).
+        self.services = services
         self.socket_path = socket_path
-        # Run by root: serve everyone, each as themselves. Run by a user: serve only that user.
-        self.owner_uid = os.geteuid() if owner_uid is None else owner_uid
-        self.single_user = self.owner_uid != 0
+        self.single_user = services.single_user
         self._listener: _SocketListener | None = None
 
     # -- listening ----------------------------------------------------------------------------
@@ -123,8 +116,9 @@ class Server:
             caller = self._identify(conn)
             # Idle: between requests, and the most a reply may take to be read. Request:
             # a submit is at most 4 MiB, well under a second over a Unix socket.
-            idle_s = self.config.client_idle_timeout_s
-            reader = DeadlineReader(conn, idle_s, self.config.client_request_timeout_s)
+            config = self.services.config  # read per connection: a reload reaches the next
+            idle_s = config.client_idle_timeout_s
+            reader = DeadlineReader(conn, idle_s, config.client_request_timeout_s)
             buffer = bytearray()
             while True:
                 reader.next_request(pending=bool(buffer))
@@ -151,52 +145,14 @@ class Server:
     def _identify(self, conn: socket.socket) -> Caller:
         pid, uid, gid = peer_credentials(conn)
         user = user_name(uid)
-        admin = uid in (0, self.owner_uid) or user in self.config.admins
+        admin = is_admin(uid, user, self.services.owner_uid, self.services.config)
         return Caller(pid, uid, gid, user, admin)
 
     def handle_frame(self, caller: Caller, frame: bytes) -> dict[str, Any]:
         try:
-            request = decode(frame)
-            op = request.get("op")
-            handler = HANDLERS.get(op) if isinstance(op, str) else None
-            if handler is None:
-                raise ProtocolError(f"unknown request {op!r}")
-            if self.single_user and caller.uid != self.owner_uid:
-                raise PermissionDenied(
-                    f"this gpusched daemon runs as {user_name(self.owner_uid)} and serves only"
-                    " that user; start your own with `gpusched daemon`, or use the system service"
-                )
-            return ok_reply(handler(self, caller, request))
+            return ok_reply(dispatch(self.services, caller, decode(frame)))
         except GpuschedError as exc:
             return error_reply(exc)
         except Exception as exc:  # a bug must cost one request, not the daemon
             log.exception("request failed")
             return error_reply(GpuschedError(f"internal error: {type(exc).__name__}: {exc}"))
-
-    # -- authorization ---------------------------------------------------------------------------
-
-    def owned_job(self, caller: Caller, job_id: int) -> Job:
-        job = self.store.get(job_id)
-        if job.uid != caller.uid and not caller.admin:
-            raise PermissionDenied(
-                f"job {job_id} belongs to {job.user}: you can act only on your own jobs"
-            )
-        return job
-
-    def visible(self, caller: Caller, job: Job) -> dict[str, Any]:
-        job = self.scheduler.decorate(job)
-        data = job.to_json()
-        if job.uid != caller.uid and not caller.admin and not self.config.show_commands:
-            data["command"] = HIDDEN_COMMAND
-            data["cwd"] = None
-            data["notify"] = None if job.notify is None else HIDDEN_COMMAND
-            if job.array_id is not None:
-                # A swept job's name ends with its sweep values ("lr=0.1 token=..."): as
-                # private as the command they were put into. Only the name as a whole is
-                # stored, so the whole name is hidden (the user, array and index still show).
-                data["name"] = None
-            if job.reason not in PUBLIC_DETAILS:
-                # A failed start names the program and the working directory; an OOM quotes
-                # a line of the job's output.
-                data["reason_detail"] = None
-        return data

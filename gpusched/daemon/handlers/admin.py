@@ -1,0 +1,52 @@
+"""Requests about the daemon itself rather than a job: `ping` (who is asking, whose
+daemon this is) and `drain` (an administrator stops new jobs from starting)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from gpusched import __version__
+from gpusched.core.clock import iso, utc_now
+from gpusched.core.errors import PermissionDenied, UsageError
+from gpusched.core.models import Drain
+from gpusched.daemon.handlers.args import arg, text
+from gpusched.daemon.identity import Caller, user_name
+from gpusched.daemon.services import Services
+
+MAX_REASON_CHARS = 500  # a drain reason is shown on every `status`
+
+
+def ping(services: Services, caller: Caller, _args: dict[str, Any]) -> Any:
+    return {
+        "version": __version__,
+        "pid": os.getpid(),
+        "user": caller.user,  # who is asking, as the daemon sees them (SO_PEERCRED)
+        "uid": caller.uid,
+        "daemon_user": user_name(os.geteuid()),  # whose daemon this is
+        "daemon_uid": os.geteuid(),
+        "single_user": services.single_user,
+    }
+
+
+def drain(services: Services, caller: Caller, args: dict[str, Any]) -> Any:
+    """An administrator stops new jobs from starting (on=true) or lets them start again."""
+    if not caller.admin:
+        raise PermissionDenied(
+            f"only an administrator (root or one listed in `admins`) may drain; {caller.user}"
+            " is not one"
+        )
+    if arg(args, "on", bool, required=True):
+        reason = arg(args, "reason", str)
+        if reason is not None and not 0 < len(reason) <= MAX_REASON_CHARS:
+            raise UsageError(f"a drain reason is 1 to {MAX_REASON_CHARS} characters")
+        state = Drain(caller.user, iso(utc_now()), None if reason is None else text(reason))
+        services.scheduler.set_drain(state)
+    else:
+        services.scheduler.set_drain(None)
+    return drain_json(services)
+
+
+def drain_json(services: Services) -> dict[str, Any] | None:
+    state = services.scheduler.drain
+    return None if state is None else state.to_json()

@@ -1,0 +1,198 @@
+"""Requests that read jobs: `status` (one page of the queue), `show`, `array`, `logs`,
+`wait`, `history` and `estimate_history`. Every job shown goes through
+`services.visible`, and every list is read in chunks and bounded by REPLY_BUDGET."""
+
+from __future__ import annotations
+
+import base64
+import os
+from datetime import datetime, timezone
+from typing import Any
+
+from gpusched.core.clock import iso
+from gpusched.core.errors import GpuschedError, NotFoundError, UsageError
+from gpusched.core.hints import suggest_mem
+from gpusched.core.logcap import read_log
+from gpusched.core.models import ACTIVE_STATES, TERMINAL_STATES, JobState
+from gpusched.daemon.bounds import REPLY_BUDGET, reply_weight
+from gpusched.daemon.handlers.admin import drain_json
+from gpusched.daemon.handlers.args import arg, int_list, job_id, str_list
+from gpusched.daemon.identity import Caller
+from gpusched.daemon.services import Services
+
+MAX_WAIT_S = 30.0
+MAX_LOG_CHUNK = 1 << 20
+
+
+def job_list(
+    services: Services, caller: Caller, ids: list[int], done: str | None = None
+) -> list[dict[str, Any]]:
+    """The jobs as the caller may see them, read in chunks and refused past REPLY_BUDGET:
+    the daemon never holds more of a reply than a client could read. `done`: what the
+    request did anyway (the error says so)."""
+    shown, size = [], 0
+    for job in services.store.iter_jobs(ids):
+        data = services.visible(caller, job)
+        size += reply_weight(data)
+        if size > REPLY_BUDGET:
+            too_long = f"more than one reply holds ({REPLY_BUDGET // 2**20} MiB)"
+            if done is not None:
+                raise GpuschedError(f"{done}, but listing them is {too_long}")
+            raise UsageError(f"the answer lists {len(ids)} jobs, {too_long}: ask for fewer")
+        shown.append(data)
+    return shown
+
+
+def array(services: Services, caller: Caller, args: dict[str, Any]) -> Any:
+    array_id = arg(args, "array", int, required=True)
+    ids = services.store.array_ids(array_id)
+    if not ids:
+        raise NotFoundError(f"no array a{array_id}")
+    return job_list(services, caller, ids)
+
+
+def status(services: Services, caller: Caller, args: dict[str, Any]) -> Any:
+    """GPUs and one page of active jobs in id order, whatever the queue's length.
+
+    `cursor`: the page after this id (the previous reply's `next`; null at the last
+    page); `limit`: jobs per page, at most `status_page_jobs`; `states`: only these
+    active states. With `all`, the last page ends with the 20 most recently ended jobs.
+    `counts`: how many jobs are in each active state, all pages together.
+    """
+    store = services.store
+    page_size = services.config.status_page_jobs
+    limit = min(page_size, max(1, arg(args, "limit", int, default=page_size)))
+    cursor = max(0, arg(args, "cursor", int, default=0))
+    states = ACTIVE_STATES
+    if args.get("states") is not None:
+        names = str_list(args, "states")
+        if not set(names) <= {str(s) for s in ACTIVE_STATES}:
+            raise UsageError("'states': only queued, held and running jobs are paged")
+        states = frozenset(JobState(name) for name in names)
+    page = store.active_page(cursor, limit + 1, states)
+    more = len(page) > limit
+    jobs: list[dict[str, Any]] = []
+    size, last = 0, cursor
+    for job in store.iter_jobs(page[:limit]):
+        if jobs and size > REPLY_BUDGET // 2:  # a page of long commands ends early
+            more = True
+            break
+        jobs.append(services.visible(caller, job))
+        size += reply_weight(jobs[-1])
+        last = job.id
+    if not more and arg(args, "all", bool, default=False):
+        jobs += [services.visible(caller, j) for j in store.ended(limit=20)]
+    return {
+        "gpus": [g.to_json() for g in services.scheduler.gpu_reports(store.running())],
+        "jobs": jobs,
+        "drain": drain_json(services),
+        "next": last if more else None,
+        "counts": store.count_active(),
+    }
+
+
+def show(services: Services, caller: Caller, args: dict[str, Any]) -> Any:
+    return services.visible(caller, services.store.get(job_id(args)))
+
+
+def logs(services: Services, caller: Caller, args: dict[str, Any]) -> Any:
+    job = services.owned_job(caller, job_id(args))
+    offset = max(0, arg(args, "offset", int, default=0))
+    limit = min(MAX_LOG_CHUNK, max(1, arg(args, "max_bytes", int, default=MAX_LOG_CHUNK)))
+    data, next_offset = b"", offset
+    if job.log_path:
+        try:
+            # O_NOFOLLOW: the daemon reads only the file it created, never a planted link.
+            fd = os.open(job.log_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            fd = -1
+        except OSError as exc:
+            raise GpuschedError(f"cannot read the log of job {job.id}: {exc.strerror}") from None
+        if fd >= 0:
+            try:
+                # Offsets count all the job wrote: a log cut at max_log_size is read
+                # around its cut, so a follower neither re-reads nor waits (logcap).
+                data, next_offset = read_log(fd, offset, limit)
+            except OSError as exc:
+                raise GpuschedError(
+                    f"cannot read the log of job {job.id}: {exc.strerror}"
+                ) from None
+            finally:
+                os.close(fd)
+    return {
+        "data": base64.b64encode(data).decode("ascii"),
+        "offset": next_offset,
+        "ended": job.state in TERMINAL_STATES,
+        "state": str(job.state),
+        "log_path": job.log_path,
+    }
+
+
+def wait(services: Services, caller: Caller, args: dict[str, Any]) -> Any:
+    ids = int_list(args, "ids")
+    if not ids:
+        raise UsageError("no job ids to wait for")
+    found = services.store.states_of(ids)
+    for each in ids:
+        if each not in found:  # unknown ids fail now, not after the timeout
+            raise NotFoundError(f"no job {each}")
+    timeout = float(arg(args, "timeout", (int, float), default=MAX_WAIT_S))
+    timeout = min(max(timeout, 0.0), MAX_WAIT_S)
+    services.scheduler.wait_until_ended(ids, timeout)
+    return job_list(services, caller, ids)
+
+
+def estimate_history(services: Services, caller: Caller, args: dict[str, Any]) -> Any:
+    """A --mem for a command from the peaks of the caller's own earlier runs of it."""
+    command = str_list(args, "command")
+    if not command:
+        raise UsageError("no command given: gpusched estimate --history -- COMMAND [ARGS...]")
+    runs = services.store.peaks_for_command(caller.uid, command)
+    if not runs:
+        raise NotFoundError(
+            "no earlier run of this exact command by you ended with a measured peak: run it"
+            " once with --mem SIZE (`gpusched estimate --params ...` gives a first figure)"
+        )
+    peak = max(peak for _, peak, _ in runs)
+    return {
+        "command": command,
+        "jobs": [{"id": i, "peak_mem": p, "mem": m} for i, p, m in runs],
+        "peak_mem": peak,
+        "suggested_mem": suggest_mem(peak),
+    }
+
+
+def history(services: Services, caller: Caller, args: dict[str, Any]) -> Any:
+    limit = arg(args, "limit", int, default=50)
+    if limit < 1:
+        raise UsageError("--limit must be at least 1")
+    user = arg(args, "user", str)
+    states = TERMINAL_STATES
+    if args.get("states") is not None:
+        names = str_list(args, "states")
+        unknown = sorted(set(names) - {str(s) for s in TERMINAL_STATES})
+        if unknown or not names:
+            raise UsageError(
+                f"--state {','.join(unknown) or '(none)'}: an ended job is one of "
+                + ", ".join(sorted(str(s) for s in TERMINAL_STATES))
+            )
+        states = frozenset(JobState(name) for name in names)
+    since = arg(args, "since", str)
+    if since is not None:
+        since = _utc_iso(since)
+    found = services.store.ended_ids(min(limit, 10000), user=user, states=states, since=since)
+    return job_list(services, caller, found)
+
+
+def _utc_iso(text: str) -> str:
+    """An ISO timestamp with its time zone, as `ended_at` is stored (UTC, milliseconds)."""
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise UsageError(f"'since': not an ISO date and time: {text!r}") from None
+    if moment.tzinfo is None:
+        raise UsageError(f"'since': {text!r} has no time zone")
+    try:
+        return iso(moment.astimezone(timezone.utc))
+    except OverflowError:  # 0001-01-01T00:00+05:00 is before the year 1 in UTC
+        raise UsageError(f"'since': {text!r} is out of range in UTC") from None

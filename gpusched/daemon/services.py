@@ -1,0 +1,46 @@
+"""What a request handler may use: the scheduler, the store, the current config and the
+authorisation rules, never the server (its socket, connections and limits).
+
+Built once by the daemon (main.py) and handed to the server, which passes it to
+`handlers.dispatch` with each request; a test builds one over a real Store and a
+scheduler on fakes and calls the handlers with no socket at all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from gpusched.core.config import Config
+from gpusched.core.config_holder import ConfigHolder
+from gpusched.core.models import Job
+from gpusched.daemon import auth
+from gpusched.daemon.identity import Caller
+from gpusched.scheduling.scheduler import Scheduler
+from gpusched.store import Store
+
+
+@dataclass(frozen=True)
+class Services:
+    """`settings`: the daemon's one config holder, read at each use so that a SIGHUP
+    reload reaches the next request. `owner_uid`: whose daemon this is (0: the system
+    service, serving everyone; any other uid: a user's own daemon, serving only them)."""
+
+    scheduler: Scheduler
+    store: Store
+    settings: ConfigHolder
+    owner_uid: int
+
+    @property
+    def config(self) -> Config:
+        return self.settings.current
+
+    @property
+    def single_user(self) -> bool:
+        return self.owner_uid != 0
+
+    def owned_job(self, caller: Caller, job_id: int) -> Job:
+        return auth.owned_job(self.store, caller, job_id)
+
+    def visible(self, caller: Caller, job: Job) -> dict[str, Any]:
+        return auth.visible(self.scheduler, self.config, caller, job)
