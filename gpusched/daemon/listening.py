@@ -24,6 +24,7 @@ to come) runs a `Listener`. What it owns:
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import errno
 import logging
@@ -130,7 +131,7 @@ def refuse(conn: socket.socket, message: bytes) -> None:
     conn.close()
 
 
-class Listener:
+class Listener(abc.ABC):
     """One listening socket's accept loop. Subclasses say who a client is and serve it."""
 
     name = "listener"
@@ -156,17 +157,17 @@ class Listener:
 
     # -- what a listener says -------------------------------------------------------------
 
+    @abc.abstractmethod
     def client_of(self, conn: socket.socket, address: Any) -> Hashable:
         """Who this connection is, for the per-client cap (may raise OSError)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def serve(self, conn: socket.socket, client: Hashable) -> None:
         """Serve one connection until it ends (the loop closes it and frees its slot)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def refusal(self, message: str) -> bytes:
         """What a refused client is told (one line or one HTTP response)."""
-        raise NotImplementedError
 
     # -- the loop --------------------------------------------------------------------------
 

@@ -19,15 +19,26 @@ def start_ticks(pid: int) -> int | None:
 
     None for a process that does not exist or is a zombie (it has ended).
     """
+    fields = stat_fields(pid)
+    if fields is None:
+        return None
+    state, ticks = fields[0], fields[19]
+    return None if state in (b"Z", b"X") else int(ticks)
+
+
+def stat_fields(pid: int) -> list[bytes] | None:
+    """/proc/PID/stat from field 3 (the state) on: [state, ppid, pgrp, ...]; None if gone.
+
+    The command name (field 2) may hold spaces and parentheses, so the fields are split
+    after its last ')'. Read without psutil: the zygote and the supervisor's kill loop
+    call this and must stay light.
+    """
     try:
         with open(f"/proc/{pid}/stat", "rb") as handle:
             stat = handle.read()
     except OSError:
         return None
-    # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
-    fields = stat[stat.rfind(b")") + 2 :].split()
-    state, ticks = fields[0], fields[19]
-    return None if state in (b"Z", b"X") else int(ticks)
+    return stat[stat.rfind(b")") + 2 :].split()
 
 
 def is_same_ticks(pid: int, ticks: int | None) -> bool:

@@ -21,7 +21,8 @@ it, our children's pids are reaped only by us, and a parent is stopped before it
 children are listed; so a signal never reaches a process outside the job. ESRCH (gone
 meanwhile) is the common, harmless case.
 
-Stdlib, and psutil only on a kernel without /proc/PID/task/TID/children.
+Stdlib (and pidref's /proc reader), psutil only on a kernel without
+/proc/PID/task/TID/children.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from gpusched.processes.pidref import stat_fields
 
 _HAS_PROC_CHILDREN = os.path.exists(f"/proc/self/task/{os.getpid()}/children")
 # A process in uninterruptible sleep (D state, e.g. stuck on NFS) dies only when its I/O
@@ -65,14 +68,8 @@ def _children_by_psutil(pid: int) -> list[int]:
 
 
 def _parent_and_state(pid: int) -> tuple[int, str] | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            stat = handle.read()
-    except OSError:
-        return None
-    # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
-    fields = stat[stat.rfind(b")") + 2 :].split()
-    return int(fields[1]), fields[0].decode()
+    fields = stat_fields(pid)
+    return None if fields is None else (int(fields[1]), fields[0].decode())
 
 
 def _open_child(pid: int, parent: int) -> int | None:
