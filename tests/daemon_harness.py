@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -69,6 +70,25 @@ def answers(daemon: RunningDaemon) -> bool:
     except Exception:
         return False
     return True
+
+
+def read_until_closed(fd: int, timeout_s: float = 30.0) -> bytes:
+    """Everything written to a pseudo-terminal's (or pipe's) other end until it is closed,
+    or until nothing arrives for `timeout_s`; closes `fd`."""
+    chunks = []
+    while True:
+        ready, _, _ = select.select([fd], [], [], timeout_s)
+        if not ready:
+            break
+        try:
+            data = os.read(fd, 65536)
+        except OSError:  # EIO: the other side closed
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(fd)
+    return b"".join(chunks)
 
 
 def directory_settings(root: Path, simulate: str | None = "2x24G") -> dict[str, Any]:
@@ -231,6 +251,24 @@ class RunningDaemon:
         then started, then its pid is recorded)."""
         self.wait_state(job_id, {"running"})
         return int(eventually(lambda: self.show(job_id)["pid"], timeout))
+
+    def mark_running_without_supervisor(self, job_id: int) -> None:
+        """What a daemon SIGKILLed between marking a held job running and recording its
+        supervisor's pid leaves in the database (call with the daemon stopped)."""
+        store = Store(f"sqlite:///{self.root / 'gpusched.db'}")
+        try:
+            assert store.release(job_id)
+            assert store.mark_running(
+                job_id,
+                gpu_indices=[0],
+                gpu_uuids=[],
+                pid=None,
+                pid_start_time=None,
+                log_path=str(self.root / "logs" / f"{job_id}.log"),
+                now="2026-01-01T00:00:00.000+00:00",
+            )
+        finally:
+            store.close()
 
     def log(self, job_id: int) -> str:
         result = self.cli("logs", str(job_id))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import pty
-import select
 import shutil
 import signal
 import subprocess
@@ -17,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from gpusched.cli import cli
-from tests.daemon_harness import RunningDaemon, eventually
+from tests.daemon_harness import RunningDaemon, eventually, read_until_closed
 
 JOB_FIELDS = {"id", "user", "state", "command", "mem", "gpus", "gpu_indices", "exit_code", "reason"}
 
@@ -159,24 +158,12 @@ def _run_on_a_pty(argv: list[str], env: dict[str, str]) -> str:
     leader, follower = pty.openpty()
     process = subprocess.Popen(argv, stdout=follower, stderr=subprocess.PIPE, env=env)
     os.close(follower)
-    chunks = []
-    while True:
-        ready, _, _ = select.select([leader], [], [], 30)
-        if not ready:
-            break
-        try:
-            data = os.read(leader, 65536)
-        except OSError:  # EIO: the other side closed
-            break
-        if not data:
-            break
-        chunks.append(data)
-    os.close(leader)
+    received = read_until_closed(leader)
     assert process.stderr is not None
     with process.stderr:
         errors = process.stderr.read()
     assert process.wait(timeout=30) == 0, errors
-    return b"".join(chunks).decode()
+    return received.decode()
 
 
 def test_status_is_coloured_on_a_terminal_unless_no_color(daemon: RunningDaemon) -> None:

@@ -176,24 +176,6 @@ def _db(daemon: RunningDaemon) -> Store:
     return Store(f"sqlite:///{daemon.root / 'gpusched.db'}")
 
 
-def _mark_running_without_supervisor(daemon: RunningDaemon, job_id: int) -> None:
-    """What a daemon SIGKILLed between marking a held job running and starting it leaves."""
-    store = _db(daemon)
-    try:
-        assert store.release(job_id)
-        assert store.mark_running(
-            job_id,
-            gpu_indices=[0],
-            gpu_uuids=[],
-            pid=None,
-            pid_start_time=None,
-            log_path=str(daemon.root / "logs" / f"{job_id}.log"),
-            now="2026-01-01T00:00:00.000+00:00",
-        )
-    finally:
-        store.close()
-
-
 def test_a_job_marked_running_whose_supervisor_never_started_runs_after_a_restart(
     daemon: RunningDaemon, tmp_path: Path
 ) -> None:
@@ -201,7 +183,7 @@ def test_a_job_marked_running_whose_supervisor_never_started_runs_after_a_restar
     ran = tmp_path / "ran"
     job_id = daemon.submit("--hold", "--mem", "1G", "--", "sh", "-c", f"echo x >> {ran}")
     daemon.stop(signal.SIGKILL)
-    _mark_running_without_supervisor(daemon, job_id)
+    daemon.mark_running_without_supervisor(job_id)
     daemon.start()
     job = daemon.wait_state(job_id, {"done", "failed", "lost"})
     assert (job["state"], job["reason"], job["exit_code"]) == ("done", "exit", 0), job
@@ -218,7 +200,7 @@ def test_a_job_whose_supervisor_vanished_after_opening_its_log_is_lost_not_rerun
     log_path = daemon.root / "logs" / f"{job_id}.log"
     log_path.parent.mkdir(exist_ok=True)
     log_path.write_text("")
-    _mark_running_without_supervisor(daemon, job_id)
+    daemon.mark_running_without_supervisor(job_id)
     daemon.start()
     job = daemon.show(job_id)
     assert (job["state"], job["reason"]) == ("lost", "lost"), job
@@ -267,7 +249,7 @@ def test_after_a_reboot_a_running_job_without_pid_or_log_is_lost_not_rerun(
     ran = tmp_path / "ran"
     job_id = daemon.submit("--hold", "--mem", "1G", "--", "sh", "-c", f"echo x >> {ran}")
     daemon.stop(signal.SIGKILL)
-    _mark_running_without_supervisor(daemon, job_id)
+    daemon.mark_running_without_supervisor(job_id)
     boot = daemon.root / "state" / "boot.json"
     assert boot.exists(), "the daemon records the boot it runs in"
     boot.write_text('{"boot_id": "another boot"}')  # what a reboot looks like

@@ -13,7 +13,6 @@ import json
 import os
 import pty
 import re
-import select
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -22,7 +21,7 @@ import pytest
 
 from gpusched.client import Client
 from gpusched.core.errors import GpuschedError, UsageError
-from tests.daemon_harness import RunningDaemon, eventually
+from tests.daemon_harness import RunningDaemon, eventually, read_until_closed
 from tests.users import User, as_user
 
 # Sequences a terminal would obey: clear screen, set the window title (OSC ... BEL),
@@ -73,21 +72,9 @@ def _run_cli(daemon: RunningDaemon, user: User | None, args: tuple[str, ...], tt
                 sys.stdout.flush()
             os._exit(code)
     os.close(follower)
-    chunks = []
-    while True:
-        ready, _, _ = select.select([leader], [], [], 30)
-        if not ready:
-            break
-        try:
-            data = os.read(leader, 65536)
-        except OSError:  # EIO: the other side closed
-            break
-        if not data:
-            break
-        chunks.append(data)
-    os.close(leader)
+    received = read_until_closed(leader)
     _, status = os.waitpid(pid, 0)
-    output = b"".join(chunks).decode("utf-8", "replace")
+    output = received.decode("utf-8", "replace")
     assert os.waitstatus_to_exitcode(status) == 0, output
     # The terminal turns each "\n" into "\r\n" (onlcr): that CR is the pty's, not the job's.
     return output.replace("\r\n", "\n") if tty else output

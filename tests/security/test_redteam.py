@@ -25,30 +25,10 @@ from gpusched.core.config_holder import ConfigHolder
 from gpusched.core.errors import GpuschedError
 from gpusched.processes.launcher import Launcher, find_supervisor
 from gpusched.processes.pidref import process_start_time
-from gpusched.store import Store
 from tests.daemon_harness import RunningDaemon, directory_settings, eventually
 from tests.users import User, as_user
 
 SYSTEM_PYTHON = "/usr/bin/python3"  # the venv's interpreter is not reachable by other users
-
-
-def _mark_running_without_pid(daemon: RunningDaemon, job_id: int) -> None:
-    """What a daemon SIGKILLed between marking a held job running and recording its
-    supervisor's pid leaves in the database."""
-    store = Store(f"sqlite:///{daemon.root / 'gpusched.db'}")
-    try:
-        assert store.release(job_id)
-        assert store.mark_running(
-            job_id,
-            gpu_indices=[0],
-            gpu_uuids=[],
-            pid=None,
-            pid_start_time=None,
-            log_path=str(daemon.root / "logs" / f"{job_id}.log"),
-            now="2026-01-01T00:00:00.000+00:00",
-        )
-    finally:
-        store.close()
 
 
 def test_a_users_process_named_like_a_supervisor_is_never_adopted(
@@ -69,7 +49,7 @@ def test_a_users_process_named_like_a_supervisor_is_never_adopted(
         victim, lambda: Client(socket_path).submit(["true"], mem="1G", hold=True).to_json()
     )
     daemon.stop(signal.SIGKILL)
-    _mark_running_without_pid(daemon, job["id"])
+    daemon.mark_running_without_supervisor(job["id"])
     spec_path = daemon.root / "state" / "jobs" / str(job["id"]) / "spec.json"
 
     def impostor() -> int:
