@@ -175,6 +175,23 @@ def test_an_outcome_ends_a_running_job_as_it_says(
     assert (row.state, row.reason, row.exit_code, row.reason_detail) == expected
 
 
+def test_a_command_that_could_not_fork_for_want_of_tasks_waits_in_the_queue(
+    world: World,
+) -> None:
+    """Another user's job filled the service's task limit: the supervisor could not fork
+    this job's command (EAGAIN). It never ran, so it is queued again, not failed."""
+    job = _running(world)
+    message = "could not start true: [Errno 11] Resource temporarily unavailable"
+    world.finish(job, Outcome(OutcomeKind.FAILED_TO_START, message=message, transient=True))
+    row = world.job(job)
+    assert (row.state, row.reason, row.started_at, row.gpu_indices) == (
+        JobState.QUEUED,
+        None,
+        None,
+        [],
+    )
+
+
 def test_a_cancelled_job_ends_cancelled_with_who_cancelled_it(world: World) -> None:
     job = _running(world)
     world.scheduler.cancel(world.job(job), by="alice")

@@ -316,6 +316,7 @@ class Launcher:
             exit_code=data.get("exit_code"),
             signal=data.get("signal"),
             message=data.get("message"),
+            transient=data.get("transient") is True,
         )
 
     def find_supervisor(self, job_id: int) -> int | None:

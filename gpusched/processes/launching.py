@@ -51,6 +51,9 @@ class Outcome:
     exit_code: int | None = None
     signal: int | None = None
     message: str | None = None
+    # failed_to_start for want of tasks or memory (the service's limit was full): the
+    # command never ran, so the job may wait in the queue and start again.
+    transient: bool = False
 
 
 # Errors of starting a job that pass (out of files, memory or tasks): the job waits in

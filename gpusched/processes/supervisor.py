@@ -225,7 +225,10 @@ class Supervisor:
         except (OSError, subprocess.SubprocessError, ValueError) as exc:
             message = _start_error(exc, spec)
             os.write(log_fd, f"gpusched: {message}\n".encode())
-            self._record(outcome="failed_to_start", message=message)
+            # Out of tasks or memory (another job filled the service's limits): the command
+            # never ran, so the daemon may queue the job again instead of failing it.
+            transient = isinstance(exc, OSError) and exc.errno in (errno.EAGAIN, errno.ENOMEM)
+            self._record(outcome="failed_to_start", message=message, transient=transient)
             return 1
         finally:
             os.close(log_fd)

@@ -31,6 +31,7 @@ from gpusched.core.models import (
     JobState,
     StopIntent,
 )
+from gpusched.core.ratelog import RateLimitedLog
 from gpusched.core.sanitize import quoted
 from gpusched.gpus.probe import Probe
 from gpusched.processes.launching import JobLauncher, Outcome, OutcomeKind
@@ -92,6 +93,7 @@ class JobEndings:
         self._lock = lock
         self._gpus = gpus
         self._wake = wake
+        self.trouble = RateLimitedLog(log)  # a start refused every pass: said once a minute
         self.end_listeners = end_listeners
         self.ended = threading.Condition()
         # Ids of the latest ended jobs and how many ended in all (under `ended`): a
@@ -225,6 +227,18 @@ class JobEndings:
         intent, detail = self.store.launch_info(job_id).stop_intent, job.reason_detail
         if intent is None:
             intent, detail = legacy_stop_intent(detail)
+        if (
+            outcome.kind == OutcomeKind.FAILED_TO_START
+            and outcome.transient
+            and intent is None
+            and self.store.unmark_running(job_id)
+        ):
+            # Its supervisor could not fork the command for want of tasks or memory (one
+            # user's job filled the service's limits): another user's job must not fail of
+            # it; it waits in the queue and the next pass tries again.
+            self.trouble.warning("start", f"job {job_id} could not start yet: {outcome.message}")
+            self._wake()
+            return
         if outcome.kind == OutcomeKind.LOST and intent == StopIntent.CANCEL:
             # A cancel that reached the supervisor before it set up its SIGTERM handler
             # killed it outright; it sets the handler before starting the job, so the job
