@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, settings
 
+from gpusched.store import Store
 from tests.daemon_harness import RunningDaemon
 from tests.fakenvml.fixtures import (  # noqa: F401
     fake_nvml,
@@ -37,6 +38,20 @@ def spawn() -> Iterator[Callable[[], subprocess.Popen[bytes]]]:
     for proc in started:
         proc.kill()
         proc.wait()
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> Path:
+    """Where a test's own SQLite queue lives (a directory the Store must create)."""
+    return tmp_path / "state" / "gpusched.db"
+
+
+@pytest.fixture
+def store(db_path: Path) -> Iterator[Store]:
+    """A real Store on that file, closed after the test."""
+    s = Store(f"sqlite:///{db_path}")
+    yield s
+    s.close()
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ import sqlite3
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -33,18 +32,6 @@ def new_job(**overrides: object) -> NewJob:
     }
     values.update(overrides)
     return NewJob(**values)  # type: ignore[arg-type]
-
-
-@pytest.fixture
-def db_path(tmp_path: Path) -> Path:
-    return tmp_path / "state" / "gpusched.db"
-
-
-@pytest.fixture
-def store(db_path: Path) -> Iterator[Store]:
-    s = Store(f"sqlite:///{db_path}")
-    yield s
-    s.close()
 
 
 def start(store: Store, job_id: int, now: str = NOW) -> bool:

@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from gpusched.core.models import EndReason, JobState
 from gpusched.store import JobFigures, Store
@@ -17,18 +14,6 @@ T0 = "2025-01-01T00:00:00+00:00"
 
 def at(seconds: int) -> str:
     return f"2025-01-01T{seconds // 3600:02d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}+00:00"
-
-
-@pytest.fixture
-def db_path(tmp_path: Path) -> Path:
-    return tmp_path / "state" / "gpusched.db"
-
-
-@pytest.fixture
-def store(db_path: Path) -> Iterator[Store]:
-    s = Store(f"sqlite:///{db_path}")
-    yield s
-    s.close()
 
 
 def test_an_empty_database_has_no_figures(store: Store) -> None:
