@@ -106,6 +106,7 @@ class Config:
     hooks_total: int = 8  # hooks running at once, all users together
     hook_output_max_bytes: int = 64 * 2**10  # a hook's output kept; at the limit, cut
     metrics_address: tuple[str, int] | None = None  # (host, port) for Prometheus; None: off
+    web_address: tuple[str, int] | None = None  # (host, port) of the dashboard; None: off
     # Every listener's clients (listening.py): idle time allowed between requests, and the
     # whole time one request may take to arrive however it trickles in (slowloris).
     client_idle_timeout_s: float = 60.0
@@ -221,6 +222,8 @@ def _convert(source: str, key: str, value: Any, base: Config) -> dict[str, Any]:
             return parse_hook_bound(key, value)
         if key == "metrics":
             return {"metrics_address": parse_address(value)}
+        if key == "web":
+            return {"web_address": parse_address(value, "127.0.0.1:8080")}
         if key in ("client_idle_timeout", "client_request_timeout"):
             return {f"{key}_s": parse_duration(value)}
         if key in _REQUEST_BOUNDS:

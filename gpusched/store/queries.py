@@ -156,6 +156,20 @@ class JobQueries(Database):
             found = {str(state): int(n) for state, n in conn.execute(query).all()}
         return {state: found.get(state, 0) for state in sorted(states)}
 
+    def count_active_by_user(self) -> dict[str, dict[str, int]]:
+        """user -> active state -> how many of their jobs are in it (counted in SQL)."""
+        states = [str(s) for s in ACTIVE_STATES]
+        query = (
+            select(jobs.c.user, jobs.c.state, func.count())
+            .where(jobs.c.state.in_(states))
+            .group_by(jobs.c.user, jobs.c.state)
+        )
+        counts: dict[str, dict[str, int]] = {}
+        with self.read() as conn:
+            for user, state, n in conn.execute(query).all():
+                counts.setdefault(str(user), {})[str(state)] = int(n)
+        return counts
+
     def running(self) -> list[Job]:
         with self.read() as conn:
             rows = conn.execute(
