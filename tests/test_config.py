@@ -115,7 +115,7 @@ def test_every_key_is_read(tmp_path: Path, user_env: tuple[Path, Path]) -> None:
         ("web: 127.0.0.1:8080", "web_address", ("127.0.0.1", 8080)),
         ("web: '[::1]:8080'", "web_address", ("::1", 8080)),
         ("web: gpu-server.lab:8080", "web_address", ("gpu-server.lab", 8080)),
-        ("web: ':8080'", "web_address", ("0.0.0.0", 8080)),
+        ("web: ':8080'", "web_address", ("0.0.0.0", 8080)),  # noqa: S104 - as written
         ("web: 8080", "web_address", ("127.0.0.1", 8080)),
     ],
 )
