@@ -32,6 +32,14 @@ function jobLink(id) {
   return el("a", { href: "/job?id=" + encodeURIComponent(String(id)), text: String(id) });
 }
 
+/* One decimal, a tie to even as Python's format does (17.25 -> "17.2"; toFixed says 17.3). */
+function oneDecimal(value) {
+  const scaled = value * 10;
+  let whole = Math.round(scaled);
+  if (Math.abs(scaled % 1) === 0.5 && whole % 2 !== 0) whole -= Math.sign(scaled);
+  return (whole / 10).toFixed(1);
+}
+
 /* Sizes and durations as the CLI prints them (gpusched.core.units, table form). */
 function fmtSize(bytes) {
   if (bytes === null || bytes === undefined) return "-";
@@ -39,7 +47,7 @@ function fmtSize(bytes) {
   for (const suffix of ["B", "K", "M", "G", "T"]) {
     if (suffix === "B" && Math.abs(value) < 1024) return value.toFixed(0) + "B";
     if (suffix === "T" || Math.abs(Math.round(value * 10) / 10) < 1024) {
-      return value.toFixed(1) + suffix;
+      return oneDecimal(value) + suffix;
     }
     value /= 1024;
   }
@@ -243,7 +251,7 @@ function renderQueue(data) {
 
 /* ---- a job and its charts ------------------------------------------------------------ */
 
-const CHART = { width: 1000, height: 230, left: 64, right: 16, top: 14, bottom: 28 };
+const CHART = { width: 1000, height: 200, left: 64, right: 16, top: 14, bottom: 28 };
 
 /* An SVG line chart of `points` ({t: epoch ms, v: number or null}) from t0 to t1 and 0 to
    yMax; a null breaks the line. `mark`: a horizontal dashed line {value, label}. */
