@@ -14,6 +14,7 @@ import math
 import os
 import shutil
 from datetime import datetime, timedelta, timezone
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -301,7 +302,7 @@ def test_screenshots(daemon_factory: Any, fake_nvml: FakeNvml, tmp_path: Path) -
         ):
             driver.set_window_size(1200, height)
             driver.get(url + path)
-            eventually(lambda ready=ready: find(driver, ready), 20)
+            eventually(partial(find, driver, ready), 20)
             out = tmp_path / f"{name}.png"
             assert driver.save_screenshot(str(out))
             saved.append(out)
