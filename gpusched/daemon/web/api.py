@@ -13,6 +13,7 @@ import socket
 from typing import Any
 
 from gpusched.core.clock import iso
+from gpusched.core.requests import HistoryRequest, ShowRequest, StatusRequest
 from gpusched.daemon.handlers import views
 from gpusched.daemon.identity import Caller
 from gpusched.daemon.services import Services
@@ -29,11 +30,13 @@ RECENT_ENDS = 20
 
 def status(services: Services) -> dict[str, Any]:
     """GPUs, running and waiting jobs (a page each) and the latest ends."""
-    running = views.status(services, ANONYMOUS, {"states": ["running"], "limit": RUNNING_SHOWN})
-    waiting = views.status(
-        services, ANONYMOUS, {"states": ["queued", "held"], "limit": WAITING_SHOWN}
+    running = views.status(
+        services, ANONYMOUS, StatusRequest(states=("running",), limit=RUNNING_SHOWN)
     )
-    ended = views.history(services, ANONYMOUS, {"limit": RECENT_ENDS})
+    waiting = views.status(
+        services, ANONYMOUS, StatusRequest(states=("queued", "held"), limit=WAITING_SHOWN)
+    )
+    ended = views.history(services, ANONYMOUS, HistoryRequest(limit=RECENT_ENDS))
     return {
         "host": socket.gethostname(),
         "now": iso(services.scheduler.clock()),
@@ -51,7 +54,7 @@ def job(services: Services, job_id: int) -> dict[str, Any]:
     return {
         "host": socket.gethostname(),
         "now": iso(services.scheduler.clock()),
-        "job": views.show(services, ANONYMOUS, {"id": job_id}),
+        "job": views.show(services, ANONYMOUS, ShowRequest(id=job_id)),
     }
 
 
