@@ -12,7 +12,7 @@ from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import Text, func, select, type_coerce
+from sqlalchemy import ColumnElement, Text, func, select, type_coerce
 
 from gpusched.core.errors import NotFoundError
 from gpusched.core.models import ACTIVE_STATES, TERMINAL_STATES, Job, JobState, StopIntent
@@ -209,7 +209,14 @@ class JobQueries(Database):
     ) -> list[int]:
         """The ids of `ended()`, in its order."""
         wanted = [str(s) for s in states if s in TERMINAL_STATES]
-        query = select(jobs.c.id).where(jobs.c.state.in_(wanted))
+        state: ColumnElement[str] = jobs.c.state
+        if len(wanted) == len(TERMINAL_STATES):
+            # Every kind of end: filtered on the bare column, SQLite picks the state index
+            # and sorts every ended row (18 ms at 10,000 ended jobs, on every `status --all`
+            # and dashboard poll); on an expression, it walks the ended_at index from the
+            # newest end and stops at `limit` (0.1 ms).
+            state = state.concat("")
+        query = select(jobs.c.id).where(state.in_(wanted))
         if user is not None:
             query = query.where(jobs.c.user == user)
         if since is not None:
