@@ -18,8 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from gpusched.client import Client
+from gpusched.core.config import load_config
+from gpusched.daemon.httpserve import Response
+from gpusched.daemon.web.site import RecentReplies
 from tests.browser import free_port
 from tests.daemon_harness import RunningDaemon, eventually
 from tests.users import as_user, throwaway_users
@@ -215,3 +219,27 @@ def test_the_pages_are_package_data() -> None:
     static = resources.files("gpusched.daemon.web") / "static"
     for name in ("server.html", "queue.html", "job.html", "usage.html", "dashboard.js"):
         assert (static / name).is_file(), name
+
+
+def test_the_shipped_config_documents_web_off() -> None:
+    shipped = Path(__file__).resolve().parents[1] / "config" / "gpusched.yaml"
+    assert "web" in yaml.safe_load(shipped.read_text())
+    assert load_config(shipped).web_address is None
+    assert load_config(None).web_address is None  # off by default
+
+
+def test_a_reply_is_computed_once_a_second_whoever_asks() -> None:
+    now = [100.0]
+    recent = RecentReplies(clock=lambda: now[0])
+    made: list[int] = []
+
+    def compute() -> Response:
+        made.append(1)
+        return Response(200, "application/json", str(len(made)).encode())
+
+    assert recent.get("/api/status?", compute).body == b"1"
+    now[0] += 0.9
+    assert recent.get("/api/status?", compute).body == b"1"  # shared
+    assert recent.get("/api/job?7", compute).body == b"2"  # another URL, its own reply
+    now[0] += 0.2
+    assert recent.get("/api/status?", compute).body == b"3"  # a second later: afresh

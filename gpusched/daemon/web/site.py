@@ -60,7 +60,7 @@ def _json(status: int, value: Any) -> Response:
     return Response(status, "application/json", body, API_HEADERS)
 
 
-class _Recent:
+class RecentReplies:
     """Replies of the last CACHE_S seconds by URL (listener threads share it)."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
@@ -82,7 +82,7 @@ class _Recent:
         return response
 
 
-def _api(compute: Callable[[Request], Any], recent: _Recent) -> Route:
+def _api(compute: Callable[[Request], Any], recent: RecentReplies) -> Route:
     def route(request: Request) -> Response:
         key = request.path + "?" + request.query.get("id", "")  # all a reply depends on
         return recent.get(key, lambda: _answer(compute, request))
@@ -115,7 +115,7 @@ def web_routes(services: Services) -> dict[str, Route]:
         routes[path] = _file_route(_static(name), "text/html; charset=utf-8", PAGE_HEADERS)
     for path, (name, content_type) in ASSETS.items():
         routes[path] = _file_route(_static(name), content_type, PAGE_HEADERS)
-    recent = _Recent()
+    recent = RecentReplies()
     routes["/api/status"] = _api(lambda _request: api.status(services), recent)
     routes["/api/job"] = _api(lambda request: api.job(services, _job_id(request)), recent)
     routes["/api/usage"] = _api(lambda _request: api.usage(services), recent)
