@@ -68,7 +68,7 @@ FIELDS: dict[str, frozenset[str]] = {
         }
     ),
     "status": frozenset({"all", "cursor", "limit", "states"}),
-    "show": frozenset({"id"}),
+    "show": frozenset({"id", "timeline"}),
     "logs": frozenset({"id", "max_bytes", "offset"}),
     "cancel": frozenset({"array", "id", "mine", "waiting_only"}),
     "hold": frozenset({"id"}),

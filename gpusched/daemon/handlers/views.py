@@ -92,7 +92,12 @@ def status(services: Services, caller: Caller, args: dict[str, Any]) -> Any:
 
 
 def show(services: Services, caller: Caller, args: dict[str, Any]) -> Any:
-    return services.visible(caller, services.store.get(job_id(args)))
+    """One job; with `timeline`, also its memory and utilization over time (`timeline`)."""
+    job = services.store.get(job_id(args))
+    shown = services.visible(caller, job)
+    if arg(args, "timeline", bool, default=False):
+        shown["timeline"] = [p.to_json() for p in services.scheduler.job_timeline(job)]
+    return shown
 
 
 def logs(services: Services, caller: Caller, args: dict[str, Any]) -> Any:
