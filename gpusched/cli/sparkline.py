@@ -115,8 +115,7 @@ def render_timeline(
             if declared is None
             else (f"declared {declared_text} at {level(declared, top, glyphs)}")
         )
-    if gpus > 1:
-        note += f" (sum of {gpus} GPUs)"
+    summed = f" (sum of {gpus} GPUs)" if gpus > 1 else ""
     util_legend = f"{full} 100%"
     legend_width = max(len(mem_legend), len(util_legend))
     columns = min(width, MAX_WIDTH) - LABEL_WIDTH - 2 - legend_width
@@ -127,11 +126,17 @@ def render_timeline(
     pad = len(mem_line) + 2
     lasted = format_duration(points[-1].t - points[0].t)
     began = datetime.fromtimestamp(points[0].t, timezone.utc)
-    when = f"{'':<{LABEL_WIDTH}}{note}; {lasted} from {began:%Y-%m-%d %H:%M} UTC"
-    if len(when) > min(width, MAX_WIDTH):
-        when = f"{'':<{LABEL_WIDTH}}{note}; {lasted}"
+    # The most that fits, said in that order of importance.
+    said = [
+        f"{note}{summed}; {lasted} from {began:%Y-%m-%d %H:%M} UTC",
+        f"{note}{summed}; {lasted}",
+        f"{note}; {lasted}",
+        note,
+    ]
+    room = min(width, MAX_WIDTH) - LABEL_WIDTH
+    when = next((text for text in said if len(text) <= room), said[-1])
     return [
         f"{'memory:':<{LABEL_WIDTH}}{mem_line:<{pad}}{mem_legend}",
         f"{'gpu busy:':<{LABEL_WIDTH}}{util_line:<{pad}}{util_legend}",
-        when,
+        f"{'':<{LABEL_WIDTH}}{when}",
     ]
