@@ -33,6 +33,7 @@ BENCHMARKS = (
     "idle",
     "scheduling_pass",
     "dashboard",
+    "timeline_storage",
 )
 
 

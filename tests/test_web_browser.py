@@ -296,7 +296,7 @@ def test_screenshots(daemon_factory: Any, fake_nvml: FakeNvml, tmp_path: Path) -
     with chromium() as driver:
         for name, path, ready, height in (
             ("server", "/", ".gpu", 640),
-            ("queue", "/queue", f'#waiting tr[data-job="{big}"] .reason', 640),
+            ("queue", "/queue", f'#waiting tr[data-job="{big}"] .reason', 860),
             ("job", f"/job?id={finished}", '#job-facts dd[data-fact="exit"]', 1000),
             ("usage", "/usage", "#usage tr[data-user]", 480),
         ):

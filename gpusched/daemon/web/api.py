@@ -54,7 +54,7 @@ def job(services: Services, job_id: int) -> dict[str, Any]:
     return {
         "host": socket.gethostname(),
         "now": iso(services.scheduler.clock()),
-        "job": views.show(services, ANONYMOUS, ShowRequest(id=job_id)),
+        "job": views.show(services, ANONYMOUS, ShowRequest(id=job_id, timeline=True)),
     }
 
 
