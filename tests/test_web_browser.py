@@ -195,23 +195,25 @@ def test_job_page_draws_the_jobs_samples(daemon_factory: Any, fake_nvml: FakeNvm
         assert HOSTILE in texts(driver, "#job-title")[0]
         assert find(driver, "main img") == []
         assert texts(driver, "#memory-chart .declared-label") == ["declared 6.0G"]
-        timeline = shown.get("timeline")
-        if timeline is None:  # a daemon without time series: the charts say so
-            assert texts(driver, ".chart .empty") == ["no samples"] * 2
-        else:
-            assert timeline, "a job that ran 5 s has samples"
-            rows = driver.execute_script(
-                "return Array.from(document.querySelectorAll('#samples-table tbody tr'),"
-                " row => Array.from(row.cells, cell => cell.textContent))"
-            )
-            assert rows == [
-                [p["t"][:19].replace("T", " "), format_size(p["memory"]), js_percent(p["util"])]
-                for p in timeline
-            ]
-            memory = sum(p["memory"] is not None for p in timeline)
-            util = sum(p["util"] is not None for p in timeline)
-            assert chart_vertices(driver, "memory-chart") == memory
-            assert chart_vertices(driver, "util-chart") == util
+        timeline = shown["timeline"]
+        assert timeline, "a job that ran 5 s has samples"
+        rows = driver.execute_script(
+            "return Array.from(document.querySelectorAll('#samples-table tbody tr'),"
+            " row => Array.from(row.cells, cell => cell.textContent))"
+        )
+        assert rows == [
+            [p["t"][:19].replace("T", " "), format_size(p["memory"]), js_percent(p["util"])]
+            for p in timeline
+        ]
+        memory = sum(p["memory"] is not None for p in timeline)
+        util = sum(p["util"] is not None for p in timeline)
+        assert chart_vertices(driver, "memory-chart") == memory
+        assert chart_vertices(driver, "util-chart") == util
+        assert texts(driver, ".chart .empty") == []
+        # A job that never ran has no samples, and its charts say so.
+        held = daemon.submit("--mem", "1G", "--hold", "--", "true")
+        driver.get(f"{url}/job?id={held}")
+        eventually(lambda: texts(driver, ".chart .empty") == ["no samples"] * 2, 20)
         assert console_errors(driver) == []
 
 
