@@ -23,7 +23,7 @@ import yaml
 from gpusched.client import Client
 from gpusched.core.config import load_config
 from gpusched.daemon.httpserve import Response
-from gpusched.daemon.web.site import RecentReplies
+from gpusched.daemon.web.site import RecentReplies, host_allowed
 from tests.browser import free_port
 from tests.daemon_harness import RunningDaemon, eventually
 from tests.users import as_user, throwaway_users
@@ -245,3 +245,45 @@ def test_a_reply_is_computed_once_a_second_whoever_asks() -> None:
     assert recent.get("/api/job?7", compute).body == b"2"  # another URL, its own reply
     now[0] += 0.2
     assert recent.get("/api/status?", compute).body == b"3"  # a second later: afresh
+
+
+def get_with_host(port: int, path: str, host: str | None) -> int:
+    """The status of GET path with this Host header (None: none, as HTTP/1.0 allows)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=15)
+    try:
+        conn.putrequest("GET", path, skip_host=True)
+        if host is not None:
+            conn.putheader("Host", host)
+        conn.endheaders()
+        return conn.getresponse().status
+    finally:
+        conn.close()
+
+
+def test_a_page_of_another_site_cannot_read_it_by_dns_rebinding(daemon_factory: Any) -> None:
+    _, port = web_daemon(daemon_factory)
+    for path in ("/", "/api/status", "/api/job?id=1", "/static/dashboard.js"):
+        assert get_with_host(port, path, f"evil.example:{port}") == 421, path
+        assert get_with_host(port, path, "127.0.0.1.evil.example") == 421, path
+    for host in (f"127.0.0.1:{port}", f"localhost:{port}", "LOCALHOST", "[::1]:80", None):
+        assert get_with_host(port, "/api/status", host) == 200, host
+
+
+@pytest.mark.parametrize(
+    ("host", "allowed"),
+    [
+        (None, True),
+        ("127.0.0.1:8080", True),
+        ("10.1.2.3", True),
+        ("[::1]:8080", True),
+        ("::1", True),
+        ("localhost:8080", True),
+        ("gpu-server.lab:8080", True),  # the host written in `web:`
+        ("GPU-Server.lab", True),
+        ("attacker.example:8080", False),
+        ("gpu-server.lab.attacker.example", False),
+        ("", False),
+    ],
+)
+def test_host_allowed(host: str | None, allowed: bool) -> None:
+    assert host_allowed(host, "gpu-server.lab") is allowed

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import socket
 from collections.abc import Callable, Hashable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -31,7 +31,8 @@ MAX_HTTP_CONNECTIONS_PER_ADDRESS = 4
 MAX_HEAD_BYTES = 16 * 1024
 
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed"}
-_REASONS |= {431: "Request Header Fields Too Large", 500: "Internal Server Error"}
+_REASONS |= {421: "Misdirected Request", 431: "Request Header Fields Too Large"}
+_REASONS |= {500: "Internal Server Error"}
 _REASONS |= {503: "Service Unavailable"}
 
 
@@ -42,6 +43,7 @@ MAX_QUERY_FIELDS = 8  # the dashboard's requests carry one or two
 class Request:
     path: str
     query: Mapping[str, str] = field(default_factory=dict)  # the last value of each name
+    host: str | None = None  # the Host header, as sent (None: none was)
 
 
 @dataclass(frozen=True)
@@ -122,7 +124,8 @@ class HttpListener(Listener):
         if head is None:
             response = text_response(431, "request head too large")
         else:
-            method, _, rest = head.partition(" ")
+            line, host = head
+            method, _, rest = line.partition(" ")
             target = rest.partition(" ")[0]
             path, _, query = target.partition("?")
             route = self.routes.get(path)
@@ -132,20 +135,20 @@ class HttpListener(Listener):
             elif route is None:
                 response = text_response(404, "not found")
             else:
-                response = self._answer(route, path, query, target)
+                response = self._answer(route, Request(path, {}, host), query, target)
         conn.settimeout(deadline_s)  # sendall's timeout bounds the whole reply
         try:
             conn.sendall(render(response, head_only))
         except OSError:
             return
 
-    def _answer(self, route: Route, path: str, query: str, target: str) -> Response:
+    def _answer(self, route: Route, request: Request, query: str, target: str) -> Response:
         try:
             fields = parse_qsl(query, max_num_fields=MAX_QUERY_FIELDS)
         except ValueError:
             return text_response(400, f"at most {MAX_QUERY_FIELDS} query fields")
         try:
-            return route(Request(path, dict(fields)))
+            return route(replace(request, query=dict(fields)))
         except Exception:  # one failed page must not end the connection's thread
             log.exception("%s: %r failed", self.name, target)
             return text_response(500, "internal error (see the daemon's log)")
@@ -192,8 +195,9 @@ class HttpServer:
         self._listener.close()
 
 
-def _read_head(reader: DeadlineReader) -> str | None:
-    """The request line of a request whose head arrived whole; None if it is too large."""
+def _read_head(reader: DeadlineReader) -> tuple[str, str | None] | None:
+    """The request line and Host header (None if absent) of a request whose head arrived
+    whole; None if it is too large."""
     data = bytearray()
     while b"\r\n\r\n" not in data and b"\n\n" not in data:
         if len(data) > MAX_HEAD_BYTES:
@@ -202,4 +206,11 @@ def _read_head(reader: DeadlineReader) -> str | None:
         if not chunk:
             raise ConnectionResetError("the client closed before its request ended")
         data.extend(chunk)
-    return data.split(b"\n", 1)[0].decode("latin-1").strip()
+    line, *headers = data.decode("latin-1").split("\n")
+    host = None
+    for header in headers:
+        name, sep, value = header.partition(":")
+        if sep and name.strip().lower() == "host":
+            host = value.strip()
+            break
+    return line.strip(), host

@@ -243,7 +243,7 @@ class Daemon:
 
             names, routes = wanted.setdefault(self.config.web_address, ([], {}))
             names.append("web")
-            routes.update(web_routes(self.services))
+            routes.update(web_routes(self.services, self.config.web_address[0]))
         for address, (names, routes) in wanted.items():
             self.http.append(
                 HttpServer.start(

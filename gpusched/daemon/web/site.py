@@ -5,12 +5,17 @@ memory under a fixed path: no path from a request ever reaches the filesystem. P
 carry a Content-Security-Policy that allows only this origin's script and style sheet
 (no inline script, no inline style attribute, nothing from elsewhere) and no framing.
 
+A request whose Host header names neither an IP address, nor localhost, nor the host of
+`web:` is refused (421): a page of another site, its name pointed at this address (DNS
+rebinding), cannot read the dashboard through its visitor's browser or SSH tunnel.
+
 A JSON reply is computed at most once a second per URL and shared by every viewer
 polling it meanwhile, so a room of open tabs costs the daemon one request a second.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import threading
 import time
@@ -19,7 +24,7 @@ from importlib import resources
 from typing import Any
 
 from gpusched.core.errors import GpuschedError, NotFoundError, UsageError
-from gpusched.daemon.httpserve import Request, Response, Route
+from gpusched.daemon.httpserve import Request, Response, Route, text_response
 from gpusched.daemon.services import Services
 from gpusched.daemon.web import api
 
@@ -108,8 +113,38 @@ def _job_id(request: Request) -> int:
     return int(text)
 
 
-def web_routes(services: Services) -> dict[str, Route]:
-    """Every path the dashboard answers (GET and HEAD only: httpserve refuses the rest)."""
+def host_allowed(host: str | None, own_host: str) -> bool:
+    """Whether a Host header names this server: absent (HTTP/1.0), an IP address,
+    localhost, or the host written in `web:`."""
+    if host is None:
+        return True
+    name = host.rsplit(":", 1)[0] if host.count(":") == 1 else host  # name:port, or IPv6
+    name = name.removeprefix("[").split("]")[0].lower()  # [::1]:8080 -> ::1
+    if name in ("localhost", own_host.lower()):
+        return True
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
+def _host_checked(route: Route, own_host: str) -> Route:
+    def checked(request: Request) -> Response:
+        if host_allowed(request.host, own_host):
+            return route(request)
+        return text_response(
+            421,
+            f"Host {request.host!r} is not this server: ask for an IP address, localhost or"
+            f" {own_host} (a reverse proxy: pass nginx's default Host, $proxy_host)",
+        )
+
+    return checked
+
+
+def web_routes(services: Services, own_host: str) -> dict[str, Route]:
+    """Every path the dashboard answers (GET and HEAD only: httpserve refuses the rest).
+    `own_host`: the host of `web:`, a name requests may use besides addresses."""
     routes: dict[str, Route] = {}
     for path, name in PAGES.items():
         routes[path] = _file_route(_static(name), "text/html; charset=utf-8", PAGE_HEADERS)
@@ -119,4 +154,4 @@ def web_routes(services: Services) -> dict[str, Route]:
     routes["/api/status"] = _api(lambda _request: api.status(services), recent)
     routes["/api/job"] = _api(lambda request: api.job(services, _job_id(request)), recent)
     routes["/api/usage"] = _api(lambda _request: api.usage(services), recent)
-    return routes
+    return {path: _host_checked(route, own_host) for path, route in routes.items()}
