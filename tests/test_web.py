@@ -23,6 +23,7 @@ import yaml
 from gpusched.client import Client
 from gpusched.core.config import load_config
 from gpusched.daemon.httpserve import Response
+from gpusched.daemon.web import api
 from gpusched.daemon.web.site import RecentReplies, host_allowed
 from tests.browser import free_port
 from tests.daemon_harness import RunningDaemon, eventually
@@ -287,3 +288,15 @@ def test_a_page_of_another_site_cannot_read_it_by_dns_rebinding(daemon_factory: 
 )
 def test_host_allowed(host: str | None, allowed: bool) -> None:
     assert host_allowed(host, "gpu-server.lab") is allowed
+
+
+def test_a_long_queue_is_counted_not_listed(daemon_factory: Any) -> None:
+    daemon, port = web_daemon(daemon_factory)
+    values = ",".join(str(i) for i in range(api.WAITING_SHOWN + 50))
+    sweep = ["--sweep", f"i={values}", "--", "echo", "{i}"]
+    result = daemon.cli("submit", "--mem", "1G", "--hold", *sweep)
+    assert result.returncode == 0, result.stderr
+    web = get_json(port, "/api/status")
+    assert len(web["waiting"]) == api.WAITING_SHOWN
+    assert web["counts"]["held"] == api.WAITING_SHOWN + 50
+    assert [j["id"] for j in web["waiting"]] == sorted(j["id"] for j in web["waiting"])

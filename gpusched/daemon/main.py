@@ -243,6 +243,12 @@ class Daemon:
 
             names, routes = wanted.setdefault(self.config.web_address, ([], {}))
             names.append("web")
+            if self.services.single_user:
+                log.warning(
+                    "web: this daemon serves only its user, but its dashboard shows that"
+                    " user's jobs (commands hidden) to anyone who can reach %s:%s",
+                    *self.config.web_address,
+                )
             routes.update(web_routes(self.services, self.config.web_address[0]))
         for address, (names, routes) in wanted.items():
             self.http.append(
