@@ -159,7 +159,8 @@ def test_queue_shows_why_a_job_waits_and_updates_without_a_reload(daemon_factory
         row = f'#waiting tr[data-job="{waiting}"]'
 
         def reason_shown() -> bool:
-            return texts(driver, row + " .reason") == [daemon.show(waiting)["waiting_reason"]]
+            by_id = {job["id"]: job for job in daemon.status()["jobs"]}
+            return texts(driver, row + " .reason") == [by_id[waiting]["waiting_reason"]]
 
         eventually(reason_shown, 20)
         # The name is text on the page, not an element: no <img> was made of it.
