@@ -16,7 +16,6 @@ from hypothesis import HealthCheck, settings
 
 from gpusched.store import Store
 from tests.daemon_harness import RunningDaemon
-from tests.postgres import TEMPLATE, PostgresServer, private_server
 from tests.fakenvml.fixtures import (  # noqa: F401
     fake_nvml,
     fake_nvml_builds,
@@ -24,6 +23,7 @@ from tests.fakenvml.fixtures import (  # noqa: F401
     fake_nvml_no_v2,
     fake_nvml_old,
 )
+from tests.postgres import TEMPLATE, PostgresServer, private_server
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ Whatever is said about a database names it without its password (`describe_url`)
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeGuard
 
 from sqlalchemy import Engine, create_engine, event, make_url
 from sqlalchemy.engine import Connection
@@ -50,7 +50,7 @@ def unavailable(exc: DBAPIError, where: str) -> GpuschedError:
     return GpuschedError(f"the database {where} is unavailable ({first}); nothing was changed")
 
 
-def is_disconnect(exc: BaseException) -> bool:
+def is_disconnect(exc: BaseException) -> TypeGuard[DBAPIError]:
     """Whether `exc` says the database cannot be reached (rather than a bad statement)."""
     if not isinstance(exc, DBAPIError):
         return False

@@ -5,7 +5,8 @@ A database of an earlier version has no alembic_version table: its `jobs` was ma
 create_all() and then grew by "add the missing columns" at each start, so it may lack any
 of the columns added since the first release (all nullable, read as NULL by old rows),
 their indexes, and `envs`. Alembic runs this revision on it as on an empty database: what
-is missing is added, nothing present is touched, and the queue stays as it was.
+is missing is added, nothing else is touched (but for the byte sizes, widened to BIGINT on
+PostgreSQL, where INTEGER stops at 2 GiB), and the queue stays as it was.
 
 Revision ID: 0001
 Revises:
@@ -86,10 +87,16 @@ def upgrade() -> None:
     if "jobs" not in tables:
         op.create_table("jobs", *_job_columns())
     else:  # a database of an earlier version: add what it lacks
-        present = {column["name"] for column in inspector.get_columns("jobs")}
+        present = {column["name"]: column for column in inspector.get_columns("jobs")}
         for column in _job_columns():
             if column.name not in present:
                 op.add_column("jobs", column)
+            elif (
+                op.get_bind().dialect.name == "postgresql"
+                and isinstance(column.type, sa.BigInteger)
+                and not isinstance(present[column.name]["type"], sa.BigInteger)
+            ):  # sizes in bytes were INTEGER: 2**31 bytes and up did not fit
+                op.alter_column("jobs", column.name, type_=sa.BigInteger)
     indexes = (
         {index["name"] for index in inspector.get_indexes("jobs")} if "jobs" in tables else set()
     )
