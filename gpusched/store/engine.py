@@ -14,8 +14,9 @@ Whatever is said about a database names it without its password (`describe_url`)
 from __future__ import annotations
 
 from typing import Any, TypeGuard
+from urllib.parse import unquote
 
-from sqlalchemy import Engine, create_engine, event, make_url
+from sqlalchemy import URL, Engine, create_engine, event, make_url
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 
@@ -28,7 +29,15 @@ CONNECT_TIMEOUT_S = 5
 def describe_url(url: str) -> str:
     """The database's URL without its password: what logs and errors show."""
     parsed = make_url(url)
-    return parsed.set(password=None).render_as_string(hide_password=False)
+    bare = URL.create(
+        parsed.drivername,
+        username=parsed.username,
+        host=parsed.host,
+        port=parsed.port,
+        database=parsed.database,
+        query={k: v for k, v in parsed.query.items() if k != "password"},
+    )
+    return unquote(bare.render_as_string(hide_password=False))  # a socket path as a path
 
 
 def make_engine(url: str) -> Engine:
