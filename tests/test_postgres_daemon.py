@@ -105,10 +105,11 @@ def test_the_database_going_away_loses_nothing(
         shown = pg_daemon.cli("show", "--json", str(job_id))
         if shown.returncode != 0:
             return None
-        job: dict[str, Any] = json.loads(shown.stdout)
-        return job if job["state"] == "failed" else None
+        seen: dict[str, Any] = json.loads(shown.stdout)
+        return seen if seen["state"] == "failed" else None
 
     job = eventually(ended, 30, describe=pg_daemon.stderr)
+    assert job is not None
     assert (job["reason"], job["exit_code"]) == ("exit", 5)
     # The daemon reconnected by itself: it takes and runs new jobs.
     again = pg_daemon.submit("--mem", "1G", "--", "true")
