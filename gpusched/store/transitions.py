@@ -4,8 +4,8 @@ One transaction each. A state change is a compare-and-set (`_transition`): it ap
 only if the job is still in a state it may leave, so of two racing changes the first
 wins and the second returns False. So are the writes about a running job (its pid, why
 it is being stopped): a late one changes nothing once the job has ended. Only the usage
-figures and `hooks_started` (which clears a flag) are written by id alone. How durable each write is: gpusched.store.database's
-docstring.
+figures and `hooks_started` (which clears a flag) are written by id alone. How durable
+each write is: gpusched.store.database's docstring.
 """
 
 from __future__ import annotations
