@@ -33,6 +33,7 @@ BENCHMARKS = (
     "idle",
     "scheduling_pass",
     "database",
+    "timeline_storage",
 )
 
 

@@ -32,7 +32,7 @@ from sqlalchemy import (
 )
 
 from gpusched.core.models import JobState
-from gpusched.store import Store, metadata
+from gpusched.store import Store, metadata, timeline_points
 from gpusched.store.schema import SchemaTooNew, head_revision
 from tests.daemon_harness import RunningDaemon, directory_settings
 from tests.postgres import PostgresServer
@@ -194,6 +194,30 @@ def test_a_database_of_an_earlier_release_keeps_its_queue(
         assert again.count() == 3
     finally:
         again.close()
+
+
+def test_a_database_made_by_create_all_of_the_last_release_is_adopted(empty_url: str) -> None:
+    """The release just before schema revisions made every table, timeline_points too, with
+    create_all: the revisions find them all, keep their rows and record the revision."""
+    engine = create_engine(empty_url)
+    try:
+        metadata.create_all(engine)  # what that release's Store did at each start
+    finally:
+        engine.dispose()
+    queued, _ = _old_database(empty_url, _before_envs)  # rows into the tables made above
+    engine = create_engine(empty_url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(timeline_points.insert().values(job_id=queued, t=1.0, memory=5, samples=1))
+    finally:
+        engine.dispose()
+    store = Store(empty_url)
+    try:
+        assert _revisions(store) == [head_revision()]
+        assert [j.id for j in store.active()] == [queued]
+        assert [(p.t, p.memory_bytes) for p in store.timeline_rows(queued)] == [(1.0, 5)]
+    finally:
+        store.close()
 
 
 def _from_the_future(url: str) -> None:
