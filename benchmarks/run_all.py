@@ -33,6 +33,7 @@ BENCHMARKS = (
     "idle",
     "scheduling_pass",
     "dashboard",
+    "database",
     "timeline_storage",
 )
 
