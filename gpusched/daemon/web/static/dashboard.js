@@ -359,8 +359,9 @@ function renderJob(data) {
 function renderUsage(data) {
   header(data);
   document.getElementById("usage-explained").textContent =
-    "Fair share orders waiting jobs by each user's recent GPU memory-time: the user who used " +
-    "least goes first (then priority, then submit time). A job holding 1G for an hour adds " +
+    "When two or more users have jobs waiting, fair share orders them by each user's recent " +
+    "GPU memory-time: the user who used least goes first (then priority, then submit time). " +
+    "A job holding 1G for an hour adds " +
     "1 GiB-hour, halved every " + fmtDuration(data.half_life_s) + "; after " +
     fmtDuration(data.window_s) + " it no longer counts. Least first:";
   const gibHours = (v) => (v / 2 ** 30 / 3600).toFixed(2);
