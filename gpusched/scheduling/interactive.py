@@ -81,6 +81,9 @@ class InteractiveJobs:
         self.warnings: dict[int, str] = {}  # job id -> its warning in `status` (idle)
         # Notified after every pass: a client waiting for its placement looks again.
         self.placed = threading.Condition()
+        # Idleness is counted from a job's start, but not from before this daemon's start:
+        # what a job did meanwhile is unknown, so a restart must not make it idle at once.
+        self._since = clock()
 
     @property
     def config(self) -> Config:
@@ -165,7 +168,8 @@ class InteractiveJobs:
                 self._busy_at[job.id] = now
                 self.warnings.pop(job.id, None)
                 continue
-            since = self._busy_at.setdefault(job.id, now)
+            started = datetime.fromisoformat(job.started_at) if job.started_at else now
+            since = self._busy_at.setdefault(job.id, max(started, self._since))
             idle_s = (now - since).total_seconds()
             if settings.idle_timeout_s is None or idle_s < settings.idle_timeout_s:
                 self.warnings.pop(job.id, None)
