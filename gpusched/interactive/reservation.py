@@ -10,10 +10,12 @@ client asks again, and the report of the end is retried until the daemon answers
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from gpusched.client import Client
 from gpusched.core.errors import ConflictError, DaemonUnreachable, GpuschedError, UsageError
@@ -106,7 +108,7 @@ def wait_placed(
         wait_s = PLACEMENT_POLL_S
         if deadline is not None:
             wait_s = max(0.0, min(wait_s, deadline - time.monotonic()))
-        reply = client.request("placement", id=job_id, timeout=wait_s)
+        reply = _asked_again(functools.partial(placement, client, job_id, wait_s))
         job = Job.from_json(reply["job"])
         if job.state == JobState.RUNNING:
             return Placement(
@@ -129,15 +131,30 @@ def report_end(
 ) -> Job | None:
     """Tell the daemon how the command ended; retried while the daemon does not answer
     (a restart). None if it never answered: it ends the job `lost` when we are gone."""
+    try:
+        return Job.from_json(
+            _asked_again(
+                lambda: client.request("run_ended", id=job_id, exit_code=exit_code, signal=signal)
+            )
+        )
+    except DaemonUnreachable:
+        return None
+
+
+def placement(client: Client, job_id: int, wait_s: float) -> Any:
+    return client.request("placement", id=job_id, timeout=wait_s)
+
+
+def _asked_again(request: Callable[[], Any]) -> Any:
+    """The request's answer, asked again for a while when the daemon does not answer (it
+    may be restarting: the job is in its database, and it checks this process again)."""
     deadline = time.monotonic() + REPORT_RETRY_S
     while True:
         try:
-            return Job.from_json(
-                client.request("run_ended", id=job_id, exit_code=exit_code, signal=signal)
-            )
+            return request()
         except DaemonUnreachable:
             if time.monotonic() >= deadline:
-                return None
+                raise
             time.sleep(1.0)
 
 
