@@ -126,6 +126,22 @@ def test_ctrl_c_while_running_goes_to_the_command_alone(
     assert daemon.show(job)["reason"] == "signal"
 
 
+def test_ctrl_c_reaches_the_command_with_stdin_redirected(
+    daemon: RunningDaemon, terminals: list[Terminal]
+) -> None:
+    """The terminal is found through /dev/tty when stdin is not it."""
+    run = " ".join(RUN)
+    trapping = "trap 'echo got-int; exit 9' INT; echo ready; while :; do sleep 0.1; done"
+    terminal = Terminal(
+        ["sh", "-c", f'exec {run} --mem 1G -- sh -c "{trapping}" < /dev/null'], daemon.env
+    )
+    terminals.append(terminal)
+    terminal.expect("ready")
+    terminal.send(b"\x03")
+    assert terminal.wait() == 9
+    assert "got-int" in terminal.output
+
+
 def test_a_killed_client_releases_its_gpu_within_a_poll_and_takes_its_command(
     daemon: RunningDaemon, tmp_path: Path
 ) -> None:

@@ -1,12 +1,15 @@
 """Running `gpusched run`'s command attached to the caller's terminal, as the caller.
 
-The command runs as this process's child, in a process group of its own that gets the
-terminal (as a shell runs a job in the foreground): Ctrl-C and Ctrl-\\ reach the command
-alone, Ctrl-Z stops it and then this process too, so the caller's shell sees the job
-stopped, and `fg` gives the terminal back to the command. A stop asked by the daemon
-(SIGTERM to this process: cancel, --time, idle) or a hang-up is passed on to the
-command's group; SIGKILL follows after `kill_grace`. The child is killed by the kernel
-if this process dies (PR_SET_PDEATHSIG): the reservation ends with it, so must the command.
+The command is this process's child. When we are the terminal's foreground job, it runs
+in a process group of its own that gets the terminal (as a shell runs a job): Ctrl-C and
+Ctrl-\\ reach the command alone, Ctrl-Z stops it and then this process too, so the
+caller's shell sees the job stopped, and `fg` gives the terminal back to the command.
+Otherwise (started in the background, or with no terminal) it stays in our process group,
+so the caller's shell controls both as one job, and we ignore what the terminal sends.
+A stop asked by the daemon (SIGTERM to this process: cancel, --time, idle) or a hang-up
+is passed on to the command; SIGKILL follows after `kill_grace`. The child is killed by
+the kernel if this process dies (PR_SET_PDEATHSIG): the reservation ends with it, so must
+the command.
 """
 
 from __future__ import annotations
@@ -35,12 +38,19 @@ def _sigttou_ignored() -> Iterator[None]:
 
 
 def _foreground_tty() -> int | None:
-    """The terminal on stdin, if this process's group is its foreground group."""
-    try:
-        if os.isatty(0) and os.tcgetpgrp(0) == os.getpgrp():
-            return 0
+    """A descriptor of our controlling terminal, if our group is its foreground group."""
+    for fd in (0, 1, 2):
+        with contextlib.suppress(OSError):
+            if os.isatty(fd) and os.tcgetpgrp(fd) == os.getpgrp():
+                return fd
+    try:  # stdin, stdout and stderr redirected: the terminal may still be ours
+        fd = os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
     except OSError:
-        pass
+        return None
+    with contextlib.suppress(OSError):
+        if os.tcgetpgrp(fd) == os.getpgrp():
+            return fd
+    os.close(fd)
     return None
 
 
@@ -48,8 +58,8 @@ def _child_setup(parent: int, tty: int | None) -> Callable[[], None]:
     """Run in the child before exec: its own group, in the foreground, dies with us."""
 
     def setup() -> None:
-        os.setpgid(0, 0)
         if tty is not None:
+            os.setpgid(0, 0)
             # In the child too, before exec: a command that reads the terminal at once
             # must already own it, or it would stop (SIGTTIN) before the parent hands over.
             signal.signal(signal.SIGTTOU, signal.SIG_IGN)
@@ -91,10 +101,11 @@ class Attached:
             env=env,
             preexec_fn=_child_setup(os.getpid(), self.tty),  # noqa: PLW1509 (single-threaded)
         )
-        self.pgid = self.child.pid
-        with contextlib.suppress(OSError):
-            os.setpgid(self.pgid, self.pgid)  # also here: whichever runs first wins
-        self._give_terminal()
+        self.pgid = self.child.pid if self.tty is not None else None
+        if self.pgid is not None:
+            with contextlib.suppress(OSError):
+                os.setpgid(self.pgid, self.pgid)  # also here: whichever runs first wins
+            self._give_terminal()
         # Ctrl-C and Ctrl-\ are the command's: should they reach us (no terminal of our
         # own, or the same group), we stay to report its end.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -107,7 +118,7 @@ class Attached:
             self.stop_signal = signum
 
     def _give_terminal(self) -> None:
-        if self.tty is not None:
+        if self.tty is not None and self.pgid is not None:
             with _sigttou_ignored(), contextlib.suppress(OSError):
                 os.tcsetpgrp(self.tty, self.pgid)
 
@@ -117,8 +128,12 @@ class Attached:
                 os.tcsetpgrp(self.tty, os.getpgrp())
 
     def _signal_group(self, signum: int) -> None:
+        """The command's process group, or the command alone when it shares ours."""
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.pgid, signum)
+            if self.pgid is None:
+                os.kill(self.child.pid, signum)
+            else:
+                os.killpg(self.pgid, signum)
 
     def _suspend(self) -> None:
         """The command stopped (Ctrl-Z): stop as well, so the caller's shell sees the job
@@ -164,3 +179,5 @@ class Attached:
             self._take_terminal()
             for signum, handler in self._previous.items():
                 signal.signal(signum, handler)
+            if self.tty is not None and self.tty > 2:  # the /dev/tty we opened
+                os.close(self.tty)
