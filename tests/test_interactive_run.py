@@ -300,3 +300,32 @@ def test_a_shell_under_tmux_behaves_as_a_person_sees_it(
         assert (ended["state"], ended["exit_code"]) == ("failed", 5)
     finally:
         subprocess.run([*tmux, "kill-server"], capture_output=True, check=False)
+
+
+def test_an_interactive_job_outlives_a_daemon_restart(
+    daemon: RunningDaemon, tmp_path: Path
+) -> None:
+    go = tmp_path / "go"
+    client = subprocess.Popen(
+        [*RUN, "--mem", "2G", "--", "sh", "-c", f"while [ ! -e {go} ]; do sleep 0.1; done; exit 4"],
+        env=daemon.env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        job = eventually(lambda: running_job(daemon))
+        daemon.stop()
+        daemon.start()
+        assert daemon.show(job)["state"] == "running"  # its client lives: re-adopted as is
+        daemon.stop()
+        go.touch()  # the command ends while no daemon answers: its client asks again
+        time.sleep(1.5)
+        assert client.poll() is None
+        daemon.start()
+        assert client.wait(timeout=60) == 4
+        ended = daemon.show(job)
+        assert (ended["state"], ended["exit_code"]) == ("failed", 4)
+    finally:
+        client.kill()
+        client.communicate()
