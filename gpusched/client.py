@@ -22,10 +22,11 @@ import shutil
 import socket
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, overload
 
+from gpusched.core import requests as rq
 from gpusched.core.config import resolve_socket
 from gpusched.core.errors import DaemonUnreachable, ProtocolError, UsageError
 from gpusched.core.models import TERMINAL_STATES, Drain, GpuReport, Job
@@ -67,14 +68,14 @@ def resolve_command(command: Sequence[str], cwd: str, path_env: str | None) -> l
     return argv
 
 
-def _notify_argv(notify: str | Sequence[str] | None) -> list[str] | None:
+def _notify_argv(notify: str | Sequence[str] | None) -> tuple[str, ...] | None:
     """`--notify 'notify-send "job done"'` -> ["notify-send", "job done"]; never a shell."""
     if notify is None:
         return None
     argv = shlex.split(notify) if isinstance(notify, str) else list(notify)
     if not argv or not argv[0]:
         raise UsageError("--notify: empty command")
-    return argv
+    return tuple(argv)
 
 
 def _current_umask() -> int:
@@ -144,10 +145,15 @@ class Client:
             raise error_from_reply(reply)
         raise ProtocolError("the daemon sent a reply without 'ok'")
 
+    def send(self, request: rq.Request) -> Any:
+        """Send a request object (gpusched.core.requests, checked as it was built)."""
+        wire = request.to_wire()
+        return self.request(wire.pop("op"), **wire)
+
     def ping(self) -> dict[str, Any]:
         """{"version", "pid", "daemon_user", "daemon_uid", "user", "uid"}: who answers, and
         who the daemon thinks is asking."""
-        return dict(self.request("ping"))
+        return dict(self.send(rq.PingRequest()))
 
     def submit(
         self,
@@ -207,7 +213,7 @@ class Client:
         """
         result = self._submit(
             command,
-            sweep=[[key, list(values)] for key, values in sweep],
+            sweep=tuple((key, tuple(values)) for key, values in sweep),
             max_concurrent=max_concurrent,
             **options,
         )
@@ -229,18 +235,19 @@ class Client:
         environment = dict(os.environ if env is None else env)
         argv = resolve_command(command, workdir, environment.get("PATH"))
         if mem == "auto":
-            mem = int(self.request("estimate_history", command=argv)["suggested_mem"])
-        return self.request(
-            "submit",
-            command=argv,
-            cwd=workdir,
-            env=environment,
-            umask=_current_umask(),
-            mem=None if mem is None else parse_size(mem),
-            time=None if time_limit is None else parse_duration(time_limit),
-            after=list(after),
-            notify=_notify_argv(notify),
-            **fields,
+            mem = int(self.send(rq.EstimateHistoryRequest(tuple(argv)))["suggested_mem"])
+        return self.send(
+            rq.SubmitRequest(
+                command=tuple(argv),
+                cwd=workdir,
+                env=environment,
+                umask=_current_umask(),
+                mem=None if mem is None else parse_size(mem),
+                time=None if time_limit is None else parse_duration(time_limit),
+                after=tuple(after),
+                notify=_notify_argv(notify),
+                **fields,
+            )
         )
 
     def estimate_history(
@@ -259,7 +266,7 @@ class Client:
         workdir = os.path.abspath(cwd if cwd is not None else os.getcwd())
         environment = dict(os.environ if env is None else env)
         argv = resolve_command(command, workdir, environment.get("PATH"))
-        return dict(self.request("estimate_history", command=argv))
+        return dict(self.send(rq.EstimateHistoryRequest(tuple(argv))))
 
     def status(self, all: bool = False) -> Status:
         """GPUs and active jobs (`all`: recently ended jobs too), every page of them."""
@@ -284,15 +291,15 @@ class Client:
         The daemon answers in pages (`status_page_jobs` each) so that any queue fits;
         a job is listed once, in the state it had when its page was read.
         """
-        args: dict[str, Any] = {"all": all}
-        if states is not None:
-            args["states"] = list(states)
-        if first is not None:
-            args["limit"] = max(1, first)
-        result: dict[str, Any] = self.request("status", **args)
+        ask = rq.StatusRequest(
+            all=all,
+            states=None if states is None else tuple(states),
+            limit=None if first is None else max(1, first),
+        )
+        result: dict[str, Any] = self.send(ask)
         jobs = list(result["jobs"])
         while result.get("next") is not None and (first is None or len(jobs) < first):
-            result = {**result, **self.request("status", cursor=result["next"], **args)}
+            result = {**result, **self.send(replace(ask, cursor=result["next"]))}
             jobs += result["jobs"]
         if states is not None:  # an older daemon sends every state
             wanted = set(states) | ({str(s) for s in TERMINAL_STATES} if all else set())
@@ -302,46 +309,46 @@ class Client:
 
     def job(self, job_id: int) -> Job:
         """One job by id (NotFoundError if there is none)."""
-        return Job.from_json(self.request("show", id=job_id))
+        return Job.from_json(self.send(rq.ShowRequest(job_id)))
 
     def cancel(self, job_id: int) -> Job:
         """Cancel a job; returns it as it is right after the request (it may still be
         running for up to `kill_grace` while it stops)."""
-        return Job.from_json(self.request("cancel", id=job_id))
+        return Job.from_json(self.send(rq.CancelRequest(id=job_id)))
 
     def set_priority(self, job_id: int, priority: int) -> Job:
-        return Job.from_json(self.request("priority", id=job_id, priority=priority))
+        return Job.from_json(self.send(rq.PriorityRequest(job_id, priority)))
 
     def requeue(self, job_id: int) -> Job:
         """Queue a new job with the spec of an ended one."""
-        return Job.from_json(self.request("requeue", id=job_id))
+        return Job.from_json(self.send(rq.RequeueRequest(job_id)))
 
     def array(self, array_id: int) -> list[Job]:
         """The jobs of one sweep array, in order."""
-        return [Job.from_json(j) for j in self.request("array", array=array_id)]
+        return [Job.from_json(j) for j in self.send(rq.ArrayRequest(array_id))]
 
     def cancel_array(self, array_id: int) -> list[Job]:
-        return [Job.from_json(j) for j in self.request("cancel", array=array_id)]
+        return [Job.from_json(j) for j in self.send(rq.CancelRequest(array=array_id))]
 
     def cancel_mine(self, waiting_only: bool = False) -> list[Job]:
         """Cancel every active job of the caller's (`waiting_only`: those not started yet)."""
-        jobs = self.request("cancel", mine=True, waiting_only=waiting_only)
+        jobs = self.send(rq.CancelRequest(mine=True, waiting_only=waiting_only))
         return [Job.from_json(j) for j in jobs]
 
     def hold(self, job_id: int) -> Job:
-        return Job.from_json(self.request("hold", id=job_id))
+        return Job.from_json(self.send(rq.HoldRequest(job_id)))
 
     def release(self, job_id: int) -> Job:
-        return Job.from_json(self.request("release", id=job_id))
+        return Job.from_json(self.send(rq.ReleaseRequest(job_id)))
 
     def drain(self, reason: str | None = None) -> Drain:
         """Start no new job (administrators only); running jobs go on, the queue waits."""
-        result = self.request("drain", on=True, reason=reason)
+        result = self.send(rq.DrainRequest(on=True, reason=reason))
         return Drain.from_json(result)
 
     def undrain(self) -> None:
         """Let jobs start again (administrators only)."""
-        self.request("drain", on=False)
+        self.send(rq.DrainRequest(on=False))
 
     def history(
         self,
@@ -352,15 +359,12 @@ class Client:
     ) -> list[Job]:
         """Ended jobs, most recent first. `states`: e.g. ["failed", "lost"]; `since`: an
         ISO timestamp with a time zone (jobs that ended at or after it)."""
-        args: dict[str, Any] = {"user": user, "limit": limit}
-        if states is not None:
-            args["states"] = list(states)
-        if since is not None:
-            args["since"] = since
-        return [Job.from_json(j) for j in self.request("history", **args)]
+        states = None if states is None else tuple(states)
+        ask = rq.HistoryRequest(limit=limit, user=user, states=states, since=since)
+        return [Job.from_json(j) for j in self.send(ask)]
 
     def logs(self, job_id: int, offset: int = 0) -> LogChunk:
-        result = self.request("logs", id=job_id, offset=offset)
+        result = self.send(rq.LogsRequest(job_id, offset))
         return LogChunk(
             base64.b64decode(result["data"]), result["offset"], result["ended"], result["state"]
         )
@@ -386,7 +390,7 @@ class Client:
             remaining = 30.0 if deadline is None else max(0.0, deadline - time.monotonic())
             found = {
                 job["id"]: Job.from_json(job)
-                for job in self.request("wait", ids=unique, timeout=min(30.0, remaining))
+                for job in self.send(rq.WaitRequest(tuple(unique), min(30.0, remaining)))
             }
             jobs = [found[i] for i in job_ids if i in found]
             if all(job.state in TERMINAL_STATES for job in jobs):

@@ -80,8 +80,6 @@ def test_only_the_queuing_process_waits_for_it_or_ends_it(daemon: Daemon) -> Non
 @pytest.mark.parametrize(
     ("args", "problem"),
     [
-        ({}, "an exit_code or a signal"),
-        ({"exit_code": 0, "signal": 9}, "an exit_code or a signal"),
         ({"exit_code": 256}, "between 0 and 255"),
         ({"signal": 0}, "between 1 and 64"),
     ],

@@ -18,8 +18,9 @@ import socket
 import sys
 import threading
 import time
+import types
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Union, get_args, get_origin, get_type_hints
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -27,19 +28,19 @@ from hypothesis import strategies as st
 
 from gpusched.client import Client
 from gpusched.core.protocol import MAX_FRAME_BYTES
-from gpusched.daemon import handlers
+from gpusched.core.requests import REQUESTS, fields_of
 from tests.daemon_harness import RunningDaemon
 
 pytestmark = pytest.mark.fuzz  # skipped locally with -m "not fuzz"; CI runs it
 
-OPS = sorted(handlers.HANDLERS)
+OPS = sorted(REQUESTS)
 NOWHERE = "/nonexistent/gpusched-fuzz"
 MIN_FRAMES = 10_000
 
 
-# The arguments each request may carry, as the handlers package declares them: a new
-# handler or field is fuzzed as soon as it is declared there.
-FIELDS = handlers.FIELDS
+# The fields each request may carry, read from its dataclass (gpusched.core.requests): a
+# new request or field is fuzzed as soon as it is declared there.
+FIELDS = {op: fields_of(kind) for op, kind in REQUESTS.items()}
 ALL_FIELDS = sorted(set().union(*FIELDS.values()))
 
 
@@ -326,7 +327,7 @@ def unknown_ops(rng: random.Random, n: int) -> Iterator[bytes]:
     odd: list[Any] = [None, 1, 1.5, True, [], {}, "", "PING", " ping", "ping\x00", "\ud800"]
     for i in range(n):
         op = rng.choice(odd) if i % 2 else "".join(rng.choices("abcdefgh_-", k=rng.randrange(9)))
-        if isinstance(op, str) and op in handlers.HANDLERS:
+        if isinstance(op, str) and op in REQUESTS:
             op = op + "?"
         request: dict[str, Any] = {"op": op, "id": rng.randrange(-5, 5)}
         if i % 7 == 0:
@@ -528,6 +529,30 @@ _PLAUSIBLE: dict[str, st.SearchStrategy[Any]] = {
 }
 
 
+def _of_type(kind: type, name: str) -> st.SearchStrategy[Any]:
+    """Wire values of a field's declared type, for a field _PLAUSIBLE does not know yet."""
+    return _wire(get_type_hints(kind)[name])
+
+
+def _wire(hint: Any) -> st.SearchStrategy[Any]:
+    origin, args = get_origin(hint), get_args(hint)
+    if origin in (Union, types.UnionType):
+        return st.none() | _wire(next(a for a in args if a is not type(None)))
+    if origin is tuple:
+        if args[-1] is Ellipsis:
+            return st.lists(_wire(args[0]), max_size=3)
+        return st.tuples(*map(_wire, args)).map(list)
+    if origin is not None:  # a Mapping
+        return st.dictionaries(_wire(args[0]), _wire(args[1]), max_size=3)
+    scalars: dict[Any, st.SearchStrategy[Any]] = {
+        bool: st.booleans(),
+        int: st.integers(-2, 2**63 - 1),
+        float: st.floats(-1, 1e10),
+        str: _words,
+    }
+    return scalars[hint]
+
+
 # Present in every plausible request that reads them: without them nothing gets far.
 _KEY_FIELDS = {"command", "cwd", "id", "ids", "array"}
 
@@ -535,7 +560,7 @@ _KEY_FIELDS = {"command", "cwd", "id", "ids", "array"}
 def _shaped(op: Any) -> st.SearchStrategy[dict[str, Any]]:
     """The fields `op` reads, each absent or plausible, then up to two set to any JSON."""
     own = sorted(FIELDS.get(op, set())) if isinstance(op, str) else []
-    plausible = {f: _PLAUSIBLE.get(f, json_values) for f in own}
+    plausible = {f: _PLAUSIBLE[f] if f in _PLAUSIBLE else _of_type(REQUESTS[op], f) for f in own}
     keys = st.sampled_from(own or ALL_FIELDS) | st.sampled_from(ALL_FIELDS) | st.text(max_size=6)
     required = {f: v for f, v in plausible.items() if f in _KEY_FIELDS and op != "cancel"}
     optional = {f: v for f, v in plausible.items() if f not in required}

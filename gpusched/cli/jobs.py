@@ -115,9 +115,7 @@ def submit(
       gpusched submit --mem 8G --sweep lr=0.1,0.01 --sweep bs=32,64 \\
           --max-concurrent 2 -- python train.py --lr {lr} --bs {bs}
     """
-    if gpus < 1:
-        raise UsageError("--gpus must be at least 1")
-    if max_concurrent is not None and not sweep:
+    if max_concurrent is not None and not sweep:  # Client.submit has no such parameter
         raise UsageError("--max-concurrent applies to a --sweep array")
     options: dict[str, Any] = {
         "mem": None if mem is None else "auto" if mem == "auto" else parse_size(mem),

@@ -18,11 +18,9 @@ from gpusched.core.errors import UsageError
 from gpusched.core.sweep import ARG_OVERHEAD_BYTES, measure
 from gpusched.core.units import format_size
 
-MAX_IDS = 10_000  # job ids in one request: `wait`, `after`
 # What the daemon builds of one reply that lists jobs (their JSON, estimated): below the
 # protocol's MAX_REPLY_BYTES, so an answer too long is refused before it is all in memory.
 REPLY_BUDGET = 32 * 2**20
-MAX_NAME_CHARS = 200  # a job's name, a sweep's label included
 _ID_BYTES = 21  # an id as stored in a JSON list: up to 19 digits, a sign and a comma
 
 
@@ -57,13 +55,6 @@ def reply_weight(job: Mapping[str, Any]) -> int:
 def _json_len(text: str) -> int:
     """At most what json.dumps makes of `text` (ASCII escapes: up to 6 bytes a character)."""
     return len(text) + 2 if text.isascii() else 6 * len(text) + 2
-
-
-def check_ids(key: str, ids: Sequence[int]) -> list[int]:
-    """At most MAX_IDS ids, each once, in the order first given."""
-    if len(ids) > MAX_IDS:
-        raise UsageError(f"'{key}': at most {MAX_IDS} job ids in one request, not {len(ids)}")
-    return list(dict.fromkeys(ids))
 
 
 def check_submit(

@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpusched.client import Client
-from gpusched.core.errors import ConflictError, DaemonUnreachable, GpuschedError, UsageError
+from gpusched.core.errors import ConflictError, DaemonUnreachable, GpuschedError
 from gpusched.core.models import TERMINAL_STATES, Job, JobState
+from gpusched.core.requests import PlacementRequest, RunEndedRequest, RunRequest
 from gpusched.core.units import parse_duration, parse_size
 
 PLACEMENT_POLL_S = 2.0  # each `placement` request waits this long, then the reason is shown
@@ -75,18 +76,17 @@ def queue(
         mem = parse_size(mem)
     if isinstance(time_limit, str):
         time_limit = parse_duration(time_limit)
-    if gpus < 1:
-        raise UsageError("gpus must be at least 1")
     return Job.from_json(
-        client.request(
-            "run",
-            command=list(command),
-            cwd=os.getcwd(),
-            mem=mem,
-            gpus=gpus,
-            time=time_limit,
-            name=name,
-            priority=priority,
+        client.send(
+            RunRequest(
+                command=tuple(command),
+                cwd=os.getcwd(),
+                mem=mem,
+                gpus=gpus,
+                time=time_limit,
+                name=name,
+                priority=priority,
+            )
         )
     )
 
@@ -127,14 +127,14 @@ def wait_placed(
 
 
 def report_end(
-    client: Client, job_id: int, *, exit_code: int | None = None, signal: int | None = None
+    client: Client, job_id: int, *, exit_code: int = 0, signal: int | None = None
 ) -> Job | None:
     """Tell the daemon how the command ended; retried while the daemon does not answer
     (a restart). None if it never answered: it ends the job `lost` when we are gone."""
     try:
         return Job.from_json(
             _asked_again(
-                lambda: client.request("run_ended", id=job_id, exit_code=exit_code, signal=signal)
+                lambda: client.send(RunEndedRequest(id=job_id, exit_code=exit_code, signal=signal))
             )
         )
     except DaemonUnreachable:
@@ -142,7 +142,7 @@ def report_end(
 
 
 def placement(client: Client, job_id: int, wait_s: float) -> Any:
-    return client.request("placement", id=job_id, timeout=wait_s)
+    return client.send(PlacementRequest(id=job_id, timeout=wait_s))
 
 
 def _asked_again(request: Callable[[], Any]) -> Any:

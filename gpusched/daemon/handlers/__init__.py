@@ -1,13 +1,13 @@
 """The daemon's request handlers: one function per request, the flat table that names
-them (HANDLERS), the arguments each request may carry (FIELDS), and `dispatch`, the
-server's one call into them.
+them (HANDLERS), and `dispatch`, the server's one call into them.
 
 A handler gets the `Services` (scheduler, store, current config, authorisation rules),
-the caller and the request's arguments; it checks every argument it reads, returns a
+the caller and its request, parsed and checked as gpusched.core.requests declares it; it
+adds the checks that need the daemon (configured bounds, the caller's rights), returns a
 JSON-able value or raises a GpuschedError, and never touches the socket: server.py reads
-the request, identifies the caller, calls `dispatch` and writes the reply.
+the frame, identifies the caller, calls `dispatch` and writes the reply.
 
-Modules: args.py (argument checks), jobs.py (requests that change jobs), views.py
+Modules: args.py (strings made fit for text columns), jobs.py (requests that change jobs), views.py
 (requests that read them), admin.py (ping, drain), interactive.py (`gpusched run`, claim()).
 """
 
@@ -16,13 +16,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from gpusched.core.errors import ProtocolError
+from gpusched.core.requests import parse
 from gpusched.daemon.auth import check_served
 from gpusched.daemon.handlers import admin, interactive, jobs, views
 from gpusched.daemon.identity import Caller
 from gpusched.daemon.services import Services
 
-Handler = Callable[[Services, Caller, dict[str, Any]], Any]
+# Each handler takes its operation's request type (gpusched.core.requests); the table is
+# keyed by `op`, so the one a handler gets is always the one it declares.
+Handler = Callable[[Services, Caller, Any], Any]
 
 HANDLERS: dict[str, Handler] = {
     "ping": admin.ping,
@@ -45,55 +47,12 @@ HANDLERS: dict[str, Handler] = {
     "run_ended": interactive.run_ended,
 }
 
-# The arguments each request's handler reads (besides "op"); others are ignored. Kept
-# next to HANDLERS so a new field is declared where the protocol is: the fuzz test
-# (tests/test_protocol_fuzz.py) sends junk in every one, and tests/test_handlers.py
-# checks that a handler reads no argument missing from here.
-FIELDS: dict[str, frozenset[str]] = {
-    "ping": frozenset(),
-    "submit": frozenset(
-        {
-            "after",
-            "command",
-            "cwd",
-            "env",
-            "gpus",
-            "hold",
-            "max_concurrent",
-            "mem",
-            "name",
-            "notify",
-            "priority",
-            "retry_oom",
-            "sweep",
-            "time",
-            "umask",
-        }
-    ),
-    "status": frozenset({"all", "cursor", "limit", "states"}),
-    "show": frozenset({"id"}),
-    "logs": frozenset({"id", "max_bytes", "offset"}),
-    "cancel": frozenset({"array", "id", "mine", "waiting_only"}),
-    "hold": frozenset({"id"}),
-    "release": frozenset({"id"}),
-    "wait": frozenset({"ids", "timeout"}),
-    "history": frozenset({"limit", "since", "states", "user"}),
-    "priority": frozenset({"id", "priority"}),
-    "requeue": frozenset({"id"}),
-    "array": frozenset({"array"}),
-    "estimate_history": frozenset({"command"}),
-    "drain": frozenset({"on", "reason"}),
-    "run": frozenset({"command", "cwd", "gpus", "mem", "name", "priority", "time"}),
-    "placement": frozenset({"id", "timeout"}),
-    "run_ended": frozenset({"exit_code", "id", "signal"}),
-}
 
+def dispatch(services: Services, caller: Caller, frame: dict[str, Any]) -> Any:
+    """The handler's answer to a decoded frame, or its GpuschedError.
 
-def dispatch(services: Services, caller: Caller, request: dict[str, Any]) -> Any:
-    """The handler's answer to `request` (a decoded frame), or its GpuschedError."""
-    op = request.get("op")
-    handler = HANDLERS.get(op) if isinstance(op, str) else None
-    if handler is None:
-        raise ProtocolError(f"unknown request {op!r}")
+    The caller is checked before the frame is parsed: a user the daemon does not serve
+    learns nothing, not even whether their request was well formed."""
     check_served(caller, services.owner_uid)
-    return handler(services, caller, request)
+    request = parse(frame)
+    return HANDLERS[request.op](services, caller, request)

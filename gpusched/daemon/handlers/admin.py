@@ -8,16 +8,15 @@ from typing import Any
 
 from gpusched import __version__
 from gpusched.core.clock import iso, utc_now
-from gpusched.core.errors import PermissionDenied, UsageError
+from gpusched.core.errors import PermissionDenied
 from gpusched.core.models import Drain
-from gpusched.daemon.handlers.args import arg, text
+from gpusched.core.requests import DrainRequest, PingRequest
+from gpusched.daemon.handlers.args import text
 from gpusched.daemon.identity import Caller, user_name
 from gpusched.daemon.services import Services
 
-MAX_REASON_CHARS = 500  # a drain reason is shown on every `status`
 
-
-def ping(services: Services, caller: Caller, _args: dict[str, Any]) -> Any:
+def ping(services: Services, caller: Caller, _request: PingRequest) -> Any:
     return {
         "version": __version__,
         "pid": os.getpid(),
@@ -29,17 +28,15 @@ def ping(services: Services, caller: Caller, _args: dict[str, Any]) -> Any:
     }
 
 
-def drain(services: Services, caller: Caller, args: dict[str, Any]) -> Any:
+def drain(services: Services, caller: Caller, request: DrainRequest) -> Any:
     """An administrator stops new jobs from starting (on=true) or lets them start again."""
     if not caller.admin:
         raise PermissionDenied(
             f"only an administrator (root or one listed in `admins`) may drain; {caller.user}"
             " is not one"
         )
-    if arg(args, "on", bool, required=True):
-        reason = arg(args, "reason", str)
-        if reason is not None and not 0 < len(reason) <= MAX_REASON_CHARS:
-            raise UsageError(f"a drain reason is 1 to {MAX_REASON_CHARS} characters")
+    if request.on:
+        reason = request.reason
         state = Drain(caller.user, iso(utc_now()), None if reason is None else text(reason))
         services.scheduler.set_drain(state)
     else:

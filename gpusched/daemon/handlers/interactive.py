@@ -14,9 +14,9 @@ from typing import Any
 
 from gpusched.core.errors import ConflictError, PermissionDenied, UsageError
 from gpusched.core.models import Job, JobState
+from gpusched.core.requests import PlacementRequest, RunEndedRequest, RunRequest
 from gpusched.core.units import format_duration
-from gpusched.daemon.bounds import MAX_NAME_CHARS, check_submit
-from gpusched.daemon.handlers.args import arg, job_id, str_list
+from gpusched.daemon.bounds import check_submit
 from gpusched.daemon.identity import Caller, account_gid
 from gpusched.daemon.services import Services
 from gpusched.processes.environment import gpu_environment, sharing_environment
@@ -26,30 +26,11 @@ from gpusched.store import NewJob
 MAX_PLACEMENT_WAIT_S = 30.0  # one `placement` request; the client asks again
 
 
-def run(services: Services, caller: Caller, args: dict[str, Any]) -> Any:
+def run(services: Services, caller: Caller, request: RunRequest) -> Any:
     settings = services.config.interactive
     if settings.max_per_user == 0:
         raise UsageError("interactive jobs are switched off here (interactive.max_per_user 0)")
-    command = str_list(args, "command")
-    if not command or not command[0]:
-        raise UsageError("no command given: gpusched run [OPTIONS] -- COMMAND [ARGS...]")
-    cwd = arg(args, "cwd", str, required=True)
-    if not os.path.isabs(cwd):
-        raise UsageError(f"working directory must be an absolute path, not {cwd!r}")
-    mem = arg(args, "mem", int)
-    if mem is not None and mem <= 0:
-        raise UsageError("--mem must be more than zero")
-    gpus = arg(args, "gpus", int, default=1)
-    if gpus < 1:
-        raise UsageError("--gpus must be at least 1")
-    name = arg(args, "name", str)
-    if name is not None and len(name) > MAX_NAME_CHARS:
-        raise UsageError(f"--name is limited to {MAX_NAME_CHARS} characters")
-    time_limit = arg(args, "time", (int, float))
-    if time_limit is not None and not 0 < time_limit < 10**9:
-        raise UsageError("--time must be more than zero")
-    if time_limit is None:
-        time_limit = settings.default_time_s
+    time_limit = request.time if request.time is not None else settings.default_time_s
     if settings.max_time_s is not None and time_limit is not None:
         if time_limit > settings.max_time_s:
             most = format_duration(settings.max_time_s, exact=True)
@@ -57,31 +38,32 @@ def run(services: Services, caller: Caller, args: dict[str, Any]) -> Any:
     elif settings.max_time_s is not None:
         time_limit = settings.max_time_s
     start_time = _client_start_time(caller)
+    command = list(request.command)
     new = NewJob(
         user=caller.user,
         uid=caller.uid,
         gid=account_gid(caller),
         command=command,
-        cwd=cwd,
+        cwd=request.cwd,
         env={},
         umask=0o022,
-        mem=mem,
-        gpus=gpus,
-        name=name,
-        priority=arg(args, "priority", int, default=0),
-        time_limit_s=None if time_limit is None else float(time_limit),
+        mem=request.mem,
+        gpus=request.gpus,
+        name=request.name,
+        priority=request.priority,
+        time_limit_s=time_limit,
         client_pid=caller.pid,
         client_start_time=start_time,
     )
-    check_submit(services.config, command, None, name, ())
+    check_submit(services.config, command, None, request.name, ())
     return services.visible(caller, services.scheduler.submit(new))
 
 
-def placement(services: Services, caller: Caller, args: dict[str, Any]) -> Any:
+def placement(services: Services, caller: Caller, request: PlacementRequest) -> Any:
     """{"job": JOB, "env": ..., "env_defaults": ..., "kill_grace_s": ...} once it runs; until
     then (or after `timeout` seconds) {"job": JOB} with its waiting reason."""
-    job = _clients_job(services, caller, job_id(args))
-    timeout = float(arg(args, "timeout", (int, float), default=MAX_PLACEMENT_WAIT_S))
+    job = _clients_job(services, caller, request.id)
+    timeout = MAX_PLACEMENT_WAIT_S if request.timeout is None else request.timeout
     job = services.scheduler.interactive.wait_placed(
         job.id, min(max(timeout, 0.0), MAX_PLACEMENT_WAIT_S)
     )
@@ -98,18 +80,12 @@ def placement(services: Services, caller: Caller, args: dict[str, Any]) -> Any:
     return reply
 
 
-def run_ended(services: Services, caller: Caller, args: dict[str, Any]) -> Any:
-    """The client's command ended: with `exit_code`, or killed by `signal`."""
-    job = _clients_job(services, caller, job_id(args))
-    exit_code = arg(args, "exit_code", int)
-    signum = arg(args, "signal", int)
-    if (exit_code is None) == (signum is None):
-        raise UsageError("say how the command ended: an exit_code or a signal")
-    if exit_code is not None and not 0 <= exit_code <= 255:
-        raise UsageError("exit_code must be between 0 and 255")
-    if signum is not None and not 1 <= signum <= 64:
-        raise UsageError("signal must be between 1 and 64")
-    return services.visible(caller, services.scheduler.finish_interactive(job, exit_code, signum))
+def run_ended(services: Services, caller: Caller, request: RunEndedRequest) -> Any:
+    """The client's command ended: killed by `signal`, else with `exit_code`."""
+    job = _clients_job(services, caller, request.id)
+    exit_code = None if request.signal is not None else request.exit_code
+    ended = services.scheduler.finish_interactive(job, exit_code, request.signal)
+    return services.visible(caller, ended)
 
 
 def _client_start_time(caller: Caller) -> str:

@@ -4,99 +4,60 @@ lets the caller touch, and answers with the jobs as `services.visible` shows the
 
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 from typing import Any
 
 from gpusched.core.errors import ConflictError, NotFoundError, ProtocolError, UsageError
 from gpusched.core.models import TERMINAL_STATES, Job, JobState
-from gpusched.core.sweep import expand, swept_name
-from gpusched.daemon.bounds import MAX_NAME_CHARS, check_env, check_submit
-from gpusched.daemon.handlers.args import (
-    arg,
-    int_list,
-    job_id,
-    notify,
-    retry_oom,
-    str_list,
-    text,
+from gpusched.core.requests import (
+    MAX_NAME_CHARS,
+    CancelRequest,
+    HoldRequest,
+    PriorityRequest,
+    ReleaseRequest,
+    RequeueRequest,
+    SubmitRequest,
 )
+from gpusched.core.sweep import expand, swept_name
+from gpusched.daemon.bounds import check_env, check_submit
+from gpusched.daemon.handlers.args import text
 from gpusched.daemon.handlers.views import job_list
 from gpusched.daemon.identity import Caller, account_gid, can_enter
 from gpusched.daemon.services import Services
 from gpusched.store import NewJob
 
 
-def submit(services: Services, caller: Caller, args: dict[str, Any]) -> Any:
+def submit(services: Services, caller: Caller, request: SubmitRequest) -> Any:
     config = services.config
-    command = str_list(args, "command")
-    if not command or not command[0]:
-        raise UsageError("no command given: gpusched submit [OPTIONS] -- COMMAND [ARGS...]")
-    cwd = arg(args, "cwd", str, required=True)
-    if not os.path.isabs(cwd):
-        raise UsageError(f"working directory must be an absolute path, not {cwd!r}")
     if caller.uid != 0:
-        problem = can_enter(caller.uid, account_gid(caller), cwd)
+        problem = can_enter(caller.uid, account_gid(caller), request.cwd)
         if problem is not None:
             raise UsageError(problem)
-    env = arg(args, "env", dict, default={})
-    if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
-        raise ProtocolError("'env' must map strings to strings")
-    check_env(env, config)
-    mem = arg(args, "mem", int)
-    if mem is not None and mem <= 0:
-        raise UsageError("--mem must be more than zero")
-    gpus = arg(args, "gpus", int, default=1)
-    if gpus < 1:
-        raise UsageError("--gpus must be at least 1")
-    umask = arg(args, "umask", int, default=0o022)
-    if not 0 <= umask <= 0o777:
-        raise ProtocolError("'umask' must be between 0 and 0o777")
-    name = arg(args, "name", str)
-    if name is not None and len(name) > MAX_NAME_CHARS:
-        raise UsageError(f"--name is limited to {MAX_NAME_CHARS} characters")
-    time_limit = arg(args, "time", (int, float))
-    if time_limit is not None and not 0 < time_limit < 10**9:
-        raise UsageError("--time must be more than zero")
-    max_concurrent = arg(args, "max_concurrent", int)
-    if max_concurrent is not None and max_concurrent < 1:
-        raise UsageError("--max-concurrent must be at least 1")
+    check_env(request.env, config)
     new = NewJob(
         user=caller.user,
         uid=caller.uid,
         gid=account_gid(caller),
-        command=command,
-        cwd=cwd,
-        env=env,
-        umask=umask,
-        mem=mem,
-        gpus=gpus,
-        name=name,
-        priority=arg(args, "priority", int, default=0),
-        after=tuple(int_list(args, "after")),
-        held=bool(arg(args, "hold", bool, default=False)),
-        time_limit_s=None if time_limit is None else float(time_limit),
-        max_concurrent=max_concurrent,
-        notify=notify(args),
-        retry_oom=retry_oom(args),
+        command=list(request.command),
+        cwd=request.cwd,
+        env=dict(request.env),
+        umask=request.umask,
+        mem=request.mem,
+        gpus=request.gpus,
+        name=request.name,
+        priority=request.priority,
+        after=request.after,
+        held=request.hold,
+        time_limit_s=request.time,
+        max_concurrent=request.max_concurrent,
+        notify=request.notify,
+        retry_oom=request.retry_oom,
     )
-    sweep = arg(args, "sweep", list)
-    if sweep is None:
-        if max_concurrent is not None:
-            raise UsageError("--max-concurrent applies to a --sweep array")
+    command, name = list(request.command), request.name
+    if request.sweep is None:
         check_submit(config, command, None, name, new.after)
         return services.visible(caller, services.scheduler.submit(new))
-    pairs = []
-    for item in sweep:
-        if not (
-            isinstance(item, list)
-            and len(item) == 2
-            and isinstance(item[0], str)
-            and isinstance(item[1], list)
-            and all(isinstance(v, str) for v in item[1])
-        ):
-            raise ProtocolError("'sweep' must be a list of [name, [values...]]")
-        pairs.append((item[0], item[1]))
+    pairs = [(key, list(values)) for key, values in request.sweep]
     check_submit(config, command, pairs, name, new.after)  # before expanding
     news = [
         replace(new, command=argv, name=swept_name(name, text(label), MAX_NAME_CHARS))
@@ -106,19 +67,18 @@ def submit(services: Services, caller: Caller, args: dict[str, Any]) -> Any:
     return [services.visible(caller, job) for job in jobs]
 
 
-def priority(services: Services, caller: Caller, args: dict[str, Any]) -> Any:
-    job = services.owned_job(caller, job_id(args))
-    value = arg(args, "priority", int, required=True)
-    return services.visible(caller, services.scheduler.set_priority(job, value))
+def priority(services: Services, caller: Caller, request: PriorityRequest) -> Any:
+    job = services.owned_job(caller, request.id)
+    return services.visible(caller, services.scheduler.set_priority(job, request.priority))
 
 
-def requeue(services: Services, caller: Caller, args: dict[str, Any]) -> Any:
+def requeue(services: Services, caller: Caller, request: RequeueRequest) -> Any:
     """A new job with the same spec as an ended one (its dependencies are not carried over).
 
     An OOM retry's memory is the grown one, and `--retry-oom` is the count the user first
     gave (the first attempt's), not what the retries left of it.
     """
-    old = services.owned_job(caller, job_id(args))
+    old = services.owned_job(caller, request.id)
     if old.state not in TERMINAL_STATES:
         raise ConflictError(f"job {old.id} is {old.state}: only an ended job can be requeued")
     if old.interactive:  # it ran in its caller's terminal, with an environment never stored
@@ -148,22 +108,24 @@ def requeue(services: Services, caller: Caller, args: dict[str, Any]) -> Any:
     return services.visible(caller, services.scheduler.submit(new))
 
 
-def hold(services: Services, caller: Caller, args: dict[str, Any]) -> Any:
-    job = services.owned_job(caller, job_id(args))
+def hold(services: Services, caller: Caller, request: HoldRequest) -> Any:
+    job = services.owned_job(caller, request.id)
     return services.visible(caller, services.scheduler.hold(job))
 
 
-def release(services: Services, caller: Caller, args: dict[str, Any]) -> Any:
-    job = services.owned_job(caller, job_id(args))
+def release(services: Services, caller: Caller, request: ReleaseRequest) -> Any:
+    job = services.owned_job(caller, request.id)
     return services.visible(caller, services.scheduler.release(job))
 
 
-def cancel(services: Services, caller: Caller, args: dict[str, Any]) -> Any:
-    if arg(args, "mine", bool, default=False):
-        return _cancel_mine(services, caller, arg(args, "waiting_only", bool, default=False))
-    if args.get("array") is not None:
-        return _cancel_array(services, caller, arg(args, "array", int))
-    job = services.owned_job(caller, job_id(args))
+def cancel(services: Services, caller: Caller, request: CancelRequest) -> Any:
+    if request.mine:
+        return _cancel_mine(services, caller, request.waiting_only)
+    if request.array is not None:
+        return _cancel_array(services, caller, request.array)
+    if request.id is None:  # CancelRequest refuses it: an id, an array or `mine`
+        raise ProtocolError("request is missing 'id'")
+    job = services.owned_job(caller, request.id)
     return services.visible(caller, services.scheduler.cancel(job, by=caller.user))
 
 

@@ -6,17 +6,23 @@ from __future__ import annotations
 
 import base64
 import os
-from datetime import datetime, timezone
 from typing import Any
 
-from gpusched.core.clock import iso
 from gpusched.core.errors import GpuschedError, NotFoundError, UsageError
 from gpusched.core.hints import suggest_mem
 from gpusched.core.logcap import read_log
 from gpusched.core.models import ACTIVE_STATES, TERMINAL_STATES, JobState
+from gpusched.core.requests import (
+    ArrayRequest,
+    EstimateHistoryRequest,
+    HistoryRequest,
+    LogsRequest,
+    ShowRequest,
+    StatusRequest,
+    WaitRequest,
+)
 from gpusched.daemon.bounds import REPLY_BUDGET, reply_weight
 from gpusched.daemon.handlers.admin import drain_json
-from gpusched.daemon.handlers.args import arg, int_list, job_id, str_list
 from gpusched.daemon.identity import Caller
 from gpusched.daemon.services import Services
 
@@ -43,15 +49,14 @@ def job_list(
     return shown
 
 
-def array(services: Services, caller: Caller, args: dict[str, Any]) -> Any:
-    array_id = arg(args, "array", int, required=True)
-    ids = services.store.array_ids(array_id)
+def array(services: Services, caller: Caller, request: ArrayRequest) -> Any:
+    ids = services.store.array_ids(request.array)
     if not ids:
-        raise NotFoundError(f"no array a{array_id}")
+        raise NotFoundError(f"no array a{request.array}")
     return job_list(services, caller, ids)
 
 
-def status(services: Services, caller: Caller, args: dict[str, Any]) -> Any:
+def status(services: Services, caller: Caller, request: StatusRequest) -> Any:
     """GPUs and one page of active jobs in id order, whatever the queue's length.
 
     `cursor`: the page after this id (the previous reply's `next`; null at the last
@@ -61,14 +66,11 @@ def status(services: Services, caller: Caller, args: dict[str, Any]) -> Any:
     """
     store = services.store
     page_size = services.config.status_page_jobs
-    limit = min(page_size, max(1, arg(args, "limit", int, default=page_size)))
-    cursor = max(0, arg(args, "cursor", int, default=0))
+    limit = min(page_size, max(1, page_size if request.limit is None else request.limit))
+    cursor = max(0, request.cursor)
     states = ACTIVE_STATES
-    if args.get("states") is not None:
-        names = str_list(args, "states")
-        if not set(names) <= {str(s) for s in ACTIVE_STATES}:
-            raise UsageError("'states': only queued, held and running jobs are paged")
-        states = frozenset(JobState(name) for name in names)
+    if request.states is not None:
+        states = frozenset(JobState(name) for name in request.states)
     page = store.active_page(cursor, limit + 1, states)
     more = len(page) > limit
     jobs: list[dict[str, Any]] = []
@@ -80,7 +82,7 @@ def status(services: Services, caller: Caller, args: dict[str, Any]) -> Any:
         jobs.append(services.visible(caller, job))
         size += reply_weight(jobs[-1])
         last = job.id
-    if not more and arg(args, "all", bool, default=False):
+    if not more and request.all:
         jobs += [services.visible(caller, j) for j in store.ended(limit=20)]
     return {
         "gpus": [g.to_json() for g in services.scheduler.gpu_reports(store.running())],
@@ -91,14 +93,15 @@ def status(services: Services, caller: Caller, args: dict[str, Any]) -> Any:
     }
 
 
-def show(services: Services, caller: Caller, args: dict[str, Any]) -> Any:
-    return services.visible(caller, services.store.get(job_id(args)))
+def show(services: Services, caller: Caller, request: ShowRequest) -> Any:
+    return services.visible(caller, services.store.get(request.id))
 
 
-def logs(services: Services, caller: Caller, args: dict[str, Any]) -> Any:
-    job = services.owned_job(caller, job_id(args))
-    offset = max(0, arg(args, "offset", int, default=0))
-    limit = min(MAX_LOG_CHUNK, max(1, arg(args, "max_bytes", int, default=MAX_LOG_CHUNK)))
+def logs(services: Services, caller: Caller, request: LogsRequest) -> Any:
+    job = services.owned_job(caller, request.id)
+    offset = max(0, request.offset)
+    wanted = MAX_LOG_CHUNK if request.max_bytes is None else request.max_bytes
+    limit = min(MAX_LOG_CHUNK, max(1, wanted))
     data, next_offset = b"", offset
     if job.log_path:
         try:
@@ -128,25 +131,21 @@ def logs(services: Services, caller: Caller, args: dict[str, Any]) -> Any:
     }
 
 
-def wait(services: Services, caller: Caller, args: dict[str, Any]) -> Any:
-    ids = int_list(args, "ids")
-    if not ids:
-        raise UsageError("no job ids to wait for")
+def wait(services: Services, caller: Caller, request: WaitRequest) -> Any:
+    ids = list(request.ids)
     found = services.store.states_of(ids)
     for each in ids:
         if each not in found:  # unknown ids fail now, not after the timeout
             raise NotFoundError(f"no job {each}")
-    timeout = float(arg(args, "timeout", (int, float), default=MAX_WAIT_S))
+    timeout = MAX_WAIT_S if request.timeout is None else request.timeout
     timeout = min(max(timeout, 0.0), MAX_WAIT_S)
     services.scheduler.wait_until_ended(ids, timeout)
     return job_list(services, caller, ids)
 
 
-def estimate_history(services: Services, caller: Caller, args: dict[str, Any]) -> Any:
+def estimate_history(services: Services, caller: Caller, request: EstimateHistoryRequest) -> Any:
     """A --mem for a command from the peaks of the caller's own earlier runs of it."""
-    command = str_list(args, "command")
-    if not command:
-        raise UsageError("no command given: gpusched estimate --history -- COMMAND [ARGS...]")
+    command = list(request.command)
     runs = services.store.peaks_for_command(caller.uid, command)
     if not runs:
         raise NotFoundError(
@@ -162,37 +161,11 @@ def estimate_history(services: Services, caller: Caller, args: dict[str, Any]) -
     }
 
 
-def history(services: Services, caller: Caller, args: dict[str, Any]) -> Any:
-    limit = arg(args, "limit", int, default=50)
-    if limit < 1:
-        raise UsageError("--limit must be at least 1")
-    user = arg(args, "user", str)
+def history(services: Services, caller: Caller, request: HistoryRequest) -> Any:
     states = TERMINAL_STATES
-    if args.get("states") is not None:
-        names = str_list(args, "states")
-        unknown = sorted(set(names) - {str(s) for s in TERMINAL_STATES})
-        if unknown or not names:
-            raise UsageError(
-                f"--state {','.join(unknown) or '(none)'}: an ended job is one of "
-                + ", ".join(sorted(str(s) for s in TERMINAL_STATES))
-            )
-        states = frozenset(JobState(name) for name in names)
-    since = arg(args, "since", str)
-    if since is not None:
-        since = _utc_iso(since)
-    found = services.store.ended_ids(min(limit, 10000), user=user, states=states, since=since)
+    if request.states is not None:
+        states = frozenset(JobState(name) for name in request.states)
+    found = services.store.ended_ids(
+        min(request.limit, 10000), user=request.user, states=states, since=request.since
+    )
     return job_list(services, caller, found)
-
-
-def _utc_iso(text: str) -> str:
-    """An ISO timestamp with its time zone, as `ended_at` is stored (UTC, milliseconds)."""
-    try:
-        moment = datetime.fromisoformat(text)
-    except ValueError:
-        raise UsageError(f"'since': not an ISO date and time: {text!r}") from None
-    if moment.tzinfo is None:
-        raise UsageError(f"'since': {text!r} has no time zone")
-    try:
-        return iso(moment.astimezone(timezone.utc))
-    except OverflowError:  # 0001-01-01T00:00+05:00 is before the year 1 in UTC
-        raise UsageError(f"'since': {text!r} is out of range in UTC") from None
