@@ -10,12 +10,20 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
-__all__ = ["Claim", "Client", "GpuschedError", "__version__", "claim"]
+__all__ = [
+    "Claim",
+    "Client",
+    "CudaAlreadyInitialised",
+    "GpuschedError",
+    "NotPlaced",
+    "__version__",
+    "claim",
+]
 
 if TYPE_CHECKING:
     from gpusched.client import Client
     from gpusched.core.errors import GpuschedError
-    from gpusched.interactive.claim import Claim, claim
+    from gpusched.interactive.claim import Claim, CudaAlreadyInitialised, NotPlaced, claim
 
 
 def __getattr__(name: str) -> Any:
@@ -28,7 +36,8 @@ def __getattr__(name: str) -> Any:
         from gpusched.core.errors import GpuschedError
 
         return GpuschedError
-    if name in ("claim", "Claim"):  # a GPU for this process (a notebook): see its docstring
+    # A GPU for this process (a notebook): see gpusched.interactive.claim.
+    if name in ("claim", "Claim", "CudaAlreadyInitialised", "NotPlaced"):
         import gpusched.interactive.claim as module
 
         return getattr(module, name)

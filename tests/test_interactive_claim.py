@@ -96,13 +96,12 @@ def test_a_claiming_process_is_the_job_and_its_memory_is_measured(
 def test_claim_as_a_context_manager_and_with_a_timeout(daemon: RunningDaemon) -> None:
     code = """
         import os, gpusched
-        from gpusched.interactive.reservation import NotPlaced
         with gpusched.claim(mem="20G") as held:
             print("held", held.job_id, os.environ["CUDA_VISIBLE_DEVICES"], flush=True)
             others = [gpusched.claim(mem="20G")]  # the second card
             try:
                 gpusched.claim(mem="20G", timeout=1.5)  # no third card
-            except NotPlaced as exc:
+            except gpusched.NotPlaced as exc:
                 print("not placed:", exc.message, flush=True)
             others[0].release()
         print("after", os.environ.get("CUDA_VISIBLE_DEVICES"), flush=True)

@@ -24,6 +24,7 @@ from gpusched.core.errors import GpuschedError
 from gpusched.core.models import Job
 from gpusched.interactive.cuda import cuda_already_loaded
 from gpusched.interactive.reservation import (
+    REPORT_RETRY_S,
     NotPlaced,
     Placement,
     cancel_quietly,
@@ -57,7 +58,7 @@ class Claim:
     def job(self) -> Job:
         return self.placement.job
 
-    def release(self, exit_code: int = 0) -> None:
+    def release(self, exit_code: int = 0, *, retry_s: float = REPORT_RETRY_S) -> None:
         """Give the GPUs back (the job ends `done`, or `failed` with a non-zero code).
 
         What the process still holds on the card counts as another process's from now.
@@ -72,11 +73,12 @@ class Claim:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-        report_end(self._client, self.job_id, exit_code=exit_code)
+        report_end(self._client, self.job_id, exit_code=exit_code, retry_s=retry_s)
 
     def _at_exit(self) -> None:
-        with contextlib.suppress(GpuschedError):  # exiting anyway; the daemon sees us gone
-            self.release()
+        # Exiting anyway: a daemon that does not answer at once sees us gone within a poll.
+        with contextlib.suppress(GpuschedError):
+            self.release(retry_s=0.0)
 
     def __enter__(self) -> Claim:
         return self

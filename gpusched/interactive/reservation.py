@@ -127,14 +127,20 @@ def wait_placed(
 
 
 def report_end(
-    client: Client, job_id: int, *, exit_code: int = 0, signal: int | None = None
+    client: Client,
+    job_id: int,
+    *,
+    exit_code: int = 0,
+    signal: int | None = None,
+    retry_s: float = REPORT_RETRY_S,
 ) -> Job | None:
     """Tell the daemon how the command ended; retried while the daemon does not answer
     (a restart). None if it never answered: it ends the job `lost` when we are gone."""
     try:
         return Job.from_json(
             _asked_again(
-                lambda: client.send(RunEndedRequest(id=job_id, exit_code=exit_code, signal=signal))
+                lambda: client.send(RunEndedRequest(id=job_id, exit_code=exit_code, signal=signal)),
+                retry_s,
             )
         )
     except DaemonUnreachable:
@@ -145,10 +151,10 @@ def placement(client: Client, job_id: int, wait_s: float) -> Any:
     return client.send(PlacementRequest(id=job_id, timeout=wait_s))
 
 
-def _asked_again(request: Callable[[], Any]) -> Any:
+def _asked_again(request: Callable[[], Any], retry_s: float = REPORT_RETRY_S) -> Any:
     """The request's answer, asked again for a while when the daemon does not answer (it
     may be restarting: the job is in its database, and it checks this process again)."""
-    deadline = time.monotonic() + REPORT_RETRY_S
+    deadline = time.monotonic() + retry_s
     while True:
         try:
             return request()
