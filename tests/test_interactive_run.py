@@ -329,3 +329,31 @@ def test_an_interactive_job_outlives_a_daemon_restart(
     finally:
         client.kill()
         client.communicate()
+
+
+def test_an_interactive_job_and_batch_jobs_share_a_card_without_overcommit(
+    daemon_factory: Any,
+) -> None:
+    daemon = daemon_factory(simulate="1x24G").start()
+    client = subprocess.Popen(
+        [*RUN, "--mem", "10G", "--", "sleep", "60"],
+        env=daemon.env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        interactive = eventually(lambda: running_job(daemon))
+        beside = daemon.submit("--mem", "10G", "--", "sleep", "60")
+        assert daemon.wait_state(beside, {"running"})["gpu_indices"] == [0]
+        third = daemon.submit("--mem", "10G", "--", "true")
+        waiting = daemon.wait_reason(third, "needs 10.0G")
+        assert waiting["state"] == "queued"
+        gpu = daemon.status()["gpus"][0]
+        assert sorted(gpu["jobs"]) == sorted([interactive, beside])
+        client.kill()  # the interactive job's end frees its share for the third
+        client.wait()
+        assert daemon.wait_state(third, {"done"})["gpu_indices"] == [0]
+    finally:
+        client.kill()
+        client.wait()
