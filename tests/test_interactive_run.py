@@ -26,6 +26,7 @@ from tests.terminal import Terminal
 from tests.users import as_user, throwaway_users
 
 RUN = [sys.executable, "-m", "gpusched", "run"]
+SHELL = ["bash", "--norc", "--noprofile"]
 
 
 @pytest.fixture
@@ -357,3 +358,48 @@ def test_an_interactive_job_and_batch_jobs_share_a_card_without_overcommit(
     finally:
         client.kill()
         client.wait()
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
+def test_ctrl_z_stops_the_job_and_fg_resumes_it_in_a_shell(
+    daemon: RunningDaemon, tmp_path: Path
+) -> None:
+    session = f"gpusched-jobctl-{os.getpid()}"
+    env = {**daemon.env, "PS1": "sh$ "}
+    env.pop("TMUX", None)
+    tmux = ["tmux", "-L", session]
+    subprocess.run(
+        [*tmux, "new-session", "-d", "-s", session, "-x", "120", "-y", "30", *SHELL],
+        env=env,
+        check=True,
+    )
+
+    def screen() -> str:
+        return subprocess.run(
+            [*tmux, "capture-pane", "-p", "-t", session],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout
+
+    def keys(*what: str) -> None:
+        subprocess.run([*tmux, "send-keys", "-t", session, *what], check=True)
+
+    try:
+        eventually(lambda: "sh$" in screen(), describe=screen)
+        keys(f"{sys.executable} -m gpusched run --mem 1G -- sleep 60", "Enter")
+        found = eventually(lambda: re.search(r"job (\d+) running", screen()), describe=screen)
+        job = int(found.group(1))
+        time.sleep(0.5)
+        keys("C-z")  # the command stops, and so does gpusched run: the shell has its prompt
+        eventually(lambda: "Stopped" in screen(), describe=screen)
+        assert daemon.show(job)["state"] == "running"  # stopped is not gone
+        keys("fg", "Enter")
+        time.sleep(0.5)
+        keys("C-c")
+        keys("echo rc=$?", "Enter")
+        eventually(lambda: "rc=130" in screen(), describe=screen)
+        ended = daemon.show(job)
+        assert (ended["state"], ended["reason"]) == ("failed", "signal")
+    finally:
+        subprocess.run([*tmux, "kill-server"], capture_output=True, check=False)
