@@ -388,8 +388,8 @@ def test_ctrl_z_stops_the_job_and_fg_resumes_it_in_a_shell(
     try:
         eventually(lambda: "sh$" in screen(), describe=screen)
         keys(f"{sys.executable} -m gpusched run --mem 1G -- sleep 60", "Enter")
-        found = eventually(lambda: re.search(r"job (\d+) running", screen()), describe=screen)
-        job = int(found.group(1))
+        running = eventually(lambda: re.findall(r"job (\d+) running", screen()), describe=screen)
+        job = int(running[0])
         time.sleep(0.5)
         keys("C-z")  # the command stops, and so does gpusched run: the shell has its prompt
         eventually(lambda: "Stopped" in screen(), describe=screen)

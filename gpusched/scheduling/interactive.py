@@ -31,6 +31,7 @@ from gpusched.core.config import Config
 from gpusched.core.config_holder import ConfigHolder
 from gpusched.core.errors import ConflictError
 from gpusched.core.models import TERMINAL_STATES, EndReason, Job, JobState, StopIntent
+from gpusched.core.sanitize import quoted
 from gpusched.core.units import format_duration
 from gpusched.processes.launching import Outcome, OutcomeKind
 from gpusched.processes.pidref import is_same_process
@@ -151,7 +152,7 @@ class InteractiveJobs:
         self.store.set_stop_intent(job.id, intent, detail)
         self._stop_sent_at[job.id] = self.clock()
         start_time = self.store.launch_info(job.id).pid_start_time
-        log.info("job %s: asking its client (pid %s) to stop: %s", job.id, job.pid, detail)
+        log.info("job %s: asking its client (pid %s) to stop: %s", job.id, job.pid, quoted(detail))
         if not signal_client(job.pid, start_time, signal.SIGTERM):
             self.endings.settle(job.id, Outcome(OutcomeKind.CANCELLED))
 
