@@ -106,9 +106,9 @@ def test_the_clients_report_ends_the_job_with_its_exit_code_or_signal(
     exited, killed, fine = (interactive(world, clients(), mem=GiB) for _ in range(3))
     world.tick()
     scheduler = world.scheduler
-    scheduler.finish_interactive(world.job(exited), 3, None)
-    scheduler.finish_interactive(world.job(killed), None, signal.SIGKILL)
-    scheduler.finish_interactive(world.job(fine), 0, None)
+    scheduler.interactive.finish(world.job(exited), 3, None)
+    scheduler.interactive.finish(world.job(killed), None, signal.SIGKILL)
+    scheduler.interactive.finish(world.job(fine), 0, None)
     assert (world.job(exited).state, world.job(exited).exit_code) == (JobState.FAILED, 3)
     assert (world.job(killed).reason, world.job(killed).exit_code) == ("signal", 137)
     assert "SIGKILL" in (world.job(killed).reason_detail or "")
@@ -150,7 +150,7 @@ def test_each_user_runs_at_most_max_per_user_interactive_jobs(
         assert world.job(waiting).waiting_reason == (
             "interactive limit: alice has 1 running (interactive.max_per_user 1)"
         )
-    world.scheduler.finish_interactive(world.job(first), 0, None)
+    world.scheduler.interactive.finish(world.job(first), 0, None)
     world.tick()
     assert world.state(third) == JobState.RUNNING  # the higher priority goes first
     assert world.state(second) == JobState.QUEUED
@@ -223,7 +223,7 @@ def test_cancel_of_a_running_interactive_job_signals_its_client(
     world.tick()
     world.scheduler.cancel(world.job(job), by="alice")
     assert client.wait(timeout=10) == -signal.SIGTERM
-    world.scheduler.finish_interactive(world.job(job), None, signal.SIGTERM)
+    world.scheduler.interactive.finish(world.job(job), None, signal.SIGTERM)
     ended = world.job(job)
     assert (ended.state, ended.reason, ended.reason_detail) == (
         JobState.CANCELLED,

@@ -10,6 +10,7 @@ daemon of the previous version that is still running starts them after the upgra
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import subprocess
 import sys
@@ -22,10 +23,13 @@ from tests.daemon_harness import RunningDaemon, eventually
 
 
 def _kill_tree(pid: int) -> None:
+    """SIGKILL a process and its descendants; one that ended meanwhile is no error."""
     process = psutil.Process(pid)
     for child in process.children(recursive=True):
-        child.kill()
-    process.kill()
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.kill()
+    with contextlib.suppress(psutil.NoSuchProcess):
+        process.kill()
     psutil.wait_procs([process], timeout=10)
 
 

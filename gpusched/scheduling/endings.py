@@ -36,7 +36,7 @@ from gpusched.core.sanitize import quoted
 from gpusched.gpus.probe import Probe
 from gpusched.processes.launching import JobLauncher, Outcome, OutcomeKind
 from gpusched.processes.supervisor import write_json_atomically
-from gpusched.store import Store
+from gpusched.store import Store, TimelineWrite
 from gpusched.usage.monitor import UsageMonitor, final_usage, oom_cause, retry_mem
 
 log = logging.getLogger("gpusched.scheduler")
@@ -141,6 +141,7 @@ class JobEndings:
             exit_code=exit_code,
             detail=detail,
             usage=self._final_usage(job, state, reason, now, (retry, retry_refused, oom_next_mem)),
+            timeline=self._final_timeline(job_id),
             hooks_due=hooks_due,
             durable=durable,
         )
@@ -197,6 +198,14 @@ class JobEndings:
             )
         except Exception:  # the figures must never keep a job from ending
             log.exception("summing up the usage of job %s failed", job.id)
+            return None
+
+    def _final_timeline(self, job_id: int) -> TimelineWrite | None:
+        """The last points of a job's time series, written with its end."""
+        try:
+            return self.monitor.final_timeline(job_id)
+        except Exception:  # the series must never keep a job from ending
+            log.exception("closing the timeline of job %s failed", job_id)
             return None
 
     def _end_oom(self, job: Job, outcome: Outcome, cause: str, durable: bool) -> None:

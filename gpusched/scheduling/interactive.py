@@ -24,6 +24,7 @@ import signal
 import threading
 from collections import Counter
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from datetime import datetime
 
 from gpusched.core.clock import Clock
@@ -59,7 +60,8 @@ def signal_client(pid: int | None, start_time: str | None, signum: int) -> bool:
 
 
 class InteractiveJobs:
-    """Held by the scheduler; every method is called under the scheduler's lock."""
+    """Held by the scheduler. The methods of each pass are called under the scheduler's
+    lock; those of requests (`finish`, `wait_placed`) are not, and take it if they must."""
 
     def __init__(
         self,
@@ -69,14 +71,19 @@ class InteractiveJobs:
         monitor: UsageMonitor,
         endings: JobEndings,
         clock: Clock,
+        lock: AbstractContextManager[object],
+        wake: Callable[[], None],
         alive: Callable[[int, str | None], bool] = is_same_process,
     ) -> None:
+        """`lock`: the scheduler's, taken by the requests (`finish`); `wake`: a new pass."""
         self._config = config
         self.store = store
         self.monitor = monitor
         self.endings = endings
         self.clock = clock
         self.alive = alive
+        self._lock = lock
+        self._wake = wake
         self._busy_at: dict[int, datetime] = {}  # job id -> last poll it used its GPU
         self._stop_sent_at: dict[int, datetime] = {}  # job id -> when it was asked to stop
         self.warnings: dict[int, str] = {}  # job id -> its warning in `status` (idle)
@@ -216,6 +223,12 @@ class InteractiveJobs:
 
     def finish(self, job: Job, exit_code: int | None, signum: int | None) -> Job:
         """The client's report: its command ended with `exit_code` or died of `signum`."""
+        with self._lock:
+            ended = self._finish(job, exit_code, signum)
+        self._wake()
+        return ended
+
+    def _finish(self, job: Job, exit_code: int | None, signum: int | None) -> Job:
         current = self.store.get(job.id)
         if current.state in TERMINAL_STATES:
             return current  # already ended (e.g. the daemon gave up waiting for the report)

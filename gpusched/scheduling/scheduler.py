@@ -34,6 +34,7 @@ from gpusched.core.models import (
     Job,
     JobState,
     StopIntent,
+    TimelinePoint,
 )
 from gpusched.core.units import format_size
 from gpusched.gpus.probe import Probe
@@ -100,7 +101,13 @@ class Scheduler:
         )
         launcher.on_exit = self.endings.on_job_exit
         self.interactive = InteractiveJobs(
-            config=config, store=store, monitor=self.monitor, endings=self.endings, clock=clock
+            config=config,
+            store=store,
+            monitor=self.monitor,
+            endings=self.endings,
+            clock=clock,
+            lock=self._lock,
+            wake=self._wake,
         )
         self.starter = JobStarter(
             config=config,
@@ -276,13 +283,6 @@ class Scheduler:
     def current_gpus(self) -> list[GpuState]:
         return self._reading.gpus or self.read_gpus()
 
-    def finish_interactive(self, job: Job, exit_code: int | None, signum: int | None) -> Job:
-        """An interactive job's client reports how its command ended."""
-        with self._lock:
-            ended = self.interactive.finish(job, exit_code, signum)
-        self.wake()
-        return ended
-
     def cancel(self, job: Job, by: str, waiting_only: bool = False) -> Job:
         """`waiting_only`: refuse (ConflictError) if it has started, checked under the lock."""
         with self._lock:
@@ -385,6 +385,15 @@ class Scheduler:
                 for key, value in summary.items():
                     setattr(job, key, value)
         return job
+
+    def job_timeline(self, job: Job) -> list[TimelinePoint]:
+        """A job's memory and utilization over time, oldest first: for a running job, what
+        this daemon holds in memory (the store lags it by up to a usage flush)."""
+        if job.state == JobState.RUNNING:
+            live = self.monitor.live_timeline(job.id)
+            if live:
+                return live
+        return self.store.job_timeline(job.id)
 
     def gpu_reports(self, running: list[Job]) -> list[GpuReport]:
         reading = self._reading

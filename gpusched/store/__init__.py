@@ -7,12 +7,15 @@ here, which re-exports what the rest of gpusched uses:
 - gpusched.store.queries: reads (`Queued`, `LaunchInfo`, `JobFigures` for the metrics)
 - gpusched.store.transitions: submits and state changes, one transaction each (`NewJob`)
 - gpusched.store.usage: measured usage and OOM retries (`USAGE_COLUMNS`)
+- gpusched.store.timeline: each job's memory and utilization over time (`TimelineRow`,
+  `TimelineWrite`; written with the usage flush and the end)
 """
 
 from __future__ import annotations
 
-from gpusched.store.database import jobs, metadata
+from gpusched.store.database import jobs, metadata, timeline_points
 from gpusched.store.queries import JobFigures, LaunchInfo, Queued
+from gpusched.store.timeline import TimelineRecords, TimelineRow, TimelineWrite
 from gpusched.store.transitions import JobTransitions, NewJob
 from gpusched.store.usage import USAGE_COLUMNS, UsageRecords
 
@@ -23,10 +26,13 @@ __all__ = [
     "NewJob",
     "Queued",
     "Store",
+    "TimelineRow",
+    "TimelineWrite",
     "jobs",
     "metadata",
+    "timeline_points",
 ]
 
 
-class Store(JobTransitions, UsageRecords):
+class Store(JobTransitions, UsageRecords, TimelineRecords):
     """The database is the truth about jobs: every read and write of it goes through here."""

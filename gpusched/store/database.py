@@ -41,9 +41,11 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Column,
     Engine,
     Float,
+    ForeignKey,
     Integer,
     MetaData,
     String,
@@ -131,6 +133,21 @@ envs = Table(
     Column("id", Integer, primary_key=True, autoincrement=True),
     Column("digest", String, nullable=False, unique=True),
     Column("env", JSON, nullable=False),
+)
+
+# Each job's memory and utilization over time, downsampled by the daemon as the job runs
+# (gpusched.usage.timeline: at most about 1,000 points a job). `t`: epoch seconds of the
+# point's first poll; `samples`: how many polls it stands for. Deleted with the job's row.
+# WITHOUT ROWID on SQLite: the rows live in the primary key's b-tree, no second index.
+timeline_points = Table(
+    "timeline_points",
+    metadata,
+    Column("job_id", Integer, ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True),
+    Column("t", Float, primary_key=True),
+    Column("memory", BigInteger, nullable=True),  # bytes, over all the job's GPUs
+    Column("util", Float, nullable=True),  # 0-100
+    Column("samples", Integer, nullable=False),
+    sqlite_with_rowid=False,
 )
 
 # -- rows read as Jobs ------------------------------------------------------------------

@@ -28,6 +28,7 @@ from gpusched.store.database import (
     jobs,
     to_job,
 )
+from gpusched.store.timeline import TimelineWrite, write_timeline
 from gpusched.store.usage import usage_values
 
 
@@ -198,11 +199,17 @@ class JobTransitions(Database):
     ) -> bool:
         """Apply `values` only if the job is still in one of `from_states` (compare-and-set)."""
         with self._write(durable) as conn:
-            result = conn.execute(
-                update(jobs)
-                .where(jobs.c.id == job_id, jobs.c.state.in_([str(s) for s in from_states]))
-                .values(**values)
-            )
+            return self._transition_in(conn, job_id, from_states, values)
+
+    @staticmethod
+    def _transition_in(
+        conn: Connection, job_id: int, from_states: Sequence[JobState], values: dict[str, Any]
+    ) -> bool:
+        result = conn.execute(
+            update(jobs)
+            .where(jobs.c.id == job_id, jobs.c.state.in_([str(s) for s in from_states]))
+            .values(**values)
+        )
         return result.rowcount == 1
 
     def mark_running(
@@ -260,12 +267,14 @@ class JobTransitions(Database):
         detail: str | None = None,
         log_path: str | None = None,
         usage: dict[str, Any] | None = None,
+        timeline: TimelineWrite | None = None,
         hooks_due: bool = False,
         durable: bool = True,
     ) -> bool:
         """End an active job; False if it had already ended (the first ending wins).
 
-        `usage`: the job's final figures (peak, utilization, hints), written with the end.
+        `usage`: the job's final figures (peak, utilization, hints), written with the end;
+        `timeline`: the last points of its time series, too.
         `hooks_due`: it has notification hooks to run; recorded with the end, so that a
         daemon that stops before they start runs them at its next start.
         `durable=False` only for an ending read from the supervisor's exit record, which
@@ -282,7 +291,13 @@ class JobTransitions(Database):
         }
         if log_path is not None:
             values["log_path"] = log_path
-        return self._transition(job_id, list(ACTIVE_STATES), values, durable)
+        if timeline is None:
+            return self._transition(job_id, list(ACTIVE_STATES), values, durable)
+        with self._write(durable) as conn:
+            if not self._transition_in(conn, job_id, list(ACTIVE_STATES), values):
+                return False
+            write_timeline(conn, job_id, timeline)
+        return True
 
     def set_pid(self, job_id: int, pid: int, pid_start_time: str) -> None:
         # Not durable (NORMAL): after a power cut no supervisor is left to find by its pid.

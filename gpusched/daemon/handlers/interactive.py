@@ -84,7 +84,7 @@ def run_ended(services: Services, caller: Caller, request: RunEndedRequest) -> A
     """The client's command ended: killed by `signal`, else with `exit_code`."""
     job = _clients_job(services, caller, request.id)
     exit_code = None if request.signal is not None else request.exit_code
-    ended = services.scheduler.finish_interactive(job, exit_code, request.signal)
+    ended = services.scheduler.interactive.finish(job, exit_code, request.signal)
     return services.visible(caller, ended)
 
 
