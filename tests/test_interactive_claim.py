@@ -4,6 +4,7 @@ measures that memory as the job's, and the job ends when the process releases or
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -88,6 +89,8 @@ def test_a_claiming_process_is_the_job_and_its_memory_is_measured(
         ended = daemon.wait_state(job, {"done", "failed", "lost"})
         assert (ended["state"], ended["exit_code"]) == (state, 0)
         assert ended["peak_mem"] == 5 * GiB  # in history too
+        shown = json.loads(daemon.cli("show", "--json", str(job)).stdout)
+        assert max(point["memory_bytes"] or 0 for point in shown["timeline"]) == 5 * GiB
     finally:
         notebook.kill()
         notebook.communicate()  # reaps it and closes its pipes
