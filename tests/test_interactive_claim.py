@@ -90,7 +90,7 @@ def test_a_claiming_process_is_the_job_and_its_memory_is_measured(
         assert (ended["state"], ended["exit_code"]) == (state, 0)
         assert ended["peak_mem"] == 5 * GiB  # in history too
         shown = json.loads(daemon.cli("show", "--json", str(job)).stdout)
-        assert max(point["memory_bytes"] or 0 for point in shown["timeline"]) == 5 * GiB
+        assert max(point["memory"] or 0 for point in shown["timeline"]) == 5 * GiB
     finally:
         notebook.kill()
         notebook.communicate()  # reaps it and closes its pipes
