@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import select
 import signal
 import subprocess
 import time
@@ -24,7 +25,11 @@ from collections.abc import Callable, Iterator, Sequence
 from types import FrameType
 
 PR_SET_PDEATHSIG = 1
-POLL_S = 0.05
+MAX_SLEEP_S = 1.0  # a missed wakeup costs at most this
+
+
+def _noted(signum: int, frame: FrameType | None) -> None:
+    """A handler that only makes the signal wake us (through the wakeup fd)."""
 
 
 @contextlib.contextmanager
@@ -93,7 +98,13 @@ class Attached:
         self._kill_at: float | None = None
         previous = {
             signum: signal.getsignal(signum)
-            for signum in (signal.SIGINT, signal.SIGQUIT, signal.SIGTERM, signal.SIGHUP)
+            for signum in (
+                signal.SIGINT,
+                signal.SIGQUIT,
+                signal.SIGTERM,
+                signal.SIGHUP,
+                signal.SIGCHLD,
+            )
         }
         self._previous = previous
         self.child = subprocess.Popen(
@@ -112,6 +123,12 @@ class Attached:
         signal.signal(signal.SIGQUIT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, self._asked_to_stop)
         signal.signal(signal.SIGHUP, self._asked_to_stop)
+        # Woken by signals, not by polling: a handled signal (the child's SIGCHLD when it
+        # ends or stops, a stop asked) writes a byte here (the interpreter's wakeup fd).
+        self._wakeup_read, wakeup_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._wakeup_write = wakeup_write
+        self._previous_wakeup = signal.set_wakeup_fd(wakeup_write)
+        signal.signal(signal.SIGCHLD, _noted)
 
     def _asked_to_stop(self, signum: int, frame: FrameType | None) -> None:
         if self.stop_signal is None:
@@ -157,6 +174,16 @@ class Attached:
             self._signal_group(signal.SIGKILL)
             self._kill_at = float("inf")
 
+    def _sleep(self) -> None:
+        """Until a signal arrives (the child's SIGCHLD, a stop), or the SIGKILL is due."""
+        timeout = MAX_SLEEP_S
+        if self._kill_at is not None and self._kill_at != float("inf"):
+            timeout = max(0.0, min(timeout, self._kill_at - time.monotonic()))
+        select.select([self._wakeup_read], [], [], timeout)
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self._wakeup_read, 512):
+                pass
+
     def wait(self) -> int:
         """Block until the command ends: its exit code, or -N if signal N killed it."""
         flags = os.WNOHANG | (os.WUNTRACED if self.tty is not None else 0)
@@ -168,7 +195,7 @@ class Attached:
                     return -signal.SIGKILL
                 if pid == 0:
                     self._check_stop()
-                    time.sleep(POLL_S)
+                    self._sleep()
                 elif os.WIFSTOPPED(status):
                     self._suspend()
                 else:
@@ -179,5 +206,8 @@ class Attached:
             self._take_terminal()
             for signum, handler in self._previous.items():
                 signal.signal(signum, handler)
+            signal.set_wakeup_fd(self._previous_wakeup)
+            os.close(self._wakeup_read)
+            os.close(self._wakeup_write)
             if self.tty is not None and self.tty > 2:  # the /dev/tty we opened
                 os.close(self.tty)
