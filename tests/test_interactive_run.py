@@ -161,7 +161,7 @@ def test_a_killed_client_releases_its_gpu_within_a_poll_and_takes_its_command(
         client.wait()
         killed_at = time.monotonic()
         ended = daemon.wait_state(job, {"lost"}, timeout=10)
-        assert time.monotonic() - killed_at < 3.0  # a poll is 1s here
+        assert time.monotonic() - killed_at < 4.0  # a poll is 1s here (the rest: a busy machine)
         assert "ended without reporting" in ended["reason_detail"]
         eventually(lambda: not command.is_running() or command.status() == psutil.STATUS_ZOMBIE)
         gpu = next(g for g in daemon.status()["gpus"] if g["index"] == ended["gpu_indices"][0])
