@@ -5,6 +5,7 @@ measures that memory as the job's, and the job ends when the process releases or
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import textwrap
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from tests.daemon_harness import RunningDaemon, eventually
 from tests.fakenvml.fixtures import FakeNvml
@@ -160,3 +162,40 @@ def test_claim_after_cuda_was_initialised_is_a_clear_error(
     assert result.stdout.startswith("CudaAlreadyInitialised CUDA is already initialised")
     assert "make it the first cell" in result.stdout
     assert daemon.status()["jobs"] == []  # nothing was queued
+
+
+def test_an_idle_claim_is_flagged_then_ended(
+    daemon_factory: Any, fake_nvml: FakeNvml, tmp_path: Path
+) -> None:
+    """A notebook holding memory it does not use: `status` says so; then, once the config
+    says `on_idle: end` (reloaded), the daemon stops it, as a forgotten one should be."""
+    config = {"poll_interval": "0.5s", "interactive": {"idle_timeout": "3s"}}
+    daemon = daemon_factory(simulate=None, config=config, env=fake_nvml.env()).start()
+    code = """
+        import os, time, gpusched
+        from tests.fakenvml import state
+        gpu = gpusched.claim(mem="4G")
+        state.register_process(os.environ["FAKENVML_STATE"], gpu.gpu_uuids[0], os.getpid(),
+                               2 << 30, sm_util=0)   # holds 2G, computes nothing
+        print("claimed", gpu.job_id, flush=True)
+        time.sleep(60)
+    """
+    notebook = python(code, daemon.env)
+    try:
+        job = int(read_line(notebook, "claimed")[1])
+        warned = eventually(lambda: daemon.client().job(job).warning, timeout=15)
+        assert warned.startswith("idle: no GPU use for ")
+        assert warned.endswith("(interactive.idle_timeout 3s)")
+        assert notebook.poll() is None  # on_idle: warn (the default) only says so
+        settings = yaml.safe_load(daemon.config_path.read_text())
+        settings["interactive"]["on_idle"] = "end"
+        daemon.config_path.write_text(yaml.safe_dump(settings))
+        assert daemon.process is not None
+        daemon.process.send_signal(signal.SIGHUP)  # reload
+        assert notebook.wait(timeout=30) == -signal.SIGTERM  # the process was the job
+        ended = daemon.wait_state(job, {"cancelled", "failed", "lost"})
+        assert (ended["state"], ended["reason"]) == ("cancelled", "idle")
+        assert ended["peak_mem"] == 2 * GiB
+    finally:
+        notebook.kill()
+        notebook.communicate()
