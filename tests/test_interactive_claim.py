@@ -199,3 +199,16 @@ def test_an_idle_claim_is_flagged_then_ended(
     finally:
         notebook.kill()
         notebook.communicate()
+
+
+def test_claim_and_run_load_no_daemon_side_library() -> None:
+    """A notebook's first cell must stay light: no SQLAlchemy, NVML, psutil..."""
+    code = (
+        "import sys, gpusched, gpusched.cli.run; gpusched.claim;"
+        " heavy = ('sqlalchemy', 'pynvml', 'psutil', 'apscheduler', 'prometheus_client');"
+        " print(sorted(m for m in sys.modules if m.split('.')[0] in heavy))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert result.stdout.strip() == "[]"
