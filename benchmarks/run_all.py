@@ -32,6 +32,7 @@ BENCHMARKS = (
     "throughput",
     "idle",
     "scheduling_pass",
+    "database",
     "timeline_storage",
 )
 

@@ -1,4 +1,6 @@
-"""The job store on a real SQLite file: transitions are compare-and-set, restarts keep the queue."""
+"""The job store on a real SQLite file and a real PostgreSQL server (the `store` and
+`database_url` fixtures run each test on both): transitions are compare-and-set, restarts
+keep the queue. The tests of SQLite's file itself (WAL, mode, fsyncs) take `db_path`."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from gpusched.core.errors import NotFoundError
-from gpusched.core.models import EndReason, JobState
+from gpusched.core.models import EndReason, JobState, StopIntent
 from gpusched.store import LaunchInfo, NewJob, Store
 
 NOW = "2025-01-01T00:00:00+00:00"
@@ -296,14 +298,31 @@ def test_launch_info(store: Store) -> None:
 def test_set_pid(store: Store) -> None:
     job_id = store.add(new_job(), NOW).id
     start(store, job_id)
-    store.set_pid(job_id, 777, "999.5")
+    assert store.set_pid(job_id, 777, "999.5")
     assert store.get(job_id).pid == 777
     assert store.launch_info(job_id).pid_start_time == "999.5"
 
 
+def test_writes_about_a_running_job_are_refused_once_it_has_ended(store: Store) -> None:
+    """pid, stop intent and detail are conditional writes, like every state change: a
+    late one (another daemon's, or a thread's that lost a race) changes nothing."""
+    job_id = store.add(new_job(), NOW).id
+    assert not store.set_pid(job_id, 1, "1.0")  # queued: no supervisor to record
+    assert not store.set_stop_intent(job_id, StopIntent.CANCEL, "too early")
+    start(store, job_id)
+    assert store.set_stop_intent(job_id, StopIntent.CANCEL, "cancelled by alice")
+    end(store, job_id, state=JobState.CANCELLED, reason="cancelled", detail="cancelled by alice")
+    assert not store.set_pid(job_id, 777, "999.5")
+    assert not store.set_stop_intent(job_id, StopIntent.OVERRUN, "late")
+    assert not store.set_detail(job_id, "late")
+    job = store.get(job_id)
+    assert (job.pid, job.reason_detail) == (4242, "cancelled by alice")
+    assert store.launch_info(job_id).stop_intent is StopIntent.CANCEL
+
+
 def test_set_detail_then_end(store: Store) -> None:
     job_id = store.add(new_job(), NOW).id
-    store.set_detail(job_id, "cancelled by bob")
+    assert store.set_detail(job_id, "cancelled by bob")
     assert store.get(job_id).reason_detail == "cancelled by bob"
     assert store.get(job_id).state is JobState.QUEUED
 
@@ -317,13 +336,15 @@ def test_record_usage(store: Store) -> None:
 # -- the file ---------------------------------------------------------------------------------
 
 
-def test_wal_mode_on_the_file(store: Store, db_path: Path) -> None:
+def test_wal_mode_on_the_file(db_path: Path) -> None:
+    store = Store(f"sqlite:///{db_path}")
     store.add(new_job(), NOW)
     raw = sqlite3.connect(db_path)
     try:
         assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     finally:
         raw.close()
+        store.close()
 
 
 def test_creates_parent_directory_and_private_file(db_path: Path) -> None:
@@ -336,8 +357,8 @@ def test_creates_parent_directory_and_private_file(db_path: Path) -> None:
         s.close()
 
 
-def test_reopened_store_sees_everything(db_path: Path) -> None:
-    url = f"sqlite:///{db_path}"
+def test_reopened_store_sees_everything(database_url: str) -> None:
+    url = database_url
     first = Store(url)
     queued = first.add(new_job(name="q", priority=3), NOW).id
     held = first.add(new_job(name="h", held=True), NOW).id
@@ -361,9 +382,9 @@ def test_reopened_store_sees_everything(db_path: Path) -> None:
         second.close()
 
 
-def test_concurrent_adds_from_threads_and_a_second_store(db_path: Path) -> None:
+def test_concurrent_adds_from_threads_and_a_second_store(database_url: str) -> None:
     """8 threads x 50 adds on each of two Store objects on one file: 800 rows, no lock error."""
-    url = f"sqlite:///{db_path}"
+    url = database_url
     one = Store(url)
     two = Store(url)
     errors: list[BaseException] = []
@@ -401,8 +422,8 @@ def test_concurrent_adds_from_threads_and_a_second_store(db_path: Path) -> None:
         two.close()
 
 
-def test_concurrent_compare_and_set_has_one_winner(db_path: Path) -> None:
-    url = f"sqlite:///{db_path}"
+def test_concurrent_compare_and_set_has_one_winner(database_url: str) -> None:
+    url = database_url
     stores = [Store(url) for _ in range(4)]
     job_id = stores[0].add(new_job(), NOW).id
     results: list[bool] = []

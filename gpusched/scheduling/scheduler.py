@@ -132,6 +132,7 @@ class Scheduler:
     def tick(self) -> Plan:
         """One pass: observe → admit → plan → start. Never raises for one bad job."""
         with self._lock:
+            self.endings.settle_unsettled()  # raises while the database is still away
             try:
                 self.interactive.check_clients()  # before the plan counts their memory
             except Exception:  # one bad client must never stop scheduling

@@ -1,9 +1,14 @@
-"""The job store: SQLAlchemy Core over SQLite (WAL) by default; the daemon is its only user.
+"""The job store: SQLAlchemy Core over SQLite (WAL) by default, or a shared PostgreSQL;
+the daemon is its only user (and `gpusched admin copy-database`, daemon stopped).
 
 `Store` is assembled from one class per concern, each in its own module; import from
 here, which re-exports what the rest of gpusched uses:
-- gpusched.store.database: the `jobs` table, rows read as Jobs, the engine, and durability per
+- gpusched.store.database: the `jobs` table, rows read as Jobs, and durability per
   transaction (BEGIN IMMEDIATE, synchronous FULL or NORMAL: its docstring says which)
+- gpusched.store.engine: connections per dialect, URLs shown without their password
+- gpusched.store.schema: the schema brought to this version at open (Alembic revisions in
+  gpusched/store/migrations), a newer one refused
+- gpusched.store.copy: one database's jobs into another (its own entry point)
 - gpusched.store.queries: reads (`Queued`, `LaunchInfo`, `JobFigures` for the metrics)
 - gpusched.store.transitions: submits and state changes, one transaction each (`NewJob`)
 - gpusched.store.usage: measured usage and OOM retries (`USAGE_COLUMNS`)

@@ -2,8 +2,10 @@
 
 One transaction each. A state change is a compare-and-set (`_transition`): it applies
 only if the job is still in a state it may leave, so of two racing changes the first
-wins and the second returns False. How durable each write is: gpusched.store.database's
-docstring.
+wins and the second returns False. So are the writes about a running job (its pid, why
+it is being stopped): a late one changes nothing once the job has ended. Only the usage
+figures and `hooks_started` (which clears a flag) are written by id alone. How durable
+each write is: gpusched.store.database's docstring.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from gpusched.store.database import (
     inserted_id,
     job_select,
     jobs,
+    lock_submits,
     to_job,
 )
 from gpusched.store.timeline import TimelineWrite, write_timeline
@@ -137,6 +140,7 @@ class JobTransitions(Database):
         The jobs of one call have one owner and one environment (stored once).
         """
         with self.engine.begin() as conn:
+            lock_submits(conn)
             if max_waiting is not None:
                 _check_waiting(conn, news[0], len(news), max_waiting)
             env_id = _env_id(conn, news[0].env)
@@ -180,10 +184,15 @@ class JobTransitions(Database):
             "hooks_due": 1 if on_finish else None,
         }
         with self.engine.begin() as conn:
+            # One conditional UPDATE that says which rows it changed (RETURNING): a job
+            # started by another daemon between a read and this write is not in the list.
             notify = type_coerce(jobs.c.notify, Text)
-            rows = conn.execute(select(jobs.c.id, notify).where(*where).order_by(jobs.c.id)).all()
-            conn.execute(update(jobs).where(*where).values(**values))
-            ended = [(int(i), on_finish or decode_json(notify) is not None) for i, notify in rows]
+            rows = conn.execute(
+                update(jobs).where(*where).values(**values).returning(jobs.c.id, notify)
+            ).all()
+            ended = sorted(
+                (int(i), on_finish or decode_json(notify) is not None) for i, notify in rows
+            )
             own_hooks = [job_id for job_id, due in ended if due] if not on_finish else []
             for start in range(0, len(own_hooks), _CHUNK):  # within SQLite's variable limit
                 chunk = own_hooks[start : start + _CHUNK]
@@ -299,14 +308,17 @@ class JobTransitions(Database):
             write_timeline(conn, job_id, timeline)
         return True
 
-    def set_pid(self, job_id: int, pid: int, pid_start_time: str) -> None:
-        # Not durable (NORMAL): after a power cut no supervisor is left to find by its pid.
-        with self._write(durable=False) as conn:
-            conn.execute(
-                update(jobs)
-                .where(jobs.c.id == job_id)
-                .values(pid=pid, pid_start_time=pid_start_time)
-            )
+    def set_pid(self, job_id: int, pid: int, pid_start_time: str) -> bool:
+        """The supervisor of a running job; False (nothing written) if it is not running.
+
+        Not durable (NORMAL): after a power cut no supervisor is left to find by its pid.
+        """
+        return self._transition(
+            job_id,
+            [JobState.RUNNING],
+            {"pid": pid, "pid_start_time": pid_start_time},
+            durable=False,
+        )
 
     def hooks_started(self, job_id: int) -> None:
         """The job's hooks are starting: a restart must not start them again.
@@ -316,19 +328,17 @@ class JobTransitions(Database):
         with self._write(durable=False) as conn:
             conn.execute(update(jobs).where(jobs.c.id == job_id).values(hooks_due=None))
 
-    def set_detail(self, job_id: int, detail: str) -> None:
-        """Note on an active job what its end will be explained by (e.g. who cancelled it)."""
-        with self.engine.begin() as conn:
-            conn.execute(update(jobs).where(jobs.c.id == job_id).values(reason_detail=detail))
+    def set_detail(self, job_id: int, detail: str) -> bool:
+        """Note on an active job what its end will be explained by (e.g. who cancelled it);
+        False if it has ended (an ended job's explanation is never rewritten)."""
+        return self._transition(job_id, list(ACTIVE_STATES), {"reason_detail": detail})
 
-    def set_stop_intent(self, job_id: int, intent: StopIntent, detail: str) -> None:
-        """Before a running job is asked to stop: why (read at its end), and the sentence."""
-        with self.engine.begin() as conn:
-            conn.execute(
-                update(jobs)
-                .where(jobs.c.id == job_id)
-                .values(stop_intent=str(intent), reason_detail=detail)
-            )
+    def set_stop_intent(self, job_id: int, intent: StopIntent, detail: str) -> bool:
+        """Before a running job is asked to stop: why (read at its end), and the sentence;
+        False if it is not running any more."""
+        return self._transition(
+            job_id, [JobState.RUNNING], {"stop_intent": str(intent), "reason_detail": detail}
+        )
 
     def set_priority(self, job_id: int, priority: int) -> bool:
         return self._transition(job_id, [JobState.QUEUED, JobState.HELD], {"priority": priority})
