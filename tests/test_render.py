@@ -134,3 +134,12 @@ def test_durations_and_gpu_lists_are_short() -> None:
     assert format_indices([3, 0, 1, 2]) == "0-3"
     assert format_indices([0, 1, 4]) == "0,1,4"
     assert format_indices([0, 2, 3, 4, 7]) == "0,2-4,7"
+
+
+def test_an_idle_interactive_job_shows_its_warning_under_it() -> None:
+    idle = Job(7, "erin", 1005, ["bash"], "/h", JobState.RUNNING, mem=8 * G, gpu_indices=[1],
+               submitted_at=_at("11:00:00"), started_at=_at("11:00:01"), interactive=True,
+               warning="idle: no GPU use for 1h (interactive.idle_timeout 1h)")  # fmt: skip
+    lines = render_status(gpus(), [idle], width=80, now=NOW).splitlines()
+    at = next(i for i, line in enumerate(lines) if line.split()[:2] == ["7", "erin"])
+    assert lines[at + 1].strip() == "idle: no GPU use for 1h (interactive.idle_timeout 1h)"

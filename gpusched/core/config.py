@@ -26,6 +26,7 @@ from gpusched.core.config_values import (
     parse_percent,
 )
 from gpusched.core.errors import ConfigError, UsageError
+from gpusched.core.interactive_config import InteractiveSettings, parse_interactive
 from gpusched.core.units import parse_duration, parse_size
 
 SYSTEM_CONFIG_PATH = Path("/etc/gpusched/config.yaml")
@@ -118,6 +119,7 @@ class Config:
     status_page_jobs: int = _REQUEST_BOUNDS["status_page_jobs"][2]
     default_limits: UserLimits = UserLimits()
     user_limits: Mapping[str, UserLimits] = field(default_factory=dict)
+    interactive: InteractiveSettings = field(default_factory=InteractiveSettings)  # run, claim()
     source: str | None = None  # the file this came from, for messages
 
     def limits_for(self, user: str) -> UserLimits:
@@ -214,6 +216,8 @@ def _convert(source: str, key: str, value: Any, base: Config) -> dict[str, Any]:
             return {"show_commands": value}
         if key == "limits":
             return _limits(value)
+        if key == "interactive":
+            return {"interactive": parse_interactive(value)}
         if key == "on_finish":
             return {"on_finish": parse_command(value)}
         if key == "hook_timeout":

@@ -49,6 +49,7 @@ class EndReason(_StrEnum):
     OVERRUN = "overrun"
     TIMEOUT = "timeout"
     DEPENDENCY_FAILED = "dependency_failed"
+    IDLE = "idle"  # an interactive job ended for its idleness (interactive.on_idle: end)
 
 
 class StopIntent(_StrEnum):
@@ -61,6 +62,10 @@ class StopIntent(_StrEnum):
 
     CANCEL = "cancel"
     OVERRUN = "overrun"
+    # An interactive job past its --time: its client is asked to stop its command (a
+    # batch job's supervisor enforces the limit itself and reports `timeout`).
+    TIMEOUT = "timeout"
+    IDLE = "idle"  # an interactive job idle past `interactive.idle_timeout` (on_idle: end)
 
 
 class GpuHealth(_StrEnum):
@@ -134,6 +139,10 @@ class Job:
     max_concurrent: int | None = None  # how many of its array may run at once
     time_limit_s: float | None = None
     notify: list[str] | None = None  # `submit --notify`: argv run as the owner when it ends
+    # `gpusched run` / `gpusched.claim()`: the job is its client process (pid), which runs
+    # the command itself, in the caller's terminal; it has no log.
+    interactive: bool = False
+    warning: str | None = None  # e.g. an idle interactive job (not stored: each pass's)
 
     def to_json(self) -> dict[str, Any]:
         # Every field is a scalar or a flat list: a shallow copy of each list is all that

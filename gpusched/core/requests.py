@@ -326,6 +326,64 @@ class DrainRequest(Request):
             raise UsageError(f"a drain reason is 1 to {MAX_REASON_CHARS} characters")
 
 
+@dataclass(frozen=True)
+class RunRequest(Request):
+    """Queue an interactive job (`gpusched run`, claim()) whose process is the caller's:
+    the daemon takes it from the socket's peer credentials, never from the request."""
+
+    op: ClassVar[str] = "run"
+    command: tuple[str, ...] = field(metadata=_shape("'command' must be a list of strings"))
+    cwd: str
+    mem: int | None = None
+    gpus: int = 1
+    name: str | None = None
+    priority: int = 0
+    time: float | None = None
+
+    def __post_init__(self) -> None:
+        if not self.command or not self.command[0]:
+            raise UsageError("no command given: gpusched run [OPTIONS] -- COMMAND [ARGS...]")
+        if not os.path.isabs(self.cwd):
+            raise UsageError(f"working directory must be an absolute path, not {self.cwd!r}")
+        if self.mem is not None and self.mem <= 0:
+            raise UsageError("--mem must be more than zero")
+        if self.gpus < 1:
+            raise UsageError("--gpus must be at least 1")
+        if self.name is not None and len(self.name) > MAX_NAME_CHARS:
+            raise UsageError(f"--name is limited to {MAX_NAME_CHARS} characters")
+        if self.time is not None and not 0 < self.time < 10**9:
+            raise UsageError("--time must be more than zero")
+
+
+@dataclass(frozen=True)
+class PlacementRequest(Request):
+    """The caller's interactive job once placed, or after `timeout` s (the daemon caps it)."""
+
+    op: ClassVar[str] = "placement"
+    id: int
+    timeout: float | None = None
+
+    def __post_init__(self) -> None:
+        _job_id(self.id)
+
+
+@dataclass(frozen=True)
+class RunEndedRequest(Request):
+    """The caller's interactive command ended: killed by `signal`, else with `exit_code`."""
+
+    op: ClassVar[str] = "run_ended"
+    id: int
+    exit_code: int = 0
+    signal: int | None = None
+
+    def __post_init__(self) -> None:
+        _job_id(self.id)
+        if not 0 <= self.exit_code <= 255:
+            raise UsageError("exit_code must be between 0 and 255")
+        if self.signal is not None and not 1 <= self.signal <= 64:
+            raise UsageError("signal must be between 1 and 64")
+
+
 REQUESTS: dict[str, type[Request]] = {
     kind.op: kind
     for kind in (
@@ -344,6 +402,9 @@ REQUESTS: dict[str, type[Request]] = {
         ArrayRequest,
         EstimateHistoryRequest,
         DrainRequest,
+        RunRequest,
+        PlacementRequest,
+        RunEndedRequest,
     )
 }
 

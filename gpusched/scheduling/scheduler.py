@@ -44,6 +44,7 @@ from gpusched.scheduling.drain import load_drain, save_drain
 from gpusched.scheduling.endings import JobEndings
 from gpusched.scheduling.fair_share import recent_usage
 from gpusched.scheduling.gpu_reports import gpu_reports
+from gpusched.scheduling.interactive import InteractiveJobs
 from gpusched.scheduling.observe import Observation, observe, read_gpus
 from gpusched.scheduling.policy import Placement, Plan, UserCap, plan
 from gpusched.scheduling.policy_inputs import capacity_bytes, gpu_slot, running_claim, waiting_job
@@ -94,11 +95,20 @@ class Scheduler:
             monitor=self.monitor,
             clock=clock,
             lock=self._lock,
-            gpus=self._current_gpus,
+            gpus=self.current_gpus,
             wake=self._wake,
             end_listeners=self.end_listeners,
         )
         launcher.on_exit = self.endings.on_job_exit
+        self.interactive = InteractiveJobs(
+            config=config,
+            store=store,
+            monitor=self.monitor,
+            endings=self.endings,
+            clock=clock,
+            lock=self._lock,
+            wake=self._wake,
+        )
         self.starter = JobStarter(
             config=config,
             store=store,
@@ -123,12 +133,18 @@ class Scheduler:
         """One pass: observe → admit → plan → start. Never raises for one bad job."""
         with self._lock:
             self.endings.settle_unsettled()  # raises while the database is still away
+            try:
+                self.interactive.check_clients()  # before the plan counts their memory
+            except Exception:  # one bad client must never stop scheduling
+                log.exception("checking the interactive jobs' clients failed")
             seen = self.observe()
             try:
                 self._act_on_overruns(seen.overruns)
+                self.interactive.observe_idle(seen.running, seen.usage)
             except Exception:  # acting on what was measured must never stop scheduling
-                log.exception("acting on the running jobs' overruns failed")
+                log.exception("acting on the running jobs' usage failed")
             admitted = self.admit()
+            self.interactive.cap(admitted, seen.running)
             for doomed in admitted.doomed:
                 self.endings.end(
                     doomed.job_id,
@@ -141,7 +157,8 @@ class Scheduler:
             self._reading = _Reading(
                 seen.gpus, seen.usage, {**admitted.waiting_reasons, **result.waiting_reasons}
             )
-            return result
+        self.interactive.notify_placed()  # clients waiting for their placement look again
+        return result
 
     def read_gpus(self) -> list[GpuState]:
         return read_gpus(self.probe, self.config, self._reading.gpus)
@@ -210,6 +227,9 @@ class Scheduler:
 
     def _stop(self, job: Job, intent: StopIntent, detail: str) -> None:
         """Ask a running job's supervisor to stop it, recording why first (read at its end)."""
+        if job.interactive:  # no supervisor: its client stops its command
+            self.interactive.stop(job, intent, detail)
+            return
         self.store.set_stop_intent(job.id, intent, detail)
         start_time = self.store.launch_info(job.id).pid_start_time
         if job.pid is None or not self.launcher.cancel(job.pid, start_time):
@@ -227,7 +247,7 @@ class Scheduler:
     def submit_many(self, news: list[NewJob], as_array: bool) -> list[Job]:
         """Check and queue jobs in one transaction (an array shares one array id)."""
         new = news[0]  # the jobs of one submit differ only in their command
-        gpus = [g for g in self._current_gpus() if g.health != GpuHealth.EXCLUDED]
+        gpus = [g for g in self.current_gpus() if g.health != GpuHealth.EXCLUDED]
         if not gpus:
             raise ConflictError("this daemon has no GPUs to run jobs on")
         if new.gpus > len(gpus):
@@ -261,7 +281,7 @@ class Scheduler:
         self.wake()
         return jobs
 
-    def _current_gpus(self) -> list[GpuState]:
+    def current_gpus(self) -> list[GpuState]:
         return self._reading.gpus or self.read_gpus()
 
     def cancel(self, job: Job, by: str, waiting_only: bool = False) -> Job:
@@ -358,6 +378,7 @@ class Scheduler:
                 job.id, "waiting for the next scheduling pass"
             )
         elif job.state == JobState.RUNNING:
+            job.warning = self.interactive.warnings.get(job.id)
             tracker = self.monitor.live(job.id)
             if tracker is not None:  # figures so far, from memory (written at the end)
                 summary = tracker.summary()

@@ -62,6 +62,9 @@ class JobStarter:
         info = self.store.launch_info(job_id)
         indices = [g.index for g in gpus]
         uuids = [g.uuid for g in gpus]
+        if job.interactive:
+            self._place_interactive(job, info.pid_start_time, indices, uuids)
+            return
         env = job_environment(
             job,
             info.env,
@@ -105,4 +108,29 @@ class JobStarter:
             started.via,
             quoted(job.user, 40),
             command_for_log(job.command, self._config.current.show_commands),
+        )
+
+    def _place_interactive(
+        self, job: Job, start_time: str | None, indices: list[int], uuids: list[str]
+    ) -> None:
+        """An interactive job starts as its client learns its placement: nothing is
+        launched; its client (pid) is the root of its process tree, and it has no log."""
+        if job.pid is None or not self.store.mark_running(
+            job.id,
+            gpu_indices=indices,
+            gpu_uuids=uuids,
+            pid=job.pid,
+            pid_start_time=start_time,
+            log_path=None,
+            now=iso(self.clock()),
+        ):
+            return
+        self.monitor.started(job.id)
+        self.probe.note_job_started(job.pid, uuids, job.mem)
+        log.info(
+            "interactive job %s placed on GPU %s (client pid %s) for %s",
+            job.id,
+            ",".join(map(str, indices)),
+            job.pid,
+            quoted(job.user, 40),
         )

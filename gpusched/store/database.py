@@ -125,6 +125,9 @@ jobs = Table(
     Column("hooks_due", Integer, nullable=True),
     # The job's environment in `envs` (then `env` is {}); NULL for rows written before.
     Column("env_id", Integer, nullable=True),
+    # 1: `gpusched run` / claim(); its pid and pid_start_time are its client's, from the
+    # socket's peer credentials at the request, set while it waits too.
+    Column("interactive", Integer, nullable=True),
 )
 
 # Environments, stored once each and shared by every job submitted with the same one:
@@ -216,6 +219,7 @@ def to_job(row: Row[Any]) -> Job:
     for name in _JSON_FIELDS:
         values[name] = decode_json(values[name])
     values["state"] = JobState(values["state"])
+    values["interactive"] = bool(values["interactive"])  # NULL on older rows
     return Job(**values)
 
 

@@ -35,6 +35,7 @@ class Queued:
     array_id: int | None
     max_concurrent: int | None
     retry_of: int | None
+    interactive: int | None  # 1: `gpusched run` / claim() (capped by interactive.max_per_user)
 
 
 _QUEUED_SELECT = select(
@@ -177,13 +178,24 @@ class JobQueries(Database):
             ).all()
         return [to_job(row) for row in rows]
 
+    def interactive_active(self) -> list[Job]:
+        """Active interactive jobs (`gpusched run`, claim()): each pass checks their clients."""
+        states = [str(s) for s in ACTIVE_STATES]
+        with self.read() as conn:
+            rows = conn.execute(
+                job_select()
+                .where(jobs.c.interactive == 1, jobs.c.state.in_(states))
+                .order_by(jobs.c.id)
+            ).all()
+        return [to_job(row) for row in rows]
+
     def queued(self) -> list[Queued]:
         """Queued jobs (not held), in submit order, with what a scheduling pass needs."""
         with self.read() as conn:
             rows = conn.execute(_QUEUED_SELECT.order_by(jobs.c.id)).all()
         return [
-            Queued(i, u, m, g, p, decode_json(a), ai, mc, ro)
-            for i, u, m, g, p, a, ai, mc, ro in rows
+            Queued(i, u, m, g, p, decode_json(a), ai, mc, ro, it)
+            for i, u, m, g, p, a, ai, mc, ro, it in rows
         ]
 
     def ended(

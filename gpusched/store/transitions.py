@@ -56,6 +56,9 @@ class NewJob:
     time_limit_s: float | None = None
     notify: tuple[str, ...] | None = None  # `submit --notify`: argv run when the job ends
     max_concurrent: int | None = None  # for the jobs of one array
+    # `gpusched run` / claim(): the client process that is the job (peer credentials).
+    client_pid: int | None = None
+    client_start_time: str | None = None  # pidref.process_start_time of client_pid
 
 
 _CHUNK = 500  # ids per `IN (...)`: SQLite allows 999 variables before 3.32
@@ -112,6 +115,9 @@ def _row(
         "retry_oom": new.retry_oom,
         "time_limit_s": new.time_limit_s,
         "notify": list(new.notify) if new.notify else None,
+        "interactive": 1 if new.client_pid is not None else None,
+        "pid": new.client_pid,
+        "pid_start_time": new.client_start_time,
     }
 
 
@@ -223,7 +229,7 @@ class JobTransitions(Database):
         gpu_uuids: Sequence[str],
         pid: int | None,
         pid_start_time: str | None,
-        log_path: str,
+        log_path: str | None,
         now: str,
     ) -> bool:
         # Durable (FULL): this is the claim, made before the job's supervisor exists, that
