@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from gpusched.core.requests import parse
+from gpusched.core.request_wire import parse
 from gpusched.daemon.auth import check_served
 from gpusched.daemon.handlers import admin, interactive, jobs, views
 from gpusched.daemon.identity import Caller
