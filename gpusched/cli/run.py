@@ -19,10 +19,11 @@ import click
 
 from gpusched.cli.common import client_of
 from gpusched.cli.help import ExampleLastCommand
-from gpusched.client import Client, resolve_command
+from gpusched.client import Client
 from gpusched.core.errors import EXIT_FAILED
 from gpusched.core.models import Job
 from gpusched.core.sanitize import shown
+from gpusched.core.submitter import resolve_command
 from gpusched.core.units import format_duration, parse_duration, parse_size
 from gpusched.interactive.foreground import Attached
 from gpusched.interactive.reservation import (
