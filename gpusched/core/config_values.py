@@ -8,10 +8,11 @@ Sizes and durations themselves are parsed by `units`.
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 from gpusched.core.errors import UsageError
-from gpusched.core.units import parse_size
+from gpusched.core.units import parse_duration, parse_size
 
 
 def parse_margin(value: Any) -> dict[str, Any]:
@@ -116,3 +117,24 @@ def parse_address(value: Any) -> tuple[str, int] | None:
     if not port.isdigit() or not 0 <= int(port) <= 65535:
         raise UsageError(f"expected HOST:PORT such as 127.0.0.1:9400, not {value!r}")
     return host, int(port)
+
+
+_NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+
+
+def parse_node_name(value: Any) -> str:
+    """A node's name in a shared database: letters, digits, '.', '_', '-' (a host name)."""
+    text = "" if value is None or isinstance(value, bool) else str(value).strip()
+    if not _NODE_NAME.fullmatch(text):
+        raise UsageError(
+            "expected a name of letters, digits, '.', '_' or '-' (up to 63), such as gpu1"
+        )
+    return text
+
+
+def parse_node_timeout(value: Any) -> float:
+    """How long a node may go unheard before it is down: at least 3 s (a few polls)."""
+    seconds = parse_duration(value)
+    if seconds < 3:
+        raise UsageError(f"expected at least 3s, not {value!r}")
+    return seconds

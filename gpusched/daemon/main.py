@@ -42,6 +42,7 @@ from gpusched.daemon.services import Services
 from gpusched.daemon.trusted_dirs import untrusted_dirs
 from gpusched.gpus.probe import Probe, SimulatedProbe
 from gpusched.processes.launcher import Launcher
+from gpusched.scheduling.cluster import ClusterMember
 from gpusched.scheduling.scheduler import Scheduler
 from gpusched.store import Store
 
@@ -91,6 +92,17 @@ def _check_dirs_are_ours(config: Config) -> None:
             + "; ".join(problems)
             + " (use directories only root can change)"
         )
+
+
+def node_name(config: Config) -> str:
+    """This server's name among the cluster's nodes: `node:`, or its short host name."""
+    return config.node or socket.gethostname().split(".")[0]
+
+
+def in_cluster(config: Config) -> bool:
+    """Whether this daemon shares its queue with others: a `node:` name is set, or the
+    database is a server's (PostgreSQL). Otherwise it is the one server of today."""
+    return config.node is not None or not config.database_url.startswith("sqlite")
 
 
 def raise_open_file_limit() -> None:
@@ -144,6 +156,11 @@ class Daemon:
         self.settings = ConfigHolder(config)
         self.scheduler = Scheduler(self.settings, self.store, self.probe, Launcher(self.settings))
         self.scheduler.wake = self.wake
+        self.node = node_name(config)
+        self.scheduler.starter.node = self.node
+        if in_cluster(config):
+            self.scheduler.cluster = ClusterMember(self.scheduler, self.node)
+            self.scheduler.cluster.join()  # a name held by a live daemon: refused here
         self.hooks = HookRunner(self.store, lambda: self.config)
         self.scheduler.end_listeners.append(self.hooks.job_ended)
         self.metrics: MetricsServer | None = None
@@ -231,6 +248,8 @@ class Daemon:
         self.hooks.close()
         if self.metrics is not None:
             self.metrics.close()
+        if self.scheduler.cluster is not None:
+            self.scheduler.cluster.leave()
         self.store.close()
         self.probe.close()
         return status
@@ -264,6 +283,8 @@ class Daemon:
             "log_dir",
             "simulate",
             "metrics_address",
+            "node",
+            "node_timeout_s",
         )
         changed = [name for name in fixed if getattr(new, name) != getattr(self.config, name)]
         if changed:

@@ -36,7 +36,7 @@ from gpusched.core.sanitize import quoted
 from gpusched.gpus.probe import Probe
 from gpusched.processes.launching import JobLauncher, Outcome, OutcomeKind
 from gpusched.processes.supervisor import write_json_atomically
-from gpusched.store import Store
+from gpusched.store import NodeGuard, Store
 from gpusched.usage.monitor import UsageMonitor, final_usage, oom_cause, retry_mem
 
 log = logging.getLogger("gpusched.scheduler")
@@ -100,6 +100,11 @@ class JobEndings:
         # waiter re-reads the database only when one of its own jobs may have ended.
         self._recent_ends: deque[int] = deque(maxlen=RECENT_ENDS)
         self._end_count = 0
+        # The cluster (scheduling.cluster) replaces these: which rows this daemon may
+        # settle and adopt (its own node's), and the node and epoch its end writes carry.
+        self.owns: Callable[[Job], bool] = lambda job: True
+        self.guard_for: Callable[[int], NodeGuard | None] = lambda job_id: None
+        self.adopted: Callable[[Job, int, str | None], None] = lambda job, pid, start: None
 
     @property
     def config(self) -> Config:
@@ -136,6 +141,7 @@ class JobEndings:
             usage=self._final_usage(job, state, reason, now, (retry, retry_refused, oom_next_mem)),
             hooks_due=hooks_due,
             durable=durable,
+            guard=self.guard_for(job_id),
         )
         if ended:
             why = f": {quoted(detail, 500)}" if detail else ""  # may quote a user's path
@@ -222,8 +228,9 @@ class JobEndings:
     def settle(self, job_id: int, outcome: Outcome, *, durable: bool = True) -> None:
         """End a running job as its supervisor's `outcome` says, read with why it was stopped."""
         job = self.store.get(job_id)
-        if job.state != JobState.RUNNING:
-            return
+        lost_with_node = job.state == JobState.LOST and job.reason == EndReason.NODE_LOST
+        if not (job.state == JobState.RUNNING or lost_with_node) or not self.owns(job):
+            return  # ended already, or (cluster) not this node's: its end is not ours
         intent, detail = self.store.launch_info(job_id).stop_intent, job.reason_detail
         if intent is None:
             intent, detail = legacy_stop_intent(detail)
@@ -309,7 +316,7 @@ class JobEndings:
         rebooted = self._rebooted()
         with self._lock:
             for job in self.store.active():
-                if job.state != JobState.RUNNING:
+                if job.state != JobState.RUNNING or not self.owns(job):
                     continue
                 pid, start_time = job.pid, self.store.launch_info(job.id).pid_start_time
                 if pid is None:
@@ -321,6 +328,7 @@ class JobEndings:
                 if pid is not None and self.launcher.is_running(pid, start_time):
                     log.info("job %s still running (pid %s): re-adopted", job.id, pid)
                     self.launcher.watch(job.id, pid, start_time)
+                    self.adopted(job, pid, start_time)
                     self.probe.note_job_started(pid, job.gpu_uuids, job.mem)
                 else:
                     outcome = self.launcher.outcome(job.id)

@@ -15,6 +15,7 @@ starting), both held here. One lock serialises ticks, endings and job operations
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections.abc import Callable
@@ -33,12 +34,14 @@ from gpusched.core.models import (
     GpuState,
     Job,
     JobState,
+    NodeStatus,
     StopIntent,
 )
 from gpusched.core.units import format_size
 from gpusched.gpus.probe import Probe
 from gpusched.processes.launching import JobLauncher, Outcome, OutcomeKind
 from gpusched.scheduling.admission import Admission, admit
+from gpusched.scheduling.cluster import ClusterMember
 from gpusched.scheduling.drain import load_drain, save_drain
 from gpusched.scheduling.endings import JobEndings
 from gpusched.scheduling.fair_share import recent_usage
@@ -82,6 +85,7 @@ class Scheduler:
         self.monitor = UsageMonitor(store)  # memory and utilization of running jobs
         self.drain: Drain | None = load_drain(self.config.state_dir)  # set by an administrator
         self.wake: Callable[[], None] = lambda: None  # set by the daemon
+        self.cluster: ClusterMember | None = None  # set by the daemon in a cluster
         # Called with a job's id once it has ended, and whether it has notification hooks
         # to run. Called under the scheduler lock, so each must only hand the id over.
         self.end_listeners: list[Callable[[int, bool], None]] = []
@@ -126,6 +130,8 @@ class Scheduler:
                 self._act_on_overruns(seen.overruns)
             except Exception:  # acting on what was measured must never stop scheduling
                 log.exception("acting on the running jobs' overruns failed")
+            if self.cluster is not None:
+                return self._cluster_tick(seen)
             admitted = self.admit()
             for doomed in admitted.doomed:
                 self.endings.end(
@@ -141,12 +147,24 @@ class Scheduler:
             )
             return result
 
+    def _cluster_tick(self, seen: Observation) -> Plan:
+        """A pass as one daemon of a cluster (scheduling.cluster): agent, and scheduler
+        when elected; placed jobs start through the same starter."""
+        if self.cluster is None:
+            raise RuntimeError("a cluster pass without a cluster")
+        reports = gpu_reports(seen.gpus, seen.usage, seen.running, self.config.headroom_bytes)
+        self._reading = _Reading(seen.gpus, seen.usage, self._reading.waiting_reasons)
+        result = self.cluster.tick(seen, reports)
+        if result is not None:
+            self._reading.waiting_reasons = result.waiting_reasons
+        return result or Plan([], {}, {})
+
     def read_gpus(self) -> list[GpuState]:
         return read_gpus(self.probe, self.config, self._reading.gpus)
 
     def observe(self) -> Observation:
         """The GPUs, the running jobs and what they hold; overruns found (not acted on)."""
-        running = self.store.running()
+        running = [j for j in self.store.running() if self.endings.owns(j)]
         return observe(
             self.probe,
             self.monitor,
@@ -174,7 +192,7 @@ class Scheduler:
             [waiting_job(j) for j in eligible],
             config.headroom_bytes,
             config.max_jobs_per_gpu,
-            user_caps={user: self._cap(user) for user in users},
+            user_caps={user: self.cap(user) for user in users},
             user_usage=recent_usage(
                 self.store, eligible, seen.gpus, self.clock(), config.fair_share_half_life_s
             ),
@@ -185,7 +203,7 @@ class Scheduler:
         """Start each placed job on its GPUs (a job that cannot start is queued or ended)."""
         self.starter.start(placements, gpus)
 
-    def _cap(self, user: str) -> UserCap:
+    def cap(self, user: str) -> UserCap:
         limits = self.config.limits_for(user)
         return UserCap(limits.max_running, limits.max_mem_bytes)
 
@@ -207,8 +225,16 @@ class Scheduler:
                 self._stop(job, StopIntent.OVERRUN, what)
 
     def _stop(self, job: Job, intent: StopIntent, detail: str) -> None:
-        """Ask a running job's supervisor to stop it, recording why first (read at its end)."""
+        """Ask a running job's supervisor to stop it, recording why first (read at its end).
+
+        A job on another node (cluster) is stopped by that node's agent, which polls for
+        the intent each pass."""
         self.store.set_stop_intent(job.id, intent, detail)
+        if self.endings.owns(job):
+            self.stop_local(job)
+
+    def stop_local(self, job: Job) -> None:
+        """Ask this server's supervisor of a running job to stop it (its intent is set)."""
         start_time = self.store.launch_info(job.id).pid_start_time
         if job.pid is None or not self.launcher.cancel(job.pid, start_time):
             self.endings.settle(job.id, Outcome(OutcomeKind.CANCELLED))
@@ -365,5 +391,25 @@ class Scheduler:
         return job
 
     def gpu_reports(self, running: list[Job]) -> list[GpuReport]:
+        """This server's GPUs; in a cluster, every node's that is not down."""
+        if self.cluster is not None:
+            return [g for node in self.nodes() for g in node.gpus if node.state != "down"]
         reading = self._reading
-        return gpu_reports(reading.gpus, reading.usage, running, self.config.headroom_bytes)
+        mine = [j for j in running if self.endings.owns(j)]
+        reports = gpu_reports(reading.gpus, reading.usage, mine, self.config.headroom_bytes)
+        return [dataclasses.replace(r, node=self.starter.node) for r in reports]
+
+    def nodes(self) -> list[NodeStatus]:
+        """Every node, as `status` shows it: this server alone when it is not in a cluster."""
+        if self.cluster is None:
+            state = "drained" if self.drain is not None else "up"
+            return [NodeStatus(self.starter.node or "", state, 0.0, self.gpu_reports([]))]
+        shown = []
+        for row in self.store.node_rows():
+            state = "down" if row.expired and row.state != "drained" else row.state
+            gpus = [
+                dataclasses.replace(GpuReport.from_json(g), node=row.name)
+                for g in row.report.get("reports", [])
+            ]
+            shown.append(NodeStatus(row.name, state, round(row.age_s, 1), gpus))
+        return shown

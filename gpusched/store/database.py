@@ -117,6 +117,13 @@ jobs = Table(
     Column("hooks_due", Integer, nullable=True),
     # The job's environment in `envs` (then `env` is {}); NULL for rows written before.
     Column("env_id", Integer, nullable=True),
+    # The cluster (store.nodes): the node it is placed on, that node's epoch when it was
+    # placed (a write from an older epoch is refused), where it may go, and whether a
+    # dead node's job goes back to the queue.
+    Column("node", String, nullable=True, index=True),
+    Column("node_epoch", Integer, nullable=True),
+    Column("allowed_nodes", JSON, nullable=True),
+    Column("requeue", Integer, nullable=True),
 )
 
 # Environments, stored once each and shared by every job submitted with the same one:

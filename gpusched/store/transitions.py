@@ -16,6 +16,7 @@ from typing import Any
 
 from sqlalchemy import Text, func, select, type_coerce, update
 from sqlalchemy.engine import Connection
+from sqlalchemy.sql.elements import ColumnElement
 
 from gpusched.core.errors import ConflictError
 from gpusched.core.models import ACTIVE_STATES, EndReason, Job, JobState, StopIntent
@@ -28,6 +29,7 @@ from gpusched.store.database import (
     jobs,
     to_job,
 )
+from gpusched.store.placements import NodeGuard, guarded_end
 from gpusched.store.usage import usage_values
 
 
@@ -52,6 +54,8 @@ class NewJob:
     time_limit_s: float | None = None
     notify: tuple[str, ...] | None = None  # `submit --notify`: argv run when the job ends
     max_concurrent: int | None = None  # for the jobs of one array
+    allowed_nodes: tuple[str, ...] | None = None  # `submit --node a,b`
+    requeue: bool = False  # `submit --requeue`: queued again if its node dies
 
 
 _CHUNK = 500  # ids per `IN (...)`: SQLite allows 999 variables before 3.32
@@ -108,6 +112,8 @@ def _row(
         "retry_oom": new.retry_oom,
         "time_limit_s": new.time_limit_s,
         "notify": list(new.notify) if new.notify else None,
+        "allowed_nodes": list(new.allowed_nodes) if new.allowed_nodes else None,
+        "requeue": 1 if new.requeue else None,
     }
 
 
@@ -189,14 +195,15 @@ class JobTransitions(Database):
         from_states: Sequence[JobState],
         values: dict[str, Any],
         durable: bool = True,
+        condition: ColumnElement[bool] | None = None,
     ) -> bool:
-        """Apply `values` only if the job is still in one of `from_states` (compare-and-set)."""
+        """Apply `values` only if the job is still in one of `from_states` (compare-and-set)
+        and meets `condition` if any."""
+        where = [jobs.c.id == job_id, jobs.c.state.in_([str(s) for s in from_states])]
+        if condition is not None:
+            where.append(condition)
         with self._write(durable) as conn:
-            result = conn.execute(
-                update(jobs)
-                .where(jobs.c.id == job_id, jobs.c.state.in_([str(s) for s in from_states]))
-                .values(**values)
-            )
+            result = conn.execute(update(jobs).where(*where).values(**values))
         return result.rowcount == 1
 
     def mark_running(
@@ -209,6 +216,7 @@ class JobTransitions(Database):
         pid_start_time: str | None,
         log_path: str,
         now: str,
+        node: str | None = None,
     ) -> bool:
         # Durable (FULL): this is the claim, made before the job's supervisor exists, that
         # the job may have started. Lost in a power cut, the job would be queued again
@@ -224,6 +232,7 @@ class JobTransitions(Database):
                 "pid_start_time": pid_start_time,
                 "log_path": log_path,
                 "started_at": now,
+                "node": node,
             },
         )
 
@@ -240,6 +249,8 @@ class JobTransitions(Database):
                 "pid_start_time": None,
                 "log_path": None,
                 "started_at": None,
+                "node": None,
+                "node_epoch": None,
             },
         )
 
@@ -256,8 +267,11 @@ class JobTransitions(Database):
         usage: dict[str, Any] | None = None,
         hooks_due: bool = False,
         durable: bool = True,
+        guard: NodeGuard | None = None,
     ) -> bool:
         """End an active job; False if it had already ended (the first ending wins).
+
+        `guard` (cluster): only as that node at that epoch may (store.placements.guarded_end).
 
         `usage`: the job's final figures (peak, utilization, hints), written with the end.
         `hooks_due`: it has notification hooks to run; recorded with the end, so that a
@@ -276,7 +290,10 @@ class JobTransitions(Database):
         }
         if log_path is not None:
             values["log_path"] = log_path
-        return self._transition(job_id, list(ACTIVE_STATES), values, durable)
+        if guard is None:
+            return self._transition(job_id, list(ACTIVE_STATES), values, durable)
+        states = [*ACTIVE_STATES, JobState.LOST]
+        return self._transition(job_id, states, values, durable, guarded_end(guard))
 
     def set_pid(self, job_id: int, pid: int, pid_start_time: str) -> None:
         # Not durable (NORMAL): after a power cut no supervisor is left to find by its pid.

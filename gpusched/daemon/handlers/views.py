@@ -86,6 +86,7 @@ def status(services: Services, caller: Caller, request: StatusRequest) -> Any:
         jobs += [services.visible(caller, j) for j in store.ended(limit=20)]
     return {
         "gpus": [g.to_json() for g in services.scheduler.gpu_reports(store.running())],
+        "nodes": [n.to_json() for n in services.scheduler.nodes()],
         "jobs": jobs,
         "drain": drain_json(services),
         "next": last if more else None,

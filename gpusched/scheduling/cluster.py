@@ -1,0 +1,335 @@
+"""One daemon's part in a cluster: the agent of its own server, and the scheduler when elected.
+
+Every pass, as AGENT: renew this node's lease (a conditional write on its name and
+epoch, timed by the database's clock) with its GPUs as read now; if the lease was
+refused, the node was declared down while it was away: stop what the cluster gave to
+another node, keep the jobs it ended `lost` (their real end is reported when they end),
+and rejoin. Then ask the node's running jobs that were cancelled from elsewhere to stop,
+and start the jobs placed on this node, unless fenced (election.fenced).
+
+As SCHEDULER (one daemon at a time, elected through the `leases` row): declare down the
+nodes whose lease ran out, then run the same pure `plan()` over every live node's GPUs
+and every node's running and placed jobs, and write the placements, each conditioned on
+the election's epoch (store.placements). The node's agent starts them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import pwd
+import socket
+import time
+from typing import TYPE_CHECKING
+
+from gpusched.core.clock import iso
+from gpusched.core.errors import ConfigError
+from gpusched.core.models import EndReason, GpuReport, Job, JobState
+from gpusched.core.ratelog import RateLimitedLog
+from gpusched.scheduling.cluster_inputs import (
+    NodeView,
+    allowed_keys,
+    cluster_claims,
+    cluster_slots,
+    node_report,
+    split_key,
+)
+from gpusched.scheduling.election import Role, fenced, scheduler_role
+from gpusched.scheduling.fair_share import recent_usage
+from gpusched.scheduling.observe import Observation
+from gpusched.scheduling.policy import Plan, WaitingJob, plan
+from gpusched.scheduling.policy_inputs import waiting_job
+from gpusched.store import NodeGuard, NodePlacement, NodeRow, Queued
+from gpusched.store.nodes import NODE_DOWN, NODE_UP
+
+if TYPE_CHECKING:
+    from gpusched.scheduling.scheduler import Scheduler
+
+log = logging.getLogger("gpusched.cluster")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class ClusterMember:
+    def __init__(self, scheduler: Scheduler, name: str) -> None:
+        self.scheduler = scheduler
+        self.store = scheduler.store
+        self.name = name
+        self.host = socket.gethostname()
+        self.owner = f"{self.host}:{os.getpid()}"
+        self.epoch = 0
+        self.election_epoch: int | None = None
+        self._renewed_at: float | None = None  # monotonic time of the last renewal
+        self._signalled: set[int] = set()  # running jobs asked to stop (a cancel from elsewhere)
+        # Processes started (or adopted) here: job id -> (epoch, pid, start time).
+        self.local: dict[int, tuple[int, int, str | None]] = {}
+        self.trouble = RateLimitedLog(log)
+        endings = scheduler.endings
+        endings.owns = self.owns
+        endings.guard_for = self.guard_for
+        endings.adopted = self.adopted
+        scheduler.starter.node = name
+        scheduler.starter.on_started = self._started
+        scheduler.end_listeners.append(self._ended)
+
+    @property
+    def timeout_s(self) -> float:
+        return self.scheduler.config.node_timeout_s
+
+    # -- joining --------------------------------------------------------------------------
+
+    def join(self) -> None:
+        """Take this node's name in the database, or refuse with one line if a live daemon
+        holds it."""
+        for _ in range(3):
+            row = self.store.node_row(self.name)
+            if row is not None and row.owner and row.state != NODE_DOWN and not row.expired:
+                host, _, pid = row.owner.rpartition(":")
+                mine = host == self.host and pid.isdigit()
+                if not mine or (int(pid) != os.getpid() and _alive(int(pid))):
+                    raise ConfigError(
+                        f"node {self.name} is already live on this database (daemon"
+                        f" {row.owner}, heard {row.age_s:.0f}s ago): give this server"
+                        " another `node:` name"
+                    )
+            epoch = self.store.claim_node(self.name, self.owner, self.timeout_s, row)
+            if epoch > 0:
+                self.epoch = epoch
+                self._renewed_at = time.monotonic()
+                log.info("node %s joined the cluster (epoch %s)", self.name, epoch)
+                return
+        raise ConfigError(f"node {self.name}: another daemon keeps taking this name")
+
+    def leave(self) -> None:
+        try:
+            self.store.release_node(self.name, self.epoch)
+        except Exception:  # a database gone at shutdown: the lease runs out by itself
+            log.warning("could not release node %s's lease", self.name)
+
+    def owns(self, job: Job) -> bool:
+        return job.node == self.name
+
+    def guard_for(self, job_id: int) -> NodeGuard:
+        started = self.local.get(job_id)
+        return NodeGuard(self.name, started[0] if started else self.epoch)
+
+    def _ended(self, job_id: int, _hooks_due: bool) -> None:
+        self.local.pop(job_id, None)
+
+    def _started(self, job_id: int, pid: int, start_time: str) -> None:
+        self.local[job_id] = (self.epoch, pid, start_time)
+
+    def adopted(self, job: Job, pid: int, start_time: str | None) -> None:
+        self.local[job.id] = (self.epoch, pid, start_time)
+
+    # -- the pass -------------------------------------------------------------------------
+
+    def tick(self, seen: Observation, reports: list[GpuReport]) -> Plan | None:
+        """One pass (under the scheduler's lock, after `seen` was observed)."""
+        self._renew(seen, reports)
+        self._stop_cancelled(seen.running)
+        result = None
+        if self._elected():
+            result = self._schedule()
+        if not self.is_fenced():
+            self._start_placed(seen)
+        return result
+
+    def is_fenced(self) -> bool:
+        since = None if self._renewed_at is None else time.monotonic() - self._renewed_at
+        return fenced(since, self.timeout_s, self.scheduler.config.poll_interval_s)
+
+    def _renew(self, seen: Observation, reports: list[GpuReport]) -> None:
+        util = {g.uuid: self.scheduler.monitor.gpu_util(g.uuid) for g in seen.gpus}
+        report = node_report(seen.gpus, seen.usage, util, reports, self._missing_users())
+        try:
+            if self.store.renew_node(self.name, self.epoch, self.timeout_s, report):
+                self._renewed_at = time.monotonic()
+                return
+            row = self.store.node_row(self.name)
+        except Exception as exc:  # the database is away: fenced once it has been too long
+            self.trouble.warning("renew", f"cannot renew node {self.name}'s lease: {exc!r}")
+            return
+        if row is None or row.epoch == self.epoch:
+            return
+        log.warning(
+            "node %s was declared down while away (epoch %s -> %s): reconciling",
+            self.name,
+            self.epoch,
+            row.epoch,
+        )
+        self._reconcile()
+        epoch = self.store.claim_node(self.name, self.owner, self.timeout_s, row)
+        if epoch > 0:
+            self.epoch = epoch
+            self._renewed_at = time.monotonic()
+            log.info("node %s rejoined the cluster (epoch %s)", self.name, epoch)
+
+    def _reconcile(self) -> None:
+        """Back from being declared down: stop the processes of jobs the cluster queued
+        again or ended otherwise; those it ended `lost` run on, their end reported later."""
+        launcher = self.scheduler.launcher
+        rows = self.store.rows_of(list(self.local))
+        for job_id, (_epoch, pid, start_time) in list(self.local.items()):
+            state, node, _ = rows.get(job_id, (JobState.LOST, None, None))
+            if state == JobState.LOST and node == self.name:
+                continue  # lost with this node: still ours, its real end will be recorded
+            del self.local[job_id]
+            if launcher.is_running(pid, start_time):
+                log.warning("job %s was given to the cluster again: stopping it here", job_id)
+                launcher.cancel(pid, start_time)
+
+    def _missing_users(self) -> set[str]:
+        missing = set()
+        for user in {job.user for job in self.store.queued()}:
+            try:
+                pwd.getpwnam(user)
+            except KeyError:
+                missing.add(user)
+        return missing
+
+    def _stop_cancelled(self, running: list[Job]) -> None:
+        """Running jobs of this node that a daemon elsewhere asked to stop (the poll)."""
+        for job_id in self.store.stop_requested(self.name):
+            if job_id in self._signalled:
+                continue
+            self._signalled.add(job_id)
+            job = next((j for j in running if j.id == job_id), None)
+            if job is not None:
+                self.scheduler.stop_local(job)
+        self._signalled &= {j.id for j in running}
+
+    def _start_placed(self, seen: Observation) -> None:
+        by_uuid = {g.uuid: g for g in seen.gpus}
+        guard = NodeGuard(self.name, self.epoch)
+        for job in self.store.placed(self.name):
+            gpus = [by_uuid[u] for u in job.gpu_uuids if u in by_uuid]
+            try:
+                pwd.getpwnam(job.user)
+            except KeyError:
+                gpus = []
+            if len(gpus) != len(job.gpu_uuids):
+                self.store.unplace(job.id, self.name)
+                continue
+            self.scheduler.starter.start_placed(job, gpus, guard)
+
+    # -- the scheduler's part -------------------------------------------------------------
+
+    def _elected(self) -> bool:
+        try:
+            lease = self.store.scheduler_lease()
+            role = scheduler_role(lease, self.name, self.election_epoch)
+            if role == Role.RENEW:
+                if self.store.renew_scheduler(self.name, self.election_epoch or 0, self.timeout_s):
+                    return not self.is_fenced()
+                self.election_epoch = None
+                return False
+            if role == Role.TAKE:
+                epoch = self.store.take_scheduler(self.name, lease, self.timeout_s)
+                if epoch is not None:
+                    log.info("node %s schedules the cluster (election epoch %s)", self.name, epoch)
+                    self.election_epoch = epoch
+                    return not self.is_fenced()
+            if self.election_epoch is not None:
+                log.info("node %s no longer schedules the cluster", self.name)
+            self.election_epoch = None
+        except Exception as exc:
+            self.trouble.warning("elect", f"cannot read the scheduler's election: {exc!r}")
+        return False
+
+    def _declare_down(self, rows: list[NodeRow]) -> list[NodeRow]:
+        """Declare down the nodes whose lease ran out; the rows still live."""
+        live = []
+        for row in rows:
+            if row.state == NODE_DOWN:
+                continue
+            if row.expired and row.name != self.name and self.election_epoch is not None:
+                why = f"node {row.name} was not heard from for {row.age_s:.0f}s"
+                down = self.store.declare_down(
+                    row.name,
+                    row.epoch,
+                    holder=self.name,
+                    election_epoch=self.election_epoch,
+                    now=iso(self.scheduler.clock()),
+                    why=why,
+                )
+                if down is not None:
+                    log.warning(
+                        "%s: declared down; %d job(s) lost, %d queued again",
+                        why,
+                        len(down.lost),
+                        len(down.requeued),
+                    )
+                    self.scheduler.endings.announce_ends(down.lost)
+                    continue
+            if not row.expired or row.name == self.name:
+                live.append(row)
+        return live
+
+    def _schedule(self) -> Plan:
+        sched = self.scheduler
+        config = sched.config
+        live = self._declare_down(self.store.node_rows())
+        nodes = [NodeView.from_report(r.name, r.state == NODE_UP, r.report) for r in live]
+        admitted = sched.admit()
+        for doomed in admitted.doomed:
+            sched.endings.end(
+                doomed.job_id, JobState.CANCELLED, EndReason.DEPENDENCY_FAILED, detail=doomed.detail
+            )
+        claimed = [j for j in self.store.running() if j.node] + self.store.placed()
+        reasons: dict[int, str] = {}
+        waiting = []
+        for job in admitted.eligible:
+            keys, why = allowed_keys(job.user, job.allowed_nodes, nodes)
+            if why is not None:
+                reasons[job.id] = why
+                continue
+            waiting.append(waiting_job(job) if keys is None else _restricted(job, keys))
+        users = {j.user for j in claimed} | {j.user for j in admitted.eligible}
+        all_gpus = [g for n in nodes for g in n.gpus]
+        result = plan(
+            cluster_slots(nodes),
+            cluster_claims(claimed, nodes),
+            waiting,
+            config.headroom_bytes,
+            config.max_jobs_per_gpu,
+            user_caps={user: sched.cap(user) for user in users},
+            user_usage=recent_usage(
+                self.store,
+                admitted.eligible,
+                all_gpus,
+                sched.clock(),
+                config.fair_share_half_life_s,
+            ),
+            busy_util=config.busy_util,
+        )
+        index_of = {(n.name, g.uuid): g.index for n in nodes for g in n.gpus}
+        placements = []
+        for p in result.placements:
+            where = [split_key(k) for k in p.gpu_uuids]
+            node = where[0][0]
+            uuids = tuple(u for _, u in where)
+            indices = tuple(index_of[(node, u)] for u in uuids)
+            placements.append(NodePlacement(p.job_id, node, uuids, indices))
+        if placements and self.election_epoch is not None:
+            placed = self.store.place(placements, self.name, self.election_epoch)
+            if len(placed) < len(placements):
+                log.warning(
+                    "%d of %d placements refused (the election moved on, or the jobs changed)",
+                    len(placements) - len(placed),
+                    len(placements),
+                )
+        return Plan(result.placements, {**reasons, **result.waiting_reasons}, result.budgets)
+
+
+def _restricted(job: Queued, keys: frozenset[str]) -> WaitingJob:
+    return dataclasses.replace(waiting_job(job), gpu_keys=keys)
