@@ -23,6 +23,7 @@ from tests.fakenvml.fixtures import (  # noqa: F401
     fake_nvml_no_v2,
     fake_nvml_old,
 )
+from tests.postgres import TEMPLATE, PostgresServer, private_server
 
 
 @pytest.fixture
@@ -46,10 +47,33 @@ def db_path(tmp_path: Path) -> Path:
     return tmp_path / "state" / "gpusched.db"
 
 
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """One private PostgreSQL server for the session (tests/postgres.py), always stopped."""
+    with private_server() as server:
+        yield server
+
+
 @pytest.fixture
-def store(db_path: Path) -> Iterator[Store]:
-    """A real Store on that file, closed after the test."""
-    s = Store(f"sqlite:///{db_path}")
+def postgres_url(postgres_server: PostgresServer) -> Iterator[str]:
+    """A new database at the store's schema on the private server, dropped after the test."""
+    name = postgres_server.create_database(template=TEMPLATE)
+    yield postgres_server.url(name)
+    postgres_server.drop_database(name)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(request: pytest.FixtureRequest, db_path: Path) -> str:
+    """The store's contract holds on both: a test taking this runs once on each."""
+    if request.param == "sqlite":
+        return f"sqlite:///{db_path}"
+    return str(request.getfixturevalue("postgres_url"))
+
+
+@pytest.fixture
+def store(database_url: str) -> Iterator[Store]:
+    """A real Store on SQLite (a file) or PostgreSQL (a private server), closed after."""
+    s = Store(database_url)
     yield s
     s.close()
 

@@ -1,4 +1,6 @@
-"""The job store on a real SQLite file: transitions are compare-and-set, restarts keep the queue."""
+"""The job store on a real SQLite file and a real PostgreSQL server (the `store` and
+`database_url` fixtures run each test on both): transitions are compare-and-set, restarts
+keep the queue. The tests of SQLite's file itself (WAL, mode, fsyncs) take `db_path`."""
 
 from __future__ import annotations
 
@@ -317,13 +319,15 @@ def test_record_usage(store: Store) -> None:
 # -- the file ---------------------------------------------------------------------------------
 
 
-def test_wal_mode_on_the_file(store: Store, db_path: Path) -> None:
+def test_wal_mode_on_the_file(db_path: Path) -> None:
+    store = Store(f"sqlite:///{db_path}")
     store.add(new_job(), NOW)
     raw = sqlite3.connect(db_path)
     try:
         assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     finally:
         raw.close()
+        store.close()
 
 
 def test_creates_parent_directory_and_private_file(db_path: Path) -> None:
@@ -336,8 +340,8 @@ def test_creates_parent_directory_and_private_file(db_path: Path) -> None:
         s.close()
 
 
-def test_reopened_store_sees_everything(db_path: Path) -> None:
-    url = f"sqlite:///{db_path}"
+def test_reopened_store_sees_everything(database_url: str) -> None:
+    url = database_url
     first = Store(url)
     queued = first.add(new_job(name="q", priority=3), NOW).id
     held = first.add(new_job(name="h", held=True), NOW).id
@@ -361,9 +365,9 @@ def test_reopened_store_sees_everything(db_path: Path) -> None:
         second.close()
 
 
-def test_concurrent_adds_from_threads_and_a_second_store(db_path: Path) -> None:
+def test_concurrent_adds_from_threads_and_a_second_store(database_url: str) -> None:
     """8 threads x 50 adds on each of two Store objects on one file: 800 rows, no lock error."""
-    url = f"sqlite:///{db_path}"
+    url = database_url
     one = Store(url)
     two = Store(url)
     errors: list[BaseException] = []
@@ -401,8 +405,8 @@ def test_concurrent_adds_from_threads_and_a_second_store(db_path: Path) -> None:
         two.close()
 
 
-def test_concurrent_compare_and_set_has_one_winner(db_path: Path) -> None:
-    url = f"sqlite:///{db_path}"
+def test_concurrent_compare_and_set_has_one_winner(database_url: str) -> None:
+    url = database_url
     stores = [Store(url) for _ in range(4)]
     job_id = stores[0].add(new_job(), NOW).id
     results: list[bool] = []

@@ -1,9 +1,9 @@
-"""Store.job_figures on a real SQLite file: the counts and queue waits the metrics report."""
+"""Store.job_figures on a real SQLite file and a real PostgreSQL server: the counts and
+queue waits the metrics report."""
 
 from __future__ import annotations
 
-import sqlite3
-from pathlib import Path
+from sqlalchemy import text
 
 from gpusched.core.models import EndReason, JobState
 from gpusched.store import JobFigures, Store
@@ -49,13 +49,13 @@ def test_counts_by_state_and_user_and_ended_by_reason(store: Store) -> None:
     assert figures.queue_waits_s == [30.0, 60.0, 3600.0]
 
 
-def test_figures_survive_a_reopen(store: Store, db_path: Path) -> None:
+def test_figures_survive_a_reopen(store: Store, database_url: str) -> None:
     job = store.add(new_job(), T0).id
     assert start(store, job, now=at(5))
     store.mark_ended(job, state=JobState.DONE, reason=str(EndReason.EXIT), now=at(9))
     before = store.job_figures()
     store.close()
-    again = Store(f"sqlite:///{db_path}")
+    again = Store(database_url)
     try:
         assert again.job_figures() == before
         assert before.queue_waits_s == [5.0]
@@ -63,16 +63,13 @@ def test_figures_survive_a_reopen(store: Store, db_path: Path) -> None:
         again.close()
 
 
-def test_a_row_whose_times_do_not_parse_is_left_out_of_the_waits(
-    store: Store, db_path: Path
-) -> None:
+def test_a_row_whose_times_do_not_parse_is_left_out_of_the_waits(store: Store) -> None:
     good, bad = store.add(new_job(), T0).id, store.add(new_job(), T0).id
     assert start(store, good, now=at(12))
     assert start(store, bad, now=at(12))
     # A row written by hand (or by an older version) with a time that is not ISO 8601.
-    with sqlite3.connect(db_path) as conn:
-        conn.execute("UPDATE jobs SET submitted_at = 'yesterday' WHERE id = ?", (bad,))
-    conn.close()
+    with store.engine.begin() as conn:
+        conn.execute(text("UPDATE jobs SET submitted_at = 'yesterday' WHERE id = :id"), {"id": bad})
 
     figures = store.job_figures()
 

@@ -10,6 +10,7 @@ daemon of the previous version that is still running starts them after the upgra
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import subprocess
 import sys
@@ -24,7 +25,8 @@ from tests.daemon_harness import RunningDaemon, eventually
 def _kill_tree(pid: int) -> None:
     process = psutil.Process(pid)
     for child in process.children(recursive=True):
-        child.kill()
+        with contextlib.suppress(psutil.NoSuchProcess):  # a `sleep 0.05` that just ended
+            child.kill()
     process.kill()
     psutil.wait_procs([process], timeout=10)
 

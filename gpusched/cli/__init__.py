@@ -17,6 +17,7 @@ from typing import Any
 
 import click
 
+from gpusched.cli.admin import admin
 from gpusched.cli.common import print_json, use_color
 from gpusched.cli.estimate import estimate
 from gpusched.cli.help import ExampleLastGroup
@@ -205,6 +206,7 @@ for _command in (
     estimate,
     drain,
     undrain,
+    admin,
 ):
     cli.add_command(_command)
 for _registered in cli.commands.values():  # every command, this module's own too

@@ -34,6 +34,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 
 from gpusched.core.config import Config, load_config
 from gpusched.core.config_holder import ConfigHolder
+from gpusched.core.database_url import check_password_private
 from gpusched.core.errors import ConfigError, GpuschedError
 from gpusched.core.ratelog import RateLimitedLog
 from gpusched.daemon.hooks import HookRunner
@@ -151,7 +152,7 @@ class Daemon:
         log.info("GPUs: %s", self.probe.describe())
         _prepare_dirs(config)
         self.store = Store(config.database_url)
-        log.info("database %s, socket %s", config.database_url, config.socket_path)
+        log.info("database %s, socket %s", self.store.where, config.socket_path)
         # The one holder of the config: a reload replaces it once and reaches every reader.
         self.settings = ConfigHolder(config)
         self.scheduler = Scheduler(self.settings, self.store, self.probe, Launcher(self.settings))
@@ -307,4 +308,6 @@ def run_daemon(config_path: Path | None, simulate: str | None) -> int:
     logging.getLogger("apscheduler").setLevel(logging.ERROR)
     overrides = {"simulate": simulate} if simulate else {}
     config = load_config(config_path, overrides)
+    source = None if config.source in (None, "defaults") else Path(str(config.source))
+    check_password_private(config.database_url, source)
     return Daemon(config, config_path, overrides).run()

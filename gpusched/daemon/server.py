@@ -36,6 +36,7 @@ from gpusched.daemon.handlers import dispatch
 from gpusched.daemon.identity import Caller, user_name
 from gpusched.daemon.listening import DeadlineReader, Listener, Slots
 from gpusched.daemon.services import Services
+from gpusched.store.engine import is_disconnect, unavailable
 
 log = logging.getLogger("gpusched.server")
 
@@ -154,5 +155,9 @@ class Server:
         except GpuschedError as exc:
             return error_reply(exc)
         except Exception as exc:  # a bug must cost one request, not the daemon
+            if is_disconnect(exc):  # the database is away: say which, not a traceback
+                error = unavailable(exc, self.services.store.where)
+                log.warning("request refused: %s", error.message)
+                return error_reply(error)
             log.exception("request failed")
             return error_reply(GpuschedError(f"internal error: {type(exc).__name__}: {exc}"))

@@ -105,6 +105,9 @@ class JobEndings:
         self.owns: Callable[[Job], bool] = lambda job: True
         self.guard_for: Callable[[int], NodeGuard | None] = lambda job_id: None
         self.adopted: Callable[[Job, int, str | None], None] = lambda job, pid, start: None
+        # Jobs whose supervisor exited while their end could not be written (the database
+        # was away): their outcome stays in the exit record, and each tick tries again.
+        self.unsettled: set[int] = set()
 
     @property
     def config(self) -> Config:
@@ -221,9 +224,22 @@ class JobEndings:
     def on_job_exit(self, job_id: int) -> None:
         """Called by the launcher's watcher thread when a job's supervisor exits."""
         with self._lock:
-            # Not fsynced: the outcome stays on disk in the exit record (see Store).
-            self.settle(job_id, self.launcher.outcome(job_id), durable=False)
+            try:
+                # Not fsynced: the outcome stays on disk in the exit record (see Store).
+                self.settle(job_id, self.launcher.outcome(job_id), durable=False)
+            except Exception as exc:  # the database is away: the next tick records it
+                self.unsettled.add(job_id)
+                self.trouble.warning(
+                    "settle", f"job {job_id} ended; its end is recorded once it can be: {exc}"
+                )
         self._wake()
+
+    def settle_unsettled(self) -> None:
+        """Record the ends that could not be written when they happened (under the lock)."""
+        for job_id in sorted(self.unsettled):
+            self.settle(job_id, self.launcher.outcome(job_id), durable=False)
+            self.unsettled.discard(job_id)
+            log.info("job %s: its end is recorded now that the database is back", job_id)
 
     def settle(self, job_id: int, outcome: Outcome, *, durable: bool = True) -> None:
         """End a running job as its supervisor's `outcome` says, read with why it was stopped."""

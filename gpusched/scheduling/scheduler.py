@@ -125,6 +125,7 @@ class Scheduler:
     def tick(self) -> Plan:
         """One pass: observe → admit → plan → start. Never raises for one bad job."""
         with self._lock:
+            self.endings.settle_unsettled()  # raises while the database is still away
             seen = self.observe()
             try:
                 self._act_on_overruns(seen.overruns)

@@ -41,25 +41,25 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Column,
-    Engine,
     Float,
     Integer,
     MetaData,
     String,
     Table,
     Text,
-    create_engine,
-    event,
-    inspect,
+    func,
     select,
     type_coerce,
 )
 from sqlalchemy.engine import Connection, CursorResult, Row
-from sqlalchemy.schema import CreateColumn
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql import Select
 
 from gpusched.core.models import Job, JobState
+from gpusched.store import schema
+from gpusched.store.engine import describe_url, is_disconnect, make_engine, unavailable
 
 log = logging.getLogger("gpusched.store")
 
@@ -81,7 +81,7 @@ jobs = Table(
     Column("cwd", Text, nullable=False),
     Column("env", JSON, nullable=False),
     Column("umask", Integer, nullable=False),
-    Column("mem", Integer, nullable=True),
+    Column("mem", BigInteger, nullable=True),  # bytes: past 2**31 (PostgreSQL's INTEGER)
     Column("gpus", Integer, nullable=False),
     Column("gpu_indices", JSON, nullable=False, default=list),
     Column("gpu_uuids", JSON, nullable=False, default=list),
@@ -97,7 +97,7 @@ jobs = Table(
     Column("reason_detail", Text, nullable=True),
     Column("stop_intent", String, nullable=True),  # a StopIntent, while a running job stops
     Column("log_path", Text, nullable=True),
-    Column("peak_mem", Integer, nullable=True),
+    Column("peak_mem", BigInteger, nullable=True),
     Column("mean_util", Integer, nullable=True),
     Column("hints", JSON, nullable=False, default=list),
     Column("util_min", Integer, nullable=True),
@@ -165,9 +165,25 @@ def job_select() -> Select[Any]:
 
 
 def decode_json(text: str | None) -> Any:
-    if text is None:
-        return None
+    if not isinstance(text, str):  # None, or psycopg decoded PostgreSQL's json already
+        return text
     return [] if text == "[]" else json.loads(text)
+
+
+# pg_advisory_xact_lock's key for "adding jobs" (schema.py's upgrade lock is another).
+_SUBMIT_LOCK = 0x67707375
+
+
+def lock_submits(conn: Connection) -> None:
+    """Make this transaction the only one adding jobs until it ends.
+
+    A submit reads before it writes: the owner's waiting jobs (max_queued), the next array
+    id, whether its environment is stored. On SQLite, BEGIN IMMEDIATE already serialises
+    writers; on PostgreSQL (READ COMMITTED) two submits would both read the same, so they
+    queue on an advisory lock, released at commit.
+    """
+    if conn.dialect.name == "postgresql":
+        conn.execute(select(func.pg_advisory_xact_lock(_SUBMIT_LOCK)))
 
 
 def inserted_id(result: CursorResult[Any]) -> int:
@@ -188,53 +204,6 @@ def to_job(row: Row[Any]) -> Job:
 
 
 # -- the engine ---------------------------------------------------------------------------
-
-
-def _sqlite_setup(engine: Engine) -> None:
-    """WAL, a busy timeout and BEGIN IMMEDIATE for every transaction (the pysqlite recipe)."""
-
-    @event.listens_for(engine, "connect")
-    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
-        # Let us issue BEGIN ourselves: pysqlite's implicit BEGIN is DEFERRED, which can
-        # fail with "database is locked" at the first write instead of waiting.
-        dbapi_connection.isolation_level = None
-        cursor = dbapi_connection.cursor()
-        cursor.execute("PRAGMA journal_mode=WAL")
-        cursor.execute("PRAGMA busy_timeout=10000")
-        cursor.execute("PRAGMA synchronous=FULL")
-        cursor.execute("PRAGMA foreign_keys=ON")
-        cursor.close()
-
-    @event.listens_for(engine, "begin")
-    def _on_begin(connection: Connection) -> None:
-        # Writes take the write lock up front; reads take none (WAL readers never block
-        # writers), so a slow status or history cannot make a submit wait.
-        options = connection.get_execution_options()
-        if options.get("gpusched_read", False):
-            connection.exec_driver_sql("BEGIN")
-            return
-        # The level sticks to the pooled connection: set it only when it changes.
-        wanted = "NORMAL" if options.get("gpusched_relaxed", False) else "FULL"
-        if connection.info.get("synchronous", "FULL") != wanted:
-            connection.exec_driver_sql(f"PRAGMA synchronous={wanted}")
-            connection.info["synchronous"] = wanted
-        connection.exec_driver_sql("BEGIN IMMEDIATE")
-
-
-def _add_missing_columns(engine: Engine) -> None:
-    """Add the columns `jobs` gained since this database was created.
-
-    create_all() creates missing tables only; a database from an older gpusched lacks the
-    newer (always nullable) columns, and old rows read them as NULL.
-    """
-    present = {column["name"] for column in inspect(engine).get_columns("jobs")}
-    missing = [column for column in jobs.columns if column.name not in present]
-    if not missing:
-        return
-    with engine.begin() as conn:
-        for column in missing:
-            ddl = CreateColumn(column).compile(dialect=engine.dialect)
-            conn.exec_driver_sql(f"ALTER TABLE jobs ADD COLUMN {ddl}")
 
 
 def make_private(path: Path) -> None:
@@ -272,17 +241,24 @@ class Database:
     """The engine and its two kinds of transaction; the base of every part of `Store`."""
 
     def __init__(self, url: str) -> None:
+        self.where = describe_url(url)
         if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
             path = Path(url.removeprefix("sqlite:///"))
             path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             if not path.exists():
                 path.touch(mode=0o600)
             make_private(path)
-        self.engine = create_engine(url)
-        if self.engine.dialect.name == "sqlite":
-            _sqlite_setup(self.engine)
-        metadata.create_all(self.engine)
-        _add_missing_columns(self.engine)
+        self.engine = make_engine(url)
+        try:
+            schema.upgrade(self.engine, self.where)
+        except DBAPIError as exc:
+            self.engine.dispose()
+            if is_disconnect(exc):
+                raise unavailable(exc, self.where) from None
+            raise
+        except BaseException:
+            self.engine.dispose()
+            raise
 
     def close(self) -> None:
         self.engine.dispose()
@@ -300,4 +276,6 @@ class Database:
             return
         relaxed = self.engine.connect().execution_options(gpusched_relaxed=True)
         with relaxed as conn, conn.begin():
+            if conn.dialect.name == "postgresql":  # the same trade as SQLite's NORMAL
+                conn.exec_driver_sql("SET LOCAL synchronous_commit TO OFF")
             yield conn

@@ -27,6 +27,7 @@ from gpusched.store.database import (
     inserted_id,
     job_select,
     jobs,
+    lock_submits,
     to_job,
 )
 from gpusched.store.placements import NodeGuard, guarded_end
@@ -136,6 +137,7 @@ class JobTransitions(Database):
         The jobs of one call have one owner and one environment (stored once).
         """
         with self.engine.begin() as conn:
+            lock_submits(conn)
             if max_waiting is not None:
                 _check_waiting(conn, news[0], len(news), max_waiting)
             env_id = _env_id(conn, news[0].env)
@@ -179,10 +181,15 @@ class JobTransitions(Database):
             "hooks_due": 1 if on_finish else None,
         }
         with self.engine.begin() as conn:
+            # One conditional UPDATE that says which rows it changed (RETURNING): a job
+            # started by another daemon between a read and this write is not in the list.
             notify = type_coerce(jobs.c.notify, Text)
-            rows = conn.execute(select(jobs.c.id, notify).where(*where).order_by(jobs.c.id)).all()
-            conn.execute(update(jobs).where(*where).values(**values))
-            ended = [(int(i), on_finish or decode_json(notify) is not None) for i, notify in rows]
+            rows = conn.execute(
+                update(jobs).where(*where).values(**values).returning(jobs.c.id, notify)
+            ).all()
+            ended = sorted(
+                (int(i), on_finish or decode_json(notify) is not None) for i, notify in rows
+            )
             own_hooks = [job_id for job_id, due in ended if due] if not on_finish else []
             for start in range(0, len(own_hooks), _CHUNK):  # within SQLite's variable limit
                 chunk = own_hooks[start : start + _CHUNK]

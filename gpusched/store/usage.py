@@ -82,7 +82,9 @@ class UsageRecords(JobQueries):
         `retry_of` (the first attempt's id) is its place in the queue.
         """
         with self.engine.begin() as conn:
-            row = conn.execute(select(jobs).where(jobs.c.id == job_id)).first()  # every column
+            # Every column, the row locked (PostgreSQL; SQLite's BEGIN IMMEDIATE locks all)
+            # so that two endings of one job cannot both queue a retry.
+            row = conn.execute(select(jobs).where(jobs.c.id == job_id).with_for_update()).first()
             if row is None:
                 raise NotFoundError(f"no job {job_id}")
             if row.retried_as is not None:

@@ -1,0 +1,233 @@
+"""Schema upgrades (gpusched.store.schema, Alembic) on SQLite and PostgreSQL alike.
+
+A database made by the code of earlier releases (create_all of their `jobs` table, no
+alembic_version) is adopted with its queue; a new one is at the head revision and matches
+the tables the code reads; a database of a newer gpusched is refused in one line, by the
+Store and by a daemon starting on it.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import (
+    JSON,
+    Column,
+    Float,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    create_engine,
+    text,
+)
+
+from gpusched.core.models import JobState
+from gpusched.store import Store, metadata
+from gpusched.store.schema import SchemaTooNew, head_revision
+from tests.daemon_harness import directory_settings
+from tests.postgres import PostgresServer
+from tests.test_store import NOW, new_job, start
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def empty_url(request: pytest.FixtureRequest, db_path: Path) -> Iterator[str]:
+    """An empty database (no table at all) on each backend."""
+    if request.param == "sqlite":
+        db_path.parent.mkdir(parents=True)
+        yield f"sqlite:///{db_path}"
+        return
+    server: PostgresServer = request.getfixturevalue("postgres_server")
+    name = server.create_database()
+    yield server.url(name)
+    server.drop_database(name)
+
+
+# The `jobs` table as the first release created it (gpusched/store.py at the first commit),
+# and as it was just before the envs table and env_id: later columns were added by the
+# "add the missing columns" code at each start, so a database may have any of these shapes.
+def _first_release() -> list[Column[object]]:
+    return [
+        Column("id", Integer, primary_key=True, autoincrement=True),
+        Column("name", String, nullable=True),
+        Column("user", String, nullable=False),
+        Column("uid", Integer, nullable=False),
+        Column("gid", Integer, nullable=False),
+        Column("state", String, nullable=False, index=True),
+        Column("command", JSON, nullable=False),
+        Column("cwd", Text, nullable=False),
+        Column("env", JSON, nullable=False),
+        Column("umask", Integer, nullable=False),
+        Column("mem", Integer, nullable=True),
+        Column("gpus", Integer, nullable=False),
+        Column("gpu_indices", JSON, nullable=False, default=list),
+        Column("gpu_uuids", JSON, nullable=False, default=list),
+        Column("priority", Integer, nullable=False, default=0),
+        Column("after", JSON, nullable=False, default=list),
+        Column("submitted_at", String, nullable=False),
+        Column("started_at", String, nullable=True),
+        Column("ended_at", String, nullable=True, index=True),
+        Column("pid", Integer, nullable=True),
+        Column("pid_start_time", String, nullable=True),
+        Column("exit_code", Integer, nullable=True),
+        Column("reason", String, nullable=True),
+        Column("reason_detail", Text, nullable=True),
+        Column("log_path", Text, nullable=True),
+        Column("peak_mem", Integer, nullable=True),
+        Column("mean_util", Integer, nullable=True),
+        Column("hints", JSON, nullable=False, default=list),
+    ]
+
+
+def _before_envs() -> list[Column[object]]:
+    return [
+        *_first_release(),
+        Column("stop_intent", String, nullable=True),
+        Column("util_min", Integer, nullable=True),
+        Column("util_max", Integer, nullable=True),
+        Column("util_stddev", Float, nullable=True),
+        Column("overrun_at", String, nullable=True),
+        Column("retry_oom", Integer, nullable=True),
+        Column("retry_of", Integer, nullable=True),
+        Column("retried_as", Integer, nullable=True),
+        Column("usage_state", JSON, nullable=True),
+        Column("array_id", Integer, nullable=True),
+        Column("array_index", Integer, nullable=True),
+        Column("max_concurrent", Integer, nullable=True),
+        Column("time_limit_s", Float, nullable=True),
+        Column("notify", JSON, nullable=True),
+        Column("hooks_due", Integer, nullable=True),
+    ]
+
+
+def _old_database(url: str, columns: Callable[[], list[Column[object]]]) -> tuple[int, int]:
+    """A database as an earlier release's code left it, with a queued and an ended job."""
+    old = MetaData()
+    table = Table("jobs", old, *columns())
+    engine = create_engine(url)
+    try:
+        old.create_all(engine)  # what the old Store did at each start
+        row = {
+            "user": "alice",
+            "uid": 1000,
+            "gid": 1000,
+            "command": ["python", "train.py"],
+            "cwd": "/home/alice",
+            "env": {"PATH": "/usr/bin"},
+            "umask": 0o022,
+            "mem": 2**30,
+            "gpus": 1,
+            "gpu_indices": [],
+            "gpu_uuids": [],
+            "priority": 0,
+            "after": [],
+            "submitted_at": NOW,
+            "hints": [],
+        }
+        with engine.begin() as conn:
+            queued = conn.execute(table.insert().values(**row, state="queued", name="q"))
+            ended = conn.execute(
+                table.insert().values(
+                    **row, state="done", name="d", ended_at=NOW, exit_code=0, reason="exit"
+                )
+            )
+            assert queued.inserted_primary_key is not None
+            assert ended.inserted_primary_key is not None
+            return int(queued.inserted_primary_key[0]), int(ended.inserted_primary_key[0])
+    finally:
+        engine.dispose()
+
+
+def _revisions(store: Store) -> list[str]:
+    with store.engine.connect() as conn:
+        return list(conn.execute(text("SELECT version_num FROM alembic_version")).scalars())
+
+
+def test_a_new_database_is_at_the_head_and_matches_the_code(empty_url: str) -> None:
+    store = Store(empty_url)
+    try:
+        assert _revisions(store) == [head_revision()]
+        with store.engine.connect() as conn:
+            drift = compare_metadata(MigrationContext.configure(conn), metadata)
+        assert drift == [], "the tables the migrations make differ from store.database's"
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("columns", [_first_release, _before_envs], ids=["first", "before-envs"])
+def test_a_database_of_an_earlier_release_keeps_its_queue(
+    empty_url: str, columns: Callable[[], list[Column[object]]]
+) -> None:
+    queued, ended = _old_database(empty_url, columns)
+    store = Store(empty_url)
+    try:
+        assert _revisions(store) == [head_revision()]
+        assert [j.id for j in store.active()] == [queued]
+        assert store.get(queued).name == "q"
+        assert store.get(queued).state is JobState.QUEUED
+        assert store.launch_info(queued).env == {"PATH": "/usr/bin"}  # inline, as then
+        assert [j.id for j in store.ended(10)] == [ended]
+        assert store.get(ended).retry_oom is None  # a column the old rows lacked: NULL
+        # The old queue goes on: its job starts, and new jobs follow it.
+        assert start(store, queued)
+        added = store.add(new_job(mem=80 * 2**30), NOW)
+        assert added.id > ended
+        assert store.get(added.id).mem == 80 * 2**30
+    finally:
+        store.close()
+    again = Store(empty_url)  # a second start has nothing to do
+    try:
+        assert _revisions(again) == [head_revision()]
+        assert again.count() == 3
+    finally:
+        again.close()
+
+
+def _from_the_future(url: str) -> None:
+    Store(url).close()
+    engine = create_engine(url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(text("UPDATE alembic_version SET version_num = 'f9999_future'"))
+    finally:
+        engine.dispose()
+
+
+def test_a_newer_schema_is_refused(empty_url: str) -> None:
+    _from_the_future(empty_url)
+    with pytest.raises(SchemaTooNew) as refused:
+        Store(empty_url)
+    message = refused.value.message
+    assert "f9999_future" in message
+    assert "newer than this gpusched knows" in message
+    assert "\n" not in message
+
+
+def test_a_daemon_facing_a_newer_schema_refuses_to_start(empty_url: str, tmp_path: Path) -> None:
+    _from_the_future(empty_url)
+    root = tmp_path / "daemon"
+    root.mkdir()
+    config = root / "config.yaml"
+    config.write_text(yaml.safe_dump({**directory_settings(root), "database": empty_url}))
+    config.chmod(0o600)
+    done = subprocess.run(
+        [sys.executable, "-m", "gpusched", "--config", str(config), "daemon"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode != 0
+    last = done.stderr.strip().splitlines()[-1]
+    assert "schema revision f9999_future, newer than this gpusched knows" in last, done.stderr
+    assert "Traceback" not in done.stderr
+    assert not (root / "gpusched.sock").exists()
