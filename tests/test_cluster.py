@@ -5,21 +5,25 @@ and an end single are the same SQL on PostgreSQL)."""
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.daemon_harness import RunningDaemon
+from gpusched.store import NewJob, NodePlacement, Store
+from tests.daemon_harness import RunningDaemon, eventually
 
 NODE_TIMEOUT_S = 4
 
 
-def cluster_config(shared: Path, node: str, **extra: Any) -> dict[str, Any]:
+def cluster_config(shared: str, node: str, **extra: Any) -> dict[str, Any]:
     return {
-        "database": f"sqlite:///{shared}",
+        "database": shared,
         "node": node,
         "node_timeout": f"{NODE_TIMEOUT_S}s",
         "poll_interval": "0.5s",
@@ -27,13 +31,16 @@ def cluster_config(shared: Path, node: str, **extra: Any) -> dict[str, Any]:
     }
 
 
-@pytest.fixture
-def shared_db(tmp_path: Path) -> Path:
-    return tmp_path / "shared" / "queue.db"
+@pytest.fixture(params=["sqlite", "postgresql"])
+def shared_db(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """The one database of the cluster: an SQLite file, or a private PostgreSQL's."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'shared' / 'queue.db'}"
+    return str(request.getfixturevalue("postgres_url"))
 
 
 @pytest.fixture
-def node(daemon_factory: Any, shared_db: Path) -> Callable[..., RunningDaemon]:
+def node(daemon_factory: Any, shared_db: str) -> Callable[..., RunningDaemon]:
     """node("a") -> a started daemon named a on the shared database."""
 
     def make(name: str, start: bool = True, **extra: Any) -> RunningDaemon:
@@ -67,7 +74,7 @@ def test_jobs_run_on_both_nodes_and_status_shows_every_node(
 
 
 def test_a_second_daemon_with_a_taken_name_refuses_to_start(
-    node: Callable[..., RunningDaemon], daemon_factory: Any, shared_db: Path
+    node: Callable[..., RunningDaemon], daemon_factory: Any, shared_db: str
 ) -> None:
     node("a")
     twin = daemon_factory("twin", config=cluster_config(shared_db, "a"))
@@ -75,3 +82,125 @@ def test_a_second_daemon_with_a_taken_name_refuses_to_start(
         twin.start()
     lines = [line for line in twin.stderr().splitlines() if "already live" in line]
     assert len(lines) == 1
+
+
+def _placed_on(daemon: RunningDaemon, ids: list[int], name: str) -> list[int]:
+    return [i for i in ids if daemon.show(i)["node"] == name]
+
+
+def test_a_crashed_node_is_declared_down_and_its_jobs_lost_or_queued_again(
+    node: Callable[..., RunningDaemon],
+) -> None:
+    a = node("a")  # first: it is elected to schedule
+    b = node("b")
+    ids = [a.submit("--", *sleeper()) for _ in range(3)]
+    again = a.submit("--requeue", "--", *sleeper())
+    for job_id in [*ids, again]:
+        a.wait_state(job_id, {"running"})
+    on_b = _placed_on(a, [*ids, again], "b")
+    assert len(on_b) == 2
+    assert b.process is not None
+    b.process.kill()  # the server "crashes": daemon, zygote, supervisors and jobs
+    b.process.wait()
+    b.process = None
+    b.kill_jobs()
+    for job_id in on_b:
+        if job_id == again:  # queued again: it waits for a GPU of the node still up
+            eventually(lambda: a.show(again)["state"] == "queued", NODE_TIMEOUT_S + 10)
+            continue
+        ended = a.wait_state(job_id, {"lost"}, timeout=NODE_TIMEOUT_S + 10)
+        assert ended["reason"] == "node_lost", ended
+    if again in on_b:  # and runs again once room is made there
+        assert a.cli("cancel", str(next(i for i in ids if i not in on_b))).returncode == 0
+        assert a.wait_state(again, {"running"}, timeout=10)["node"] == "a"
+    nodes = {n["name"]: n["state"] for n in a.status()["nodes"]}
+    assert nodes == {"a": "up", "b": "down"}
+
+
+def test_a_partitioned_node_fences_itself_and_reports_the_real_end_when_back(
+    node: Callable[..., RunningDaemon], tmp_path: Path
+) -> None:
+    a = node("a")
+    b = node("b")
+    go, marker = tmp_path / "go", tmp_path / "ended"
+    code = f"import os, time\nwhile not os.path.exists({str(go)!r}): time.sleep(0.05)\n"
+    code += f"open({str(marker)!r}, 'w').close()\nraise SystemExit(3)"
+    ids = [a.submit("--", sys.executable, "-c", code) for _ in range(4)]
+    for job_id in ids:
+        a.wait_state(job_id, {"running"})
+    on_b = _placed_on(a, ids, "b")
+    assert b.process is not None
+    os.kill(b.process.pid, signal.SIGSTOP)
+    try:
+        for job_id in on_b:
+            lost = a.wait_state(job_id, {"lost"}, timeout=NODE_TIMEOUT_S + 10)
+            assert lost["reason"] == "node_lost"
+        assert {n["name"]: n["state"] for n in a.status()["nodes"]}["b"] == "down"
+    finally:
+        os.kill(b.process.pid, signal.SIGCONT)
+    eventually(lambda: "rejoined the cluster" in b.stderr(), 10, describe=b.stderr)
+    assert "was declared down while away" in b.stderr()
+    go.touch()  # every job ends: those on b with their real exit, reported by b
+    for job_id in ids:
+        ended = a.wait_state(job_id, {"failed"}, timeout=10)
+        assert (ended["reason"], ended["exit_code"]) == ("exit", 3), ended
+    assert {n["name"]: n["state"] for n in a.status()["nodes"]} == {"a": "up", "b": "up"}
+
+
+def test_a_paused_scheduler_is_replaced_and_nothing_runs_twice(
+    node: Callable[..., RunningDaemon], tmp_path: Path
+) -> None:
+    a = node("a")
+    eventually(lambda: "schedules the cluster" in a.stderr(), 10, describe=a.stderr)
+    b = node("b")
+    assert a.process is not None
+    runs = tmp_path / "runs"
+    code = (
+        f"import os\nwith open({str(runs)!r}, 'a') as f:"
+        " f.write(os.environ['GPUSCHED_JOB_ID'] + '\\n')"
+    )
+    os.kill(a.process.pid, signal.SIGSTOP)
+    try:
+        eventually(lambda: "schedules the cluster" in b.stderr(), NODE_TIMEOUT_S + 10)
+        ids = [b.submit("--mem", "1G", "--", sys.executable, "-c", code) for _ in range(6)]
+    finally:
+        os.kill(a.process.pid, signal.SIGCONT)
+    for job_id in ids:
+        assert b.wait_state(job_id, {"done"}, timeout=20)["node"] in ("a", "b")
+    eventually(lambda: "no longer schedules the cluster" in a.stderr(), 10, describe=a.stderr)
+    assert sorted(runs.read_text().split()) == sorted(str(i) for i in ids)
+
+
+def test_a_stale_schedulers_placements_are_refused(shared_db: str) -> None:
+    """The condition itself, on the shared database: a scheduler whose lease ran out and
+    was taken over writes nothing, however late its write arrives."""
+    old, new = Store(shared_db), Store(shared_db)
+    try:
+        assert old.claim_node("n", "h:1", 30, None) == 1
+        job = old.add(_new_job(), "2026-01-01T00:00:00+00:00")
+        epoch = old.take_scheduler("old", None, timeout_s=0.001)
+        assert epoch == 1
+        time.sleep(0.05)  # its lease runs out, by the database's clock
+        taken = new.take_scheduler("new", new.scheduler_lease(), timeout_s=30)
+        assert taken == 2
+        placement = NodePlacement(job.id, "n", ("GPU-0",), (0,))
+        assert old.place([placement], "old", epoch) == []
+        assert old.get(job.id).node is None
+        assert new.place([placement], "new", taken) == [job.id]
+        assert new.get(job.id).node == "n"
+    finally:
+        old.close()
+        new.close()
+
+
+def _new_job() -> NewJob:
+    return NewJob(
+        user="nobody",
+        uid=65534,
+        gid=65534,
+        command=["true"],
+        cwd="/",
+        env={},
+        umask=0o022,
+        mem=2**30,
+    )

@@ -80,6 +80,17 @@ from gpusched.core.units import parse_duration, parse_size
     help="If the job runs out of GPU memory, queue it again in its place with 1.5x --mem"
     " (at most what the largest GPU gives), up to N times.",
 )
+@click.option(
+    "--node",
+    "nodes",
+    metavar="A,B",
+    help="In a cluster, run only on these servers (node names, separated by commas).",
+)
+@click.option(
+    "--requeue",
+    is_flag=True,
+    help="In a cluster, if the server running the job dies, queue it again (default: lost).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the job as JSON instead of its id.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.pass_context
@@ -99,6 +110,8 @@ def submit(
     command: tuple[str, ...],
     notify: str | None = None,
     retry_oom: int = 0,
+    nodes: str | None = None,
+    requeue: bool = False,
 ) -> None:
     """Queue COMMAND; print the new job's id (with --sweep, one id per line).
 
@@ -128,6 +141,8 @@ def submit(
         "time_limit": parse_duration(time_limit) if time_limit is not None else None,
         "notify": notify,
         "retry_oom": retry_oom,
+        "nodes": None if nodes is None else tuple(n.strip() for n in nodes.split(",")),
+        "requeue": requeue,
     }
     client = client_of(ctx)
     if options["mem"] == "auto" and not sweep:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 import types
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -78,6 +79,9 @@ def _normalise(request: Request, name: str, value: Any) -> None:
     object.__setattr__(request, name, value)  # a frozen dataclass, set once in __post_init__
 
 
+_NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")  # as config's `node:`
+
+
 @dataclass(frozen=True)
 class PingRequest(Request):
     op: ClassVar[str] = "ping"
@@ -108,6 +112,10 @@ class SubmitRequest(Request):
     max_concurrent: int | None = None
     notify: tuple[str, ...] | None = None
     retry_oom: int = 0
+    nodes: tuple[str, ...] | None = field(  # `--node a,b`: the servers it may run on
+        default=None, metadata=_shape("'nodes' must be a list of node names")
+    )
+    requeue: bool = False  # `--requeue`: queued again if its server dies while it runs
     sweep: tuple[tuple[str, tuple[str, ...]], ...] | None = field(
         default=None, metadata=_shape("'sweep' must be a list of [name, [values...]]")
     )
@@ -131,6 +139,12 @@ class SubmitRequest(Request):
             raise UsageError("--max-concurrent must be at least 1")
         if self.max_concurrent is not None and self.sweep is None:
             raise UsageError("--max-concurrent applies to a --sweep array")
+        if (
+            (self.nodes is not None
+            and not all(_NODE_NAME.fullmatch(name) for name in self.nodes))
+            or self.nodes == ()
+        ):
+            raise UsageError("--node takes node names separated by commas, such as gpu1,gpu2")
         if not 0 <= self.retry_oom <= MAX_RETRY_OOM:
             raise UsageError(f"--retry-oom must be between 0 and {MAX_RETRY_OOM}")
         if self.notify == ():

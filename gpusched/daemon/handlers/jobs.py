@@ -52,6 +52,8 @@ def submit(services: Services, caller: Caller, request: SubmitRequest) -> Any:
         max_concurrent=request.max_concurrent,
         notify=request.notify,
         retry_oom=request.retry_oom,
+        allowed_nodes=request.nodes,
+        requeue=request.requeue,
     )
     command, name = list(request.command), request.name
     if request.sweep is None:
