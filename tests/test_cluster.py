@@ -16,38 +16,8 @@ from typing import Any
 import pytest
 
 from gpusched.store import NewJob, NodePlacement, Store
+from tests.cluster_harness import NODE_TIMEOUT_S, cluster_config
 from tests.daemon_harness import RunningDaemon, eventually
-
-NODE_TIMEOUT_S = 4
-
-
-def cluster_config(shared: str, node: str, **extra: Any) -> dict[str, Any]:
-    return {
-        "database": shared,
-        "node": node,
-        "node_timeout": f"{NODE_TIMEOUT_S}s",
-        "poll_interval": "0.5s",
-        **extra,
-    }
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def shared_db(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """The one database of the cluster: an SQLite file, or a private PostgreSQL's."""
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'shared' / 'queue.db'}"
-    return str(request.getfixturevalue("postgres_url"))
-
-
-@pytest.fixture
-def node(daemon_factory: Any, shared_db: str) -> Callable[..., RunningDaemon]:
-    """node("a") -> a started daemon named a on the shared database."""
-
-    def make(name: str, start: bool = True, **extra: Any) -> RunningDaemon:
-        daemon = daemon_factory(name, config=cluster_config(shared_db, name, **extra))
-        return daemon.start() if start else daemon
-
-    return make
 
 
 def sleeper(seconds: float = 600) -> list[str]:

@@ -285,7 +285,7 @@ class ClusterMember:
             sched.endings.end(
                 doomed.job_id, JobState.CANCELLED, EndReason.DEPENDENCY_FAILED, detail=doomed.detail
             )
-        claimed = [j for j in self.store.running() if j.node] + self.store.placed()
+        claimed = self.store.claims()
         reasons: dict[int, str] = {}
         waiting = []
         for job in admitted.eligible:

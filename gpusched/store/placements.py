@@ -106,6 +106,16 @@ class PlacementRecords(Database):
         with self.read() as conn:
             return [to_job(row) for row in conn.execute(query.order_by(jobs.c.id)).all()]
 
+    def claims(self) -> list[Job]:
+        """Jobs running or placed on a node, read in ONE statement: read apart, a job that
+        starts between the two reads is in neither, and its GPU looks free."""
+        query = job_select().where(
+            jobs.c.node.is_not(None),
+            jobs.c.state.in_([str(JobState.RUNNING), str(JobState.QUEUED)]),
+        )
+        with self.read() as conn:
+            return [to_job(row) for row in conn.execute(query.order_by(jobs.c.id)).all()]
+
     def unplace(self, job_id: int, node: str) -> bool:
         """Back to the scheduler: a placed job its node will not start (e.g. no such user)."""
         with self.engine.begin() as conn:
