@@ -347,14 +347,15 @@ class Client:
     def release(self, job_id: int) -> Job:
         return Job.from_json(self.send(rq.ReleaseRequest(job_id)))
 
-    def drain(self, reason: str | None = None) -> Drain:
-        """Start no new job (administrators only); running jobs go on, the queue waits."""
-        result = self.send(rq.DrainRequest(on=True, reason=reason))
+    def drain(self, reason: str | None = None, node: str | None = None) -> Drain:
+        """Start no new job (administrators only); running jobs go on, the queue waits.
+        `node`: that server of the cluster (None: the daemon's own)."""
+        result = self.send(rq.DrainRequest(on=True, reason=reason, node=node))
         return Drain.from_json(result)
 
-    def undrain(self) -> None:
-        """Let jobs start again (administrators only)."""
-        self.send(rq.DrainRequest(on=False))
+    def undrain(self, node: str | None = None) -> None:
+        """Let jobs start again (administrators only), on `node` or the daemon's own."""
+        self.send(rq.DrainRequest(on=False, node=node))
 
     def history(
         self,

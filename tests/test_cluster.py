@@ -174,3 +174,28 @@ def _new_job() -> NewJob:
         umask=0o022,
         mem=2**30,
     )
+
+
+def test_drain_node_and_submit_node_from_any_server(
+    node: Callable[..., RunningDaemon],
+) -> None:
+    a = node("a")
+    eventually(lambda: "schedules the cluster" in a.stderr(), 10, describe=a.stderr)
+    b = node("b")
+    drained = a.cli("drain", "--node", "b", "new", "fans")
+    assert drained.returncode == 0, drained.stderr
+    assert drained.stdout.startswith("node b: draining since")
+    job_id = b.submit("--node", "b", "--", *sleeper())
+    # b does not schedule: the reason it shows is the scheduler's, read from the database.
+    assert "node b drained" in b.wait_reason(job_id, "drained")["waiting_reason"]
+    assert {n["name"]: n["state"] for n in b.status()["nodes"]} == {"a": "up", "b": "drained"}
+    assert a.cli("undrain", "--node", "b").returncode == 0
+    assert a.wait_state(job_id, {"running"})["node"] == "b"
+    # `drain` alone drains the server it runs on.
+    assert b.cli("drain").returncode == 0
+    assert {n["name"]: n["state"] for n in a.status()["nodes"]}["b"] == "drained"
+    other = a.submit("--node", "b", "--", *sleeper())
+    a.wait_reason(other, "node b drained")
+    refused = a.cli("submit", "--node", "z", "--", *sleeper())
+    assert refused.returncode != 0
+    assert "--node z: no such node up in this cluster (nodes: a, b)" in refused.stderr

@@ -201,8 +201,9 @@ _JSON_JOBS = click.option(
 
 @click.command(cls=ExampleLastCommand)
 @click.argument("reason", nargs=-1)
+@click.option("--node", metavar="NAME", help="In a cluster: drain that server (default: this one).")
 @click.pass_context
-def drain(ctx: click.Context, reason: tuple[str, ...]) -> None:
+def drain(ctx: click.Context, reason: tuple[str, ...], node: str | None = None) -> None:
     """Start no new job until `gpusched undrain` (administrators only): running jobs go
     on, queued ones wait, users can still submit. Kept across daemon restarts.
 
@@ -212,22 +213,27 @@ def drain(ctx: click.Context, reason: tuple[str, ...]) -> None:
     \b
     Example:
       gpusched drain GPU 2 is replaced on Friday, back by noon
+      gpusched drain --node gpu3 new fans
     """
-    done = client_of(ctx).drain(" ".join(reason) or None)
-    click.echo(f"{shown(done.describe())}: no new job starts; running jobs go on")
+    done = client_of(ctx).drain(" ".join(reason) or None, node=node)
+    where = f"node {shown(node)}: " if node else ""
+    click.echo(f"{where}{shown(done.describe())}: no new job starts; running jobs go on")
 
 
 @click.command(cls=ExampleLastCommand)
+@click.option("--node", metavar="NAME", help="In a cluster: that server (default: this one).")
 @click.pass_context
-def undrain(ctx: click.Context) -> None:
+def undrain(ctx: click.Context, node: str | None = None) -> None:
     """Let jobs start again after `gpusched drain` (administrators only).
 
     \b
     Example:
       gpusched undrain
+      gpusched undrain --node gpu3
     """
-    client_of(ctx).undrain()
-    click.echo("not draining: queued jobs start again")
+    client_of(ctx).undrain(node=node)
+    where = f"node {shown(node)}: " if node else ""
+    click.echo(f"{where}not draining: queued jobs start again")
 
 
 @click.command(cls=ExampleLastCommand)

@@ -140,10 +140,8 @@ class SubmitRequest(Request):
         if self.max_concurrent is not None and self.sweep is None:
             raise UsageError("--max-concurrent applies to a --sweep array")
         if (
-            (self.nodes is not None
-            and not all(_NODE_NAME.fullmatch(name) for name in self.nodes))
-            or self.nodes == ()
-        ):
+            self.nodes is not None and not all(_NODE_NAME.fullmatch(name) for name in self.nodes)
+        ) or self.nodes == ():
             raise UsageError("--node takes node names separated by commas, such as gpu1,gpu2")
         if not 0 <= self.retry_oom <= MAX_RETRY_OOM:
             raise UsageError(f"--retry-oom must be between 0 and {MAX_RETRY_OOM}")
@@ -331,10 +329,13 @@ class DrainRequest(Request):
     op: ClassVar[str] = "drain"
     on: bool
     reason: str | None = None
+    node: str | None = None  # `--node NAME`: that server of the cluster; None: this one
 
     def __post_init__(self) -> None:
         if self.on and self.reason is not None and not 0 < len(self.reason) <= MAX_REASON_CHARS:
             raise UsageError(f"a drain reason is 1 to {MAX_REASON_CHARS} characters")
+        if self.node is not None and not _NODE_NAME.fullmatch(self.node):
+            raise UsageError(f"--node {self.node!r}: not a node name")
 
 
 REQUESTS: dict[str, type[Request]] = {

@@ -25,7 +25,15 @@ from typing import TYPE_CHECKING
 
 from gpusched.core.clock import iso
 from gpusched.core.errors import ConfigError
-from gpusched.core.models import EndReason, GpuReport, Job, JobState
+from gpusched.core.models import (
+    Drain,
+    EndReason,
+    GpuReport,
+    GpuState,
+    Job,
+    JobState,
+    NodeStatus,
+)
 from gpusched.core.ratelog import RateLimitedLog
 from gpusched.scheduling.cluster_inputs import (
     NodeView,
@@ -41,7 +49,7 @@ from gpusched.scheduling.observe import Observation
 from gpusched.scheduling.policy import Plan, WaitingJob, plan
 from gpusched.scheduling.policy_inputs import waiting_job
 from gpusched.store import NodeGuard, NodePlacement, NodeRow, Queued
-from gpusched.store.nodes import NODE_DOWN, NODE_UP
+from gpusched.store.nodes import NODE_DOWN, NODE_DRAINED, NODE_UP
 
 if TYPE_CHECKING:
     from gpusched.scheduling.scheduler import Scheduler
@@ -73,6 +81,7 @@ class ClusterMember:
         # Processes started (or adopted) here: job id -> (epoch, pid, start time).
         self.local: dict[int, tuple[int, int, str | None]] = {}
         self.trouble = RateLimitedLog(log)
+        self._said: dict[int, str] = {}  # the waiting reasons last written
         endings = scheduler.endings
         endings.owns = self.owns
         endings.guard_for = self.guard_for
@@ -106,6 +115,9 @@ class ClusterMember:
                 self.epoch = epoch
                 self._renewed_at = time.monotonic()
                 log.info("node %s joined the cluster (epoch %s)", self.name, epoch)
+                drain = self.scheduler.drain
+                if drain is not None:  # drained before this start: kept across restarts
+                    self.store.set_node_state(self.name, NODE_DRAINED, drain.describe())
                 return
         raise ConfigError(f"node {self.name}: another daemon keeps taking this name")
 
@@ -130,6 +142,36 @@ class ClusterMember:
 
     def adopted(self, job: Job, pid: int, start_time: str | None) -> None:
         self.local[job.id] = (self.epoch, pid, start_time)
+
+    # -- views and an administrator's drain --------------------------------------------
+
+    def nodes_status(self) -> list[NodeStatus]:
+        """Every node of the cluster; one whose lease ran out shows `down` already."""
+        shown = []
+        for row in self.store.node_rows():
+            state = NODE_DOWN if row.expired and row.state != NODE_DRAINED else row.state
+            gpus = [
+                dataclasses.replace(GpuReport.from_json(g), node=row.name)
+                for g in row.report.get("reports", [])
+            ]
+            shown.append(NodeStatus(row.name, state, round(row.age_s, 1), gpus))
+        return shown
+
+    def gpus_by_node(self) -> dict[str, list[GpuState]]:
+        """Each live node's GPUs as last reported (this node's as read now)."""
+        found: dict[str, list[GpuState]] = {}
+        for row in self.store.node_rows():
+            if row.state != NODE_DOWN and not row.expired:
+                found[row.name] = list(NodeView.from_report(row.name, True, row.report).gpus)
+        found[self.name] = self.scheduler.read_gpus()
+        return found
+
+    def drain_node(self, name: str, drain: Drain | None) -> bool:
+        state = NODE_UP if drain is None else NODE_DRAINED
+        done = self.store.set_node_state(name, state, None if drain is None else drain.describe())
+        if done:
+            log.warning("node %s %s", name, "undrained" if drain is None else drain.describe())
+        return done
 
     # -- the pass -------------------------------------------------------------------------
 
@@ -328,7 +370,21 @@ class ClusterMember:
                     len(placements) - len(placed),
                     len(placements),
                 )
-        return Plan(result.placements, {**reasons, **result.waiting_reasons}, result.budgets)
+        reasons.update(result.waiting_reasons)
+        self._publish(reasons)
+        return Plan(result.placements, reasons, result.budgets)
+
+    def _publish(self, reasons: dict[int, str]) -> None:
+        """Write the waiting reasons that changed, for every daemon's `status`."""
+        changed: dict[int, str | None] = {
+            i: why for i, why in reasons.items() if self._said.get(i) != why
+        }
+        try:
+            self.store.set_waiting_reasons(changed)
+        except Exception as exc:  # only words for `status`: the next pass says them again
+            self.trouble.warning("reasons", f"cannot record why jobs wait: {exc!r}")
+            return
+        self._said = dict(reasons)
 
 
 def _restricted(job: Queued, keys: frozenset[str]) -> WaitingJob:

@@ -144,6 +144,8 @@ def allowed_keys(
         for n in nodes
         if (allowed_nodes is None or n.name in allowed_nodes) and user not in n.missing_users
     ]
+    if fit and not any(n.accepts_jobs for n in fit):
+        return frozenset(), f"node {', '.join(n.name for n in fit)} drained"
     if len(fit) == len(nodes):
         return None, None
     if not fit:

@@ -29,7 +29,6 @@ from gpusched.core.models import (
     TERMINAL_STATES,
     Drain,
     EndReason,
-    GpuHealth,
     GpuReport,
     GpuState,
     Job,
@@ -48,8 +47,10 @@ from gpusched.scheduling.fair_share import recent_usage
 from gpusched.scheduling.gpu_reports import gpu_reports
 from gpusched.scheduling.observe import Observation, observe, read_gpus
 from gpusched.scheduling.policy import Placement, Plan, UserCap, plan
-from gpusched.scheduling.policy_inputs import capacity_bytes, gpu_slot, running_claim, waiting_job
+from gpusched.scheduling.policy_inputs import gpu_slot, running_claim, waiting_job
 from gpusched.scheduling.starting import JobStarter
+from gpusched.scheduling.submit_checks import check_fits
+from gpusched.scheduling.waiting_ops import WaitingJobOperations
 from gpusched.store import NewJob, Store
 from gpusched.usage.joblog import append_note
 from gpusched.usage.monitor import Overrun, UsageMonitor
@@ -66,7 +67,7 @@ class _Reading:
     waiting_reasons: dict[int, str] = field(default_factory=dict)
 
 
-class Scheduler:
+class Scheduler(WaitingJobOperations):
     def __init__(
         self,
         config: ConfigHolder,
@@ -252,20 +253,10 @@ class Scheduler:
     def submit_many(self, news: list[NewJob], as_array: bool) -> list[Job]:
         """Check and queue jobs in one transaction (an array shares one array id)."""
         new = news[0]  # the jobs of one submit differ only in their command
-        gpus = [g for g in self._current_gpus() if g.health != GpuHealth.EXCLUDED]
-        if not gpus:
-            raise ConflictError("this daemon has no GPUs to run jobs on")
-        if new.gpus > len(gpus):
-            raise UsageError(f"--gpus {new.gpus}: this server has only {len(gpus)} GPU(s)")
-        if new.mem is not None:
-            largest = max(gpus, key=lambda g: (capacity_bytes(g), -g.index))
-            most = capacity_bytes(largest) - self.config.headroom_bytes
-            if new.mem > most:
-                raise UsageError(
-                    f"--mem {format_size(new.mem)} is more than any GPU can give: the largest is"
-                    f" GPU {largest.index} ({largest.name}) with {format_size(largest.total_bytes)}"
-                    f" total, {format_size(most)} usable by jobs"
-                )
+        if self.cluster is not None:
+            check_fits(new, self.cluster.gpus_by_node(), self.config.headroom_bytes)
+        else:
+            check_fits(new, {self.node_name: self._current_gpus()}, self.config.headroom_bytes)
         found = self.store.get_many(new.after)
         for dep in new.after:
             if dep not in found:
@@ -322,47 +313,27 @@ class Scheduler:
             self.wake()
         return [job_id for job_id, _ in ended]
 
+    @property
+    def node_name(self) -> str:
+        return self.starter.node or ""
+
+    def drain_node(self, name: str, drain: Drain | None) -> bool:
+        """Drain (or undrain) another node of the cluster: False if there is none up."""
+        return self.cluster is not None and self.cluster.drain_node(name, drain)
+
     def set_drain(self, drain: Drain | None) -> None:
-        """Start nothing new (a Drain), or start again (None); kept across restarts."""
+        """Start nothing new (a Drain), or start again (None); kept across restarts. In a
+        cluster, the node's row says so too: the scheduler places nothing on it."""
         with self._lock:
             save_drain(self.config.state_dir, drain)
             self.drain = drain
+            if self.cluster is not None:
+                self.drain_node(self.node_name, drain)
         if drain is None:
             log.info("drain lifted: jobs start again")
         else:
             log.warning("%s: no new job starts until `gpusched undrain`", drain.describe())
         self.wake()
-
-    def set_priority(self, job: Job, priority: int) -> Job:
-        with self._lock:
-            if not self.store.set_priority(job.id, priority):
-                current = self.store.get(job.id)
-                raise ConflictError(
-                    f"job {job.id} is {current.state}: only a waiting job's priority can change"
-                )
-        self.wake()
-        return self.store.get(job.id)
-
-    def hold(self, job: Job) -> Job:
-        with self._lock:
-            if not self.store.hold(job.id):
-                current = self.store.get(job.id)
-                if current.state != JobState.HELD:
-                    raise ConflictError(
-                        f"job {job.id} is {current.state}: only a queued job can be held"
-                    )
-            return self.store.get(job.id)
-
-    def release(self, job: Job) -> Job:
-        with self._lock:
-            if not self.store.release(job.id):
-                current = self.store.get(job.id)
-                if current.state != JobState.QUEUED:
-                    raise ConflictError(
-                        f"job {job.id} is {current.state}: only a held job can be released"
-                    )
-        self.wake()
-        return self.store.get(job.id)
 
     def wait_ended(self, job_ids: list[int], timeout_s: float) -> list[Job]:
         """Block until every job has ended or the timeout passes; return their current rows."""
@@ -379,8 +350,11 @@ class Scheduler:
         if job.state == JobState.HELD:
             job.waiting_reason = "held: release it with `gpusched release`"
         elif job.state == JobState.QUEUED:
-            job.waiting_reason = self._reading.waiting_reasons.get(
-                job.id, "waiting for the next scheduling pass"
+            # In a cluster the elected scheduler's reason is in the row (job.waiting_reason).
+            job.waiting_reason = (
+                self._reading.waiting_reasons.get(job.id)
+                or job.waiting_reason
+                or "waiting for the next scheduling pass"
             )
         elif job.state == JobState.RUNNING:
             tracker = self.monitor.live(job.id)
@@ -402,15 +376,7 @@ class Scheduler:
 
     def nodes(self) -> list[NodeStatus]:
         """Every node, as `status` shows it: this server alone when it is not in a cluster."""
-        if self.cluster is None:
-            state = "drained" if self.drain is not None else "up"
-            return [NodeStatus(self.starter.node or "", state, 0.0, self.gpu_reports([]))]
-        shown = []
-        for row in self.store.node_rows():
-            state = "down" if row.expired and row.state != "drained" else row.state
-            gpus = [
-                dataclasses.replace(GpuReport.from_json(g), node=row.name)
-                for g in row.report.get("reports", [])
-            ]
-            shown.append(NodeStatus(row.name, state, round(row.age_s, 1), gpus))
-        return shown
+        if self.cluster is not None:
+            return self.cluster.nodes_status()
+        state = "drained" if self.drain is not None else "up"
+        return [NodeStatus(self.node_name, state, 0.0, self.gpu_reports([]))]

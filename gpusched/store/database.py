@@ -124,6 +124,8 @@ jobs = Table(
     Column("node_epoch", Integer, nullable=True),
     Column("allowed_nodes", JSON, nullable=True),
     Column("requeue", Integer, nullable=True),
+    # Why a queued job waits, as the cluster's scheduler last said (others read it here).
+    Column("waiting_reason", Text, nullable=True),
 )
 
 # Environments, stored once each and shared by every job submitted with the same one:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import Text, select, type_coerce, update
+from sqlalchemy import Text, bindparam, select, type_coerce, update
 from sqlalchemy.sql.elements import ColumnElement
 
 from gpusched.core.models import EndReason, Job, JobState
@@ -92,6 +92,7 @@ class PlacementRecords(Database):
                         node_epoch=int(epoch),
                         gpu_uuids=list(p.gpu_uuids),
                         gpu_indices=list(p.gpu_indices),
+                        waiting_reason=None,
                     )
                 )
                 if done.rowcount == 1:
@@ -242,3 +243,16 @@ class PlacementRecords(Database):
                     )
                 ).scalars()
             ]
+
+    def set_waiting_reasons(self, reasons: dict[int, str | None]) -> None:
+        """Record why queued jobs wait (only those whose reason changed are passed)."""
+        if not reasons:
+            return
+        rows = [{"job_id": i, "why": why} for i, why in reasons.items()]
+        with self._write(durable=False) as conn:  # lost in a power cut: said again next pass
+            conn.execute(
+                update(jobs)
+                .where(jobs.c.id == bindparam("job_id"), jobs.c.state == str(JobState.QUEUED))
+                .values(waiting_reason=bindparam("why")),
+                rows,
+            )

@@ -337,7 +337,16 @@ class JobTransitions(Database):
         return self._transition(job_id, [JobState.QUEUED, JobState.HELD], {"priority": priority})
 
     def hold(self, job_id: int) -> bool:
-        return self._transition(job_id, [JobState.QUEUED], {"state": str(JobState.HELD)})
+        # A job placed on a node (cluster) and held goes back to the scheduler when released.
+        unplaced: dict[str, Any] = {
+            "node": None,
+            "node_epoch": None,
+            "gpu_uuids": [],
+            "gpu_indices": [],
+        }
+        return self._transition(
+            job_id, [JobState.QUEUED], {"state": str(JobState.HELD), **unplaced}
+        )
 
     def release(self, job_id: int) -> bool:
         return self._transition(job_id, [JobState.HELD], {"state": str(JobState.QUEUED)})

@@ -1,7 +1,8 @@
 """The cluster (docs/cluster.md): `nodes` (each server's lease, state and reported GPUs),
-`leases` (the scheduler's election), and four `jobs` columns: the node a job is placed on,
-that node's epoch then, the nodes it may go to (`submit --node`), and whether it goes
-back to the queue when its node dies (`submit --requeue`). All new, all nullable: an
+`leases` (the scheduler's election), and five `jobs` columns: the node a job is placed on,
+that node's epoch then, the nodes it may go to (`submit --node`), whether it goes back
+to the queue when its node dies (`submit --requeue`), and why it waits (written by the
+scheduler, read by every daemon's `status`). All new, all nullable: an
 upgraded queue reads as jobs of no node, which a one-server daemon shows as its own.
 
 Revision ID: 0002
@@ -24,6 +25,7 @@ def upgrade() -> None:
     op.add_column("jobs", sa.Column("node_epoch", sa.Integer, nullable=True))
     op.add_column("jobs", sa.Column("allowed_nodes", sa.JSON, nullable=True))
     op.add_column("jobs", sa.Column("requeue", sa.Integer, nullable=True))
+    op.add_column("jobs", sa.Column("waiting_reason", sa.Text, nullable=True))
     op.create_index("ix_jobs_node", "jobs", ["node"])
     op.create_table(
         "nodes",
@@ -49,5 +51,5 @@ def downgrade() -> None:
     op.drop_table("leases")
     op.drop_table("nodes")
     op.drop_index("ix_jobs_node", "jobs")
-    for column in ("requeue", "allowed_nodes", "node_epoch", "node"):
+    for column in ("waiting_reason", "requeue", "allowed_nodes", "node_epoch", "node"):
         op.drop_column("jobs", column)
