@@ -18,6 +18,8 @@ import pytest
 from gpusched.store import NewJob, NodePlacement, Store
 from tests.cluster_harness import NODE_TIMEOUT_S, cluster_config
 from tests.daemon_harness import RunningDaemon, eventually
+from tests.test_metrics import _free_port as free_port
+from tests.test_metrics import _scrape as scrape
 
 
 def sleeper(seconds: float = 600) -> list[str]:
@@ -199,3 +201,35 @@ def test_drain_node_and_submit_node_from_any_server(
     refused = a.cli("submit", "--node", "z", "--", *sleeper())
     assert refused.returncode != 0
     assert "--node z: no such node up in this cluster (nodes: a, b)" in refused.stderr
+
+
+def test_logs_of_a_job_on_another_node(node: Callable[..., RunningDaemon], tmp_path: Path) -> None:
+    shared_logs = str(tmp_path / "shared-logs")
+    a = node("a", log_dir=shared_logs)
+    eventually(lambda: "schedules the cluster" in a.stderr(), 10, describe=a.stderr)
+    node("b", log_dir=shared_logs)
+    c = node("c")  # its own log_dir: it cannot see the others' logs
+    say = [sys.executable, "-c", "print('hello from b')"]
+    job_id = a.submit("--node", "b", "--", *say)
+    assert a.wait_state(job_id, {"done"})["node"] == "b"
+    assert a.log(job_id) == "hello from b\n"  # log_dir shared: read here
+    shown = c.cli("logs", str(job_id))
+    assert shown.returncode != 0
+    path = a.show(job_id)["log_path"]
+    assert f"job {job_id} ran on node b: its log is {path} there" in shown.stderr
+    assert len(shown.stderr.strip().splitlines()) == 1
+
+
+def test_each_daemon_exports_its_gpus_and_every_node_s_state(
+    node: Callable[..., RunningDaemon],
+) -> None:
+    ports = [free_port(), free_port()]
+    a = node("a", metrics=f"127.0.0.1:{ports[0]}")
+    node("b", metrics=f"127.0.0.1:{ports[1]}")
+    assert a.cli("drain", "--node", "b").returncode == 0
+    for port, name in zip(ports, ("a", "b"), strict=True):
+        metrics = scrape(port)
+        up = {s.labels["node"]: s.value for s in metrics["gpusched_node_up"].samples}
+        assert up == {"a": 1.0, "b": 0.0}
+        gpus = metrics["gpusched_gpu_memory_total_bytes"].samples
+        assert [(s.labels["node"], s.labels["gpu"]) for s in gpus] == [(name, "0"), (name, "1")]
