@@ -25,7 +25,16 @@ from typing import Any
 from _common import RESULT_PREFIX, Figure, machine
 
 HERE = Path(__file__).resolve().parent
-BENCHMARKS = ("packing", "dispatch", "cli_latency", "throughput", "idle", "scheduling_pass")
+BENCHMARKS = (
+    "packing",
+    "dispatch",
+    "cli_latency",
+    "throughput",
+    "idle",
+    "scheduling_pass",
+    "database",
+    "timeline_storage",
+)
 
 
 def run_one(name: str) -> tuple[dict[str, Any] | None, float]:

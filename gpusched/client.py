@@ -29,7 +29,7 @@ from typing import Any, overload
 from gpusched.core import requests as rq
 from gpusched.core.config import resolve_socket
 from gpusched.core.errors import DaemonUnreachable, ProtocolError, UsageError
-from gpusched.core.models import TERMINAL_STATES, Drain, GpuReport, Job
+from gpusched.core.models import TERMINAL_STATES, Drain, GpuReport, Job, TimelinePoint
 from gpusched.core.protocol import MAX_REPLY_BYTES, decode, encode, error_from_reply, read_frame
 from gpusched.core.units import parse_duration, parse_size
 
@@ -316,6 +316,13 @@ class Client:
     def job(self, job_id: int) -> Job:
         """One job by id (NotFoundError if there is none)."""
         return Job.from_json(self.send(rq.ShowRequest(job_id)))
+
+    def job_and_timeline(self, job_id: int) -> tuple[Job, list[TimelinePoint]]:
+        """One job and its memory and utilization over time, oldest first ([] before its
+        first sample, or from a daemon that keeps none)."""
+        data = self.send(rq.ShowRequest(job_id, timeline=True))
+        points = [TimelinePoint.from_json(p) for p in data.get("timeline") or []]
+        return Job.from_json(data), points
 
     def cancel(self, job_id: int) -> Job:
         """Cancel a job; returns it as it is right after the request (it may still be

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from gpusched.core.models import ACTIVE_STATES, EndReason, Job, JobState
-from gpusched.store import LaunchInfo, Store
+from gpusched.store import LaunchInfo, Store, TimelineRow, TimelineWrite
 from tests.test_store import NOW, end, new_job, start
 
 
@@ -41,6 +41,8 @@ def _one_server(path: Path) -> tuple[str, dict[str, int]]:
         assert start(store, ids["done"])
         assert end(store, ids["done"], exit_code=0)
         assert start(store, ids["running"])
+        points = tuple(TimelineRow(1000.0 + i, i * 2**30, 50.0, 1) for i in range(3))
+        store.set_usage(ids["running"], timeline=TimelineWrite(points), peak_mem=2 * 2**30)
         oom = store.add(new_job(name="oom", retry_oom=1), NOW).id
         assert start(store, oom)
         assert end(store, oom, state=JobState.FAILED, reason=str(EndReason.OOM))
@@ -51,11 +53,11 @@ def _one_server(path: Path) -> tuple[str, dict[str, int]]:
     return url, ids
 
 
-def _everything(url: str) -> dict[int, tuple[Job, LaunchInfo]]:
+def _everything(url: str) -> dict[int, tuple[Job, LaunchInfo, list[TimelineRow]]]:
     store = Store(url)
     try:
         found = store.get_many(range(1, store.count() + 100))
-        return {i: (job, store.launch_info(i)) for i, job in found.items()}
+        return {i: (job, store.launch_info(i), store.timeline_rows(i)) for i, job in found.items()}
     finally:
         store.close()
 
@@ -67,12 +69,14 @@ def test_ids_states_environments_and_history_are_copied(tmp_path: Path, database
     done = _copy(source, database_url)
 
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip().startswith(f"copied {len(before)} jobs (7 not ended)")
+    assert done.stdout.strip().startswith(
+        f"copied {len(before)} jobs (7 not ended), 2 environments and 3 time-series points"
+    )
     assert "ids kept" in done.stdout
     assert _everything(database_url) == before
     target = Store(database_url)
     try:
-        active = [i for i, (job, _) in sorted(before.items()) if job.state in ACTIVE_STATES]
+        active = [i for i, (job, *_) in sorted(before.items()) if job.state in ACTIVE_STATES]
         assert [j.id for j in target.active()] == active
         assert target.get(ids["retry"]).retry_of == ids["oom"]
         assert target.add(new_job(), NOW).id > max(before)  # the target's ids carry on
@@ -118,6 +122,7 @@ def test_a_target_with_jobs_is_refused_unless_merging(tmp_path: Path, database_u
         assert target.get(ids["oom"] + 10).retried_as == ids["retry"] + 10
         assert target.get(ids["array"] + 10).array_id == 2  # after bob's
         assert target.launch_info(ids["running"] + 10).env == {"A": "1"}
+        assert [p.t for p in target.timeline_rows(ids["running"] + 10)] == [1000, 1001, 1002]
         assert target.get(5).user == "bob"
     finally:
         target.close()

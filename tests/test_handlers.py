@@ -29,7 +29,7 @@ from gpusched.daemon.auth import HIDDEN_COMMAND
 from gpusched.daemon.handlers import HANDLERS, dispatch
 from gpusched.daemon.identity import Caller
 from gpusched.daemon.services import Services
-from gpusched.store import NewJob
+from gpusched.store import NewJob, TimelineRow, TimelineWrite
 from tests.fakes import GiB
 from tests.test_tick import World, make_world
 
@@ -291,3 +291,21 @@ def test_every_request_has_a_handler_that_takes_its_type() -> None:
         hints = get_type_hints(handler)
         taken = [hint for name, hint in hints.items() if name not in ("services", "caller")]
         assert taken[0] is REQUESTS[op], op
+
+
+def test_show_gives_the_timeline_only_when_asked_and_to_anyone_who_may_see_the_job(
+    daemon: Daemon,
+) -> None:
+    job = daemon.queue(ALICE)
+    rows = (TimelineRow(1_735_689_600.0, 3 * GiB, 40.0), TimelineRow(1_735_689_660.5, None, None))
+    daemon.services.store.set_usage(job, timeline=TimelineWrite(rows))
+    assert "timeline" not in daemon.ask(ALICE, "show", id=job)
+    expected = [
+        {"t": "2025-01-01T00:00:00.000+00:00", "memory": 3 * GiB, "util": 40.0},
+        {"t": "2025-01-01T00:01:00.500+00:00", "memory": None, "util": None},
+    ]
+    for caller in (ALICE, BOB, ROOT):  # what status and history show to all, over time
+        assert daemon.ask(caller, "show", id=job, timeline=True)["timeline"] == expected
+    assert daemon.ask(ALICE, "show", id=daemon.queue(ALICE), timeline=True)["timeline"] == []
+    with pytest.raises(ProtocolError):
+        daemon.ask(ALICE, "show", id=job, timeline="yes")

@@ -115,3 +115,18 @@ def test_the_database_going_away_loses_nothing(
     again = pg_daemon.submit("--mem", "1G", "--", "true")
     assert pg_daemon.cli("wait", str(again), timeout=60).returncode == 0
     assert PASSWORD not in pg_daemon.stderr()
+
+
+def test_a_daemon_cannot_start_without_its_database_and_says_so(
+    daemon_factory: Any, tmp_path: Path
+) -> None:
+    nowhere = f"postgresql+psycopg://gpusched:{PASSWORD}@/gpusched?host={tmp_path}&port=1"
+    daemon: RunningDaemon = daemon_factory(config={"database": nowhere})
+    daemon.config_path.chmod(0o600)
+    with pytest.raises(RuntimeError):
+        daemon.start()
+    last = daemon.stderr().strip().splitlines()[-1]
+    assert f"the database postgresql+psycopg://gpusched@/gpusched?host={tmp_path}&port=1" in last
+    assert "is unavailable (connection" in last
+    assert PASSWORD not in daemon.stderr()
+    assert "Traceback" not in daemon.stderr()

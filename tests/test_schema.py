@@ -12,6 +12,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -31,9 +32,9 @@ from sqlalchemy import (
 )
 
 from gpusched.core.models import JobState
-from gpusched.store import Store, metadata
+from gpusched.store import Store, metadata, timeline_points
 from gpusched.store.schema import SchemaTooNew, head_revision
-from tests.daemon_harness import directory_settings
+from tests.daemon_harness import RunningDaemon, directory_settings
 from tests.postgres import PostgresServer
 from tests.test_store import NOW, new_job, start
 
@@ -108,8 +109,11 @@ def _before_envs() -> list[Column[object]]:
     ]
 
 
-def _old_database(url: str, columns: Callable[[], list[Column[object]]]) -> tuple[int, int]:
-    """A database as an earlier release's code left it, with a queued and an ended job."""
+def _old_database(
+    url: str, columns: Callable[[], list[Column[object]]], **job: Any
+) -> tuple[int, int]:
+    """A database as an earlier release's code left it, with a queued and an ended job
+    (`job`: columns of both, over alice's `python train.py`)."""
     old = MetaData()
     table = Table("jobs", old, *columns())
     engine = create_engine(url)
@@ -131,6 +135,7 @@ def _old_database(url: str, columns: Callable[[], list[Column[object]]]) -> tupl
             "after": [],
             "submitted_at": NOW,
             "hints": [],
+            **job,
         }
         with engine.begin() as conn:
             queued = conn.execute(table.insert().values(**row, state="queued", name="q"))
@@ -191,6 +196,30 @@ def test_a_database_of_an_earlier_release_keeps_its_queue(
         again.close()
 
 
+def test_a_database_made_by_create_all_of_the_last_release_is_adopted(empty_url: str) -> None:
+    """The release just before schema revisions made every table, timeline_points too, with
+    create_all: the revisions find them all, keep their rows and record the revision."""
+    engine = create_engine(empty_url)
+    try:
+        metadata.create_all(engine)  # what that release's Store did at each start
+    finally:
+        engine.dispose()
+    queued, _ = _old_database(empty_url, _before_envs)  # rows into the tables made above
+    engine = create_engine(empty_url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(timeline_points.insert().values(job_id=queued, t=1.0, memory=5, samples=1))
+    finally:
+        engine.dispose()
+    store = Store(empty_url)
+    try:
+        assert _revisions(store) == [head_revision()]
+        assert [j.id for j in store.active()] == [queued]
+        assert [(p.t, p.memory_bytes) for p in store.timeline_rows(queued)] == [(1.0, 5)]
+    finally:
+        store.close()
+
+
 def _from_the_future(url: str) -> None:
     Store(url).close()
     engine = create_engine(url)
@@ -231,3 +260,20 @@ def test_a_daemon_facing_a_newer_schema_refuses_to_start(empty_url: str, tmp_pat
     assert "schema revision f9999_future, newer than this gpusched knows" in last, done.stderr
     assert "Traceback" not in done.stderr
     assert not (root / "gpusched.sock").exists()
+
+
+def test_a_daemon_upgraded_over_an_old_database_runs_its_queue(daemon_factory: Any) -> None:
+    """The upgrade as an administrator makes it: the new daemon starts on the file the
+    previous release left, and the job that was waiting in it runs."""
+    daemon: RunningDaemon = daemon_factory()
+    url = f"sqlite:///{daemon.root / 'gpusched.db'}"
+    queued, ended = _old_database(
+        url, _first_release, user="root", uid=0, gid=0, command=["sh", "-c", "exit 4"], cwd="/"
+    )
+    daemon.start()
+    assert daemon.cli("wait", str(queued), timeout=60).returncode == 4
+    assert daemon.show(queued)["state"] == "failed"
+    assert daemon.show(ended)["state"] == "done"
+    assert f"schema (none: new, or made before schema revisions) -> {head_revision()}" in (
+        daemon.stderr()
+    )

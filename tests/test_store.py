@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from gpusched.core.errors import NotFoundError
-from gpusched.core.models import EndReason, JobState
+from gpusched.core.models import EndReason, JobState, StopIntent
 from gpusched.store import LaunchInfo, NewJob, Store
 
 NOW = "2025-01-01T00:00:00+00:00"
@@ -298,14 +298,31 @@ def test_launch_info(store: Store) -> None:
 def test_set_pid(store: Store) -> None:
     job_id = store.add(new_job(), NOW).id
     start(store, job_id)
-    store.set_pid(job_id, 777, "999.5")
+    assert store.set_pid(job_id, 777, "999.5")
     assert store.get(job_id).pid == 777
     assert store.launch_info(job_id).pid_start_time == "999.5"
 
 
+def test_writes_about_a_running_job_are_refused_once_it_has_ended(store: Store) -> None:
+    """pid, stop intent and detail are conditional writes, like every state change: a
+    late one (another daemon's, or a thread's that lost a race) changes nothing."""
+    job_id = store.add(new_job(), NOW).id
+    assert not store.set_pid(job_id, 1, "1.0")  # queued: no supervisor to record
+    assert not store.set_stop_intent(job_id, StopIntent.CANCEL, "too early")
+    start(store, job_id)
+    assert store.set_stop_intent(job_id, StopIntent.CANCEL, "cancelled by alice")
+    end(store, job_id, state=JobState.CANCELLED, reason="cancelled", detail="cancelled by alice")
+    assert not store.set_pid(job_id, 777, "999.5")
+    assert not store.set_stop_intent(job_id, StopIntent.OVERRUN, "late")
+    assert not store.set_detail(job_id, "late")
+    job = store.get(job_id)
+    assert (job.pid, job.reason_detail) == (4242, "cancelled by alice")
+    assert store.launch_info(job_id).stop_intent is StopIntent.CANCEL
+
+
 def test_set_detail_then_end(store: Store) -> None:
     job_id = store.add(new_job(), NOW).id
-    store.set_detail(job_id, "cancelled by bob")
+    assert store.set_detail(job_id, "cancelled by bob")
     assert store.get(job_id).reason_detail == "cancelled by bob"
     assert store.get(job_id).state is JobState.QUEUED
 

@@ -23,11 +23,13 @@ from tests.daemon_harness import RunningDaemon, eventually
 
 
 def _kill_tree(pid: int) -> None:
+    """SIGKILL a process and its descendants; one that ended meanwhile is no error."""
     process = psutil.Process(pid)
     for child in process.children(recursive=True):
-        with contextlib.suppress(psutil.NoSuchProcess):  # a `sleep 0.05` that just ended
+        with contextlib.suppress(psutil.NoSuchProcess):
             child.kill()
-    process.kill()
+    with contextlib.suppress(psutil.NoSuchProcess):
+        process.kill()
     psutil.wait_procs([process], timeout=10)
 
 

@@ -178,9 +178,9 @@ def show(ctx: click.Context, job_id: int, as_json: bool) -> None:
     Example:
       gpusched show 12
     """
-    job = client_of(ctx).job(job_id)
+    job, timeline = client_of(ctx).job_and_timeline(job_id)
     if as_json:
-        print_json(job.to_json())
+        print_json({**job.to_json(), "timeline": [p.to_json() for p in timeline]})
         return
     job = shown_fields(job)
     rows = [
@@ -212,6 +212,18 @@ def show(ctx: click.Context, job_id: int, as_json: bool) -> None:
         rows.insert(4, ("waiting", job.waiting_reason))
     for key, value in rows:
         click.echo(f"{key + ':':<11}{value}")
+    import shutil
+
+    from gpusched.cli.sparkline import glyphs_for, render_timeline
+
+    for line in render_timeline(
+        timeline,
+        declared_bytes=job.mem,
+        gpus=job.gpus,
+        width=shutil.get_terminal_size((80, 24)).columns,
+        glyphs=glyphs_for(sys.stdout.encoding),
+    ):
+        click.echo(line)
     for hint in job.hints:
         click.echo(f"hint:      {hint}")
 

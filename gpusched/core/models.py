@@ -228,3 +228,39 @@ class Drain:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Drain:
         return cls(str(data["by"]), str(data["since"]), data.get("reason"))
+
+
+@dataclass(frozen=True)
+class TimelinePoint:
+    """One point of a job's time series (`show --json`'s `timeline`, the dashboard's charts).
+
+    `memory_bytes` is what the job's processes held, summed over all its GPUs (so compare
+    it with `mem` x `gpus`); a point that stands for several polls holds their highest
+    memory and their mean utilization (0-100, None where the driver gave none).
+    """
+
+    t: float  # epoch seconds
+    memory_bytes: int | None
+    utilization_pct: float | None
+
+    def to_json(self) -> dict[str, Any]:
+        from datetime import datetime, timezone  # only where timelines are shown
+
+        from gpusched.core.clock import iso
+
+        return {
+            "t": iso(datetime.fromtimestamp(self.t, timezone.utc)),
+            "memory": self.memory_bytes,
+            "util": self.utilization_pct,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TimelinePoint:
+        from datetime import datetime
+
+        memory, util = data.get("memory"), data.get("util")
+        return cls(
+            datetime.fromisoformat(str(data["t"])).timestamp(),
+            None if memory is None else int(memory),
+            None if util is None else float(util),
+        )

@@ -174,8 +174,11 @@ class StatusRequest(Request):
 
 @dataclass(frozen=True)
 class ShowRequest(Request):
+    """One job; with `timeline`, also its memory and utilization over time."""
+
     op: ClassVar[str] = "show"
     id: int
+    timeline: bool = False
 
     def __post_init__(self) -> None:
         _job_id(self.id)

@@ -10,7 +10,6 @@ through the launcher's interface (gpusched.processes.launching), so tests drive 
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
@@ -18,7 +17,6 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
-from pathlib import Path
 
 from gpusched.core.clock import Clock, iso
 from gpusched.core.config import Config
@@ -35,8 +33,8 @@ from gpusched.core.ratelog import RateLimitedLog
 from gpusched.core.sanitize import quoted
 from gpusched.gpus.probe import Probe
 from gpusched.processes.launching import JobLauncher, Outcome, OutcomeKind
-from gpusched.processes.supervisor import write_json_atomically
-from gpusched.store import NodeGuard, Store
+from gpusched.scheduling.boot import rebooted_since_last_run
+from gpusched.store import NodeGuard, Store, TimelineWrite
 from gpusched.usage.monitor import UsageMonitor, final_usage, oom_cause, retry_mem
 
 log = logging.getLogger("gpusched.scheduler")
@@ -142,6 +140,7 @@ class JobEndings:
             exit_code=exit_code,
             detail=detail,
             usage=self._final_usage(job, state, reason, now, (retry, retry_refused, oom_next_mem)),
+            timeline=self._final_timeline(job_id),
             hooks_due=hooks_due,
             durable=durable,
             guard=self.guard_for(job_id),
@@ -199,6 +198,14 @@ class JobEndings:
             )
         except Exception:  # the figures must never keep a job from ending
             log.exception("summing up the usage of job %s failed", job.id)
+            return None
+
+    def _final_timeline(self, job_id: int) -> TimelineWrite | None:
+        """The last points of a job's time series, written with its end."""
+        try:
+            return self.monitor.final_timeline(job_id)
+        except Exception:  # the series must never keep a job from ending
+            log.exception("closing the timeline of job %s failed", job_id)
             return None
 
     def _end_oom(self, job: Job, outcome: Outcome, cause: str, durable: bool) -> None:
@@ -306,30 +313,9 @@ class JobEndings:
             job=job,
         )
 
-    def _rebooted(self) -> bool:
-        """Whether the machine restarted since the last daemon run (then remember this boot).
-
-        Unknown (no record yet) counts as a reboot: the careful answer.
-        """
-        record = self.config.state_dir / "boot.json"
-        try:
-            now = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-        except OSError:
-            return True
-        try:
-            before = json.loads(record.read_text()).get("boot_id")
-        except (OSError, ValueError, AttributeError):
-            before = None
-        if before != now:
-            try:
-                write_json_atomically(record, {"boot_id": now})
-            except OSError as exc:
-                log.warning("cannot record the boot id in %s: %s", record, exc)
-        return before != now
-
     def adopt_running(self) -> None:
         """After a (re)start: a `running` row is a claim to verify, not a fact."""
-        rebooted = self._rebooted()
+        rebooted = rebooted_since_last_run(self.config.state_dir)
         with self._lock:
             for job in self.store.active():
                 if job.state != JobState.RUNNING or not self.owns(job):

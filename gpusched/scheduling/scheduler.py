@@ -35,6 +35,7 @@ from gpusched.core.models import (
     JobState,
     NodeStatus,
     StopIntent,
+    TimelinePoint,
 )
 from gpusched.core.units import format_size
 from gpusched.gpus.probe import Probe
@@ -364,6 +365,15 @@ class Scheduler(WaitingJobOperations):
                 for key, value in summary.items():
                     setattr(job, key, value)
         return job
+
+    def job_timeline(self, job: Job) -> list[TimelinePoint]:
+        """A job's memory and utilization over time, oldest first: for a running job, what
+        this daemon holds in memory (the store lags it by up to a usage flush)."""
+        if job.state == JobState.RUNNING:
+            live = self.monitor.live_timeline(job.id)
+            if live:
+                return live
+        return self.store.job_timeline(job.id)
 
     def gpu_reports(self, running: list[Job]) -> list[GpuReport]:
         """This server's GPUs; in a cluster, every node's that is not down."""

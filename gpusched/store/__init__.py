@@ -1,22 +1,30 @@
-"""The job store: SQLAlchemy Core over SQLite (WAL) by default; the daemon is its only user.
+"""The job store: SQLAlchemy Core over SQLite (WAL) by default, or a shared PostgreSQL;
+the daemon is its only user (and `gpusched admin copy-database`, daemon stopped).
 
 `Store` is assembled from one class per concern, each in its own module; import from
 here, which re-exports what the rest of gpusched uses:
-- gpusched.store.database: the `jobs` table, rows read as Jobs, the engine, and durability per
+- gpusched.store.database: the `jobs` table, rows read as Jobs, and durability per
   transaction (BEGIN IMMEDIATE, synchronous FULL or NORMAL: its docstring says which)
+- gpusched.store.engine: connections per dialect, URLs shown without their password
+- gpusched.store.schema: the schema brought to this version at open (Alembic revisions in
+  gpusched/store/migrations), a newer one refused
+- gpusched.store.copy: one database's jobs into another (its own entry point)
 - gpusched.store.queries: reads (`Queued`, `LaunchInfo`, `JobFigures` for the metrics)
 - gpusched.store.transitions: submits and state changes, one transaction each (`NewJob`)
 - gpusched.store.usage: measured usage and OOM retries (`USAGE_COLUMNS`)
+- gpusched.store.timeline: each job's memory and utilization over time (`TimelineRow`,
+  `TimelineWrite`; written with the usage flush and the end)
 - gpusched.store.nodes: the cluster's nodes and the scheduler's election (leases)
 - gpusched.store.placements: placements, starts and node deaths, conditioned on epochs
 """
 
 from __future__ import annotations
 
-from gpusched.store.database import jobs, metadata
+from gpusched.store.database import jobs, metadata, timeline_points
 from gpusched.store.nodes import LeaseRow, NodeRecords, NodeRow
 from gpusched.store.placements import DownResult, NodeGuard, NodePlacement, PlacementRecords
 from gpusched.store.queries import JobFigures, LaunchInfo, Queued
+from gpusched.store.timeline import TimelineRecords, TimelineRow, TimelineWrite
 from gpusched.store.transitions import JobTransitions, NewJob
 from gpusched.store.usage import USAGE_COLUMNS, UsageRecords
 
@@ -32,10 +40,13 @@ __all__ = [
     "NodeRow",
     "Queued",
     "Store",
+    "TimelineRow",
+    "TimelineWrite",
     "jobs",
     "metadata",
+    "timeline_points",
 ]
 
 
-class Store(JobTransitions, UsageRecords, NodeRecords, PlacementRecords):
+class Store(JobTransitions, UsageRecords, TimelineRecords, NodeRecords, PlacementRecords):
     """The database is the truth about jobs: every read and write of it goes through here."""

@@ -2,8 +2,9 @@
 copy-database`), e.g. a one-server SQLite file into a lab's shared PostgreSQL.
 
 Run as root with the daemon stopped (it must not write the source meanwhile). Both
-databases are first brought to this gpusched's schema. Every job row and the environments
-its jobs use are copied in one transaction on the target: all or nothing.
+databases are first brought to this gpusched's schema. Every job row, the environments
+its jobs use and their time series are copied in one transaction on the target: all or
+nothing.
 
 Job ids. Into a database without jobs, ids are kept: running jobs' supervisors, state
 directories and logs are found by id, so the daemon, started again on the target, re-adopts
@@ -29,7 +30,7 @@ from sqlalchemy.exc import DBAPIError
 from gpusched.core.errors import ConflictError, GpuschedError, UsageError
 from gpusched.core.models import TERMINAL_STATES, JobState
 from gpusched.store import Store
-from gpusched.store.database import envs, jobs, lock_submits
+from gpusched.store.database import envs, jobs, lock_submits, timeline_points
 from gpusched.store.engine import describe_url, is_disconnect, unavailable
 
 _BATCH = 500  # rows per INSERT
@@ -41,12 +42,14 @@ class CopyReport:
     active: int
     environments: int
     id_shift: int  # added to every source id (0: ids kept)
+    timeline_points: int
 
     def describe(self, source: str, target: str) -> str:
         ids = "ids kept" if self.id_shift == 0 else f"ids shifted by +{self.id_shift}"
         return (
-            f"copied {self.jobs} jobs ({self.active} not ended) and {self.environments}"
-            f" environments from {source} to {target}; {ids}"
+            f"copied {self.jobs} jobs ({self.active} not ended), {self.environments}"
+            f" environments and {self.timeline_points} time-series points from {source}"
+            f" to {target}; {ids}"
         )
 
 
@@ -78,6 +81,21 @@ def _copy_envs(source: Connection, target: Connection) -> dict[int, int]:
             ).scalar_one()
         mapping[int(env_id)] = int(found)
     return mapping
+
+
+def _copy_timelines(source: Connection, target: Connection, shift: int) -> int:
+    """Every job's time series, after the jobs (its rows name them); how many points."""
+    copied = 0
+    batch: list[dict[str, Any]] = []
+    for row in source.execute(select(timeline_points)).mappings():
+        batch.append({**row, "job_id": row["job_id"] + shift})
+        if len(batch) == _BATCH:
+            target.execute(timeline_points.insert(), batch)
+            copied, batch = copied + len(batch), []
+    if batch:
+        target.execute(timeline_points.insert(), batch)
+        copied += len(batch)
+    return copied
 
 
 def _advance_sequences(target: Connection) -> None:
@@ -142,8 +160,9 @@ def copy_database(source_url: str, target_url: str, *, merge: bool = False) -> C
             if batch:
                 dst.execute(jobs.insert(), batch)
                 copied += len(batch)
+            points = _copy_timelines(src, dst, shift)
             _advance_sequences(dst)
-        return CopyReport(copied, active, len(env_ids), shift)
+        return CopyReport(copied, active, len(env_ids), shift, points)
     finally:
         source.close()
         target.close()

@@ -1,9 +1,14 @@
-"""The store's database: the `jobs` table, how its rows become Jobs, and the connections.
+"""The store's database: the `jobs` table, how its rows become Jobs, and its transactions.
 
-The database is the truth about jobs. Every state change is one short transaction
-that starts with BEGIN IMMEDIATE, so concurrent writers queue on SQLite's lock (with
-a busy timeout) instead of failing with "database is locked" half way through, and
-a submit is acknowledged only once its row is committed (synchronous=FULL).
+The database is the truth about jobs. Every state change is one short transaction: on
+SQLite it starts with BEGIN IMMEDIATE, so concurrent writers queue on the lock (with a
+busy timeout) instead of failing with "database is locked" half way through; on
+PostgreSQL a change of state is a conditional UPDATE (READ COMMITTED re-checks its
+condition after waiting on the row's lock) and submits queue on an advisory lock
+(`lock_submits`). A submit is acknowledged only once its row is committed
+(synchronous=FULL; on PostgreSQL, synchronous_commit as the server is set, on by default).
+The tables are made and upgraded by gpusched.store.schema; the columns below are the head
+revision's (tests/test_schema.py compares them).
 
 Durability, per transaction. In WAL mode synchronous=FULL fsyncs the WAL at every
 commit; NORMAL does not (the WAL is synced at the next FULL commit or checkpoint).
@@ -24,7 +29,9 @@ a power cut kills every job anyway and the next start reconciles what they recor
 - hooks_started (a job's notification hooks are starting): lost, they run again at the
   next start.
 Each NORMAL commit is made durable by the next FULL one (the WAL is one sequence), so
-the window is short while jobs flow: the next job's mark_running closes it.
+the window is short while jobs flow: the next job's mark_running closes it. On PostgreSQL
+the same three writes commit with synchronous_commit off, the same trade: the WAL is
+flushed a moment later, by the server, and the next durable commit covers them.
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ from sqlalchemy import (
     BigInteger,
     Column,
     Float,
+    ForeignKey,
     Integer,
     MetaData,
     String,
@@ -137,6 +145,21 @@ envs = Table(
     Column("id", Integer, primary_key=True, autoincrement=True),
     Column("digest", String, nullable=False, unique=True),
     Column("env", JSON, nullable=False),
+)
+
+# Each job's memory and utilization over time, downsampled by the daemon as the job runs
+# (gpusched.usage.timeline: at most about 1,000 points a job). `t`: epoch seconds of the
+# point's first poll; `samples`: how many polls it stands for. Deleted with the job's row.
+# WITHOUT ROWID on SQLite: the rows live in the primary key's b-tree, no second index.
+timeline_points = Table(
+    "timeline_points",
+    metadata,
+    Column("job_id", Integer, ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True),
+    Column("t", Float, primary_key=True),
+    Column("memory", BigInteger, nullable=True),  # bytes, over all the job's GPUs
+    Column("util", Float, nullable=True),  # 0-100
+    Column("samples", Integer, nullable=False),
+    sqlite_with_rowid=False,
 )
 
 # -- rows read as Jobs ------------------------------------------------------------------

@@ -12,6 +12,9 @@ writing rows that a newer schema reads differently could lose jobs.
 
 from __future__ import annotations
 
+import contextlib
+import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 from alembic import command
@@ -23,6 +26,8 @@ from sqlalchemy import Engine, text
 from sqlalchemy.engine import Connection
 
 from gpusched.core.errors import GpuschedError
+
+log = logging.getLogger("gpusched.store")
 
 MIGRATIONS = Path(__file__).with_name("migrations")
 
@@ -66,12 +71,32 @@ def _check_known(conn: Connection, where: str) -> None:
             ) from None
 
 
+@contextlib.contextmanager
+def _alembic_quiet() -> Iterator[None]:
+    """Alembic says a few lines at INFO each time it looks at a database; we say one."""
+    alembic_log = logging.getLogger("alembic")
+    level = alembic_log.level
+    alembic_log.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        alembic_log.setLevel(level)
+
+
 def upgrade(engine: Engine, where: str) -> None:
     """Bring the database to the head revision, or raise SchemaTooNew (one line)."""
-    with engine.begin() as conn:
+    with _alembic_quiet(), engine.begin() as conn:
         if conn.dialect.name == "postgresql":
             conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _UPGRADE_LOCK})
         _check_known(conn, where)
-        if current_revisions(conn) == (head_revision(),):
-            return  # the usual start: nothing to do, and nothing logged by Alembic
+        before = current_revisions(conn)
+        head = head_revision()
+        if before == (head,):
+            return  # the usual start: nothing to do
         command.upgrade(_alembic_config(conn), "head")
+    log.info(
+        "database %s: schema %s -> %s",
+        where,
+        ",".join(before) or "(none: new, or made before schema revisions)",
+        head,
+    )

@@ -2,8 +2,10 @@
 
 One transaction each. A state change is a compare-and-set (`_transition`): it applies
 only if the job is still in a state it may leave, so of two racing changes the first
-wins and the second returns False. How durable each write is: gpusched.store.database's
-docstring.
+wins and the second returns False. So are the writes about a running job (its pid, why
+it is being stopped): a late one changes nothing once the job has ended. Only the usage
+figures and `hooks_started` (which clears a flag) are written by id alone. How durable
+each write is: gpusched.store.database's docstring.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from gpusched.store.database import (
     to_job,
 )
 from gpusched.store.placements import NodeGuard, guarded_end
+from gpusched.store.timeline import TimelineWrite, write_timeline
 from gpusched.store.usage import usage_values
 
 
@@ -206,11 +209,21 @@ class JobTransitions(Database):
     ) -> bool:
         """Apply `values` only if the job is still in one of `from_states` (compare-and-set)
         and meets `condition` if any."""
+        with self._write(durable) as conn:
+            return self._transition_in(conn, job_id, from_states, values, condition)
+
+    @staticmethod
+    def _transition_in(
+        conn: Connection,
+        job_id: int,
+        from_states: Sequence[JobState],
+        values: dict[str, Any],
+        condition: ColumnElement[bool] | None = None,
+    ) -> bool:
         where = [jobs.c.id == job_id, jobs.c.state.in_([str(s) for s in from_states])]
         if condition is not None:
             where.append(condition)
-        with self._write(durable) as conn:
-            result = conn.execute(update(jobs).where(*where).values(**values))
+        result = conn.execute(update(jobs).where(*where).values(**values))
         return result.rowcount == 1
 
     def mark_running(
@@ -272,6 +285,7 @@ class JobTransitions(Database):
         detail: str | None = None,
         log_path: str | None = None,
         usage: dict[str, Any] | None = None,
+        timeline: TimelineWrite | None = None,
         hooks_due: bool = False,
         durable: bool = True,
         guard: NodeGuard | None = None,
@@ -280,7 +294,8 @@ class JobTransitions(Database):
 
         `guard` (cluster): only as that node at that epoch may (store.placements.guarded_end).
 
-        `usage`: the job's final figures (peak, utilization, hints), written with the end.
+        `usage`: the job's final figures (peak, utilization, hints), written with the end;
+        `timeline`: the last points of its time series, too.
         `hooks_due`: it has notification hooks to run; recorded with the end, so that a
         daemon that stops before they start runs them at its next start.
         `durable=False` only for an ending read from the supervisor's exit record, which
@@ -297,19 +312,28 @@ class JobTransitions(Database):
         }
         if log_path is not None:
             values["log_path"] = log_path
-        if guard is None:
-            return self._transition(job_id, list(ACTIVE_STATES), values, durable)
-        states = [*ACTIVE_STATES, JobState.LOST]
-        return self._transition(job_id, states, values, durable, guarded_end(guard))
+        states, condition = list(ACTIVE_STATES), None
+        if guard is not None:  # a node's own end: also of a job lost with it (its real end)
+            states, condition = [*ACTIVE_STATES, JobState.LOST], guarded_end(guard)
+        if timeline is None:
+            return self._transition(job_id, states, values, durable, condition)
+        with self._write(durable) as conn:
+            if not self._transition_in(conn, job_id, states, values, condition):
+                return False
+            write_timeline(conn, job_id, timeline)
+        return True
 
-    def set_pid(self, job_id: int, pid: int, pid_start_time: str) -> None:
-        # Not durable (NORMAL): after a power cut no supervisor is left to find by its pid.
-        with self._write(durable=False) as conn:
-            conn.execute(
-                update(jobs)
-                .where(jobs.c.id == job_id)
-                .values(pid=pid, pid_start_time=pid_start_time)
-            )
+    def set_pid(self, job_id: int, pid: int, pid_start_time: str) -> bool:
+        """The supervisor of a running job; False (nothing written) if it is not running.
+
+        Not durable (NORMAL): after a power cut no supervisor is left to find by its pid.
+        """
+        return self._transition(
+            job_id,
+            [JobState.RUNNING],
+            {"pid": pid, "pid_start_time": pid_start_time},
+            durable=False,
+        )
 
     def hooks_started(self, job_id: int) -> None:
         """The job's hooks are starting: a restart must not start them again.
@@ -319,19 +343,17 @@ class JobTransitions(Database):
         with self._write(durable=False) as conn:
             conn.execute(update(jobs).where(jobs.c.id == job_id).values(hooks_due=None))
 
-    def set_detail(self, job_id: int, detail: str) -> None:
-        """Note on an active job what its end will be explained by (e.g. who cancelled it)."""
-        with self.engine.begin() as conn:
-            conn.execute(update(jobs).where(jobs.c.id == job_id).values(reason_detail=detail))
+    def set_detail(self, job_id: int, detail: str) -> bool:
+        """Note on an active job what its end will be explained by (e.g. who cancelled it);
+        False if it has ended (an ended job's explanation is never rewritten)."""
+        return self._transition(job_id, list(ACTIVE_STATES), {"reason_detail": detail})
 
-    def set_stop_intent(self, job_id: int, intent: StopIntent, detail: str) -> None:
-        """Before a running job is asked to stop: why (read at its end), and the sentence."""
-        with self.engine.begin() as conn:
-            conn.execute(
-                update(jobs)
-                .where(jobs.c.id == job_id)
-                .values(stop_intent=str(intent), reason_detail=detail)
-            )
+    def set_stop_intent(self, job_id: int, intent: StopIntent, detail: str) -> bool:
+        """Before a running job is asked to stop: why (read at its end), and the sentence;
+        False if it is not running any more."""
+        return self._transition(
+            job_id, [JobState.RUNNING], {"stop_intent": str(intent), "reason_detail": detail}
+        )
 
     def set_priority(self, job_id: int, priority: int) -> bool:
         return self._transition(job_id, [JobState.QUEUED, JobState.HELD], {"priority": priority})

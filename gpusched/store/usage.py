@@ -16,6 +16,7 @@ from gpusched.core.errors import NotFoundError
 from gpusched.core.models import Job, JobState
 from gpusched.store.database import inserted_id, job_select, jobs, to_job
 from gpusched.store.queries import JobQueries
+from gpusched.store.timeline import TimelineWrite, write_timeline
 
 # What measuring a job may write (Store.set_usage, mark_ended's `usage`).
 USAGE_COLUMNS = frozenset(
@@ -61,10 +62,13 @@ def usage_values(values: dict[str, Any]) -> dict[str, Any]:
 
 
 class UsageRecords(JobQueries):
-    def set_usage(self, job_id: int, **values: Any) -> None:
-        """Write some of a job's measured figures (see USAGE_COLUMNS)."""
+    def set_usage(self, job_id: int, timeline: TimelineWrite | None = None, **values: Any) -> None:
+        """Write some of a job's measured figures (see USAGE_COLUMNS) and, in the same
+        transaction, the new points of its time series (`timeline`)."""
         with self.engine.begin() as conn:
-            conn.execute(update(jobs).where(jobs.c.id == job_id).values(**usage_values(values)))
+            if values:
+                conn.execute(update(jobs).where(jobs.c.id == job_id).values(**usage_values(values)))
+            write_timeline(conn, job_id, timeline)
 
     def usage_state(self, job_id: int) -> dict[str, Any] | None:
         with self.read() as conn:

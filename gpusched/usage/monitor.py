@@ -10,6 +10,9 @@ running job and writes to the database only:
 - and at the job's end (the scheduler asks `finish()` for the final columns and writes
   them in the same transaction as the end itself).
 
+Each job's time series (gpusched.usage.timeline) is fed at every poll too, and its new
+points ride on the same writes: the flush and the end (`final_timeline()`).
+
 The peak is written whenever it rises (`Store.record_usage`), so `show` and the OOM
 retry see it at once; it is the tracker's, never a second copy kept elsewhere.
 A job is sampled only while it holds GPU memory: before its first allocation it is still
@@ -28,10 +31,11 @@ from typing import Any
 import psutil
 
 from gpusched.core.hints import JobFacts, job_hints, over_declared_hint
-from gpusched.core.models import GpuHealth, GpuProcess, GpuState, Job
+from gpusched.core.models import GpuHealth, GpuProcess, GpuState, Job, TimelinePoint
 from gpusched.core.units import format_size
-from gpusched.store import Store
+from gpusched.store import Store, TimelineWrite
 from gpusched.usage.joblog import read_tail
+from gpusched.usage.timeline import TimelineBuffer
 from gpusched.usage.tracker import (
     UsageTracker,
     at_card_limit,
@@ -80,6 +84,7 @@ class UsageMonitor:
         self.store = store
         self.flush_interval_s = flush_interval_s
         self._trackers: dict[int, UsageTracker] = {}
+        self._timelines: dict[int, TimelineBuffer] = {}
         self._flushed_at_s: dict[int, float] = {}
         self._gpu_util: dict[str, float] = {}  # uuid -> recent utilization of the whole GPU
 
@@ -92,11 +97,31 @@ class UsageMonitor:
             self._trackers[job.id] = tracker
         return tracker
 
+    def timeline(self, job: Job) -> TimelineBuffer:
+        """The job's time series, picked up from the database the first time (after a restart)."""
+        buffer = self._timelines.get(job.id)
+        if buffer is None:
+            state = self.store.usage_state(job.id) or {}
+            buffer = TimelineBuffer.restore(state.get("timeline"), self.store.timeline_rows(job.id))
+            self._timelines[job.id] = buffer
+        return buffer
+
     def started(self, job_id: int) -> None:
         """A job this daemon has just started: nothing of it is stored yet, so its tracker
         starts empty here instead of being looked for in the database at its first poll or
         at its end (a read per job, on the path from one job's end to the next's start)."""
         self._trackers.setdefault(job_id, UsageTracker())
+        self._timelines.setdefault(job_id, TimelineBuffer(math.nan))  # starts at its first poll
+
+    def live_timeline(self, job_id: int) -> list[TimelinePoint] | None:
+        """A running job's whole series so far (what is stored and what is not yet)."""
+        buffer = self._timelines.get(job_id)
+        return None if buffer is None else buffer.snapshot()
+
+    def final_timeline(self, job_id: int) -> TimelineWrite | None:
+        """The points of an ending job that the store lacks; forgets its series."""
+        buffer = self._timelines.pop(job_id, None)
+        return None if buffer is None else buffer.pending(final=True)
 
     def live(self, job_id: int) -> UsageTracker | None:
         return self._trackers.get(job_id)
@@ -157,6 +182,7 @@ class UsageMonitor:
             )
             if util is not None:
                 tracker.observe_util(util)
+            self.timeline(job).add(now_s, sum(held.values()), util)
             if job.mem is not None and tracker.overrun_at is None:
                 limit = overrun_limit(job.mem, margin_fraction, margin_bytes)
                 over = [(uuid, used) for uuid, used in held.items() if used > limit]
@@ -169,15 +195,27 @@ class UsageMonitor:
             if now_s - first >= self.flush_interval_s:
                 self.flush(job.id)
                 self._flushed_at_s[job.id] = now_s
-        for job_id in set(self._trackers) - alive:  # ended without finish() (never expected)
+        for job_id in (set(self._trackers) | set(self._timelines)) - alive:
+            # ended without finish() (never expected)
             self._trackers.pop(job_id, None)
+            self._timelines.pop(job_id, None)
             self._flushed_at_s.pop(job_id, None)
         return overruns
 
     def flush(self, job_id: int) -> None:
+        """Write the job's figures so far and its new timeline points: one transaction."""
         tracker = self._trackers.get(job_id)
-        if tracker is not None:
-            self.store.set_usage(job_id, **self.columns(tracker))
+        if tracker is None:
+            return
+        values = self.columns(tracker)
+        buffer = self._timelines.get(job_id)
+        write = None
+        if buffer is not None:
+            values["usage_state"] = {**tracker.to_state(), "timeline": buffer.to_state()}
+            write = buffer.pending()
+        self.store.set_usage(job_id, timeline=write, **values)
+        if buffer is not None and write is not None:
+            buffer.committed(write)
 
     @staticmethod
     def columns(tracker: UsageTracker) -> dict[str, object]:

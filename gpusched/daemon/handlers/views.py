@@ -97,7 +97,12 @@ def status(services: Services, caller: Caller, request: StatusRequest) -> Any:
 
 
 def show(services: Services, caller: Caller, request: ShowRequest) -> Any:
-    return services.visible(caller, services.store.get(request.id))
+    """One job; with `timeline`, also its memory and utilization over time (`timeline`)."""
+    job = services.store.get(request.id)
+    shown = services.visible(caller, job)
+    if request.timeline:
+        shown["timeline"] = [p.to_json() for p in services.scheduler.job_timeline(job)]
+    return shown
 
 
 def logs(services: Services, caller: Caller, request: LogsRequest) -> Any:

@@ -1,0 +1,222 @@
+"""SQLite beside PostgreSQL in one run: `status` latency, submit throughput, claims per second.
+
+PostgreSQL is a private server started for the run (tests/postgres.py: Debian's binaries,
+Unix socket only), with fsync on and synchronous_commit on: a commit is on disk when it
+returns, as with SQLite's synchronous=FULL. Each figure is measured on both backends in
+the same run, one after the other, and reported as PostgreSQL / SQLite.
+
+1. `status` latency. A real daemon (`simulate: 1x24G`, its GPU held by a blocker job) over a
+   database holding --ended ended jobs (written before the daemon starts, as
+   cli_latency.py writes them). Median of --runs calls of `Client.status_reply()` (the
+   socket and the daemon, no process start-up), and of `gpusched status` as a fresh
+   process (what a user waits for).
+2. Submit throughput. Then --clients client processes send --submits submits each through
+   `Client.submit`, starting together (throughput.py's clients); all stay queued. Every
+   acknowledged submit must be in the database afterwards.
+3. Claims per second. In this process's children, on a fresh database: --claim-jobs queued
+   jobs, and 3 processes, each with its own Store (its own connections), racing to claim
+   them with `Store.mark_running` (the conditional UPDATE ... WHERE state='queued' a start
+   is), each going through the queue in its own order. Every job must be claimed exactly
+   once. (Three daemons on one PostgreSQL are what issue 15's cluster will run; the
+   database's part of a claim is this.)
+
+    python benchmarks/database.py [--runs 20] [--ended 10000] [--clients 8] [--submits 100]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from _common import Figure, median_time, print_conditions, report
+from cli_latency import fill_history
+from throughput import Work, run_clients
+
+from gpusched.store import NewJob, Store
+from tests.daemon_harness import RunningDaemon
+from tests.postgres import PostgresServer, private_server
+
+CLAIMERS = 3
+NOW = "2026-11-25T00:00:00+00:00"
+
+
+def _status_and_submits(url: str, args: argparse.Namespace, root: Path) -> dict[str, float]:
+    fill_history(url, args.ended, str(root))
+    daemon = RunningDaemon(root, simulate="1x24G", config={"database": url})
+    daemon.config_path.chmod(0o600)
+    daemon.start()
+    figures: dict[str, float] = {}
+    try:
+        client = daemon.client()
+        blocker = client.submit(["sleep", "3600"], cwd=root)  # the whole GPU: submits queue
+        daemon.wait_state(blocker.id, {"running"})
+        figures["status_api_s"], _ = median_time(client.status_reply, args.runs)
+        cli = [str(Path(sys.executable).with_name("gpusched")), "status"]
+        env = {**daemon.env, "GPUSCHED_SOCKET": str(daemon.socket_path)}
+        env.pop("GPUSCHED_CONFIG", None)
+        figures["status_cli_s"], _ = median_time(
+            lambda: subprocess.run(cli, env=env, check=True, stdout=subprocess.DEVNULL),
+            args.runs,
+        )
+        deadline = time.monotonic() + 300
+        work = Work(str(daemon.socket_path), "submit", args.submits, str(root), deadline)
+        wall, acked, errors = run_clients(work, args.clients)
+        figures["submits_per_s"] = len(acked) / wall
+        figures["submits_failed"] = len(errors)
+        figures["status_api_queued_s"], _ = median_time(client.status_reply, args.runs)
+    finally:
+        daemon.stop()
+        daemon.kill_jobs()
+    store = Store(url)
+    try:
+        figures["submits_recorded"] = store.count() - args.ended - 1  # less the blocker
+        figures["submits_acknowledged"] = len(acked)
+    finally:
+        store.close()
+    return figures
+
+
+def _claimer(url: str, ids: list[int], seed: int, barrier: Any, out: Any) -> None:
+    store = Store(url)
+    order = list(ids)
+    random.Random(seed).shuffle(order)
+    won: list[int] = []
+    barrier.wait()
+    for job_id in order:
+        if store.mark_running(
+            job_id,
+            gpu_indices=[0],
+            gpu_uuids=["GPU-0"],
+            pid=None,
+            pid_start_time=None,
+            log_path=f"/dev/null/{job_id}",
+            now=NOW,
+        ):
+            won.append(job_id)
+    store.close()
+    out.put(won)
+
+
+def _claims(url: str, n_jobs: int) -> dict[str, float]:
+    store = Store(url)
+    new = NewJob(user="bench", uid=1, gid=1, command=["true"], cwd="/", env={}, umask=18, mem=1)
+    ids = [job.id for job in store.add_many([new] * n_jobs, NOW)]
+    store.close()
+    ctx = multiprocessing.get_context("fork")
+    barrier, out = ctx.Barrier(CLAIMERS + 1), ctx.Queue()
+    procs = [
+        ctx.Process(target=_claimer, args=(url, ids, seed, barrier, out))
+        for seed in range(CLAIMERS)
+    ]
+    for proc in procs:
+        proc.start()
+    barrier.wait()
+    start = time.perf_counter()
+    wins = [out.get(timeout=600) for _ in procs]
+    wall = time.perf_counter() - start
+    for proc in procs:
+        proc.join(timeout=60)
+    claimed = [job_id for won in wins for job_id in won]
+    store = Store(url)
+    running = len(store.running())
+    store.close()
+    return {
+        "claims_per_s": len(claimed) / wall,
+        "claimed_twice": len(claimed) - len(set(claimed)),
+        "claimed": len(set(claimed)),
+        "running": running,
+        "attempts_per_s": len(ids) * CLAIMERS / wall,
+    }
+
+
+def _backends(server: PostgresServer, tmp: Path) -> dict[str, Callable[[str], str]]:
+    """name -> a new empty database's URL for a purpose (a name used in its path)."""
+
+    def sqlite(purpose: str) -> str:
+        return f"sqlite:///{tmp / purpose / 'gpusched.db'}"
+
+    def postgres(_purpose: str) -> str:
+        return server.url(server.create_database())
+
+    return {"sqlite": sqlite, "postgresql": postgres}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--ended", type=int, default=10_000)
+    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--submits", type=int, default=100)
+    parser.add_argument("--claim-jobs", type=int, default=1000)
+    args = parser.parse_args()
+    print_conditions()
+    results: dict[str, dict[str, float]] = {}
+    with private_server(fsync=True) as server, tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        for name, new_url in _backends(server, tmp).items():
+            root = tmp / f"daemon-{name}"
+            root.mkdir()
+            results[name] = _status_and_submits(new_url(f"daemon-{name}"), args, root)
+            results[name].update(_claims(new_url(f"claims-{name}"), args.claim_jobs))
+    sq, pg = results["sqlite"], results["postgresql"]
+    rows = [  # label, key, scale, unit
+        ("status, Client API (ms)", "status_api_s", 1e3, "ms"),
+        (
+            f"status, Client API, {args.clients * args.submits} more queued (ms)",
+            "status_api_queued_s",
+            1e3,
+            "ms",
+        ),
+        ("gpusched status, fresh process (ms)", "status_cli_s", 1e3, "ms"),
+        (f"submits per second ({args.clients} clients)", "submits_per_s", 1, "/s"),
+        (f"claims per second ({CLAIMERS} processes racing)", "claims_per_s", 1, "/s"),
+    ]
+    print(f"{'':58} {'SQLite':>10} {'PostgreSQL':>11} {'PG/SQLite':>10}")
+    figures = []
+    for label, key, scale, unit in rows:
+        ratio = pg[key] / sq[key]
+        print(f"  {label:<56} {sq[key] * scale:10.1f} {pg[key] * scale:11.1f} {ratio:9.2f}x")
+        figures += [
+            Figure(f"{label}, SQLite", sq[key] * scale, unit),
+            Figure(f"{label}, PostgreSQL", pg[key] * scale, unit),
+            Figure(f"{label}, PostgreSQL / SQLite", ratio, "x"),
+        ]
+    for name, got in results.items():
+        exact = got["claimed_twice"] == 0 and got["claimed"] == got["running"] == args.claim_jobs
+        recorded = got["submits_recorded"] == got["submits_acknowledged"]
+        figures += [
+            Figure(
+                f"{name}: jobs claimed exactly once",
+                got["claimed"],
+                "jobs",
+                f"= {args.claim_jobs}, none twice",
+                exact,
+            ),
+            Figure(
+                f"{name}: acknowledged submits recorded",
+                got["submits_recorded"],
+                "jobs",
+                f"= {got['submits_acknowledged']:.0f}",
+                recorded,
+            ),
+            Figure(
+                f"{name}: submits failed",
+                got["submits_failed"],
+                "",
+                "0",
+                got["submits_failed"] == 0,
+            ),
+        ]
+    report("database", figures)
+
+
+if __name__ == "__main__":
+    main()
