@@ -233,3 +233,17 @@ def test_each_daemon_exports_its_gpus_and_every_node_s_state(
         assert up == {"a": 1.0, "b": 0.0}
         gpus = metrics["gpusched_gpu_memory_total_bytes"].samples
         assert [(s.labels["node"], s.labels["gpu"]) for s in gpus] == [(name, "0"), (name, "1")]
+
+
+def test_a_cancel_reaches_another_node_within_two_seconds_whatever_its_poll(
+    node: Callable[..., RunningDaemon],
+) -> None:
+    a = node("a", poll_interval="10s", node_timeout="40s")
+    b = node("b", poll_interval="10s", node_timeout="40s")
+    job_id = a.submit("--node", "b", "--", *sleeper())
+    b.wait_state(job_id, {"running"}, timeout=30)
+    eventually(lambda: b.show(job_id)["pid"], 10)
+    began = time.monotonic()
+    assert a.cli("cancel", str(job_id)).returncode == 0
+    a.wait_state(job_id, {"cancelled"}, timeout=5)
+    assert time.monotonic() - began < 2.5  # the CLI's own start-up included

@@ -333,7 +333,13 @@ def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> C
     for key, value in data.items():
         values.update(_convert(source, str(key), value, base))
     known = {f.name for f in fields(Config)}
-    return replace(base, **{k: v for k, v in values.items() if k in known})
+    config = replace(base, **{k: v for k, v in values.items() if k in known})
+    if config.node_timeout_s < 3 * config.poll_interval_s:  # a lease renewed each poll
+        raise ConfigError(
+            f"{source}: key 'node_timeout': {config.node_timeout_s:g}s is less than three"
+            f" poll intervals ({3 * config.poll_interval_s:g}s): every node would look down"
+        )
+    return config
 
 
 def config_path_from_env(explicit: str | None) -> Path | None:

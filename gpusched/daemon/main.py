@@ -173,7 +173,7 @@ class Daemon:
         self._listeners: dict[str, threading.Thread] = {}  # name -> thread: must not end
         self._trouble = RateLimitedLog(log)
         self._ticks = BackgroundScheduler(
-            executors={"default": ThreadPoolExecutor(2)}, timezone=timezone.utc
+            executors={"default": ThreadPoolExecutor(3)}, timezone=timezone.utc
         )
 
     def wake(self) -> None:
@@ -185,6 +185,15 @@ class Daemon:
         """
         with contextlib.suppress(Exception):
             self._ticks.modify_job(TICK_JOB_ID, next_run_time=datetime.now(timezone.utc))
+
+    def _guarded(self, work: Callable[[], None]) -> Callable[[], None]:
+        def run() -> None:
+            try:
+                work()
+            except Exception as exc:  # the database away: said once a minute, tried again
+                self._trouble.warning(f"{work.__name__}", f"{work.__name__} failed: {exc!r}")
+
+        return run
 
     def _tick(self) -> None:
         try:
@@ -224,6 +233,16 @@ class Daemon:
             misfire_grace_time=None,
             next_run_time=datetime.now(timezone.utc),
         )
+        cluster = self.scheduler.cluster
+        if cluster is not None:  # a cancel from another server, within two seconds
+            self._ticks.add_job(
+                self._guarded(cluster.poll_cancels),
+                "interval",
+                seconds=0.5,
+                id="cancels",
+                max_instances=1,
+                coalesce=True,
+            )
         self._ticks.start()
         self._listen("socket", self.server.serve_forever)
         if self.metrics is not None:

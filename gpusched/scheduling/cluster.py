@@ -239,6 +239,19 @@ class ClusterMember:
                 missing.add(user)
         return missing
 
+    def poll_cancels(self) -> None:
+        """Between passes (the daemon calls it every half second): stop this node's jobs
+        cancelled from another server, so a cancel takes effect within two seconds
+        whatever poll_interval is. One indexed read when there is nothing to do."""
+        wanted = [i for i in self.store.stop_requested(self.name) if i not in self._signalled]
+        if not wanted:
+            return
+        with self.scheduler.lock:
+            for job in self.store.get_many(wanted).values():
+                if job.state == JobState.RUNNING and self.owns(job):
+                    self._signalled.add(job.id)
+                    self.scheduler.stop_local(job)
+
     def _stop_cancelled(self, running: list[Job]) -> None:
         """Running jobs of this node that a daemon elsewhere asked to stop (the poll)."""
         for job_id in self.store.stop_requested(self.name):

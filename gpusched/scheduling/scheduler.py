@@ -118,6 +118,11 @@ class Scheduler(WaitingJobOperations):
         self.wake()  # late-bound: the daemon sets `wake` after we are built
 
     @property
+    def lock(self) -> threading.RLock:
+        """The lock that serialises passes, endings and job operations."""
+        return self._lock
+
+    @property
     def config(self) -> Config:
         """The current config (read at each use, so a reload reaches the next tick)."""
         return self.settings.current
