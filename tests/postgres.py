@@ -56,7 +56,9 @@ def _free_port() -> int:
 class PostgresServer:
     def __init__(self, *, fsync: bool = False) -> None:
         self.bin = server_binaries()
-        self.root = Path(tempfile.mkdtemp(prefix="gpusched-pg-"))
+        # In /tmp whatever TMPDIR says: the `postgres` user must reach it, and the socket's
+        # path must stay within the 107 bytes a Unix socket address holds.
+        self.root = Path(tempfile.mkdtemp(prefix="gpusched-pg-", dir="/tmp"))
         self.data = self.root / "data"
         self.port = _free_port()
         self.fsync = fsync  # off for the tests (a crash of the test server loses nothing)

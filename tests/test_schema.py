@@ -33,7 +33,7 @@ from sqlalchemy import (
 
 from gpusched.core.models import JobState
 from gpusched.store import Store, metadata, timeline_points
-from gpusched.store.schema import SchemaTooNew, head_revision
+from gpusched.store.schema import HEAD, SchemaTooNew, head_revision
 from tests.daemon_harness import RunningDaemon, directory_settings
 from tests.postgres import PostgresServer
 from tests.test_store import NOW, new_job, start
@@ -154,6 +154,10 @@ def _old_database(
 def _revisions(store: Store) -> list[str]:
     with store.engine.connect() as conn:
         return list(conn.execute(text("SELECT version_num FROM alembic_version")).scalars())
+
+
+def test_head_is_the_newest_revision_shipped() -> None:
+    assert head_revision() == HEAD  # a new revision in versions/ moves schema.HEAD too
 
 
 def test_a_new_database_is_at_the_head_and_matches_the_code(empty_url: str) -> None:

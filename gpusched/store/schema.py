@@ -8,6 +8,10 @@ database of a version before Alembic (no alembic_version table) is adopted by th
 revision, which adds only what it lacks (see its docstring). A database whose revision
 this gpusched does not know, written by a newer one, is refused: an older daemon
 writing rows that a newer schema reads differently could lose jobs.
+
+The usual start finds the database at HEAD with one plain query, without importing
+Alembic (a quarter of a second of a daemon's start on a slow machine); Alembic is loaded
+only to upgrade or to explain a revision it does not know.
 """
 
 from __future__ import annotations
@@ -16,20 +20,23 @@ import contextlib
 import logging
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from alembic import command
-from alembic.config import Config as AlembicConfig
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
-from alembic.util.exc import CommandError
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, inspect, text
 from sqlalchemy.engine import Connection
 
 from gpusched.core.errors import GpuschedError
 
+if TYPE_CHECKING:
+    from alembic.config import Config as AlembicConfig
+
 log = logging.getLogger("gpusched.store")
 
 MIGRATIONS = Path(__file__).with_name("migrations")
+
+# The newest revision in migrations/versions (tests/test_schema.py checks it is Alembic's
+# head): a new revision moves it.
+HEAD = "0002"
 
 # pg_advisory_xact_lock's key for "upgrading the schema" (any constant: only we take it).
 _UPGRADE_LOCK = 0x67707573  # "gpus"
@@ -40,6 +47,8 @@ class SchemaTooNew(GpuschedError):
 
 
 def _alembic_config(conn: Connection) -> AlembicConfig:
+    from alembic.config import Config as AlembicConfig
+
     config = AlembicConfig()
     config.set_main_option("script_location", str(MIGRATIONS))
     config.attributes["connection"] = conn
@@ -47,7 +56,9 @@ def _alembic_config(conn: Connection) -> AlembicConfig:
 
 
 def head_revision() -> str:
-    """The newest revision this gpusched knows."""
+    """The newest revision of the migrations shipped (read by Alembic)."""
+    from alembic.script import ScriptDirectory
+
     head = ScriptDirectory(str(MIGRATIONS)).get_current_head()
     if head is None:  # only if the package lost its migrations
         raise RuntimeError(f"no schema revision in {MIGRATIONS}")
@@ -56,18 +67,24 @@ def head_revision() -> str:
 
 def current_revisions(conn: Connection) -> tuple[str, ...]:
     """The revisions the database says it is at; () for a new or pre-Alembic database."""
-    return tuple(MigrationContext.configure(conn).get_current_heads())
+    if not inspect(conn).has_table("alembic_version"):
+        return ()
+    rows = conn.execute(text("SELECT version_num FROM alembic_version")).scalars()
+    return tuple(sorted(str(revision) for revision in rows))
 
 
-def _check_known(conn: Connection, where: str) -> None:
+def _check_known(revisions: tuple[str, ...], where: str) -> None:
+    from alembic.script import ScriptDirectory
+    from alembic.util.exc import CommandError
+
     script = ScriptDirectory(str(MIGRATIONS))
-    for revision in current_revisions(conn):
+    for revision in revisions:
         try:
             script.get_revision(revision)
         except CommandError:
             raise SchemaTooNew(
                 f"the database {where} has schema revision {revision}, newer than this"
-                f" gpusched knows ({head_revision()}): upgrade gpusched on this server"
+                f" gpusched knows ({HEAD}): upgrade gpusched on this server"
             ) from None
 
 
@@ -84,19 +101,21 @@ def _alembic_quiet() -> Iterator[None]:
 
 
 def upgrade(engine: Engine, where: str) -> None:
-    """Bring the database to the head revision, or raise SchemaTooNew (one line)."""
-    with _alembic_quiet(), engine.begin() as conn:
+    """Bring the database to HEAD, or raise SchemaTooNew (one line)."""
+    with engine.begin() as conn:
         if conn.dialect.name == "postgresql":
             conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _UPGRADE_LOCK})
-        _check_known(conn, where)
         before = current_revisions(conn)
-        head = head_revision()
-        if before == (head,):
+        if before == (HEAD,):
             return  # the usual start: nothing to do
-        command.upgrade(_alembic_config(conn), "head")
+        with _alembic_quiet():
+            _check_known(before, where)
+            from alembic import command
+
+            command.upgrade(_alembic_config(conn), "head")
     log.info(
         "database %s: schema %s -> %s",
         where,
         ",".join(before) or "(none: new, or made before schema revisions)",
-        head,
+        HEAD,
     )

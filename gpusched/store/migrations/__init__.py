@@ -8,7 +8,9 @@ A developer adds a revision (from script.py.mako beside this file) with
         command.revision(c, 'what changed', rev_id='0002')"
 
 then writes its upgrade() with `op` calls, changes gpusched.store.database's tables to
-match (tests/test_schema.py compares them), and runs `ruff format`. Every revision must
+match (tests/test_schema.py compares them), sets gpusched.store.schema.HEAD to the new
+revision (checked too) and copies any new table in gpusched.store.copy, and runs
+`ruff format`. Every revision must
 run on SQLite and PostgreSQL (test_schema runs them on both); on SQLite, change a column
 inside `with op.batch_alter_table(...)`, which copies the table.
 """
