@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -247,3 +248,26 @@ def test_a_cancel_reaches_another_node_within_two_seconds_whatever_its_poll(
     assert a.cli("cancel", str(job_id)).returncode == 0
     a.wait_state(job_id, {"cancelled"}, timeout=5)
     assert time.monotonic() - began < 2.5  # the CLI's own start-up included
+
+
+def test_wait_on_another_server_sees_the_end_within_a_second_or_two(
+    node: Callable[..., RunningDaemon], tmp_path: Path
+) -> None:
+    a = node("a")
+    b = node("b")
+    go = tmp_path / "go"
+    code = f"import os, time\nwhile not os.path.exists({str(go)!r}): time.sleep(0.05)"
+    job_id = b.submit("--node", "b", "--", sys.executable, "-c", code)
+    b.wait_state(job_id, {"running"})
+    waiting = subprocess.Popen(
+        [sys.executable, "-m", "gpusched", "wait", str(job_id)], env=a.env
+    )  # on a, which neither runs nor records the job
+    try:
+        time.sleep(1)
+        go.touch()
+        began = time.monotonic()
+        assert waiting.wait(timeout=10) == 0
+        assert time.monotonic() - began < 5
+    finally:
+        waiting.kill()
+        waiting.wait()

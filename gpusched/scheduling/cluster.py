@@ -86,6 +86,7 @@ class ClusterMember:
         endings.owns = self.owns
         endings.guard_for = self.guard_for
         endings.adopted = self.adopted
+        endings.recheck_s = 1.0  # ends written by other daemons notify nobody here
         scheduler.starter.node = name
         scheduler.starter.on_started = self._started
         scheduler.end_listeners.append(self._ended)

@@ -103,6 +103,7 @@ class JobEndings:
         self.owns: Callable[[Job], bool] = lambda job: True
         self.guard_for: Callable[[int], NodeGuard | None] = lambda job_id: None
         self.adopted: Callable[[Job, int, str | None], None] = lambda job, pid, start: None
+        self.recheck_s: float | None = None  # a waiter's re-read period (None: when notified)
         # Jobs whose supervisor exited while their end could not be written (the database
         # was away): their outcome stays in the exit record, and each tick tries again.
         self.unsettled: set[int] = set()
@@ -372,10 +373,11 @@ class JobEndings:
             seen = self._end_count
             pending = self._active(job_ids)
             while pending and (remaining := deadline - time.monotonic()) > 0:
-                self.ended.wait(remaining)
+                # In a cluster another daemon may record the end: read again each second.
+                notified = self.ended.wait(min(remaining, self.recheck_s or remaining))
                 new = self._end_count - seen
                 seen = self._end_count
-                if new > len(self._recent_ends):  # more ended than remembered: read again
+                if new > len(self._recent_ends) or not notified:  # read again
                     pending = self._active(pending)
                 elif new:
                     pending.difference_update(list(self._recent_ends)[-new:])
