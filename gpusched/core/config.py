@@ -334,7 +334,8 @@ def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> C
         values.update(_convert(source, str(key), value, base))
     known = {f.name for f in fields(Config)}
     config = replace(base, **{k: v for k, v in values.items() if k in known})
-    if config.node_timeout_s < 3 * config.poll_interval_s:  # a lease renewed each poll
+    shared = config.node is not None or not config.database_url.startswith("sqlite")
+    if shared and config.node_timeout_s < 3 * config.poll_interval_s:  # renewed each poll
         raise ConfigError(
             f"{source}: key 'node_timeout': {config.node_timeout_s:g}s is less than three"
             f" poll intervals ({3 * config.poll_interval_s:g}s): every node would look down"
