@@ -234,12 +234,12 @@ class Daemon:
             next_run_time=datetime.now(timezone.utc),
         )
         cluster = self.scheduler.cluster
-        if cluster is not None:  # a cancel from another server, within two seconds
+        if cluster is not None:  # placements and cancels from another server, at once
             self._ticks.add_job(
-                self._guarded(cluster.poll_cancels),
+                self._guarded(cluster.poll),
                 "interval",
                 seconds=0.5,
-                id="cancels",
+                id="cluster-poll",
                 max_instances=1,
                 coalesce=True,
             )

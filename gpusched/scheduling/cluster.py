@@ -82,6 +82,7 @@ class ClusterMember:
         self.local: dict[int, tuple[int, int, str | None]] = {}
         self.trouble = RateLimitedLog(log)
         self._said: dict[int, str] = {}  # the waiting reasons last written
+        self._seen_placed: set[int] = set()  # jobs placed here, as the last poll saw them
         endings = scheduler.endings
         endings.owns = self.owns
         endings.guard_for = self.guard_for
@@ -240,10 +241,19 @@ class ClusterMember:
                 missing.add(user)
         return missing
 
+    def poll(self) -> None:
+        """Between passes (the daemon calls it every half second): a pass at once when the
+        scheduler placed new jobs here, and the cancels from other servers (poll_cancels).
+        Two indexed reads when there is nothing to do."""
+        placed = set(self.store.placed_ids(self.name))
+        if placed - self._seen_placed:
+            self.scheduler.wake()
+        self._seen_placed = placed
+        self.poll_cancels()
+
     def poll_cancels(self) -> None:
-        """Between passes (the daemon calls it every half second): stop this node's jobs
-        cancelled from another server, so a cancel takes effect within two seconds
-        whatever poll_interval is. One indexed read when there is nothing to do."""
+        """Stop this node's jobs cancelled from another server, so that a cancel takes
+        effect within two seconds whatever poll_interval is."""
         wanted = [i for i in self.store.stop_requested(self.name) if i not in self._signalled]
         if not wanted:
             return

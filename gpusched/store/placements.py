@@ -117,6 +117,12 @@ class PlacementRecords(Database):
         with self.read() as conn:
             return [to_job(row) for row in conn.execute(query.order_by(jobs.c.id)).all()]
 
+    def placed_ids(self, node: str) -> list[int]:
+        """The ids of the jobs placed on `node` and not started yet."""
+        query = select(jobs.c.id).where(jobs.c.node == node, jobs.c.state == str(JobState.QUEUED))
+        with self.read() as conn:
+            return [int(i) for i in conn.execute(query).scalars()]
+
     def unplace(self, job_id: int, node: str) -> bool:
         """Back to the scheduler: a placed job its node will not start (e.g. no such user)."""
         with self.engine.begin() as conn:
