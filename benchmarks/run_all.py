@@ -34,6 +34,7 @@ BENCHMARKS = (
     "scheduling_pass",
     "database",
     "timeline_storage",
+    "cluster",
 )
 
 
