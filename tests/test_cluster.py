@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from gpusched.store import NewJob, NodePlacement, Store
@@ -271,3 +272,28 @@ def test_wait_on_another_server_sees_the_end_within_a_second_or_two(
     finally:
         waiting.kill()
         waiting.wait()
+
+
+def test_a_daemon_back_after_being_declared_down_stops_the_requeued_and_watches_the_lost(
+    node: Callable[..., RunningDaemon], tmp_path: Path
+) -> None:
+    a = node("a")
+    eventually(lambda: "schedules the cluster" in a.stderr(), 10, describe=a.stderr)
+    b = node("b")
+    go = tmp_path / "go"
+    code = f"import os, time\nwhile not os.path.exists({str(go)!r}): time.sleep(0.05)\n"
+    code += "raise SystemExit(3)"
+    lost = a.submit("--node", "b", "--", sys.executable, "-c", code)
+    again = a.submit("--node", "b", "--requeue", "--", *sleeper())
+    old_pid = b.supervisor_pid(again)
+    b.supervisor_pid(lost)
+    assert b.stop() == 0  # a clean stop: the jobs run on, the node goes quiet
+    assert a.wait_state(lost, {"lost"}, timeout=NODE_TIMEOUT_S + 10)["reason"] == "node_lost"
+    a.wait_reason(again, "none of its nodes (b) is up", timeout=10)
+    assert psutil.pid_exists(old_pid)
+    b.start()
+    eventually(lambda: not psutil.pid_exists(old_pid), 15)  # stopped: it is queued again
+    assert a.wait_state(again, {"running"}, timeout=15)["node"] == "b"  # and runs once more
+    go.touch()
+    ended = a.wait_state(lost, {"failed"}, timeout=15)  # its real end, recorded by b
+    assert (ended["reason"], ended["exit_code"]) == ("exit", 3)

@@ -155,7 +155,8 @@ class Daemon:
         log.info("database %s, socket %s", self.store.where, config.socket_path)
         # The one holder of the config: a reload replaces it once and reaches every reader.
         self.settings = ConfigHolder(config)
-        self.scheduler = Scheduler(self.settings, self.store, self.probe, Launcher(self.settings))
+        self.launcher = Launcher(self.settings)
+        self.scheduler = Scheduler(self.settings, self.store, self.probe, self.launcher)
         self.scheduler.wake = self.wake
         self.node = node_name(config)
         self.scheduler.starter.node = self.node
@@ -210,6 +211,8 @@ class Daemon:
         # Before adoption, which may end jobs and queue their hooks: none is queued twice.
         self.hooks.resume()
         self.scheduler.adopt_running()
+        if self.scheduler.cluster is not None:
+            self.scheduler.cluster.reconcile_at_start(self.launcher.job_ids())
         if self.scheduler.drain is not None:
             log.warning(
                 "%s: no new job starts until `gpusched undrain`", self.scheduler.drain.describe()

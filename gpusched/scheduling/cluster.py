@@ -7,10 +7,9 @@ another node, keep the jobs it ended `lost` (their real end is reported when the
 and rejoin. Then ask the node's running jobs that were cancelled from elsewhere to stop,
 and start the jobs placed on this node, unless fenced (election.fenced).
 
-As SCHEDULER (one daemon at a time, elected through the `leases` row): declare down the
-nodes whose lease ran out, then run the same pure `plan()` over every live node's GPUs
-and every node's running and placed jobs, and write the placements, each conditioned on
-the election's epoch (store.placements). The node's agent starts them.
+As SCHEDULER (one daemon at a time, elected through the `leases` row): module
+cluster_scheduler. Between passes the daemon calls `poll` every half second: placements
+on this node and cancels of its jobs take effect at once, whatever poll_interval is.
 """
 
 from __future__ import annotations
@@ -23,7 +22,6 @@ import socket
 import time
 from typing import TYPE_CHECKING
 
-from gpusched.core.clock import iso
 from gpusched.core.errors import ConfigError
 from gpusched.core.models import (
     Drain,
@@ -37,18 +35,13 @@ from gpusched.core.models import (
 from gpusched.core.ratelog import RateLimitedLog
 from gpusched.scheduling.cluster_inputs import (
     NodeView,
-    allowed_keys,
-    cluster_claims,
-    cluster_slots,
     node_report,
-    split_key,
 )
-from gpusched.scheduling.election import Role, fenced, scheduler_role
-from gpusched.scheduling.fair_share import recent_usage
+from gpusched.scheduling.cluster_scheduler import ClusterScheduler
+from gpusched.scheduling.election import fenced
 from gpusched.scheduling.observe import Observation
-from gpusched.scheduling.policy import Plan, WaitingJob, plan
-from gpusched.scheduling.policy_inputs import waiting_job
-from gpusched.store import NodeGuard, NodePlacement, NodeRow, Queued
+from gpusched.scheduling.policy import Plan
+from gpusched.store import NodeGuard
 from gpusched.store.nodes import NODE_DOWN, NODE_DRAINED, NODE_UP
 
 if TYPE_CHECKING:
@@ -75,13 +68,12 @@ class ClusterMember:
         self.host = socket.gethostname()
         self.owner = f"{self.host}:{os.getpid()}"
         self.epoch = 0
-        self.election_epoch: int | None = None
+        self.elect = ClusterScheduler(self)  # this daemon's part when it is elected
         self._renewed_at: float | None = None  # monotonic time of the last renewal
         self._signalled: set[int] = set()  # running jobs asked to stop (a cancel from elsewhere)
         # Processes started (or adopted) here: job id -> (epoch, pid, start time).
         self.local: dict[int, tuple[int, int, str | None]] = {}
         self.trouble = RateLimitedLog(log)
-        self._said: dict[int, str] = {}  # the waiting reasons last written
         self._seen_placed: set[int] = set()  # jobs placed here, as the last poll saw them
         endings = scheduler.endings
         endings.owns = self.owns
@@ -145,6 +137,35 @@ class ClusterMember:
     def adopted(self, job: Job, pid: int, start_time: str | None) -> None:
         self.local[job.id] = (self.epoch, pid, start_time)
 
+    def reconcile_at_start(self, job_ids_here: list[int]) -> None:
+        """At start, after adoption: of the jobs this server ran (`job_ids_here`: those it
+        keeps a directory for), stop the supervisors of jobs the cluster gave back to the
+        queue while this daemon was away, and watch again those of jobs ended `lost` with
+        this node, whose real end is then recorded when they exit."""
+        launcher = self.scheduler.launcher
+        for start in range(0, len(job_ids_here), 500):
+            rows = self.store.rows_of(job_ids_here[start : start + 500])
+            for job_id, (state, node, _epoch) in rows.items():
+                lost_here = state == JobState.LOST and node == self.name
+                given_back = state in (JobState.QUEUED, JobState.HELD) or (
+                    state == JobState.RUNNING and node != self.name
+                )
+                if not (lost_here or given_back):
+                    continue
+                pid = launcher.find_supervisor(job_id)
+                began = launcher.start_time(pid) if pid is not None else None
+                if pid is None or began is None:
+                    continue
+                if given_back:
+                    log.warning("job %s was given to the cluster again: stopping it here", job_id)
+                    launcher.cancel(pid, began)
+                    continue
+                job = self.store.get(job_id)
+                if job.reason == EndReason.NODE_LOST:
+                    log.info("job %s, ended lost with this node, still runs: watched", job_id)
+                    self.local[job_id] = (self.epoch, pid, began)
+                    launcher.watch(job_id, pid, began)
+
     # -- views and an administrator's drain --------------------------------------------
 
     def nodes_status(self) -> list[NodeStatus]:
@@ -182,8 +203,8 @@ class ClusterMember:
         self._renew(seen, reports)
         self._stop_cancelled(seen.running)
         result = None
-        if self._elected():
-            result = self._schedule()
+        if self.elect.elected():
+            result = self.elect.schedule()
         if not self.is_fenced():
             self._start_placed(seen)
         return result
@@ -287,129 +308,3 @@ class ClusterMember:
                 self.store.unplace(job.id, self.name)
                 continue
             self.scheduler.starter.start_placed(job, gpus, guard)
-
-    # -- the scheduler's part -------------------------------------------------------------
-
-    def _elected(self) -> bool:
-        try:
-            lease = self.store.scheduler_lease()
-            role = scheduler_role(lease, self.name, self.election_epoch)
-            if role == Role.RENEW:
-                if self.store.renew_scheduler(self.name, self.election_epoch or 0, self.timeout_s):
-                    return not self.is_fenced()
-                self.election_epoch = None
-                return False
-            if role == Role.TAKE:
-                epoch = self.store.take_scheduler(self.name, lease, self.timeout_s)
-                if epoch is not None:
-                    log.info("node %s schedules the cluster (election epoch %s)", self.name, epoch)
-                    self.election_epoch = epoch
-                    return not self.is_fenced()
-            if self.election_epoch is not None:
-                log.info("node %s no longer schedules the cluster", self.name)
-            self.election_epoch = None
-        except Exception as exc:
-            self.trouble.warning("elect", f"cannot read the scheduler's election: {exc!r}")
-        return False
-
-    def _declare_down(self, rows: list[NodeRow]) -> list[NodeRow]:
-        """Declare down the nodes whose lease ran out; the rows still live."""
-        live = []
-        for row in rows:
-            if row.state == NODE_DOWN:
-                continue
-            if row.expired and row.name != self.name and self.election_epoch is not None:
-                why = f"node {row.name} was not heard from for {row.age_s:.0f}s"
-                down = self.store.declare_down(
-                    row.name,
-                    row.epoch,
-                    holder=self.name,
-                    election_epoch=self.election_epoch,
-                    now=iso(self.scheduler.clock()),
-                    why=why,
-                )
-                if down is not None:
-                    log.warning(
-                        "%s: declared down; %d job(s) lost, %d queued again",
-                        why,
-                        len(down.lost),
-                        len(down.requeued),
-                    )
-                    self.scheduler.endings.announce_ends(down.lost)
-                    continue
-            if not row.expired or row.name == self.name:
-                live.append(row)
-        return live
-
-    def _schedule(self) -> Plan:
-        sched = self.scheduler
-        config = sched.config
-        live = self._declare_down(self.store.node_rows())
-        nodes = [NodeView.from_report(r.name, r.state == NODE_UP, r.report) for r in live]
-        admitted = sched.admit()
-        for doomed in admitted.doomed:
-            sched.endings.end(
-                doomed.job_id, JobState.CANCELLED, EndReason.DEPENDENCY_FAILED, detail=doomed.detail
-            )
-        claimed = self.store.claims()
-        reasons: dict[int, str] = {}
-        waiting = []
-        for job in admitted.eligible:
-            keys, why = allowed_keys(job.user, job.allowed_nodes, nodes)
-            if why is not None:
-                reasons[job.id] = why
-                continue
-            waiting.append(waiting_job(job) if keys is None else _restricted(job, keys))
-        users = {j.user for j in claimed} | {j.user for j in admitted.eligible}
-        all_gpus = [g for n in nodes for g in n.gpus]
-        result = plan(
-            cluster_slots(nodes),
-            cluster_claims(claimed, nodes),
-            waiting,
-            config.headroom_bytes,
-            config.max_jobs_per_gpu,
-            user_caps={user: sched.cap(user) for user in users},
-            user_usage=recent_usage(
-                self.store,
-                admitted.eligible,
-                all_gpus,
-                sched.clock(),
-                config.fair_share_half_life_s,
-            ),
-            busy_util=config.busy_util,
-        )
-        index_of = {(n.name, g.uuid): g.index for n in nodes for g in n.gpus}
-        placements = []
-        for p in result.placements:
-            where = [split_key(k) for k in p.gpu_uuids]
-            node = where[0][0]
-            uuids = tuple(u for _, u in where)
-            indices = tuple(index_of[(node, u)] for u in uuids)
-            placements.append(NodePlacement(p.job_id, node, uuids, indices))
-        if placements and self.election_epoch is not None:
-            placed = self.store.place(placements, self.name, self.election_epoch)
-            if len(placed) < len(placements):
-                log.warning(
-                    "%d of %d placements refused (the election moved on, or the jobs changed)",
-                    len(placements) - len(placed),
-                    len(placements),
-                )
-        reasons.update(result.waiting_reasons)
-        self._publish(reasons)
-        return Plan(result.placements, reasons, result.budgets)
-
-    def _publish(self, reasons: dict[int, str]) -> None:
-        """Write the waiting reasons that changed, for every daemon's `status`."""
-        changed: dict[int, str | None] = {
-            i: why for i, why in reasons.items() if self._said.get(i) != why
-        }
-        try:
-            self.store.set_waiting_reasons(changed)
-        except Exception as exc:  # only words for `status`: the next pass says them again
-            self.trouble.warning("reasons", f"cannot record why jobs wait: {exc!r}")
-            return
-        self._said = dict(reasons)
-
-
-def _restricted(job: Queued, keys: frozenset[str]) -> WaitingJob:
-    return dataclasses.replace(waiting_job(job), gpu_keys=keys)
