@@ -27,6 +27,7 @@ from typing import Any, ClassVar, Union, get_args, get_origin, get_type_hints
 from gpusched.core.clock import iso
 from gpusched.core.errors import NotFoundError, ProtocolError, UsageError
 from gpusched.core.models import ACTIVE_STATES, TERMINAL_STATES
+from gpusched.core.sanitize import shown
 
 MAX_IDS = 10_000  # job ids in one request: `wait`, `after`
 MAX_NAME_CHARS = 200  # a job's name, a sweep's label included
@@ -284,7 +285,7 @@ class HistoryRequest(Request):
             unknown = sorted(set(self.states) - {str(s) for s in TERMINAL_STATES})
             if unknown or not self.states:
                 raise UsageError(
-                    f"--state {','.join(unknown) or '(none)'}: an ended job is one of "
+                    f"--state {shown(','.join(unknown)) or '(none)'}: an ended job is one of "
                     + ", ".join(sorted(str(s) for s in TERMINAL_STATES))
                 )
         if self.since is not None:

@@ -102,6 +102,8 @@ def requeue(services: Services, caller: Caller, request: RequeueRequest) -> Any:
         time_limit_s=old.time_limit_s,
         retry_oom=first.retry_oom or 0,
         notify=tuple(old.notify) if old.notify else None,  # the same `--notify` hook
+        allowed_nodes=tuple(old.allowed_nodes) if old.allowed_nodes else None,  # `--node`
+        requeue=bool(old.requeue),
     )
     return services.visible(caller, services.scheduler.submit(new))
 
