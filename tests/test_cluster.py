@@ -20,6 +20,7 @@ import pytest
 from gpusched.store import NewJob, NodePlacement, Store
 from tests.cluster_harness import NODE_TIMEOUT_S, cluster_config
 from tests.daemon_harness import RunningDaemon, eventually
+from tests.postgres import PostgresServer
 from tests.test_metrics import _free_port as free_port
 from tests.test_metrics import _scrape as scrape
 
@@ -297,3 +298,25 @@ def test_a_daemon_back_after_being_declared_down_stops_the_requeued_and_watches_
     go.touch()
     ended = a.wait_state(lost, {"failed"}, timeout=15)  # its real end, recorded by b
     assert (ended["reason"], ended["exit_code"]) == ("exit", 3)
+
+
+def test_the_database_away_past_node_timeout_loses_no_node_s_jobs(
+    daemon_factory: Any, postgres_url: str, postgres_server: PostgresServer
+) -> None:
+    """Every lease runs out while PostgreSQL is stopped; when it is back, the scheduler
+    must not declare down the nodes that are only coming back too."""
+    a = daemon_factory("a", config=cluster_config(postgres_url, "a")).start()
+    eventually(lambda: "schedules the cluster" in a.stderr(), 10, describe=a.stderr)
+    b = daemon_factory("b", config=cluster_config(postgres_url, "b")).start()
+    ids = [a.submit("--", *sleeper()) for _ in range(4)]
+    for job_id in ids:
+        a.wait_state(job_id, {"running"})
+    postgres_server.stop()
+    try:
+        time.sleep(NODE_TIMEOUT_S + 2)
+    finally:
+        postgres_server.start()
+    time.sleep(NODE_TIMEOUT_S + 2)  # past the scheduler's own wait: nothing was declared
+    assert [a.show(i)["state"] for i in ids] == ["running"] * 4
+    assert {n["name"]: n["state"] for n in a.status()["nodes"]} == {"a": "up", "b": "up"}
+    assert "declared down" not in a.stderr() + b.stderr()

@@ -14,7 +14,13 @@ from gpusched.scheduling.cluster_inputs import (
     node_report,
     split_key,
 )
-from gpusched.scheduling.election import Role, fence_margin, fenced, scheduler_role
+from gpusched.scheduling.election import (
+    Role,
+    fence_margin,
+    fenced,
+    may_declare_down,
+    scheduler_role,
+)
 from gpusched.scheduling.gpu_budget import GpuSlot
 from gpusched.scheduling.policy import WaitingJob, plan
 from gpusched.store import LeaseRow
@@ -122,3 +128,9 @@ def test_health_survives_the_report() -> None:
     lost = GpuState(0, "GPU-0", "sim", 24 * G, 0, 0, None, GpuHealth.LOST, (), "gone")
     (slot,) = cluster_slots([_view("a", [lost])])
     assert not slot.usable
+
+
+def test_a_scheduler_back_from_a_gap_waits_before_declaring_nodes_down() -> None:
+    assert not may_declare_down(0.0, 30)  # just started, or just reconnected
+    assert not may_declare_down(29.9, 30)
+    assert may_declare_down(30.0, 30)

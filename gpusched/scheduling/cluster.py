@@ -70,6 +70,7 @@ class ClusterMember:
         self.epoch = 0
         self.elect = ClusterScheduler(self)  # this daemon's part when it is elected
         self._renewed_at: float | None = None  # monotonic time of the last renewal
+        self._steady_since = time.monotonic()  # renewing without a gap since (see below)
         self._signalled: set[int] = set()  # running jobs asked to stop (a cancel from elsewhere)
         # Processes started (or adopted) here: job id -> (epoch, pid, start time).
         self.local: dict[int, tuple[int, int, str | None]] = {}
@@ -209,6 +210,12 @@ class ClusterMember:
             self._start_placed(seen)
         return result
 
+    def steady_for(self) -> float:
+        """Seconds this daemon has renewed its lease without a gap (since it joined, or
+        since it came back from being unable to): the scheduler declares no node down
+        before this reaches node_timeout, since the others may be coming back too."""
+        return time.monotonic() - self._steady_since
+
     def is_fenced(self) -> bool:
         since = None if self._renewed_at is None else time.monotonic() - self._renewed_at
         return fenced(since, self.timeout_s, self.scheduler.config.poll_interval_s)
@@ -218,6 +225,8 @@ class ClusterMember:
         report = node_report(seen.gpus, seen.usage, util, reports, self._missing_users())
         try:
             if self.store.renew_node(self.name, self.epoch, self.timeout_s, report):
+                if self.is_fenced():  # back from a gap (the database away, a pause)
+                    self._steady_since = time.monotonic()
                 self._renewed_at = time.monotonic()
                 return
             row = self.store.node_row(self.name)

@@ -23,7 +23,7 @@ from gpusched.scheduling.cluster_inputs import (
     cluster_slots,
     split_key,
 )
-from gpusched.scheduling.election import Role, scheduler_role
+from gpusched.scheduling.election import Role, may_declare_down, scheduler_role
 from gpusched.scheduling.fair_share import recent_usage
 from gpusched.scheduling.policy import Plan, WaitingJob, plan
 from gpusched.scheduling.policy_inputs import waiting_job
@@ -73,10 +73,11 @@ class ClusterScheduler:
     def _declare_down(self, rows: list[NodeRow]) -> list[NodeRow]:
         """Declare down the nodes whose lease ran out; the rows still live."""
         live = []
+        sure = may_declare_down(self.member.steady_for(), self.member.timeout_s)
         for row in rows:
             if row.state == NODE_DOWN:
                 continue
-            if row.expired and row.name != self.member.name and self.election_epoch is not None:
+            if sure and row.expired and row.name != self.member.name and self.election_epoch:
                 why = f"node {row.name} was not heard from for {row.age_s:.0f}s"
                 down = self.member.store.declare_down(
                     row.name,

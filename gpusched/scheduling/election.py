@@ -5,7 +5,9 @@ renews its lease, tries to take it, or follows. `fenced` decides whether an agen
 gone too long without renewing its node's lease to start anything: it stops a margin
 before the others may declare it down (node_timeout), so that no job it starts can be
 one the cluster has already given to another node. The database's conditions are the
-truth (store.placements); these decide only what is worth trying.
+truth (store.placements); these decide only what is worth trying. `may_declare_down`
+keeps a scheduler that has just come back (or just started) from declaring down the
+nodes that are coming back with it.
 """
 
 from __future__ import annotations
@@ -42,3 +44,11 @@ def fenced(since_renewal_s: float | None, node_timeout_s: float, poll_interval_s
     if since_renewal_s is None:
         return True
     return since_renewal_s > node_timeout_s - fence_margin(node_timeout_s, poll_interval_s)
+
+
+def may_declare_down(steady_for_s: float, node_timeout_s: float) -> bool:
+    """Whether the scheduler may declare nodes down: only once it has itself renewed its
+    lease without a gap for node_timeout. After the database was away (or this daemon
+    paused, or just started) every lease has run out, and the other nodes need a pass
+    or two to renew theirs: declared down meanwhile, their running jobs would be lost."""
+    return steady_for_s >= node_timeout_s
