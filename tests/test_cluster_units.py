@@ -134,3 +134,15 @@ def test_a_scheduler_back_from_a_gap_waits_before_declaring_nodes_down() -> None
     assert not may_declare_down(0.0, 30)  # just started, or just reconnected
     assert not may_declare_down(29.9, 30)
     assert may_declare_down(30.0, 30)
+
+
+def test_in_a_cluster_a_job_is_its_user_name_s_not_its_uid_s() -> None:
+    from gpusched.daemon.auth import is_theirs
+    from gpusched.daemon.identity import Caller
+
+    job = Job(1, "alice", 1001, ["x"], "/")  # submitted where alice is uid 1001
+    alice_elsewhere = Caller(10, 2001, 2001, "alice", admin=False)
+    bob_with_that_uid = Caller(11, 1001, 1001, "bob", admin=False)
+    assert not is_theirs(job, alice_elsewhere) and is_theirs(job, bob_with_that_uid)  # one server
+    assert is_theirs(job, alice_elsewhere, by_name=True)
+    assert not is_theirs(job, bob_with_that_uid, by_name=True)
