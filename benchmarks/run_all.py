@@ -32,6 +32,7 @@ BENCHMARKS = (
     "throughput",
     "idle",
     "scheduling_pass",
+    "dashboard",
     "database",
     "timeline_storage",
     "cluster",

@@ -10,11 +10,20 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
-__all__ = ["Client", "GpuschedError", "__version__"]
+__all__ = [
+    "Claim",
+    "Client",
+    "CudaAlreadyInitialised",
+    "GpuschedError",
+    "NotPlaced",
+    "__version__",
+    "claim",
+]
 
 if TYPE_CHECKING:
     from gpusched.client import Client
     from gpusched.core.errors import GpuschedError
+    from gpusched.interactive.claim import Claim, CudaAlreadyInitialised, NotPlaced, claim
 
 
 def __getattr__(name: str) -> Any:
@@ -27,4 +36,9 @@ def __getattr__(name: str) -> Any:
         from gpusched.core.errors import GpuschedError
 
         return GpuschedError
+    # A GPU for this process (a notebook): see gpusched.interactive.claim.
+    if name in ("claim", "Claim", "CudaAlreadyInitialised", "NotPlaced"):
+        import gpusched.interactive.claim as module
+
+        return getattr(module, name)
     raise AttributeError(name)

@@ -17,20 +17,18 @@ from __future__ import annotations
 import base64
 import contextlib
 import os
-import shlex
-import shutil
 import socket
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any, overload
 
 from gpusched.core import requests as rq
 from gpusched.core.config import resolve_socket
-from gpusched.core.errors import DaemonUnreachable, ProtocolError, UsageError
+from gpusched.core.errors import DaemonUnreachable, ProtocolError
 from gpusched.core.models import TERMINAL_STATES, Drain, GpuReport, Job, TimelinePoint
 from gpusched.core.protocol import MAX_REPLY_BYTES, decode, encode, error_from_reply, read_frame
+from gpusched.core.submitter import current_umask, notify_argv, resolve_command
 from gpusched.core.units import parse_duration, parse_size
 
 CONNECT_TIMEOUT_S = 5.0
@@ -50,38 +48,6 @@ class LogChunk:
     offset: int
     ended: bool
     state: str
-
-
-def resolve_command(command: Sequence[str], cwd: str, path_env: str | None) -> list[str]:
-    """`train.py` that is not executable runs with the `python` on the submitter's PATH."""
-    argv = list(command)
-    if not argv:
-        raise UsageError("no command given: gpusched submit [OPTIONS] -- COMMAND [ARGS...]")
-    first = argv[0]
-    if first.endswith(".py"):
-        script = Path(cwd, first)
-        if not (script.is_file() and os.access(script, os.X_OK)):
-            python = shutil.which("python", path=path_env) or shutil.which("python3", path=path_env)
-            if python is None:
-                raise UsageError(f"cannot run {first}: no python or python3 on your PATH")
-            argv.insert(0, python)
-    return argv
-
-
-def _notify_argv(notify: str | Sequence[str] | None) -> tuple[str, ...] | None:
-    """`--notify 'notify-send "job done"'` -> ["notify-send", "job done"]; never a shell."""
-    if notify is None:
-        return None
-    argv = shlex.split(notify) if isinstance(notify, str) else list(notify)
-    if not argv or not argv[0]:
-        raise UsageError("--notify: empty command")
-    return tuple(argv)
-
-
-def _current_umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
 
 
 class Client:
@@ -247,11 +213,11 @@ class Client:
                 command=tuple(argv),
                 cwd=workdir,
                 env=environment,
-                umask=_current_umask(),
+                umask=current_umask(),
                 mem=None if mem is None else parse_size(mem),
                 time=None if time_limit is None else parse_duration(time_limit),
                 after=tuple(after),
-                notify=_notify_argv(notify),
+                notify=notify_argv(notify),
                 **fields,
             )
         )

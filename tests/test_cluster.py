@@ -142,7 +142,13 @@ def test_a_paused_scheduler_is_replaced_and_nothing_runs_twice(
         os.kill(a.process.pid, signal.SIGCONT)
     for job_id in ids:
         assert b.wait_state(job_id, {"done"}, timeout=20)["node"] in ("a", "b")
-    eventually(lambda: "no longer schedules the cluster" in a.stderr(), 10, describe=a.stderr)
+    # Woken, a learns that it was replaced (or, if b's lease lapsed meanwhile on this
+    # loaded machine, takes the election back under a new epoch): never its old one.
+    eventually(
+        lambda: "no longer schedules the cluster" in a.stderr() or "epoch 3)" in a.stderr(),
+        10,
+        describe=a.stderr,
+    )
     assert sorted(runs.read_text().split()) == sorted(str(i) for i in ids)
 
 
@@ -320,3 +326,24 @@ def test_the_database_away_past_node_timeout_loses_no_node_s_jobs(
     assert [a.show(i)["state"] for i in ids] == ["running"] * 4
     assert {n["name"]: n["state"] for n in a.status()["nodes"]} == {"a": "up", "b": "up"}
     assert "declared down" not in a.stderr() + b.stderr()
+
+
+def test_an_interactive_job_runs_on_the_server_it_was_started_on(
+    node: Callable[..., RunningDaemon],
+) -> None:
+    a = node("a")
+    eventually(lambda: "schedules the cluster" in a.stderr(), 10, describe=a.stderr)
+    b = node("b")
+    say = "import os; print('gpu', os.environ['CUDA_VISIBLE_DEVICES'])"
+    ran = subprocess.run(
+        [sys.executable, "-m", "gpusched", "run", "--mem", "1G", "--", sys.executable, "-c", say],
+        env=b.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert "gpu " in ran.stdout
+    (job,) = [j for j in a.client().history() if j.interactive]
+    assert (job.node, job.state) == ("b", "done")  # placed by a, on b: its client's server

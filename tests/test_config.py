@@ -111,6 +111,12 @@ def test_every_key_is_read(tmp_path: Path, user_env: tuple[Path, Path]) -> None:
         ("admins: []", "admins", ()),
         ("admins: null", "admins", ()),
         ("state_dir: ~/gs", "state_dir", "HOME/gs"),
+        ("web: null", "web_address", None),
+        ("web: 127.0.0.1:8080", "web_address", ("127.0.0.1", 8080)),
+        ("web: '[::1]:8080'", "web_address", ("::1", 8080)),
+        ("web: gpu-server.lab:8080", "web_address", ("gpu-server.lab", 8080)),
+        ("web: ':8080'", "web_address", ("0.0.0.0", 8080)),  # noqa: S104 - as written
+        ("web: 8080", "web_address", ("127.0.0.1", 8080)),
     ],
 )
 def test_single_key_values(
@@ -291,6 +297,12 @@ def test_unknown_key(tmp_path: Path, user_env: tuple[Path, Path]) -> None:
         ("show_commands", "1"),
         ("admins", "alice"),
         ("admins", "[alice, 3]"),
+        ("web", "localhost:http"),
+        ("web", "127.0.0.1:70000"),
+        ("web", "127.0.0.1.8080"),
+        ("web", "'[gpu-server]:8080'"),
+        ("web", "'local host:8080'"),
+        ("web", "'-x:8080'"),
     ],
 )
 def test_bad_value_names_file_and_key(

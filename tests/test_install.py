@@ -22,12 +22,15 @@ import shutil
 import stat
 import subprocess
 import tempfile
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 
+from tests.browser import free_port
 from tests.daemon_harness import RunningDaemon, answers, eventually
 from tests.users import User, throwaway_users
 
@@ -164,7 +167,8 @@ def installed_daemon(installed: Install) -> Iterator[RunningDaemon]:
     run.chmod(0o755)
     # The harness writes the config (socket, database, state and logs under `run`) and
     # stops the daemon and its jobs; the process is the installed script's, not the venv's.
-    daemon = RunningDaemon(run, simulate="1x24G")
+    # With the dashboard on: its pages are package data, which only an install proves.
+    daemon = RunningDaemon(run, simulate="1x24G", config={"web": f"127.0.0.1:{free_port()}"})
     try:
         _start_installed_daemon(installed, daemon)
         yield daemon
@@ -304,3 +308,11 @@ def test_upgrade_reinstalls_into_the_same_venv_and_jobs_keep_running(
     assert result.stdout.split() == ["finished"], result.stdout
     result = _as_user(lab_user, installed, None, "--version")
     assert result.returncode == 0, result.stderr
+
+
+def test_the_installed_daemon_serves_the_dashboard(installed_daemon: RunningDaemon) -> None:
+    address = yaml.safe_load(installed_daemon.config_path.read_text())["web"]
+    for path in ("/", "/queue", "/job?id=1", "/usage", "/static/dashboard.js", "/api/status"):
+        with urllib.request.urlopen(f"http://{address}{path}", timeout=15) as response:
+            assert response.status == 200, path
+            assert response.read(), path

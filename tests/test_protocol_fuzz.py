@@ -28,7 +28,8 @@ from hypothesis import strategies as st
 
 from gpusched.client import Client
 from gpusched.core.protocol import MAX_FRAME_BYTES
-from gpusched.core.requests import REQUESTS, fields_of
+from gpusched.core.request_wire import fields_of
+from gpusched.core.requests import REQUESTS
 from tests.daemon_harness import RunningDaemon
 
 pytestmark = pytest.mark.fuzz  # skipped locally with -m "not fuzz"; CI runs it

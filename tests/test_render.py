@@ -150,3 +150,12 @@ def test_a_cluster_shows_each_node_with_its_gpus_and_one_server_shows_none() -> 
     assert "NVML: GPU is lost" in "\n".join(lines[second:])  # its GPUs under it
     one = render_status(gpus(), jobs(), width=80, now=NOW, nodes=[nodes[0]])
     assert one == render_status(gpus(), jobs(), width=80, now=NOW)  # one server: as before
+
+
+def test_an_idle_interactive_job_shows_its_warning_under_it() -> None:
+    idle = Job(7, "erin", 1005, ["bash"], "/h", JobState.RUNNING, mem=8 * G, gpu_indices=[1],
+               submitted_at=_at("11:00:00"), started_at=_at("11:00:01"), interactive=True,
+               warning="idle: no GPU use for 1h (interactive.idle_timeout 1h)")  # fmt: skip
+    lines = render_status(gpus(), [idle], width=80, now=NOW).splitlines()
+    at = next(i for i, line in enumerate(lines) if line.split()[:2] == ["7", "erin"])
+    assert lines[at + 1].strip() == "idle: no GPU use for 1h (interactive.idle_timeout 1h)"

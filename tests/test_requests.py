@@ -1,5 +1,6 @@
-"""The request types (gpusched.core.requests): what the wire may carry, what each request
-refuses on its own, and that the client and the daemon read them the same way.
+"""The request types (gpusched.core.requests, read by gpusched.core.request_wire): what the
+wire may carry, what each request refuses on its own, and that the client and the daemon
+read them the same way.
 
 No daemon here: the handlers' use of them is tests/test_handlers.py, the socket's is
 tests/test_protocol_fuzz.py (which fuzzes every field these classes declare).
@@ -18,19 +19,20 @@ from hypothesis import strategies as st
 from gpusched.client import Client
 from gpusched.core import requests as rq
 from gpusched.core.errors import NotFoundError, ProtocolError, UsageError
+from gpusched.core.request_wire import fields_of, parse
 
 SUBMIT = {"op": "submit", "command": ["python", "train.py"], "cwd": "/work"}
 
 
 def test_a_frame_becomes_its_typed_request_and_back() -> None:
     frame = {**SUBMIT, "after": [3, 2, 3], "sweep": [["lr", ["0.1", "0.2"]]], "time": 60}
-    request = rq.parse(frame)
+    request = parse(frame)
     assert isinstance(request, rq.SubmitRequest)
     assert request.command == ("python", "train.py")
     assert request.after == (3, 2)  # each id once, in the order first given
     assert request.sweep == (("lr", ("0.1", "0.2")),)
     assert request.time == 60.0
-    assert rq.parse(request.to_wire()) == request
+    assert parse(request.to_wire()) == request
 
 
 def test_every_request_kind_survives_the_wire_with_its_defaults() -> None:
@@ -40,7 +42,7 @@ def test_every_request_kind_survives_the_wire_with_its_defaults() -> None:
         names = {f.name for f in dataclasses.fields(kind)}  # type: ignore[arg-type]
         request = kind(**{k: v for k, v in required.items() if k in names})
         assert request.op == op
-        assert rq.parse(request.to_wire()) == request
+        assert parse(request.to_wire()) == request
 
 
 @pytest.mark.parametrize(
@@ -70,27 +72,27 @@ def test_a_bad_frame_is_refused_with_one_line(
     frame: dict[str, Any], error: type[Exception], message: str
 ) -> None:
     with pytest.raises(error, match=message):
-        rq.parse(frame)
+        parse(frame)
 
 
 def test_history_since_is_held_in_utc_as_ends_are_stored() -> None:
-    request = rq.parse({"op": "history", "since": "2026-11-25T14:00:00+02:00"})
+    request = parse({"op": "history", "since": "2026-11-25T14:00:00+02:00"})
     assert isinstance(request, rq.HistoryRequest)
     assert request.since is not None and request.since.startswith("2026-11-25T12:00:00")
 
 
 def test_an_empty_notify_means_no_hook() -> None:
-    assert rq.parse({**SUBMIT, "notify": []}) == rq.parse(SUBMIT)
+    assert parse({**SUBMIT, "notify": []}) == parse(SUBMIT)
 
 
-@given(st.dictionaries(st.sampled_from(sorted(rq.fields_of(rq.SubmitRequest))), st.none()))
+@given(st.dictionaries(st.sampled_from(sorted(fields_of(rq.SubmitRequest))), st.none()))
 def test_null_means_the_default(nulls: dict[str, None]) -> None:
     required = {"command", "cwd"}
     if required & set(nulls):
         with pytest.raises(ProtocolError, match="request is missing"):
-            rq.parse({**SUBMIT, **nulls})
+            parse({**SUBMIT, **nulls})
     else:
-        assert rq.parse({**SUBMIT, **nulls}) == rq.parse(SUBMIT)
+        assert parse({**SUBMIT, **nulls}) == parse(SUBMIT)
 
 
 def test_the_client_refuses_a_bad_request_before_opening_the_socket(tmp_path: Path) -> None:

@@ -32,6 +32,7 @@ from gpusched.cli.jobs import (
     undrain,
     wait,
 )
+from gpusched.cli.run import run
 from gpusched.cli.views import history, logs, show, status
 from gpusched.core.errors import EXIT_FAILED, EXIT_OK, GpuschedError, UsageError
 from gpusched.core.sanitize import shown
@@ -193,6 +194,7 @@ def doctor(ctx: click.Context, as_json: bool) -> None:
 
 for _command in (
     submit,
+    run,
     status,
     show,
     logs,

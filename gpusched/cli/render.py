@@ -238,10 +238,11 @@ def _job_lines(job: Job, now: datetime, width: int, paint: _Painter) -> list[str
     else:
         what = _clip(what, room)
     lines = [head + what]
-    if job.state.is_waiting and job.waiting_reason:
+    # Why it waits; or, running, what it should be told (an idle interactive job).
+    note = job.waiting_reason if job.state.is_waiting else job.warning
+    if note:
         indent = " " * 8
-        reason = _clip(job.waiting_reason, width - len(indent))
-        lines.append(indent + paint(reason, color))
+        lines.append(indent + paint(_clip(note, width - len(indent)), color))
     return lines
 
 

@@ -204,8 +204,13 @@ def show(ctx: click.Context, job_id: int, as_json: bool) -> None:
             f"{job.reason}: {job.reason_detail}" if job.reason_detail else job.reason or "-",
         ),
         *usage_rows(job),
-        ("log", job.log_path or "-"),
+        (
+            "log",
+            job.log_path or ("- (interactive: output to its terminal)" if job.interactive else "-"),
+        ),
     ]
+    if job.warning:
+        rows.append(("warning", job.warning))
     if job.notify:
         rows.append(("notify", shlex.join(job.notify)))  # as it was given: quotes kept
     if job.waiting_reason:

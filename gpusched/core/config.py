@@ -28,6 +28,7 @@ from gpusched.core.config_values import (
     parse_percent,
 )
 from gpusched.core.errors import ConfigError, UsageError
+from gpusched.core.interactive_config import InteractiveSettings, parse_interactive
 from gpusched.core.units import parse_duration, parse_size
 
 SYSTEM_CONFIG_PATH = Path("/etc/gpusched/config.yaml")
@@ -108,6 +109,7 @@ class Config:
     hooks_total: int = 8  # hooks running at once, all users together
     hook_output_max_bytes: int = 64 * 2**10  # a hook's output kept; at the limit, cut
     metrics_address: tuple[str, int] | None = None  # (host, port) for Prometheus; None: off
+    web_address: tuple[str, int] | None = None  # (host, port) of the dashboard; None: off
     # Every listener's clients (listening.py): idle time allowed between requests, and the
     # whole time one request may take to arrive however it trickles in (slowloris).
     client_idle_timeout_s: float = 60.0
@@ -124,6 +126,7 @@ class Config:
     # long a node may go unheard before the others declare it down.
     node: str | None = None
     node_timeout_s: float = 30.0
+    interactive: InteractiveSettings = field(default_factory=InteractiveSettings)  # run, claim()
     source: str | None = None  # the file this came from, for messages
 
     def limits_for(self, user: str) -> UserLimits:
@@ -220,6 +223,8 @@ def _convert(source: str, key: str, value: Any, base: Config) -> dict[str, Any]:
             return {"show_commands": value}
         if key == "limits":
             return _limits(value)
+        if key == "interactive":
+            return {"interactive": parse_interactive(value)}
         if key == "on_finish":
             return {"on_finish": parse_command(value)}
         if key == "hook_timeout":
@@ -228,6 +233,8 @@ def _convert(source: str, key: str, value: Any, base: Config) -> dict[str, Any]:
             return parse_hook_bound(key, value)
         if key == "metrics":
             return {"metrics_address": parse_address(value)}
+        if key == "web":
+            return {"web_address": parse_address(value, "127.0.0.1:8080")}
         if key in ("client_idle_timeout", "client_request_timeout"):
             return {f"{key}_s": parse_duration(value)}
         if key in _REQUEST_BOUNDS:

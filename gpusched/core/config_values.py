@@ -7,6 +7,7 @@ Sizes and durations themselves are parsed by `units`.
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import re
 from typing import Any
@@ -105,17 +106,27 @@ def parse_percent(value: Any) -> float | None:
     return percent
 
 
-def parse_address(value: Any) -> tuple[str, int] | None:
-    """ "127.0.0.1:9400", "[::1]:9400", ":9400" (all interfaces) or 9400 (localhost)."""
+def parse_address(value: Any, example: str = "127.0.0.1:9400") -> tuple[str, int] | None:
+    """ "127.0.0.1:9400", "[::1]:9400", ":9400" (all interfaces) or 9400 (localhost).
+
+    The host must be an IP address or a host name: a typo such as "127.0.0.1.8080" or
+    "localhost:80 80" is refused here, in the config's words, not at bind time.
+    """
     if value is None or value is False:
         return None
     text = str(value).strip()
     host, sep, port = text.rpartition(":")
     if not sep:
         host, port = "127.0.0.1", text
+    bracketed = host.startswith("[") and host.endswith("]")
     host = host.strip("[]") or "0.0.0.0"  # noqa: S104 - only when the admin wrote ":PORT"
     if not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise UsageError(f"expected HOST:PORT such as 127.0.0.1:9400, not {value!r}")
+        raise UsageError(f"expected HOST:PORT such as {example}, not {value!r}")
+    if not _is_ip(host) and (bracketed or not _HOST_NAME.fullmatch(host)):
+        raise UsageError(
+            f"{host!r} is neither an IP address nor a host name (expected HOST:PORT"
+            f" such as {example})"
+        )
     return host, int(port)
 
 
@@ -138,3 +149,18 @@ def parse_node_timeout(value: Any) -> float:
     if seconds < 3:
         raise UsageError(f"expected at least 3s, not {value!r}")
     return seconds
+
+
+# RFC 1123 labels; an all-digit dotted name (a mistyped IPv4 address) is refused below.
+_HOST_NAME = re.compile(
+    r"(?=.*[A-Za-z])[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+    r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*"
+)
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True

@@ -50,6 +50,7 @@ class EndReason(_StrEnum):
     TIMEOUT = "timeout"
     DEPENDENCY_FAILED = "dependency_failed"
     NODE_LOST = "node_lost"  # its node was declared down while it ran (docs/cluster.md)
+    IDLE = "idle"  # an interactive job ended for its idleness (interactive.on_idle: end)
 
 
 class StopIntent(_StrEnum):
@@ -62,6 +63,10 @@ class StopIntent(_StrEnum):
 
     CANCEL = "cancel"
     OVERRUN = "overrun"
+    # An interactive job past its --time: its client is asked to stop its command (a
+    # batch job's supervisor enforces the limit itself and reports `timeout`).
+    TIMEOUT = "timeout"
+    IDLE = "idle"  # an interactive job idle past `interactive.idle_timeout` (on_idle: end)
 
 
 class GpuHealth(_StrEnum):
@@ -138,6 +143,10 @@ class Job:
     node: str | None = None  # the server it was placed on (runs on, ran on)
     allowed_nodes: list[str] | None = None  # `submit --node a,b`; None: any node
     requeue: int | None = None  # `submit --requeue`: 1 puts it back in the queue if its node dies
+    # `gpusched run` / `gpusched.claim()`: the job is its client process (pid), which runs
+    # the command itself, in the caller's terminal; it has no log.
+    interactive: bool = False
+    warning: str | None = None  # e.g. an idle interactive job (not stored: each pass's)
 
     def to_json(self) -> dict[str, Any]:
         # Every field is a scalar or a flat list: a shallow copy of each list is all that

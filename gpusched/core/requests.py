@@ -3,81 +3,42 @@ its fields that need no daemon state.
 
 One definition serves three readers: the client builds a request object (so a bad value
 fails before any socket is opened, with the same words the daemon would use), the
-daemon's handlers receive one parsed from the wire by `parse` (wrong types refused as a
-ProtocolError, impossible values as a UsageError, never a crash), and the protocol fuzz
-test walks REQUESTS to know every operation and field. Checks that need the daemon (the
-configured bounds, whether the caller may enter a directory) stay in the handlers.
-
-Each field's annotation is its wire type: `tuple[X, ...]` is a JSON list, `Mapping` a
-JSON object, `X | None` may be null or absent. A field without a default is required.
+daemon's handlers receive one parsed from the wire by gpusched.core.request_wire.parse
+(wrong types refused as a ProtocolError, impossible values as a UsageError, never a
+crash), and the protocol fuzz test walks REQUESTS to know every operation and field.
+Checks that need the daemon (the configured bounds, whether the caller may enter a
+directory) stay in the handlers. The base class and shared checks: request_base; the
+interactive requests (`gpusched run`, claim()): interactive_requests.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import math
 import os
 import re
-import types
-from collections.abc import Mapping
+from collections.abc import Mapping  # at run time: request_wire resolves the annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, ClassVar, Union, get_args, get_origin, get_type_hints
+from typing import ClassVar
 
 from gpusched.core.clock import iso
-from gpusched.core.errors import NotFoundError, ProtocolError, UsageError
+from gpusched.core.errors import ProtocolError, UsageError
+from gpusched.core.interactive_requests import PlacementRequest, RunEndedRequest, RunRequest
 from gpusched.core.models import ACTIVE_STATES, TERMINAL_STATES
+from gpusched.core.request_base import (
+    MAX_NAME_CHARS,
+    MAX_NOTIFY_ARGS,
+    MAX_NOTIFY_BYTES,
+    MAX_REASON_CHARS,
+    MAX_RETRY_OOM,
+    Request,
+    job_id,
+    normalise,
+    shape,
+    unique_ids,
+)
 from gpusched.core.sanitize import shown
 
-MAX_IDS = 10_000  # job ids in one request: `wait`, `after`
-MAX_NAME_CHARS = 200  # a job's name, a sweep's label included
-MAX_RETRY_OOM = 10
-MAX_REASON_CHARS = 500  # a drain reason is shown on every `status`
-MAX_NOTIFY_ARGS = 256
-MAX_NOTIFY_BYTES = 16384
-
-
-class Request:
-    """What every request has: its operation's name and its wire form."""
-
-    op: ClassVar[str]
-
-    def to_wire(self) -> dict[str, Any]:
-        """The frame's object: {"op": ..., field: JSON value, ...}."""
-        wire: dict[str, Any] = {"op": self.op}
-        for each in dataclasses.fields(self):  # type: ignore[arg-type]
-            wire[each.name] = _to_json(getattr(self, each.name))
-        return wire
-
-
-def _to_json(value: Any) -> Any:
-    if isinstance(value, tuple):
-        return [_to_json(item) for item in value]
-    if isinstance(value, Mapping):
-        return dict(value)
-    return value
-
-
-def _shape(message: str) -> dict[str, str]:
-    """Field metadata: the error for a value of the wrong shape, when "has the wrong
-    type" would not tell a client author what is expected."""
-    return {"shape": message}
-
-
-def _job_id(value: int) -> None:
-    if value < 1:
-        raise NotFoundError(f"no job {value}")
-
-
-def _unique_ids(key: str, ids: tuple[int, ...]) -> tuple[int, ...]:
-    """At most MAX_IDS ids, each once, in the order first given."""
-    if len(ids) > MAX_IDS:
-        raise UsageError(f"'{key}': at most {MAX_IDS} job ids in one request, not {len(ids)}")
-    return tuple(dict.fromkeys(ids))
-
-
-def _normalise(request: Request, name: str, value: Any) -> None:
-    object.__setattr__(request, name, value)  # a frozen dataclass, set once in __post_init__
+__all__ = ["MAX_NAME_CHARS", "REQUESTS", "Request"]
 
 
 _NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")  # as config's `node:`
@@ -97,28 +58,28 @@ class SubmitRequest(Request):
     """
 
     op: ClassVar[str] = "submit"
-    command: tuple[str, ...] = field(metadata=_shape("'command' must be a list of strings"))
+    command: tuple[str, ...] = field(metadata=shape("'command' must be a list of strings"))
     cwd: str
     env: Mapping[str, str] = field(
-        default_factory=dict, metadata=_shape("'env' must map strings to strings")
+        default_factory=dict, metadata=shape("'env' must map strings to strings")
     )
     umask: int = 0o022
     mem: int | None = None
     gpus: int = 1
     name: str | None = None
     priority: int = 0
-    after: tuple[int, ...] = field(default=(), metadata=_shape("'after' must be a list of job ids"))
+    after: tuple[int, ...] = field(default=(), metadata=shape("'after' must be a list of job ids"))
     hold: bool = False
     time: float | None = None
     max_concurrent: int | None = None
     notify: tuple[str, ...] | None = None
     retry_oom: int = 0
     nodes: tuple[str, ...] | None = field(  # `--node a,b`: the servers it may run on
-        default=None, metadata=_shape("'nodes' must be a list of node names")
+        default=None, metadata=shape("'nodes' must be a list of node names")
     )
     requeue: bool = False  # `--requeue`: queued again if its server dies while it runs
     sweep: tuple[tuple[str, tuple[str, ...]], ...] | None = field(
-        default=None, metadata=_shape("'sweep' must be a list of [name, [values...]]")
+        default=None, metadata=shape("'sweep' must be a list of [name, [values...]]")
     )
 
     def __post_init__(self) -> None:
@@ -147,14 +108,14 @@ class SubmitRequest(Request):
         if not 0 <= self.retry_oom <= MAX_RETRY_OOM:
             raise UsageError(f"--retry-oom must be between 0 and {MAX_RETRY_OOM}")
         if self.notify == ():
-            _normalise(self, "notify", None)  # an empty argv: no hook
+            normalise(self, "notify", None)  # an empty argv: no hook
         elif self.notify is not None and (
             not self.notify[0]
             or len(self.notify) > MAX_NOTIFY_ARGS
             or sum(map(len, self.notify)) > MAX_NOTIFY_BYTES
         ):
             raise UsageError("--notify: expected a command of reasonable length")
-        _normalise(self, "after", _unique_ids("after", self.after))
+        normalise(self, "after", unique_ids("after", self.after))
 
 
 @dataclass(frozen=True)
@@ -182,7 +143,7 @@ class ShowRequest(Request):
     timeline: bool = False
 
     def __post_init__(self) -> None:
-        _job_id(self.id)
+        job_id(self.id)
 
 
 @dataclass(frozen=True)
@@ -195,7 +156,7 @@ class LogsRequest(Request):
     max_bytes: int | None = None
 
     def __post_init__(self) -> None:
-        _job_id(self.id)
+        job_id(self.id)
 
 
 @dataclass(frozen=True)
@@ -213,7 +174,7 @@ class CancelRequest(Request):
         if not self.mine and self.array is None:
             if self.id is None:
                 raise ProtocolError("request is missing 'id'")
-            _job_id(self.id)
+            job_id(self.id)
 
 
 @dataclass(frozen=True)
@@ -222,7 +183,7 @@ class HoldRequest(Request):
     id: int
 
     def __post_init__(self) -> None:
-        _job_id(self.id)
+        job_id(self.id)
 
 
 @dataclass(frozen=True)
@@ -231,7 +192,7 @@ class ReleaseRequest(Request):
     id: int
 
     def __post_init__(self) -> None:
-        _job_id(self.id)
+        job_id(self.id)
 
 
 @dataclass(frozen=True)
@@ -240,7 +201,7 @@ class RequeueRequest(Request):
     id: int
 
     def __post_init__(self) -> None:
-        _job_id(self.id)
+        job_id(self.id)
 
 
 @dataclass(frozen=True)
@@ -250,7 +211,7 @@ class PriorityRequest(Request):
     priority: int
 
     def __post_init__(self) -> None:
-        _job_id(self.id)
+        job_id(self.id)
 
 
 @dataclass(frozen=True)
@@ -258,13 +219,13 @@ class WaitRequest(Request):
     """Until every job of `ids` has ended, or `timeout` seconds (the daemon caps it)."""
 
     op: ClassVar[str] = "wait"
-    ids: tuple[int, ...] = field(default=(), metadata=_shape("'ids' must be a list of job ids"))
+    ids: tuple[int, ...] = field(default=(), metadata=shape("'ids' must be a list of job ids"))
     timeout: float | None = None
 
     def __post_init__(self) -> None:
         if not self.ids:
             raise UsageError("no job ids to wait for")
-        _normalise(self, "ids", _unique_ids("ids", self.ids))
+        normalise(self, "ids", unique_ids("ids", self.ids))
 
 
 @dataclass(frozen=True)
@@ -289,7 +250,7 @@ class HistoryRequest(Request):
                     + ", ".join(sorted(str(s) for s in TERMINAL_STATES))
                 )
         if self.since is not None:
-            _normalise(self, "since", _utc_iso(self.since))
+            normalise(self, "since", _utc_iso(self.since))
 
 
 def _utc_iso(text: str) -> str:
@@ -318,7 +279,7 @@ class EstimateHistoryRequest(Request):
 
     op: ClassVar[str] = "estimate_history"
     command: tuple[str, ...] = field(
-        default=(), metadata=_shape("'command' must be a list of strings")
+        default=(), metadata=shape("'command' must be a list of strings")
     )
 
     def __post_init__(self) -> None:
@@ -360,111 +321,8 @@ REQUESTS: dict[str, type[Request]] = {
         ArrayRequest,
         EstimateHistoryRequest,
         DrainRequest,
+        RunRequest,
+        PlacementRequest,
+        RunEndedRequest,
     )
 }
-
-
-# Each field's wire type, resolved once (the annotations are strings here).
-_HINTS = {op: get_type_hints(kind) for op, kind in REQUESTS.items()}
-
-
-def fields_of(kind: type[Request]) -> frozenset[str]:
-    """The names a request of this kind may carry besides "op"."""
-    return frozenset(each.name for each in dataclasses.fields(kind))  # type: ignore[arg-type]
-
-
-def parse(frame: Mapping[str, Any]) -> Request:
-    """The request a decoded frame holds; fields it does not declare are ignored.
-
-    ProtocolError: an unknown operation, a missing field, a value of the wrong type.
-    UsageError (or NotFoundError for a job id below 1): a value no request may hold.
-    """
-    op = frame.get("op")
-    kind = REQUESTS.get(op) if isinstance(op, str) else None
-    if kind is None:
-        raise ProtocolError(f"unknown request {op!r}")
-    hints = _HINTS[kind.op]
-    values: dict[str, Any] = {}
-    for each in dataclasses.fields(kind):  # type: ignore[arg-type]
-        value = frame.get(each.name)
-        if value is None:
-            if each.default is dataclasses.MISSING and each.default_factory is dataclasses.MISSING:
-                raise ProtocolError(f"request is missing '{each.name}'")
-            continue  # null means "the default", as an absent field does
-        if _holds_nul(value):
-            # No path, argument, environment entry or name can hold one (the OS ends a C
-            # string there); refused here, for every request, rather than deep in a stat().
-            raise UsageError(f"'{each.name}' contains a NUL character (\\x00)")
-        shape = each.metadata.get("shape")
-        values[each.name] = _typed(each.name, value, hints[each.name], shape)
-    return kind(**values)
-
-
-def _typed(key: str, value: Any, hint: Any, shape: str | None) -> Any:
-    """`value` as a `hint` (lists as tuples), or the field's shape error."""
-    origin, args = get_origin(hint), get_args(hint)
-    if origin in (Union, types.UnionType):
-        inner = [a for a in args if a is not type(None)]
-        return None if value is None else _typed(key, value, inner[0], shape)
-    if origin is None:
-        return _scalar(key, value, hint, shape)
-    inner_shape = shape or _wrong(key)  # an item of the wrong type: the field's shape error
-    if origin is tuple and isinstance(value, list):
-        if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(_typed(key, item, args[0], inner_shape) for item in value)
-        if len(value) == len(args):
-            pairs = zip(value, args, strict=True)
-            return tuple(_typed(key, item, kind, inner_shape) for item, kind in pairs)
-    elif origin is Mapping and isinstance(value, dict):
-        key_kind, value_kind = args
-        return {
-            _typed(key, k, key_kind, inner_shape): _typed(key, v, value_kind, inner_shape)
-            for k, v in value.items()
-        }
-    raise ProtocolError(inner_shape)
-
-
-def _scalar(key: str, value: Any, kind: type, shape: str | None) -> Any:
-    """A JSON scalar of `kind`, with what JSON allows but no job could hold refused."""
-    if kind is bool and isinstance(value, bool):
-        return value
-    if isinstance(value, bool):  # JSON's true is not a number
-        pass
-    elif kind in (int, float) and isinstance(value, int):
-        if not -(2**63) <= value < 2**63:  # what a column holds; 10**400 is no float either
-            raise UsageError(f"'{key}' is out of range")
-        return value if kind is int else float(value)
-    elif kind is float and isinstance(value, float):
-        if not math.isfinite(value):
-            raise UsageError(f"'{key}' must be a finite number")  # NaN would hang `wait`
-        return float(value)
-    elif kind is str and isinstance(value, str):
-        try:
-            value.encode("utf-8")  # lone surrogates (PEP 383) fit JSON columns, not text ones
-        except UnicodeEncodeError:
-            raise UsageError(f"'{key}' is not valid UTF-8 text") from None
-        return value
-    if shape is None and kind is int:
-        raise ProtocolError(f"'{key}' must be an integer")
-    raise ProtocolError(shape or _wrong(key))
-
-
-def _wrong(key: str) -> str:
-    return f"'{key}' has the wrong type"
-
-
-def _holds_nul(value: Any) -> bool:
-    """A NUL in a string of `value`, its lists or its mappings (keys too), walked without
-    recursion (decode() bounds the depth; this need not trust it)."""
-    pending = [value]
-    while pending:
-        item = pending.pop()
-        if isinstance(item, str):
-            if "\x00" in item:
-                return True
-        elif isinstance(item, list | tuple):
-            pending.extend(item)
-        elif isinstance(item, dict):
-            pending.extend(item.keys())
-            pending.extend(item.values())
-    return False

@@ -1,13 +1,15 @@
 """A small read-only HTTP server on the daemon's listener machinery (listening.py).
 
 It serves GET (and HEAD) of a fixed table of paths, one request per connection
-(HTTP/1.0, `Connection: close`), for the metrics endpoint now and the dashboard to
-come. Its bounds are the listener's: connections in all and per source address, a
+(HTTP/1.0, `Connection: close`), for the metrics endpoint and the dashboard (either on
+its own port, or both on one). Any other method is a 405: nothing here changes anything.
+Its bounds are the listener's: connections in all and per source address, a
 deadline for the whole request head from the connection on (a client trickling it a
 byte at a time is dropped), a size cap on that head, and the same deadline for sending
 the reply.
 
-A route is a function returning a `Response`; an error in it is a 500 for that request.
+A route is a function of the `Request` (its path and query) returning a `Response`; an
+error in it is a 500 for that request. Every reply says `X-Content-Type-Options: nosniff`.
 """
 
 from __future__ import annotations
@@ -15,9 +17,11 @@ from __future__ import annotations
 import logging
 import socket
 from collections.abc import Callable, Hashable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
+from urllib.parse import parse_qsl
 
+from gpusched.core.errors import GpuschedError
 from gpusched.daemon.listening import DeadlineReader, Listener, Slots
 
 log = logging.getLogger("gpusched.http")
@@ -27,8 +31,19 @@ MAX_HTTP_CONNECTIONS_PER_ADDRESS = 4
 MAX_HEAD_BYTES = 16 * 1024
 
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed"}
-_REASONS |= {431: "Request Header Fields Too Large", 500: "Internal Server Error"}
+_REASONS |= {421: "Misdirected Request", 431: "Request Header Fields Too Large"}
+_REASONS |= {500: "Internal Server Error"}
 _REASONS |= {503: "Service Unavailable"}
+
+
+MAX_QUERY_FIELDS = 8  # the dashboard's requests carry one or two
+
+
+@dataclass(frozen=True)
+class Request:
+    path: str
+    query: Mapping[str, str] = field(default_factory=dict)  # the last value of each name
+    host: str | None = None  # the Host header, as sent (None: none was)
 
 
 @dataclass(frozen=True)
@@ -36,18 +51,25 @@ class Response:
     status: int
     content_type: str
     body: bytes
+    headers: tuple[tuple[str, str], ...] = ()  # beyond type, length and nosniff
 
 
-def _text(status: int, message: str) -> Response:
-    return Response(status, "text/plain; charset=utf-8", (message + "\n").encode())
+Route = Callable[[Request], Response]
+
+
+def text_response(status: int, message: str, headers: tuple[tuple[str, str], ...] = ()) -> Response:
+    return Response(status, "text/plain; charset=utf-8", (message + "\n").encode(), headers)
 
 
 def render(response: Response, head_only: bool = False) -> bytes:
     reason = _REASONS.get(response.status, "")
+    extra = "".join(f"{name}: {value}\r\n" for name, value in response.headers)
     head = (
         f"HTTP/1.0 {response.status} {reason}\r\n"
         f"Content-Type: {response.content_type}\r\n"
         f"Content-Length: {len(response.body)}\r\n"
+        "X-Content-Type-Options: nosniff\r\n"
+        f"{extra}"
         "Connection: close\r\n\r\n"
     ).encode()
     return head if head_only else head + response.body
@@ -75,7 +97,7 @@ class HttpListener(Listener):
     def __init__(
         self,
         sock: socket.socket,
-        routes: Mapping[str, Callable[[], Response]],
+        routes: Mapping[str, Route],
         name: str,
         deadline_s: Callable[[], float],
     ) -> None:
@@ -88,7 +110,7 @@ class HttpListener(Listener):
         return str(address[0])
 
     def refusal(self, message: str) -> bytes:
-        return render(_text(503, message))
+        return render(text_response(503, message))
 
     def serve(self, conn: socket.socket, client: Hashable) -> None:
         deadline_s = self.deadline_s()
@@ -100,31 +122,82 @@ class HttpListener(Listener):
             return  # stalled, trickling or gone: nothing to answer
         head_only = False
         if head is None:
-            response = _text(431, "request head too large")
+            response = text_response(431, "request head too large")
         else:
-            method, _, rest = head.partition(" ")
+            line, host = head
+            method, _, rest = line.partition(" ")
             target = rest.partition(" ")[0]
-            route = self.routes.get(target.partition("?")[0])
+            path, _, query = target.partition("?")
+            route = self.routes.get(path)
             head_only = method == "HEAD"
             if method not in ("GET", "HEAD"):
-                response = _text(405, "only GET and HEAD")
+                response = text_response(405, "only GET and HEAD", (("Allow", "GET, HEAD"),))
             elif route is None:
-                response = _text(404, "not found")
+                response = text_response(404, "not found")
             else:
-                try:
-                    response = route()
-                except Exception:  # one failed page must not end the connection's thread
-                    log.exception("%s: %s failed", self.name, target)
-                    response = _text(500, "internal error (see the daemon's log)")
+                response = self._answer(route, Request(path, {}, host), query, target)
         conn.settimeout(deadline_s)  # sendall's timeout bounds the whole reply
         try:
             conn.sendall(render(response, head_only))
         except OSError:
             return
 
+    def _answer(self, route: Route, request: Request, query: str, target: str) -> Response:
+        try:
+            fields = parse_qsl(query, max_num_fields=MAX_QUERY_FIELDS)
+        except ValueError:
+            return text_response(400, f"at most {MAX_QUERY_FIELDS} query fields")
+        try:
+            return route(replace(request, query=dict(fields)))
+        except Exception:  # one failed page must not end the connection's thread
+            log.exception("%s: %r failed", self.name, target)
+            return text_response(500, "internal error (see the daemon's log)")
 
-def _read_head(reader: DeadlineReader) -> str | None:
-    """The request line of a request whose head arrived whole; None if it is too large."""
+
+class HttpServer:
+    """One bound HTTP port and its listener (the daemon runs `serve_forever` in a thread).
+
+    `name` says what it serves ("metrics", "web", or both on one port) in the log and in
+    the error for a port that cannot be bound, which names the config keys to change.
+    """
+
+    def __init__(self, listener: HttpListener, address: tuple[str, int]) -> None:
+        self._listener = listener
+        self.address = address
+        self.name = listener.name
+
+    @classmethod
+    def start(
+        cls,
+        names: list[str],
+        address: tuple[str, int],
+        routes: Mapping[str, Route],
+        deadline_s: Callable[[], float],
+    ) -> HttpServer:
+        host, port = address
+        name = " and ".join(names)
+        try:
+            sock = listening_socket(host, port)
+        except OSError as exc:
+            keys = " and ".join(f"`{each}:`" for each in names)
+            raise GpuschedError(
+                f"{name}: cannot listen on {host}:{port}: {exc.strerror or exc};"
+                f" change {keys} in the config or remove it"
+            ) from None
+        bound = (host, int(sock.getsockname()[1]))
+        log.info("%s on http://%s:%s/", name, *bound)
+        return cls(HttpListener(sock, routes, name, deadline_s), bound)
+
+    def serve_forever(self) -> None:
+        self._listener.serve_forever()
+
+    def close(self) -> None:
+        self._listener.close()
+
+
+def _read_head(reader: DeadlineReader) -> tuple[str, str | None] | None:
+    """The request line and Host header (None if absent) of a request whose head arrived
+    whole; None if it is too large."""
     data = bytearray()
     while b"\r\n\r\n" not in data and b"\n\n" not in data:
         if len(data) > MAX_HEAD_BYTES:
@@ -133,4 +206,11 @@ def _read_head(reader: DeadlineReader) -> str | None:
         if not chunk:
             raise ConnectionResetError("the client closed before its request ended")
         data.extend(chunk)
-    return data.split(b"\n", 1)[0].decode("latin-1").strip()
+    line, *headers = data.decode("latin-1").split("\n")
+    host = None
+    for header in headers:
+        name, sep, value = header.partition(":")
+        if sep and name.strip().lower() == "host":
+            host = value.strip()
+            break
+    return line.strip(), host

@@ -27,7 +27,6 @@ from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
@@ -38,6 +37,7 @@ from gpusched.core.database_url import check_password_private
 from gpusched.core.errors import ConfigError, GpuschedError
 from gpusched.core.ratelog import RateLimitedLog
 from gpusched.daemon.hooks import HookRunner
+from gpusched.daemon.httpserve import HttpServer, Route
 from gpusched.daemon.server import Server
 from gpusched.daemon.services import Services
 from gpusched.daemon.trusted_dirs import untrusted_dirs
@@ -46,9 +46,6 @@ from gpusched.processes.launcher import Launcher
 from gpusched.scheduling.cluster import ClusterMember
 from gpusched.scheduling.scheduler import Scheduler
 from gpusched.store import Store
-
-if TYPE_CHECKING:
-    from gpusched.daemon.metrics import MetricsServer
 
 log = logging.getLogger("gpusched.daemon")
 
@@ -165,10 +162,10 @@ class Daemon:
             self.scheduler.cluster.join()  # a name held by a live daemon: refused here
         self.hooks = HookRunner(self.store, lambda: self.config)
         self.scheduler.end_listeners.append(self.hooks.job_ended)
-        self.metrics: MetricsServer | None = None
+        self.http: list[HttpServer] = []  # the metrics and web ports, when configured
         # Whose daemon this is: root's serves everyone, a user's serves only that user.
-        services = Services(self.scheduler, self.store, self.settings, owner_uid=os.geteuid())
-        self.server = Server(services, config.socket_path)
+        self.services = Services(self.scheduler, self.store, self.settings, owner_uid=os.geteuid())
+        self.server = Server(self.services, config.socket_path)
         self.reload_requested = False
         self.stop_requested = threading.Event()
         self._listeners: dict[str, threading.Thread] = {}  # name -> thread: must not end
@@ -218,14 +215,12 @@ class Daemon:
                 "%s: no new job starts until `gpusched undrain`", self.scheduler.drain.describe()
             )
         self.server.bind()
-        if self.config.metrics_address is not None:
-            from gpusched.daemon.metrics import MetricsServer  # prometheus_client only when asked
-
-            try:
-                self.metrics = MetricsServer.start(self.scheduler, self.config.metrics_address)
-            except GpuschedError:
-                self.server.close()  # a busy port stops the daemon: leave no socket behind
-                raise
+        try:
+            self._start_http()
+        except GpuschedError:
+            self._close_http()
+            self.server.close()  # a busy port stops the daemon: leave no socket behind
+            raise
         self._ticks.add_job(
             self._tick,
             "interval",
@@ -248,8 +243,8 @@ class Daemon:
             )
         self._ticks.start()
         self._listen("socket", self.server.serve_forever)
-        if self.metrics is not None:
-            self._listen("metrics", self.metrics.serve_forever)
+        for http in self.http:
+            self._listen(http.name, http.serve_forever)
         self._install_signals()
         sd_notify("READY=1\nSTATUS=scheduling")
         log.info("ready: listening on %s", self.config.socket_path)
@@ -269,13 +264,44 @@ class Daemon:
         self._ticks.shutdown(wait=True)
         self.scheduler.launcher.close()
         self.hooks.close()
-        if self.metrics is not None:
-            self.metrics.close()
+        self._close_http()
         if self.scheduler.cluster is not None:
             self.scheduler.cluster.leave()
         self.store.close()
         self.probe.close()
         return status
+
+    def _start_http(self) -> None:
+        """The metrics and web ports: one server for both when they name one address."""
+        wanted: dict[tuple[str, int], tuple[list[str], dict[str, Route]]] = {}
+        if self.config.metrics_address is not None:
+            from gpusched.daemon.metrics import metrics_routes  # prometheus_client only if asked
+
+            names, routes = wanted.setdefault(self.config.metrics_address, ([], {}))
+            names.append("metrics")
+            routes.update(metrics_routes(self.scheduler))
+        if self.config.web_address is not None:
+            from gpusched.daemon.web.site import web_routes
+
+            names, routes = wanted.setdefault(self.config.web_address, ([], {}))
+            names.append("web")
+            if self.services.single_user:
+                log.warning(
+                    "web: this daemon serves only its user, but its dashboard shows that"
+                    " user's jobs (commands hidden) to anyone who can reach %s:%s",
+                    *self.config.web_address,
+                )
+            routes.update(web_routes(self.services, self.config.web_address[0]))
+        for address, (names, routes) in wanted.items():
+            self.http.append(
+                HttpServer.start(
+                    names, address, routes, lambda: self.settings.current.client_request_timeout_s
+                )
+            )
+
+    def _close_http(self) -> None:
+        for http in self.http:
+            http.close()
 
     def _listen(self, name: str, serve_forever: Callable[[], None]) -> None:
         thread = threading.Thread(target=serve_forever, name=name, daemon=True)
@@ -306,6 +332,7 @@ class Daemon:
             "log_dir",
             "simulate",
             "metrics_address",
+            "web_address",
             "node",
             "node_timeout_s",
         )

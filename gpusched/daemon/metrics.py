@@ -20,7 +20,6 @@ Only the daemon imports this module (and prometheus_client), and only when metri
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterator
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -34,12 +33,9 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from gpusched import __version__
-from gpusched.core.errors import GpuschedError
 from gpusched.core.models import JobState
-from gpusched.daemon.httpserve import HttpListener, Response, listening_socket
+from gpusched.daemon.httpserve import Request, Response, Route
 from gpusched.scheduling.scheduler import Scheduler
-
-log = logging.getLogger("gpusched.metrics")
 
 # Queue waits run from seconds (an idle server) to days (a full one).
 WAIT_BUCKETS_S = (
@@ -165,46 +161,16 @@ def _histogram(name: str, help_text: str, values: list[float]) -> Metric:
     )
 
 
-class MetricsServer:
-    """The HTTP endpoint: /metrics on gpusched's own bounded HTTP listener (httpserve.py).
+def metrics_routes(scheduler: Scheduler) -> dict[str, Route]:
+    """/metrics, for gpusched's own bounded HTTP server (httpserve.HttpServer).
 
     Not prometheus_client's server: that one gives each connection a thread with no cap
     and no timeout, so idle connections to the port used up the daemon's open files.
     """
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(GpuschedCollector(scheduler))
 
-    def __init__(self, listener: HttpListener, address: tuple[str, int]) -> None:
-        self._listener = listener
-        self.address = address
+    def scrape(_request: Request) -> Response:
+        return Response(200, CONTENT_TYPE_LATEST, generate_latest(registry))
 
-    @classmethod
-    def start(cls, scheduler: Scheduler, address: tuple[str, int]) -> MetricsServer:
-        """Bind the port (the daemon runs `serve_forever` in a thread of its own)."""
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(GpuschedCollector(scheduler))
-        host, port = address
-        try:
-            sock = listening_socket(host, port)
-        except OSError as exc:
-            raise GpuschedError(
-                f"metrics: cannot listen on {host}:{port}: {exc.strerror or exc};"
-                " change `metrics:` in the config or remove it"
-            ) from None
-
-        def scrape() -> Response:
-            return Response(200, CONTENT_TYPE_LATEST, generate_latest(registry))
-
-        listener = HttpListener(
-            sock,
-            {"/metrics": scrape},
-            name="metrics",
-            deadline_s=lambda: scheduler.config.client_request_timeout_s,
-        )
-        bound = (host, int(sock.getsockname()[1]))
-        log.info("metrics on http://%s:%s/metrics", *bound)
-        return cls(listener, bound)
-
-    def serve_forever(self) -> None:
-        self._listener.serve_forever()
-
-    def close(self) -> None:
-        self._listener.close()
+    return {"/metrics": scrape}

@@ -38,13 +38,22 @@ def job_environment(
             )
         except KeyError:
             pass
-    visible = gpu_uuids if visible_devices == "uuid" else [str(i) for i in gpu_indices]
-    env["CUDA_VISIBLE_DEVICES"] = ",".join(visible)
-    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-    env["GPUSCHED_JOB_ID"] = str(job.id)
-    env["GPUSCHED_GPU_UUIDS"] = ",".join(gpu_uuids)
+    env.update(gpu_environment(job.id, gpu_indices, gpu_uuids, visible_devices))
     env.update(sharing_environment(job.mem, gpu_totals, submitted_env))
     return env
+
+
+def gpu_environment(
+    job_id: int, gpu_indices: Sequence[int], gpu_uuids: Sequence[str], visible_devices: str
+) -> dict[str, str]:
+    """What every job is told of its GPUs (an interactive client sets it itself)."""
+    visible = gpu_uuids if visible_devices == "uuid" else [str(i) for i in gpu_indices]
+    return {
+        "CUDA_VISIBLE_DEVICES": ",".join(visible),
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        "GPUSCHED_JOB_ID": str(job_id),
+        "GPUSCHED_GPU_UUIDS": ",".join(gpu_uuids),
+    }
 
 
 def sharing_environment(

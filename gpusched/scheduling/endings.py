@@ -47,6 +47,13 @@ _ENDINGS: dict[OutcomeKind, tuple[JobState, EndReason]] = {
     OutcomeKind.FAILED_TO_START: (JobState.FAILED, EndReason.FAILED_TO_START),
 }
 
+# How a job stopped by the daemon for a reason of its own ends (a plain cancel: cancelled).
+_STOPPED_FOR: dict[StopIntent, tuple[JobState, EndReason]] = {
+    StopIntent.OVERRUN: (JobState.FAILED, EndReason.OVERRUN),
+    StopIntent.TIMEOUT: (JobState.FAILED, EndReason.TIMEOUT),  # interactive jobs
+    StopIntent.IDLE: (JobState.CANCELLED, EndReason.IDLE),  # interactive jobs
+}
+
 # How many of the latest ended job ids a waiter can catch up from without a read.
 RECENT_ENDS = 1024
 
@@ -275,11 +282,12 @@ class JobEndings:
             # killed it outright; it sets the handler before starting the job, so the job
             # never started: the cancel simply won.
             outcome = Outcome(OutcomeKind.CANCELLED)
-        if outcome.kind == OutcomeKind.CANCELLED and intent == StopIntent.OVERRUN:
+        if outcome.kind == OutcomeKind.CANCELLED and intent in _STOPPED_FOR:
+            state, reason = _STOPPED_FOR[intent]
             self.end(
                 job_id,
-                JobState.FAILED,
-                EndReason.OVERRUN,
+                state,
+                reason,
                 exit_code=outcome.exit_code,
                 detail=detail,
                 durable=durable,
@@ -320,6 +328,8 @@ class JobEndings:
         with self._lock:
             for job in self.store.active():
                 if job.state != JobState.RUNNING or not self.owns(job):
+                    continue
+                if job.interactive:  # its client is checked at every pass (interactive.py)
                     continue
                 pid, start_time = job.pid, self.store.launch_info(job.id).pid_start_time
                 if pid is None:

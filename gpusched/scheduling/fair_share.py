@@ -1,12 +1,13 @@
 """Fair share's input: each user's recent GPU memory-time, decayed by a half-life.
 
 Read from the store's recent jobs (running and ended) only when users compete: with one
-user waiting, order within that user's queue needs no history.
+user waiting, order within that user's queue needs no history. The dashboard's usage
+page reads the same figure (`usage_by_user`) whoever waits.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 
 from gpusched.core.clock import iso
@@ -26,9 +27,21 @@ def recent_usage(
     """Recent decayed GPU memory-time per user; empty when fewer than two users wait."""
     if len({j.user for j in waiting}) < 2:
         return {}
-    # Past ten half-lives a job weighs under 0.1 % of what it did: leave it out.
-    since = iso(now - timedelta(seconds=10 * half_life_s))
-    totals = {g.uuid: g.total_bytes for g in gpus}
+    return usage_by_user(store, {g.uuid: g.total_bytes for g in gpus}, now, half_life_s)
+
+
+# Past ten half-lives a job weighs under 0.1 % of what it did: it is left out.
+WINDOW_HALF_LIVES = 10
+
+
+def usage_by_user(
+    store: Store, totals: Mapping[str, int], now: datetime, half_life_s: float
+) -> dict[str, float]:
+    """Each user's decayed GPU memory-time (byte-seconds) over the fair-share window.
+
+    `totals`: each GPU's memory by uuid, what a whole-GPU job (no --mem) holds.
+    """
+    since = iso(now - timedelta(seconds=WINDOW_HALF_LIVES * half_life_s))
     spans = [
         UsageSpan(
             job.user,

@@ -46,6 +46,7 @@ from gpusched.scheduling.drain import load_drain, save_drain
 from gpusched.scheduling.endings import JobEndings
 from gpusched.scheduling.fair_share import recent_usage
 from gpusched.scheduling.gpu_reports import gpu_reports
+from gpusched.scheduling.interactive import InteractiveJobs
 from gpusched.scheduling.observe import Observation, observe, read_gpus
 from gpusched.scheduling.policy import Placement, Plan, UserCap, plan
 from gpusched.scheduling.policy_inputs import gpu_slot, running_claim, waiting_job
@@ -99,11 +100,20 @@ class Scheduler(WaitingJobOperations):
             monitor=self.monitor,
             clock=clock,
             lock=self._lock,
-            gpus=self._current_gpus,
+            gpus=self.current_gpus,
             wake=self._wake,
             end_listeners=self.end_listeners,
         )
         launcher.on_exit = self.endings.on_job_exit
+        self.interactive = InteractiveJobs(
+            config=config,
+            store=store,
+            monitor=self.monitor,
+            endings=self.endings,
+            clock=clock,
+            lock=self._lock,
+            wake=self._wake,
+        )
         self.starter = JobStarter(
             config=config,
             store=store,
@@ -133,14 +143,20 @@ class Scheduler(WaitingJobOperations):
         """One pass: observe → admit → plan → start. Never raises for one bad job."""
         with self._lock:
             self.endings.settle_unsettled()  # raises while the database is still away
+            try:
+                self.interactive.check_clients()  # before the plan counts their memory
+            except Exception:  # one bad client must never stop scheduling
+                log.exception("checking the interactive jobs' clients failed")
             seen = self.observe()
             try:
                 self._act_on_overruns(seen.overruns)
+                self.interactive.observe_idle(seen.running, seen.usage)
             except Exception:  # acting on what was measured must never stop scheduling
-                log.exception("acting on the running jobs' overruns failed")
+                log.exception("acting on the running jobs' usage failed")
             if self.cluster is not None:
                 return self._cluster_tick(seen)
             admitted = self.admit()
+            self.interactive.cap(admitted, seen.running)
             for doomed in admitted.doomed:
                 self.endings.end(
                     doomed.job_id,
@@ -153,7 +169,8 @@ class Scheduler(WaitingJobOperations):
             self._reading = _Reading(
                 seen.gpus, seen.usage, {**admitted.waiting_reasons, **result.waiting_reasons}
             )
-            return result
+        self.interactive.notify_placed()  # clients waiting for their placement look again
+        return result
 
     def _cluster_tick(self, seen: Observation) -> Plan:
         """A pass as one daemon of a cluster (scheduling.cluster): agent, and scheduler
@@ -237,6 +254,9 @@ class Scheduler(WaitingJobOperations):
 
         A job on another node (cluster) is stopped by that node's agent, which polls for
         the intent each pass."""
+        if job.interactive:  # no supervisor: its client stops its command
+            self.interactive.stop(job, intent, detail)
+            return
         self.store.set_stop_intent(job.id, intent, detail)
         if self.endings.owns(job):
             self.stop_local(job)
@@ -262,7 +282,7 @@ class Scheduler(WaitingJobOperations):
         if self.cluster is not None:
             check_fits(new, self.cluster.gpus_by_node(), self.config.headroom_bytes)
         else:
-            check_fits(new, {self.node_name: self._current_gpus()}, self.config.headroom_bytes)
+            check_fits(new, {self.node_name: self.current_gpus()}, self.config.headroom_bytes)
         found = self.store.get_many(new.after)
         for dep in new.after:
             if dep not in found:
@@ -283,7 +303,7 @@ class Scheduler(WaitingJobOperations):
         self.wake()
         return jobs
 
-    def _current_gpus(self) -> list[GpuState]:
+    def current_gpus(self) -> list[GpuState]:
         return self._reading.gpus or self.read_gpus()
 
     def cancel(self, job: Job, by: str, waiting_only: bool = False) -> Job:
@@ -303,29 +323,9 @@ class Scheduler(WaitingJobOperations):
             self.wake()
             return self.store.get(job.id)
 
-    def cancel_waiting(self, uid: int, by: str, array_id: int | None = None) -> list[int]:
-        """Cancel all of a user's waiting jobs (of one array) at once: their ids.
-
-        One transaction for any number (job by job, 100,000 took minutes); their ends
-        are announced as `_end` announces one.
-        """
-        with self._lock:
-            ended = self.store.cancel_waiting(
-                uid, array_id, f"cancelled by {by}", iso(self.clock()), bool(self.config.on_finish)
-            )
-            self.endings.announce_ends(ended)
-        if ended:
-            log.info("%d waiting jobs of uid %d cancelled by %s", len(ended), uid, by)
-            self.wake()
-        return [job_id for job_id, _ in ended]
-
     @property
     def node_name(self) -> str:
         return self.starter.node or ""
-
-    def drain_node(self, name: str, drain: Drain | None) -> bool:
-        """Drain (or undrain) another node of the cluster: False if there is none up."""
-        return self.cluster is not None and self.cluster.drain_node(name, drain)
 
     def set_drain(self, drain: Drain | None) -> None:
         """Start nothing new (a Drain), or start again (None); kept across restarts. In a
@@ -334,7 +334,7 @@ class Scheduler(WaitingJobOperations):
             save_drain(self.config.state_dir, drain)
             self.drain = drain
             if self.cluster is not None:
-                self.drain_node(self.node_name, drain)
+                self.cluster.drain_node(self.node_name, drain)
         if drain is None:
             log.info("drain lifted: jobs start again")
         else:
@@ -363,6 +363,7 @@ class Scheduler(WaitingJobOperations):
                 or "waiting for the next scheduling pass"
             )
         elif job.state == JobState.RUNNING:
+            job.warning = self.interactive.warnings.get(job.id)
             tracker = self.monitor.live(job.id)
             if tracker is not None:  # figures so far, from memory (written at the end)
                 summary = tracker.summary()

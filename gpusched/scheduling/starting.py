@@ -79,6 +79,8 @@ class JobStarter:
                 job, gid = dataclasses.replace(job, uid=local.pw_uid), local.pw_gid
         indices = [g.index for g in gpus]
         uuids = [g.uuid for g in gpus]
+        if job.interactive:
+            return self._place_interactive(job, info.pid_start_time, indices, uuids, guard)
         env = job_environment(
             job,
             info.env,
@@ -128,5 +130,46 @@ class JobStarter:
             started.via,
             quoted(job.user, 40),
             command_for_log(job.command, self._config.current.show_commands),
+        )
+        return True
+
+    def _place_interactive(
+        self,
+        job: Job,
+        start_time: str | None,
+        indices: list[int],
+        uuids: list[str],
+        guard: NodeGuard | None,
+    ) -> bool:
+        """An interactive job starts as its client learns its placement: nothing is
+        launched; its client (pid) is the root of its process tree, and it has no log.
+        In a cluster it was placed on this server, its client's (`guard`)."""
+        if job.pid is None:
+            return False
+        if guard is not None:
+            claimed = self.store.mark_running_placed(
+                job.id, guard, None, iso(self.clock()), pid=(job.pid, start_time)
+            )
+        else:
+            claimed = self.store.mark_running(
+                job.id,
+                gpu_indices=indices,
+                gpu_uuids=uuids,
+                pid=job.pid,
+                pid_start_time=start_time,
+                log_path=None,
+                now=iso(self.clock()),
+                node=self.node,
+            )
+        if not claimed:
+            return False
+        self.monitor.started(job.id)
+        self.probe.note_job_started(job.pid, uuids, job.mem)
+        log.info(
+            "interactive job %s placed on GPU %s (client pid %s) for %s",
+            job.id,
+            ",".join(map(str, indices)),
+            job.pid,
+            quoted(job.user, 40),
         )
         return True

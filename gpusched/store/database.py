@@ -134,6 +134,9 @@ jobs = Table(
     Column("requeue", Integer, nullable=True),
     # Why a queued job waits, as the cluster's scheduler last said (others read it here).
     Column("waiting_reason", Text, nullable=True),
+    # 1: `gpusched run` / claim(); its pid and pid_start_time are its client's, from the
+    # socket's peer credentials at the request, set while it waits too.
+    Column("interactive", Integer, nullable=True),
 )
 
 # Environments, stored once each and shared by every job submitted with the same one:
@@ -225,6 +228,7 @@ def to_job(row: Row[Any]) -> Job:
     for name in _JSON_FIELDS:
         values[name] = decode_json(values[name])
     values["state"] = JobState(values["state"])
+    values["interactive"] = bool(values["interactive"])  # NULL on older rows
     return Job(**values)
 
 

@@ -137,9 +137,17 @@ class PlacementRecords(Database):
             )
         return done.rowcount == 1
 
-    def mark_running_placed(self, job_id: int, guard: NodeGuard, log_path: str, now: str) -> bool:
+    def mark_running_placed(
+        self,
+        job_id: int,
+        guard: NodeGuard,
+        log_path: str | None,
+        now: str,
+        pid: tuple[int, str | None] | None = None,
+    ) -> bool:
         """The claim that a placed job starts here (before its process exists, as
-        Store.mark_running): refused unless this node is live at the guard's epoch."""
+        Store.mark_running): refused unless this node is live at the guard's epoch.
+        `pid`: an interactive job's client (pid, start time), the job's process already."""
         with self.engine.begin() as conn:
             if not node_is_live(conn, guard.name, guard.epoch):
                 return False
@@ -153,8 +161,8 @@ class PlacementRecords(Database):
                 .values(
                     state=str(JobState.RUNNING),
                     node_epoch=guard.epoch,
-                    pid=None,
-                    pid_start_time=None,
+                    pid=None if pid is None else pid[0],
+                    pid_start_time=None if pid is None else pid[1],
                     log_path=log_path,
                     started_at=now,
                 )

@@ -12,7 +12,7 @@ from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import Text, func, select, type_coerce
+from sqlalchemy import ColumnElement, Text, func, select, type_coerce
 
 from gpusched.core.errors import NotFoundError
 from gpusched.core.models import ACTIVE_STATES, TERMINAL_STATES, Job, JobState, StopIntent
@@ -35,6 +35,7 @@ class Queued:
     array_id: int | None
     max_concurrent: int | None
     retry_of: int | None
+    interactive: int | None  # 1: `gpusched run` / claim() (capped by interactive.max_per_user)
     allowed_nodes: list[str] | None = None  # `submit --node`; None: any node
 
 
@@ -160,10 +161,35 @@ class JobQueries(Database):
             found = {str(state): int(n) for state, n in conn.execute(query).all()}
         return {state: found.get(state, 0) for state in sorted(states)}
 
+    def count_active_by_user(self) -> dict[str, dict[str, int]]:
+        """user -> active state -> how many of their jobs are in it (counted in SQL)."""
+        states = [str(s) for s in ACTIVE_STATES]
+        query = (
+            select(jobs.c.user, jobs.c.state, func.count())
+            .where(jobs.c.state.in_(states))
+            .group_by(jobs.c.user, jobs.c.state)
+        )
+        counts: dict[str, dict[str, int]] = {}
+        with self.read() as conn:
+            for user, state, n in conn.execute(query).all():
+                counts.setdefault(str(user), {})[str(state)] = int(n)
+        return counts
+
     def running(self) -> list[Job]:
         with self.read() as conn:
             rows = conn.execute(
                 job_select().where(jobs.c.state == str(JobState.RUNNING)).order_by(jobs.c.id)
+            ).all()
+        return [to_job(row) for row in rows]
+
+    def interactive_active(self) -> list[Job]:
+        """Active interactive jobs (`gpusched run`, claim()): each pass checks their clients."""
+        states = [str(s) for s in ACTIVE_STATES]
+        with self.read() as conn:
+            rows = conn.execute(
+                job_select()
+                .where(jobs.c.interactive == 1, jobs.c.state.in_(states))
+                .order_by(jobs.c.id)
             ).all()
         return [to_job(row) for row in rows]
 
@@ -172,8 +198,8 @@ class JobQueries(Database):
         with self.read() as conn:
             rows = conn.execute(_QUEUED_SELECT.order_by(jobs.c.id)).all()
         return [
-            Queued(i, u, m, g, p, decode_json(a), ai, mc, ro, decode_json(an))
-            for i, u, m, g, p, a, ai, mc, ro, an in rows
+            Queued(i, u, m, g, p, decode_json(a), ai, mc, ro, it, decode_json(an))
+            for i, u, m, g, p, a, ai, mc, ro, it, an in rows
         ]
 
     def ended(
@@ -199,7 +225,14 @@ class JobQueries(Database):
     ) -> list[int]:
         """The ids of `ended()`, in its order."""
         wanted = [str(s) for s in states if s in TERMINAL_STATES]
-        query = select(jobs.c.id).where(jobs.c.state.in_(wanted))
+        state: ColumnElement[str] = jobs.c.state
+        if len(wanted) == len(TERMINAL_STATES):
+            # Every kind of end: filtered on the bare column, SQLite picks the state index
+            # and sorts every ended row (18 ms at 10,000 ended jobs, on every `status --all`
+            # and dashboard poll); on an expression, it walks the ended_at index from the
+            # newest end and stops at `limit` (0.1 ms).
+            state = state.concat("")
+        query = select(jobs.c.id).where(state.in_(wanted))
         if user is not None:
             query = query.where(jobs.c.user == user)
         if since is not None:

@@ -60,6 +60,9 @@ class NewJob:
     max_concurrent: int | None = None  # for the jobs of one array
     allowed_nodes: tuple[str, ...] | None = None  # `submit --node a,b`
     requeue: bool = False  # `submit --requeue`: queued again if its node dies
+    # `gpusched run` / claim(): the client process that is the job (peer credentials).
+    client_pid: int | None = None
+    client_start_time: str | None = None  # pidref.process_start_time of client_pid
 
 
 _CHUNK = 500  # ids per `IN (...)`: SQLite allows 999 variables before 3.32
@@ -118,6 +121,9 @@ def _row(
         "notify": list(new.notify) if new.notify else None,
         "allowed_nodes": list(new.allowed_nodes) if new.allowed_nodes else None,
         "requeue": 1 if new.requeue else None,
+        "interactive": 1 if new.client_pid is not None else None,
+        "pid": new.client_pid,
+        "pid_start_time": new.client_start_time,
     }
 
 
@@ -234,7 +240,7 @@ class JobTransitions(Database):
         gpu_uuids: Sequence[str],
         pid: int | None,
         pid_start_time: str | None,
-        log_path: str,
+        log_path: str | None,
         now: str,
         node: str | None = None,
     ) -> bool:

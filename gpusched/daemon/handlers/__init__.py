@@ -8,7 +8,7 @@ JSON-able value or raises a GpuschedError, and never touches the socket: server.
 the frame, identifies the caller, calls `dispatch` and writes the reply.
 
 Modules: args.py (strings made fit for text columns), jobs.py (requests that change jobs), views.py
-(requests that read them), admin.py (ping, drain).
+(requests that read them), admin.py (ping, drain), interactive.py (`gpusched run`, claim()).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from gpusched.core.requests import parse
+from gpusched.core.request_wire import parse
 from gpusched.daemon.auth import check_served
-from gpusched.daemon.handlers import admin, jobs, views
+from gpusched.daemon.handlers import admin, interactive, jobs, views
 from gpusched.daemon.identity import Caller
 from gpusched.daemon.services import Services
 
@@ -42,6 +42,9 @@ HANDLERS: dict[str, Handler] = {
     "array": views.array,
     "estimate_history": views.estimate_history,
     "drain": admin.drain,
+    "run": interactive.run,
+    "placement": interactive.placement,
+    "run_ended": interactive.run_ended,
 }
 
 

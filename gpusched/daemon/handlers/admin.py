@@ -46,7 +46,7 @@ def drain(services: Services, caller: Caller, request: DrainRequest) -> Any:
                 f"no node {request.node}: this server is not in a cluster (its name is"
                 f" {scheduler.node_name})"
             )
-        if not scheduler.drain_node(request.node, state):
+        if not scheduler.cluster.drain_node(request.node, state):
             raise NotFoundError(f"no node {request.node} in this cluster that is not down")
         return None if state is None else state.to_json()
     scheduler.set_drain(state)

@@ -83,6 +83,10 @@ def requeue(services: Services, caller: Caller, request: RequeueRequest) -> Any:
     old = services.owned_job(caller, request.id)
     if old.state not in TERMINAL_STATES:
         raise ConflictError(f"job {old.id} is {old.state}: only an ended job can be requeued")
+    if old.interactive:  # it ran in its caller's terminal, with an environment never stored
+        raise ConflictError(
+            f"job {old.id} was interactive (gpusched run, claim()): run it again the same way"
+        )
     info = services.store.launch_info(old.id)
     first = old if old.retry_of is None else services.store.get(old.retry_of)
     new = NewJob(

@@ -5,8 +5,8 @@ to the queue when its node dies (`submit --requeue`), and why it waits (written 
 scheduler, read by every daemon's `status`). All new, all nullable: an
 upgraded queue reads as jobs of no node, which a one-server daemon shows as its own.
 
-Revision ID: 0003
-Revises: 0002
+Revision ID: 0004
+Revises: 0003
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0003"
-down_revision = "0002"
+revision = "0004"
+down_revision = "0003"
 branch_labels = None
 depends_on = None
 

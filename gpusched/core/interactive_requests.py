@@ -1,0 +1,70 @@
+"""The requests of interactive work (`gpusched run`, gpusched.claim()): queue a job whose
+process is the caller's own, wait for its placement, report its command's end. The
+daemon knows that process from the socket's peer credentials, never from a request."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from gpusched.core.errors import UsageError
+from gpusched.core.request_base import MAX_NAME_CHARS, Request, job_id, shape
+
+
+@dataclass(frozen=True)
+class RunRequest(Request):
+    """Queue an interactive job (`gpusched run`, claim()) whose process is the caller's:
+    the daemon takes it from the socket's peer credentials, never from the request."""
+
+    op: ClassVar[str] = "run"
+    command: tuple[str, ...] = field(metadata=shape("'command' must be a list of strings"))
+    cwd: str
+    mem: int | None = None
+    gpus: int = 1
+    name: str | None = None
+    priority: int = 0
+    time: float | None = None
+
+    def __post_init__(self) -> None:
+        if not self.command or not self.command[0]:
+            raise UsageError("no command given: gpusched run [OPTIONS] -- COMMAND [ARGS...]")
+        if not os.path.isabs(self.cwd):
+            raise UsageError(f"working directory must be an absolute path, not {self.cwd!r}")
+        if self.mem is not None and self.mem <= 0:
+            raise UsageError("--mem must be more than zero")
+        if self.gpus < 1:
+            raise UsageError("--gpus must be at least 1")
+        if self.name is not None and len(self.name) > MAX_NAME_CHARS:
+            raise UsageError(f"--name is limited to {MAX_NAME_CHARS} characters")
+        if self.time is not None and not 0 < self.time < 10**9:
+            raise UsageError("--time must be more than zero")
+
+
+@dataclass(frozen=True)
+class PlacementRequest(Request):
+    """The caller's interactive job once placed, or after `timeout` s (the daemon caps it)."""
+
+    op: ClassVar[str] = "placement"
+    id: int
+    timeout: float | None = None
+
+    def __post_init__(self) -> None:
+        job_id(self.id)
+
+
+@dataclass(frozen=True)
+class RunEndedRequest(Request):
+    """The caller's interactive command ended: killed by `signal`, else with `exit_code`."""
+
+    op: ClassVar[str] = "run_ended"
+    id: int
+    exit_code: int = 0
+    signal: int | None = None
+
+    def __post_init__(self) -> None:
+        job_id(self.id)
+        if not 0 <= self.exit_code <= 255:
+            raise UsageError("exit_code must be between 0 and 255")
+        if self.signal is not None and not 1 <= self.signal <= 64:
+            raise UsageError("signal must be between 1 and 64")

@@ -1,0 +1,66 @@
+"""What every request type shares (gpusched.core.requests, interactive_requests): the
+`Request` base with its wire form, the bounds a request may not pass whatever the daemon's
+config, and the small checks several requests make (a job id, a list of ids).
+
+Each field's annotation is its wire type: `tuple[X, ...]` is a JSON list, `Mapping` a
+JSON object, `X | None` may be null or absent. A field without a default is required.
+gpusched.core.request_wire reads them to parse a frame.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from gpusched.core.errors import NotFoundError, UsageError
+
+MAX_IDS = 10_000  # job ids in one request: `wait`, `after`
+MAX_NAME_CHARS = 200  # a job's name, a sweep's label included
+MAX_RETRY_OOM = 10
+MAX_REASON_CHARS = 500  # a drain reason is shown on every `status`
+MAX_NOTIFY_ARGS = 256
+MAX_NOTIFY_BYTES = 16384
+
+
+class Request:
+    """What every request has: its operation's name and its wire form."""
+
+    op: ClassVar[str]
+
+    def to_wire(self) -> dict[str, Any]:
+        """The frame's object: {"op": ..., field: JSON value, ...}."""
+        wire: dict[str, Any] = {"op": self.op}
+        for each in dataclasses.fields(self):  # type: ignore[arg-type]
+            wire[each.name] = to_json_value(getattr(self, each.name))
+        return wire
+
+
+def to_json_value(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return [to_json_value(item) for item in value]
+    if isinstance(value, Mapping):
+        return dict(value)
+    return value
+
+
+def shape(message: str) -> dict[str, str]:
+    """Field metadata: the error for a value of the wrong shape, when "has the wrong
+    type" would not tell a client author what is expected."""
+    return {"shape": message}
+
+
+def job_id(value: int) -> None:
+    if value < 1:
+        raise NotFoundError(f"no job {value}")
+
+
+def unique_ids(key: str, ids: tuple[int, ...]) -> tuple[int, ...]:
+    """At most MAX_IDS ids, each once, in the order first given."""
+    if len(ids) > MAX_IDS:
+        raise UsageError(f"'{key}': at most {MAX_IDS} job ids in one request, not {len(ids)}")
+    return tuple(dict.fromkeys(ids))
+
+
+def normalise(request: Request, name: str, value: Any) -> None:
+    object.__setattr__(request, name, value)  # a frozen dataclass, set once in __post_init__

@@ -1,0 +1,157 @@
+"""The dashboard's routes: four pages, their static files, and the JSON they poll.
+
+Every file is read from the package once, when the daemon starts, and served from
+memory under a fixed path: no path from a request ever reaches the filesystem. Pages
+carry a Content-Security-Policy that allows only this origin's script and style sheet
+(no inline script, no inline style attribute, nothing from elsewhere) and no framing.
+
+A request whose Host header names neither an IP address, nor localhost, nor the host of
+`web:` is refused (421): a page of another site, its name pointed at this address (DNS
+rebinding), cannot read the dashboard through its visitor's browser or SSH tunnel.
+
+A JSON reply is computed at most once a second per URL and shared by every viewer
+polling it meanwhile, so a room of open tabs costs the daemon one request a second.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import threading
+import time
+from collections.abc import Callable
+from importlib import resources
+from typing import Any
+
+from gpusched.core.errors import GpuschedError, NotFoundError, UsageError
+from gpusched.daemon.httpserve import Request, Response, Route, text_response
+from gpusched.daemon.services import Services
+from gpusched.daemon.web import api
+
+PAGES = {"/": "server.html", "/queue": "queue.html", "/job": "job.html", "/usage": "usage.html"}
+ASSETS = {
+    "/static/dashboard.js": ("dashboard.js", "text/javascript; charset=utf-8"),
+    "/static/dashboard.css": ("dashboard.css", "text/css; charset=utf-8"),
+    "/static/icon.svg": ("icon.svg", "image/svg+xml"),
+    "/favicon.ico": ("icon.svg", "image/svg+xml"),
+}
+CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self';"
+    " connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+)
+PAGE_HEADERS = (
+    ("Content-Security-Policy", CSP),
+    ("X-Frame-Options", "DENY"),
+    ("Referrer-Policy", "no-referrer"),
+    ("Cache-Control", "no-cache"),
+)
+API_HEADERS = (("Content-Security-Policy", "default-src 'none'"), ("Cache-Control", "no-store"))
+CACHE_S = 1.0
+CACHE_ENTRIES = 256  # distinct URLs kept (job pages); past it the cache starts afresh
+MAX_ID_DIGITS = 18  # fits SQLite's integer
+
+
+def _static(name: str) -> bytes:
+    return (resources.files("gpusched.daemon.web") / "static" / name).read_bytes()
+
+
+def _file_route(body: bytes, content_type: str, headers: tuple[tuple[str, str], ...]) -> Route:
+    response = Response(200, content_type, body, headers)
+    return lambda _request: response
+
+
+def _json(status: int, value: Any) -> Response:
+    body = json.dumps(value, separators=(",", ":")).encode()
+    return Response(status, "application/json", body, API_HEADERS)
+
+
+class RecentReplies:
+    """Replies of the last CACHE_S seconds by URL (listener threads share it)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.lock = threading.Lock()
+        self.replies: dict[str, tuple[float, Response]] = {}
+
+    def get(self, key: str, compute: Callable[[], Response]) -> Response:
+        now = self.clock()
+        with self.lock:
+            hit = self.replies.get(key)
+        if hit is not None and now - hit[0] < CACHE_S:
+            return hit[1]
+        response = compute()  # outside the lock: a slow reply holds up no other URL
+        with self.lock:
+            if len(self.replies) >= CACHE_ENTRIES:
+                self.replies.clear()
+            self.replies[key] = (now, response)
+        return response
+
+
+def _api(compute: Callable[[Request], Any], recent: RecentReplies) -> Route:
+    def route(request: Request) -> Response:
+        key = request.path + "?" + request.query.get("id", "")  # all a reply depends on
+        return recent.get(key, lambda: _answer(compute, request))
+
+    return route
+
+
+def _answer(compute: Callable[[Request], Any], request: Request) -> Response:
+    try:
+        return _json(200, compute(request))
+    except NotFoundError as exc:
+        return _json(404, {"error": exc.message})
+    except UsageError as exc:
+        return _json(400, {"error": exc.message})
+    except GpuschedError as exc:
+        return _json(500, {"error": exc.message})
+
+
+def _job_id(request: Request) -> int:
+    text = request.query.get("id", "")
+    if not text.isdigit() or len(text) > MAX_ID_DIGITS:
+        raise UsageError("expected ?id=JOB (a job number)")
+    return int(text)
+
+
+def host_allowed(host: str | None, own_host: str) -> bool:
+    """Whether a Host header names this server: absent (HTTP/1.0), an IP address,
+    localhost, or the host written in `web:`."""
+    if host is None:
+        return True
+    name = host.rsplit(":", 1)[0] if host.count(":") == 1 else host  # name:port, or IPv6
+    name = name.removeprefix("[").split("]")[0].lower()  # [::1]:8080 -> ::1
+    if name in ("localhost", own_host.lower()):
+        return True
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
+def _host_checked(route: Route, own_host: str) -> Route:
+    def checked(request: Request) -> Response:
+        if host_allowed(request.host, own_host):
+            return route(request)
+        return text_response(
+            421,
+            f"Host {request.host!r} is not this server: ask for an IP address, localhost or"
+            f" {own_host} (a reverse proxy: pass nginx's default Host, $proxy_host)",
+        )
+
+    return checked
+
+
+def web_routes(services: Services, own_host: str) -> dict[str, Route]:
+    """Every path the dashboard answers (GET and HEAD only: httpserve refuses the rest).
+    `own_host`: the host of `web:`, a name requests may use besides addresses."""
+    routes: dict[str, Route] = {}
+    for path, name in PAGES.items():
+        routes[path] = _file_route(_static(name), "text/html; charset=utf-8", PAGE_HEADERS)
+    for path, (name, content_type) in ASSETS.items():
+        routes[path] = _file_route(_static(name), content_type, PAGE_HEADERS)
+    recent = RecentReplies()
+    routes["/api/status"] = _api(lambda _request: api.status(services), recent)
+    routes["/api/job"] = _api(lambda request: api.job(services, _job_id(request)), recent)
+    routes["/api/usage"] = _api(lambda _request: api.usage(services), recent)
+    return {path: _host_checked(route, own_host) for path, route in routes.items()}

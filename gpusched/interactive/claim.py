@@ -1,0 +1,135 @@
+"""`gpusched.claim()`: a GPU for this Python process (a notebook, a script started by hand).
+
+    import gpusched
+    gpu = gpusched.claim(mem="8G")   # first cell: blocks until placed
+    import torch                     # sees only the claimed GPU
+
+The process is the job: `claim()` queues it, waits for its placement, sets the
+placement's variables in `os.environ` (CUDA reads them when it initialises, so this must
+come before any framework touches the GPU), and returns a `Claim`. The GPU is held until
+`release()`, the end of a `with` block, or the end of the process (reported at exit;
+killed, the daemon notices within a poll and ends the job `lost`).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import sys
+from types import TracebackType
+
+from gpusched.client import Client
+from gpusched.core.errors import GpuschedError
+from gpusched.core.models import Job
+from gpusched.interactive.cuda import cuda_already_loaded
+from gpusched.interactive.reservation import (
+    REPORT_RETRY_S,
+    NotPlaced,
+    Placement,
+    cancel_quietly,
+    queue,
+    report_end,
+    wait_placed,
+)
+
+
+class CudaAlreadyInitialised(GpuschedError):
+    """CUDA was loaded in this process before `claim()`: its GPUs are fixed already."""
+
+
+class Claim:
+    """GPUs held for this process. `.gpu_indices`, `.gpu_uuids`, `.job_id`, `.env`."""
+
+    def __init__(self, client: Client, placement: Placement) -> None:
+        self._client = client
+        self.placement = placement
+        self.job_id = placement.job_id
+        self.gpu_indices = placement.gpu_indices
+        self.gpu_uuids = placement.gpu_uuids
+        self.released = False
+        merged = placement.environment(dict(os.environ))
+        self.env = {k: v for k, v in merged.items() if os.environ.get(k) != v}
+        self._saved = {key: os.environ.get(key) for key in self.env}
+        os.environ.update(self.env)
+        atexit.register(self._at_exit)
+
+    @property
+    def job(self) -> Job:
+        return self.placement.job
+
+    def release(self, exit_code: int = 0, *, retry_s: float = REPORT_RETRY_S) -> None:
+        """Give the GPUs back (the job ends `done`, or `failed` with a non-zero code).
+
+        What the process still holds on the card counts as another process's from now.
+        The variables claim() set are put back as they were.
+        """
+        if self.released:
+            return
+        self.released = True
+        atexit.unregister(self._at_exit)
+        for key, value in self._saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        report_end(self._client, self.job_id, exit_code=exit_code, retry_s=retry_s)
+
+    def _at_exit(self) -> None:
+        # Exiting anyway: a daemon that does not answer at once sees us gone within a poll.
+        with contextlib.suppress(GpuschedError):
+            self.release(retry_s=0.0)
+
+    def __enter__(self) -> Claim:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.release(0 if error is None else 1)
+
+    def __repr__(self) -> str:
+        state = "released" if self.released else "held"
+        gpus = ",".join(map(str, self.gpu_indices))
+        return f"<gpusched.Claim job {self.job_id} GPU {gpus} ({state})>"
+
+
+def claim(
+    mem: str | int | None = None,
+    gpus: int = 1,
+    timeout: float | None = None,
+    *,
+    time_limit: str | float | None = None,
+    name: str | None = None,
+    socket_path: str | None = None,
+) -> Claim:
+    """Queue this process for `gpus` GPUs with `mem` each ("8G"; None: whole GPUs), block
+    until placed (at most `timeout` seconds, then NotPlaced and the request is withdrawn),
+    set CUDA_VISIBLE_DEVICES and CUDA_DEVICE_ORDER here, and return the Claim.
+
+    Raises CudaAlreadyInitialised if a framework has already initialised CUDA in this
+    process: the variables would come too late. Ctrl-C (KeyboardInterrupt) while waiting
+    withdraws the request.
+    """
+    loaded = cuda_already_loaded()
+    if loaded is not None:
+        raise CudaAlreadyInitialised(
+            f"CUDA is already initialised in this process ({loaded}): CUDA_VISIBLE_DEVICES"
+            " would come too late. Call gpusched.claim() before any framework uses the GPU"
+            " (in a notebook: restart the kernel and make it the first cell)"
+        )
+    client = Client(socket_path)
+    command = list(getattr(sys, "orig_argv", None) or [sys.executable, *sys.argv])
+    job = queue(client, command, mem=mem, gpus=gpus, time_limit=time_limit, name=name)
+    try:
+        placement = wait_placed(client, job.id, timeout_s=timeout)
+    except NotPlaced:
+        cancel_quietly(client, job.id)
+        raise
+    except BaseException:  # KeyboardInterrupt while waiting: withdraw the request
+        cancel_quietly(client, job.id)
+        raise
+    return Claim(client, placement)
