@@ -35,6 +35,7 @@ BENCHMARKS = (
     "dashboard",
     "database",
     "timeline_storage",
+    "cluster",
 )
 
 

@@ -136,12 +136,16 @@ class Client:
         time_limit: str | float | None = None,
         notify: str | Sequence[str] | None = None,
         retry_oom: int = 0,
+        nodes: Sequence[str] | None = None,
+        requeue: bool = False,
     ) -> Job:
         """Queue a command. `mem` is per GPU ("8G" or bytes); None asks for whole GPUs;
         "auto" takes `estimate_history()`'s suggestion (NotFoundError if there is none).
 
         `retry_oom`: if the job runs out of GPU memory, queue it again (in its place)
         with 1.5x the memory, up to this many times.
+        `nodes`: only these servers of a cluster may run it; `requeue`: if its server
+        dies while it runs, queue it again instead of ending it `lost`.
 
         `time_limit` ("2h" or seconds): the job is stopped (reason `timeout`) past it.
         `notify`: a command run as you when the job ends, with the job's JSON on stdin
@@ -161,6 +165,8 @@ class Client:
                 time_limit=time_limit,
                 notify=notify,
                 retry_oom=retry_oom,
+                nodes=None if nodes is None else tuple(nodes),
+                requeue=requeue,
             )
         )
 
@@ -314,14 +320,15 @@ class Client:
     def release(self, job_id: int) -> Job:
         return Job.from_json(self.send(rq.ReleaseRequest(job_id)))
 
-    def drain(self, reason: str | None = None) -> Drain:
-        """Start no new job (administrators only); running jobs go on, the queue waits."""
-        result = self.send(rq.DrainRequest(on=True, reason=reason))
+    def drain(self, reason: str | None = None, node: str | None = None) -> Drain:
+        """Start no new job (administrators only); running jobs go on, the queue waits.
+        `node`: that server of the cluster (None: the daemon's own)."""
+        result = self.send(rq.DrainRequest(on=True, reason=reason, node=node))
         return Drain.from_json(result)
 
-    def undrain(self) -> None:
-        """Let jobs start again (administrators only)."""
-        self.send(rq.DrainRequest(on=False))
+    def undrain(self, node: str | None = None) -> None:
+        """Let jobs start again (administrators only), on `node` or the daemon's own."""
+        self.send(rq.DrainRequest(on=False, node=node))
 
     def history(
         self,

@@ -15,6 +15,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from gpusched.store import Store
+from tests.cluster_harness import node, shared_db  # noqa: F401
 from tests.daemon_harness import RunningDaemon
 from tests.fakenvml.fixtures import (  # noqa: F401
     fake_nvml,

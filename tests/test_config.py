@@ -357,3 +357,20 @@ def test_config_path_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     assert config_path_from_env(None) == Path("/etc/from-env.yaml")
     monkeypatch.delenv("GPUSCHED_CONFIG")
     assert config_path_from_env(None) is None
+
+
+def test_node_name_and_timeout_are_validated() -> None:
+    config = load_config(None, {"node": "gpu-3.lab", "node_timeout": "45s"})
+    assert (config.node, config.node_timeout_s) == ("gpu-3.lab", 45.0)
+    assert load_config(None, {}).node is None  # one server: named after its host later
+    for key, value, words in (
+        ("node", "a b", "expected a name of letters, digits"),
+        ("node", "", "expected a name of letters, digits"),
+        ("node_timeout", "1s", "expected at least 3s"),
+    ):
+        with pytest.raises(ConfigError, match=words):
+            load_config(None, {key: value})
+    # In a cluster a lease renewed once per poll must outlive a few polls.
+    with pytest.raises(ConfigError, match="less than three poll intervals"):
+        load_config(None, {"node": "a", "poll_interval": "20s", "node_timeout": "30s"})
+    assert load_config(None, {"poll_interval": "20s"}).node_timeout_s == 30.0  # one server

@@ -58,6 +58,10 @@ def test_metrics_endpoint_serves_the_schedulers_state(daemon_factory: Any) -> No
     assert set(_values(metrics["gpusched_gpu_utilization_percent"]).values()) <= {0.0, 100.0}
     states = _values(metrics["gpusched_gpu_state"])
     assert all(dict(labels)["state"] == "ok" and v == 1 for labels, v in states.items())
+    # One server: its one node, named after its host.
+    (node_up,) = _values(metrics["gpusched_node_up"]).items()
+    assert node_up == ((("node", socket.gethostname().split(".")[0]),), 1.0)
+    assert {dict(labels)["node"] for labels in states} == {dict(node_up[0])["node"]}
 
     jobs = {
         (dict(k)["state"], dict(k)["user"]): v for k, v in _values(metrics["gpusched_jobs"]).items()

@@ -136,6 +136,22 @@ def test_durations_and_gpu_lists_are_short() -> None:
     assert format_indices([0, 2, 3, 4, 7]) == "0,2-4,7"
 
 
+def test_a_cluster_shows_each_node_with_its_gpus_and_one_server_shows_none() -> None:
+    from gpusched.core.models import NodeStatus
+
+    a, b = gpus()[:2], gpus()[2:]
+    nodes = [NodeStatus("gpu1", "up", 0.4, a), NodeStatus("gpu2\x1b[31m", "down", 95.0, b)]
+    text = render_status(gpus(), jobs(), width=80, now=NOW, nodes=nodes)
+    lines = text.splitlines()
+    first = lines.index("node gpu1: up, heard 0s ago, 2 GPU(s)")
+    second = next(i for i, line in enumerate(lines) if line.startswith("node gpu2"))
+    assert first < second
+    assert lines[second] == "node gpu2\\x1b[31m: down, heard 1m ago, 1 GPU(s)"  # escaped
+    assert "NVML: GPU is lost" in "\n".join(lines[second:])  # its GPUs under it
+    one = render_status(gpus(), jobs(), width=80, now=NOW, nodes=[nodes[0]])
+    assert one == render_status(gpus(), jobs(), width=80, now=NOW)  # one server: as before
+
+
 def test_an_idle_interactive_job_shows_its_warning_under_it() -> None:
     idle = Job(7, "erin", 1005, ["bash"], "/h", JobState.RUNNING, mem=8 * G, gpu_indices=[1],
                submitted_at=_at("11:00:00"), started_at=_at("11:00:01"), interactive=True,

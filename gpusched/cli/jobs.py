@@ -80,6 +80,17 @@ from gpusched.core.units import parse_duration, parse_size
     help="If the job runs out of GPU memory, queue it again in its place with 1.5x --mem"
     " (at most what the largest GPU gives), up to N times.",
 )
+@click.option(
+    "--node",
+    "nodes",
+    metavar="A,B",
+    help="In a cluster, run only on these servers (node names, separated by commas).",
+)
+@click.option(
+    "--requeue",
+    is_flag=True,
+    help="In a cluster, if the server running the job dies, queue it again (default: lost).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the job as JSON instead of its id.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.pass_context
@@ -99,6 +110,8 @@ def submit(
     command: tuple[str, ...],
     notify: str | None = None,
     retry_oom: int = 0,
+    nodes: str | None = None,
+    requeue: bool = False,
 ) -> None:
     """Queue COMMAND; print the new job's id (with --sweep, one id per line).
 
@@ -128,6 +141,8 @@ def submit(
         "time_limit": parse_duration(time_limit) if time_limit is not None else None,
         "notify": notify,
         "retry_oom": retry_oom,
+        "nodes": None if nodes is None else tuple(n.strip() for n in nodes.split(",")),
+        "requeue": requeue,
     }
     client = client_of(ctx)
     if options["mem"] == "auto" and not sweep:
@@ -186,8 +201,9 @@ _JSON_JOBS = click.option(
 
 @click.command(cls=ExampleLastCommand)
 @click.argument("reason", nargs=-1)
+@click.option("--node", metavar="NAME", help="In a cluster: drain that server (default: this one).")
 @click.pass_context
-def drain(ctx: click.Context, reason: tuple[str, ...]) -> None:
+def drain(ctx: click.Context, reason: tuple[str, ...], node: str | None = None) -> None:
     """Start no new job until `gpusched undrain` (administrators only): running jobs go
     on, queued ones wait, users can still submit. Kept across daemon restarts.
 
@@ -197,22 +213,27 @@ def drain(ctx: click.Context, reason: tuple[str, ...]) -> None:
     \b
     Example:
       gpusched drain GPU 2 is replaced on Friday, back by noon
+      gpusched drain --node gpu3 new fans
     """
-    done = client_of(ctx).drain(" ".join(reason) or None)
-    click.echo(f"{shown(done.describe())}: no new job starts; running jobs go on")
+    done = client_of(ctx).drain(" ".join(reason) or None, node=node)
+    where = f"node {shown(node)}: " if node else ""
+    click.echo(f"{where}{shown(done.describe())}: no new job starts; running jobs go on")
 
 
 @click.command(cls=ExampleLastCommand)
+@click.option("--node", metavar="NAME", help="In a cluster: that server (default: this one).")
 @click.pass_context
-def undrain(ctx: click.Context) -> None:
+def undrain(ctx: click.Context, node: str | None = None) -> None:
     """Let jobs start again after `gpusched drain` (administrators only).
 
     \b
     Example:
       gpusched undrain
+      gpusched undrain --node gpu3
     """
-    client_of(ctx).undrain()
-    click.echo("not draining: queued jobs start again")
+    client_of(ctx).undrain(node=node)
+    where = f"node {shown(node)}: " if node else ""
+    click.echo(f"{where}not draining: queued jobs start again")
 
 
 @click.command(cls=ExampleLastCommand)

@@ -22,8 +22,8 @@ from datetime import datetime, timezone
 
 import click
 
-from gpusched.core.models import TERMINAL_STATES, Drain, GpuReport, Job, JobState
-from gpusched.core.sanitize import shown_fields
+from gpusched.core.models import TERMINAL_STATES, Drain, GpuReport, Job, JobState, NodeStatus
+from gpusched.core.sanitize import shown, shown_fields
 from gpusched.core.units import format_duration, format_size
 
 MIN_WIDTH = 60
@@ -298,8 +298,11 @@ def render_status(
     show_all: bool = False,
     drain: Drain | None = None,
     more_waiting: int = 0,
+    nodes: Sequence[NodeStatus] = (),
 ) -> str:
-    """The whole `gpusched status` screen, lines no wider than `width` (at least 60)."""
+    """The whole `gpusched status` screen, lines no wider than `width` (at least 60).
+
+    `nodes`: in a cluster (more than one, or one not up), each node's line and its GPUs."""
     width = max(MIN_WIDTH, width)
     moment = now if now is not None else datetime.now(timezone.utc)
     lines = []
@@ -307,7 +310,13 @@ def render_status(
         text = f"{shown_fields(drain).describe()}: no new job starts; `gpusched undrain` ends it"
         lines += [_Painter(color)(line, "yellow", bold=True) for line in textwrap.wrap(text, width)]
         lines.append("")
-    lines += render_gpus(gpus, width, color) if gpus else ["no GPUs"]
+    if len(nodes) > 1 or any(n.state != "up" for n in nodes):
+        for node in nodes:
+            heard = f"heard {format_duration(node.last_seen)} ago"
+            lines.append(shown(f"node {node.name}: {node.state}, {heard}, {len(node.gpus)} GPU(s)"))
+            lines += render_gpus(node.gpus, width, color) if node.gpus else []
+    else:
+        lines += render_gpus(gpus, width, color) if gpus else ["no GPUs"]
     lines.append("")
     lines.extend(render_jobs(jobs, moment, width, color, show_all, more_waiting=more_waiting))
     return "\n".join(lines)

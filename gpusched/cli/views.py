@@ -29,7 +29,7 @@ from gpusched.cli.common import (
 from gpusched.cli.estimate import usage_rows, util_text
 from gpusched.cli.help import ExampleLastCommand
 from gpusched.core.errors import GpuschedError, UsageError
-from gpusched.core.models import Drain, GpuReport, Job
+from gpusched.core.models import Drain, GpuReport, Job, NodeStatus
 from gpusched.core.sanitize import shown, shown_fields
 from gpusched.core.units import format_duration, format_size
 
@@ -117,7 +117,8 @@ def status(
         return
     result = fetch()
     if as_json:  # the interface contract's shape (DESIGN.md): no paging fields
-        print_json({key: result[key] for key in ("gpus", "jobs", "drain") if key in result})
+        shape = ("gpus", "jobs", "drain", "nodes")
+        print_json({key: result[key] for key in shape if key in result})
         return
     click.echo(_status_text(result, show_all, use_color()))
 
@@ -135,6 +136,7 @@ def _status_text(result: dict[str, Any], show_all: bool, color: bool) -> str:
         show_all=show_all,
         drain=None if result.get("drain") is None else Drain.from_json(result["drain"]),
         more_waiting=result.get("more_waiting", 0),
+        nodes=[NodeStatus.from_json(n) for n in result.get("nodes", [])],
     )
 
 

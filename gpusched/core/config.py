@@ -23,6 +23,8 @@ from gpusched.core.config_values import (
     parse_hook_bound,
     parse_log_cap,
     parse_margin,
+    parse_node_name,
+    parse_node_timeout,
     parse_percent,
 )
 from gpusched.core.errors import ConfigError, UsageError
@@ -119,6 +121,11 @@ class Config:
     status_page_jobs: int = _REQUEST_BOUNDS["status_page_jobs"][2]
     default_limits: UserLimits = UserLimits()
     user_limits: Mapping[str, UserLimits] = field(default_factory=dict)
+    # The cluster (docs/cluster.md): this server's name in a shared database (None: not
+    # set, one server; the daemon then names itself after its short host name), and how
+    # long a node may go unheard before the others declare it down.
+    node: str | None = None
+    node_timeout_s: float = 30.0
     interactive: InteractiveSettings = field(default_factory=InteractiveSettings)  # run, claim()
     source: str | None = None  # the file this came from, for messages
 
@@ -232,6 +239,10 @@ def _convert(source: str, key: str, value: Any, base: Config) -> dict[str, Any]:
             return {f"{key}_s": parse_duration(value)}
         if key in _REQUEST_BOUNDS:
             return {_REQUEST_BOUNDS[key][0]: parse_bound(value, _REQUEST_BOUNDS[key][1])}
+        if key == "node":
+            return {"node": parse_node_name(value)}
+        if key == "node_timeout":
+            return {"node_timeout_s": parse_node_timeout(value)}
         if key == "admins":
             items = value or []
             if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
@@ -329,7 +340,14 @@ def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> C
     for key, value in data.items():
         values.update(_convert(source, str(key), value, base))
     known = {f.name for f in fields(Config)}
-    return replace(base, **{k: v for k, v in values.items() if k in known})
+    config = replace(base, **{k: v for k, v in values.items() if k in known})
+    shared = config.node is not None or not config.database_url.startswith("sqlite")
+    if shared and config.node_timeout_s < 3 * config.poll_interval_s:  # renewed each poll
+        raise ConfigError(
+            f"{source}: key 'node_timeout': {config.node_timeout_s:g}s is less than three"
+            f" poll intervals ({3 * config.poll_interval_s:g}s): every node would look down"
+        )
+    return config
 
 
 def config_path_from_env(explicit: str | None) -> Path | None:

@@ -13,7 +13,7 @@ import re
 from typing import Any
 
 from gpusched.core.errors import UsageError
-from gpusched.core.units import parse_size
+from gpusched.core.units import parse_duration, parse_size
 
 
 def parse_margin(value: Any) -> dict[str, Any]:
@@ -128,6 +128,27 @@ def parse_address(value: Any, example: str = "127.0.0.1:9400") -> tuple[str, int
             f" such as {example})"
         )
     return host, int(port)
+
+
+_NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+
+
+def parse_node_name(value: Any) -> str:
+    """A node's name in a shared database: letters, digits, '.', '_', '-' (a host name)."""
+    text = "" if value is None or isinstance(value, bool) else str(value).strip()
+    if not _NODE_NAME.fullmatch(text):
+        raise UsageError(
+            "expected a name of letters, digits, '.', '_' or '-' (up to 63), such as gpu1"
+        )
+    return text
+
+
+def parse_node_timeout(value: Any) -> float:
+    """How long a node may go unheard before it is down: at least 3 s (a few polls)."""
+    seconds = parse_duration(value)
+    if seconds < 3:
+        raise UsageError(f"expected at least 3s, not {value!r}")
+    return seconds
 
 
 # RFC 1123 labels; an all-digit dotted name (a mistyped IPv4 address) is refused below.

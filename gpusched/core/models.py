@@ -49,6 +49,7 @@ class EndReason(_StrEnum):
     OVERRUN = "overrun"
     TIMEOUT = "timeout"
     DEPENDENCY_FAILED = "dependency_failed"
+    NODE_LOST = "node_lost"  # its node was declared down while it ran (docs/cluster.md)
     IDLE = "idle"  # an interactive job ended for its idleness (interactive.on_idle: end)
 
 
@@ -139,6 +140,9 @@ class Job:
     max_concurrent: int | None = None  # how many of its array may run at once
     time_limit_s: float | None = None
     notify: list[str] | None = None  # `submit --notify`: argv run as the owner when it ends
+    node: str | None = None  # the server it was placed on (runs on, ran on)
+    allowed_nodes: list[str] | None = None  # `submit --node a,b`; None: any node
+    requeue: int | None = None  # `submit --requeue`: 1 puts it back in the queue if its node dies
     # `gpusched run` / `gpusched.claim()`: the job is its client process (pid), which runs
     # the command itself, in the caller's terminal; it has no log.
     interactive: bool = False
@@ -181,6 +185,7 @@ class GpuReport:
     state: str
     jobs: list[int] = field(default_factory=list)
     error: str | None = None
+    node: str | None = None  # the server it is on
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -189,6 +194,29 @@ class GpuReport:
     def from_json(cls, data: dict[str, Any]) -> GpuReport:
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in names})
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    """One server of the cluster as `status` shows it (JSON `nodes`)."""
+
+    name: str
+    state: str  # up, down or drained
+    last_seen: float  # seconds since it was last heard
+    gpus: list[GpuReport] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "state": self.state,
+            "last_seen": self.last_seen,
+            "gpus": [g.to_json() for g in self.gpus],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> NodeStatus:
+        gpus = [GpuReport.from_json(g) for g in data.get("gpus", [])]
+        return cls(str(data["name"]), str(data["state"]), float(data["last_seen"]), gpus)
 
 
 @dataclass(frozen=True)

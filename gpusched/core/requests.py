@@ -14,6 +14,7 @@ interactive requests (`gpusched run`, claim()): interactive_requests.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping  # at run time: request_wire resolves the annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -35,8 +36,12 @@ from gpusched.core.request_base import (
     shape,
     unique_ids,
 )
+from gpusched.core.sanitize import shown
 
 __all__ = ["MAX_NAME_CHARS", "REQUESTS", "Request"]
+
+
+_NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")  # as config's `node:`
 
 
 @dataclass(frozen=True)
@@ -69,6 +74,10 @@ class SubmitRequest(Request):
     max_concurrent: int | None = None
     notify: tuple[str, ...] | None = None
     retry_oom: int = 0
+    nodes: tuple[str, ...] | None = field(  # `--node a,b`: the servers it may run on
+        default=None, metadata=shape("'nodes' must be a list of node names")
+    )
+    requeue: bool = False  # `--requeue`: queued again if its server dies while it runs
     sweep: tuple[tuple[str, tuple[str, ...]], ...] | None = field(
         default=None, metadata=shape("'sweep' must be a list of [name, [values...]]")
     )
@@ -92,6 +101,10 @@ class SubmitRequest(Request):
             raise UsageError("--max-concurrent must be at least 1")
         if self.max_concurrent is not None and self.sweep is None:
             raise UsageError("--max-concurrent applies to a --sweep array")
+        if (
+            self.nodes is not None and not all(_NODE_NAME.fullmatch(name) for name in self.nodes)
+        ) or self.nodes == ():
+            raise UsageError("--node takes node names separated by commas, such as gpu1,gpu2")
         if not 0 <= self.retry_oom <= MAX_RETRY_OOM:
             raise UsageError(f"--retry-oom must be between 0 and {MAX_RETRY_OOM}")
         if self.notify == ():
@@ -233,7 +246,7 @@ class HistoryRequest(Request):
             unknown = sorted(set(self.states) - {str(s) for s in TERMINAL_STATES})
             if unknown or not self.states:
                 raise UsageError(
-                    f"--state {','.join(unknown) or '(none)'}: an ended job is one of "
+                    f"--state {shown(','.join(unknown)) or '(none)'}: an ended job is one of "
                     + ", ".join(sorted(str(s) for s in TERMINAL_STATES))
                 )
         if self.since is not None:
@@ -281,10 +294,13 @@ class DrainRequest(Request):
     op: ClassVar[str] = "drain"
     on: bool
     reason: str | None = None
+    node: str | None = None  # `--node NAME`: that server of the cluster; None: this one
 
     def __post_init__(self) -> None:
         if self.on and self.reason is not None and not 0 < len(self.reason) <= MAX_REASON_CHARS:
             raise UsageError(f"a drain reason is 1 to {MAX_REASON_CHARS} characters")
+        if self.node is not None and not _NODE_NAME.fullmatch(self.node):
+            raise UsageError(f"--node {self.node!r}: not a node name")
 
 
 REQUESTS: dict[str, type[Request]] = {

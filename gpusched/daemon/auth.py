@@ -37,10 +37,17 @@ def check_served(caller: Caller, owner_uid: int) -> None:
         )
 
 
-def owned_job(store: Store, caller: Caller, job_id: int) -> Job:
+def is_theirs(job: Job, caller: Caller, by_name: bool = False) -> bool:
+    """Whether the job is the caller's. On one server, by uid. In a cluster (`by_name`) a
+    user is a user name, as a job runs as its user name on whichever server: a uid means
+    nothing on another server (the same number may be another person there)."""
+    return job.user == caller.user if by_name else job.uid == caller.uid
+
+
+def owned_job(store: Store, caller: Caller, job_id: int, by_name: bool = False) -> Job:
     """The job, if the caller may act on it (theirs, or the caller is an administrator)."""
     job = store.get(job_id)
-    if job.uid != caller.uid and not caller.admin:
+    if not is_theirs(job, caller, by_name) and not caller.admin:
         raise PermissionDenied(
             f"job {job_id} belongs to {job.user}: you can act only on your own jobs"
         )
@@ -52,7 +59,8 @@ def visible(scheduler: Scheduler, config: Config, caller: Caller, job: Job) -> d
     name and private end details are hidden unless `show_commands` is on."""
     job = scheduler.decorate(job)
     data = job.to_json()
-    if job.uid != caller.uid and not caller.admin and not config.show_commands:
+    theirs = is_theirs(job, caller, by_name=scheduler.cluster is not None)
+    if not theirs and not caller.admin and not config.show_commands:
         data["command"] = HIDDEN_COMMAND
         data["cwd"] = None
         data["notify"] = None if job.notify is None else HIDDEN_COMMAND

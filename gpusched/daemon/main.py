@@ -43,6 +43,7 @@ from gpusched.daemon.services import Services
 from gpusched.daemon.trusted_dirs import untrusted_dirs
 from gpusched.gpus.probe import Probe, SimulatedProbe
 from gpusched.processes.launcher import Launcher
+from gpusched.scheduling.cluster import ClusterMember
 from gpusched.scheduling.scheduler import Scheduler
 from gpusched.store import Store
 
@@ -89,6 +90,17 @@ def _check_dirs_are_ours(config: Config) -> None:
             + "; ".join(problems)
             + " (use directories only root can change)"
         )
+
+
+def node_name(config: Config) -> str:
+    """This server's name among the cluster's nodes: `node:`, or its short host name."""
+    return config.node or socket.gethostname().split(".")[0]
+
+
+def in_cluster(config: Config) -> bool:
+    """Whether this daemon shares its queue with others: a `node:` name is set, or the
+    database is a server's (PostgreSQL). Otherwise it is the one server of today."""
+    return config.node is not None or not config.database_url.startswith("sqlite")
 
 
 def raise_open_file_limit() -> None:
@@ -140,8 +152,14 @@ class Daemon:
         log.info("database %s, socket %s", self.store.where, config.socket_path)
         # The one holder of the config: a reload replaces it once and reaches every reader.
         self.settings = ConfigHolder(config)
-        self.scheduler = Scheduler(self.settings, self.store, self.probe, Launcher(self.settings))
+        self.launcher = Launcher(self.settings)
+        self.scheduler = Scheduler(self.settings, self.store, self.probe, self.launcher)
         self.scheduler.wake = self.wake
+        self.node = node_name(config)
+        self.scheduler.starter.node = self.node
+        if in_cluster(config):
+            self.scheduler.cluster = ClusterMember(self.scheduler, self.node)
+            self.scheduler.cluster.join()  # a name held by a live daemon: refused here
         self.hooks = HookRunner(self.store, lambda: self.config)
         self.scheduler.end_listeners.append(self.hooks.job_ended)
         self.http: list[HttpServer] = []  # the metrics and web ports, when configured
@@ -153,7 +171,7 @@ class Daemon:
         self._listeners: dict[str, threading.Thread] = {}  # name -> thread: must not end
         self._trouble = RateLimitedLog(log)
         self._ticks = BackgroundScheduler(
-            executors={"default": ThreadPoolExecutor(2)}, timezone=timezone.utc
+            executors={"default": ThreadPoolExecutor(3)}, timezone=timezone.utc
         )
 
     def wake(self) -> None:
@@ -165,6 +183,15 @@ class Daemon:
         """
         with contextlib.suppress(Exception):
             self._ticks.modify_job(TICK_JOB_ID, next_run_time=datetime.now(timezone.utc))
+
+    def _guarded(self, work: Callable[[], None]) -> Callable[[], None]:
+        def run() -> None:
+            try:
+                work()
+            except Exception as exc:  # the database away: said once a minute, tried again
+                self._trouble.warning(f"{work.__name__}", f"{work.__name__} failed: {exc!r}")
+
+        return run
 
     def _tick(self) -> None:
         try:
@@ -181,6 +208,8 @@ class Daemon:
         # Before adoption, which may end jobs and queue their hooks: none is queued twice.
         self.hooks.resume()
         self.scheduler.adopt_running()
+        if self.scheduler.cluster is not None:
+            self.scheduler.cluster.reconcile_at_start(self.launcher.job_ids())
         if self.scheduler.drain is not None:
             log.warning(
                 "%s: no new job starts until `gpusched undrain`", self.scheduler.drain.describe()
@@ -202,6 +231,16 @@ class Daemon:
             misfire_grace_time=None,
             next_run_time=datetime.now(timezone.utc),
         )
+        cluster = self.scheduler.cluster
+        if cluster is not None:  # placements and cancels from another server, at once
+            self._ticks.add_job(
+                self._guarded(cluster.poll),
+                "interval",
+                seconds=0.5,
+                id="cluster-poll",
+                max_instances=1,
+                coalesce=True,
+            )
         self._ticks.start()
         self._listen("socket", self.server.serve_forever)
         for http in self.http:
@@ -226,6 +265,8 @@ class Daemon:
         self.scheduler.launcher.close()
         self.hooks.close()
         self._close_http()
+        if self.scheduler.cluster is not None:
+            self.scheduler.cluster.leave()
         self.store.close()
         self.probe.close()
         return status
@@ -292,6 +333,8 @@ class Daemon:
             "simulate",
             "metrics_address",
             "web_address",
+            "node",
+            "node_timeout_s",
         )
         changed = [name for name in fixed if getattr(new, name) != getattr(self.config, name)]
         if changed:

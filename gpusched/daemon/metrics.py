@@ -56,7 +56,7 @@ WAIT_BUCKETS_S = (
     7 * 86400.0,
 )
 
-_GPU_LABELS = ["gpu", "uuid", "name"]
+_GPU_LABELS = ["node", "gpu", "uuid", "name"]
 
 
 class GpuschedCollector(Collector):
@@ -71,6 +71,12 @@ class GpuschedCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         yield from self._gpus()
+        nodes = GaugeMetricFamily(
+            "gpusched_node_up", "1 if the node is up (0: down or drained)", labels=["node"]
+        )
+        for node in self.scheduler.nodes():
+            nodes.add_metric([node.name], 1 if node.state == "up" else 0)
+        yield nodes
         yield from self._jobs()
         info = GaugeMetricFamily("gpusched_info", "gpusched daemon version", labels=["version"])
         info.add_metric([__version__], 1)
@@ -78,7 +84,8 @@ class GpuschedCollector(Collector):
 
     def _gpus(self) -> Iterator[Metric]:
         running = [j for j in self.scheduler.store.active() if j.state == JobState.RUNNING]
-        reports = self.scheduler.gpu_reports(running)
+        here = self.scheduler.node_name  # every daemon exports its own server's GPUs
+        reports = [g for g in self.scheduler.gpu_reports(running) if g.node == here]
         memory = {
             key: GaugeMetricFamily(
                 f"gpusched_gpu_memory_{key}_bytes", help_text, labels=_GPU_LABELS
@@ -105,7 +112,7 @@ class GpuschedCollector(Collector):
             "gpusched_gpu_jobs", "gpusched jobs running on the GPU", labels=_GPU_LABELS
         )
         for gpu in reports:
-            labels = [str(gpu.index), gpu.uuid, gpu.name]
+            labels = [here, str(gpu.index), gpu.uuid, gpu.name]
             for key, family in memory.items():
                 family.add_metric(labels, float(getattr(gpu, key)))
             if gpu.util is not None:

@@ -204,6 +204,14 @@ class Launcher:
     def job_dir(self, job_id: int) -> Path:
         return self.jobs_dir / str(job_id)
 
+    def job_ids(self) -> list[int]:
+        """The jobs this server keeps a directory for (those it started), in id order."""
+        try:
+            names = [entry.name for entry in os.scandir(self.jobs_dir)]
+        except FileNotFoundError:
+            return []
+        return sorted(int(name) for name in names if name.isdigit())
+
     def log_path(self, job_id: int) -> Path:
         return self.log_dir / f"{job_id}.log"
 

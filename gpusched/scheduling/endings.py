@@ -10,7 +10,6 @@ through the launcher's interface (gpusched.processes.launching), so tests drive 
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
@@ -18,7 +17,6 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
-from pathlib import Path
 
 from gpusched.core.clock import Clock, iso
 from gpusched.core.config import Config
@@ -35,8 +33,8 @@ from gpusched.core.ratelog import RateLimitedLog
 from gpusched.core.sanitize import quoted
 from gpusched.gpus.probe import Probe
 from gpusched.processes.launching import JobLauncher, Outcome, OutcomeKind
-from gpusched.processes.supervisor import write_json_atomically
-from gpusched.store import Store, TimelineWrite
+from gpusched.scheduling.boot import rebooted_since_last_run
+from gpusched.store import NodeGuard, Store, TimelineWrite
 from gpusched.usage.monitor import UsageMonitor, final_usage, oom_cause, retry_mem
 
 log = logging.getLogger("gpusched.scheduler")
@@ -107,6 +105,12 @@ class JobEndings:
         # waiter re-reads the database only when one of its own jobs may have ended.
         self._recent_ends: deque[int] = deque(maxlen=RECENT_ENDS)
         self._end_count = 0
+        # The cluster (scheduling.cluster) replaces these: which rows this daemon may
+        # settle and adopt (its own node's), and the node and epoch its end writes carry.
+        self.owns: Callable[[Job], bool] = lambda job: True
+        self.guard_for: Callable[[int], NodeGuard | None] = lambda job_id: None
+        self.adopted: Callable[[Job, int, str | None], None] = lambda job, pid, start: None
+        self.recheck_s: float | None = None  # a waiter's re-read period (None: when notified)
         # Jobs whose supervisor exited while their end could not be written (the database
         # was away): their outcome stays in the exit record, and each tick tries again.
         self.unsettled: set[int] = set()
@@ -147,6 +151,7 @@ class JobEndings:
             timeline=self._final_timeline(job_id),
             hooks_due=hooks_due,
             durable=durable,
+            guard=self.guard_for(job_id),
         )
         if ended:
             why = f": {quoted(detail, 500)}" if detail else ""  # may quote a user's path
@@ -254,8 +259,9 @@ class JobEndings:
     def settle(self, job_id: int, outcome: Outcome, *, durable: bool = True) -> None:
         """End a running job as its supervisor's `outcome` says, read with why it was stopped."""
         job = self.store.get(job_id)
-        if job.state != JobState.RUNNING:
-            return
+        lost_with_node = job.state == JobState.LOST and job.reason == EndReason.NODE_LOST
+        if not (job.state == JobState.RUNNING or lost_with_node) or not self.owns(job):
+            return  # ended already, or (cluster) not this node's: its end is not ours
         intent, detail = self.store.launch_info(job_id).stop_intent, job.reason_detail
         if intent is None:
             intent, detail = legacy_stop_intent(detail)
@@ -316,33 +322,12 @@ class JobEndings:
             job=job,
         )
 
-    def _rebooted(self) -> bool:
-        """Whether the machine restarted since the last daemon run (then remember this boot).
-
-        Unknown (no record yet) counts as a reboot: the careful answer.
-        """
-        record = self.config.state_dir / "boot.json"
-        try:
-            now = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-        except OSError:
-            return True
-        try:
-            before = json.loads(record.read_text()).get("boot_id")
-        except (OSError, ValueError, AttributeError):
-            before = None
-        if before != now:
-            try:
-                write_json_atomically(record, {"boot_id": now})
-            except OSError as exc:
-                log.warning("cannot record the boot id in %s: %s", record, exc)
-        return before != now
-
     def adopt_running(self) -> None:
         """After a (re)start: a `running` row is a claim to verify, not a fact."""
-        rebooted = self._rebooted()
+        rebooted = rebooted_since_last_run(self.config.state_dir)
         with self._lock:
             for job in self.store.active():
-                if job.state != JobState.RUNNING:
+                if job.state != JobState.RUNNING or not self.owns(job):
                     continue
                 if job.interactive:  # its client is checked at every pass (interactive.py)
                     continue
@@ -356,6 +341,7 @@ class JobEndings:
                 if pid is not None and self.launcher.is_running(pid, start_time):
                     log.info("job %s still running (pid %s): re-adopted", job.id, pid)
                     self.launcher.watch(job.id, pid, start_time)
+                    self.adopted(job, pid, start_time)
                     self.probe.note_job_started(pid, job.gpu_uuids, job.mem)
                 else:
                     outcome = self.launcher.outcome(job.id)
@@ -397,10 +383,11 @@ class JobEndings:
             seen = self._end_count
             pending = self._active(job_ids)
             while pending and (remaining := deadline - time.monotonic()) > 0:
-                self.ended.wait(remaining)
+                # In a cluster another daemon may record the end: read again each second.
+                notified = self.ended.wait(min(remaining, self.recheck_s or remaining))
                 new = self._end_count - seen
                 seen = self._end_count
-                if new > len(self._recent_ends):  # more ended than remembered: read again
+                if new > len(self._recent_ends) or not notified:  # read again
                     pending = self._active(pending)
                 elif new:
                     pending.difference_update(list(self._recent_ends)[-new:])

@@ -25,6 +25,7 @@ class GpuSlot:
     free_bytes: int  # as the driver reports it: every process's memory is already out
     usable: bool = True  # False when lost or excluded
     util_percent: float | None = None  # recent compute utilization, every process's; None: unknown
+    node: str = ""  # the server it is on: a job's GPUs are all on one (cluster)
 
 
 @dataclass(frozen=True)

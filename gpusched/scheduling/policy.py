@@ -76,6 +76,7 @@ from gpusched.scheduling.gpu_budget import (
     fits,
     is_open,
 )
+from gpusched.scheduling.gpu_choice import choose_gpus, one_node
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,7 @@ class WaitingJob:
     array_id: int | None = None
     array_cap: int | None = None  # --max-concurrent of its array
     queue_order: int | None = None  # its place in submit order; None: job_id (see _place)
+    gpu_keys: frozenset[str] | None = None  # the GPUs (slot uuids) it may use; None: any
 
 
 @dataclass(frozen=True)
@@ -264,7 +266,8 @@ def plan(
     room: list[PlanGpu] | None = None  # GPUs open to a new job, most available first
     claims: _Claims | None = None  # for waiting reasons; None: build it when next needed
     fits_by_mem: dict[int | None, list[PlanGpu]] = {}
-    why_by_need: dict[tuple[int | None, int], str] = {}
+    why_by_need: dict[tuple[int | None, int, frozenset[str] | None], str] = {}
+    several_nodes = len({gpu.node for gpu in gpus}) > 1
 
     for job in sorted(waiting, key=lambda j: (usage.get(j.user, 0.0), -j.priority, _place(j))):
         if job.array_id is not None and job.array_cap is not None:
@@ -291,18 +294,8 @@ def plan(
                 ),
                 key=by_room,
             )
-        if job.mem_bytes is None:
-            candidates = fits_by_mem.get(None)
-            if candidates is None:
-                candidates = fits_by_mem[None] = [g for g in room if g.job_count == 0]
-        else:
-            # `room` is sorted by available memory, most first: the GPUs this job fits on
-            # are a prefix of it, and its first `gpu_count` are the ones rule 3 picks.
-            enough = len(room) >= job.gpu_count
-            fits = enough and room[job.gpu_count - 1].available >= job.mem_bytes
-            candidates = room if fits else []
-        if len(candidates) >= job.gpu_count:
-            chosen = candidates[: job.gpu_count]
+        chosen = choose_gpus(job, room, fits_by_mem, several_nodes)
+        if chosen is not None:
             over = _over_mem_cap(job, cap, user_bytes.get(job.user, 0), chosen)
             if over is not None:
                 reasons[job.job_id] = over
@@ -331,17 +324,24 @@ def plan(
             fits_by_mem.clear()
             why_by_need.clear()
             continue
-        need = (job.mem_bytes, job.gpu_count)
+        need = (job.mem_bytes, job.gpu_count, job.gpu_keys)
         if need not in why_by_need:
             if claims is None:
                 claims = _Claims.of(state, claimed_by)
             why_by_need[need] = _why_not(job, claims, busy_util)
         reasons[job.job_id] = why_by_need[need]
         if not claimed_by:
-            open_gpus = list(state)
             hopeful = sorted(
-                (g for g in open_gpus if could_ever_fit(g, job.mem_bytes)), key=_claim_order(job)
+                (
+                    g
+                    for g in state
+                    if could_ever_fit(g, job.mem_bytes)
+                    and (job.gpu_keys is None or g.slot.uuid in job.gpu_keys)
+                ),
+                key=_claim_order(job),
             )
+            if several_nodes and job.gpu_count > 1:
+                hopeful = one_node(hopeful, job.gpu_count) or []
             # A job its owner's cap holds back would not start on drained cards either.
             over = _over_mem_cap(job, cap, user_bytes.get(job.user, 0), hopeful[: job.gpu_count])
             if over is not None:

@@ -15,6 +15,7 @@ starting), both held here. One lock serialises ticks, endings and job operations
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections.abc import Callable
@@ -28,11 +29,11 @@ from gpusched.core.models import (
     TERMINAL_STATES,
     Drain,
     EndReason,
-    GpuHealth,
     GpuReport,
     GpuState,
     Job,
     JobState,
+    NodeStatus,
     StopIntent,
     TimelinePoint,
 )
@@ -40,6 +41,7 @@ from gpusched.core.units import format_size
 from gpusched.gpus.probe import Probe
 from gpusched.processes.launching import JobLauncher, Outcome, OutcomeKind
 from gpusched.scheduling.admission import Admission, admit
+from gpusched.scheduling.cluster import ClusterMember
 from gpusched.scheduling.drain import load_drain, save_drain
 from gpusched.scheduling.endings import JobEndings
 from gpusched.scheduling.fair_share import recent_usage
@@ -47,8 +49,10 @@ from gpusched.scheduling.gpu_reports import gpu_reports
 from gpusched.scheduling.interactive import InteractiveJobs
 from gpusched.scheduling.observe import Observation, observe, read_gpus
 from gpusched.scheduling.policy import Placement, Plan, UserCap, plan
-from gpusched.scheduling.policy_inputs import capacity_bytes, gpu_slot, running_claim, waiting_job
+from gpusched.scheduling.policy_inputs import gpu_slot, running_claim, waiting_job
 from gpusched.scheduling.starting import JobStarter
+from gpusched.scheduling.submit_checks import check_fits
+from gpusched.scheduling.waiting_ops import WaitingJobOperations
 from gpusched.store import NewJob, Store
 from gpusched.usage.joblog import append_note
 from gpusched.usage.monitor import Overrun, UsageMonitor
@@ -65,7 +69,7 @@ class _Reading:
     waiting_reasons: dict[int, str] = field(default_factory=dict)
 
 
-class Scheduler:
+class Scheduler(WaitingJobOperations):
     def __init__(
         self,
         config: ConfigHolder,
@@ -84,6 +88,7 @@ class Scheduler:
         self.monitor = UsageMonitor(store)  # memory and utilization of running jobs
         self.drain: Drain | None = load_drain(self.config.state_dir)  # set by an administrator
         self.wake: Callable[[], None] = lambda: None  # set by the daemon
+        self.cluster: ClusterMember | None = None  # set by the daemon in a cluster
         # Called with a job's id once it has ended, and whether it has notification hooks
         # to run. Called under the scheduler lock, so each must only hand the id over.
         self.end_listeners: list[Callable[[int, bool], None]] = []
@@ -123,6 +128,11 @@ class Scheduler:
         self.wake()  # late-bound: the daemon sets `wake` after we are built
 
     @property
+    def lock(self) -> threading.RLock:
+        """The lock that serialises passes, endings and job operations."""
+        return self._lock
+
+    @property
     def config(self) -> Config:
         """The current config (read at each use, so a reload reaches the next tick)."""
         return self.settings.current
@@ -143,6 +153,8 @@ class Scheduler:
                 self.interactive.observe_idle(seen.running, seen.usage)
             except Exception:  # acting on what was measured must never stop scheduling
                 log.exception("acting on the running jobs' usage failed")
+            if self.cluster is not None:
+                return self._cluster_tick(seen)
             admitted = self.admit()
             self.interactive.cap(admitted, seen.running)
             for doomed in admitted.doomed:
@@ -160,12 +172,24 @@ class Scheduler:
         self.interactive.notify_placed()  # clients waiting for their placement look again
         return result
 
+    def _cluster_tick(self, seen: Observation) -> Plan:
+        """A pass as one daemon of a cluster (scheduling.cluster): agent, and scheduler
+        when elected; placed jobs start through the same starter."""
+        if self.cluster is None:
+            raise RuntimeError("a cluster pass without a cluster")
+        reports = gpu_reports(seen.gpus, seen.usage, seen.running, self.config.headroom_bytes)
+        self._reading = _Reading(seen.gpus, seen.usage, self._reading.waiting_reasons)
+        result = self.cluster.tick(seen, reports)
+        if result is not None:
+            self._reading.waiting_reasons = result.waiting_reasons
+        return result or Plan([], {}, {})
+
     def read_gpus(self) -> list[GpuState]:
         return read_gpus(self.probe, self.config, self._reading.gpus)
 
     def observe(self) -> Observation:
         """The GPUs, the running jobs and what they hold; overruns found (not acted on)."""
-        running = self.store.running()
+        running = [j for j in self.store.running() if self.endings.owns(j)]
         return observe(
             self.probe,
             self.monitor,
@@ -193,7 +217,7 @@ class Scheduler:
             [waiting_job(j) for j in eligible],
             config.headroom_bytes,
             config.max_jobs_per_gpu,
-            user_caps={user: self._cap(user) for user in users},
+            user_caps={user: self.cap(user) for user in users},
             user_usage=recent_usage(
                 self.store, eligible, seen.gpus, self.clock(), config.fair_share_half_life_s
             ),
@@ -204,7 +228,7 @@ class Scheduler:
         """Start each placed job on its GPUs (a job that cannot start is queued or ended)."""
         self.starter.start(placements, gpus)
 
-    def _cap(self, user: str) -> UserCap:
+    def cap(self, user: str) -> UserCap:
         limits = self.config.limits_for(user)
         return UserCap(limits.max_running, limits.max_mem_bytes)
 
@@ -226,11 +250,19 @@ class Scheduler:
                 self._stop(job, StopIntent.OVERRUN, what)
 
     def _stop(self, job: Job, intent: StopIntent, detail: str) -> None:
-        """Ask a running job's supervisor to stop it, recording why first (read at its end)."""
+        """Ask a running job's supervisor to stop it, recording why first (read at its end).
+
+        A job on another node (cluster) is stopped by that node's agent, which polls for
+        the intent each pass."""
         if job.interactive:  # no supervisor: its client stops its command
             self.interactive.stop(job, intent, detail)
             return
         self.store.set_stop_intent(job.id, intent, detail)
+        if self.endings.owns(job):
+            self.stop_local(job)
+
+    def stop_local(self, job: Job) -> None:
+        """Ask this server's supervisor of a running job to stop it (its intent is set)."""
         start_time = self.store.launch_info(job.id).pid_start_time
         if job.pid is None or not self.launcher.cancel(job.pid, start_time):
             self.endings.settle(job.id, Outcome(OutcomeKind.CANCELLED))
@@ -247,20 +279,10 @@ class Scheduler:
     def submit_many(self, news: list[NewJob], as_array: bool) -> list[Job]:
         """Check and queue jobs in one transaction (an array shares one array id)."""
         new = news[0]  # the jobs of one submit differ only in their command
-        gpus = [g for g in self.current_gpus() if g.health != GpuHealth.EXCLUDED]
-        if not gpus:
-            raise ConflictError("this daemon has no GPUs to run jobs on")
-        if new.gpus > len(gpus):
-            raise UsageError(f"--gpus {new.gpus}: this server has only {len(gpus)} GPU(s)")
-        if new.mem is not None:
-            largest = max(gpus, key=lambda g: (capacity_bytes(g), -g.index))
-            most = capacity_bytes(largest) - self.config.headroom_bytes
-            if new.mem > most:
-                raise UsageError(
-                    f"--mem {format_size(new.mem)} is more than any GPU can give: the largest is"
-                    f" GPU {largest.index} ({largest.name}) with {format_size(largest.total_bytes)}"
-                    f" total, {format_size(most)} usable by jobs"
-                )
+        if self.cluster is not None:
+            check_fits(new, self.cluster.gpus_by_node(), self.config.headroom_bytes)
+        else:
+            check_fits(new, {self.node_name: self.current_gpus()}, self.config.headroom_bytes)
         found = self.store.get_many(new.after)
         for dep in new.after:
             if dep not in found:
@@ -301,63 +323,23 @@ class Scheduler:
             self.wake()
             return self.store.get(job.id)
 
-    def cancel_waiting(self, uid: int, by: str, array_id: int | None = None) -> list[int]:
-        """Cancel all of a user's waiting jobs (of one array) at once: their ids.
-
-        One transaction for any number (job by job, 100,000 took minutes); their ends
-        are announced as `_end` announces one.
-        """
-        with self._lock:
-            ended = self.store.cancel_waiting(
-                uid, array_id, f"cancelled by {by}", iso(self.clock()), bool(self.config.on_finish)
-            )
-            self.endings.announce_ends(ended)
-        if ended:
-            log.info("%d waiting jobs of uid %d cancelled by %s", len(ended), uid, by)
-            self.wake()
-        return [job_id for job_id, _ in ended]
+    @property
+    def node_name(self) -> str:
+        return self.starter.node or ""
 
     def set_drain(self, drain: Drain | None) -> None:
-        """Start nothing new (a Drain), or start again (None); kept across restarts."""
+        """Start nothing new (a Drain), or start again (None); kept across restarts. In a
+        cluster, the node's row says so too: the scheduler places nothing on it."""
         with self._lock:
             save_drain(self.config.state_dir, drain)
             self.drain = drain
+            if self.cluster is not None:
+                self.cluster.drain_node(self.node_name, drain)
         if drain is None:
             log.info("drain lifted: jobs start again")
         else:
             log.warning("%s: no new job starts until `gpusched undrain`", drain.describe())
         self.wake()
-
-    def set_priority(self, job: Job, priority: int) -> Job:
-        with self._lock:
-            if not self.store.set_priority(job.id, priority):
-                current = self.store.get(job.id)
-                raise ConflictError(
-                    f"job {job.id} is {current.state}: only a waiting job's priority can change"
-                )
-        self.wake()
-        return self.store.get(job.id)
-
-    def hold(self, job: Job) -> Job:
-        with self._lock:
-            if not self.store.hold(job.id):
-                current = self.store.get(job.id)
-                if current.state != JobState.HELD:
-                    raise ConflictError(
-                        f"job {job.id} is {current.state}: only a queued job can be held"
-                    )
-            return self.store.get(job.id)
-
-    def release(self, job: Job) -> Job:
-        with self._lock:
-            if not self.store.release(job.id):
-                current = self.store.get(job.id)
-                if current.state != JobState.QUEUED:
-                    raise ConflictError(
-                        f"job {job.id} is {current.state}: only a held job can be released"
-                    )
-        self.wake()
-        return self.store.get(job.id)
 
     def wait_ended(self, job_ids: list[int], timeout_s: float) -> list[Job]:
         """Block until every job has ended or the timeout passes; return their current rows."""
@@ -374,8 +356,11 @@ class Scheduler:
         if job.state == JobState.HELD:
             job.waiting_reason = "held: release it with `gpusched release`"
         elif job.state == JobState.QUEUED:
-            job.waiting_reason = self._reading.waiting_reasons.get(
-                job.id, "waiting for the next scheduling pass"
+            # In a cluster the elected scheduler's reason is in the row (job.waiting_reason).
+            job.waiting_reason = (
+                self._reading.waiting_reasons.get(job.id)
+                or job.waiting_reason
+                or "waiting for the next scheduling pass"
             )
         elif job.state == JobState.RUNNING:
             job.warning = self.interactive.warnings.get(job.id)
@@ -397,5 +382,17 @@ class Scheduler:
         return self.store.job_timeline(job.id)
 
     def gpu_reports(self, running: list[Job]) -> list[GpuReport]:
+        """This server's GPUs; in a cluster, every node's that is not down."""
+        if self.cluster is not None:
+            return [g for node in self.nodes() for g in node.gpus if node.state != "down"]
         reading = self._reading
-        return gpu_reports(reading.gpus, reading.usage, running, self.config.headroom_bytes)
+        mine = [j for j in running if self.endings.owns(j)]
+        reports = gpu_reports(reading.gpus, reading.usage, mine, self.config.headroom_bytes)
+        return [dataclasses.replace(r, node=self.starter.node) for r in reports]
+
+    def nodes(self) -> list[NodeStatus]:
+        """Every node, as `status` shows it: this server alone when it is not in a cluster."""
+        if self.cluster is not None:
+            return self.cluster.nodes_status()
+        state = "drained" if self.drain is not None else "up"
+        return [NodeStatus(self.node_name, state, 0.0, self.gpu_reports([]))]

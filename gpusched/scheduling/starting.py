@@ -8,7 +8,10 @@ of files, memory or tasks) puts the job back in the queue, any other ends it.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import pwd
+from collections.abc import Callable
 
 from gpusched.core.clock import Clock, iso
 from gpusched.core.config_holder import ConfigHolder
@@ -20,7 +23,7 @@ from gpusched.processes.environment import job_environment
 from gpusched.processes.launching import JobLauncher, StartError
 from gpusched.scheduling.endings import JobEndings
 from gpusched.scheduling.policy import Placement
-from gpusched.store import Store
+from gpusched.store import NodeGuard, Store
 from gpusched.usage.monitor import UsageMonitor
 
 log = logging.getLogger("gpusched.scheduler")
@@ -48,6 +51,10 @@ class JobStarter:
         self.endings = endings
         self.clock = clock
         self.trouble = RateLimitedLog(log)  # problems that recur every pass, said once a minute
+        self.node: str | None = None  # this server's name, recorded with each start
+        # Told of each started process (job id, pid, start time): the cluster's agent
+        # keeps them, to stop those the cluster gave to another node while it was away.
+        self.on_started: Callable[[int, int, str], None] = lambda job_id, pid, start: None
 
     def start(self, placements: list[Placement], gpus: list[GpuState]) -> None:
         """Start each placed job on its GPUs (a job that cannot start is queued or ended)."""
@@ -56,15 +63,24 @@ class JobStarter:
             chosen = [by_uuid[u] for u in placement.gpu_uuids]
             self._launch(self.store.get(placement.job_id), chosen)
 
-    def _launch(self, job: Job, gpus: list[GpuState]) -> None:
+    def start_placed(self, job: Job, gpus: list[GpuState], guard: NodeGuard) -> bool:
+        """Start a job the cluster's scheduler placed on this node (scheduling.cluster):
+        False if the database refused the claim (the node is fenced or was declared down)."""
+        return self._launch(job, gpus, guard)
+
+    def _launch(self, job: Job, gpus: list[GpuState], guard: NodeGuard | None = None) -> bool:
         """Start a queued job on `gpus`."""
         job_id = job.id
         info = self.store.launch_info(job_id)
+        gid = info.gid
+        if guard is not None:  # the same user name may have another uid on this server
+            local = pwd.getpwnam(job.user)
+            if local.pw_uid != job.uid:
+                job, gid = dataclasses.replace(job, uid=local.pw_uid), local.pw_gid
         indices = [g.index for g in gpus]
         uuids = [g.uuid for g in gpus]
         if job.interactive:
-            self._place_interactive(job, info.pid_start_time, indices, uuids)
-            return
+            return self._place_interactive(job, info.pid_start_time, indices, uuids, guard)
         env = job_environment(
             job,
             info.env,
@@ -76,29 +92,35 @@ class JobStarter:
         # Mark running *before* starting: if the daemon dies in between, a restart finds
         # a running row with no pid and looks for its supervisor, so nothing starts twice.
         log_path = str(self.launcher.log_path(job_id))
-        if not self.store.mark_running(
-            job_id,
-            gpu_indices=indices,
-            gpu_uuids=uuids,
-            pid=None,
-            pid_start_time=None,
-            log_path=log_path,
-            now=iso(self.clock()),
-        ):
-            return
+        if guard is not None:
+            claimed = self.store.mark_running_placed(job_id, guard, log_path, iso(self.clock()))
+        else:
+            claimed = self.store.mark_running(
+                job_id,
+                gpu_indices=indices,
+                gpu_uuids=uuids,
+                pid=None,
+                pid_start_time=None,
+                log_path=log_path,
+                now=iso(self.clock()),
+                node=self.node,
+            )
+        if not claimed:
+            return False
         self.monitor.started(job_id)  # before: its end (even a failed start) forgets it
         try:
-            started = self.launcher.start(job, env, info.umask, info.gid)
+            started = self.launcher.start(job, env, info.umask, gid)
         except StartError as exc:
             # Out of files, memory or tasks for now: the job keeps its place in the queue
             # and the next pass tries again (said once a minute, not once a pass).
             if exc.transient and self.store.unmark_running(job_id):
                 self.trouble.warning("start", f"job {job_id} cannot start yet: {exc}: queued")
-                return
+                return False
             log.warning("job %s failed to start: %s", job_id, quoted(str(exc), 500))
             self.endings.end(job_id, JobState.FAILED, EndReason.FAILED_TO_START, detail=str(exc))
-            return
+            return False
         self.store.set_pid(job_id, started.pid, started.start_time)
+        self.on_started(job_id, started.pid, started.start_time)
         self.probe.note_job_started(started.pid, uuids, job.mem)
         log.info(
             "job %s started on GPU %s (pid %s, via %s) as %s: %s",
@@ -109,22 +131,38 @@ class JobStarter:
             quoted(job.user, 40),
             command_for_log(job.command, self._config.current.show_commands),
         )
+        return True
 
     def _place_interactive(
-        self, job: Job, start_time: str | None, indices: list[int], uuids: list[str]
-    ) -> None:
+        self,
+        job: Job,
+        start_time: str | None,
+        indices: list[int],
+        uuids: list[str],
+        guard: NodeGuard | None,
+    ) -> bool:
         """An interactive job starts as its client learns its placement: nothing is
-        launched; its client (pid) is the root of its process tree, and it has no log."""
-        if job.pid is None or not self.store.mark_running(
-            job.id,
-            gpu_indices=indices,
-            gpu_uuids=uuids,
-            pid=job.pid,
-            pid_start_time=start_time,
-            log_path=None,
-            now=iso(self.clock()),
-        ):
-            return
+        launched; its client (pid) is the root of its process tree, and it has no log.
+        In a cluster it was placed on this server, its client's (`guard`)."""
+        if job.pid is None:
+            return False
+        if guard is not None:
+            claimed = self.store.mark_running_placed(
+                job.id, guard, None, iso(self.clock()), pid=(job.pid, start_time)
+            )
+        else:
+            claimed = self.store.mark_running(
+                job.id,
+                gpu_indices=indices,
+                gpu_uuids=uuids,
+                pid=job.pid,
+                pid_start_time=start_time,
+                log_path=None,
+                now=iso(self.clock()),
+                node=self.node,
+            )
+        if not claimed:
+            return False
         self.monitor.started(job.id)
         self.probe.note_job_started(job.pid, uuids, job.mem)
         log.info(
@@ -134,3 +172,4 @@ class JobStarter:
             job.pid,
             quoted(job.user, 40),
         )
+        return True

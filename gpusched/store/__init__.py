@@ -14,11 +14,15 @@ here, which re-exports what the rest of gpusched uses:
 - gpusched.store.usage: measured usage and OOM retries (`USAGE_COLUMNS`)
 - gpusched.store.timeline: each job's memory and utilization over time (`TimelineRow`,
   `TimelineWrite`; written with the usage flush and the end)
+- gpusched.store.nodes: the cluster's nodes and the scheduler's election (leases)
+- gpusched.store.placements: placements, starts and node deaths, conditioned on epochs
 """
 
 from __future__ import annotations
 
 from gpusched.store.database import jobs, metadata, timeline_points
+from gpusched.store.nodes import LeaseRow, NodeRecords, NodeRow
+from gpusched.store.placements import DownResult, NodeGuard, NodePlacement, PlacementRecords
 from gpusched.store.queries import JobFigures, LaunchInfo, Queued
 from gpusched.store.timeline import TimelineRecords, TimelineRow, TimelineWrite
 from gpusched.store.transitions import JobTransitions, NewJob
@@ -26,9 +30,14 @@ from gpusched.store.usage import USAGE_COLUMNS, UsageRecords
 
 __all__ = [
     "USAGE_COLUMNS",
+    "DownResult",
     "JobFigures",
     "LaunchInfo",
+    "LeaseRow",
     "NewJob",
+    "NodeGuard",
+    "NodePlacement",
+    "NodeRow",
     "Queued",
     "Store",
     "TimelineRow",
@@ -39,5 +48,5 @@ __all__ = [
 ]
 
 
-class Store(JobTransitions, UsageRecords, TimelineRecords):
+class Store(JobTransitions, UsageRecords, TimelineRecords, NodeRecords, PlacementRecords):
     """The database is the truth about jobs: every read and write of it goes through here."""

@@ -125,6 +125,15 @@ jobs = Table(
     Column("hooks_due", Integer, nullable=True),
     # The job's environment in `envs` (then `env` is {}); NULL for rows written before.
     Column("env_id", Integer, nullable=True),
+    # The cluster (store.nodes): the node it is placed on, that node's epoch when it was
+    # placed (a write from an older epoch is refused), where it may go, and whether a
+    # dead node's job goes back to the queue.
+    Column("node", String, nullable=True, index=True),
+    Column("node_epoch", Integer, nullable=True),
+    Column("allowed_nodes", JSON, nullable=True),
+    Column("requeue", Integer, nullable=True),
+    # Why a queued job waits, as the cluster's scheduler last said (others read it here).
+    Column("waiting_reason", Text, nullable=True),
     # 1: `gpusched run` / claim(); its pid and pid_start_time are its client's, from the
     # socket's peer credentials at the request, set while it waits too.
     Column("interactive", Integer, nullable=True),

@@ -36,14 +36,18 @@ class Queued:
     max_concurrent: int | None
     retry_of: int | None
     interactive: int | None  # 1: `gpusched run` / claim() (capped by interactive.max_per_user)
+    allowed_nodes: list[str] | None = None  # `submit --node`; None: any node
 
 
 _QUEUED_SELECT = select(
     *(
-        type_coerce(jobs.c[f.name], Text) if f.name == "after" else jobs.c[f.name]
+        type_coerce(jobs.c[f.name], Text)
+        if f.name in ("after", "allowed_nodes")
+        else jobs.c[f.name]
         for f in dataclasses.fields(Queued)
     )
-).where(jobs.c.state == str(JobState.QUEUED))
+    # A job placed on a node (cluster) waits there for its agent: planned already.
+).where(jobs.c.state == str(JobState.QUEUED), jobs.c.node.is_(None))
 
 
 @dataclass(frozen=True)
@@ -194,8 +198,8 @@ class JobQueries(Database):
         with self.read() as conn:
             rows = conn.execute(_QUEUED_SELECT.order_by(jobs.c.id)).all()
         return [
-            Queued(i, u, m, g, p, decode_json(a), ai, mc, ro, it)
-            for i, u, m, g, p, a, ai, mc, ro, it in rows
+            Queued(i, u, m, g, p, decode_json(a), ai, mc, ro, it, decode_json(an))
+            for i, u, m, g, p, a, ai, mc, ro, it, an in rows
         ]
 
     def ended(

@@ -18,6 +18,7 @@ from typing import Any
 
 from sqlalchemy import Text, func, select, type_coerce, update
 from sqlalchemy.engine import Connection
+from sqlalchemy.sql.elements import ColumnElement
 
 from gpusched.core.errors import ConflictError
 from gpusched.core.models import ACTIVE_STATES, EndReason, Job, JobState, StopIntent
@@ -31,6 +32,7 @@ from gpusched.store.database import (
     lock_submits,
     to_job,
 )
+from gpusched.store.placements import NodeGuard, guarded_end
 from gpusched.store.timeline import TimelineWrite, write_timeline
 from gpusched.store.usage import usage_values
 
@@ -56,6 +58,8 @@ class NewJob:
     time_limit_s: float | None = None
     notify: tuple[str, ...] | None = None  # `submit --notify`: argv run when the job ends
     max_concurrent: int | None = None  # for the jobs of one array
+    allowed_nodes: tuple[str, ...] | None = None  # `submit --node a,b`
+    requeue: bool = False  # `submit --requeue`: queued again if its node dies
     # `gpusched run` / claim(): the client process that is the job (peer credentials).
     client_pid: int | None = None
     client_start_time: str | None = None  # pidref.process_start_time of client_pid
@@ -115,6 +119,8 @@ def _row(
         "retry_oom": new.retry_oom,
         "time_limit_s": new.time_limit_s,
         "notify": list(new.notify) if new.notify else None,
+        "allowed_nodes": list(new.allowed_nodes) if new.allowed_nodes else None,
+        "requeue": 1 if new.requeue else None,
         "interactive": 1 if new.client_pid is not None else None,
         "pid": new.client_pid,
         "pid_start_time": new.client_start_time,
@@ -205,20 +211,25 @@ class JobTransitions(Database):
         from_states: Sequence[JobState],
         values: dict[str, Any],
         durable: bool = True,
+        condition: ColumnElement[bool] | None = None,
     ) -> bool:
-        """Apply `values` only if the job is still in one of `from_states` (compare-and-set)."""
+        """Apply `values` only if the job is still in one of `from_states` (compare-and-set)
+        and meets `condition` if any."""
         with self._write(durable) as conn:
-            return self._transition_in(conn, job_id, from_states, values)
+            return self._transition_in(conn, job_id, from_states, values, condition)
 
     @staticmethod
     def _transition_in(
-        conn: Connection, job_id: int, from_states: Sequence[JobState], values: dict[str, Any]
+        conn: Connection,
+        job_id: int,
+        from_states: Sequence[JobState],
+        values: dict[str, Any],
+        condition: ColumnElement[bool] | None = None,
     ) -> bool:
-        result = conn.execute(
-            update(jobs)
-            .where(jobs.c.id == job_id, jobs.c.state.in_([str(s) for s in from_states]))
-            .values(**values)
-        )
+        where = [jobs.c.id == job_id, jobs.c.state.in_([str(s) for s in from_states])]
+        if condition is not None:
+            where.append(condition)
+        result = conn.execute(update(jobs).where(*where).values(**values))
         return result.rowcount == 1
 
     def mark_running(
@@ -231,6 +242,7 @@ class JobTransitions(Database):
         pid_start_time: str | None,
         log_path: str | None,
         now: str,
+        node: str | None = None,
     ) -> bool:
         # Durable (FULL): this is the claim, made before the job's supervisor exists, that
         # the job may have started. Lost in a power cut, the job would be queued again
@@ -246,6 +258,7 @@ class JobTransitions(Database):
                 "pid_start_time": pid_start_time,
                 "log_path": log_path,
                 "started_at": now,
+                "node": node,
             },
         )
 
@@ -262,6 +275,8 @@ class JobTransitions(Database):
                 "pid_start_time": None,
                 "log_path": None,
                 "started_at": None,
+                "node": None,
+                "node_epoch": None,
             },
         )
 
@@ -279,8 +294,11 @@ class JobTransitions(Database):
         timeline: TimelineWrite | None = None,
         hooks_due: bool = False,
         durable: bool = True,
+        guard: NodeGuard | None = None,
     ) -> bool:
         """End an active job; False if it had already ended (the first ending wins).
+
+        `guard` (cluster): only as that node at that epoch may (store.placements.guarded_end).
 
         `usage`: the job's final figures (peak, utilization, hints), written with the end;
         `timeline`: the last points of its time series, too.
@@ -300,10 +318,13 @@ class JobTransitions(Database):
         }
         if log_path is not None:
             values["log_path"] = log_path
+        states, condition = list(ACTIVE_STATES), None
+        if guard is not None:  # a node's own end: also of a job lost with it (its real end)
+            states, condition = [*ACTIVE_STATES, JobState.LOST], guarded_end(guard)
         if timeline is None:
-            return self._transition(job_id, list(ACTIVE_STATES), values, durable)
+            return self._transition(job_id, states, values, durable, condition)
         with self._write(durable) as conn:
-            if not self._transition_in(conn, job_id, list(ACTIVE_STATES), values):
+            if not self._transition_in(conn, job_id, states, values, condition):
                 return False
             write_timeline(conn, job_id, timeline)
         return True
@@ -344,7 +365,16 @@ class JobTransitions(Database):
         return self._transition(job_id, [JobState.QUEUED, JobState.HELD], {"priority": priority})
 
     def hold(self, job_id: int) -> bool:
-        return self._transition(job_id, [JobState.QUEUED], {"state": str(JobState.HELD)})
+        # A job placed on a node (cluster) and held goes back to the scheduler when released.
+        unplaced: dict[str, Any] = {
+            "node": None,
+            "node_epoch": None,
+            "gpu_uuids": [],
+            "gpu_indices": [],
+        }
+        return self._transition(
+            job_id, [JobState.QUEUED], {"state": str(JobState.HELD), **unplaced}
+        )
 
     def release(self, job_id: int) -> bool:
         return self._transition(job_id, [JobState.HELD], {"state": str(JobState.QUEUED)})

@@ -46,6 +46,9 @@ _PER_RUN_COLUMNS = frozenset(
         "exit_code",
         "reason",
         "reason_detail",
+        "node",  # where the run was placed (cluster): the retry is placed anew
+        "node_epoch",
+        "waiting_reason",
         "log_path",
         "retried_as",
         "hooks_due",  # the hooks of this run's end, not of the retry's

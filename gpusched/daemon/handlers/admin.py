@@ -8,7 +8,7 @@ from typing import Any
 
 from gpusched import __version__
 from gpusched.core.clock import iso, utc_now
-from gpusched.core.errors import PermissionDenied
+from gpusched.core.errors import NotFoundError, PermissionDenied
 from gpusched.core.models import Drain
 from gpusched.core.requests import DrainRequest, PingRequest
 from gpusched.daemon.handlers.args import text
@@ -35,12 +35,21 @@ def drain(services: Services, caller: Caller, request: DrainRequest) -> Any:
             f"only an administrator (root or one listed in `admins`) may drain; {caller.user}"
             " is not one"
         )
+    state = None
     if request.on:
         reason = request.reason
         state = Drain(caller.user, iso(utc_now()), None if reason is None else text(reason))
-        services.scheduler.set_drain(state)
-    else:
-        services.scheduler.set_drain(None)
+    scheduler = services.scheduler
+    if request.node is not None and request.node != scheduler.node_name:
+        if scheduler.cluster is None:
+            raise NotFoundError(
+                f"no node {request.node}: this server is not in a cluster (its name is"
+                f" {scheduler.node_name})"
+            )
+        if not scheduler.cluster.drain_node(request.node, state):
+            raise NotFoundError(f"no node {request.node} in this cluster that is not down")
+        return None if state is None else state.to_json()
+    scheduler.set_drain(state)
     return drain_json(services)
 
 

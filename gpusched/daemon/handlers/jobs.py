@@ -52,6 +52,8 @@ def submit(services: Services, caller: Caller, request: SubmitRequest) -> Any:
         max_concurrent=request.max_concurrent,
         notify=request.notify,
         retry_oom=request.retry_oom,
+        allowed_nodes=request.nodes,
+        requeue=request.requeue,
     )
     command, name = list(request.command), request.name
     if request.sweep is None:
@@ -104,6 +106,8 @@ def requeue(services: Services, caller: Caller, request: RequeueRequest) -> Any:
         time_limit_s=old.time_limit_s,
         retry_oom=first.retry_oom or 0,
         notify=tuple(old.notify) if old.notify else None,  # the same `--notify` hook
+        allowed_nodes=tuple(old.allowed_nodes) if old.allowed_nodes else None,  # `--node`
+        requeue=bool(old.requeue),
     )
     return services.visible(caller, services.scheduler.submit(new))
 

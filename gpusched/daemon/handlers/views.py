@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import base64
 import os
+import pwd
+from pathlib import Path
 from typing import Any
 
 from gpusched.core.errors import GpuschedError, NotFoundError, UsageError
 from gpusched.core.hints import suggest_mem
 from gpusched.core.logcap import read_log
-from gpusched.core.models import ACTIVE_STATES, TERMINAL_STATES, JobState
+from gpusched.core.models import ACTIVE_STATES, TERMINAL_STATES, Job, JobState
 from gpusched.core.requests import (
     ArrayRequest,
     EstimateHistoryRequest,
@@ -86,6 +88,7 @@ def status(services: Services, caller: Caller, request: StatusRequest) -> Any:
         jobs += [services.visible(caller, j) for j in store.ended(limit=20)]
     return {
         "gpus": [g.to_json() for g in services.scheduler.gpu_reports(store.running())],
+        "nodes": [n.to_json() for n in services.scheduler.nodes()],
         "jobs": jobs,
         "drain": drain_json(services),
         "next": last if more else None,
@@ -116,6 +119,8 @@ def logs(services: Services, caller: Caller, request: LogsRequest) -> Any:
             fd = -1
         except OSError as exc:
             raise GpuschedError(f"cannot read the log of job {job.id}: {exc.strerror}") from None
+        if job.node is not None and job.node != services.scheduler.node_name:
+            fd = elsewhere(job, fd, services.config.log_dir)
         if fd >= 0:
             try:
                 # Offsets count all the job wrote: a log cut at max_log_size is read
@@ -134,6 +139,26 @@ def logs(services: Services, caller: Caller, request: LogsRequest) -> Any:
         "state": str(job.state),
         "log_path": job.log_path,
     }
+
+
+def elsewhere(job: Job, fd: int, log_dir: Path) -> int:
+    """The log of a job that ran on another node: `fd` if this server shares its log_dir
+    (the job's log is in this server's log_dir, the file is there and its owner's), else
+    one line saying where it is."""
+    shared = job.log_path is not None and Path(job.log_path).parent == log_dir
+    if fd >= 0 and shared:
+        try:
+            owner = pwd.getpwnam(job.user).pw_uid
+        except KeyError:
+            owner = -1
+        if os.fstat(fd).st_uid == owner:
+            return fd
+    if fd >= 0:
+        os.close(fd)
+    raise NotFoundError(
+        f"job {job.id} ran on node {job.node}: its log is {job.log_path} there"
+        " (log_dir is not shared with this server)"
+    )
 
 
 def wait(services: Services, caller: Caller, request: WaitRequest) -> Any:

@@ -1,0 +1,264 @@
+"""The cluster's tables: `nodes` (one row per server, its lease and its GPUs as last
+reported) and `leases` (the scheduler's election), and their conditional writes.
+
+Every lease is timed by the DATABASE's clock (`db_now`): servers' clocks may disagree,
+the database's is one. A lease is renewed by an UPDATE conditioned on the holder's name
+and epoch, its row count checked: a node declared down (its epoch bumped) or a
+scheduler replaced (the election's epoch bumped) finds its renewal refused, and so is
+any later write it makes under the old epoch (store.placements).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import (
+    Column,
+    Float,
+    Integer,
+    String,
+    Table,
+    Text,
+    func,
+    insert,
+    literal,
+    select,
+    update,
+)
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.sql.elements import ColumnElement
+
+from gpusched.store.database import Database, metadata
+
+NODE_UP = "up"
+NODE_DOWN = "down"
+NODE_DRAINED = "drained"
+
+nodes = Table(
+    "nodes",
+    metadata,
+    Column("name", String, primary_key=True),
+    Column("epoch", Integer, nullable=False),  # bumped when the node is declared down
+    Column("lease_expires", Float, nullable=False),  # database clock, seconds since 1970
+    Column("last_seen", Float, nullable=False),  # database clock
+    Column("state", String, nullable=False),  # up, down or drained
+    Column("drain_reason", Text, nullable=True),
+    Column("owner", String, nullable=True),  # host:pid of the daemon holding the name
+    Column("report", Text, nullable=True),  # JSON: its GPUs, usage, users it lacks
+)
+
+leases = Table(
+    "leases",
+    metadata,
+    Column("role", String, primary_key=True),  # "scheduler"
+    Column("holder", String, nullable=False),
+    Column("epoch", Integer, nullable=False),  # bumped at each change of holder
+    Column("expires", Float, nullable=False),  # database clock
+)
+
+SCHEDULER_ROLE = "scheduler"
+
+
+def db_now(conn: Connection) -> ColumnElement[float]:
+    """The database's clock in seconds since 1970, as an SQL expression."""
+    if conn.dialect.name == "sqlite":
+        return (func.julianday("now") - literal(2440587.5)) * literal(86400.0)
+    return func.extract("epoch", func.clock_timestamp())  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class NodeRow:
+    name: str
+    epoch: int
+    state: str
+    drain_reason: str | None
+    owner: str | None
+    report: dict[str, Any]
+    age_s: float  # seconds since it was last heard, by the database's clock
+    expired: bool  # its lease has run out (by the database's clock)
+
+
+@dataclass(frozen=True)
+class LeaseRow:
+    holder: str
+    epoch: int
+    expired: bool
+
+
+class NodeRecords(Database):
+    """Reads and conditional writes of `nodes` and `leases`."""
+
+    def node_rows(self) -> list[NodeRow]:
+        with self.read() as conn:
+            now = db_now(conn)
+            rows = conn.execute(
+                select(
+                    nodes,
+                    (now - nodes.c.last_seen).label("age"),
+                    (nodes.c.lease_expires < now).label("expired"),
+                ).order_by(nodes.c.name)
+            ).all()
+        return [
+            NodeRow(
+                r.name,
+                int(r.epoch),
+                r.state,
+                r.drain_reason,
+                r.owner,
+                json.loads(r.report) if r.report else {},
+                max(0.0, float(r.age)),
+                bool(r.expired),
+            )
+            for r in rows
+        ]
+
+    def node_row(self, name: str) -> NodeRow | None:
+        return next((r for r in self.node_rows() if r.name == name), None)
+
+    def claim_node(self, name: str, owner: str, timeout_s: float, seen: NodeRow | None) -> int:
+        """Take the name `name` for this daemon: its epoch, or -1 if someone else took the
+        row meanwhile. A row that was down comes back up with the epoch it was given."""
+        with self.engine.begin() as conn:
+            now = db_now(conn)
+            if seen is None:
+                try:
+                    with conn.begin_nested():
+                        conn.execute(
+                            insert(nodes).values(
+                                name=name,
+                                epoch=1,
+                                lease_expires=now + timeout_s,
+                                last_seen=now,
+                                state=NODE_UP,
+                                owner=owner,
+                            )
+                        )
+                except IntegrityError:
+                    return -1
+                return 1
+            state = NODE_DRAINED if seen.state == NODE_DRAINED else NODE_UP
+            done = conn.execute(
+                update(nodes)
+                .where(nodes.c.name == name, nodes.c.epoch == seen.epoch)
+                .values(lease_expires=now + timeout_s, last_seen=now, state=state, owner=owner)
+            )
+        return seen.epoch if done.rowcount == 1 else -1
+
+    def renew_node(self, name: str, epoch: int, timeout_s: float, report: dict[str, Any]) -> bool:
+        """Renew this node's lease and report its GPUs; False: it was declared down."""
+        with self.engine.begin() as conn:
+            now = db_now(conn)
+            done = conn.execute(
+                update(nodes)
+                .where(
+                    nodes.c.name == name,
+                    nodes.c.epoch == epoch,
+                    nodes.c.state.in_([NODE_UP, NODE_DRAINED]),
+                )
+                .values(lease_expires=now + timeout_s, last_seen=now, report=json.dumps(report))
+            )
+        return done.rowcount == 1
+
+    def set_node_state(self, name: str, state: str, reason: str | None) -> bool:
+        """Drain (`drained`, with why) or undrain (`up`) a node that is not down."""
+        with self.engine.begin() as conn:
+            done = conn.execute(
+                update(nodes)
+                .where(nodes.c.name == name, nodes.c.state.in_([NODE_UP, NODE_DRAINED]))
+                .values(state=state, drain_reason=reason)
+            )
+        return done.rowcount == 1
+
+    def release_node(self, name: str, epoch: int) -> None:
+        """A daemon stopping cleanly: its lease ends now (its jobs run on, re-adopted by
+        its next start; declared down only if it stays away past node_timeout)."""
+        with self.engine.begin() as conn:
+            conn.execute(
+                update(nodes).where(nodes.c.name == name, nodes.c.epoch == epoch).values(owner=None)
+            )
+
+    # -- the scheduler's election ---------------------------------------------------------
+
+    def scheduler_lease(self) -> LeaseRow | None:
+        with self.read() as conn:
+            row = conn.execute(
+                select(leases, (leases.c.expires < db_now(conn)).label("expired")).where(
+                    leases.c.role == SCHEDULER_ROLE
+                )
+            ).first()
+        return None if row is None else LeaseRow(row.holder, int(row.epoch), bool(row.expired))
+
+    def renew_scheduler(self, holder: str, epoch: int, timeout_s: float) -> bool:
+        with self.engine.begin() as conn:
+            done = conn.execute(
+                update(leases)
+                .where(
+                    leases.c.role == SCHEDULER_ROLE,
+                    leases.c.holder == holder,
+                    leases.c.epoch == epoch,
+                )
+                .values(expires=db_now(conn) + timeout_s)
+            )
+        return done.rowcount == 1
+
+    def take_scheduler(self, holder: str, seen: LeaseRow | None, timeout_s: float) -> int | None:
+        """Become the scheduler if the lease seen is still the current one and expired (or
+        there is none): the new epoch, or None if another daemon was quicker."""
+        with self.engine.begin() as conn:
+            now = db_now(conn)
+            if seen is None:
+                try:
+                    with conn.begin_nested():
+                        conn.execute(
+                            insert(leases).values(
+                                role=SCHEDULER_ROLE, holder=holder, epoch=1, expires=now + timeout_s
+                            )
+                        )
+                except IntegrityError:
+                    return None
+                return 1
+            done = conn.execute(
+                update(leases)
+                .where(
+                    leases.c.role == SCHEDULER_ROLE,
+                    leases.c.epoch == seen.epoch,
+                    # Our own expired lease is taken back at once; another's only when it ran out.
+                    (leases.c.expires < now) | (leases.c.holder == holder),
+                )
+                .values(holder=holder, epoch=seen.epoch + 1, expires=now + timeout_s)
+            )
+        return seen.epoch + 1 if done.rowcount == 1 else None
+
+
+def election_is_current(conn: Connection, holder: str, epoch: int) -> bool:
+    """In a write transaction: whether `holder` still holds the election at `epoch`.
+
+    The row is read FOR SHARE (PostgreSQL; SQLite's BEGIN IMMEDIATE already serialises
+    writers), so a takeover waits for this transaction to commit: no write of an old
+    scheduler lands after a new one was elected.
+    """
+    found = conn.execute(
+        select(leases.c.epoch)
+        .where(leases.c.role == SCHEDULER_ROLE, leases.c.holder == holder, leases.c.epoch == epoch)
+        .with_for_update(read=True)
+    ).first()
+    return found is not None
+
+
+def node_is_live(conn: Connection, name: str, epoch: int) -> bool:
+    """In a write transaction: whether node `name` is still at `epoch`, not down, and its
+    lease unexpired by the database's clock (read FOR SHARE, as election_is_current)."""
+    found = conn.execute(
+        select(nodes.c.name)
+        .where(
+            nodes.c.name == name,
+            nodes.c.epoch == epoch,
+            nodes.c.state.in_([NODE_UP, NODE_DRAINED]),
+            nodes.c.lease_expires > db_now(conn),
+        )
+        .with_for_update(read=True)
+    ).first()
+    return found is not None

@@ -1,0 +1,272 @@
+"""The cluster's writes of a job's life: placed on a node by the elected scheduler,
+started by that node's agent, ended lost (or queued again) when its node is declared down.
+
+Each is one transaction whose condition is checked in the database, row count and all:
+a placement holds only if the job is still queued and unplaced AND the scheduler's
+election epoch is still current; a start only if the job is still placed on this node
+AND the node is at the agent's epoch with an unexpired lease. So of two daemons that
+both believe they schedule, the stale one's writes are refused, and a node declared
+down cannot start anything more under its old epoch (docs/cluster.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sqlalchemy import Text, bindparam, select, type_coerce, update
+from sqlalchemy.sql.elements import ColumnElement
+
+from gpusched.core.models import EndReason, Job, JobState
+from gpusched.store.database import Database, decode_json, job_select, jobs, to_job
+from gpusched.store.nodes import NODE_DOWN, db_now, election_is_current, node_is_live, nodes
+
+
+@dataclass(frozen=True)
+class NodeGuard:
+    """Who writes: this node's name and the epoch its local process was started under."""
+
+    name: str
+    epoch: int
+
+
+@dataclass(frozen=True)
+class NodePlacement:
+    job_id: int
+    node: str
+    gpu_uuids: tuple[str, ...]
+    gpu_indices: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class DownResult:
+    """What declaring a node down did to its jobs: (id, hooks due) ended, ids queued."""
+
+    lost: list[tuple[int, bool]]
+    requeued: list[int]
+
+
+def guarded_end(guard: NodeGuard) -> ColumnElement[bool]:
+    """Which active rows a node may end: waiting ones, its own running ones of its epoch,
+    and those lost with it (their real end, reported when it comes back)."""
+    return (
+        jobs.c.state.in_([str(JobState.QUEUED), str(JobState.HELD)])
+        | (
+            (jobs.c.state == str(JobState.RUNNING))
+            & (jobs.c.node == guard.name)
+            & (jobs.c.node_epoch == guard.epoch)
+        )
+        | (
+            (jobs.c.state == str(JobState.LOST))
+            & (jobs.c.reason == str(EndReason.NODE_LOST))
+            & (jobs.c.node == guard.name)
+        )
+    )
+
+
+class PlacementRecords(Database):
+    def place(
+        self, placements: Sequence[NodePlacement], holder: str, election_epoch: int
+    ) -> list[int]:
+        """Place jobs on nodes in one transaction: the ids placed (none if the election
+        moved on; a job that was meanwhile cancelled, held or placed is left out)."""
+        placed: list[int] = []
+        with self.engine.begin() as conn:
+            if not election_is_current(conn, holder, election_epoch):
+                return []
+            for p in placements:
+                epoch = conn.execute(
+                    select(nodes.c.epoch).where(nodes.c.name == p.node, nodes.c.state != NODE_DOWN)
+                ).scalar()
+                if epoch is None:
+                    continue
+                done = conn.execute(
+                    update(jobs)
+                    .where(
+                        jobs.c.id == p.job_id,
+                        jobs.c.state == str(JobState.QUEUED),
+                        jobs.c.node.is_(None),
+                    )
+                    .values(
+                        node=p.node,
+                        node_epoch=int(epoch),
+                        gpu_uuids=list(p.gpu_uuids),
+                        gpu_indices=list(p.gpu_indices),
+                        waiting_reason=None,
+                    )
+                )
+                if done.rowcount == 1:
+                    placed.append(p.job_id)
+        return placed
+
+    def placed(self, node: str | None = None) -> list[Job]:
+        """Jobs placed and not started yet (on `node`, or on any)."""
+        query = job_select().where(jobs.c.state == str(JobState.QUEUED), jobs.c.node.is_not(None))
+        if node is not None:
+            query = query.where(jobs.c.node == node)
+        with self.read() as conn:
+            return [to_job(row) for row in conn.execute(query.order_by(jobs.c.id)).all()]
+
+    def claims(self) -> list[Job]:
+        """Jobs running or placed on a node, read in ONE statement: read apart, a job that
+        starts between the two reads is in neither, and its GPU looks free."""
+        query = job_select().where(
+            jobs.c.node.is_not(None),
+            jobs.c.state.in_([str(JobState.RUNNING), str(JobState.QUEUED)]),
+        )
+        with self.read() as conn:
+            return [to_job(row) for row in conn.execute(query.order_by(jobs.c.id)).all()]
+
+    def placed_ids(self, node: str) -> list[int]:
+        """The ids of the jobs placed on `node` and not started yet."""
+        query = select(jobs.c.id).where(jobs.c.node == node, jobs.c.state == str(JobState.QUEUED))
+        with self.read() as conn:
+            return [int(i) for i in conn.execute(query).scalars()]
+
+    def unplace(self, job_id: int, node: str) -> bool:
+        """Back to the scheduler: a placed job its node will not start (e.g. no such user)."""
+        with self.engine.begin() as conn:
+            done = conn.execute(
+                update(jobs)
+                .where(
+                    jobs.c.id == job_id,
+                    jobs.c.state == str(JobState.QUEUED),
+                    jobs.c.node == node,
+                )
+                .values(node=None, node_epoch=None, gpu_uuids=[], gpu_indices=[])
+            )
+        return done.rowcount == 1
+
+    def mark_running_placed(
+        self,
+        job_id: int,
+        guard: NodeGuard,
+        log_path: str | None,
+        now: str,
+        pid: tuple[int, str | None] | None = None,
+    ) -> bool:
+        """The claim that a placed job starts here (before its process exists, as
+        Store.mark_running): refused unless this node is live at the guard's epoch.
+        `pid`: an interactive job's client (pid, start time), the job's process already."""
+        with self.engine.begin() as conn:
+            if not node_is_live(conn, guard.name, guard.epoch):
+                return False
+            done = conn.execute(
+                update(jobs)
+                .where(
+                    jobs.c.id == job_id,
+                    jobs.c.state == str(JobState.QUEUED),
+                    jobs.c.node == guard.name,
+                )
+                .values(
+                    state=str(JobState.RUNNING),
+                    node_epoch=guard.epoch,
+                    pid=None if pid is None else pid[0],
+                    pid_start_time=None if pid is None else pid[1],
+                    log_path=log_path,
+                    started_at=now,
+                )
+            )
+        return done.rowcount == 1
+
+    def declare_down(
+        self, name: str, seen_epoch: int, *, holder: str, election_epoch: int, now: str, why: str
+    ) -> DownResult | None:
+        """Mark a node whose lease ran out `down` and bump its epoch, then end its running
+        jobs `lost` (reason node_lost) or queue them again (`--requeue`), and give its
+        placed jobs back to the scheduler: one transaction. None: refused (the node
+        renewed meanwhile, or this daemon no longer schedules)."""
+        with self.engine.begin() as conn:
+            if not election_is_current(conn, holder, election_epoch):
+                return None
+            done = conn.execute(
+                update(nodes)
+                .where(
+                    nodes.c.name == name,
+                    nodes.c.epoch == seen_epoch,
+                    nodes.c.state != NODE_DOWN,
+                    nodes.c.lease_expires < db_now(conn),
+                )
+                .values(state=NODE_DOWN, epoch=seen_epoch + 1)
+            )
+            if done.rowcount != 1:
+                return None
+            running = (jobs.c.node == name) & (jobs.c.state == str(JobState.RUNNING))
+            rows = conn.execute(
+                select(jobs.c.id, jobs.c.requeue, type_coerce(jobs.c.notify, Text)).where(running)
+            ).all()
+            requeued = [int(r[0]) for r in rows if r[1]]
+            lost = [(int(r[0]), decode_json(r[2]) is not None) for r in rows if not r[1]]
+            if requeued:
+                conn.execute(
+                    update(jobs)
+                    .where(jobs.c.id.in_(requeued), running)
+                    .values(
+                        state=str(JobState.QUEUED),
+                        node=None,
+                        node_epoch=None,
+                        gpu_uuids=[],
+                        gpu_indices=[],
+                        pid=None,
+                        pid_start_time=None,
+                        started_at=None,
+                        log_path=None,
+                        stop_intent=None,
+                    )
+                )
+            for job_id, hooks in lost:
+                conn.execute(
+                    update(jobs)
+                    .where(jobs.c.id == job_id, running)
+                    .values(
+                        state=str(JobState.LOST),
+                        reason=str(EndReason.NODE_LOST),
+                        reason_detail=why,
+                        ended_at=now,
+                        hooks_due=1 if hooks else None,
+                    )
+                )
+            conn.execute(
+                update(jobs)
+                .where(jobs.c.node == name, jobs.c.state == str(JobState.QUEUED))
+                .values(node=None, node_epoch=None, gpu_uuids=[], gpu_indices=[])
+            )
+        return DownResult(lost, requeued)
+
+    def rows_of(self, job_ids: Sequence[int]) -> dict[int, tuple[JobState, str | None, int | None]]:
+        """(state, node, node epoch) of each of these jobs: what an agent back from a
+        partition compares with what it runs."""
+        with self.read() as conn:
+            rows = conn.execute(
+                select(jobs.c.id, jobs.c.state, jobs.c.node, jobs.c.node_epoch).where(
+                    jobs.c.id.in_(list(job_ids))
+                )
+            ).all()
+        return {int(i): (JobState(s), n, e) for i, s, n, e in rows}
+
+    def stop_requested(self, node: str) -> list[int]:
+        """Running jobs on `node` that a daemon asked to stop (a cancel, from any node)."""
+        with self.read() as conn:
+            return [
+                int(i)
+                for i in conn.execute(
+                    select(jobs.c.id).where(
+                        jobs.c.state == str(JobState.RUNNING),
+                        jobs.c.node == node,
+                        jobs.c.stop_intent.is_not(None),
+                    )
+                ).scalars()
+            ]
+
+    def set_waiting_reasons(self, reasons: dict[int, str | None]) -> None:
+        """Record why queued jobs wait (only those whose reason changed are passed)."""
+        if not reasons:
+            return
+        rows = [{"job_id": i, "why": why} for i, why in reasons.items()]
+        with self._write(durable=False) as conn:  # lost in a power cut: said again next pass
+            conn.execute(
+                update(jobs)
+                .where(jobs.c.id == bindparam("job_id"), jobs.c.state == str(JobState.QUEUED))
+                .values(waiting_reason=bindparam("why")),
+                rows,
+            )
