@@ -40,7 +40,8 @@ def status(services: Services) -> dict[str, Any]:
     return {
         "host": socket.gethostname(),
         "now": iso(services.scheduler.clock()),
-        "gpus": running["gpus"],
+        "gpus": running["gpus"],  # in a cluster, every node's that is not down
+        "nodes": running["nodes"],
         "drain": running["drain"],
         "counts": waiting["counts"],
         "running": running["jobs"],

@@ -81,8 +81,14 @@ function what(job) {
 }
 
 function gpuList(job) {
-  return job.gpu_indices && job.gpu_indices.length ? job.gpu_indices.join(",") : "-";
+  if (!job.gpu_indices || !job.gpu_indices.length) return "-";
+  const cards = job.gpu_indices.join(",");
+  return job.node && clustered ? job.node + ":" + cards : cards;
 }
+
+/* Whether the daemon shares its queue with other servers (the last status said so): GPUs
+   are then grouped by node, and a job's GPUs are named with their node. */
+let clustered = false;
 
 function ending(job) {
   let text = job.state;
@@ -204,9 +210,22 @@ function gpuRow(gpu) {
     el("div", { class: "muted" }, gpu.jobs.length ? "jobs: " : "no gpusched job", jobs));
 }
 
+function nodeSection(node, gpus) {
+  const state = el("span", { class: "badge node-state" + (node.state === "up" ? "" : " bad"), text: node.state });
+  const cards = gpus.filter((gpu) => gpu.node === node.name);
+  return el("section", { class: "node", "data-node": node.name },
+    el("h3", { class: "node-title" },
+      el("span", { class: "node-name", text: node.name }), " ", state, " ",
+      el("span", { class: "muted node-seen", text: "heard " + fmtDuration(node.last_seen) + " ago" })),
+    ...(cards.length ? cards.map(gpuRow) : [el("div", { class: "muted", text: "no GPU reported" })]));
+}
+
 function renderServer(data) {
   header(data);
-  document.getElementById("gpus").replaceChildren(...data.gpus.map(gpuRow));
+  clustered = (data.nodes || []).length > 1;
+  document.getElementById("gpus").replaceChildren(...(clustered
+    ? data.nodes.map((node) => nodeSection(node, data.gpus))
+    : data.gpus.map(gpuRow)));
   const legend = document.getElementById("legend");
   if (!legend.childElementCount) {
     for (const [key, label] of SEGMENTS) {
@@ -231,6 +250,7 @@ function hintList(hints) {
 
 function renderQueue(data) {
   header(data);
+  clustered = (data.nodes || []).length > 1;
   const c = data.counts;
   const mem = (job) => (job.mem === null ? "whole GPU" : fmtSize(job.mem)) + (job.gpus > 1 ? " x" + job.gpus : "");
   table("running", ["ID", "User", "Job", "GPU", "Memory", "Time"],
