@@ -174,10 +174,10 @@ def _is_int(value: Any, wanted: int) -> bool:
 
 
 def _created_jobs(request: Any, reply: dict[str, Any]) -> list[int]:
-    """Ids of jobs a fuzzed request created (a submit or requeue that was accepted)."""
+    """Ids of jobs a fuzzed request created (a submit, requeue or run that was accepted)."""
     if not reply["ok"] or not isinstance(request, dict):
         return []
-    if request.get("op") not in ("submit", "requeue"):
+    if request.get("op") not in ("submit", "requeue", "run"):  # run: an interactive job
         return []
     result = reply["result"]
     items = result if isinstance(result, list) else [result]
