@@ -14,6 +14,9 @@ from tests.browser import chromium, console_errors, free_port, require_chromium
 from tests.cluster_harness import cluster_config
 from tests.daemon_harness import eventually
 
+RUNNING_CELLS_JS = (
+    "return Array.from(document.querySelectorAll('#running td'), td => td.textContent)"
+)
 NODES_JS = """
 return Array.from(document.querySelectorAll('section.node'), node => ({
   name: node.dataset.node,
@@ -53,12 +56,7 @@ def test_every_node_with_its_gpus_and_a_jobs_node(daemon_factory: Any, tmp_path:
         )
         driver.get(url + "/queue")
         eventually(
-            lambda: (
-                driver.execute_script(
-                    "return Array.from(document.querySelectorAll('#running td'), td => td.textContent)"
-                ).count("b:0")
-                == 1
-            ),
+            lambda: driver.execute_script(RUNNING_CELLS_JS).count("b:0") == 1,
             20,
         )
         assert console_errors(driver) == []
