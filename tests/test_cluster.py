@@ -347,3 +347,27 @@ def test_an_interactive_job_runs_on_the_server_it_was_started_on(
     assert "gpu " in ran.stdout
     (job,) = [j for j in a.client().history() if j.interactive]
     assert (job.node, job.state) == ("b", "done")  # placed by a, on b: its client's server
+
+
+def test_cancel_all_takes_the_callers_jobs_by_name_whatever_their_uid(
+    daemon_factory: Any, tmp_path: Path
+) -> None:
+    """In a cluster a job is its user name's: one queued from a server where that name has
+    another uid is still the caller's to cancel with `cancel --all`."""
+    from sqlalchemy import update
+
+    from gpusched.store import jobs
+
+    shared = f"sqlite:///{tmp_path / 'shared' / 'queue.db'}"
+    a = daemon_factory("a", config=cluster_config(shared, "a")).start()
+    here = a.submit("--hold", "--", *sleeper())
+    elsewhere = a.submit("--hold", "--", *sleeper())
+    store = Store(shared)
+    try:
+        with store.engine.begin() as conn:  # as if queued where root's uid were 4242
+            conn.execute(update(jobs).where(jobs.c.id == elsewhere).values(uid=4242))
+    finally:
+        store.close()
+    done = a.cli("cancel", "--all")
+    assert done.returncode == 0, done.stderr
+    assert {a.show(i)["state"] for i in (here, elsewhere)} == {"cancelled"}

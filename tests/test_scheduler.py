@@ -1,4 +1,5 @@
-"""Scheduler.wait_ended against a real store: it sees every ending, however many end.
+"""The scheduler's wait_ended (scheduler.endings) against a real store: it sees every
+ending, however many end.
 
 A waiter re-reads the database only when one of its jobs may have ended (the scheduler
 remembers the ids of the latest endings); when more ended than it remembers, it reads.
@@ -54,7 +55,7 @@ def test_wait_sees_its_jobs_end_among_many_others(scheduler: Scheduler, others: 
     began = time.monotonic()
     # Woken by the endings, not the timeout: far longer than ending them takes on a loaded
     # machine (a minute and more for 3000 on two busy cores), so no race with it.
-    jobs = scheduler.wait_ended(mine, timeout_s=600)
+    jobs = scheduler.endings.wait_ended(mine, timeout_s=600)
     ender.join()
     assert time.monotonic() - began < 500
     assert [j.id for j in jobs] == mine
@@ -65,6 +66,6 @@ def test_wait_returns_at_the_timeout_with_jobs_still_queued(scheduler: Scheduler
     ids = _queue(scheduler, 2)
     scheduler.endings.end(ids[0], JobState.CANCELLED, EndReason.CANCELLED, detail="test")
     began = time.monotonic()
-    jobs = scheduler.wait_ended(ids, timeout_s=0.3)
+    jobs = scheduler.endings.wait_ended(ids, timeout_s=0.3)
     assert 0.25 < time.monotonic() - began < 5
     assert [j.state for j in jobs] == [JobState.CANCELLED, JobState.QUEUED]

@@ -178,7 +178,7 @@ def test_a_held_job_waits_until_released(world: World) -> None:
     job = world.submit(held=True)
     world.tick()
     assert world.state(job) == JobState.HELD
-    world.scheduler.release(world.job(job))
+    world.scheduler.waiting.release(world.job(job))
     world.tick()
     assert world.state(job) == JobState.RUNNING
 

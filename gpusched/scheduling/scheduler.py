@@ -69,7 +69,7 @@ class _Reading:
     waiting_reasons: dict[int, str] = field(default_factory=dict)
 
 
-class Scheduler(WaitingJobOperations):
+class Scheduler:
     def __init__(
         self,
         config: ConfigHolder,
@@ -105,6 +105,14 @@ class Scheduler(WaitingJobOperations):
             end_listeners=self.end_listeners,
         )
         launcher.on_exit = self.endings.on_job_exit
+        self.waiting = WaitingJobOperations(
+            store=store,
+            lock=self._lock,
+            settings=config,
+            clock=clock,
+            endings=self.endings,
+            wake=self._wake,
+        )
         self.interactive = InteractiveJobs(
             config=config,
             store=store,
@@ -340,14 +348,6 @@ class Scheduler(WaitingJobOperations):
         else:
             log.warning("%s: no new job starts until `gpusched undrain`", drain.describe())
         self.wake()
-
-    def wait_ended(self, job_ids: list[int], timeout_s: float) -> list[Job]:
-        """Block until every job has ended or the timeout passes; return their current rows."""
-        return self.endings.wait_ended(job_ids, timeout_s)
-
-    def wait_until_ended(self, job_ids: list[int], timeout_s: float) -> None:
-        """Block until every job has ended or the timeout passes (reads their states only)."""
-        self.endings.wait_until_ended(job_ids, timeout_s)
 
     # -- views ------------------------------------------------------------------------------
 

@@ -1,6 +1,7 @@
 """The operations on waiting jobs: priority, hold, release, and cancelling all of a
-user's at once (the scheduler's, by inheritance). Each is one compare-and-set in the
-store, under the scheduler's lock; a refusal says which state the job is in.
+user's at once (`scheduler.waiting`, a collaborator the scheduler holds). Each is one
+compare-and-set in the store, under the scheduler's lock; a refusal says which state the
+job is in.
 """
 
 from __future__ import annotations
@@ -20,12 +21,22 @@ log = logging.getLogger("gpusched.scheduler")
 
 
 class WaitingJobOperations:
-    store: Store
-    wake: Callable[[], None]
-    _lock: threading.RLock
-    settings: ConfigHolder
-    clock: Clock
-    endings: JobEndings
+    def __init__(
+        self,
+        *,
+        store: Store,
+        lock: threading.RLock,
+        settings: ConfigHolder,
+        clock: Clock,
+        endings: JobEndings,
+        wake: Callable[[], None],
+    ) -> None:
+        self.store = store
+        self._lock = lock  # the scheduler's: one lock for ticks, endings and operations
+        self.settings = settings
+        self.clock = clock
+        self.endings = endings
+        self.wake = wake
 
     def set_priority(self, job: Job, priority: int) -> Job:
         with self._lock:
@@ -58,8 +69,11 @@ class WaitingJobOperations:
         self.wake()
         return self.store.get(job.id)
 
-    def cancel_waiting(self, uid: int, by: str, array_id: int | None = None) -> list[int]:
-        """Cancel all of a user's waiting jobs (of one array) at once: their ids.
+    def cancel_waiting(
+        self, uid: int, by: str, array_id: int | None = None, user: str | None = None
+    ) -> list[int]:
+        """Cancel all of a user's waiting jobs (of one array) at once: their ids. `user`:
+        match the user name, not the uid (in a cluster).
 
         One transaction for any number (job by job, 100,000 took minutes); their ends
         are announced as `_end` announces one.
@@ -71,6 +85,7 @@ class WaitingJobOperations:
                 f"cancelled by {by}",
                 iso(self.clock()),
                 bool(self.settings.current.on_finish),
+                user=user,
             )
             self.endings.announce_ends(ended)
         if ended:

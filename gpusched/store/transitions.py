@@ -168,16 +168,24 @@ class JobTransitions(Database):
         return [to_job(row) for row in found]
 
     def cancel_waiting(
-        self, uid: int, array_id: int | None, detail: str, now: str, on_finish: bool
+        self,
+        uid: int,
+        array_id: int | None,
+        detail: str,
+        now: str,
+        on_finish: bool,
+        *,
+        user: str | None = None,
     ) -> list[tuple[int, bool]]:
         """Cancel every waiting (queued or held) job of `uid` (of one array), in one
-        transaction: (id, whether its notification hooks are due) for each.
+        transaction: (id, whether its notification hooks are due) for each. With `user`,
+        the jobs of that user name instead (a cluster's owner: uids differ by server).
 
         One statement, where cancelling job by job costs a transaction (and an fsync) each.
         `on_finish`: an administrator's hook runs for every job; else only a job's own.
         """
         where = [
-            jobs.c.uid == uid,
+            jobs.c.uid == uid if user is None else jobs.c.user == user,
             jobs.c.state.in_([str(JobState.QUEUED), str(JobState.HELD)]),
         ]
         if array_id is not None:

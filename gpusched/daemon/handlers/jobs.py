@@ -19,6 +19,7 @@ from gpusched.core.requests import (
     SubmitRequest,
 )
 from gpusched.core.sweep import expand, swept_name
+from gpusched.daemon.auth import is_theirs
 from gpusched.daemon.bounds import check_env, check_submit
 from gpusched.daemon.handlers.args import text
 from gpusched.daemon.handlers.views import job_list
@@ -71,7 +72,7 @@ def submit(services: Services, caller: Caller, request: SubmitRequest) -> Any:
 
 def priority(services: Services, caller: Caller, request: PriorityRequest) -> Any:
     job = services.owned_job(caller, request.id)
-    return services.visible(caller, services.scheduler.set_priority(job, request.priority))
+    return services.visible(caller, services.scheduler.waiting.set_priority(job, request.priority))
 
 
 def requeue(services: Services, caller: Caller, request: RequeueRequest) -> Any:
@@ -114,12 +115,12 @@ def requeue(services: Services, caller: Caller, request: RequeueRequest) -> Any:
 
 def hold(services: Services, caller: Caller, request: HoldRequest) -> Any:
     job = services.owned_job(caller, request.id)
-    return services.visible(caller, services.scheduler.hold(job))
+    return services.visible(caller, services.scheduler.waiting.hold(job))
 
 
 def release(services: Services, caller: Caller, request: ReleaseRequest) -> Any:
     job = services.owned_job(caller, request.id)
-    return services.visible(caller, services.scheduler.release(job))
+    return services.visible(caller, services.scheduler.waiting.release(job))
 
 
 def cancel(services: Services, caller: Caller, request: CancelRequest) -> Any:
@@ -135,8 +136,11 @@ def cancel(services: Services, caller: Caller, request: CancelRequest) -> Any:
 
 def _cancel_mine(services: Services, caller: Caller, waiting_only: bool) -> Any:
     """Every active job of the caller's own (root's and admins' too: others' only by id)."""
-    ids = services.scheduler.cancel_waiting(caller.uid, caller.user)
-    running = [] if waiting_only else [j for j in services.store.running() if j.uid == caller.uid]
+    by_name = services.scheduler.cluster is not None  # a uid means nothing on another server
+    name = caller.user if by_name else None
+    ids = services.scheduler.waiting.cancel_waiting(caller.uid, caller.user, user=name)
+    running = [] if waiting_only else services.store.running()
+    running = [j for j in running if is_theirs(j, caller, by_name)]
     return _cancelled(services, caller, ids, running, waiting_only)
 
 
@@ -146,7 +150,7 @@ def _cancel_array(services: Services, caller: Caller, array_id: int) -> Any:
     if not everything:
         raise NotFoundError(f"no array a{array_id}")
     owner = services.owned_job(caller, everything[0].id)  # one submit: one owner
-    ids = services.scheduler.cancel_waiting(owner.uid, caller.user, array_id=array_id)
+    ids = services.scheduler.waiting.cancel_waiting(owner.uid, caller.user, array_id=array_id)
     running = [j for j in everything if j.state == JobState.RUNNING]
     return _cancelled(services, caller, ids, running, waiting_only=False)
 

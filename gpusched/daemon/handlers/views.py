@@ -169,7 +169,7 @@ def wait(services: Services, caller: Caller, request: WaitRequest) -> Any:
             raise NotFoundError(f"no job {each}")
     timeout = MAX_WAIT_S if request.timeout is None else request.timeout
     timeout = min(max(timeout, 0.0), MAX_WAIT_S)
-    services.scheduler.wait_until_ended(ids, timeout)
+    services.scheduler.endings.wait_until_ended(ids, timeout)
     return job_list(services, caller, ids)
 
 
