@@ -4,12 +4,11 @@ daemon knows that process from the socket's peer credentials, never from a reque
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import ClassVar
 
 from gpusched.core.errors import UsageError
-from gpusched.core.request_base import MAX_NAME_CHARS, Request, job_id, shape
+from gpusched.core.request_base import Request, check_job_spec, job_id, shape
 
 
 @dataclass(frozen=True)
@@ -27,18 +26,15 @@ class RunRequest(Request):
     time: float | None = None
 
     def __post_init__(self) -> None:
-        if not self.command or not self.command[0]:
-            raise UsageError("no command given: gpusched run [OPTIONS] -- COMMAND [ARGS...]")
-        if not os.path.isabs(self.cwd):
-            raise UsageError(f"working directory must be an absolute path, not {self.cwd!r}")
-        if self.mem is not None and self.mem <= 0:
-            raise UsageError("--mem must be more than zero")
-        if self.gpus < 1:
-            raise UsageError("--gpus must be at least 1")
-        if self.name is not None and len(self.name) > MAX_NAME_CHARS:
-            raise UsageError(f"--name is limited to {MAX_NAME_CHARS} characters")
-        if self.time is not None and not 0 < self.time < 10**9:
-            raise UsageError("--time must be more than zero")
+        check_job_spec(
+            "run",
+            command=self.command,
+            cwd=self.cwd,
+            mem=self.mem,
+            gpus=self.gpus,
+            name=self.name,
+            time=self.time,
+        )
 
 
 @dataclass(frozen=True)

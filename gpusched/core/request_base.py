@@ -10,6 +10,7 @@ gpusched.core.request_wire reads them to parse a frame.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -64,3 +65,28 @@ def unique_ids(key: str, ids: tuple[int, ...]) -> tuple[int, ...]:
 
 def normalise(request: Request, name: str, value: Any) -> None:
     object.__setattr__(request, name, value)  # a frozen dataclass, set once in __post_init__
+
+
+def check_job_spec(
+    verb: str,
+    *,
+    command: tuple[str, ...],
+    cwd: str,
+    mem: int | None,
+    gpus: int,
+    name: str | None,
+    time: float | None,
+) -> None:
+    """What a batch job (`submit`) and an interactive one (`run`) both declare."""
+    if not command or not command[0]:
+        raise UsageError(f"no command given: gpusched {verb} [OPTIONS] -- COMMAND [ARGS...]")
+    if not os.path.isabs(cwd):
+        raise UsageError(f"working directory must be an absolute path, not {cwd!r}")
+    if mem is not None and mem <= 0:
+        raise UsageError("--mem must be more than zero")
+    if gpus < 1:
+        raise UsageError("--gpus must be at least 1")
+    if name is not None and len(name) > MAX_NAME_CHARS:
+        raise UsageError(f"--name is limited to {MAX_NAME_CHARS} characters")
+    if time is not None and not 0 < time < 10**9:
+        raise UsageError("--time must be more than zero")

@@ -13,7 +13,6 @@ interactive requests (`gpusched run`, claim()): interactive_requests.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Mapping  # at run time: request_wire resolves the annotations
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ from gpusched.core.request_base import (
     MAX_REASON_CHARS,
     MAX_RETRY_OOM,
     Request,
+    check_job_spec,
     job_id,
     normalise,
     shape,
@@ -83,20 +83,17 @@ class SubmitRequest(Request):
     )
 
     def __post_init__(self) -> None:
-        if not self.command or not self.command[0]:
-            raise UsageError("no command given: gpusched submit [OPTIONS] -- COMMAND [ARGS...]")
-        if not os.path.isabs(self.cwd):
-            raise UsageError(f"working directory must be an absolute path, not {self.cwd!r}")
-        if self.mem is not None and self.mem <= 0:
-            raise UsageError("--mem must be more than zero")
-        if self.gpus < 1:
-            raise UsageError("--gpus must be at least 1")
+        check_job_spec(
+            "submit",
+            command=self.command,
+            cwd=self.cwd,
+            mem=self.mem,
+            gpus=self.gpus,
+            name=self.name,
+            time=self.time,
+        )
         if not 0 <= self.umask <= 0o777:
             raise ProtocolError("'umask' must be between 0 and 0o777")
-        if self.name is not None and len(self.name) > MAX_NAME_CHARS:
-            raise UsageError(f"--name is limited to {MAX_NAME_CHARS} characters")
-        if self.time is not None and not 0 < self.time < 10**9:
-            raise UsageError("--time must be more than zero")
         if self.max_concurrent is not None and self.max_concurrent < 1:
             raise UsageError("--max-concurrent must be at least 1")
         if self.max_concurrent is not None and self.sweep is None:
