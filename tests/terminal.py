@@ -78,3 +78,31 @@ class Terminal:
             self.process.wait()
         with contextlib.suppress(OSError):
             os.close(self.leader)
+
+
+class Tmux:
+    """A tmux server of the test's own (`-L name`, never the user's) with one window of
+    120x30 running `argv`: what a person sees (`screen`) and types (`keys`)."""
+
+    def __init__(self, name: str, argv: Sequence[str], env: dict[str, str]) -> None:
+        self.tmux = ["tmux", "-L", name]
+        self.name = name
+        subprocess.run(
+            [*self.tmux, "new-session", "-d", "-s", name, "-x", "120", "-y", "30", *argv],
+            env=env,
+            check=True,
+        )
+
+    def screen(self) -> str:
+        return subprocess.run(
+            [*self.tmux, "capture-pane", "-p", "-t", self.name],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout
+
+    def keys(self, *what: str) -> None:
+        subprocess.run([*self.tmux, "send-keys", "-t", self.name, *what], check=True)
+
+    def close(self) -> None:
+        subprocess.run([*self.tmux, "kill-server"], capture_output=True, check=False)

@@ -22,7 +22,7 @@ import pytest
 from gpusched.client import Client
 from gpusched.core.errors import PermissionDenied
 from tests.daemon_harness import RunningDaemon, eventually
-from tests.terminal import Terminal
+from tests.terminal import Terminal, Tmux
 from tests.users import as_user, throwaway_users
 
 RUN = [sys.executable, "-m", "gpusched", "run"]
@@ -264,23 +264,8 @@ def test_a_shell_under_tmux_behaves_as_a_person_sees_it(
         f"{sys.executable} -m gpusched run --mem 2G -- bash --norc --noprofile;"
         f" echo rc=$? > {status_file}"
     )
-    tmux = ["tmux", "-L", session]  # a server of our own, not the user's
-    subprocess.run(
-        [*tmux, "new-session", "-d", "-s", session, "-x", "120", "-y", "30", "sh", "-c", command],
-        env=env,
-        check=True,
-    )
-
-    def screen() -> str:
-        return subprocess.run(
-            [*tmux, "capture-pane", "-p", "-t", session],
-            capture_output=True,
-            text=True,
-            check=False,
-        ).stdout
-
-    def keys(*what: str) -> None:
-        subprocess.run([*tmux, "send-keys", "-t", session, *what], check=True)
+    tmux = Tmux(session, ["sh", "-c", command], env)
+    screen, keys = tmux.screen, tmux.keys
 
     try:
         eventually(lambda: "gpu$" in screen(), describe=screen)
@@ -300,7 +285,7 @@ def test_a_shell_under_tmux_behaves_as_a_person_sees_it(
         ended = daemon.show(job)
         assert (ended["state"], ended["exit_code"]) == ("failed", 5)
     finally:
-        subprocess.run([*tmux, "kill-server"], capture_output=True, check=False)
+        tmux.close()
 
 
 def test_an_interactive_job_outlives_a_daemon_restart(
@@ -367,23 +352,8 @@ def test_ctrl_z_stops_the_job_and_fg_resumes_it_in_a_shell(
     session = f"gpusched-jobctl-{os.getpid()}"
     env = {**daemon.env, "PS1": "sh$ "}
     env.pop("TMUX", None)
-    tmux = ["tmux", "-L", session]
-    subprocess.run(
-        [*tmux, "new-session", "-d", "-s", session, "-x", "120", "-y", "30", *SHELL],
-        env=env,
-        check=True,
-    )
-
-    def screen() -> str:
-        return subprocess.run(
-            [*tmux, "capture-pane", "-p", "-t", session],
-            capture_output=True,
-            text=True,
-            check=False,
-        ).stdout
-
-    def keys(*what: str) -> None:
-        subprocess.run([*tmux, "send-keys", "-t", session, *what], check=True)
+    tmux = Tmux(session, SHELL, env)
+    screen, keys = tmux.screen, tmux.keys
 
     try:
         eventually(lambda: "sh$" in screen(), describe=screen)
@@ -402,4 +372,4 @@ def test_ctrl_z_stops_the_job_and_fg_resumes_it_in_a_shell(
         ended = daemon.show(job)
         assert (ended["state"], ended["reason"]) == ("failed", "signal")
     finally:
-        subprocess.run([*tmux, "kill-server"], capture_output=True, check=False)
+        tmux.close()
