@@ -220,7 +220,14 @@ def test_a_busy_web_port_stops_the_daemon_with_a_message(daemon_factory: Any) ->
 
 def test_the_pages_are_package_data() -> None:
     static = resources.files("gpusched.daemon.web") / "static"
-    for name in ("server.html", "queue.html", "job.html", "usage.html", "dashboard.js"):
+    for name in (
+        "page.html",
+        "server.main.html",
+        "queue.main.html",
+        "job.main.html",
+        "usage.main.html",
+        "dashboard.js",
+    ):
         assert (static / name).is_file(), name
 
 

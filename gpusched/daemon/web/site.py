@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable
 from importlib import resources
+from string import Template
 from typing import Any
 
 from gpusched.core.errors import GpuschedError, NotFoundError, UsageError
@@ -28,7 +29,14 @@ from gpusched.daemon.httpserve import Request, Response, Route, text_response
 from gpusched.daemon.services import Services
 from gpusched.daemon.web import api
 
-PAGES = {"/": "server.html", "/queue": "queue.html", "/job": "job.html", "/usage": "usage.html"}
+# Each page: its name (static/NAME.main.html holds what it shows) and its title. They
+# share static/page.html (head, navigation, footer), filled in once at start.
+PAGES = {
+    "/": ("server", "GPUs"),
+    "/queue": ("queue", "Queue"),
+    "/job": ("job", "Job"),
+    "/usage": ("usage", "Usage"),
+}
 ASSETS = {
     "/static/dashboard.js": ("dashboard.js", "text/javascript; charset=utf-8"),
     "/static/dashboard.css": ("dashboard.css", "text/css; charset=utf-8"),
@@ -53,6 +61,13 @@ MAX_ID_DIGITS = 18  # fits SQLite's integer
 
 def _static(name: str) -> bytes:
     return (resources.files("gpusched.daemon.web") / "static" / name).read_bytes()
+
+
+def _page(name: str, title: str) -> bytes:
+    """static/page.html around static/NAME.main.html."""
+    shell = Template(_static("page.html").decode("utf-8"))
+    main = _static(f"{name}.main.html").decode("utf-8").rstrip("\n")
+    return shell.substitute(title=title, page=name, main=main).encode("utf-8")
 
 
 def _file_route(body: bytes, content_type: str, headers: tuple[tuple[str, str], ...]) -> Route:
@@ -146,8 +161,8 @@ def web_routes(services: Services, own_host: str) -> dict[str, Route]:
     """Every path the dashboard answers (GET and HEAD only: httpserve refuses the rest).
     `own_host`: the host of `web:`, a name requests may use besides addresses."""
     routes: dict[str, Route] = {}
-    for path, name in PAGES.items():
-        routes[path] = _file_route(_static(name), "text/html; charset=utf-8", PAGE_HEADERS)
+    for path, (name, title) in PAGES.items():
+        routes[path] = _file_route(_page(name, title), "text/html; charset=utf-8", PAGE_HEADERS)
     for path, (name, content_type) in ASSETS.items():
         routes[path] = _file_route(_static(name), content_type, PAGE_HEADERS)
     recent = RecentReplies()
