@@ -47,12 +47,44 @@ job_lists = st.lists(
 
 
 @given(job_lists)
-def test_with_equal_use_the_order_is_priority_then_submit_time(jobs: list[tuple[str, int]]) -> None:
+def test_with_equal_use_the_earlier_submit_decides_and_priority_stays_within_a_user(
+    jobs: list[tuple[str, int]],
+) -> None:
+    # Issue 24 item 14: a --priority orders its user's own jobs only; between users with
+    # equal use, the user whose best job was submitted first goes first (it used to be the
+    # highest priority of all users, so a user could jump others by raising theirs).
     waiting = [WaitingJob(i + 1, 20 * GiB, 1, prio, user) for i, (user, prio) in enumerate(jobs)]
     usage = {"a": 5.0, "b": 5.0, "c": 5.0}
     placed = plan(_one_slot(), [], waiting, user_usage=usage).placements
-    best = min(waiting, key=lambda j: (-j.priority, j.job_id))
+    best_of: dict[str, WaitingJob] = {}
+    for job in sorted(waiting, key=lambda j: (-j.priority, j.job_id)):
+        best_of.setdefault(job.user, job)
+    best = min(best_of.values(), key=lambda j: j.job_id)
     assert [p.job_id for p in placed] == [best.job_id]
+
+
+def test_a_higher_priority_does_not_pass_another_users_earlier_job() -> None:
+    waiting = [WaitingJob(1, 20 * GiB, 1, 0, "a"), WaitingJob(2, 20 * GiB, 1, 9, "b")]
+    placed = plan(_one_slot(), [], waiting).placements
+    assert [p.job_id for p in placed] == [1]
+
+
+def test_an_administrators_top_goes_before_every_user() -> None:
+    waiting = [WaitingJob(1, 20 * GiB, 1, 0, "a"), WaitingJob(2, 20 * GiB, 1, 0, "b", top=1)]
+    placed = plan(_one_slot(), [], waiting, user_usage={"a": 0.0, "b": 1e15}).placements
+    assert [p.job_id for p in placed] == [2]
+
+
+def test_a_user_with_no_recent_use_does_not_take_every_slot_in_one_pass() -> None:
+    # Issue 24 item 14: 12 slots, a user with no use submits 30 jobs, a user with a little
+    # use one: users take turns within the pass, so the light user's job starts now.
+    gpus = [GpuSlot(f"g{i}", i, 24 * GiB, 24 * GiB) for i in range(6)]
+    flood = [WaitingJob(i, 10 * GiB, 1, 0, "new") for i in range(1, 31)]
+    light = WaitingJob(31, 10 * GiB, 1, 0, "light")
+    result = plan(gpus, [], [*flood, light], user_usage={"new": 0.0, "light": 1e9})
+    placed = [p.job_id for p in result.placements]
+    assert len(placed) == 12
+    assert 31 in placed
 
 
 @given(job_lists, st.dictionaries(st.sampled_from(["a", "b", "c"]), st.floats(0, 1e15), min_size=3))

@@ -93,6 +93,8 @@ class Config:
     simulate: str | None = None
     max_jobs_per_gpu: int | None = None
     busy_util: float | None = None  # percent; a GPU this busy takes no new job (None: off)
+    placement: str = "most-free"  # or "best-fit": the policy's rule 5
+    pack: str = "contention"  # or "memory": the policy's rule 3 (busy jobs apart) off
     visible_devices: str = "index"  # or "uuid"
     overrun: str = "warn"  # or "kill": a job over its declared memory + margin is stopped
     overrun_margin_fraction: float = 0.10  # of the declared memory (overrun_margin: 10%)
@@ -203,6 +205,14 @@ def _convert(source: str, key: str, value: Any, base: Config) -> dict[str, Any]:
             return {"max_jobs_per_gpu": value}
         if key == "busy_util":
             return {"busy_util": parse_percent(value)}
+        if key == "placement":
+            if value not in ("most-free", "best-fit"):
+                raise UsageError("expected 'most-free' or 'best-fit'")
+            return {"placement": value}
+        if key == "pack":
+            if value not in ("contention", "memory"):
+                raise UsageError("expected 'contention' or 'memory'")
+            return {"pack": value}
         if key == "visible_devices":
             if value not in ("index", "uuid"):
                 raise UsageError("expected 'index' or 'uuid'")

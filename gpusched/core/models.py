@@ -147,6 +147,9 @@ class Job:
     # the command itself, in the caller's terminal; it has no log.
     interactive: bool = False
     warning: str | None = None  # e.g. an idle interactive job (not stored: each pass's)
+    exclusive: bool = False  # `--exclusive`: a card to itself
+    share: bool = False  # `--share`: its owner says it is light (shares a busy card)
+    top: int | None = None  # put first by an administrator (`gpusched top`); lower first
 
     def to_json(self) -> dict[str, Any]:
         # Every field is a scalar or a flat list: a shallow copy of each list is all that

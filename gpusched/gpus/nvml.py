@@ -84,6 +84,7 @@ class NvmlProbe:
         ]
         self._known: dict[int, GpuState] = {}  # last good reading per NVML index
         self._util_seen_us: dict[str, int] = {}  # per uuid: newest process sample seen
+        self._topology: dict[str, dict[str, int]] | None = None  # read once (topology())
 
     # ---- the Probe protocol ----
 
@@ -129,6 +130,34 @@ class NvmlProbe:
                     pynvml.nvmlShutdown()
 
     # ---- extras ----
+
+    def topology(self) -> dict[str, dict[str, int]]:
+        """How close each pair of GPUs is: NVML's common-ancestor level (0 the same board,
+        10 one PCIe switch ... 50 across CPU sockets), by uuid. Read once (it does not
+        change while the driver is loaded); pairs the driver cannot tell are left out."""
+        with self._lock:
+            if self._topology is not None:
+                return self._topology
+            levels: dict[str, dict[str, int]] = {}
+            try:
+                self._ensure_init()
+                handles = []
+                for index in range(pynvml.nvmlDeviceGetCount()):
+                    handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+                    handles.append((str(pynvml.nvmlDeviceGetUUID(handle)), handle))
+            except (GpuError, pynvml.NVMLError):
+                return {}  # read again next time: the driver may come back
+            for uuid, handle in handles:
+                for other_uuid, other in handles:
+                    if other_uuid == uuid:
+                        continue
+                    try:
+                        level = pynvml.nvmlDeviceGetTopologyCommonAncestor(handle, other)
+                    except pynvml.NVMLError:
+                        continue
+                    levels.setdefault(uuid, {})[other_uuid] = int(level)
+            self._topology = levels
+            return levels
 
     def process_utilization(self) -> dict[str, dict[int, int]]:
         """SM utilization (percent) per pid sampled since the last call, by GPU uuid.

@@ -53,7 +53,8 @@ class SimulatedProbe:
     """GPUs that exist only in memory: a running job uses exactly what it declared.
 
     A job without a declared size (a whole GPU) is simulated as using nothing, so
-    its card shows as reserved rather than used.
+    its card shows as reserved rather than used. Topology: cards 0-1, 2-3, ... each share
+    a PCIe switch (NVML level 10); the pairs meet at the host bridge (30).
     """
 
     def __init__(self, sizes: Sequence[int]) -> None:
@@ -123,6 +124,15 @@ class SimulatedProbe:
                 )
             )
         return states
+
+    def topology(self) -> dict[str, dict[str, int]]:
+        """As NvmlProbe.topology: common-ancestor levels by uuid (see the class)."""
+        return {
+            a.uuid: {
+                b.uuid: 10 if a.index // 2 == b.index // 2 else 30 for b in self._gpus if b is not a
+            }
+            for a in self._gpus
+        }
 
     def close(self) -> None:
         pass

@@ -136,7 +136,11 @@ class ClusterScheduler:
                 config.fair_share_half_life_s,
             ),
             busy_util=config.busy_util,
+            head_claim=sched.head_claims.get(),
+            placement=config.placement,
+            pack=config.pack,
         )
+        sched.head_claims.keep(result.head_claim)
         index_of = {(n.name, g.uuid): g.index for n in nodes for g in n.gpus}
         placements = []
         for p in result.placements:

@@ -39,6 +39,11 @@ class RunningClaim:
     user: str = ""
     array_id: int | None = None
     util_percent: float | None = None  # its own recent utilization; None: not measured yet
+    # Share of a card's busy time it needs, 0.0-1.0 (policy rule 3); None: not known yet.
+    demand: float | None = None
+    ends_in_s: float | None = None  # what is left of its --time; None: no limit
+    exclusive: bool = False  # --exclusive: its cards take no other job
+    share: bool = False  # --share: its owner says it is light (counts as no demand)
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,12 @@ class PlanGpu:
     whole: bool  # a whole-GPU job runs here
     job_ids: list[int]  # gpusched jobs on it, running or placed by this plan
     load: float  # compute load, percent of the GPU (rule 6)
+    # Each running job's hold: (job id, memory it frees when it ends (None: a whole GPU),
+    # seconds left of its --time (None: no limit)). What a blocked head waits for (rule 1).
+    holds: list[tuple[int, int | None, float | None]] = field(default_factory=list)
+    demand: float = 0.0  # its jobs' summed demand (unknown counts as 1.0): rule 3
+    busy_with: list[int] = field(default_factory=list)  # its jobs known or assumed busy
+    exclusive: bool = False  # an --exclusive job runs here: nothing joins it
 
 
 def gpu_budgets(
@@ -99,9 +110,43 @@ def budget_table(
         budget = GpuBudget(reserved, available, tuple(claim.job_id for claim in on_gpu))
         job_ids = [claim.job_id for claim in on_gpu]
         load = compute_load(slot, on_gpu)
-        gpu = PlanGpu(slot, available, potential, len(on_gpu), whole, job_ids, load)
+        holds = [
+            (
+                claim.job_id,
+                None
+                if claim.mem_bytes is None
+                else max(claim.mem_bytes, claim.used_bytes.get(slot.uuid, 0)),
+                claim.ends_in_s,
+            )
+            for claim in on_gpu
+        ]
+        gpu = PlanGpu(
+            slot,
+            available,
+            potential,
+            len(on_gpu),
+            whole,
+            job_ids,
+            load,
+            holds,
+            sum(job_demand(c.demand, c.share) for c in on_gpu),
+            [c.job_id for c in on_gpu if job_demand(c.demand, c.share) >= BUSY_DEMAND],
+            any(c.exclusive for c in on_gpu),
+        )
         result[slot.uuid] = (budget, gpu)
     return result
+
+
+# Rule 3: a job needing at least this share of a card's time is "busy" (two such jobs on
+# one card each run at about half speed: docs/benchmarks.md, FIELD.md's measured table).
+BUSY_DEMAND = 0.5
+
+
+def job_demand(demand: float | None, share: bool) -> float:
+    """A job's demand as rule 3 counts it: --share is light, an unknown one is busy."""
+    if share:
+        return 0.0
+    return 1.0 if demand is None else min(1.0, max(0.0, demand))
 
 
 def compute_load(slot: GpuSlot, on_gpu: Sequence[RunningClaim]) -> float:
@@ -114,7 +159,7 @@ def compute_load(slot: GpuSlot, on_gpu: Sequence[RunningClaim]) -> float:
 
 def is_open(gpu: PlanGpu, max_jobs_per_gpu: int | None, busy_util: float | None) -> bool:
     """Whether a GPU may take a new job at all, whatever its size."""
-    if not gpu.slot.usable or gpu.whole:
+    if not gpu.slot.usable or gpu.whole or gpu.exclusive:
         return False
     if max_jobs_per_gpu is not None and gpu.job_count >= max_jobs_per_gpu:
         return False

@@ -1,63 +1,174 @@
-"""Rule 3 of the policy (see policy.py): the GPUs a waiting job starts on now, on one node.
+"""Rules 2 to 5 of the policy (see policy.py): which of the GPUs a job fits on now it gets.
 
-Pure. Split from policy.py: on one server the fast path (a prefix of the GPUs sorted by
-room) is all there is; in a cluster a job may be restricted to some GPUs (`--node`, nodes
-where its user exists) and a multi-GPU job's cards must all be on one server.
+Pure. `plan()` hands over the cards a job could start on now (its memory fits, the card
+is open to it, and no head's claim forbids it: rule 1 is the plan's); this module picks
+among them, each rule narrowing the choice only while enough cards are left for the job:
+
+2. Keep the big cards for big jobs: prefer the cards that fewer waiting larger jobs
+   could ever use (`Needs`), so a small job does not take the only cards a larger one
+   fits on.
+3. Contention (`pack: contention`): prefer the cards whose jobs' demands plus this
+   job's stay within one card's busy time (`quiet`); `contention_wait` says whether a
+   busy job should rather wait for a quieter card.
+4. A multi-GPU job's set: the tightest by topology (lowest common ancestor level of
+   `nvmlDeviceGetTopologyCommonAncestor`; cards on different nodes never mix).
+5. The most available memory first (`placement: most-free`, the default) or the least
+   that still fits (`placement: best-fit`), ties to the lower index.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import bisect
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from gpusched.scheduling.gpu_budget import PlanGpu
+from gpusched.scheduling.gpu_budget import BUSY_DEMAND, PlanGpu, job_demand
 
 if TYPE_CHECKING:
     from gpusched.scheduling.policy import WaitingJob
 
+PLACEMENTS = ("most-free", "best-fit")
+PACKS = ("contention", "memory")
 
-def one_node(gpus: Sequence[PlanGpu], count: int) -> list[PlanGpu] | None:
-    """The first `count` of `gpus` (in their order) that are on one node: a job's GPUs
-    are on one server. In room order, the node reached first has the best N-th GPU."""
-    by_node: dict[str, list[PlanGpu]] = {}
-    for gpu in gpus:
-        group = by_node.setdefault(gpu.slot.node, [])
-        group.append(gpu)
-        if len(group) == count:
-            return group
-    return None
+# Rule 3's bound: a busy job waits for a quieter card at most this long (seconds since it
+# could first start), then starts beside the busy ones: contention never starves it.
+CONTENTION_WAIT_S = 600.0
+
+# Rule 4: NVML's common-ancestor levels (0 the same board ... 50 across CPU sockets);
+# cards with no reading count as the farthest.
+UNKNOWN_LEVEL = 60
+
+# A whole-GPU job (no --mem) needs a card nearly free of other processes: at most this
+# share of it held by processes gpusched did not start (a display, a stray notebook).
+WHOLE_GPU_OTHERS_MAX = 0.10
+
+Topology = Mapping[str, Mapping[str, int]]  # uuid -> uuid -> common ancestor level
+
+
+def nearly_free(gpu: PlanGpu) -> bool:
+    """Whether a whole-GPU job may start here: no gpusched job, others hold little."""
+    slot = gpu.slot
+    if gpu.job_count != 0:
+        return False
+    return slot.total_bytes - slot.free_bytes <= WHOLE_GPU_OTHERS_MAX * slot.total_bytes
+
+
+def fits_now(job: WaitingJob, gpu: PlanGpu) -> bool:
+    """Whether `job` could start on this open card now, by memory (rule 1's budget)."""
+    if job.gpu_keys is not None and gpu.slot.uuid not in job.gpu_keys:
+        return False
+    if job.mem_bytes is None:
+        return nearly_free(gpu)
+    if job.exclusive and gpu.job_count != 0:
+        return False
+    return gpu.available >= job.mem_bytes
+
+
+class Needs:
+    """The per-GPU memory of the jobs still waiting in a plan (rule 2), sorted."""
+
+    def __init__(self, waiting: Sequence[WaitingJob]) -> None:
+        self._sizes = sorted(j.mem_bytes for j in waiting if j.mem_bytes is not None)
+
+    def remove(self, mem_bytes: int | None) -> None:
+        if mem_bytes is None:
+            return
+        at = bisect.bisect_left(self._sizes, mem_bytes)
+        if at < len(self._sizes) and self._sizes[at] == mem_bytes:
+            del self._sizes[at]
+
+    def larger_served(self, mem_bytes: int | None, gpu: PlanGpu) -> int:
+        """How many waiting jobs larger than `mem_bytes` could ever fit on this card."""
+        if mem_bytes is None:
+            return 0
+        sizes = self._sizes
+        return max(
+            0, bisect.bisect_right(sizes, gpu.potential) - bisect.bisect_right(sizes, mem_bytes)
+        )
+
+
+def is_busy_job(job: WaitingJob) -> bool:
+    """A job known to keep a card busy (an unknown demand never makes a job wait)."""
+    return not job.share and job.demand is not None and job.demand >= BUSY_DEMAND
+
+
+def quiet(job: WaitingJob, gpu: PlanGpu) -> bool:
+    """Rule 3: this card's jobs and this one stay within one card's busy time."""
+    return gpu.demand + job_demand(job.demand, job.share) <= 1.0 + 1e-9
+
+
+def contention_wait(job: WaitingJob, candidates: Sequence[PlanGpu]) -> bool:
+    """Whether a busy job should wait rather than join busy cards: every card it fits on
+    runs busy gpusched jobs (which will end), and it has not yet waited its bound."""
+    if not is_busy_job(job) or job.waited_s >= CONTENTION_WAIT_S:
+        return False
+    return all(gpu.busy_with for gpu in candidates)
+
+
+def _narrow(cards: list[PlanGpu], keep: list[PlanGpu], count: int) -> list[PlanGpu]:
+    return keep if len(keep) >= count else cards
 
 
 def choose_gpus(
     job: WaitingJob,
-    room: list[PlanGpu],
-    fits_by_mem: dict[int | None, list[PlanGpu]],
-    several_nodes: bool,
+    candidates: Sequence[PlanGpu],
+    needs: Needs,
+    *,
+    placement: str = "most-free",
+    pack: str = "contention",
+    topology: Topology | None = None,
 ) -> list[PlanGpu] | None:
-    """Rule 3: the GPUs `job` starts on now (most available first), or None."""
-    if job.gpu_keys is not None:  # few jobs are restricted: no memo, a filtered copy
-        keys = job.gpu_keys
-        pool = [g for g in room if g.slot.uuid in keys]
-        if job.mem_bytes is None:
-            candidates = [g for g in pool if g.job_count == 0]
-        else:
-            mem = job.mem_bytes
-            candidates = [g for g in pool if g.available >= mem]
-    elif job.mem_bytes is None:
-        memo = fits_by_mem.get(None)
-        if memo is None:
-            memo = fits_by_mem[None] = [g for g in room if g.job_count == 0]
-        candidates = memo
-    else:
-        # `room` is sorted by available memory, most first: the GPUs this job fits on
-        # are a prefix of it, and its first `gpu_count` are the ones rule 3 picks.
-        enough = len(room) >= job.gpu_count
-        fits = enough and room[job.gpu_count - 1].available >= job.mem_bytes
-        candidates = room if fits else []
-        if fits and several_nodes and job.gpu_count > 1:
-            candidates = [g for g in room if g.available >= job.mem_bytes]
-    if len(candidates) < job.gpu_count:
+    """Rules 2 to 5: the GPUs `job` starts on among `candidates` (each fits it now)."""
+    count = job.gpu_count
+    cards = list(candidates)
+    if len(cards) < count:
         return None
-    if several_nodes and job.gpu_count > 1:
-        return one_node(candidates, job.gpu_count)
-    return candidates[: job.gpu_count]
+    if len({needs.larger_served(job.mem_bytes, g) for g in cards}) > 1:  # rule 2
+        served = {g.slot.uuid: needs.larger_served(job.mem_bytes, g) for g in cards}
+        ranked = sorted(cards, key=lambda g: served[g.slot.uuid])
+        least = served[ranked[count - 1].slot.uuid]
+        cards = [g for g in cards if served[g.slot.uuid] <= least]
+    if pack == "contention":  # rule 3
+        cards = _narrow(cards, [g for g in cards if quiet(job, g)], count)
+    if placement == "best-fit":  # rule 5's order
+        cards.sort(key=lambda g: (g.available, g.slot.index))
+    else:
+        cards.sort(key=lambda g: (-g.available, g.slot.index))
+    if count == 1:
+        return cards[:1]
+    return _tightest(cards, count, topology)
+
+
+def _level(topology: Topology | None, a: PlanGpu, b: PlanGpu) -> int:
+    if topology is None:
+        return UNKNOWN_LEVEL
+    return topology.get(a.slot.uuid, {}).get(b.slot.uuid, UNKNOWN_LEVEL)
+
+
+def _tightest(cards: list[PlanGpu], count: int, topology: Topology | None) -> list[PlanGpu] | None:
+    """Rule 4: of `cards` (in rule 5's order), the `count` on one node that sit closest
+    together; among equally tight sets, the one whose first card comes first."""
+    best: list[PlanGpu] | None = None
+    best_score = (UNKNOWN_LEVEL + 1, 0)
+    for rank, anchor in enumerate(cards):
+        others = [
+            (_level(topology, anchor, other), i, other)
+            for i, other in enumerate(cards)
+            if other is not anchor and other.slot.node == anchor.slot.node
+        ]
+        if len(others) < count - 1:
+            continue
+        others.sort(key=lambda t: (t[0], t[1]))
+        chosen = [anchor] + [o for _, _, o in others[: count - 1]]
+        tightness = max(
+            _level(topology, a, b) for i, a in enumerate(chosen) for b in chosen[i + 1 :]
+        )
+        score = (tightness, rank)
+        if best is None or score < best_score:
+            best, best_score = chosen, score
+        if topology is None:
+            break  # no reading: rule 5's order alone
+    if best is None:
+        return None
+    order = {id(g): i for i, g in enumerate(cards)}
+    return sorted(best, key=lambda g: order[id(g)])

@@ -1,66 +1,56 @@
 """The scheduling policy: a pure function from a snapshot to placements.
 
 `plan()` takes plain data (GPUs as read now, the claims of running jobs, the jobs
-that may start) and returns plain data (which job goes where, and why each other job
-waits). No I/O, no clock, no randomness: tests drive it with hypothesis and the
-benchmarks call it in a loop.
+that may start, the head's stored claim) and returns plain data (which job goes where,
+why each other job waits, and the head's claim to store). No I/O, no clock, no
+randomness: tests drive it with hypothesis and the benchmarks call it in a loop.
 
-What each GPU has left (rules 1 and 6 below) is module gpu_budget's; the order, the
-placements, the claims of rule 5, the caps and the waiting reasons are this module's.
+What a GPU has left is module gpu_budget's: NVML's free memory, minus the headroom,
+minus for each running gpusched job max(0, declared - what its processes use now) (a
+job that has not allocated yet still holds its whole claim; a whole-GPU job, lost and
+excluded GPUs leave nothing). Optional compute cap: with `busy_util` set, a GPU whose
+load is at or above it takes no new job (gpu_budget.compute_load).
 
-The rules, in order:
+The order. Jobs an administrator put first (`gpusched top`) go first, in the order they
+were put there. Then users take turns: the user with the fewest placements so far in
+this plan goes next, ties to the one who used least recently (fair share: decayed GPU
+memory-time, `decayed_usage`), then to the one whose next job was submitted first. A
+user's own jobs go by their `--priority` (higher first), then submit order: a priority
+never passes another user's job. Taking turns means a user with no recent use cannot
+fill every free slot in one pass. Per-array (`--max-concurrent`) and per-user caps
+(`limits:` max_running, max_mem) hold a job back with a reason; such a job claims no GPU.
 
-1. A GPU's available memory is what NVML says is free, minus the headroom, minus for
-   each running gpusched job on it max(0, declared - what the job's processes use now).
-   A job that has launched but not yet allocated still holds its whole claim; memory
-   held by processes gpusched did not start is respected because NVML counts it.
-   A GPU that runs a whole-GPU job (no --mem) has nothing available. Lost and
-   excluded GPUs have nothing available.
-2. Waiting jobs are taken by fair share, then priority (higher first), then submit
-   order. Fair share: a user's recent GPU memory-time (bytes x seconds of declared
-   memory, decayed with a half-life; see `decayed_usage`); the user who used least goes
-   first. A single user's jobs therefore keep priority-then-FIFO order, and with equal
-   use the order is plain priority then submit time. The usage is that of the snapshot:
-   within one plan a user's placements do not raise it, the next plan sees them.
-3. A job starts on the N GPUs with the most available memory among those where it
-   fits (each needs `mem` available, or no gpusched job at all for a whole-GPU job,
-   and fewer than `max_jobs_per_gpu` jobs).
-4. Per-array caps (`submit --sweep ... --max-concurrent K`): at most K jobs of one
-   array run at once; the others wait ("array limit") and claim nothing.
-   Per-user caps (`limits:` in the config): a job that would take its user past
-   `max_running` jobs or `max_mem` of declared GPU memory (a whole GPU counts as its
-   total) waits, and says which limit; it claims no GPU, since it waits for its owner's
-   own jobs, not for room.
-5. Anti-starvation ("the head keeps its cards"): the first job in that order that
-   cannot start claims the N GPUs on which it could fit once gpusched's running jobs
-   end (preferring those that run no job submitted after it, then those with the most
-   available now). No job behind it may start on a claimed GPU, so those cards drain
-   and the blocked job starts as soon as its claimed GPUs have room. Jobs behind it may
-   still start on unclaimed GPUs, which is how small jobs pass a big one without ever
-   delaying it. The first preference keeps the claim on the same cards from one plan
-   to the next (they get no newer job; the cards left to others do): chosen by room
-   alone, the claim would move whenever another card caught up (its old jobs ended
-   while a backfilled one still ran) and the card it left would be refilled, each move
-   restarting the wait. A job that could not fit even on empty GPUs (other processes
-   hold the memory) claims nothing: holding cards for it would idle them for a wait
-   gpusched cannot end.
-6. Compute (only with `busy_util` set; off by default, when memory alone decides): a GPU
-   whose compute load is at or above `busy_util` percent takes no new job. Its load is
-   the higher of its own recent utilization (every process on it) and the sum of its
-   gpusched jobs' recent utilizations, plus 100 (`NEW_JOB_UTIL`) for each gpusched job
-   that has not used the GPU yet, including those this plan places: a job that is
-   still loading its data has not shown what it will use, as it has not yet allocated
-   its memory (rule 1 holds its declaration meanwhile). Without MPS, processes on
-   one GPU take turns, so a job added to a saturated card slows the others as much as
-   it gains, and ties itself to that card; waiting keeps it free to take whichever
-   card frees up first, which shortens the queue's tail (docs/benchmarks.md, packing).
+How a card is chosen (one ordered rule; docs/operations.md "How a card is chosen"):
+
+1. The head's claim, by memory. The first job in the order that cannot start now (the
+   head) claims the card(s) expected to free soonest for it (module head_claim: the
+   remaining --time of the jobs it waits for, else the least memory to free). The claim
+   is stored and kept while that job is head. A job behind it may start on a claimed
+   card only when the head still fits there once the jobs it waits for end (memory
+   backfill), or when its own --time ends before the head's earliest start (time
+   backfill). A job that could not fit even on empty GPUs claims nothing.
+2. A job does not take the only cards a waiting larger job could use (prefers the cards
+   fewer larger waiting jobs could ever fit on).
+3. Contention (`pack: contention`, the default; `pack: memory` skips it): prefer a card
+   whose jobs' demands plus this job's stay within 100 % of its busy time (a job's
+   demand is the share of a card's time it needs; unknown counts as busy, `--share` as
+   light). A job known to be busy (demand >= 50 %) does not join cards that all run
+   busy gpusched jobs: it waits for a quieter card, at most CONTENTION_WAIT_S (10 min)
+   after it could first start, then joins them. An unknown demand never waits.
+   `--exclusive`: a card with no other gpusched job, which then takes none.
+4. A multi-GPU job gets the tightest set by NVML topology (common ancestor level).
+5. Among what remains, the most available memory (`placement: most-free`, the default,
+   the mission's rule), or the least that fits (`placement: best-fit`); ties to the
+   lower index. A whole-GPU job (no --mem) needs a card with no gpusched job on which
+   other processes hold at most WHOLE_GPU_OTHERS_MAX (10 %) of the memory.
 """
 
 from __future__ import annotations
 
 import bisect
+import heapq
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from gpusched.core.units import format_size
@@ -72,11 +62,21 @@ from gpusched.scheduling.gpu_budget import (
     RunningClaim,
     budget_table,
     by_room,
-    could_ever_fit,
-    fits,
     is_open,
+    job_demand,
 )
-from gpusched.scheduling.gpu_choice import choose_gpus, one_node
+from gpusched.scheduling.gpu_choice import (
+    CONTENTION_WAIT_S,
+    Needs,
+    Topology,
+    choose_gpus,
+    contention_wait,
+    fits_now,
+)
+from gpusched.scheduling.head_claim import HeadClaim, Kept, keep_for
+from gpusched.scheduling.waiting_reasons import Claims, why_not
+
+__all__ = ["HeadClaim", "Placement", "Plan", "UsageSpan", "UserCap", "WaitingJob", "plan"]
 
 
 @dataclass(frozen=True)
@@ -92,6 +92,12 @@ class WaitingJob:
     array_cap: int | None = None  # --max-concurrent of its array
     queue_order: int | None = None  # its place in submit order; None: job_id (see _place)
     gpu_keys: frozenset[str] | None = None  # the GPUs (slot uuids) it may use; None: any
+    demand: float | None = None  # share of a card's busy time it needs, 0.0-1.0; None: unknown
+    exclusive: bool = False  # --exclusive: a card to itself
+    share: bool = False  # --share: its owner says it is light
+    time_limit_s: float | None = None  # --time: it ends by then (time backfill)
+    waited_s: float = 0.0  # how long it has been free to start (rule 3's bound)
+    top: int | None = None  # put first by an administrator (`gpusched top`): lower first
 
 
 @dataclass(frozen=True)
@@ -113,15 +119,7 @@ class Plan:
     placements: list[Placement]
     waiting_reasons: dict[int, str]
     budgets: dict[str, GpuBudget]
-
-
-def _claim_order(job: WaitingJob) -> Callable[[PlanGpu], tuple[bool, int, int]]:
-    """Rule 5's preference: cards with no job newer than `job` first, then by room."""
-
-    def key(gpu: PlanGpu) -> tuple[bool, int, int]:
-        return (any(other > job.job_id for other in gpu.job_ids), *by_room(gpu))
-
-    return key
+    head_claim: HeadClaim | None = None  # the cards kept for the blocked head: store it
 
 
 def _place(job: WaitingJob) -> int:
@@ -130,59 +128,22 @@ def _place(job: WaitingJob) -> int:
     return job.job_id if job.queue_order is None else job.queue_order
 
 
-def _need(job: WaitingJob) -> str:
-    if job.mem_bytes is None:
-        return "a whole GPU" if job.gpu_count == 1 else f"{job.gpu_count} whole GPUs"
-    size = format_size(job.mem_bytes)
-    if job.gpu_count == 1:
-        return f"{size} on 1 GPU"
-    return f"{size} on each of {job.gpu_count} GPUs"
+def _own_order(job: WaitingJob) -> tuple[int, int]:
+    return (-job.priority, _place(job))
 
 
-@dataclass(frozen=True)
-class _Claims:
-    """What the waiting reasons need to know of the cards kept for a blocked job (rule 5);
-    it changes only when a job claims cards, so it is built once per claim, not per job."""
-
-    usable_count: int
-    free: list[PlanGpu]  # usable and kept for nobody
-    behind: str  # "; GPUs kept for job N ahead of it", or ""
-
-    @classmethod
-    def of(cls, gpus: list[PlanGpu], claimed_by: dict[str, int]) -> _Claims:
-        usable = [g for g in gpus if g.slot.usable]
-        free = [g for g in usable if g.slot.uuid not in claimed_by]
-        held = sorted({claimed_by[g.slot.uuid] for g in usable if g.slot.uuid in claimed_by})
-        behind = f"; GPUs kept for job {', '.join(map(str, held))} ahead of it" if held else ""
-        return cls(len(usable), free, behind)
-
-
-def _why_not(job: WaitingJob, claims: _Claims, busy_util: float | None) -> str:
-    if claims.usable_count < job.gpu_count:
-        return f"needs {job.gpu_count} GPUs, {claims.usable_count} usable"
-    free, behind = claims.free, claims.behind
-    if busy_util is not None:
-        busy = [g for g in free if fits(g, job.mem_bytes, None) and g.load >= busy_util]
-        if busy:
-            loads = ", ".join(f"GPU {g.slot.index} at {g.load:.0f} %" for g in busy)
-            return (
-                f"needs {_need(job)}; the GPUs with room for it are busy"
-                f" (compute load {loads}; busy_util {busy_util:g} %){behind}"
-            )
-    if job.mem_bytes is None:
-        return f"needs {_need(job)}; every usable GPU runs gpusched jobs{behind}"
-    if not free:
-        return f"needs {_need(job)}{behind}"
-    best = free[0]
-    for gpu in free:  # the most available, ties to the lowest index
-        if gpu.available > best.available or (
-            gpu.available == best.available and gpu.slot.index < best.slot.index
-        ):
-            best = gpu
-    return (
-        f"needs {_need(job)}, most available is {format_size(best.available)}"
-        f" on GPU {best.slot.index}{behind}"
-    )
+def in_turns(
+    waiting: Sequence[WaitingJob], usage: Mapping[str, float]
+) -> tuple[list[WaitingJob], dict[str, list[WaitingJob]]]:
+    """The jobs an administrator put first (in that order), and each user's own queue."""
+    topped = sorted((j for j in waiting if j.top is not None), key=lambda j: (j.top, _place(j)))
+    queues: dict[str, list[WaitingJob]] = {}
+    for job in waiting:
+        if job.top is None:
+            queues.setdefault(job.user, []).append(job)
+    for queue in queues.values():
+        queue.sort(key=_own_order, reverse=True)  # popped from the end: best last
+    return topped, queues
 
 
 def _claimed_bytes(mem_bytes: int | None, gpus: Sequence[PlanGpu]) -> int:
@@ -240,36 +201,105 @@ def plan(
     user_caps: Mapping[str, UserCap] | None = None,
     user_usage: Mapping[str, float] | None = None,
     busy_util: float | None = None,
+    head_claim: HeadClaim | None = None,
+    topology: Topology | None = None,
+    placement: str = "most-free",
+    pack: str = "contention",
 ) -> Plan:
-    """Decide which waiting jobs start now and where. Pure: same input, same output."""
+    """Decide which waiting jobs start now and where (the module's rules, in order), and
+    which cards the blocked head keeps (`head_claim`: last plan's, to keep). Pure."""
     table = budget_table(gpus, running, headroom_bytes)
     budgets = {uuid: budget for uuid, (budget, _) in table.items()}
     state = [gpu for _, gpu in table.values()]
-    claimed_by: dict[str, int] = {}
     placements: list[Placement] = []
     reasons: dict[int, str] = {}
     caps = user_caps or {}
     by_uuid = {gpu.slot.uuid: gpu for gpu in state}
     user_running: dict[str, int] = {}
     user_bytes: dict[str, int] = {}
+    array_running: dict[int, int] = {}
     for claim in running:
         user_running[claim.user] = user_running.get(claim.user, 0) + 1
         on = [by_uuid[u] for u in claim.gpu_uuids if u in by_uuid]
         user_bytes[claim.user] = user_bytes.get(claim.user, 0) + _claimed_bytes(claim.mem_bytes, on)
-    array_running: dict[int, int] = {}
-    for claim in running:
         if claim.array_id is not None:
             array_running[claim.array_id] = array_running.get(claim.array_id, 0) + 1
     usage = user_usage or {}
-    # Jobs that ask for the same memory get the same answer until a placement or a claim
+    needs = Needs(waiting)
+    kept: Kept | None = None
+    # Jobs that ask for the same thing get the same "no" until a placement or a claim
     # changes the GPUs: memoised, a pass over 10,000 waiting jobs stays cheap.
-    room: list[PlanGpu] | None = None  # GPUs open to a new job, most available first
-    claims: _Claims | None = None  # for waiting reasons; None: build it when next needed
-    fits_by_mem: dict[int | None, list[PlanGpu]] = {}
-    why_by_need: dict[tuple[int | None, int, frozenset[str] | None], str] = {}
+    room: list[PlanGpu] | None = None  # open unclaimed GPUs, most available first
+    claims: Claims | None = None  # for waiting reasons; None: build it when next needed
+    why_by_need: dict[tuple[int | None, int, frozenset[str] | None, bool], str] = {}
     several_nodes = len({gpu.node for gpu in gpus}) > 1
 
-    for job in sorted(waiting, key=lambda j: (usage.get(j.user, 0.0), -j.priority, _place(j))):
+    def candidates(job: WaitingJob) -> list[PlanGpu]:
+        nonlocal room
+        if room is None:
+            room = sorted(
+                (
+                    g
+                    for g in state
+                    if (kept is None or g.slot.uuid not in kept.cards)
+                    and is_open(g, max_jobs_per_gpu, busy_util)
+                ),
+                key=by_room,
+            )
+        if job.mem_bytes is not None and job.gpu_keys is None and not job.exclusive:
+            # `room` is sorted by available memory: the GPUs this job fits on are a prefix.
+            end = len(room)
+            while end and room[end - 1].available < job.mem_bytes:
+                end -= 1
+            found = room[:end]
+        else:
+            found = [g for g in room if fits_now(job, g)]
+        if kept is not None:
+            for card in kept.cards.values():
+                gpu = card.gpu
+                if not is_open(gpu, max_jobs_per_gpu, busy_util) or not fits_now(job, gpu):
+                    continue
+                if job is kept.job or kept.backfill(job, gpu) is not None:
+                    found.append(gpu)
+        return found
+
+    def place(job: WaitingJob, chosen: list[PlanGpu]) -> None:
+        nonlocal room, claims
+        user_running[job.user] = user_running.get(job.user, 0) + 1
+        user_bytes[job.user] = user_bytes.get(job.user, 0) + _claimed_bytes(job.mem_bytes, chosen)
+        for gpu in chosen:
+            if kept is not None and gpu.slot.uuid in kept.cards and job is not kept.job:
+                kept.took(job, gpu, kept.backfill(job, gpu) or "")
+            if room is not None and gpu in room:
+                room.remove(gpu)
+            gpu.job_count += 1
+            gpu.job_ids.append(job.job_id)
+            gpu.load += NEW_JOB_UTIL
+            gpu.demand += job_demand(job.demand, job.share)
+            if job_demand(job.demand, job.share) >= 0.5:
+                gpu.busy_with.append(job.job_id)
+            gpu.exclusive = gpu.exclusive or job.exclusive
+            hold = job.mem_bytes
+            gpu.holds.append((job.job_id, hold, job.time_limit_s))
+            if job.mem_bytes is None:
+                gpu.whole = True
+                gpu.available = 0
+            else:
+                gpu.available -= job.mem_bytes
+            # Only the chosen GPUs changed: each goes back to its new place, if any.
+            unclaimed = kept is None or gpu.slot.uuid not in kept.cards
+            if room is not None and unclaimed and is_open(gpu, max_jobs_per_gpu, busy_util):
+                bisect.insort(room, gpu, key=by_room)
+        if job.array_id is not None:
+            array_running[job.array_id] = array_running.get(job.array_id, 0) + 1
+        needs.remove(job.mem_bytes)
+        placements.append(Placement(job.job_id, tuple(g.slot.uuid for g in chosen)))
+        claims = None
+        why_by_need.clear()
+
+    def consider(job: WaitingJob) -> bool:
+        """Place `job` if it can start now, else say why; True when it was placed."""
+        nonlocal kept, room, claims
         if job.array_id is not None and job.array_cap is not None:
             in_array = array_running.get(job.array_id, 0)
             if in_array >= job.array_cap:
@@ -277,82 +307,74 @@ def plan(
                     f"array limit: {in_array} of array a{job.array_id} running"
                     f" (--max-concurrent {job.array_cap})"
                 )
-                continue
+                return False
         cap = caps.get(job.user)
         count = user_running.get(job.user, 0)
         if cap is not None and cap.max_running is not None and count >= cap.max_running:
             reasons[job.job_id] = (
                 f"user limit: {job.user} has {count} running (max_running {cap.max_running})"
             )
-            continue
-        if room is None:
-            room = sorted(
-                (
-                    g
-                    for g in state
-                    if g.slot.uuid not in claimed_by and is_open(g, max_jobs_per_gpu, busy_util)
-                ),
-                key=by_room,
+            return False
+        found = candidates(job)
+        if len(found) >= job.gpu_count:
+            if pack == "contention" and contention_wait(job, found):
+                reasons[job.job_id] = _quieter(job, found)
+                return False
+            chosen = choose_gpus(
+                job, found, needs, placement=placement, pack=pack, topology=topology
             )
-        chosen = choose_gpus(job, room, fits_by_mem, several_nodes)
-        if chosen is not None:
-            over = _over_mem_cap(job, cap, user_bytes.get(job.user, 0), chosen)
-            if over is not None:
-                reasons[job.job_id] = over
-                continue
-            user_running[job.user] = user_running.get(job.user, 0) + 1
-            user_bytes[job.user] = user_bytes.get(job.user, 0) + _claimed_bytes(
-                job.mem_bytes, chosen
-            )
-            for gpu in chosen:
-                room.remove(gpu)
-                gpu.job_count += 1
-                gpu.job_ids.append(job.job_id)
-                gpu.load += NEW_JOB_UTIL
-                if job.mem_bytes is None:
-                    gpu.whole = True
-                    gpu.available = 0
-                else:
-                    gpu.available -= job.mem_bytes
-                # Only the chosen GPUs changed: each goes back to its new place, if any
-                # (a sort of all of them after every placement was most of a long pass).
-                if is_open(gpu, max_jobs_per_gpu, busy_util):
-                    bisect.insort(room, gpu, key=by_room)
-            if job.array_id is not None:
-                array_running[job.array_id] = array_running.get(job.array_id, 0) + 1
-            placements.append(Placement(job.job_id, tuple(g.slot.uuid for g in chosen)))
-            fits_by_mem.clear()
-            why_by_need.clear()
-            continue
-        need = (job.mem_bytes, job.gpu_count, job.gpu_keys)
-        if need not in why_by_need:
+            if chosen is not None:
+                over = _over_mem_cap(job, cap, user_bytes.get(job.user, 0), chosen)
+                if over is not None:
+                    reasons[job.job_id] = over
+                    return False
+                place(job, chosen)
+                return True
+        key = (job.mem_bytes, job.gpu_count, job.gpu_keys, job.exclusive)
+        if key not in why_by_need:
             if claims is None:
-                claims = _Claims.of(state, claimed_by)
-            why_by_need[need] = _why_not(job, claims, busy_util)
-        reasons[job.job_id] = why_by_need[need]
-        if not claimed_by:
-            hopeful = sorted(
-                (
-                    g
-                    for g in state
-                    if could_ever_fit(g, job.mem_bytes)
-                    and (job.gpu_keys is None or g.slot.uuid in job.gpu_keys)
-                ),
-                key=_claim_order(job),
-            )
-            if several_nodes and job.gpu_count > 1:
-                hopeful = one_node(hopeful, job.gpu_count) or []
+                claims = Claims.of(state, kept, max_jobs_per_gpu, busy_util)
+            why_by_need[key] = why_not(job, claims, busy_util, several_nodes)
+        reasons[job.job_id] = why_by_need[key]
+        if kept is None:
+            claim = keep_for(job, state, head_claim, several_nodes)
+            chosen_cards = [c.gpu for c in claim.cards.values()] if claim else []
             # A job its owner's cap holds back would not start on drained cards either.
-            over = _over_mem_cap(job, cap, user_bytes.get(job.user, 0), hopeful[: job.gpu_count])
+            over = _over_mem_cap(job, cap, user_bytes.get(job.user, 0), chosen_cards)
             if over is not None:
                 reasons[job.job_id] = over
-            elif len(hopeful) >= job.gpu_count:
-                for gpu in hopeful[: job.gpu_count]:
-                    claimed_by[gpu.slot.uuid] = job.job_id
+            elif claim is None:
+                reasons[job.job_id] += " (no GPU can hold it even when gpusched's jobs end)"
+            else:
+                kept = claim
+                reasons[job.job_id] += f"; {claim.reason(several_nodes)}"
                 room = None
                 claims = None
-                fits_by_mem.clear()
                 why_by_need.clear()
-            else:
-                reasons[job.job_id] += " (no GPU can hold it even when gpusched's jobs end)"
-    return Plan(placements, reasons, budgets)
+        return False
+
+    topped, queues = in_turns(waiting, usage)
+    for job in topped:
+        consider(job)
+    turns = [(0, usage.get(user, 0.0), _place(queue[-1]), user) for user, queue in queues.items()]
+    heapq.heapify(turns)
+    while turns:
+        taken, used, _, user = heapq.heappop(turns)
+        queue = queues[user]
+        placed = consider(queue.pop())
+        if queue:
+            heapq.heappush(turns, (taken + placed, used, _place(queue[-1]), user))
+    return Plan(placements, reasons, budgets, kept.claim if kept is not None else None)
+
+
+def _quieter(job: WaitingJob, found: Sequence[PlanGpu]) -> str:
+    busy = "; ".join(
+        f"GPU {g.slot.index} runs busy job{'s' if len(g.busy_with) > 1 else ''}"
+        f" {', '.join(map(str, g.busy_with))}"
+        for g in sorted(found, key=lambda g: g.slot.index)
+    )
+    left = CONTENTION_WAIT_S - job.waited_s
+    return (
+        f"waits for a quieter card (it keeps a card {job.demand or 0:.0%} busy; {busy});"
+        f" starts beside them in at most {math.ceil(left / 60)} min (pack: contention)"
+    )

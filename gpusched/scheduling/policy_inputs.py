@@ -6,12 +6,14 @@ the scheduler's side of that boundary, used by every tick and by `status`.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from datetime import datetime
 
 from gpusched.core.models import GpuHealth, GpuState, Job
 from gpusched.scheduling.gpu_budget import GpuSlot, RunningClaim
+from gpusched.scheduling.head_claim import HeadClaim
 from gpusched.scheduling.policy import WaitingJob
-from gpusched.store import Queued
+from gpusched.store import Queued, Store, StoredClaim
 
 
 def capacity_bytes(gpu: GpuState) -> int:
@@ -36,8 +38,14 @@ def gpu_slot(gpu: GpuState, util: float | None = None) -> GpuSlot:
 
 
 def running_claim(
-    job: Job, usage: dict[int, dict[str, int]], util: float | None = None
+    job: Job,
+    usage: dict[int, dict[str, int]],
+    util: float | None = None,
+    *,
+    now: datetime | None = None,
+    demand: float | None = None,
 ) -> RunningClaim:
+    """`now`: to know what is left of its --time (the head's claim, time backfill)."""
     return RunningClaim(
         job.id,
         tuple(job.gpu_uuids),
@@ -46,14 +54,61 @@ def running_claim(
         job.user,
         job.array_id,
         util_percent=util,
+        demand=demand,
+        ends_in_s=time_left(job, now),
+        exclusive=job.exclusive,
+        share=job.share,
     )
+
+
+def time_left(job: Job, now: datetime | None) -> float | None:
+    """Seconds left of a running job's --time (0 when past it); None: no limit."""
+    if job.time_limit_s is None or job.started_at is None or now is None:
+        return None
+    ran = now.timestamp() - epoch_seconds(job.started_at)
+    return max(0.0, job.time_limit_s - ran)
+
+
+def gpu_demand(job: Job, util_percent: float | None, alone: bool) -> float | None:
+    """A running job's GPU demand (0.0-1.0 of a card's busy time) for the policy's rule 3.
+
+    Until a job's own demand is measured apart from its neighbours' (issue 25), its own
+    utilization is its demand only while it is alone on its card(s): sharing a busy card,
+    NVML's per-process figure is its time slice, not what it needs. None: not known.
+    """
+    if util_percent is None or not alone:
+        return None
+    return min(1.0, max(0.0, util_percent / 100.0))
+
+
+def running_claims(
+    running: Sequence[Job],
+    usage: dict[int, dict[str, int]],
+    util_of: Callable[[int], float | None],
+    now: datetime,
+) -> list[RunningClaim]:
+    """The running jobs as the policy sees them, each with its demand (`gpu_demand`)."""
+    per_card: dict[str, int] = {}
+    for job in running:
+        for uuid in job.gpu_uuids:
+            per_card[uuid] = per_card.get(uuid, 0) + 1
+    claims = []
+    for job in running:
+        util = util_of(job.id)
+        alone = all(per_card.get(u, 0) == 1 for u in job.gpu_uuids)
+        claims.append(running_claim(job, usage, util, now=now, demand=gpu_demand(job, util, alone)))
+    return claims
 
 
 def epoch_seconds(moment: str | None) -> float:
     return datetime.fromisoformat(moment).timestamp() if moment else 0.0
 
 
-def waiting_job(job: Queued) -> WaitingJob:
+def waiting_job(job: Queued, now: datetime | None = None) -> WaitingJob:
+    """`now`: to know how long it has waited (the bound on waiting for a quieter card)."""
+    waited = 0.0
+    if now is not None and job.submitted_at is not None:
+        waited = max(0.0, now.timestamp() - epoch_seconds(job.submitted_at))
     return WaitingJob(
         job.id,
         job.mem,
@@ -63,4 +118,46 @@ def waiting_job(job: Queued) -> WaitingJob:
         job.array_id,
         job.max_concurrent,
         queue_order=job.retry_of,  # an OOM retry keeps its first attempt's place
+        exclusive=bool(job.exclusive),
+        share=bool(job.share),
+        time_limit_s=job.time_limit_s,
+        waited_s=waited,
+        top=job.top,
     )
+
+
+class StoredHeadClaim:
+    """The head's claim between passes: read from the store once, written when it changes
+    (so it survives a restart, and a pass that keeps it writes nothing)."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._claim: HeadClaim | None = None
+        self._read = False
+
+    def get(self) -> HeadClaim | None:
+        if not self._read:
+            stored = self._store.head_claim()
+            if stored is not None:
+                self._claim = HeadClaim(stored.job_id, stored.gpu_uuids, stored.mem)
+            self._read = True
+        return self._claim
+
+    def keep(self, claim: HeadClaim | None) -> None:
+        if claim == self.get():
+            return
+        stored = (
+            None if claim is None else StoredClaim(claim.job_id, claim.gpu_uuids, claim.mem_bytes)
+        )
+        self._store.keep_head_claim(stored)
+        self._claim = claim
+
+
+def gpu_topology(probe: object) -> dict[str, dict[str, int]] | None:
+    """The probe's GPU topology (NVML common-ancestor levels by uuid), when it reads one:
+    `topology()` is optional (NvmlProbe and SimulatedProbe have it); None: unknown."""
+    read = getattr(probe, "topology", None)
+    if read is None:
+        return None
+    levels = read()
+    return levels or None

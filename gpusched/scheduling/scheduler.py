@@ -49,7 +49,13 @@ from gpusched.scheduling.gpu_reports import gpu_reports
 from gpusched.scheduling.interactive import InteractiveJobs
 from gpusched.scheduling.observe import Observation, observe, read_gpus
 from gpusched.scheduling.policy import Placement, Plan, UserCap, plan
-from gpusched.scheduling.policy_inputs import gpu_slot, running_claim, waiting_job
+from gpusched.scheduling.policy_inputs import (
+    StoredHeadClaim,
+    gpu_slot,
+    gpu_topology,
+    running_claims,
+    waiting_job,
+)
 from gpusched.scheduling.starting import JobStarter
 from gpusched.scheduling.submit_checks import check_fits
 from gpusched.scheduling.waiting_ops import WaitingJobOperations
@@ -85,6 +91,7 @@ class Scheduler:
         self.clock = clock
         self._lock = threading.RLock()
         self._reading = _Reading()
+        self.head_claims = StoredHeadClaim(store)  # the cards kept for the blocked head
         self.monitor = UsageMonitor(store)  # memory and utilization of running jobs
         self.drain: Drain | None = load_drain(self.config.state_dir)  # set by an administrator
         self.wake: Callable[[], None] = lambda: None  # set by the daemon
@@ -219,18 +226,25 @@ class Scheduler:
             return Plan([], {j.id: held_back for j in eligible}, {})
         users = {j.user for j in seen.running} | {j.user for j in eligible}
         config = self.config
-        return plan(
+        now = self.clock()
+        result = plan(
             [gpu_slot(g, self.monitor.gpu_util(g.uuid)) for g in seen.gpus],
-            [running_claim(j, seen.usage, self.monitor.job_util(j.id)) for j in seen.running],
-            [waiting_job(j) for j in eligible],
+            running_claims(seen.running, seen.usage, self.monitor.job_util, now),
+            [waiting_job(j, now) for j in eligible],
             config.headroom_bytes,
             config.max_jobs_per_gpu,
             user_caps={user: self.cap(user) for user in users},
             user_usage=recent_usage(
-                self.store, eligible, seen.gpus, self.clock(), config.fair_share_half_life_s
+                self.store, eligible, seen.gpus, now, config.fair_share_half_life_s
             ),
             busy_util=config.busy_util,
+            head_claim=self.head_claims.get(),
+            topology=gpu_topology(self.probe),
+            placement=config.placement,
+            pack=config.pack,
         )
+        self.head_claims.keep(result.head_claim)
+        return result
 
     def start(self, placements: list[Placement], gpus: list[GpuState]) -> None:
         """Start each placed job on its GPUs (a job that cannot start is queued or ended)."""

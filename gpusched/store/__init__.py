@@ -16,11 +16,13 @@ here, which re-exports what the rest of gpusched uses:
   `TimelineWrite`; written with the usage flush and the end)
 - gpusched.store.nodes: the cluster's nodes and the scheduler's election (leases)
 - gpusched.store.placements: placements, starts and node deaths, conditioned on epochs
+- gpusched.store.head_claims: the cards kept for the blocked head job, between passes
 """
 
 from __future__ import annotations
 
 from gpusched.store.database import jobs, metadata, timeline_points
+from gpusched.store.head_claims import HeadClaimRecords, StoredClaim
 from gpusched.store.nodes import LeaseRow, NodeRecords, NodeRow
 from gpusched.store.placements import DownResult, NodeGuard, NodePlacement, PlacementRecords
 from gpusched.store.queries import JobFigures, LaunchInfo, Queued
@@ -40,6 +42,7 @@ __all__ = [
     "NodeRow",
     "Queued",
     "Store",
+    "StoredClaim",
     "TimelineRow",
     "TimelineWrite",
     "jobs",
@@ -48,5 +51,12 @@ __all__ = [
 ]
 
 
-class Store(JobTransitions, UsageRecords, TimelineRecords, NodeRecords, PlacementRecords):
+class Store(
+    JobTransitions,
+    UsageRecords,
+    TimelineRecords,
+    NodeRecords,
+    PlacementRecords,
+    HeadClaimRecords,
+):
     """The database is the truth about jobs: every read and write of it goes through here."""

@@ -137,6 +137,11 @@ jobs = Table(
     # 1: `gpusched run` / claim(); its pid and pid_start_time are its client's, from the
     # socket's peer credentials at the request, set while it waits too.
     Column("interactive", Integer, nullable=True),
+    # Placement (policy rule 3 and the order): 1: --exclusive (a card to itself); 1:
+    # --share (light, whatever it measures); `gpusched top`'s rank (lower first).
+    Column("exclusive", Integer, nullable=True),
+    Column("share", Integer, nullable=True),
+    Column("top", Integer, nullable=True),
 )
 
 # Environments, stored once each and shared by every job submitted with the same one:
@@ -228,7 +233,8 @@ def to_job(row: Row[Any]) -> Job:
     for name in _JSON_FIELDS:
         values[name] = decode_json(values[name])
     values["state"] = JobState(values["state"])
-    values["interactive"] = bool(values["interactive"])  # NULL on older rows
+    for flag in ("interactive", "exclusive", "share"):
+        values[flag] = bool(values[flag])  # NULL on older rows
     return Job(**values)
 
 

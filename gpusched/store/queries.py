@@ -37,6 +37,11 @@ class Queued:
     retry_of: int | None
     interactive: int | None  # 1: `gpusched run` / claim() (capped by interactive.max_per_user)
     allowed_nodes: list[str] | None = None  # `submit --node`; None: any node
+    time_limit_s: float | None = None  # --time (the policy's time backfill)
+    submitted_at: str | None = None
+    exclusive: int | None = None  # 1: --exclusive
+    share: int | None = None  # 1: --share
+    top: int | None = None  # `gpusched top`'s rank
 
 
 _QUEUED_SELECT = select(
@@ -198,8 +203,8 @@ class JobQueries(Database):
         with self.read() as conn:
             rows = conn.execute(_QUEUED_SELECT.order_by(jobs.c.id)).all()
         return [
-            Queued(i, u, m, g, p, decode_json(a), ai, mc, ro, it, decode_json(an))
-            for i, u, m, g, p, a, ai, mc, ro, it, an in rows
+            Queued(i, u, m, g, p, decode_json(a), ai, mc, ro, it, decode_json(an), *rest)
+            for i, u, m, g, p, a, ai, mc, ro, it, an, *rest in rows
         ]
 
     def ended(

@@ -63,6 +63,8 @@ class NewJob:
     # `gpusched run` / claim(): the client process that is the job (peer credentials).
     client_pid: int | None = None
     client_start_time: str | None = None  # pidref.process_start_time of client_pid
+    exclusive: bool = False  # `--exclusive`: a card to itself
+    share: bool = False  # `--share`: light, whatever it measures (policy rule 3)
 
 
 _CHUNK = 500  # ids per `IN (...)`: SQLite allows 999 variables before 3.32
@@ -124,6 +126,8 @@ def _row(
         "interactive": 1 if new.client_pid is not None else None,
         "pid": new.client_pid,
         "pid_start_time": new.client_start_time,
+        "exclusive": 1 if new.exclusive else None,
+        "share": 1 if new.share else None,
     }
 
 

@@ -12,13 +12,16 @@
  * can change the GPUs while a daemon polls them. Format, one record per line, '#' comments:
  *
  *   driver loaded=1 init_error=0 version=550.54.15
- *   gpu uuid=GPU-... total=BYTES other=BYTES reserved=BYTES util=PCT|na memutil=PCT lost=0|1 name=REST OF LINE
+ *   gpu uuid=GPU-... total=BYTES other=BYTES reserved=BYTES util=PCT|na memutil=PCT lost=0|1 switch=N name=REST OF LINE
  *   proc gpu=INDEX pid=PID used=BYTES reported=1|0 sm=PCT|na kind=compute|graphics|both start=TICKS
  *
  * GPU lines are numbered 0.. in file order (that is the NVML index). `name=` must come last.
  * As on a real driver a process's memory counts only while the process lives: a pid that is
  * gone, a zombie, or (when start= is given) a reused pid is left out of every answer.
  * used(v2) = other + sum(alive processes); v1 also counts `reserved` as used; free is the same.
+ * Topology: GPUs with the same `switch=` share a PCIe switch (nvmlDeviceGetTopologyCommonAncestor
+ * answers NVML_TOPOLOGY_SINGLE), others meet at the host bridge; with no switch= on either GPU
+ * the call is NOT_SUPPORTED, as on a driver that cannot tell.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -77,7 +80,7 @@ static struct nvmlDevice_st devices[MAX_GPUS];
 struct gpu {
     char uuid[96], name[96];
     unsigned long long total, other, reserved;
-    int util, memutil, lost;
+    int util, memutil, lost, pcie_switch; /* pcie_switch: -1 when not given */
 };
 struct proc {
     int gpu, pid, reported, sm, kind; /* kind bit 1 = compute, bit 2 = graphics */
@@ -142,6 +145,7 @@ static struct state *load(void) {
             g->util = pct(line, "util", 0);
             g->memutil = pct(line, "memutil", 0);
             g->lost = (int)num(line, "lost", 0);
+            g->pcie_switch = token(line, "switch") ? (int)num(line, "switch", 0) : -1;
         } else if (strncmp(line, "proc ", 5) == 0 && st->nprocs < MAX_PROCS) {
             struct proc *p = &st->procs[st->nprocs++];
             const char *kind = token(line, "kind");
@@ -460,4 +464,21 @@ nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlProcessUti
     /* A process that appeared between the sizing call and this one is simply not sampled. */
     if (n < *count) *count = n;
     return NVML_SUCCESS;
+}
+
+/* nvmlGpuTopologyLevel_t: INTERNAL 0, SINGLE 10, MULTIPLE 20, HOSTBRIDGE 30, NODE 40, SYSTEM 50. */
+nvmlReturn_t nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t device1, nvmlDevice_t device2,
+                                                 unsigned int *pathInfo) {
+    DEVICE_PROLOGUE(device1);
+    if (!pathInfo || !device2 || device2 < devices || device2 >= devices + st->ngpus) {
+        free(st);
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    const struct gpu *other = &st->gpus[device2 - devices];
+    nvmlReturn_t answer = NVML_SUCCESS;
+    if (device1 == device2) *pathInfo = 0;
+    else if (g->pcie_switch < 0 && other->pcie_switch < 0) answer = NVML_ERROR_NOT_SUPPORTED;
+    else *pathInfo = g->pcie_switch == other->pcie_switch ? 10 : 30;
+    free(st);
+    return answer;
 }

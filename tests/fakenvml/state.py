@@ -53,6 +53,7 @@ class FakeGpu:
     util_percent: int | None = 0  # None: nvmlDeviceGetUtilizationRates is not supported
     mem_util_percent: int = 0
     lost: bool = False  # every query on this GPU fails with NVML_ERROR_GPU_IS_LOST
+    switch: int | None = None  # GPUs with the same number share a PCIe switch; None: unknown
     processes: list[FakeProcess] = field(default_factory=list)
 
 
@@ -93,7 +94,8 @@ def dumps(state: FakeState) -> str:
         lines.append(
             f"gpu uuid={gpu.uuid} total={gpu.total_bytes} other={gpu.other_bytes}"
             f" reserved={gpu.reserved_bytes} util={_pct(gpu.util_percent)}"
-            f" memutil={gpu.mem_util_percent} lost={int(gpu.lost)} name={gpu.name}"
+            f" memutil={gpu.mem_util_percent} lost={int(gpu.lost)}"
+            f"{'' if gpu.switch is None else f' switch={gpu.switch}'} name={gpu.name}"
         )
         for p in gpu.processes:
             if p.kind not in KINDS:
@@ -129,6 +131,7 @@ def loads(text: str) -> FakeState:
                     util_percent=None if values.get("util") == "na" else int(values["util"]),
                     mem_util_percent=int(values.get("memutil", "0")),
                     lost=values.get("lost") == "1",
+                    switch=int(values["switch"]) if "switch" in values else None,
                 )
             )
         else:

@@ -1,0 +1,177 @@
+"""Rule 1 of the policy (see policy.py): the cards kept for the blocked head, by memory.
+
+Pure. The head is the first job in the plan's order that cannot start now. It claims
+the card(s) expected to free soonest for it: on each card, the jobs it must wait for
+are those whose end gives it room, ending first those whose `--time` runs out first
+(then the largest); a card's expected time is the latest of those ends (unknown when
+one has no --time), and among cards equally soon the one with the least memory still
+to free comes first. The claim is stored by the scheduler and handed back to the next
+plan, which keeps it while the same job is head (so the wait is never restarted).
+
+Jobs behind the head may still start on a kept card (backfill) when
+- memory: the head still fits there once the jobs it waits for end, whatever order they
+  end in (`slack`: what is left for others after the head), or
+- time: the job's own `--time` ends before the head's earliest start (as Slurm does).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from gpusched.core.units import format_duration
+from gpusched.scheduling.gpu_budget import PlanGpu, could_ever_fit
+
+if TYPE_CHECKING:
+    from gpusched.scheduling.policy import WaitingJob
+
+
+@dataclass(frozen=True)
+class HeadClaim:
+    """The cards kept for a blocked head job (stored between plans by the scheduler)."""
+
+    job_id: int
+    gpu_uuids: tuple[str, ...]
+    mem_bytes: int | None  # the head's declaration per GPU; None: a whole GPU
+
+
+@dataclass
+class KeptCard:
+    gpu: PlanGpu
+    waits_for: list[int]  # the jobs on it that must end before the head fits
+    free_in_s: float | None  # when they end by their --time; None: one has no limit
+    to_free: int  # memory that must still be freed for the head
+    slack: int | None  # what jobs behind may take and the head still fit; None: nothing
+
+
+def kept_card(gpu: PlanGpu, mem_bytes: int | None) -> KeptCard | None:
+    """What a head of `mem_bytes` per GPU waits for on this card; None: it never fits."""
+    if not gpu.slot.usable or not could_ever_fit(gpu, mem_bytes):
+        return None
+    # End first what ends first by its --time, then the oldest: jobs started beside the
+    # head since it claimed the card (backfill) are newer, so a kept claim waits for the
+    # same jobs from one plan to the next.
+    order = sorted(gpu.holds, key=lambda h: (h[2] is None, h[2] or 0.0, h[0]))
+    waited: list[tuple[int, int | None, float | None]] = []
+    if mem_bytes is None:
+        waited = order  # a whole GPU: every gpusched job on it ends first
+        after = gpu.potential
+        to_free = gpu.potential - gpu.available
+    else:
+        remaining = list(order)
+        after = _room_after(gpu, remaining)
+        to_free = max(0, mem_bytes - gpu.available)
+        while after < mem_bytes and remaining:
+            waited.append(remaining.pop(0))
+            after = _room_after(gpu, remaining)
+        if after < mem_bytes:
+            return None
+    times = [h[2] for h in waited]
+    free_in = None if any(t is None for t in times) else max((t or 0.0 for t in times), default=0.0)
+    slack = None if mem_bytes is None else after - mem_bytes
+    return KeptCard(gpu, [h[0] for h in waited], free_in, to_free, slack)
+
+
+def _room_after(gpu: PlanGpu, remaining: list[tuple[int, int | None, float | None]]) -> int:
+    """A card's available memory once every job not in `remaining` has ended."""
+    if any(h[1] is None for h in remaining):
+        return 0
+    held = sum(h[1] or 0 for h in gpu.holds)
+    still = sum(h[1] or 0 for h in remaining)
+    if gpu.whole:  # the whole-GPU job has ended: the card's potential, less who stays
+        return gpu.potential - still
+    return gpu.available + held - still
+
+
+def soonest_first(card: KeptCard) -> tuple[bool, float, int, int]:
+    return (card.free_in_s is None, card.free_in_s or 0.0, card.to_free, card.gpu.slot.index)
+
+
+@dataclass
+class Kept:
+    """The head's claim in one plan: its cards and what may backfill beside it."""
+
+    job: WaitingJob
+    cards: dict[str, KeptCard]  # by uuid
+
+    @property
+    def claim(self) -> HeadClaim:
+        return HeadClaim(self.job.job_id, tuple(self.cards), self.job.mem_bytes)
+
+    @property
+    def starts_in_s(self) -> float | None:
+        """The head's earliest start by its cards' --time ends; None: unknown."""
+        times = [c.free_in_s for c in self.cards.values()]
+        return None if any(t is None for t in times) else max(t or 0.0 for t in times)
+
+    def backfill(self, job: WaitingJob, gpu: PlanGpu) -> str | None:
+        """How `job` may start on kept card `gpu` without delaying the head: "time",
+        "memory", or None (it may not). The caller has checked it fits now."""
+        card = self.cards[gpu.slot.uuid]
+        start = self.starts_in_s
+        if job.time_limit_s is not None and start is not None and job.time_limit_s <= start:
+            return "time"
+        if job.mem_bytes is not None and card.slack is not None and job.mem_bytes <= card.slack:
+            return "memory"
+        return None
+
+    def took(self, job: WaitingJob, gpu: PlanGpu, how: str) -> None:
+        card = self.cards[gpu.slot.uuid]
+        if how == "memory" and card.slack is not None and job.mem_bytes is not None:
+            card.slack -= job.mem_bytes
+
+    def reason(self, several_nodes: bool) -> str:
+        """The head's waiting reason: which cards are kept for it, and for which jobs."""
+        cards = sorted(self.cards.values(), key=lambda c: c.gpu.slot.index)
+        names = ", ".join(str(c.gpu.slot.index) for c in cards)
+        where = f"GPU {names}" if len(cards) == 1 else f"GPUs {names}"
+        node = cards[0].gpu.slot.node
+        if several_nodes and node:
+            where += f" on {node}"
+        waits = sorted({j for c in cards for j in c.waits_for})
+        if not waits:
+            return f"{where} kept for it"
+        jobs = f"job {waits[0]}" if len(waits) == 1 else f"jobs {', '.join(map(str, waits))}"
+        start = self.starts_in_s
+        eta = "" if start is None else f" (by --time, within {format_duration(start)})"
+        return f"{where} kept for it: starts when {jobs} end{'s' if len(waits) == 1 else ''}{eta}"
+
+
+def keep_for(
+    job: WaitingJob,
+    state: list[PlanGpu],
+    stored: HeadClaim | None,
+    several_nodes: bool,
+) -> Kept | None:
+    """The head's claim: the stored one while it still holds, else the cards that free
+    soonest (on one node); None when no cards could ever hold it."""
+    by_uuid = {g.slot.uuid: g for g in state}
+    if stored is not None and stored.job_id == job.job_id and stored.mem_bytes == job.mem_bytes:
+        again = [by_uuid.get(u) for u in stored.gpu_uuids]
+        cards = [kept_card(g, job.mem_bytes) for g in again if g is not None]
+        if len(cards) == job.gpu_count and all(
+            c is not None and (job.gpu_keys is None or c.gpu.slot.uuid in job.gpu_keys)
+            for c in cards
+        ):
+            return Kept(job, {c.gpu.slot.uuid: c for c in cards if c is not None})
+    options = [
+        card
+        for g in state
+        if (job.gpu_keys is None or g.slot.uuid in job.gpu_keys)
+        for card in [kept_card(g, job.mem_bytes)]
+        if card is not None
+    ]
+    options.sort(key=soonest_first)
+    if several_nodes and job.gpu_count > 1:
+        by_node: dict[str, list[KeptCard]] = {}
+        for card in options:
+            group = by_node.setdefault(card.gpu.slot.node, [])
+            group.append(card)
+            if len(group) == job.gpu_count:
+                options = group
+                break
+        else:
+            return None
+    if len(options) < job.gpu_count:
+        return None
+    return Kept(job, {c.gpu.slot.uuid: c for c in options[: job.gpu_count]})

@@ -1,0 +1,144 @@
+"""Why a waiting job does not start now: the policy's reasons, true for each case.
+
+Pure, split from policy.py. A reason names what holds the job back: too few usable GPUs,
+the compute cap, `max_jobs_per_gpu`, other processes on a card a whole-GPU job needs,
+a card kept for the head (rule 1), or the most memory any card has; in a cluster each
+card is named with its node.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from gpusched.core.units import format_size
+from gpusched.scheduling.gpu_budget import PlanGpu
+from gpusched.scheduling.gpu_choice import WHOLE_GPU_OTHERS_MAX
+
+if TYPE_CHECKING:
+    from gpusched.scheduling.head_claim import Kept
+    from gpusched.scheduling.policy import WaitingJob
+
+
+def need(job: WaitingJob) -> str:
+    """What a job asks for, in words."""
+    if job.mem_bytes is None:
+        return "a whole GPU" if job.gpu_count == 1 else f"{job.gpu_count} whole GPUs"
+    size = format_size(job.mem_bytes)
+    if job.gpu_count == 1:
+        return f"{size} on 1 GPU"
+    return f"{size} on each of {job.gpu_count} GPUs"
+
+
+def gpu_name(gpu: PlanGpu, several_nodes: bool) -> str:
+    if several_nodes and gpu.slot.node:
+        return f"GPU {gpu.slot.index} on {gpu.slot.node}"
+    return f"GPU {gpu.slot.index}"
+
+
+@dataclass(frozen=True)
+class Claims:
+    """What the reasons need to know of the cards: built once per change, not per job."""
+
+    usable_count: int
+    free: list[PlanGpu]  # usable and kept for nobody
+    behind: str  # "; GPU 1 kept for job N ahead of it", or ""
+    max_jobs_per_gpu: int | None
+
+    @classmethod
+    def of(
+        cls,
+        gpus: list[PlanGpu],
+        kept: Kept | None,
+        max_jobs_per_gpu: int | None,
+        busy_util: float | None,
+    ) -> Claims:
+        usable = [g for g in gpus if g.slot.usable]
+        kept_uuids = set(kept.cards) if kept is not None else set()
+        free = [g for g in usable if g.slot.uuid not in kept_uuids]
+        behind = ""
+        if kept is not None:
+            names = ", ".join(
+                str(c.gpu.slot.index) for c in sorted(kept.cards.values(), key=_index)
+            )
+            cards = "GPU" if len(kept.cards) == 1 else "GPUs"
+            behind = f"; {cards} {names} kept for job {kept.job.job_id} ahead of it"
+        return cls(len(usable), free, behind, max_jobs_per_gpu)
+
+
+def _index(card: object) -> int:
+    return card.gpu.slot.index  # type: ignore[attr-defined]
+
+
+def _most_available(gpus: Sequence[PlanGpu]) -> PlanGpu:
+    return min(gpus, key=lambda g: (-g.available, g.slot.index))
+
+
+def why_not(job: WaitingJob, claims: Claims, busy_util: float | None, several_nodes: bool) -> str:
+    """Why `job` cannot start on any card now (the head's own reason is the claim's)."""
+    if claims.usable_count < job.gpu_count:
+        return f"needs {job.gpu_count} GPUs, {claims.usable_count} usable"
+    free, behind = claims.free, claims.behind
+    if busy_util is not None:
+        busy = [g for g in free if g.load >= busy_util and _memory_fits(job, g)]
+        if busy:
+            loads = ", ".join(f"{gpu_name(g, several_nodes)} at {g.load:.0f} %" for g in busy)
+            return (
+                f"needs {need(job)}; the GPUs with room for it are busy"
+                f" (compute load {loads}; busy_util {busy_util:g} %){behind}"
+            )
+    cap = claims.max_jobs_per_gpu
+    if cap is not None:
+        full = [g for g in free if g.job_count >= cap and _memory_fits(job, g)]
+        if full:
+            names = ", ".join(gpu_name(g, several_nodes) for g in full)
+            return (
+                f"needs {need(job)}; {names} would have room but already"
+                f" run{'s' if len(full) == 1 else ''} {cap} job(s) (max_jobs_per_gpu {cap}){behind}"
+            )
+    if job.mem_bytes is None or job.exclusive:
+        return _why_not_a_whole_card(job, free, behind, several_nodes)
+    if not free:
+        return f"needs {need(job)}{behind}"
+    best = _most_available(free)
+    return (
+        f"needs {need(job)}, most available is {format_size(best.available)}"
+        f" on {gpu_name(best, several_nodes)}{behind}"
+    )
+
+
+def _memory_fits(job: WaitingJob, gpu: PlanGpu) -> bool:
+    if job.mem_bytes is None:
+        return not gpu.whole and gpu.job_count == 0
+    return not gpu.whole and gpu.available >= job.mem_bytes
+
+
+def _why_not_a_whole_card(
+    job: WaitingJob, free: list[PlanGpu], behind: str, several_nodes: bool
+) -> str:
+    """A whole-GPU or --exclusive job: a card with no gpusched job (and, for a whole GPU,
+    nearly free of other processes)."""
+    what = need(job) if job.mem_bytes is None else f"{need(job)} with --exclusive"
+    empty = [g for g in free if g.job_count == 0]
+    if not free:
+        return f"needs {what}{behind}"
+    if not empty:
+        return f"needs {what}; every GPU it may use runs gpusched jobs{behind}"
+    if job.mem_bytes is not None:
+        best = _most_available(empty)
+        return (
+            f"needs {what}, most available on a GPU with no gpusched job is"
+            f" {format_size(best.available)} on {gpu_name(best, several_nodes)}{behind}"
+        )
+    held = ", ".join(
+        f"{gpu_name(g, several_nodes)} (other processes hold"
+        f" {format_size(g.slot.total_bytes - g.slot.free_bytes, tabular=False)}"
+        f" of {format_size(g.slot.total_bytes, tabular=False)})"
+        for g in empty
+    )
+    return (
+        f"needs {what}; the GPUs with no gpusched job are in use by other processes: {held};"
+        f" a whole-GPU job needs one nearly free"
+        f" (others at most {WHOLE_GPU_OTHERS_MAX:.0%}){behind}"
+    )

@@ -1,0 +1,54 @@
+"""The head's claim between passes (the `head_claims` table): the cards kept for the
+blocked first job of the queue, so the next pass, and the next daemon after a restart,
+keeps them instead of choosing again (docs/operations.md, "How a card is chosen").
+
+One row at most (one head per scheduler); written only when the claim changes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy import JSON, BigInteger, Column, Integer, Table, delete, select
+
+from gpusched.store.database import Database, decode_json, metadata
+
+head_claims = Table(
+    "head_claims",
+    metadata,
+    Column("job_id", Integer, primary_key=True),
+    Column("gpu_uuids", JSON, nullable=False),
+    Column("mem", BigInteger, nullable=True),  # the head's --mem per GPU; NULL: a whole GPU
+)
+
+
+@dataclass(frozen=True)
+class StoredClaim:
+    job_id: int
+    gpu_uuids: tuple[str, ...]
+    mem: int | None
+
+
+class HeadClaimRecords(Database):
+    def head_claim(self) -> StoredClaim | None:
+        """The claim the last pass stored, if any."""
+        with self.read() as conn:
+            row = conn.execute(
+                select(head_claims.c.job_id, head_claims.c.gpu_uuids, head_claims.c.mem)
+            ).first()
+        if row is None:
+            return None
+        uuids = row.gpu_uuids if isinstance(row.gpu_uuids, list) else decode_json(row.gpu_uuids)
+        return StoredClaim(row.job_id, tuple(uuids), row.mem)
+
+    def keep_head_claim(self, claim: StoredClaim | None) -> None:
+        """Replace the stored claim (None: no job is kept cards for)."""
+        # Not fsynced: a claim lost to a power cut is chosen again by the next pass.
+        with self._write(durable=False) as conn:
+            conn.execute(delete(head_claims))
+            if claim is not None:
+                conn.execute(
+                    head_claims.insert().values(
+                        job_id=claim.job_id, gpu_uuids=list(claim.gpu_uuids), mem=claim.mem
+                    )
+                )
