@@ -147,28 +147,31 @@ def _level(topology: Topology | None, a: PlanGpu, b: PlanGpu) -> int:
 
 def _tightest(cards: list[PlanGpu], count: int, topology: Topology | None) -> list[PlanGpu] | None:
     """Rule 4: of `cards` (in rule 5's order), the `count` on one node that sit closest
-    together; among equally tight sets, the one whose first card comes first."""
+    together; among equally tight sets, the one whose worst card comes first in rule 5's
+    order (as a prefix of that order would be), then the one whose best card does."""
+    rank = {id(g): i for i, g in enumerate(cards)}
     best: list[PlanGpu] | None = None
-    best_score = (UNKNOWN_LEVEL + 1, 0)
-    for rank, anchor in enumerate(cards):
-        others = [
-            (_level(topology, anchor, other), i, other)
-            for i, other in enumerate(cards)
-            if other is not anchor and other.slot.node == anchor.slot.node
-        ]
+    best_score = (UNKNOWN_LEVEL + 1, 0, 0)
+    for anchor in cards:
+        others = sorted(
+            (
+                (_level(topology, anchor, other), rank[id(other)], other)
+                for other in cards
+                if other is not anchor and other.slot.node == anchor.slot.node
+            ),
+            key=lambda t: (t[0], t[1]),
+        )
         if len(others) < count - 1:
             continue
-        others.sort(key=lambda t: (t[0], t[1]))
-        chosen = [anchor] + [o for _, _, o in others[: count - 1]]
+        chosen = sorted(
+            [anchor, *(o for _, _, o in others[: count - 1])], key=lambda g: rank[id(g)]
+        )
         tightness = max(
             _level(topology, a, b) for i, a in enumerate(chosen) for b in chosen[i + 1 :]
         )
-        score = (tightness, rank)
+        score = (tightness, rank[id(chosen[-1])], rank[id(chosen[0])])
         if best is None or score < best_score:
             best, best_score = chosen, score
         if topology is None:
             break  # no reading: rule 5's order alone
-    if best is None:
-        return None
-    order = {id(g): i for i, g in enumerate(cards)}
-    return sorted(best, key=lambda g: order[id(g)])
+    return best

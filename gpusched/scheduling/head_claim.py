@@ -9,8 +9,8 @@ to free comes first. The claim is stored by the scheduler and handed back to the
 plan, which keeps it while the same job is head (so the wait is never restarted).
 
 Jobs behind the head may still start on a kept card (backfill) when
-- memory: the head still fits there once the jobs it waits for end, whatever order they
-  end in (`slack`: what is left for others after the head), or
+- memory: the head still fits there at the first moment it would have without them,
+  whatever order the card's jobs end in (`slack`, `_least_slack`), or
 - time: the job's own `--time` ends before the head's earliest start (as Slurm does).
 """
 
@@ -41,7 +41,7 @@ class KeptCard:
     waits_for: list[int]  # the jobs on it that must end before the head fits
     free_in_s: float | None  # when they end by their --time; None: one has no limit
     to_free: int  # memory that must still be freed for the head
-    slack: int | None  # what jobs behind may take and the head still fit; None: nothing
+    slack: int | None  # what jobs behind may take, never delaying it; None: nothing
 
 
 def kept_card(gpu: PlanGpu, mem_bytes: int | None) -> KeptCard | None:
@@ -68,8 +68,35 @@ def kept_card(gpu: PlanGpu, mem_bytes: int | None) -> KeptCard | None:
             return None
     times = [h[2] for h in waited]
     free_in = None if any(t is None for t in times) else max((t or 0.0 for t in times), default=0.0)
-    slack = None if mem_bytes is None else after - mem_bytes
+    slack = None if mem_bytes is None or gpu.whole else _least_slack(gpu, mem_bytes)
     return KeptCard(gpu, [h[0] for h in waited], free_in, to_free, slack)
+
+
+# Subsets of a card's jobs looked at for the slack; past this, no memory backfill there.
+_MAX_SUMS = 4096
+
+
+def _least_slack(gpu: PlanGpu, mem_bytes: int) -> int:
+    """What a job behind the head may take on this card and never delay it, whatever order
+    the card's jobs end in: the head starts at the first moment the jobs ended so far give
+    it room, so what is left over must stay above every such moment's excess. The least
+    excess over all sets of ended jobs that give it room (0: nothing may join)."""
+    deficit = mem_bytes - gpu.available
+    if deficit <= 0:
+        return -deficit
+    holds = [h[1] for h in gpu.holds if h[1] is not None]
+    short = {0}  # sums of ended jobs' holds still under the deficit
+    least: int | None = None
+    for hold in holds:
+        for total in list(short):
+            reached = total + hold
+            if reached >= deficit:
+                least = reached - deficit if least is None else min(least, reached - deficit)
+            else:
+                short.add(reached)
+        if len(short) > _MAX_SUMS:
+            return 0
+    return least or 0
 
 
 def _room_after(gpu: PlanGpu, remaining: list[tuple[int, int | None, float | None]]) -> int:

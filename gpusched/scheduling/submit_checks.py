@@ -1,6 +1,7 @@
-"""Whether a submitted job could ever run: enough GPUs on one server, and a GPU with room
-for its --mem. On one server, its GPUs; in a cluster, every live node's as reported
-(a job's GPUs are all on one node). Pure: the caller passes the GPUs it knows of.
+"""Whether a submitted job could ever run: enough GPUs on one server, and `--gpus N` cards
+on one server each with room for its --mem. On one server, its GPUs; in a cluster, every
+live node's as reported (a job's GPUs are all on one node). Pure: the caller passes the
+GPUs it knows of.
 """
 
 from __future__ import annotations
@@ -46,3 +47,26 @@ def check_fits(
                 f" GPU {largest.index} ({largest.name}) with {format_size(largest.total_bytes)}"
                 f" total, {format_size(most)} usable by jobs"
             )
+    if new.mem is not None and new.gpus > 1:
+        _check_enough_cards(new.mem, new.gpus, by_node, headroom_bytes)
+
+
+def _check_enough_cards(
+    mem: int, count: int, by_node: Mapping[str, Sequence[GpuState]], headroom_bytes: int
+) -> None:
+    """`--gpus N --mem M`: N cards of one server must each be able to hold M."""
+    able = {
+        name: [g for g in gpus if capacity_bytes(g) - headroom_bytes >= mem]
+        for name, gpus in by_node.items()
+    }
+    most = max(len(cards) for cards in able.values())
+    if most >= count:
+        return
+    cards = max(able.values(), key=len)
+    which = ", ".join(f"GPU {g.index} ({format_size(g.total_bytes, tabular=False)})" for g in cards)
+    where = "this server" if len(by_node) == 1 else "any node"
+    raise UsageError(
+        f"--mem {format_size(mem, tabular=False)} --gpus {count}: only {most} GPU(s) of {where}"
+        f" can hold {format_size(mem, tabular=False)}{f' ({which})' if which else ''};"
+        f" ask for fewer GPUs or less memory per GPU"
+    )

@@ -1,0 +1,318 @@
+"""How a card is chosen (issue 24's placement rules, issue 25's contention rule), in the
+pure policy: the head's claim by memory and backfill beside it, big cards kept for big
+jobs, contention, topology, most-free or best-fit, and the reasons that say so."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gpusched.scheduling.gpu_budget import GpuSlot, RunningClaim
+from gpusched.scheduling.gpu_choice import CONTENTION_WAIT_S
+from gpusched.scheduling.policy import HeadClaim, Plan, WaitingJob, plan
+
+G = 2**30
+
+
+def card(index: int, total_g: float = 24, others_g: float = 0, used_g: float = 0) -> GpuSlot:
+    total = int(total_g * G)
+    return GpuSlot(f"GPU-{index}", index, total, total - int((others_g + used_g) * G))
+
+
+def job_on(
+    job_id: int,
+    index: int,
+    mem_g: float,
+    *,
+    ends_in_s: float | None = None,
+    demand: float | None = None,
+    exclusive: bool = False,
+) -> RunningClaim:
+    uuid = f"GPU-{index}"
+    return RunningClaim(
+        job_id,
+        (uuid,),
+        int(mem_g * G),
+        {uuid: int(mem_g * G)},
+        ends_in_s=ends_in_s,
+        demand=demand,
+        exclusive=exclusive,
+    )
+
+
+def gpus_of(result: Plan, job_id: int) -> list[int] | None:
+    for p in result.placements:
+        if p.job_id == job_id:
+            return [int(u.split("-")[1]) for u in p.gpu_uuids]
+    return None
+
+
+# -- rule 1: the head's claim by memory, on the card that frees first ------------------------
+
+
+def test_the_head_claims_the_card_whose_jobs_end_first_by_their_time() -> None:
+    # Issue 24 item 1: a multi-day job on GPU 0, a 3-minute one on GPU 1.
+    gpus = [card(0, used_g=20), card(1, used_g=10)]
+    running = [job_on(1, 0, 20, ends_in_s=3 * 86400), job_on(2, 1, 10, ends_in_s=180)]
+    result = plan(gpus, running, [WaitingJob(3, 20 * G)])
+    assert result.head_claim == HeadClaim(3, ("GPU-1",), 20 * G)
+    assert (
+        "GPU 1 kept for it: starts when job 2 ends (by --time, within 3m"
+        in (result.waiting_reasons[3])
+    )
+
+
+def test_without_time_the_head_claims_the_card_with_least_memory_to_free() -> None:
+    gpus = [card(0, used_g=20), card(1, used_g=10)]
+    result = plan(gpus, [job_on(1, 0, 20), job_on(2, 1, 10)], [WaitingJob(3, 20 * G)])
+    assert result.head_claim == HeadClaim(3, ("GPU-1",), 20 * G)
+    assert "starts when job 2 ends" in result.waiting_reasons[3]
+
+
+def test_a_stored_claim_is_kept_while_its_job_is_head() -> None:
+    # A fresh choice would be GPU 1 (less to free); the stored claim on GPU 0 stays, so the
+    # wait already spent on it is not thrown away.
+    gpus = [card(0, used_g=20), card(1, used_g=10)]
+    stored = HeadClaim(3, ("GPU-0",), 20 * G)
+    result = plan(
+        gpus, [job_on(1, 0, 20), job_on(2, 1, 10)], [WaitingJob(3, 20 * G)], head_claim=stored
+    )
+    assert result.head_claim == stored
+    # ... and only while that job is head: another head chooses afresh.
+    other = plan(
+        gpus, [job_on(1, 0, 20), job_on(2, 1, 10)], [WaitingJob(4, 20 * G)], head_claim=stored
+    )
+    assert other.head_claim == HeadClaim(4, ("GPU-1",), 20 * G)
+
+
+def test_a_small_job_may_share_the_kept_card_when_the_head_still_fits() -> None:
+    # Issue 24 item 2: one 48G card running 40G (30G + 10G), the head needs 20G: once the
+    # 30G job ends it has 38G, so a 4G job beside it costs the head nothing.
+    gpus = [card(0, 48, used_g=40)]
+    running = [job_on(1, 0, 30), job_on(2, 0, 10)]
+    result = plan(gpus, running, [WaitingJob(3, 20 * G), WaitingJob(4, 4 * G)])
+    assert gpus_of(result, 4) == [0]
+    assert gpus_of(result, 3) is None
+    # A job that would leave the head short once job 1 ends does not start there.
+    tight = [card(0, 48, used_g=40)]
+    result = plan(
+        tight, [job_on(1, 0, 38), job_on(2, 0, 2)], [WaitingJob(3, 44 * G), WaitingJob(4, 4 * G)]
+    )
+    assert gpus_of(result, 4) is None
+    assert "kept for job 3 ahead of it" in result.waiting_reasons[4]
+
+
+def test_a_job_whose_time_ends_before_the_head_can_start_may_use_the_kept_card() -> None:
+    gpus = [card(0, 48, used_g=40)]
+    running = [job_on(1, 0, 40, ends_in_s=600)]
+    head = WaitingJob(2, 44 * G)
+    short = WaitingJob(3, 8 * G, time_limit_s=300)
+    long = WaitingJob(4, 8 * G, time_limit_s=900)
+    assert gpus_of(plan(gpus, running, [head, short]), 3) == [0]
+    assert gpus_of(plan(gpus, running, [head, long]), 4) is None
+    assert gpus_of(plan(gpus, running, [head, WaitingJob(5, 8 * G)]), 5) is None
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    total_g=st.integers(24, 80),
+    first=st.lists(st.integers(1, 30), min_size=1, max_size=5),
+    head_g=st.integers(4, 80),
+    smalls=st.lists(st.integers(1, 20), max_size=8),
+    order=st.randoms(use_true_random=False),
+)
+def test_memory_backfill_never_delays_the_head_in_any_order_of_ends(
+    total_g: int, first: list[int], head_g: int, smalls: list[int], order: object
+) -> None:
+    """One card, jobs on it ending one at a time in a random order; the head starts no
+    later than it would have with no job behind it (those never end here)."""
+    first = [m for m in first if m <= total_g][: max(1, len(first))]
+    if sum(first) > total_g or head_g > total_g or not first:
+        return
+    ends = list(range(len(first)))
+    order.shuffle(ends)  # type: ignore[attr-defined]
+
+    def start_step(behind: Sequence[int]) -> int | None:
+        running = {i + 1: m for i, m in enumerate(first)}
+        waiting = [WaitingJob(100, head_g * G)] + [
+            WaitingJob(200 + i, m * G) for i, m in enumerate(behind)
+        ]
+        claim: HeadClaim | None = None
+        for step in range(len(ends) + 1):
+            if step:
+                running.pop(ends[step - 1] + 1, None)
+            used = sum(running.values())
+            result = plan(
+                [card(0, total_g, used_g=used)],
+                [job_on(j, 0, m) for j, m in running.items()],
+                waiting,
+                head_claim=claim,
+            )
+            claim = result.head_claim
+            placed = {p.job_id for p in result.placements}
+            if 100 in placed:
+                return step
+            for p in result.placements:
+                running[p.job_id] = next(w.mem_bytes for w in waiting if w.job_id == p.job_id) // G  # type: ignore[operator]
+            waiting = [w for w in waiting if w.job_id not in placed]
+        return None
+
+    alone = start_step([])
+    with_behind = start_step(smalls)
+    if alone is not None:
+        assert with_behind is not None
+        assert with_behind <= alone
+
+
+# -- rule 2: big cards for big jobs -------------------------------------------------------
+
+
+def test_small_jobs_leave_the_only_cards_a_larger_job_fits_on() -> None:
+    # Issue 24 item 3: cards 24, 24, 80, 80; two 20G jobs and a 2 x 70G job together.
+    gpus = [card(0, 24), card(1, 24), card(2, 80), card(3, 80)]
+    waiting = [WaitingJob(1, 20 * G), WaitingJob(2, 20 * G), WaitingJob(3, 70 * G, gpu_count=2)]
+    result = plan(gpus, [], waiting)
+    assert sorted([gpus_of(result, 1), gpus_of(result, 2)]) == [[0], [1]]  # type: ignore[type-var]
+    assert gpus_of(result, 3) == [2, 3]
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    small_cards=st.integers(1, 4),
+    big_cards=st.integers(1, 4),
+    small_jobs=st.lists(st.integers(2, 20), min_size=1, max_size=4),
+    large_g=st.integers(30, 70),
+    data=st.data(),
+)
+def test_a_larger_job_starts_when_the_small_ones_fit_elsewhere(
+    small_cards: int, big_cards: int, small_jobs: list[int], large_g: int, data: st.DataObject
+) -> None:
+    small_jobs = small_jobs[:small_cards]  # each small job has a small card of its own
+    count = data.draw(st.integers(1, big_cards))
+    gpus = [card(i, 24) for i in range(small_cards)]
+    gpus += [card(small_cards + i, 80) for i in range(big_cards)]
+    waiting = [WaitingJob(i + 1, m * G) for i, m in enumerate(small_jobs)]
+    large = WaitingJob(100, large_g * G, gpu_count=count)
+    result = plan(gpus, [], [*waiting, large])
+    assert gpus_of(result, 100) is not None
+
+
+# -- rule 3: contention ---------------------------------------------------------------------
+
+
+def test_a_busy_job_goes_to_a_quiet_card_over_one_with_more_memory() -> None:
+    gpus = [card(0, 80, used_g=10), card(1, 48)]
+    running = [job_on(1, 0, 10, demand=0.9)]
+    busy = WaitingJob(2, 10 * G, demand=0.9)
+    assert gpus_of(plan(gpus, running, [busy]), 2) == [1]
+    assert gpus_of(plan(gpus, running, [busy], pack="memory"), 2) == [0]  # as before
+
+
+def test_a_busy_job_waits_for_a_quieter_card_within_a_bound() -> None:
+    gpus = [card(0, 80, used_g=10), card(1, 80, used_g=10)]
+    running = [job_on(1, 0, 10, demand=0.9), job_on(2, 1, 10, demand=0.8)]
+    busy = WaitingJob(3, 10 * G, demand=0.9)
+    result = plan(gpus, running, [busy])
+    assert gpus_of(result, 3) is None
+    reason = result.waiting_reasons[3]
+    assert "waits for a quieter card" in reason
+    assert "GPU 0 runs busy job 1" in reason
+    assert "GPU 1 runs busy job 2" in reason
+    assert result.head_claim is None  # waiting for quiet is no claim on memory
+    waited = WaitingJob(3, 10 * G, demand=0.9, waited_s=CONTENTION_WAIT_S)
+    assert gpus_of(plan(gpus, running, [waited]), 3) is not None
+
+
+def test_an_unknown_or_light_job_never_waits_for_contention() -> None:
+    gpus = [card(0, 80, used_g=10), card(1, 80, used_g=10)]
+    running = [job_on(1, 0, 10, demand=0.9), job_on(2, 1, 10, demand=0.8)]
+    for job in (
+        WaitingJob(3, 10 * G),  # no known demand
+        WaitingJob(3, 10 * G, demand=0.9, share=True),  # its owner says it is light
+        WaitingJob(3, 10 * G, demand=0.1),
+    ):
+        assert gpus_of(plan(gpus, running, [job]), 3) is not None
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    demands=st.lists(st.none() | st.floats(0, 1), min_size=1, max_size=6),
+    job_demand=st.none() | st.floats(0, 1),
+    waited=st.floats(0, 2 * CONTENTION_WAIT_S),
+)
+def test_contention_never_starves_a_job_past_its_bound(
+    demands: list[float | None], job_demand: float | None, waited: float
+) -> None:
+    gpus = [card(i, 24, used_g=4) for i in range(len(demands))]
+    running = [job_on(i + 1, i, 4, demand=d) for i, d in enumerate(demands)]
+    job = WaitingJob(100, 4 * G, demand=job_demand, waited_s=waited)
+    placed = gpus_of(plan(gpus, running, [job]), 100) is not None
+    if waited >= CONTENTION_WAIT_S or job_demand is None or job_demand < 0.5:
+        assert placed
+
+
+def test_an_exclusive_job_takes_an_empty_card_and_nothing_joins_it() -> None:
+    gpus = [card(0, 80, used_g=4), card(1, 24)]
+    running = [job_on(1, 0, 4)]
+    mine = WaitingJob(2, 4 * G, exclusive=True)
+    after = WaitingJob(3, 2 * G)
+    result = plan(gpus, running, [mine, after])
+    assert gpus_of(result, 2) == [1]
+    assert gpus_of(result, 3) == [0]
+    # Once it runs, nothing joins its card, even where memory would fit.
+    gpus = [card(0, 24, used_g=24), card(1, 24, used_g=4)]
+    running = [job_on(1, 0, 24), job_on(2, 1, 4, exclusive=True)]
+    assert gpus_of(plan(gpus, running, [WaitingJob(4, 2 * G)]), 4) is None
+
+
+# -- rule 4: topology -------------------------------------------------------------------------
+
+
+def test_a_two_gpu_job_gets_the_pair_on_one_switch() -> None:
+    # Issue 24 item 4: 0-1 and 2-3 each share a PCIe switch; a small job runs on GPU 0.
+    gpus = [card(0, used_g=2), card(1), card(2), card(3)]
+    topology = {
+        f"GPU-{a}": {f"GPU-{b}": 10 if a // 2 == b // 2 else 30 for b in range(4) if b != a}
+        for a in range(4)
+    }
+    result = plan(gpus, [job_on(1, 0, 2)], [WaitingJob(2, 8 * G, gpu_count=2)], topology=topology)
+    assert gpus_of(result, 2) == [2, 3]
+
+
+# -- rule 5: most-free (default) or best-fit --------------------------------------------------
+
+
+def test_most_free_by_default_best_fit_as_an_option() -> None:
+    gpus = [card(0, 80), card(1, 24)]
+    assert gpus_of(plan(gpus, [], [WaitingJob(1, 20 * G)]), 1) == [0]
+    assert gpus_of(plan(gpus, [], [WaitingJob(1, 20 * G)], placement="best-fit"), 1) == [1]
+
+
+def test_a_whole_gpu_job_needs_a_card_nearly_free_of_others() -> None:
+    # Issue 24 item 9: processes gpusched did not start hold 22 of 24G on the only card.
+    result = plan([card(0, 24, others_g=22)], [], [WaitingJob(1, None)])
+    assert result.placements == []
+    assert "other processes" in result.waiting_reasons[1]
+    assert "22G of 24G" in result.waiting_reasons[1]
+    assert gpus_of(plan([card(0, 24, others_g=1)], [], [WaitingJob(1, None)]), 1) == [0]
+
+
+# -- reasons ----------------------------------------------------------------------------------
+
+
+def test_a_job_held_back_by_max_jobs_per_gpu_says_so() -> None:
+    # Issue 24 item 13: it used to say "most available is 22.0G".
+    result = plan(
+        [card(0, used_g=2)], [job_on(1, 0, 2)], [WaitingJob(2, 4 * G)], max_jobs_per_gpu=1
+    )
+    assert "max_jobs_per_gpu 1" in result.waiting_reasons[2]
+    assert "most available" not in result.waiting_reasons[2]
+
+
+def test_a_whole_gpu_job_is_not_told_every_gpu_runs_jobs_while_one_runs_none() -> None:
+    gpus = [card(0, used_g=2), card(1, others_g=20)]
+    result = plan(gpus, [job_on(1, 0, 2)], [WaitingJob(2, None)])
+    assert "every usable GPU runs gpusched jobs" not in result.waiting_reasons[2]
+    assert "GPU 1 (other processes hold 20G of 24G)" in result.waiting_reasons[2]
