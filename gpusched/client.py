@@ -138,6 +138,8 @@ class Client:
         retry_oom: int = 0,
         nodes: Sequence[str] | None = None,
         requeue: bool = False,
+        exclusive: bool = False,
+        share: bool = False,
     ) -> Job:
         """Queue a command. `mem` is per GPU ("8G" or bytes); None asks for whole GPUs;
         "auto" takes `estimate_history()`'s suggestion (NotFoundError if there is none).
@@ -146,6 +148,7 @@ class Client:
         with 1.5x the memory, up to this many times.
         `nodes`: only these servers of a cluster may run it; `requeue`: if its server
         dies while it runs, queue it again instead of ending it `lost`.
+        `exclusive`: a card to itself; `share`: it is light, it may share a busy card.
 
         `time_limit` ("2h" or seconds): the job is stopped (reason `timeout`) past it.
         `notify`: a command run as you when the job ends, with the job's JSON on stdin
@@ -167,6 +170,8 @@ class Client:
                 retry_oom=retry_oom,
                 nodes=None if nodes is None else tuple(nodes),
                 requeue=requeue,
+                exclusive=exclusive,
+                share=share,
             )
         )
 
@@ -297,6 +302,10 @@ class Client:
 
     def set_priority(self, job_id: int, priority: int) -> Job:
         return Job.from_json(self.send(rq.PriorityRequest(job_id, priority)))
+
+    def put_first(self, job_id: int) -> Job:
+        """An administrator puts a waiting job ahead of every user's (`gpusched top`)."""
+        return Job.from_json(self.send(rq.TopRequest(job_id)))
 
     def requeue(self, job_id: int) -> Job:
         """Queue a new job with the spec of an ended one."""

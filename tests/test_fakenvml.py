@@ -382,3 +382,27 @@ def test_gpujob_refuses_a_device_that_does_not_exist(fake_nvml: FakeNvml) -> Non
     assert done.returncode != 0
     assert "no GPU '7'" in done.stderr
     assert fake_nvml.read().gpus[0].processes == []
+
+
+# ---- topology ----
+
+
+def test_topology_reads_which_gpus_share_a_pcie_switch(
+    fake_nvml_inproc: FakeNvml, probe: NvmlProbe
+) -> None:
+    gpus = fakestate.make_gpus([24 * GiB] * 4)
+    for gpu, switch in zip(gpus, [0, 0, 1, 1], strict=True):
+        gpu.switch = switch
+    fake_nvml_inproc.set_gpus(gpus)
+    levels = probe.topology()
+    uuid = [g.uuid for g in gpus]
+    assert levels[uuid[0]][uuid[1]] == levels[uuid[2]][uuid[3]] == 10  # NVML_TOPOLOGY_SINGLE
+    assert levels[uuid[1]][uuid[2]] == 30  # NVML_TOPOLOGY_HOSTBRIDGE
+    assert uuid[0] not in levels[uuid[0]]
+
+
+def test_topology_a_driver_cannot_tell_is_left_out(
+    fake_nvml_inproc: FakeNvml, probe: NvmlProbe
+) -> None:
+    fake_nvml_inproc.set_gpus([24 * GiB] * 2)  # no switch= on either: NOT_SUPPORTED
+    assert probe.topology() == {}

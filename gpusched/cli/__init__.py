@@ -29,6 +29,7 @@ from gpusched.cli.jobs import (
     release,
     requeue,
     submit,
+    top,
     undrain,
     wait,
 )
@@ -204,6 +205,7 @@ for _command in (
     wait,
     history,
     priority,
+    top,
     requeue,
     estimate,
     drain,

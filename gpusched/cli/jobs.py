@@ -41,7 +41,13 @@ from gpusched.core.units import parse_duration, parse_size
 )
 @click.option("--gpus", type=int, default=1, show_default=True, help="Number of GPUs.")
 @click.option("--name", help="A name to show in status.")
-@click.option("--priority", type=int, default=0, show_default=True, help="Higher starts first.")
+@click.option(
+    "--priority",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Higher starts first, among your own jobs (never before another user's).",
+)
 @click.option("--after", metavar="ID,...", help="Start only after these jobs succeeded.")
 @click.option("--hold", is_flag=True, help="Queue the job held; start it with `gpusched release`.")
 @click.option(
@@ -91,6 +97,17 @@ from gpusched.core.units import parse_duration, parse_size
     is_flag=True,
     help="In a cluster, if the server running the job dies, queue it again (default: lost).",
 )
+@click.option(
+    "--exclusive",
+    is_flag=True,
+    help="A GPU to itself: no other gpusched job joins its card (for jobs that use all"
+    " of a card's compute).",
+)
+@click.option(
+    "--share",
+    is_flag=True,
+    help="The job is light (waits on data or a user): it may share a busy card.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the job as JSON instead of its id.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.pass_context
@@ -112,6 +129,8 @@ def submit(
     retry_oom: int = 0,
     nodes: str | None = None,
     requeue: bool = False,
+    exclusive: bool = False,
+    share: bool = False,
 ) -> None:
     """Queue COMMAND; print the new job's id (with --sweep, one id per line).
 
@@ -143,6 +162,8 @@ def submit(
         "retry_oom": retry_oom,
         "nodes": None if nodes is None else tuple(n.strip() for n in nodes.split(",")),
         "requeue": requeue,
+        "exclusive": exclusive,
+        "share": share,
     }
     client = client_of(ctx)
     if options["mem"] == "auto" and not sweep:
@@ -367,7 +388,8 @@ def wait(ctx: click.Context, ids: tuple[str, ...], timeout: float | None, as_jso
 @click.option("--json", "as_json", is_flag=True, help="Print the job as JSON.")
 @click.pass_context
 def priority(ctx: click.Context, job_id: int, priority: int, as_json: bool = False) -> None:
-    """Change the priority of a waiting job (higher starts first).
+    """Change the priority of a waiting job (higher starts first, among your own jobs;
+    `gpusched top`, for administrators, puts a job before other users' jobs).
 
     \b
     Example:
@@ -378,6 +400,27 @@ def priority(ctx: click.Context, job_id: int, priority: int, as_json: bool = Fal
         print_json(job.to_json())
         return
     click.echo(f"job {job.id}: priority {job.priority}")
+
+
+@click.command(cls=ExampleLastCommand)
+@ACTIVE_JOB_ID
+@click.option("--json", "as_json", is_flag=True, help="Print the job as JSON.")
+@click.pass_context
+def top(ctx: click.Context, job_id: int, as_json: bool = False) -> None:
+    """Put a waiting job ahead of every user's jobs (administrators only).
+
+    Fair share and each user's own --priority order every other job; jobs put first
+    start in the order they were put there.
+
+    \b
+    Example:
+      sudo gpusched top 12
+    """
+    job = client_of(ctx).put_first(job_id)
+    if as_json:
+        print_json(job.to_json())
+        return
+    click.echo(f"job {job.id}: first in the queue (top {job.top})")
 
 
 @click.command(cls=ExampleLastCommand)

@@ -87,7 +87,24 @@ class _WaitingLine:
     help="Stop the command (SIGTERM, then SIGKILL) if it runs longer, e.g. 2h.",
 )
 @click.option("--name", help="A name to show in status.")
-@click.option("--priority", type=int, default=0, show_default=True, help="Higher starts first.")
+@click.option(
+    "--priority",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Higher starts first, among your own jobs.",
+)
+@click.option(
+    "--exclusive",
+    is_flag=True,
+    help="A GPU to itself: no other gpusched job joins its card (for jobs that use all"
+    " of a card's compute).",
+)
+@click.option(
+    "--share",
+    is_flag=True,
+    help="The job is light (waits on data or a user): it may share a busy card.",
+)
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.pass_context
 def run(
@@ -97,6 +114,8 @@ def run(
     time_limit: str | None,
     name: str | None,
     priority: int,
+    exclusive: bool,
+    share: bool,
     command: tuple[str, ...],
 ) -> None:
     """Wait in the queue, then run COMMAND in this terminal on the GPUs it was given.
@@ -120,6 +139,8 @@ def run(
         time_limit=None if time_limit is None else parse_duration(time_limit),
         name=name,
         priority=priority,
+        exclusive=exclusive,
+        share=share,
     )
     placement = _wait(ctx, client, job)
     indices = ",".join(map(str, placement.gpu_indices))

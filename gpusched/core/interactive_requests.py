@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from gpusched.core.errors import UsageError
-from gpusched.core.request_base import Request, check_job_spec, job_id, shape
+from gpusched.core.request_base import Request, check_job_spec, check_sharing, job_id, shape
 
 
 @dataclass(frozen=True)
@@ -24,8 +24,11 @@ class RunRequest(Request):
     name: str | None = None
     priority: int = 0
     time: float | None = None
+    exclusive: bool = False  # `--exclusive`: a card to itself
+    share: bool = False  # `--share`: light, shares a busy card
 
     def __post_init__(self) -> None:
+        check_sharing(self.exclusive, self.share)
         check_job_spec(
             "run",
             command=self.command,

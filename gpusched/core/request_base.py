@@ -90,3 +90,11 @@ def check_job_spec(
         raise UsageError(f"--name is limited to {MAX_NAME_CHARS} characters")
     if time is not None and not 0 < time < 10**9:
         raise UsageError("--time must be more than zero")
+
+
+def check_sharing(exclusive: bool, share: bool) -> None:
+    """`--exclusive` (a card to itself) and `--share` (light: shares a busy card) conflict."""
+    if exclusive and share:
+        raise UsageError(
+            "--exclusive and --share conflict: a job wants a card to itself or shares one"
+        )

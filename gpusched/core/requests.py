@@ -31,6 +31,7 @@ from gpusched.core.request_base import (
     MAX_RETRY_OOM,
     Request,
     check_job_spec,
+    check_sharing,
     job_id,
     normalise,
     shape,
@@ -78,6 +79,8 @@ class SubmitRequest(Request):
         default=None, metadata=shape("'nodes' must be a list of node names")
     )
     requeue: bool = False  # `--requeue`: queued again if its server dies while it runs
+    exclusive: bool = False  # `--exclusive`: a card to itself
+    share: bool = False  # `--share`: light, shares a busy card (the policy's rule 3)
     sweep: tuple[tuple[str, tuple[str, ...]], ...] | None = field(
         default=None, metadata=shape("'sweep' must be a list of [name, [values...]]")
     )
@@ -102,6 +105,7 @@ class SubmitRequest(Request):
             self.nodes is not None and not all(_NODE_NAME.fullmatch(name) for name in self.nodes)
         ) or self.nodes == ():
             raise UsageError("--node takes node names separated by commas, such as gpu1,gpu2")
+        check_sharing(self.exclusive, self.share)
         if not 0 <= self.retry_oom <= MAX_RETRY_OOM:
             raise UsageError(f"--retry-oom must be between 0 and {MAX_RETRY_OOM}")
         if self.notify == ():
@@ -212,6 +216,17 @@ class PriorityRequest(Request):
 
 
 @dataclass(frozen=True)
+class TopRequest(Request):
+    """An administrator puts a waiting job ahead of every user's (`gpusched top`)."""
+
+    op: ClassVar[str] = "top"
+    id: int
+
+    def __post_init__(self) -> None:
+        job_id(self.id)
+
+
+@dataclass(frozen=True)
 class WaitRequest(Request):
     """Until every job of `ids` has ended, or `timeout` seconds (the daemon caps it)."""
 
@@ -314,6 +329,7 @@ REQUESTS: dict[str, type[Request]] = {
         WaitRequest,
         HistoryRequest,
         PriorityRequest,
+        TopRequest,
         RequeueRequest,
         ArrayRequest,
         EstimateHistoryRequest,

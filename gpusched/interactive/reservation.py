@@ -70,6 +70,8 @@ def queue(
     time_limit: str | float | None = None,
     name: str | None = None,
     priority: int = 0,
+    exclusive: bool = False,
+    share: bool = False,
 ) -> Job:
     """Queue an interactive job whose process is this one."""
     if isinstance(mem, str):
@@ -86,6 +88,8 @@ def queue(
                 time=time_limit,
                 name=name,
                 priority=priority,
+                exclusive=exclusive,
+                share=share,
             )
         )
     )

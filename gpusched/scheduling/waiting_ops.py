@@ -48,6 +48,17 @@ class WaitingJobOperations:
         self.wake()
         return self.store.get(job.id)
 
+    def put_first(self, job: Job) -> Job:
+        """An administrator's `gpusched top`: ahead of every user's jobs."""
+        with self._lock:
+            if not self.store.put_first(job.id):
+                current = self.store.get(job.id)
+                raise ConflictError(
+                    f"job {job.id} is {current.state}: only a waiting job can be put first"
+                )
+        self.wake()
+        return self.store.get(job.id)
+
     def hold(self, job: Job) -> Job:
         with self._lock:
             if not self.store.hold(job.id):

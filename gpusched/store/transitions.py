@@ -376,6 +376,20 @@ class JobTransitions(Database):
     def set_priority(self, job_id: int, priority: int) -> bool:
         return self._transition(job_id, [JobState.QUEUED, JobState.HELD], {"priority": priority})
 
+    def put_first(self, job_id: int) -> bool:
+        """`gpusched top`: the waiting job goes before every job not put first, after those
+        put first before it (its rank: one past the highest of the active jobs')."""
+        with self._write() as conn:
+            highest = conn.execute(
+                select(func.max(jobs.c.top)).where(
+                    jobs.c.state.in_([str(s) for s in ACTIVE_STATES])
+                )
+            ).scalar()
+            rank = 1 if highest is None else int(highest) + 1
+            return self._transition_in(
+                conn, job_id, [JobState.QUEUED, JobState.HELD], {"top": rank}
+            )
+
     def hold(self, job_id: int) -> bool:
         # A job placed on a node (cluster) and held goes back to the scheduler when released.
         unplaced: dict[str, Any] = {

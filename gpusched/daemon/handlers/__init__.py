@@ -42,6 +42,7 @@ HANDLERS: dict[str, Handler] = {
     "array": views.array,
     "estimate_history": views.estimate_history,
     "drain": admin.drain,
+    "top": admin.top,
     "run": interactive.run,
     "placement": interactive.placement,
     "run_ended": interactive.run_ended,

@@ -1,5 +1,6 @@
 """Requests about the daemon itself rather than a job: `ping` (who is asking, whose
-daemon this is) and `drain` (an administrator stops new jobs from starting)."""
+daemon this is) and `drain` (an administrator stops new jobs from starting), and `top`
+(an administrator puts one waiting job ahead of every user's)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from gpusched import __version__
 from gpusched.core.clock import iso, utc_now
 from gpusched.core.errors import NotFoundError, PermissionDenied
 from gpusched.core.models import Drain
-from gpusched.core.requests import DrainRequest, PingRequest
+from gpusched.core.requests import DrainRequest, PingRequest, TopRequest
 from gpusched.daemon.handlers.args import text
 from gpusched.daemon.identity import Caller, user_name
 from gpusched.daemon.services import Services
@@ -56,3 +57,15 @@ def drain(services: Services, caller: Caller, request: DrainRequest) -> Any:
 def drain_json(services: Services) -> dict[str, Any] | None:
     state = services.scheduler.drain
     return None if state is None else state.to_json()
+
+
+def top(services: Services, caller: Caller, request: TopRequest) -> Any:
+    """An administrator puts a waiting job ahead of every user's jobs (fair share and
+    priorities order the rest); jobs put first keep the order they were put there in."""
+    if not caller.admin:
+        raise PermissionDenied(
+            f"only an administrator (root or one listed in `admins`) may put a job first;"
+            f" {caller.user} is not one (`gpusched priority` orders your own jobs)"
+        )
+    job = services.store.get(request.id)
+    return services.visible(caller, services.scheduler.waiting.put_first(job))

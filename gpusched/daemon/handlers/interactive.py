@@ -54,6 +54,8 @@ def run(services: Services, caller: Caller, request: RunRequest) -> Any:
         time_limit_s=time_limit,
         client_pid=caller.pid,
         client_start_time=start_time,
+        exclusive=request.exclusive,
+        share=request.share,
         # Its client is its process here: in a cluster, only this server may run it.
         allowed_nodes=(services.scheduler.node_name,) if services.scheduler.cluster else None,
     )

@@ -55,6 +55,8 @@ def submit(services: Services, caller: Caller, request: SubmitRequest) -> Any:
         retry_oom=request.retry_oom,
         allowed_nodes=request.nodes,
         requeue=request.requeue,
+        exclusive=request.exclusive,
+        share=request.share,
     )
     command, name = list(request.command), request.name
     if request.sweep is None:
@@ -109,6 +111,8 @@ def requeue(services: Services, caller: Caller, request: RequeueRequest) -> Any:
         notify=tuple(old.notify) if old.notify else None,  # the same `--notify` hook
         allowed_nodes=tuple(old.allowed_nodes) if old.allowed_nodes else None,  # `--node`
         requeue=bool(old.requeue),
+        exclusive=old.exclusive,
+        share=old.share,
     )
     return services.visible(caller, services.scheduler.submit(new))
 
