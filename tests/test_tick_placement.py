@@ -10,6 +10,7 @@ import pytest
 
 from gpusched.core.errors import UsageError
 from gpusched.core.models import JobState
+from gpusched.processes.launching import Outcome, OutcomeKind
 from gpusched.scheduling.scheduler import Scheduler
 from gpusched.store import Store
 from tests.fakes import FakeProbe, GiB
@@ -179,3 +180,18 @@ def test_a_multi_gpu_job_needs_that_many_cards_able_to_hold_its_memory(tmp_path:
     with pytest.raises(UsageError, match=r"--gpus 2: only 1 GPU\(s\) of this server can hold"):
         world.submit(30 * GiB, gpus=2)
     assert world.submit(20 * GiB, gpus=2)  # both cards can hold 20G
+
+
+def test_after_an_oom_retried_job_names_the_retry(tmp_path: Path) -> None:
+    """Item 13: `--after` a job that ran out of memory and was retried said "waiting for
+    job 1" (job 1 had failed; its retry was the job it waited for)."""
+    world = make_world(tmp_path, [24 * GiB])
+    first = world.submit(8 * GiB, retry_oom=1)
+    world.tick()
+    after = world.submit(2 * GiB, after=(first,))
+    world.launcher.log_path(first).write_text("torch.OutOfMemoryError: CUDA out of memory.\n")
+    world.finish(first, Outcome(OutcomeKind.EXIT, exit_code=1))
+    retry = world.scheduler.store.latest_attempts([first])[first].id
+    world.tick()
+    reason = world.job(after).waiting_reason or ""
+    assert f"retried as job {retry}" in reason

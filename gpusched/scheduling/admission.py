@@ -47,7 +47,16 @@ def admit(
                 DependencyFailed(job.id, f"job {dep.id} ended {dep.state} ({dep.reason})")
             )
         elif pending:
-            result.waiting_reasons[job.id] = "waiting for job " + ", ".join(map(str, pending))
+            result.waiting_reasons[job.id] = "waiting for job " + ", ".join(
+                _attempt(d, deps[d]) for d in pending
+            )
         else:
             result.eligible.append(job)
     return result
+
+
+def _attempt(dep_id: int, latest: Job) -> str:
+    """A dependency as the user named it, and its retry when it ran out of memory."""
+    if latest.id == dep_id:
+        return str(dep_id)
+    return f"{dep_id} (out of GPU memory, retried as job {latest.id})"

@@ -67,8 +67,14 @@ def fits_now(job: WaitingJob, gpu: PlanGpu) -> bool:
 class Needs:
     """The per-GPU memory of the jobs still waiting in a plan (rule 2), sorted."""
 
-    def __init__(self, waiting: Sequence[WaitingJob]) -> None:
+    def __init__(self, waiting: Sequence[WaitingJob], gpus: Sequence[PlanGpu]) -> None:
         self._sizes = sorted(j.mem_bytes for j in waiting if j.mem_bytes is not None)
+        # Cards that could all ever hold the same: rule 2 cannot tell them apart.
+        self.uniform = len({g.potential for g in gpus if g.slot.usable}) <= 1
+
+    @property
+    def count(self) -> int:
+        return len(self._sizes)
 
     def remove(self, mem_bytes: int | None) -> None:
         if mem_bytes is None:
@@ -77,14 +83,15 @@ class Needs:
         if at < len(self._sizes) and self._sizes[at] == mem_bytes:
             del self._sizes[at]
 
-    def larger_served(self, mem_bytes: int | None, gpu: PlanGpu) -> int:
-        """How many waiting jobs larger than `mem_bytes` could ever fit on this card."""
+    def larger(self, mem_bytes: int | None) -> int:
+        """Where the sizes larger than `mem_bytes` start (len: none is larger)."""
         if mem_bytes is None:
-            return 0
-        sizes = self._sizes
-        return max(
-            0, bisect.bisect_right(sizes, gpu.potential) - bisect.bisect_right(sizes, mem_bytes)
-        )
+            return len(self._sizes)
+        return bisect.bisect_right(self._sizes, mem_bytes)
+
+    def served(self, start: int, gpu: PlanGpu) -> int:
+        """How many waiting jobs larger (from `start`, see `larger`) could ever fit here."""
+        return max(0, bisect.bisect_right(self._sizes, gpu.potential) - start)
 
 
 def is_busy_job(job: WaitingJob) -> bool:
@@ -117,22 +124,33 @@ def choose_gpus(
     placement: str = "most-free",
     pack: str = "contention",
     topology: Topology | None = None,
+    ordered: bool = False,
 ) -> list[PlanGpu] | None:
-    """Rules 2 to 5: the GPUs `job` starts on among `candidates` (each fits it now)."""
+    """Rules 2 to 5: the GPUs `job` starts on among `candidates` (each fits it now).
+
+    `ordered`: the candidates come in rule 5's most-free order already (the plan's room
+    is kept sorted so), which spares a sort per placement in a long pass."""
     count = job.gpu_count
     cards = list(candidates)
     if len(cards) < count:
         return None
-    if len({needs.larger_served(job.mem_bytes, g) for g in cards}) > 1:  # rule 2
-        served = {g.slot.uuid: needs.larger_served(job.mem_bytes, g) for g in cards}
-        ranked = sorted(cards, key=lambda g: served[g.slot.uuid])
-        least = served[ranked[count - 1].slot.uuid]
-        cards = [g for g in cards if served[g.slot.uuid] <= least]
+    start = needs.larger(job.mem_bytes)
+    if start < needs.count and not needs.uniform:  # rule 2: cards differ, a larger job waits
+        served = {g.slot.uuid: needs.served(start, g) for g in cards}
+        if len(set(served.values())) > 1:
+            least = sorted(served.values())[count - 1]
+            cards = [g for g in cards if served[g.slot.uuid] <= least]
+    in_order = ordered and placement == "most-free"
     if pack == "contention":  # rule 3
-        cards = _narrow(cards, [g for g in cards if quiet(job, g)], count)
+        if count == 1 and in_order:
+            first_quiet = next((g for g in cards if quiet(job, g)), None)
+            if first_quiet is not None:
+                return [first_quiet]
+        else:
+            cards = _narrow(cards, [g for g in cards if quiet(job, g)], count)
     if placement == "best-fit":  # rule 5's order
         cards.sort(key=lambda g: (g.available, g.slot.index))
-    else:
+    elif not in_order:
         cards.sort(key=lambda g: (-g.available, g.slot.index))
     if count == 1:
         return cards[:1]

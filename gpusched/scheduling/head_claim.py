@@ -120,16 +120,15 @@ class Kept:
 
     job: WaitingJob
     cards: dict[str, KeptCard]  # by uuid
+    starts_in_s: float | None = None  # its earliest start by the --time ends; None: unknown
+
+    def __post_init__(self) -> None:
+        times = [c.free_in_s for c in self.cards.values()]
+        self.starts_in_s = None if any(t is None for t in times) else max(t or 0.0 for t in times)
 
     @property
     def claim(self) -> HeadClaim:
         return HeadClaim(self.job.job_id, tuple(self.cards), self.job.mem_bytes)
-
-    @property
-    def starts_in_s(self) -> float | None:
-        """The head's earliest start by its cards' --time ends; None: unknown."""
-        times = [c.free_in_s for c in self.cards.values()]
-        return None if any(t is None for t in times) else max(t or 0.0 for t in times)
 
     def backfill(self, job: WaitingJob, gpu: PlanGpu) -> str | None:
         """How `job` may start on kept card `gpu` without delaying the head: "time",

@@ -225,16 +225,19 @@ def plan(
         if claim.array_id is not None:
             array_running[claim.array_id] = array_running.get(claim.array_id, 0) + 1
     usage = user_usage or {}
-    needs = Needs(waiting)
+    needs = Needs(waiting, state)
     kept: Kept | None = None
     # Jobs that ask for the same thing get the same "no" until a placement or a claim
     # changes the GPUs: memoised, a pass over 10,000 waiting jobs stays cheap.
     room: list[PlanGpu] | None = None  # open unclaimed GPUs, most available first
     claims: Claims | None = None  # for waiting reasons; None: build it when next needed
-    why_by_need: dict[tuple[int | None, int, frozenset[str] | None, bool], str] = {}
+    Ask = tuple[int | None, int, frozenset[str] | None, bool, float | None]
+    why_by_need: dict[Ask, str] = {}
+    no_room: set[Ask] = set()  # asks that found too few cards (reason in why_by_need)
     several_nodes = len({gpu.node for gpu in gpus}) > 1
 
-    def candidates(job: WaitingJob) -> list[PlanGpu]:
+    def candidates(job: WaitingJob) -> tuple[list[PlanGpu], bool]:
+        """The cards `job` fits on now, and whether they are in most-free order."""
         nonlocal room
         if room is None:
             room = sorted(
@@ -248,12 +251,11 @@ def plan(
             )
         if job.mem_bytes is not None and job.gpu_keys is None and not job.exclusive:
             # `room` is sorted by available memory: the GPUs this job fits on are a prefix.
-            end = len(room)
-            while end and room[end - 1].available < job.mem_bytes:
-                end -= 1
+            end = bisect.bisect_right(room, -job.mem_bytes, key=lambda g: -g.available)
             found = room[:end]
         else:
             found = [g for g in room if fits_now(job, g)]
+        ordered = True
         if kept is not None:
             for card in kept.cards.values():
                 gpu = card.gpu
@@ -261,7 +263,8 @@ def plan(
                     continue
                 if job is kept.job or kept.backfill(job, gpu) is not None:
                     found.append(gpu)
-        return found
+                    ordered = False
+        return found, ordered
 
     def place(job: WaitingJob, chosen: list[PlanGpu]) -> None:
         nonlocal room, claims
@@ -296,11 +299,12 @@ def plan(
         placements.append(Placement(job.job_id, tuple(g.slot.uuid for g in chosen)))
         claims = None
         why_by_need.clear()
+        no_room.clear()
 
     def consider(job: WaitingJob) -> bool:
         """Place `job` if it can start now, else say why; True when it was placed."""
         nonlocal kept, room, claims
-        if job.array_id is not None and job.array_cap is not None:
+        if job.array_cap is not None and job.array_id is not None:
             in_array = array_running.get(job.array_id, 0)
             if in_array >= job.array_cap:
                 reasons[job.job_id] = (
@@ -315,22 +319,34 @@ def plan(
                 f"user limit: {job.user} has {count} running (max_running {cap.max_running})"
             )
             return False
-        found = candidates(job)
+        key = (job.mem_bytes, job.gpu_count, job.gpu_keys, job.exclusive, job.time_limit_s)
+        if kept is not None and key in no_room:
+            reasons[job.job_id] = why_by_need[key]  # as the same ask just before it
+            return False
+        found, ordered = candidates(job)
         if len(found) >= job.gpu_count:
+            held = None
             if pack == "contention" and contention_wait(job, found):
-                reasons[job.job_id] = _quieter(job, found)
-                return False
-            chosen = choose_gpus(
-                job, found, needs, placement=placement, pack=pack, topology=topology
+                held = _quieter(job, found)
+            chosen = held is None and choose_gpus(
+                job,
+                found,
+                needs,
+                placement=placement,
+                pack=pack,
+                topology=topology,
+                ordered=ordered,
             )
-            if chosen is not None:
-                over = _over_mem_cap(job, cap, user_bytes.get(job.user, 0), chosen)
-                if over is not None:
-                    reasons[job.job_id] = over
-                    return False
-                place(job, chosen)
-                return True
-        key = (job.mem_bytes, job.gpu_count, job.gpu_keys, job.exclusive)
+            if chosen:
+                held = _over_mem_cap(job, cap, user_bytes.get(job.user, 0), chosen)
+                if held is None:
+                    place(job, chosen)
+                    return True
+            if held is not None:
+                reasons[job.job_id] = held
+                return False
+        if len(found) < job.gpu_count:
+            no_room.add(key)
         if key not in why_by_need:
             if claims is None:
                 claims = Claims.of(state, kept, max_jobs_per_gpu, busy_util)
@@ -351,6 +367,7 @@ def plan(
                 room = None
                 claims = None
                 why_by_need.clear()
+                no_room.clear()
         return False
 
     topped, queues = in_turns(waiting, usage)
@@ -361,9 +378,13 @@ def plan(
     while turns:
         taken, used, _, user = heapq.heappop(turns)
         queue = queues[user]
-        placed = consider(queue.pop())
-        if queue:
-            heapq.heappush(turns, (taken + placed, used, _place(queue[-1]), user))
+        while queue:  # this user's jobs for as long as the user stays first
+            taken += consider(queue.pop())
+            if queue and turns:
+                turn = (taken, used, _place(queue[-1]), user)
+                if turn > turns[0]:
+                    heapq.heappush(turns, turn)
+                    break
     return Plan(placements, reasons, budgets, kept.claim if kept is not None else None)
 
 
