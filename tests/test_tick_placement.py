@@ -195,3 +195,39 @@ def test_after_an_oom_retried_job_names_the_retry(tmp_path: Path) -> None:
     world.tick()
     reason = world.job(after).waiting_reason or ""
     assert f"retried as job {retry}" in reason
+
+
+def test_a_known_peak_stays_reserved_after_the_job_drops(tmp_path: Path) -> None:
+    """Item 11: declared 8G, seen at 16G, down to 2G: a 14G job was placed beside it
+    (30G on a 24G card at its next peak). It reserves max(declared, peak seen)."""
+    world = make_world(tmp_path, [24 * GiB])
+    job = world.submit(8 * GiB)
+    world.tick()
+    pid = world.launcher.running[job]
+    world.probe.hold(pid, 0, 16 * GiB)
+    world.tick()
+    world.probe.hold(pid, 0, 2 * GiB)
+    world.tick()
+    beside = world.submit(14 * GiB)
+    world.tick()
+    assert world.state(beside) == JobState.QUEUED
+    fits = world.submit(8 * GiB)  # 24 - 16 = 8G is what is left
+    world.tick()
+    assert world.state(fits) == JobState.RUNNING
+
+
+def test_memory_on_a_gpu_the_job_was_not_given_is_an_overrun(tmp_path: Path) -> None:
+    """Item 12: it went unnoticed, even with `overrun: kill`, and status counted it as
+    gpusched jobs' memory on that card with no job listed there."""
+    world = make_world(tmp_path, [24 * GiB, 24 * GiB], overrun="kill")
+    job = world.submit(4 * GiB)
+    world.tick()
+    assert world.gpus_of(job) == [0]
+    world.probe.hold(world.launcher.running[job], 1, 2 * GiB)
+    world.tick()
+    assert world.launcher.stop_requests == [job]
+    report = world.scheduler.gpu_reports(world.scheduler.store.running())[1]
+    assert report.jobs == [job]
+    world.finish(job, Outcome(OutcomeKind.CANCELLED))
+    ended = world.job(job)
+    assert "GPU 1, a GPU it was not given" in (ended.reason_detail or "")

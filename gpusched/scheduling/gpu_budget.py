@@ -1,7 +1,8 @@
 """What each GPU holds for gpusched and has left: the policy's rules 1 and 6.
 
 Rule 1 (memory): a GPU's available memory is what the driver says is free, minus the
-headroom, minus what running gpusched jobs have declared but not allocated yet; a GPU
+headroom, minus what running gpusched jobs have declared (or were seen to peak at, if
+more) but do not hold now; a GPU
 running a whole-GPU job, lost or excluded has none. Rule 6 (compute): a GPU's load is the
 higher of its own recent utilization and its jobs' sum, plus `NEW_JOB_UTIL` per job not
 measured yet. `gpu_budgets` is rule 1 alone (what `status` shows); `budget_table` also
@@ -44,6 +45,7 @@ class RunningClaim:
     ends_in_s: float | None = None  # what is left of its --time; None: no limit
     exclusive: bool = False  # --exclusive: its cards take no other job
     share: bool = False  # --share: its owner says it is light (counts as no demand)
+    peak_bytes: int = 0  # the most it was seen holding on one GPU: reserved like --mem
 
 
 @dataclass(frozen=True)
@@ -94,8 +96,9 @@ def budget_table(
     for slot in gpus:
         on_gpu = [claim for claim in running if slot.uuid in claim.gpu_uuids]
         used_by_jobs = sum(claim.used_bytes.get(slot.uuid, 0) for claim in on_gpu)
+        # A job reserves max(declared, peak seen): one that once used more may again.
         reserved = sum(
-            max(0, claim.mem_bytes - claim.used_bytes.get(slot.uuid, 0))
+            max(0, max(claim.mem_bytes, claim.peak_bytes) - claim.used_bytes.get(slot.uuid, 0))
             for claim in on_gpu
             if claim.mem_bytes is not None
         )
@@ -115,7 +118,7 @@ def budget_table(
                 claim.job_id,
                 None
                 if claim.mem_bytes is None
-                else max(claim.mem_bytes, claim.used_bytes.get(slot.uuid, 0)),
+                else max(claim.mem_bytes, claim.peak_bytes, claim.used_bytes.get(slot.uuid, 0)),
                 claim.ends_in_s,
             )
             for claim in on_gpu

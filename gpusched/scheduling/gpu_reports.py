@@ -40,7 +40,12 @@ def gpu_reports(
                 used_by_others=max(0, used - by_jobs),
                 util=gpu.util_percent,
                 state=str(gpu.health),
-                jobs=[j.id for j in running if gpu.uuid in j.gpu_uuids],
+                # Its jobs, and any job holding memory here on a GPU it was not given.
+                jobs=[
+                    j.id
+                    for j in running
+                    if gpu.uuid in j.gpu_uuids or usage.get(j.id, {}).get(gpu.uuid)
+                ],
                 error=gpu.error,
             )
         )

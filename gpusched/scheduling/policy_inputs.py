@@ -44,6 +44,7 @@ def running_claim(
     *,
     now: datetime | None = None,
     demand: float | None = None,
+    peak_bytes: int | None = None,
 ) -> RunningClaim:
     """`now`: to know what is left of its --time (the head's claim, time backfill)."""
     return RunningClaim(
@@ -58,6 +59,7 @@ def running_claim(
         ends_in_s=time_left(job, now),
         exclusive=job.exclusive,
         share=job.share,
+        peak_bytes=max(job.peak_mem or 0, peak_bytes or 0),
     )
 
 
@@ -86,6 +88,7 @@ def running_claims(
     usage: dict[int, dict[str, int]],
     util_of: Callable[[int], float | None],
     now: datetime,
+    peak_of: Callable[[int], int | None] = lambda job_id: None,
 ) -> list[RunningClaim]:
     """The running jobs as the policy sees them, each with its demand (`gpu_demand`)."""
     per_card: dict[str, int] = {}
@@ -96,7 +99,9 @@ def running_claims(
     for job in running:
         util = util_of(job.id)
         alone = all(per_card.get(u, 0) == 1 for u in job.gpu_uuids)
-        claims.append(running_claim(job, usage, util, now=now, demand=gpu_demand(job, util, alone)))
+        demand = gpu_demand(job, util, alone)
+        peak = peak_of(job.id)
+        claims.append(running_claim(job, usage, util, now=now, demand=demand, peak_bytes=peak))
     return claims
 
 

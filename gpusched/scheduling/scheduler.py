@@ -229,7 +229,7 @@ class Scheduler:
         now = self.clock()
         result = plan(
             [gpu_slot(g, self.monitor.gpu_util(g.uuid)) for g in seen.gpus],
-            running_claims(seen.running, seen.usage, self.monitor.job_util, now),
+            running_claims(seen.running, seen.usage, self.monitor.job_util, now, self.monitor.peak),
             [waiting_job(j, now) for j in eligible],
             config.headroom_bytes,
             config.max_jobs_per_gpu,

@@ -59,8 +59,14 @@ class Overrun:
     gpu_index: int
     used_bytes: int
     limit_bytes: int
+    given: bool = True  # False: memory on a GPU the job was not given
 
     def hint(self) -> str | None:
+        if not self.given:
+            return (
+                f"it used GPU {self.gpu_index}, which it was not given: use only the GPUs in"
+                " CUDA_VISIBLE_DEVICES (gpusched sets it), or ask for more with --gpus"
+            )
         return over_declared_hint(
             JobFacts(
                 mem=self.job.mem,
@@ -72,6 +78,11 @@ class Overrun:
         )
 
     def describe(self) -> str:
+        if not self.given:
+            return (
+                f"job {self.job.id} uses {format_size(self.used_bytes)} on GPU {self.gpu_index},"
+                " a GPU it was not given (it holds memory other jobs were promised)"
+            )
         return (
             f"job {self.job.id} uses {format_size(self.used_bytes)} on GPU {self.gpu_index},"
             f" more than its declared {format_size(self.job.mem)}"
@@ -131,6 +142,11 @@ class UsageMonitor:
         tracker = self._trackers.get(job_id)
         return None if tracker is None else tracker.util_recent
 
+    def peak(self, job_id: int) -> int | None:
+        """The most a running job was seen holding on one GPU (None: not seen yet)."""
+        tracker = self._trackers.get(job_id)
+        return tracker.peak_mem if tracker is not None and tracker.peak_mem else None
+
     def gpu_util(self, uuid: str) -> float | None:
         """A GPU's recent utilization (every process on it), None when never read."""
         return self._gpu_util.get(uuid)
@@ -183,6 +199,13 @@ class UsageMonitor:
             if util is not None:
                 tracker.observe_util(util)
             self.timeline(job).add(now_s, sum(held.values()), util)
+            # Memory on a GPU it was not given is an overrun there, whatever it declared.
+            elsewhere = [(u, used) for u, used in held.items() if u not in job.gpu_uuids and used]
+            if elsewhere and tracker.overrun_at is None:
+                tracker.overrun_at = now_iso
+                uuid, used = max(elsewhere, key=lambda item: item[1])
+                index = by_uuid[uuid].index if uuid in by_uuid else -1
+                overruns.append(Overrun(job, index, used, 0, given=False))
             if job.mem is not None and tracker.overrun_at is None:
                 limit = overrun_limit(job.mem, margin_fraction, margin_bytes)
                 over = [(uuid, used) for uuid, used in held.items() if used > limit]
