@@ -4,12 +4,15 @@ topology; true reasons; fair share within a pass; what can never run refused at 
 
 from __future__ import annotations
 
+import logging
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from gpusched.cli.render import render_gpus
 from gpusched.core.errors import UsageError
-from gpusched.core.models import JobState
+from gpusched.core.models import GpuHealth, JobState
 from gpusched.processes.launching import Outcome, OutcomeKind
 from gpusched.scheduling.scheduler import Scheduler
 from gpusched.store import Store
@@ -231,3 +234,37 @@ def test_memory_on_a_gpu_the_job_was_not_given_is_an_overrun(tmp_path: Path) -> 
     world.finish(job, Outcome(OutcomeKind.CANCELLED))
     ended = world.job(job)
     assert "GPU 1, a GPU it was not given" in (ended.reason_detail or "")
+
+
+def test_losing_and_regaining_a_gpu_is_logged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Item 13: losing and regaining a GPU wrote nothing to the daemon's log."""
+    world = make_world(tmp_path, [24 * GiB, 24 * GiB])
+    world.tick()
+    healthy = world.probe.gpus[1]
+    world.probe.gpus[1] = replace(healthy, health=GpuHealth.LOST, error="fell off the bus")
+    with caplog.at_level(logging.INFO, logger="gpusched.scheduler"):
+        world.tick()
+        world.tick()  # still lost: said once
+        world.probe.gpus[1] = healthy
+        world.tick()
+    lines = [r.getMessage() for r in caplog.records if r.name == "gpusched.scheduler"]
+    assert [line for line in lines if "lost" in line] == [
+        f"GPU 1 ({healthy.uuid}) lost: fell off the bus; no job starts on it"
+    ]
+    assert f"GPU 1 ({healthy.uuid}) is back (ok)" in lines
+
+
+def test_a_card_short_of_its_reservations_says_so_in_status(tmp_path: Path) -> None:
+    """Item 13: a card short of its reservations showed a full bar, no word of it."""
+    world = make_world(tmp_path, [24 * GiB])
+    job = world.submit(16 * GiB)
+    world.tick()  # launched, not allocated yet: 16G reserved
+    world.probe.hold(4242, 0, 12 * GiB)  # another process takes 12G meanwhile
+    world.tick()
+    report = world.scheduler.gpu_reports(world.scheduler.store.running())[0]
+    assert report.jobs == [job]
+    assert report.short == 4 * GiB
+    lines = render_gpus([report])
+    assert any("GPU 0 is 4G short of its jobs' reservations" in line for line in lines)

@@ -176,6 +176,14 @@ def render_gpus(gpus: Sequence[GpuReport], width: int = 80, color: bool = False)
             bar = paint(f"{_clip(why, bar_w):<{bar_w}}", "red" if gpu.state == "lost" else None)
             tail = f" {'-/' + format_size(gpu.total):>13} {'-':>9} {'-':>4}"
         lines.append(f"{gpu.index:>3} {name:<{name_w}} {bar}{tail}")
+        if gpu.state == "ok" and gpu.short > 0:  # its bar cannot show what is missing
+            lines.append(
+                paint(
+                    f"{'':>3} GPU {gpu.index} is {format_size(gpu.short, tabular=False)} short of"
+                    " its jobs' reservations: a job there may run out of memory",
+                    "red",
+                )
+            )
     if gpus:
         lines.append(_legend(width, 3 + 1 + name_w + 1, paint))
     return lines

@@ -189,6 +189,7 @@ class GpuReport:
     jobs: list[int] = field(default_factory=list)
     error: str | None = None
     node: str | None = None  # the server it is on
+    short: int = 0  # bytes of its jobs' reservations its free memory cannot cover
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

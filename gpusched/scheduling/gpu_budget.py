@@ -55,6 +55,7 @@ class GpuBudget:
     reserved_bytes: int  # claimed by running jobs beyond what they use yet
     available_bytes: int  # what the next job could get
     job_ids: tuple[int, ...]
+    short_bytes: int = 0  # reservations the card's free memory cannot cover now
 
 
 # Rule 6: what a job that has not used its GPU yet counts for, in percent of the GPU.
@@ -110,7 +111,9 @@ def budget_table(
             available = 0
         used_by_others = max(0, slot.total_bytes - slot.free_bytes - used_by_jobs)
         potential = max(0, slot.total_bytes - headroom_bytes - used_by_others) if slot.usable else 0
-        budget = GpuBudget(reserved, available, tuple(claim.job_id for claim in on_gpu))
+        # Promised to its jobs but no longer free (another process or a job took it).
+        short = 0 if whole or not slot.usable else max(0, reserved - slot.free_bytes)
+        budget = GpuBudget(reserved, available, tuple(claim.job_id for claim in on_gpu), short)
         job_ids = [claim.job_id for claim in on_gpu]
         load = compute_load(slot, on_gpu)
         holds = [

@@ -47,6 +47,7 @@ def gpu_reports(
                     if gpu.uuid in j.gpu_uuids or usage.get(j.id, {}).get(gpu.uuid)
                 ],
                 error=gpu.error,
+                short=budget.short_bytes,
             )
         )
     return reports

@@ -46,7 +46,25 @@ def read_gpus(probe: Probe, config: Config, last: Sequence[GpuState]) -> list[Gp
             )
             for g in last
         ]
-    return apply_selection(gpus, config.gpus)
+    gpus = apply_selection(gpus, config.gpus)
+    log_health_changes(last, gpus)
+    return gpus
+
+
+def log_health_changes(last: Sequence[GpuState], now: Sequence[GpuState]) -> None:
+    """Say in the daemon's log when a GPU is lost, comes back, or is excluded or included
+    (the first reading after a start has nothing to compare with)."""
+    before = {g.uuid: g for g in last}
+    for gpu in now:
+        old = before.get(gpu.uuid)
+        if old is None or old.health == gpu.health:
+            continue
+        if gpu.health == GpuHealth.LOST:
+            log.error("GPU %d (%s) lost: %s; no job starts on it", gpu.index, gpu.uuid, gpu.error)
+        elif old.health == GpuHealth.LOST:
+            log.warning("GPU %d (%s) is back (%s)", gpu.index, gpu.uuid, gpu.health)
+        else:
+            log.info("GPU %d (%s) is now %s", gpu.index, gpu.uuid, gpu.health)
 
 
 def observe(
