@@ -316,3 +316,18 @@ def test_a_whole_gpu_job_is_not_told_every_gpu_runs_jobs_while_one_runs_none() -
     result = plan(gpus, [job_on(1, 0, 2)], [WaitingJob(2, None)])
     assert "every usable GPU runs gpusched jobs" not in result.waiting_reasons[2]
     assert "GPU 1 (other processes hold 20G of 24G)" in result.waiting_reasons[2]
+
+
+def test_reasons_name_each_card_with_its_node_in_a_cluster() -> None:
+    def slot(node: str, index: int, free_g: float) -> GpuSlot:
+        return GpuSlot(f"{node}/GPU-{index}", index, 24 * G, int(free_g * G), node=node)
+
+    gpus = [slot("a", 0, 4), slot("b", 0, 10)]
+    running = [
+        RunningClaim(1, ("a/GPU-0",), 20 * G, {"a/GPU-0": 20 * G}),
+        RunningClaim(2, ("b/GPU-0",), 14 * G, {"b/GPU-0": 14 * G}),
+    ]
+    result = plan(gpus, running, [WaitingJob(3, 20 * G), WaitingJob(4, 12 * G)])
+    assert "most available is 10.0G on GPU 0 on b" in result.waiting_reasons[3]
+    assert "GPU 0 on b kept for it: starts when job 2 ends" in result.waiting_reasons[3]
+    assert "GPU 0 on b kept for job 3 ahead of it" in result.waiting_reasons[4]

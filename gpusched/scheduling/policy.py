@@ -349,7 +349,7 @@ def plan(
             no_room.add(key)
         if key not in why_by_need:
             if claims is None:
-                claims = Claims.of(state, kept, max_jobs_per_gpu, busy_util)
+                claims = Claims.of(state, kept, max_jobs_per_gpu, several_nodes)
             why_by_need[key] = why_not(job, claims, busy_util, several_nodes)
         reasons[job.job_id] = why_by_need[key]
         if kept is None:

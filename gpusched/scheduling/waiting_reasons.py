@@ -52,18 +52,19 @@ class Claims:
         gpus: list[PlanGpu],
         kept: Kept | None,
         max_jobs_per_gpu: int | None,
-        busy_util: float | None,
+        several_nodes: bool = False,
     ) -> Claims:
         usable = [g for g in gpus if g.slot.usable]
         kept_uuids = set(kept.cards) if kept is not None else set()
         free = [g for g in usable if g.slot.uuid not in kept_uuids]
         behind = ""
         if kept is not None:
-            names = ", ".join(
-                str(c.gpu.slot.index) for c in sorted(kept.cards.values(), key=_index)
-            )
-            cards = "GPU" if len(kept.cards) == 1 else "GPUs"
-            behind = f"; {cards} {names} kept for job {kept.job.job_id} ahead of it"
+            cards = sorted(kept.cards.values(), key=_index)
+            names = ", ".join(str(c.gpu.slot.index) for c in cards)
+            where = f"GPU {names}" if len(cards) == 1 else f"GPUs {names}"
+            if several_nodes and cards[0].gpu.slot.node:
+                where += f" on {cards[0].gpu.slot.node}"
+            behind = f"; {where} kept for job {kept.job.job_id} ahead of it"
         return cls(len(usable), free, behind, max_jobs_per_gpu)
 
 
