@@ -141,13 +141,14 @@ def choose_gpus(
             least = sorted(served.values())[count - 1]
             cards = [g for g in cards if served[g.slot.uuid] <= least]
     in_order = ordered and placement == "most-free"
-    if pack == "contention":  # rule 3
+    if pack == "contention":  # rule 3 (`quiet`, inlined: it runs for every card)
+        room_for = 1.0 + 1e-9 - job_demand(job.demand, job.share)
         if count == 1 and in_order:
-            first_quiet = next((g for g in cards if quiet(job, g)), None)
+            first_quiet = next((g for g in cards if g.demand <= room_for), None)
             if first_quiet is not None:
                 return [first_quiet]
         else:
-            cards = _narrow(cards, [g for g in cards if quiet(job, g)], count)
+            cards = _narrow(cards, [g for g in cards if g.demand <= room_for], count)
     if placement == "best-fit":  # rule 5's order
         cards.sort(key=lambda g: (g.available, g.slot.index))
     elif not in_order:
