@@ -433,7 +433,7 @@ def run(s: Scenario) -> Plan:
 def first_in_order(waiting: Sequence[WaitingJob]) -> WaitingJob:
     """With no usage, users take turns from the one whose best job came first; a user's
     own jobs go by priority, then submit order."""
-    best_of = {}
+    best_of: dict[str, WaitingJob] = {}
     for job in sorted(waiting, key=lambda j: (-j.priority, j.job_id)):
         best_of.setdefault(job.user, job)
     return min(best_of.values(), key=lambda j: j.job_id)
