@@ -151,3 +151,23 @@ def test_no_user_starves(flood: int, light: list[int], duration: int) -> None:
     for job_id in lighter_at_submit:
         at = submitted_at[job_id]
         assert started[job_id] - at <= 2 * duration, (job_id, at, started[job_id])
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    jobs=st.lists(st.sampled_from(["a", "b", "c"]), min_size=1, max_size=30),
+    slots=st.integers(1, 12),
+    usage=st.dictionaries(st.sampled_from(["a", "b", "c"]), st.floats(0, 1e15)),
+)
+def test_users_take_turns_within_a_pass(
+    jobs: list[str], slots: int, usage: dict[str, float]
+) -> None:
+    """However much a user used before, nobody gets a second slot in a pass while another
+    user's job that would fit is left waiting."""
+    gpus = [GpuSlot(f"g{i}", i, 24 * GiB, 24 * GiB) for i in range(slots)]
+    waiting = [WaitingJob(i + 1, 20 * GiB, 1, 0, user) for i, user in enumerate(jobs)]
+    placed = {p.job_id for p in plan(gpus, [], waiting, user_usage=usage).placements}
+    got = {user: sum(1 for j in waiting if j.user == user and j.job_id in placed) for user in jobs}
+    for user, mine in got.items():
+        if any(j.user == user and j.job_id not in placed for j in waiting):
+            assert all(others <= mine + 1 for others in got.values())

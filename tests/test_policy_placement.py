@@ -4,15 +4,19 @@ jobs, contention, topology, most-free or best-fit, and the reasons that say so."
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections.abc import Sequence
+from datetime import datetime, timezone
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gpusched.core.models import Job
 from gpusched.scheduling.gpu_budget import GpuSlot, RunningClaim
 from gpusched.scheduling.gpu_choice import CONTENTION_WAIT_S
 from gpusched.scheduling.policy import HeadClaim, Plan, WaitingJob, plan
+from gpusched.scheduling.policy_inputs import running_claims
 
 G = 2**30
 
@@ -333,3 +337,67 @@ def test_reasons_name_each_card_with_its_node_in_a_cluster() -> None:
     assert "most available is 10.0G on GPU 0 on b" in result.waiting_reasons[3]
     assert "GPU 0 on b kept for it: starts when job 2 ends" in result.waiting_reasons[3]
     assert "GPU 0 on b kept for job 3 ahead of it" in result.waiting_reasons[4]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    places=st.lists(st.tuples(st.integers(0, 1), st.integers(0, 2)), min_size=2, max_size=7),
+    busy=st.lists(st.integers(0, 20), min_size=7, max_size=7),
+    count=st.integers(2, 4),
+)
+def test_a_multi_gpu_job_gets_a_tightest_set(
+    places: list[tuple[int, int]], busy: list[int], count: int
+) -> None:
+    """Cards on (socket, switch): 10 on one switch, 30 on one socket, 50 across sockets;
+    the set chosen is as tight as the tightest set of cards the job fits on."""
+    n = len(places)
+    gpus = [card(i, 24, used_g=busy[i]) for i in range(n)]
+    running = [job_on(100 + i, i, busy[i]) for i in range(n) if busy[i]]
+
+    def level(a: int, b: int) -> int:
+        if places[a] == places[b]:
+            return 10
+        return 30 if places[a][0] == places[b][0] else 50
+
+    topology = {f"GPU-{a}": {f"GPU-{b}": level(a, b) for b in range(n) if b != a} for a in range(n)}
+    job = WaitingJob(1, 4 * G, gpu_count=count)
+    result = plan(gpus, running, [job], topology=topology, pack="memory")
+    fitting = [i for i in range(n) if 24 - busy[i] >= 4]
+    chosen = gpus_of(result, 1)
+    if len(fitting) < count:
+        assert chosen is None
+        return
+    assert chosen is not None
+    assert set(chosen) <= set(fitting)
+
+    def tightness(cards: Sequence[int]) -> int:
+        return max(level(a, b) for i, a in enumerate(cards) for b in cards[i + 1 :])
+
+    best = min(tightness(c) for c in itertools.combinations(fitting, count))
+    assert tightness(chosen) == best
+
+
+def test_a_running_jobs_demand_is_its_utilization_only_while_alone_on_its_card() -> None:
+    now = datetime(2026, 1, 5, 9, 0, tzinfo=timezone.utc)
+    started = "2026-01-05T08:50:00+00:00"
+
+    def running(job_id: int, uuid: str) -> Job:
+        return Job(
+            job_id,
+            "alice",
+            1000,
+            ["train.py"],
+            "/",
+            mem=4 * G,
+            gpu_uuids=[uuid],
+            started_at=started,
+            time_limit_s=3600,
+        )
+
+    jobs = [running(1, "GPU-0"), running(2, "GPU-1"), running(3, "GPU-1")]
+    utils = {1: 80.0, 2: 30.0, 3: 40.0}
+    claims = {c.job_id: c for c in running_claims(jobs, {}, utils.get, now)}
+    assert claims[1].demand == 0.8  # alone: its utilization is what it needs
+    assert claims[2].demand is None  # sharing: its figure is a time slice, not its demand
+    assert claims[3].demand is None
+    assert claims[1].ends_in_s == 3000  # 50 of its 60 minutes left
