@@ -194,9 +194,16 @@ def test_running_job_that_has_not_allocated_keeps_its_claim() -> None:
     # The allocation-lag race: job 1 (16G) was launched a moment ago and the driver still
     # shows the card empty. A second 16G job must not go there.
     gpus = [gpu(0, 24, free_g=24)]
-    result = plan(gpus, [claim(1, [0], 16, used_g=0)], [wait(2, 16)], HEADROOM)
+    result = plan(gpus, [claim(1, [0], 16, used_g=0)], [wait(2, 16), wait(3, 16)], HEADROOM)
     assert result.placements == []
-    assert "most available is 7.5G on GPU 0" in result.waiting_reasons[2]
+    # The head (job 2) is told which card it waits on and for which job; the budget:
+    # 24 - 0.5 headroom - 16 still reserved = 7.5G.
+    assert (
+        result.waiting_reasons[2]
+        == "needs 16.0G on 1 GPU; GPU 0 kept for it: starts when job 1 ends"
+    )
+    assert result.budgets["GPU-0"].available_bytes == int(7.5 * G)
+    assert result.waiting_reasons[3] == "needs 16.0G on 1 GPU; GPU 0 kept for job 2 ahead of it"
 
 
 def test_two_jobs_in_one_plan_do_not_share_a_card_that_fits_one() -> None:
@@ -255,18 +262,28 @@ def test_unusable_gpus_get_nothing() -> None:
 def test_reason_shape_for_memory() -> None:
     gpus = [gpu(0, 24, free_g=10), gpu(1, 24, free_g=16)]
     result = plan(
-        gpus, [claim(1, [0], 8, used_g=8), claim(2, [1], 8, used_g=8)], [wait(3, 20)], HEADROOM
+        gpus,
+        [claim(1, [0], 8, used_g=8), claim(2, [1], 8, used_g=8)],
+        [wait(3, 20), wait(4, 20)],
+        HEADROOM,
     )
-    assert result.waiting_reasons[3] == (
-        "needs 20.0G on 1 GPU, most available is 15.5G on GPU 1;"
-        " GPU 1 kept for it: starts when job 2 ends"
+    # The head names the card kept for it and the job it waits for (issue 24 item 1);
+    # the jobs behind it, the most any card has and the head they wait behind.
+    assert (
+        result.waiting_reasons[3]
+        == "needs 20.0G on 1 GPU; GPU 1 kept for it: starts when job 2 ends"
+    )
+    assert result.waiting_reasons[4] == (
+        "needs 20.0G on 1 GPU, most available is 9.5G on GPU 0; GPU 1 kept for job 3 ahead of it"
     )
 
 
 def test_reason_for_a_multi_gpu_job() -> None:
     gpus = [gpu(0, 24, free_g=4), gpu(1, 24, free_g=4)]
     result = plan(gpus, [claim(1, [0, 1], 20, used_g=20)], [wait(2, 8, gpus=2)], HEADROOM)
-    assert result.waiting_reasons[2].startswith("needs 8.0G on each of 2 GPUs, most available is")
+    assert result.waiting_reasons[2] == (
+        "needs 8.0G on each of 2 GPUs; GPUs 0, 1 kept for it: starts when job 1 ends"
+    )
 
 
 def test_reason_when_more_gpus_than_usable() -> None:

@@ -334,8 +334,8 @@ def test_reasons_name_each_card_with_its_node_in_a_cluster() -> None:
         RunningClaim(2, ("b/GPU-0",), 14 * G, {"b/GPU-0": 14 * G}),
     ]
     result = plan(gpus, running, [WaitingJob(3, 20 * G), WaitingJob(4, 12 * G)])
-    assert "most available is 10.0G on GPU 0 on b" in result.waiting_reasons[3]
     assert "GPU 0 on b kept for it: starts when job 2 ends" in result.waiting_reasons[3]
+    assert "most available is 4.0G on GPU 0 on a" in result.waiting_reasons[4]
     assert "GPU 0 on b kept for job 3 ahead of it" in result.waiting_reasons[4]
 
 

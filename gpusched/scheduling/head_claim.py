@@ -127,6 +127,11 @@ class Kept:
         self.starts_in_s = None if any(t is None for t in times) else max(t or 0.0 for t in times)
 
     @property
+    def waits_for(self) -> list[int]:
+        """The jobs the head waits for to end, on all its cards."""
+        return sorted({j for c in self.cards.values() for j in c.waits_for})
+
+    @property
     def claim(self) -> HeadClaim:
         return HeadClaim(self.job.job_id, tuple(self.cards), self.job.mem_bytes)
 
@@ -154,7 +159,7 @@ class Kept:
         node = cards[0].gpu.slot.node
         if several_nodes and node:
             where += f" on {node}"
-        waits = sorted({j for c in cards for j in c.waits_for})
+        waits = self.waits_for
         if not waits:
             return f"{where} kept for it"
         jobs = f"job {waits[0]}" if len(waits) == 1 else f"jobs {', '.join(map(str, waits))}"

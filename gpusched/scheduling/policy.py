@@ -75,6 +75,7 @@ from gpusched.scheduling.gpu_choice import (
 )
 from gpusched.scheduling.head_claim import HeadClaim, Kept, keep_for
 from gpusched.scheduling.waiting_reasons import Claims, why_not
+from gpusched.scheduling.waiting_reasons import need as _need
 
 __all__ = ["HeadClaim", "Placement", "Plan", "UsageSpan", "UserCap", "WaitingJob", "plan"]
 
@@ -363,7 +364,11 @@ def plan(
                 reasons[job.job_id] += " (no GPU can hold it even when gpusched's jobs end)"
             else:
                 kept = claim
-                reasons[job.job_id] += f"; {claim.reason(several_nodes)}"
+                # Waiting for jobs to end: the claim says where and for which, in words
+                # short enough for a status line; else (a cap on jobs per card, say)
+                # the reason above is the one that says why.
+                said = f"needs {_need(job)}" if claim.waits_for else reasons[job.job_id]
+                reasons[job.job_id] = f"{said}; {claim.reason(several_nodes)}"
                 room = None
                 claims = None
                 why_by_need.clear()
