@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 from gpusched.core.clock import iso
@@ -111,6 +112,7 @@ class ClusterScheduler:
                 doomed.job_id, JobState.CANCELLED, EndReason.DEPENDENCY_FAILED, detail=doomed.detail
             )
         claimed = self.member.store.claims()
+        now = sched.clock()
         reasons: dict[int, str] = {}
         waiting = []
         for job in admitted.eligible:
@@ -118,7 +120,7 @@ class ClusterScheduler:
             if why is not None:
                 reasons[job.id] = why
                 continue
-            waiting.append(waiting_job(job) if keys is None else _restricted(job, keys))
+            waiting.append(waiting_job(job, now) if keys is None else _restricted(job, keys, now))
         users = {j.user for j in claimed} | {j.user for j in admitted.eligible}
         all_gpus = [g for n in nodes for g in n.gpus]
         result = plan(
@@ -174,5 +176,5 @@ class ClusterScheduler:
         self._said = dict(reasons)
 
 
-def _restricted(job: Queued, keys: frozenset[str]) -> WaitingJob:
-    return dataclasses.replace(waiting_job(job), gpu_keys=keys)
+def _restricted(job: Queued, keys: frozenset[str], now: datetime) -> WaitingJob:
+    return dataclasses.replace(waiting_job(job, now), gpu_keys=keys)
