@@ -19,7 +19,9 @@ headroom); its work starts over.
 
 Policies (_packing_policies.py): the default (`pack: contention`), `pack: memory`, best fit
 (`placement: best-fit`) and one job per GPU; where this checkout's `plan()` lacks a policy's
-argument the policy is emulated around it, and the output says which.
+argument the policy is emulated around it, and the output says which. Beside them, a
+what-if that is no gpusched option: strict contention (every job, light or with no
+history too, waits for cards its demand keeps at or under 100 %).
 
 Reported per mix and policy: makespan; slowdown (a job's last run time / its run time
 alone) mean and 95th percentile; mean wait (submit to end, less the last run: queueing and
@@ -350,8 +352,9 @@ def goals(by_mix: dict[str, list[SimResult]]) -> list[Figure]:
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__.splitlines()[0],
-        epilog="Prints the sharing model's fit, then per mix a table of the four policies,"
-        " then the goals with PASS/MISS and a RESULT line (for run_all.py).",
+        epilog="Prints the sharing model's fit, then per mix a table of the four policies"
+        " (and the strict-contention what-if), then the goals with PASS/MISS and a RESULT"
+        " line (for run_all.py). About a minute for all three mixes on 2 cores.",
     )
     parser.add_argument(
         "--mix",
