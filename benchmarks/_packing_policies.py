@@ -42,9 +42,13 @@ BUSY_DEMAND = 0.5  # a job or card at or above this share of a card is busy
 NO_CARD = frozenset({"(waits for a quieter card)"})  # a key no card has: waits, claims none
 
 _PLAN_ARGS = set(inspect.signature(plan).parameters)
-_DEMAND_FIELDS = {f.name for f in fields(WaitingJob)} & {f.name for f in fields(RunningClaim)}
+_WAITING_FIELDS = {f.name for f in fields(WaitingJob)}
+_DEMAND_FIELDS = _WAITING_FIELDS & {f.name for f in fields(RunningClaim)}
 NATIVE_PACK = "pack" in _PLAN_ARGS and "demand" in _DEMAND_FIELDS
 NATIVE_PLACEMENT = "placement" in _PLAN_ARGS
+NATIVE_HEAD_CLAIM = "head_claim" in _PLAN_ARGS  # the head's claim, kept from plan to plan
+NATIVE_WAITED = "waited_s" in _WAITING_FIELDS  # how long a job has waited (rule 3's bound)
+QUIETER = "quieter card"  # in plan()'s reason for a job that waits for one
 
 
 @dataclass(frozen=True)
@@ -83,6 +87,7 @@ class Waiting:
 
     job: WaitingJob
     demand: float | None
+    waited_s: float = 0.0  # since it was submitted (a retry: since its first attempt ended)
 
 
 @dataclass(frozen=True)
@@ -94,11 +99,31 @@ class Running:
 @dataclass
 class Decision:
     placements: list[Placement]
-    held_for_quiet: set[int]  # waiting jobs the (emulated) rule kept off busy cards
+    held_for_quiet: set[int]  # waiting jobs the contention rule kept off busy cards
 
 
-def _with_demand(item: Any, demand: float | None) -> Any:
-    return replace(item, demand=demand) if NATIVE_PACK else item
+@dataclass
+class Carry:
+    """What a scheduler keeps from one plan() to the next: the head's stored claim."""
+
+    head_claim: Any = None
+
+
+def _with_demand(item: Any, demand: float | None, waited_s: float | None = None) -> Any:
+    if NATIVE_PACK:
+        item = replace(item, demand=demand)
+    if NATIVE_WAITED and waited_s is not None:
+        item = replace(item, waited_s=waited_s)
+    return item
+
+
+def _plan(carry: Carry, *args: Any, **kwargs: Any) -> Any:
+    """plan(), handing back the head's claim from the last call where plan() keeps one."""
+    if NATIVE_HEAD_CLAIM:
+        kwargs["head_claim"] = carry.head_claim
+    result = plan(*args, **kwargs)
+    carry.head_claim = getattr(result, "head_claim", None)
+    return result
 
 
 def place(
@@ -109,6 +134,7 @@ def place(
     *,
     headroom: int,
     user_usage: dict[str, float],
+    carry: Carry,
 ) -> tuple[Decision, int]:
     """Which waiting jobs start where under `policy`; and how many plan() calls it took."""
     kwargs: dict[str, Any] = {"user_usage": user_usage}
@@ -117,9 +143,11 @@ def place(
     if NATIVE_PLACEMENT:
         kwargs["placement"] = policy.placement
     claims = [_with_demand(r.claim, r.demand) for r in running]
-    jobs = [_with_demand(w.job, w.demand) for w in waiting]
+    jobs = [_with_demand(w.job, w.demand, w.waited_s) for w in waiting]
     if not policy.emulated:
-        return Decision(plan(slots, claims, jobs, headroom, **kwargs).placements, set()), 1
+        result = _plan(carry, slots, claims, jobs, headroom, **kwargs)
+        quieter = {job for job, why in result.waiting_reasons.items() if QUIETER in why}
+        return Decision(result.placements, quieter), 1
     demands = {r.claim.job_id: r.demand for r in running}
     queue = list(waiting)
     decision = Decision([], set())
@@ -140,7 +168,7 @@ def place(
                 held.add(w.job.job_id)
                 kept = kept or frozenset(keep)
         calls += 1
-        placements = plan(slots, claims, keyed, headroom, **kwargs).placements
+        placements = _plan(carry, slots, claims, keyed, headroom, **kwargs).placements
         if not placements:
             decision.held_for_quiet = held
             break
@@ -159,18 +187,19 @@ def place(
 
 
 _Keys = tuple[frozenset[str] | None, list[str] | None]
-_KEYED: dict[tuple[WaitingJob, float | None, frozenset[str] | None], WaitingJob] = {}
+_KEYED: dict[tuple[WaitingJob, float | None, float, frozenset[str] | None], WaitingJob] = {}
 
 
 def _keyed(waiting: Waiting, keys: frozenset[str] | None) -> WaitingJob:
     """`waiting`'s job restricted to `keys`, as plan() takes it (cached: a pass makes
     one per waiting job, most of them the same as the pass before)."""
-    cache_key = (waiting.job, waiting.demand, keys)
+    cache_key = (waiting.job, waiting.demand, waiting.waited_s, keys)
     job = _KEYED.get(cache_key)
     if job is None:
         if len(_KEYED) > 200_000:
             _KEYED.clear()
-        job = _KEYED[cache_key] = replace(_with_demand(waiting.job, waiting.demand), gpu_keys=keys)
+        job = replace(_with_demand(waiting.job, waiting.demand, waiting.waited_s), gpu_keys=keys)
+        _KEYED[cache_key] = job
     return job
 
 

@@ -48,6 +48,7 @@ from _packing_policies import (
     NATIVE_PLACEMENT,
     ONE_PER_GPU,
     POLICIES,
+    Carry,
     Policy,
     Running,
     Waiting,
@@ -87,7 +88,7 @@ class _Queued:
     sim_id: int
     job: TraceJob
     mem: int | None
-    quiet_since: float | None = None
+    submitted_s: float  # this attempt's: a retry is submitted when its first attempt dies
 
 
 @dataclass
@@ -140,6 +141,7 @@ def simulate(
     oom = plan_calls = most = 0
     plan_s = 0.0
     held: set[int] = set()
+    carry = Carry()
     t = 0.0
 
     def loads(card: int) -> list[_Run]:
@@ -183,6 +185,7 @@ def simulate(
                         queue_order=first_id.get(q.sim_id),
                     ),
                     history.get(q.job.name),
+                    t - q.submitted_s,
                 )
                 for q in queue.values()
             ]
@@ -190,14 +193,12 @@ def simulate(
             usage = decayed_usage(spans, t, HALF_LIFE_S) if users_waiting > 1 else {}
             begin = time.perf_counter()
             decision, calls = place(
-                policy, slots, claims, waiting, headroom=HEADROOM, user_usage=usage
+                policy, slots, claims, waiting, headroom=HEADROOM, user_usage=usage, carry=carry
             )
             plan_s += time.perf_counter() - begin
             plan_calls += calls
             for sim_id in decision.held_for_quiet:
                 held.add(first_id.get(sim_id, sim_id))
-                if queue[sim_id].quiet_since is None:
-                    queue[sim_id].quiet_since = t
             for placement in decision.placements:
                 q = queue.pop(placement.job_id)
                 cards = tuple(uuids.index(u) for u in placement.gpu_uuids)
@@ -238,7 +239,7 @@ def simulate(
                 grown = retry_mem(r.mem, gpu_mem) if r.mem is not None else None
                 if grown is None:
                     raise RuntimeError(f"job {r.job.job_id} can never fit: {r.job}")
-                queue[next_sim_id] = _Queued(next_sim_id, r.job, grown)
+                queue[next_sim_id] = _Queued(next_sim_id, r.job, grown, t)
                 first_id[next_sim_id] = first_id.get(r.sim_id, r.sim_id)
                 next_sim_id += 1
             else:
@@ -247,7 +248,7 @@ def simulate(
         while next_arrival < len(arrivals) and arrivals[next_arrival].arrival_s <= t + EPS:
             job = arrivals[next_arrival]
             declared = None if policy.whole_gpu else job.declared_bytes
-            queue[job.job_id] = _Queued(job.job_id, job, declared)
+            queue[job.job_id] = _Queued(job.job_id, job, declared, t)
             next_arrival += 1
 
     by_kind: dict[str, list[float]] = {}
