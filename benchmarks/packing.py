@@ -403,7 +403,8 @@ def main() -> None:
         calls += sum(r.plan_calls for r in by_mix[mix])
         plan_s += sum(r.plan_s for r in by_mix[mix])
     print(
-        "\n  held: jobs kept off busy cards at least once (emulated rule);"
+        "\n  held: jobs kept off busy cards at least once (by the emulated rule, or plan()'s"
+        " reason 'waits for a quieter card');"
         " most/card: most jobs seen on one card"
     )
     print(
