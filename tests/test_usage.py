@@ -20,13 +20,8 @@ from gpusched.core.hints import (
     utilization_hint,
 )
 from gpusched.core.units import parse_size
-from gpusched.usage.tracker import (
-    UsageTracker,
-    at_card_limit,
-    job_utilization,
-    oom_in_log,
-    overrun_limit,
-)
+from gpusched.usage.oom import oom_in_log
+from gpusched.usage.tracker import UsageTracker, job_utilization, overrun_limit
 
 GiB = 2**30
 MiB = 2**20
@@ -65,9 +60,10 @@ def test_tracker_peak_is_the_largest_per_gpu_figure_and_never_falls(
 
 def test_tracker_keeps_only_the_last_full_card_and_ignores_unknown_state_keys() -> None:
     tracker = UsageTracker()
-    tracker.observe_memory({"a": GiB}, "GPU 0 was full")
+    card = {"index": 0, "free_bytes": 0, "total_bytes": GiB, "held_bytes": GiB}
+    tracker.observe_memory({"a": GiB}, card)
     tracker.observe_memory({"a": GiB}, None)
-    assert tracker.at_limit is None
+    assert tracker.last_card is None
     assert UsageTracker.from_state({"peak_mem": 5, "from_the_future": 1}).peak_mem == 5
     assert UsageTracker.from_state(None) == UsageTracker()
     assert UsageTracker().summary() == {
@@ -90,13 +86,6 @@ def test_utilization_prefers_per_process_samples_and_falls_back_to_the_gpu() -> 
     assert job_utilization(pids, {"g0": {10: 40}}, {"g1": 80}) == 60
     assert job_utilization(pids, None, {"g0": 10, "g1": 30}) == 20
     assert job_utilization(pids, None, {"g0": None}) is None
-
-
-def test_a_card_is_at_its_limit_under_2_percent_or_256_mib_free() -> None:
-    assert at_card_limit(256 * MiB, 8 * GiB)
-    assert not at_card_limit(257 * MiB, 8 * GiB)  # 2 % of 8G is less than 256M
-    assert at_card_limit(int(0.02 * 80 * GiB), 80 * GiB)
-    assert not at_card_limit(int(0.02 * 80 * GiB) + 1, 80 * GiB)
 
 
 def test_overrun_limit_adds_the_margin() -> None:

@@ -24,6 +24,7 @@ from gpusched.core.config_holder import ConfigHolder
 from gpusched.core.models import (
     TERMINAL_STATES,
     EndReason,
+    GpuHealth,
     GpuState,
     Job,
     JobState,
@@ -34,8 +35,10 @@ from gpusched.core.sanitize import quoted
 from gpusched.gpus.probe import Probe
 from gpusched.processes.launching import JobLauncher, Outcome, OutcomeKind
 from gpusched.scheduling.boot import rebooted_since_last_run
+from gpusched.scheduling.policy_inputs import capacity_bytes
 from gpusched.store import NodeGuard, Store, TimelineWrite
-from gpusched.usage.monitor import UsageMonitor, final_usage, oom_cause, retry_mem
+from gpusched.usage.monitor import UsageMonitor, final_usage, oom_cause
+from gpusched.usage.oom import retry_mem
 
 log = logging.getLogger("gpusched.scheduler")
 
@@ -218,8 +221,17 @@ class JobEndings:
 
     def _end_oom(self, job: Job, outcome: Outcome, cause: str, durable: bool) -> None:
         """End a job that ran out of GPU memory; queue its retry if it asked for one."""
-        mem, why_not = retry_mem(job, self._gpus(), self.config.headroom_bytes)
+        usable = [capacity_bytes(g) for g in self._gpus() if g.health != GpuHealth.EXCLUDED]
+        mem, why_not = retry_mem(
+            mem=job.mem,
+            gpus=job.gpus,
+            usable_bytes=usable,
+            headroom_bytes=self.config.headroom_bytes,
+            max_mem_bytes=self.config.limits_for(job.user).max_mem_bytes,
+        )
         retry = self.store.add_retry(job.id, mem) if mem is not None and job.retry_oom else None
+        if retry is None and job.retry_oom:
+            cause = f"{cause}; not retried: {why_not}"
         if retry is not None:
             log.info("job %s ran out of GPU memory: retried as job %s", job.id, retry.id)
             self._wake()
@@ -298,7 +310,7 @@ class JobEndings:
             outcome.kind == OutcomeKind.EXIT and outcome.exit_code != 0
         ):
             # The tracker is in memory, or after a restart in the database (a minute old).
-            cause = oom_cause(job, self.monitor.tracker(job))
+            cause = oom_cause(job, self.monitor.tracker(job), self.config.headroom_bytes)
             if cause is not None:
                 self._end_oom(job, outcome, cause, durable)
                 return

@@ -34,16 +34,10 @@ from gpusched.core.hints import JobFacts, job_hints, over_declared_hint
 from gpusched.core.models import GpuHealth, GpuProcess, GpuState, Job, TimelinePoint
 from gpusched.core.units import format_size
 from gpusched.store import Store, TimelineWrite
+from gpusched.usage import oom
 from gpusched.usage.joblog import read_tail
 from gpusched.usage.timeline import TimelineBuffer
-from gpusched.usage.tracker import (
-    UsageTracker,
-    at_card_limit,
-    job_utilization,
-    oom_in_log,
-    overrun_limit,
-    smooth,
-)
+from gpusched.usage.tracker import UsageTracker, job_utilization, overrun_limit, smooth
 
 FLUSH_INTERVAL_S = 60.0
 
@@ -166,7 +160,7 @@ class UsageMonitor:
                 continue
             tracker = self.tracker(job)
             held = {uuid: sum(p.used_bytes or 0 for p in procs) for uuid, procs in per_gpu.items()}
-            if tracker.observe_memory(held, _full_card(held, by_uuid)):
+            if tracker.observe_memory(held, _fullest_card(held, by_uuid)):
                 self.store.record_usage(job.id, tracker.peak_mem)
             # Utilization is sampled after the memory: a process that exited in between
             # is missing from the samples, which would read as 0 % busy. Leave it out.
@@ -243,49 +237,33 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _full_card(held: Mapping[str, int], by_uuid: Mapping[str, GpuState]) -> str | None:
-    """Which of the job's GPUs sits at its memory limit, in words; None if none does."""
-    for uuid, used in held.items():
-        gpu = by_uuid.get(uuid)
-        if gpu is not None and used and at_card_limit(gpu.free_bytes, gpu.total_bytes):
-            return (
-                f"GPU {gpu.index} was full: {format_size(gpu.free_bytes)} of"
-                f" {format_size(gpu.total_bytes)} free, the job holding {format_size(used)}"
-            )
-    return None
+def _fullest_card(
+    held: Mapping[str, int], by_uuid: Mapping[str, GpuState]
+) -> dict[str, int] | None:
+    """Of the GPUs the job holds memory on, the one with the least free (oom.CardSeen)."""
+    seen = [
+        (gpu.free_bytes, gpu.index, gpu.total_bytes, used)
+        for uuid, used in held.items()
+        if used and (gpu := by_uuid.get(uuid)) is not None
+    ]
+    if not seen:
+        return None
+    free, index, total, used = min(seen)
+    return {"index": index, "free_bytes": free, "total_bytes": total, "held_bytes": used}
 
 
 # -- how a job ended: out of memory?, its retry, its final figures ----------------------------
 
-RETRY_GROWTH = 1.5
 
-
-def oom_cause(job: Job, tracker: UsageTracker | None) -> str | None:
-    """Why a job that failed looks out of GPU memory (its log's end, else a full card)."""
-    line = oom_in_log(read_tail(job.log_path))
-    if line is not None:
-        return f"out of GPU memory: {line}"
-    if tracker is not None and tracker.at_limit:
-        return f"out of GPU memory: it died while {tracker.at_limit}"
-    return None
-
-
-def retry_mem(job: Job, gpus: Sequence[GpuState], headroom_bytes: int) -> tuple[int | None, str]:
-    """The --mem of an OOM retry (1.5x, capped at what the largest GPUs give), or why none."""
-    if job.mem is None:
-        return None, "it already had a whole GPU"
-    sizes = sorted(
-        (g.total_bytes - headroom_bytes for g in gpus if g.health != GpuHealth.EXCLUDED),
-        reverse=True,
+def oom_cause(job: Job, tracker: UsageTracker | None, headroom_bytes: int) -> str | None:
+    """Why a job that failed ran out of GPU memory (gpusched.usage.oom), or None."""
+    return oom.oom_cause(
+        log_tail=read_tail(job.log_path),
+        mem=job.mem,
+        peak_mem=max(job.peak_mem or 0, 0 if tracker is None else tracker.peak_mem),
+        last_card=None if tracker is None else oom.CardSeen.from_state(tracker.last_card),
+        headroom_bytes=headroom_bytes,
     )
-    if len(sizes) < job.gpus:
-        return None, f"fewer than {job.gpus} GPUs are left"
-    cap = sizes[job.gpus - 1]
-    wanted = math.ceil(job.mem * RETRY_GROWTH / 2**20) * 2**20
-    mem = min(wanted, cap)
-    if mem <= job.mem:
-        return None, f"{format_size(job.mem)} is already the most a GPU here gives"
-    return mem, ""
 
 
 def final_usage(

@@ -6,62 +6,20 @@ finds them) and the utilization of those GPUs (`job_utilization`). A tracker is 
 numbers (peak, count, sum, sum of squares, min, max), so a poll costs no database write;
 the scheduler writes the figures when they matter (see `gpusched.usage.monitor`).
 
-Also here, because they are judgements on the same figures:
-
-- `at_card_limit`: a GPU with (almost) no free memory left. A job that dies while one
-  of its cards sits there most likely ran out of memory, even if its log does not say so.
-- `oom_in_log`: the out-of-memory messages of PyTorch, TensorFlow and JAX at the end of a
-  log.
-- `overrun_limit`: how far past its declared memory a job may go before gpusched acts.
+Also here, because it is a judgement on the same figures: `overrun_limit`, how far past
+its declared memory a job may go before gpusched acts. Whether a job that failed ran out
+of memory is gpusched.usage.oom's to say, from the tracker's `peak_mem` and `last_card`.
 """
 
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 MiB = 2**20
 GiB = 2**30
-
-# A card is "at its limit" when what is free is under 2 % of it, and never less than
-# 256 MiB: a framework that ran out of memory has typically failed to allocate a block of
-# tens to hundreds of MiB, so what NVML still shows free is below that; 2 % keeps the rule
-# meaningful on 80 GB cards, where allocator slack alone can be a GB.
-AT_LIMIT_FRACTION = 0.02
-AT_LIMIT_MIN_BYTES = 256 * MiB
-
-# Where a log "ends": its last 40 non-empty lines (in at most its last 16 KiB). A Python
-# traceback puts the error last, but launchers (torchrun's failure summary, TensorFlow's
-# "Hint: ..." lines) print a few lines after it; an OOM that was caught and survived long
-# before the end is not what killed the job.
-OOM_TAIL_LINES = 40
-OOM_TAIL_BYTES = 16 * 1024
-
-OOM_PATTERN = re.compile(
-    r"CUDA out of memory"  # PyTorch: "torch.OutOfMemoryError: CUDA out of memory. Tried to..."
-    r"|torch\.(?:cuda\.)?OutOfMemoryError"
-    r"|CUDA error: out of memory"  # cudaErrorMemoryAllocation, from any CUDA program
-    r"|ResourceExhaustedError"  # TensorFlow
-    r"|OOM when allocating"  # TensorFlow's message for it
-    r"|RESOURCE_EXHAUSTED: Out of memory"  # JAX / XLA
-)
-
-
-def at_card_limit(free_bytes: int, total_bytes: int) -> bool:
-    """True when a GPU has (almost) nothing left to allocate."""
-    return free_bytes <= max(AT_LIMIT_MIN_BYTES, int(total_bytes * AT_LIMIT_FRACTION))
-
-
-def oom_in_log(tail: str) -> str | None:
-    """The out-of-memory line near the end of a log, or None."""
-    lines = [line.strip() for line in tail.splitlines() if line.strip()]
-    for line in reversed(lines[-OOM_TAIL_LINES:]):
-        if OOM_PATTERN.search(line):
-            return line if len(line) <= 200 else line[:197] + "..."
-    return None
 
 
 def overrun_limit(declared_bytes: int, margin_fraction: float, margin_bytes: int) -> int:
@@ -116,15 +74,17 @@ class UsageTracker:
     util_min: float | None = None
     util_max: float | None = None
     util_recent: float | None = None  # weighted toward the last polls (RECENT_WEIGHT)
-    # At the last memory sample: the GPU it held that sat at its limit, described
-    # ("GPU 0 had 50.0M of 24.0G free"), or None.
-    at_limit: str | None = None
+    # At the last memory sample: the job's card with the least free memory, as
+    # gpusched.usage.oom.CardSeen's fields (index, free_bytes, total_bytes, held_bytes).
+    last_card: dict[str, int] | None = None
     overrun_at: str | None = None  # when it was first seen over its declared memory + margin
 
-    def observe_memory(self, per_gpu_bytes: Mapping[str, int], at_limit: str | None) -> bool:
+    def observe_memory(
+        self, per_gpu_bytes: Mapping[str, int], last_card: Mapping[str, int] | None = None
+    ) -> bool:
         """Record one poll's memory; True when the peak rose."""
         self.mem_samples += 1
-        self.at_limit = at_limit
+        self.last_card = None if last_card is None else dict(last_card)
         peak = max(per_gpu_bytes.values(), default=0)
         if peak > self.peak_mem:
             self.peak_mem = peak
