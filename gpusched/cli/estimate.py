@@ -174,8 +174,10 @@ def estimate(  # noqa: PLR0917 - click passes one positional argument per option
         dtype,
         None if inference else optimizer,
         batch=batch,
-        per_sample_bytes=None if per_sample is None else parse_size(per_sample),
-        context_bytes=parse_size(context),
+        per_sample_bytes=(
+            None if per_sample is None else parse_size(per_sample, what="--per-sample")
+        ),
+        context_bytes=parse_size(context, what="--context"),
     )
     if as_json:
         click.echo(json.dumps(result.to_json(), indent=2))

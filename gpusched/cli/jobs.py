@@ -29,7 +29,7 @@ from gpusched.cli.help import ExampleLastCommand
 from gpusched.core.errors import EXIT_FAILED, EXIT_OK, EXIT_TIMEOUT, GpuschedError, UsageError
 from gpusched.core.models import TERMINAL_STATES, Job, JobState
 from gpusched.core.sanitize import shown
-from gpusched.core.units import parse_duration, parse_size
+from gpusched.core.units import parse_job_mem, parse_job_time
 
 
 @click.command(cls=ExampleLastCommand, context_settings={"ignore_unknown_options": True})
@@ -131,14 +131,14 @@ def submit(
     if max_concurrent is not None and not sweep:  # Client.submit has no such parameter
         raise UsageError("--max-concurrent applies to a --sweep array")
     options: dict[str, Any] = {
-        "mem": None if mem is None else "auto" if mem == "auto" else parse_size(mem),
+        "mem": None if mem is None else "auto" if mem == "auto" else parse_job_mem(mem),
         "gpus": gpus,
         "name": name,
         "priority": priority,
         "after": parse_ids([after]) if after else (),
         "hold": hold,
         "cwd": cwd,
-        "time_limit": parse_duration(time_limit) if time_limit is not None else None,
+        "time_limit": parse_job_time(time_limit) if time_limit is not None else None,
         "notify": notify,
         "retry_oom": retry_oom,
         "nodes": None if nodes is None else tuple(n.strip() for n in nodes.split(",")),
