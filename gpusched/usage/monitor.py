@@ -35,6 +35,7 @@ from gpusched.core.models import GpuHealth, GpuProcess, GpuState, Job, TimelineP
 from gpusched.core.units import format_size
 from gpusched.store import Store, TimelineWrite
 from gpusched.usage import oom
+from gpusched.usage.demand import CardPoll, typical_demand
 from gpusched.usage.joblog import read_tail
 from gpusched.usage.timeline import TimelineBuffer
 from gpusched.usage.tracker import UsageTracker, job_utilization, overrun_limit, smooth
@@ -125,6 +126,20 @@ class UsageMonitor:
         tracker = self._trackers.get(job_id)
         return None if tracker is None else tracker.util_recent
 
+    def job_demand(self, job_id: int) -> float | None:
+        """A running job's demand so far (0.0-1.0 of a card's busy time; see
+        gpusched.usage.demand), None until it is known."""
+        tracker = self._trackers.get(job_id)
+        return None if tracker is None else tracker.sharing.demand()
+
+    def expected_demand(self, job: Job) -> float | None:
+        """What a job is expected to demand: its own figure while it runs, else the median
+        of its past runs' (the same sweep, else --name, else command, of the same owner)."""
+        live = self.job_demand(job.id)
+        if live is not None:
+            return live
+        return typical_demand(self.store.recorded_demands(job))
+
     def gpu_util(self, uuid: str) -> float | None:
         """A GPU's recent utilization (every process on it), None when never read."""
         return self._gpu_util.get(uuid)
@@ -151,6 +166,7 @@ class UsageMonitor:
     ) -> list[Overrun]:
         """One poll: feed every running job's tracker; return the jobs newly over their limit."""
         by_uuid = {gpu.uuid: gpu for gpu in gpus}
+        cards = card_polls(by_uuid, processes, process_util)
         overruns: list[Overrun] = []
         alive: set[int] = set()
         for job in running:
@@ -176,6 +192,7 @@ class UsageMonitor:
             )
             if util is not None:
                 tracker.observe_util(util)
+            tracker.observe_cards(cards.get(job.id, ()))
             self.timeline(job).add(now_s, sum(held.values()), util)
             if job.mem is not None and tracker.overrun_at is None:
                 limit = overrun_limit(job.mem, margin_fraction, margin_bytes)
@@ -228,6 +245,45 @@ class UsageMonitor:
             tracker = UsageTracker.from_state(self.store.usage_state(job.id))
         tracker.peak_mem = max(tracker.peak_mem, job.peak_mem or 0)
         return tracker
+
+
+def card_polls(
+    by_uuid: Mapping[str, GpuState],
+    processes: JobProcesses,
+    process_util: Mapping[str, Mapping[int, int]] | None,
+) -> dict[int, list[CardPoll]]:
+    """Each running job's view of its cards at this poll: the device's figure, its own
+    per-process one, and the other jobs (with theirs) and outside processes there."""
+    own: dict[int, dict[str, float | None]] = {}
+    holders: dict[str, list[int]] = {}
+    ours: dict[str, set[int]] = {}
+    for job_id, per_gpu in processes.items():
+        for uuid, procs in per_gpu.items():
+            samples = None if process_util is None else process_util.get(uuid)
+            sampled = [samples[p.pid] for p in procs if samples and p.pid in samples]
+            own.setdefault(job_id, {})[uuid] = float(sum(sampled)) if sampled else None
+            holders.setdefault(uuid, []).append(job_id)
+            ours.setdefault(uuid, set()).update(p.pid for p in procs)
+    polls: dict[int, list[CardPoll]] = {}
+    for job_id, figures in own.items():
+        for uuid, figure in figures.items():
+            gpu = by_uuid.get(uuid)
+            if gpu is None:
+                continue
+            outsiders = any(
+                (p.used_bytes or 0) > 0 and p.pid not in ours[uuid] for p in gpu.processes
+            )
+            polls.setdefault(job_id, []).append(
+                CardPoll(
+                    gpu_index=gpu.index,
+                    device_percent=None if gpu.util_percent is None else float(gpu.util_percent),
+                    own_percent=figure,
+                    sampled=process_util is not None and uuid in process_util,
+                    neighbours={j: own[j][uuid] for j in holders[uuid] if j != job_id},
+                    outsiders=outsiders,
+                )
+            )
+    return polls
 
 
 def _alive(pid: int) -> bool:
@@ -302,6 +358,10 @@ def final_usage(
         retry_mem=None if retry is None else retry.mem,
         retry_refused=retry_refused,
         oom_next_mem=oom_next_mem,
+        contended_fraction=tracker.sharing.contended_fraction(),
+        shared_with=tuple(tracker.sharing.shared_with),
+        shared_gpus=tuple(tracker.sharing.shared_gpus),
+        sharing_speed=summary["sharing_speed"],
     )
     values = UsageMonitor.columns(tracker)
     values["peak_mem"] = summary["peak_mem"]

@@ -14,9 +14,11 @@ of memory is gpusched.usage.oom's to say, from the tracker's `peak_mem` and `las
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Mapping
-from dataclasses import asdict, dataclass, fields
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
+
+from gpusched.usage.demand import CardPoll, DemandTracker
 
 MiB = 2**20
 GiB = 2**30
@@ -35,20 +37,29 @@ def job_utilization(
     """One job's GPU utilization (percent) at one poll: the mean over the GPUs it holds.
 
     On each GPU: the sum of its processes' SM utilization where the driver samples per
-    process (`process_util[uuid]`: pid -> percent; a GPU mapped to {} ran nothing since
-    the last poll), else the whole GPU's utilization, which on a shared card also counts
-    its neighbours. None when nothing is known.
+    process (`process_util[uuid]`: pid -> percent), else the whole GPU's utilization, which
+    on a shared card also counts its neighbours. A job none of whose processes has a sample
+    there is left out of this poll (on a busy shared card a process often gets none: it is
+    not 0 %), unless the card itself read idle (under IDLE_DEVICE_PERCENT): then it ran
+    nothing. None when nothing is known.
     """
     values: list[float] = []
     for uuid, pids in pids_by_gpu.items():
         per_pid = None if process_util is None else process_util.get(uuid)
+        whole = gpu_util.get(uuid)
         if per_pid is not None:
-            values.append(float(min(100, sum(per_pid.get(pid, 0) for pid in pids))))
-        else:
-            whole = gpu_util.get(uuid)
-            if whole is not None:
-                values.append(float(whole))
+            sampled = [per_pid[pid] for pid in pids if pid in per_pid]
+            if sampled:
+                values.append(float(min(100, sum(sampled))))
+            elif whole is not None and whole < IDLE_DEVICE_PERCENT:
+                values.append(0.0)
+        elif whole is not None:
+            values.append(float(whole))
     return sum(values) / len(values) if values else None
+
+
+# A card whose own utilization reads under this ran (almost) nothing in the poll.
+IDLE_DEVICE_PERCENT = 5
 
 
 # The weight of the newest poll in a recent utilization: about the last four polls count.
@@ -78,6 +89,8 @@ class UsageTracker:
     # gpusched.usage.oom.CardSeen's fields (index, free_bytes, total_bytes, held_bytes).
     last_card: dict[str, int] | None = None
     overrun_at: str | None = None  # when it was first seen over its declared memory + margin
+    # Its demand (share of a card's busy time) and what sharing a busy card cost it.
+    sharing: DemandTracker = field(default_factory=DemandTracker)
 
     def observe_memory(
         self, per_gpu_bytes: Mapping[str, int], last_card: Mapping[str, int] | None = None
@@ -100,6 +113,11 @@ class UsageTracker:
         self.util_max = percent if self.util_max is None else max(self.util_max, percent)
         self.util_recent = smooth(self.util_recent, percent)
 
+    def observe_cards(self, polls: Iterable[CardPoll]) -> None:
+        """One poll of each GPU it holds memory on: for its demand (gpusched.usage.demand)."""
+        for poll in polls:
+            self.sharing.observe(poll)
+
     @property
     def util_mean(self) -> float | None:
         return self.util_sum / self.util_samples if self.util_samples else None
@@ -121,6 +139,9 @@ class UsageTracker:
             "util_min": None if self.util_min is None else round(self.util_min),
             "util_max": None if self.util_max is None else round(self.util_max),
             "util_stddev": None if spread is None else round(spread, 1),
+            "demand": self.sharing.demand(),
+            "shared_with": list(self.sharing.shared_with),
+            "sharing_speed": self.sharing.sharing_speed(),
         }
 
     def to_state(self) -> dict[str, Any]:
@@ -130,4 +151,6 @@ class UsageTracker:
     def from_state(cls, state: Mapping[str, Any] | None) -> UsageTracker:
         """Rebuild from `to_state()`; unknown or missing keys are ignored (older daemons)."""
         names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in (state or {}).items() if k in names})
+        values = {k: v for k, v in (state or {}).items() if k in names}
+        values["sharing"] = DemandTracker.from_state(values.get("sharing"))
+        return cls(**values)
