@@ -49,18 +49,25 @@ def test_a_process_can_miss_its_sample_in_some_polls(
     busy, light = spawn(), spawn()
     fake_nvml_inproc.set_gpu(0, device_util_percent=99)
     fake_nvml_inproc.register_process(0, busy.pid, GiB, sm_util=88)
-    fake_nvml_inproc.register_process(0, light.pid, GiB, sm_util=40, sample_every=3)
+    fake_nvml_inproc.register_process(
+        0, light.pid, GiB, sm_util=40, sample_every=3, sample_missing=2
+    )
     uuid = probe.snapshot()[0].uuid
     polls = [probe.process_utilization()[uuid] for _ in range(9)]
     assert all(poll.get(busy.pid) == 88 for poll in polls)
     assert sum(light.pid in poll for poll in polls) == 3  # one poll in three, whatever the start
+    fake_nvml_inproc.register_process(
+        0, busy.pid, GiB, sm_util=58, sample_every=3, sample_missing=1
+    )
+    polls = [probe.process_utilization()[uuid] for _ in range(9)]
+    assert sum(busy.pid in poll for poll in polls) == 6  # none in one poll of three
 
 
 def test_a_poll_with_no_sample_at_all_is_empty_not_zero(
     fake_nvml_inproc: FakeNvml, probe: NvmlProbe, spawn: Callable[[], subprocess.Popen[bytes]]
 ) -> None:
     lone = spawn()
-    fake_nvml_inproc.register_process(0, lone.pid, GiB, sm_util=3, sample_every=2)
+    fake_nvml_inproc.register_process(0, lone.pid, GiB, sm_util=3, sample_every=2, sample_missing=1)
     uuid = probe.snapshot()[0].uuid
     polls = [probe.process_utilization()[uuid] for _ in range(4)]
     assert sorted(len(poll) for poll in polls) == [0, 0, 1, 1]

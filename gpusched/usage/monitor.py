@@ -166,7 +166,13 @@ class UsageMonitor:
     ) -> list[Overrun]:
         """One poll: feed every running job's tracker; return the jobs newly over their limit."""
         by_uuid = {gpu.uuid: gpu for gpu in gpus}
-        cards = card_polls(by_uuid, processes, process_util)
+        cards = card_polls(by_uuid, processes, process_util, self._gpu_util)
+        alone = {
+            job_id: {
+                uuid for uuid, poll in polls.items() if not poll.neighbours and not poll.outsiders
+            }
+            for job_id, polls in cards.items()
+        }
         overruns: list[Overrun] = []
         alive: set[int] = set()
         for job in running:
@@ -189,10 +195,11 @@ class UsageMonitor:
                 live_pids,
                 process_util,
                 {uuid: by_uuid[uuid].util_percent for uuid in live_pids if uuid in by_uuid},
+                alone_on=alone.get(job.id, ()),
             )
             if util is not None:
                 tracker.observe_util(util)
-            tracker.observe_cards(cards.get(job.id, ()))
+            tracker.observe_cards(cards.get(job.id, {}).values())
             self.timeline(job).add(now_s, sum(held.values()), util)
             if job.mem is not None and tracker.overrun_at is None:
                 limit = overrun_limit(job.mem, margin_fraction, margin_bytes)
@@ -251,9 +258,14 @@ def card_polls(
     by_uuid: Mapping[str, GpuState],
     processes: JobProcesses,
     process_util: Mapping[str, Mapping[int, int]] | None,
-) -> dict[int, list[CardPoll]]:
-    """Each running job's view of its cards at this poll: the device's figure, its own
-    per-process one, and the other jobs (with theirs) and outside processes there."""
+    device_util: Mapping[str, float],
+) -> dict[int, dict[str, CardPoll]]:
+    """Each running job's view of its cards at this poll: the device's recent figure, its
+    own per-process one, and the other jobs (with theirs) and outside processes there.
+
+    The device's figure is its recent one (`device_util`, smoothed over the last polls):
+    a card is saturated when it stays busy, not when two swinging jobs peak together.
+    """
     own: dict[int, dict[str, float | None]] = {}
     holders: dict[str, list[int]] = {}
     ours: dict[str, set[int]] = {}
@@ -264,7 +276,7 @@ def card_polls(
             own.setdefault(job_id, {})[uuid] = float(sum(sampled)) if sampled else None
             holders.setdefault(uuid, []).append(job_id)
             ours.setdefault(uuid, set()).update(p.pid for p in procs)
-    polls: dict[int, list[CardPoll]] = {}
+    polls: dict[int, dict[str, CardPoll]] = {}
     for job_id, figures in own.items():
         for uuid, figure in figures.items():
             gpu = by_uuid.get(uuid)
@@ -273,15 +285,13 @@ def card_polls(
             outsiders = any(
                 (p.used_bytes or 0) > 0 and p.pid not in ours[uuid] for p in gpu.processes
             )
-            polls.setdefault(job_id, []).append(
-                CardPoll(
-                    gpu_index=gpu.index,
-                    device_percent=None if gpu.util_percent is None else float(gpu.util_percent),
-                    own_percent=figure,
-                    sampled=process_util is not None and uuid in process_util,
-                    neighbours={j: own[j][uuid] for j in holders[uuid] if j != job_id},
-                    outsiders=outsiders,
-                )
+            polls.setdefault(job_id, {})[uuid] = CardPoll(
+                gpu_index=gpu.index,
+                device_percent=device_util.get(uuid),
+                own_percent=figure,
+                sampled=process_util is not None and uuid in process_util,
+                neighbours={j: own[j][uuid] for j in holders[uuid] if j != job_id},
+                outsiders=outsiders,
             )
     return polls
 

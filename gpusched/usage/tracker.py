@@ -33,6 +33,7 @@ def job_utilization(
     pids_by_gpu: Mapping[str, Collection[int]],
     process_util: Mapping[str, Mapping[int, int]] | None,
     gpu_util: Mapping[str, int | None],
+    alone_on: Collection[str] = (),
 ) -> float | None:
     """One job's GPU utilization (percent) at one poll: the mean over the GPUs it holds.
 
@@ -40,8 +41,8 @@ def job_utilization(
     process (`process_util[uuid]`: pid -> percent), else the whole GPU's utilization, which
     on a shared card also counts its neighbours. A job none of whose processes has a sample
     there is left out of this poll (on a busy shared card a process often gets none: it is
-    not 0 %), unless the card itself read idle (under IDLE_DEVICE_PERCENT): then it ran
-    nothing. None when nothing is known.
+    not 0 %), unless it is alone on the card (`alone_on`: the card's figure is its own) or
+    the card read idle (under IDLE_DEVICE_PERCENT: it ran nothing). None when nothing is known.
     """
     values: list[float] = []
     for uuid, pids in pids_by_gpu.items():
@@ -51,6 +52,8 @@ def job_utilization(
             sampled = [per_pid[pid] for pid in pids if pid in per_pid]
             if sampled:
                 values.append(float(min(100, sum(sampled))))
+            elif whole is not None and uuid in alone_on:
+                values.append(float(whole))
             elif whole is not None and whole < IDLE_DEVICE_PERCENT:
                 values.append(0.0)
         elif whole is not None:

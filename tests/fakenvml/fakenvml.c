@@ -13,7 +13,7 @@
  *
  *   driver loaded=1 init_error=0 version=550.54.15
  *   gpu uuid=GPU-... total=BYTES other=BYTES reserved=BYTES util=PCT|na memutil=PCT lost=0|1 devutil=PCT name=REST OF LINE
- *   proc gpu=INDEX pid=PID used=BYTES reported=1|0 sm=PCT|na kind=compute|graphics|both start=TICKS every=N
+ *   proc gpu=INDEX pid=PID used=BYTES reported=1|0 sm=PCT|na kind=compute|graphics|both start=TICKS every=N miss=M
  *
  * GPU lines are numbered 0.. in file order (that is the NVML index). `name=` must come last.
  * As on a real driver a process's memory counts only while the process lives: a pid that is
@@ -24,8 +24,10 @@
  * the share of time any kernel ran (100 % when two busy jobs take turns), a process's is
  * its time slice, and a process may have no sample at all in a poll (FIELD.md). By default
  * the device reads util + its live processes' sm (capped at 100); `devutil=` sets the device
- * figure outright. `every=N` gives a process a sample in only one of every N calls of
- * nvmlDeviceGetProcessUtilization on its GPU (sm=na: never).
+ * figure outright. `every=N miss=M`: in each run of N polls of
+ * nvmlDeviceGetProcessUtilization on its GPU, the process has no sample in the first M
+ * (every=6 miss=5: a sample in one poll of six; every=6 miss=1: none in one of six;
+ * sm=na: never).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -87,7 +89,7 @@ struct gpu {
     int util, memutil, lost, devutil; /* devutil NA: util + the processes' sm */
 };
 struct proc {
-    int gpu, pid, reported, sm, kind, every; /* kind bit 1 = compute, bit 2 = graphics */
+    int gpu, pid, reported, sm, kind, every, miss; /* kind bit 1 = compute, bit 2 = graphics */
     unsigned long long used, start;
 };
 struct state {
@@ -160,6 +162,7 @@ static struct state *load(void) {
             p->sm = pct(line, "sm", NA);
             p->start = num(line, "start", 0);
             p->every = (int)num(line, "every", 1);
+            p->miss = (int)num(line, "miss", 0);
             if (p->every < 1) p->every = 1;
             p->kind = !kind || strncmp(kind, "compute", 7) == 0 ? 1 : strncmp(kind, "graphics", 8) == 0 ? 2 : 3;
         }
@@ -444,8 +447,8 @@ nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t d, unsigned i
 }
 #endif
 
-/* Calls of nvmlDeviceGetProcessUtilization per GPU in this process: a process with every=N
- * has a sample in polls 0, N, 2N... (a poll: the call that returns samples, or finds none). */
+/* Polls of nvmlDeviceGetProcessUtilization per GPU in this process (a poll: the call that
+ * returns samples, or finds none), for every=N miss=M. */
 static unsigned long process_util_calls[MAX_GPUS];
 
 /* One sample per live process that has an `sm` value (and, with every=N, whose turn it is),
@@ -462,7 +465,7 @@ nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlProcessUti
     unsigned long call = process_util_calls[index];
     for (int i = 0; i < st->nprocs && now_us > lastSeenTimeStamp; i++) {
         const struct proc *p = &st->procs[i];
-        if (p->gpu != index || p->sm == NA || !alive(p) || call % (unsigned long)p->every) continue;
+        if (p->gpu != index || p->sm == NA || !alive(p) || call % (unsigned long)p->every < (unsigned long)p->miss) continue;
         if (samples && n < *count) {
             samples[n].pid = (unsigned int)p->pid;
             samples[n].timeStamp = now_us;

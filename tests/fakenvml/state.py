@@ -41,10 +41,12 @@ class FakeProcess:
     sm_util: int | None = None  # per-process SM utilization sample, percent
     kind: str = "compute"  # compute, graphics or both
     start_ticks: int | None = None  # /proc/PID/stat starttime: a reused pid is not this process
-    # A sample in only one of every N polls of nvmlDeviceGetProcessUtilization on its GPU: on
-    # a real card a job taking turns with others often has none (FIELD.md: 2-3 of 17 polls
-    # for a busy job beside another, 13 of 17 for a light one).
+    # No sample in `sample_missing` of every `sample_every` polls of
+    # nvmlDeviceGetProcessUtilization on its GPU: on a real card a job taking turns with
+    # others often has none (FIELD.md: 2-3 of 17 polls for a busy job beside another, 13 of
+    # 17 for a light one). 6 and 5: a sample in one poll of six; 6 and 1: none in one of six.
     sample_every: int = 1
+    sample_missing: int = 0
 
 
 @dataclass
@@ -111,7 +113,8 @@ def dumps(state: FakeState) -> str:
             start = "" if p.start_ticks is None else f" start={p.start_ticks}"
             procs.append(
                 f"proc gpu={index} pid={p.pid} used={p.used_bytes} reported={int(p.reported)}"
-                f" sm={_pct(p.sm_util)} kind={p.kind}{start} every={p.sample_every}"
+                f" sm={_pct(p.sm_util)} kind={p.kind}{start}"
+                f" every={p.sample_every} miss={p.sample_missing}"
             )
     return "\n".join([*lines, *procs]) + "\n"
 
@@ -152,6 +155,7 @@ def loads(text: str) -> FakeState:
                     kind=values.get("kind", "compute"),
                     start_ticks=int(values["start"]) if "start" in values else None,
                     sample_every=int(values.get("every", "1")),
+                    sample_missing=int(values.get("miss", "0")),
                 )
             )
     return state
@@ -253,6 +257,7 @@ def register_process(
     sm_util: int | None = None,
     kind: str = "compute",
     sample_every: int = 1,
+    sample_missing: int = 0,
 ) -> None:
     """pid now holds used_bytes on this GPU (replacing what it held there before)."""
     start = proc_start_ticks(pid)
@@ -260,7 +265,9 @@ def register_process(
         target = state.gpus[find_gpu(state, gpu)]
         target.processes = [p for p in target.processes if p.pid != pid]
         target.processes.append(
-            FakeProcess(pid, used_bytes, reported, sm_util, kind, start, sample_every)
+            FakeProcess(
+                pid, used_bytes, reported, sm_util, kind, start, sample_every, sample_missing
+            )
         )
 
 
