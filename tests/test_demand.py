@@ -5,7 +5,7 @@ gave on a real NVIDIA H200 (driver 580) in /work/shared/FIELD.md, "What NVML sho
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import pytest
 
@@ -24,7 +24,7 @@ LIGHT_BESIDE_BUSY: list[float | None] = [None] * 13 + [33, 50, 40, 45]
 def _track(
     device: Sequence[float | None],
     own: Sequence[float | None],
-    neighbours: Sequence[dict[int, float | None]] | None = None,
+    neighbours: Sequence[Mapping[int, float | None]] | None = None,
 ) -> DemandTracker:
     tracker = DemandTracker()
     for i, (dev, mine) in enumerate(zip(device, own, strict=True)):

@@ -23,6 +23,7 @@ blame the GPU for the CPU's start-up.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -41,6 +42,8 @@ from gpusched.usage.timeline import TimelineBuffer
 from gpusched.usage.tracker import UsageTracker, job_utilization, overrun_limit, smooth
 
 FLUSH_INTERVAL_S = 60.0
+HISTORY_TTL_S = 60.0
+HISTORY_CACHE_SIZE = 10_000
 
 # job id -> GPU uuid -> the job's processes holding memory there
 JobProcesses = Mapping[int, Mapping[str, Sequence[GpuProcess]]]
@@ -82,6 +85,8 @@ class UsageMonitor:
         self._timelines: dict[int, TimelineBuffer] = {}
         self._flushed_at_s: dict[int, float] = {}
         self._gpu_util: dict[str, float] = {}  # uuid -> recent utilization of the whole GPU
+        # (uid, array id, name, command) -> (when read, the expected demand of such a job)
+        self._history: dict[tuple[Any, ...], tuple[float, float | None]] = {}
 
     def tracker(self, job: Job) -> UsageTracker:
         """The job's tracker, picked up from the database the first time (after a restart)."""
@@ -134,11 +139,22 @@ class UsageMonitor:
 
     def expected_demand(self, job: Job) -> float | None:
         """What a job is expected to demand: its own figure while it runs, else the median
-        of its past runs' (the same sweep, else --name, else command, of the same owner)."""
+        of its past runs' (the same sweep, else --name, else command, of the same owner).
+
+        The history is read at most once a HISTORY_TTL_S per kind of job: a pass may ask
+        for every waiting job, and a sweep's thousand jobs share one answer."""
         live = self.job_demand(job.id)
         if live is not None:
             return live
-        return typical_demand(self.store.recorded_demands(job))
+        key = (job.uid, job.array_id, job.name, tuple(job.command))
+        now = time.monotonic()
+        cached = self._history.get(key)
+        if cached is None or now - cached[0] > HISTORY_TTL_S:
+            cached = (now, typical_demand(self.store.recorded_demands(job)))
+            if len(self._history) > HISTORY_CACHE_SIZE:
+                self._history.clear()
+            self._history[key] = cached
+        return cached[1]
 
     def gpu_util(self, uuid: str) -> float | None:
         """A GPU's recent utilization (every process on it), None when never read."""
