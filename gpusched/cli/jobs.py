@@ -36,7 +36,8 @@ from gpusched.core.units import parse_job_mem, parse_job_time
 @click.option(
     "--mem",
     metavar="SIZE",
-    help="GPU memory per GPU, e.g. 8G or 512M. Omit for a whole GPU. 'auto': from the peaks"
+    help="GPU memory per GPU, with a unit (G = Gi = GiB = 2^30 bytes), at least 256M, e.g. 8G"
+    " or 512M. Omit for a whole GPU. 'auto': from the peaks"
     " of your earlier runs of the same command (see `gpusched estimate --history`).",
 )
 @click.option("--gpus", type=int, default=1, show_default=True, help="Number of GPUs.")

@@ -78,7 +78,11 @@ class _WaitingLine:
     cls=ExampleLastCommand,
     context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
 )
-@click.option("--mem", metavar="SIZE", help="GPU memory per GPU, e.g. 8G. Omit for a whole GPU.")
+@click.option(
+    "--mem",
+    metavar="SIZE",
+    help="GPU memory per GPU, with a unit, at least 256M, e.g. 8G. Omit for a whole GPU.",
+)
 @click.option("--gpus", type=int, default=1, show_default=True, help="Number of GPUs.")
 @click.option(
     "--time",
