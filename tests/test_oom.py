@@ -48,34 +48,22 @@ def test_card_seen_from_another_versions_state_is_no_evidence() -> None:
 # used + free, less the headroom), not at total - headroom.
 def test_the_retry_is_capped_at_the_usable_memory_less_the_headroom() -> None:
     usable = 80 * GiB - 750 * MiB  # an 80G card whose driver keeps 750M (H100-like)
-    mem, why = retry_mem(
-        mem=60 * GiB, gpus=1, usable_bytes=[usable], headroom_bytes=512 * MiB, max_mem_bytes=None
-    )
+    mem, why = retry_mem(60 * GiB, 1, [usable], 512 * MiB, None)
     assert mem == usable - 512 * MiB
     assert why == ""
 
 
 def test_a_multi_gpu_retry_is_capped_by_its_nth_largest_card_and_max_mem_per_gpu() -> None:
     sizes = [80 * GiB, 24 * GiB, 24 * GiB]
-    mem, _ = retry_mem(
-        mem=16 * GiB, gpus=2, usable_bytes=sizes, headroom_bytes=0, max_mem_bytes=None
-    )
+    mem, _ = retry_mem(16 * GiB, 2, sizes, 0, None)
     assert mem == 24 * GiB
-    mem, _ = retry_mem(
-        mem=8 * GiB, gpus=2, usable_bytes=sizes, headroom_bytes=0, max_mem_bytes=20 * GiB
-    )
+    mem, _ = retry_mem(8 * GiB, 2, sizes, 0, 20 * GiB)
     assert mem == 10 * GiB  # 20G over two GPUs
 
 
 def test_no_retry_when_the_cap_is_not_above_the_current_mem() -> None:
-    mem, why = retry_mem(
-        mem=24 * GiB, gpus=1, usable_bytes=[24 * GiB], headroom_bytes=0, max_mem_bytes=None
-    )
+    mem, why = retry_mem(24 * GiB, 1, [24 * GiB], 0, None)
     assert mem is None
     assert why == "24G is already the most a GPU here gives"
-    assert retry_mem(
-        mem=GiB, gpus=3, usable_bytes=[24 * GiB], headroom_bytes=0, max_mem_bytes=None
-    ) == (None, "fewer than 3 GPUs are left")
-    assert retry_mem(
-        mem=None, gpus=1, usable_bytes=[24 * GiB], headroom_bytes=0, max_mem_bytes=None
-    ) == (None, "it already had a whole GPU")
+    assert retry_mem(GiB, 3, [24 * GiB], 0, None) == (None, "fewer than 3 GPUs are left")
+    assert retry_mem(None, 1, [24 * GiB], 0, None) == (None, "it already had a whole GPU")

@@ -222,13 +222,8 @@ class JobEndings:
     def _end_oom(self, job: Job, outcome: Outcome, cause: str, durable: bool) -> None:
         """End a job that ran out of GPU memory; queue its retry if it asked for one."""
         usable = [capacity_bytes(g) for g in self._gpus() if g.health != GpuHealth.EXCLUDED]
-        mem, why_not = retry_mem(
-            mem=job.mem,
-            gpus=job.gpus,
-            usable_bytes=usable,
-            headroom_bytes=self.config.headroom_bytes,
-            max_mem_bytes=self.config.limits_for(job.user).max_mem_bytes,
-        )
+        limit = self.config.limits_for(job.user).max_mem_bytes
+        mem, why_not = retry_mem(job.mem, job.gpus, usable, self.config.headroom_bytes, limit)
         retry = self.store.add_retry(job.id, mem) if mem is not None and job.retry_oom else None
         if retry is None and job.retry_oom:
             cause = f"{cause}; not retried: {why_not}"

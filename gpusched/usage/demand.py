@@ -15,12 +15,15 @@ job was:
   demand of 0. Such polls tell what sharing cost the job, and only a lower bound on its
   demand.
 
-Anywhere else a missing per-process sample says nothing (a light job often has none: 13 of
-17 polls). `demand()` is the mean of the polls that read the demand (at least
+Anywhere else a missing per-process sample says nothing (a light job often has none: 13
+of 17 polls). `demand()` is the mean of the polls that read the demand (at least
 MIN_DEMAND_POLLS of them), else the share obtained on a saturated card (a lower bound),
 else None. `sharing_speed()` estimates how fast the job ran while it took turns against
 alone: its share over its demand (a job whose demand is not known and that took at least
 its slice of the card counts as busy, demand 1.0; FIELD.md's C+C pair ran at 0.475x).
+
+`card_polls` builds each job's CardPolls from one poll of the GPUs; the usage monitor feeds
+them to the job's tracker (gpusched.usage.tracker) and reads `demand()` back for the policy.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
+
+from gpusched.core.models import GpuProcess, GpuState
 
 # A card at least this busy is saturated: its jobs take turns (FIELD.md: two busy loops
 # read 100 %, a busy and a light one 99 %; one busy loop alone 98 %). A job alone reads
@@ -130,6 +135,48 @@ class DemandTracker:
     def from_state(cls, state: Mapping[str, Any] | None) -> DemandTracker:
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in (state or {}).items() if k in names})
+
+
+def card_polls(
+    by_uuid: Mapping[str, GpuState],
+    processes: Mapping[int, Mapping[str, Sequence[GpuProcess]]],
+    process_util: Mapping[str, Mapping[int, int]] | None,
+    device_util: Mapping[str, float],
+) -> dict[int, dict[str, CardPoll]]:
+    """Each running job's view of its cards at this poll: the device's recent figure, its
+    own per-process one, and the other jobs (with theirs) and outside processes there.
+
+    The device's figure is its recent one (`device_util`, smoothed over the last polls):
+    a card is saturated when it stays busy, not when two swinging jobs peak together.
+    """
+    own: dict[int, dict[str, float | None]] = {}
+    holders: dict[str, list[int]] = {}
+    ours: dict[str, set[int]] = {}
+    for job_id, per_gpu in processes.items():
+        for uuid, procs in per_gpu.items():
+            samples = None if process_util is None else process_util.get(uuid)
+            sampled = [samples[p.pid] for p in procs if samples and p.pid in samples]
+            own.setdefault(job_id, {})[uuid] = float(sum(sampled)) if sampled else None
+            holders.setdefault(uuid, []).append(job_id)
+            ours.setdefault(uuid, set()).update(p.pid for p in procs)
+    polls: dict[int, dict[str, CardPoll]] = {}
+    for job_id, figures in own.items():
+        for uuid, figure in figures.items():
+            gpu = by_uuid.get(uuid)
+            if gpu is None:
+                continue
+            outsiders = any(
+                (p.used_bytes or 0) > 0 and p.pid not in ours[uuid] for p in gpu.processes
+            )
+            polls.setdefault(job_id, {})[uuid] = CardPoll(
+                gpu_index=gpu.index,
+                device_percent=device_util.get(uuid),
+                own_percent=figure,
+                sampled=process_util is not None and uuid in process_util,
+                neighbours={j: own[j][uuid] for j in holders[uuid] if j != job_id},
+                outsiders=outsiders,
+            )
+    return polls
 
 
 def typical_demand(recorded: Sequence[float]) -> float | None:

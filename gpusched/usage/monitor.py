@@ -36,7 +36,7 @@ from gpusched.core.models import GpuHealth, GpuProcess, GpuState, Job, TimelineP
 from gpusched.core.units import format_size
 from gpusched.store import Store, TimelineWrite
 from gpusched.usage import oom
-from gpusched.usage.demand import CardPoll, typical_demand
+from gpusched.usage.demand import card_polls, typical_demand
 from gpusched.usage.joblog import read_tail
 from gpusched.usage.timeline import TimelineBuffer
 from gpusched.usage.tracker import UsageTracker, job_utilization, overrun_limit, smooth
@@ -268,48 +268,6 @@ class UsageMonitor:
             tracker = UsageTracker.from_state(self.store.usage_state(job.id))
         tracker.peak_mem = max(tracker.peak_mem, job.peak_mem or 0)
         return tracker
-
-
-def card_polls(
-    by_uuid: Mapping[str, GpuState],
-    processes: JobProcesses,
-    process_util: Mapping[str, Mapping[int, int]] | None,
-    device_util: Mapping[str, float],
-) -> dict[int, dict[str, CardPoll]]:
-    """Each running job's view of its cards at this poll: the device's recent figure, its
-    own per-process one, and the other jobs (with theirs) and outside processes there.
-
-    The device's figure is its recent one (`device_util`, smoothed over the last polls):
-    a card is saturated when it stays busy, not when two swinging jobs peak together.
-    """
-    own: dict[int, dict[str, float | None]] = {}
-    holders: dict[str, list[int]] = {}
-    ours: dict[str, set[int]] = {}
-    for job_id, per_gpu in processes.items():
-        for uuid, procs in per_gpu.items():
-            samples = None if process_util is None else process_util.get(uuid)
-            sampled = [samples[p.pid] for p in procs if samples and p.pid in samples]
-            own.setdefault(job_id, {})[uuid] = float(sum(sampled)) if sampled else None
-            holders.setdefault(uuid, []).append(job_id)
-            ours.setdefault(uuid, set()).update(p.pid for p in procs)
-    polls: dict[int, dict[str, CardPoll]] = {}
-    for job_id, figures in own.items():
-        for uuid, figure in figures.items():
-            gpu = by_uuid.get(uuid)
-            if gpu is None:
-                continue
-            outsiders = any(
-                (p.used_bytes or 0) > 0 and p.pid not in ours[uuid] for p in gpu.processes
-            )
-            polls.setdefault(job_id, {})[uuid] = CardPoll(
-                gpu_index=gpu.index,
-                device_percent=device_util.get(uuid),
-                own_percent=figure,
-                sampled=process_util is not None and uuid in process_util,
-                neighbours={j: own[j][uuid] for j in holders[uuid] if j != job_id},
-                outsiders=outsiders,
-            )
-    return polls
 
 
 def _alive(pid: int) -> bool:

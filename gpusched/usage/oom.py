@@ -127,7 +127,6 @@ def oom_cause(
 
 
 def retry_mem(
-    *,
     mem: int | None,
     gpus: int,
     usable_bytes: Sequence[int],
