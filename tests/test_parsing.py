@@ -22,6 +22,7 @@ import pytest
 from gpusched import Client
 from gpusched.core.config import load_config
 from gpusched.core.errors import ConfigError, UsageError
+from gpusched.interactive.reservation import queue
 from tests.daemon_harness import RunningDaemon
 
 GiB = 2**30
@@ -101,6 +102,18 @@ def test_the_client_refuses_a_bad_mem_in_one_line(
 
 
 @pytest.mark.parametrize(
+    ("mem", "time_limit", "expected"),
+    [("8", None, "mem 8: add a unit"), (MiB, None, "at least 256M"), ("1G", "1e9", "too long")],
+)
+def test_an_interactive_claim_refuses_bad_sizes_before_asking(
+    tmp_path: Path, mem: object, time_limit: object, expected: str
+) -> None:
+    """`gpusched run` and `gpusched.claim()` queue through reservation.queue."""
+    with pytest.raises(UsageError, match=expected):
+        queue(Client(tmp_path / "none.sock"), ["true"], mem=mem, time_limit=time_limit)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
     ("time_limit", "expected"),
     [("1e9", "too long"), (1e9, "too long"), ("0.0001ms", "too short"), (HUGE, "too long")],
 )
@@ -157,7 +170,9 @@ def test_sizes_are_one_meaning_wherever_they_enter(daemon: RunningDaemon) -> Non
     assert mems == {"8G": 8 * GiB, "8Gi": 8 * GiB, "8GiB": 8 * GiB, "1e3M": 1000 * MiB}
     client = Client(daemon.socket_path)
     assert client.submit(["true"], mem=3 * GiB, hold=True).mem == 3 * GiB
-    assert client.submit(["true"], mem="3Gi", hold=True, time_limit="1s").mem == 3 * GiB
+    for text in ("3G", "3Gi", "3GiB"):
+        assert client.submit(["true"], mem=text, hold=True, time_limit="1s").mem == 3 * GiB
+    assert client.submit(["true"], mem="1e3M", hold=True).mem == 1000 * MiB
 
 
 def _raw_request(socket_path: Path, request: dict[str, object]) -> str:
