@@ -11,9 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.daemon_harness import RunningDaemon
+from tests.browser import chromium
+from tests.daemon_harness import RunningDaemon, eventually
 from tests.fakenvml.fixtures import FakeNvml
 from tests.test_usage_end_to_end import gpu_job, start, wait_all
+from tests.test_web_browser import texts, web_daemon
 
 GiB = 2**30
 # A busy job's own figure while it takes turns with another busy one (FIELD.md), one value
@@ -68,3 +70,23 @@ def test_a_job_alone_at_low_utilization_is_told_to_look_at_its_data_loading(
     assert shown["sharing_speed"] is None
     # Alone, the device's figure is its demand: about the mean of its cycle (59 %).
     assert 0.4 < shown["demand"] < 0.8
+
+
+def test_the_dashboards_job_page_gives_the_demand_and_what_sharing_cost(
+    daemon_factory: Any, fake_nvml: FakeNvml
+) -> None:
+    fake_nvml.set_gpus([24 * GiB])
+    fake_nvml.set_gpu(0, device_util_percent=100)
+    daemon, url = web_daemon(daemon_factory, fake_nvml, poll_interval="0.3s")
+    first, second = _busy_pair(daemon, fake_nvml)
+    shown = wait_all(daemon, [first, second])[first]
+    with chromium() as driver:
+        driver.get(f"{url}/job?id={first}")
+        eventually(lambda: texts(driver, '#job-facts dd[data-fact="sharing"]'), 20)
+        assert texts(driver, '#job-facts dd[data-fact="GPU demand"]') == [
+            f"{shown['demand']:.2f} of a GPU's busy time"
+        ]
+        assert texts(driver, '#job-facts dd[data-fact="sharing"]') == [
+            f"ran at about {shown['sharing_speed']:.1f}x: it shared GPU 0 with job {second},"
+            " also busy"
+        ]
