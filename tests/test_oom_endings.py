@@ -142,3 +142,18 @@ def test_no_oom_retry_when_max_mem_is_not_above_the_current_mem(tmp_path: Path) 
         ended.reason_detail or ""
     )
     assert any("not retried" in hint for hint in ended.hints)
+
+
+def test_a_job_that_asked_no_retry_is_told_why_more_memory_would_not_start(
+    tmp_path: Path,
+) -> None:
+    world = make_world(
+        tmp_path, [80 * GiB], headroom="512M", limits={"users": {"alice": {"max_mem": "12G"}}}
+    )
+    job = world.submit(12 * GiB)  # no --retry-oom
+    world.tick()
+    _fail(world, job, LIBRARY_MESSAGES["pytorch"] + "\n")
+    ended = world.job(job)
+    assert ended.reason == EndReason.OOM
+    assert "12G is already the most your max_mem 12G allows" in ended.hints[0]
+    assert "not retried: " not in (ended.reason_detail or "")  # it asked for none

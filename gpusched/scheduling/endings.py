@@ -238,7 +238,7 @@ class JobEndings:
             exit_code=outcome.exit_code,
             detail=cause,
             retry=retry,
-            retry_refused=why_not if retry is None and job.retry_oom else None,
+            retry_refused=why_not if retry is None and (job.retry_oom or mem is None) else None,
             oom_next_mem=mem,
             durable=durable,
         )
