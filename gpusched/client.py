@@ -29,7 +29,7 @@ from gpusched.core.errors import DaemonUnreachable, ProtocolError
 from gpusched.core.models import TERMINAL_STATES, Drain, GpuReport, Job, TimelinePoint
 from gpusched.core.protocol import MAX_REPLY_BYTES, decode, encode, error_from_reply, read_frame
 from gpusched.core.submitter import current_umask, notify_argv, resolve_command
-from gpusched.core.units import parse_duration, parse_size
+from gpusched.core.units import parse_job_mem, parse_job_time
 
 CONNECT_TIMEOUT_S = 5.0
 REPLY_TIMEOUT_S = 120.0
@@ -214,8 +214,8 @@ class Client:
                 cwd=workdir,
                 env=environment,
                 umask=current_umask(),
-                mem=None if mem is None else parse_size(mem),
-                time=None if time_limit is None else parse_duration(time_limit),
+                mem=None if mem is None else parse_job_mem(mem, what="mem"),
+                time=None if time_limit is None else parse_job_time(time_limit, what="time_limit"),
                 after=tuple(after),
                 notify=notify_argv(notify),
                 **fields,

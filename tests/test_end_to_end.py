@@ -107,7 +107,7 @@ def test_whole_gpu_job_waits_for_a_gpu_without_gpusched_jobs(daemon: RunningDaem
     gpu = next(g for g in daemon.status()["gpus"] if g["index"] == job["gpu_indices"][0])
     assert gpu["available"] == 0
     # Nothing else may share a whole-GPU job's card, however small.
-    tiny = daemon.submit("--mem", "1M", "--", "sleep", "60")
+    tiny = daemon.submit("--mem", "256M", "--", "sleep", "60")
     assert daemon.wait_state(tiny, {"running"})["gpu_indices"] != job["gpu_indices"]
 
 
@@ -258,8 +258,8 @@ def test_restart_keeps_the_queue_and_readopts_running_jobs(
 
 def test_bad_input_gets_one_line_and_the_contract_exit_code(daemon: RunningDaemon) -> None:
     cases = [
-        (["submit", "--mem", "8Q", "--", "true"], 2, "invalid size"),
-        (["submit", "--mem", "-1", "--", "true"], 2, "invalid size"),
+        (["submit", "--mem", "8Q", "--", "true"], 2, "--mem 8Q: expected a number and a unit"),
+        (["submit", "--mem", "-1", "--", "true"], 2, "--mem -1: expected a number and a unit"),
         (["submit", "--mem", "0", "--", "true"], 2, "more than zero"),
         (["submit", "--gpus", "0", "--", "true"], 2, "--gpus"),
         (["submit", "--gpus", "3", "--mem", "1G", "--", "true"], 2, "only 2 GPU"),

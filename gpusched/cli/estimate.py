@@ -37,6 +37,13 @@ def usage_rows(job: Job) -> list[tuple[str, Any]]:
         if job.util_stddev is not None:
             spread += f" (sd {job.util_stddev:.0f})"
         rows.append(("gpu util", f"{util_text(job.mean_util)} on average{spread}"))
+    if job.demand is not None:
+        rows.append(("gpu demand", f"{job.demand:.2f} of a GPU's busy time (measured)"))
+    from gpusched.core.hints import sharing_note
+
+    note = sharing_note(job.sharing_speed, job.gpu_indices, job.shared_with or ())
+    if note is not None:
+        rows.append(("sharing", note))
     if job.overrun_at:
         rows.append(("overrun", f"over its declared memory since {job.overrun_at}"))
     if job.retry_of is not None:
@@ -174,8 +181,10 @@ def estimate(  # noqa: PLR0917 - click passes one positional argument per option
         dtype,
         None if inference else optimizer,
         batch=batch,
-        per_sample_bytes=None if per_sample is None else parse_size(per_sample),
-        context_bytes=parse_size(context),
+        per_sample_bytes=(
+            None if per_sample is None else parse_size(per_sample, what="--per-sample")
+        ),
+        context_bytes=parse_size(context, what="--context"),
     )
     if as_json:
         click.echo(json.dumps(result.to_json(), indent=2))

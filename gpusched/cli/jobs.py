@@ -29,14 +29,15 @@ from gpusched.cli.help import ExampleLastCommand
 from gpusched.core.errors import EXIT_FAILED, EXIT_OK, EXIT_TIMEOUT, GpuschedError, UsageError
 from gpusched.core.models import TERMINAL_STATES, Job, JobState
 from gpusched.core.sanitize import shown
-from gpusched.core.units import parse_duration, parse_size
+from gpusched.core.units import parse_job_mem, parse_job_time
 
 
 @click.command(cls=ExampleLastCommand, context_settings={"ignore_unknown_options": True})
 @click.option(
     "--mem",
     metavar="SIZE",
-    help="GPU memory per GPU, e.g. 8G or 512M. Omit for a whole GPU. 'auto': from the peaks"
+    help="GPU memory per GPU, with a unit (G = Gi = GiB = 2^30 bytes), at least 256M, e.g. 8G"
+    " or 512M. Omit for a whole GPU. 'auto': from the peaks"
     " of your earlier runs of the same command (see `gpusched estimate --history`).",
 )
 @click.option("--gpus", type=int, default=1, show_default=True, help="Number of GPUs.")
@@ -131,14 +132,14 @@ def submit(
     if max_concurrent is not None and not sweep:  # Client.submit has no such parameter
         raise UsageError("--max-concurrent applies to a --sweep array")
     options: dict[str, Any] = {
-        "mem": None if mem is None else "auto" if mem == "auto" else parse_size(mem),
+        "mem": None if mem is None else "auto" if mem == "auto" else parse_job_mem(mem),
         "gpus": gpus,
         "name": name,
         "priority": priority,
         "after": parse_ids([after]) if after else (),
         "hold": hold,
         "cwd": cwd,
-        "time_limit": parse_duration(time_limit) if time_limit is not None else None,
+        "time_limit": parse_job_time(time_limit) if time_limit is not None else None,
         "notify": notify,
         "retry_oom": retry_oom,
         "nodes": None if nodes is None else tuple(n.strip() for n in nodes.split(",")),

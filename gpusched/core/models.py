@@ -147,6 +147,12 @@ class Job:
     # the command itself, in the caller's terminal; it has no log.
     interactive: bool = False
     warning: str | None = None  # e.g. an idle interactive job (not stored: each pass's)
+    # Its GPU demand: the share of a card's busy time it takes alone, 0.0-1.0 (measured
+    # while it runs; gpusched.usage.demand), and, when it took turns on a busy card, with
+    # which busy jobs and at what speed against alone (0.5: half speed).
+    demand: float | None = None
+    shared_with: list[int] | None = None
+    sharing_speed: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         # Every field is a scalar or a flat list: a shallow copy of each list is all that

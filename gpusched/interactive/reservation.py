@@ -21,7 +21,7 @@ from gpusched.client import Client
 from gpusched.core.errors import ConflictError, DaemonUnreachable, GpuschedError
 from gpusched.core.models import TERMINAL_STATES, Job, JobState
 from gpusched.core.requests import PlacementRequest, RunEndedRequest, RunRequest
-from gpusched.core.units import parse_duration, parse_size
+from gpusched.core.units import parse_job_mem, parse_job_time
 
 PLACEMENT_POLL_S = 2.0  # each `placement` request waits this long, then the reason is shown
 REPORT_RETRY_S = 60.0  # how long the end is re-sent to a daemon that does not answer
@@ -72,10 +72,10 @@ def queue(
     priority: int = 0,
 ) -> Job:
     """Queue an interactive job whose process is this one."""
-    if isinstance(mem, str):
-        mem = parse_size(mem)
-    if isinstance(time_limit, str):
-        time_limit = parse_duration(time_limit)
+    if mem is not None:
+        mem = parse_job_mem(mem, what="mem")
+    if time_limit is not None:
+        time_limit = parse_job_time(time_limit, what="time_limit")
     return Job.from_json(
         client.send(
             RunRequest(

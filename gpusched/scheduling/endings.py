@@ -24,6 +24,7 @@ from gpusched.core.config_holder import ConfigHolder
 from gpusched.core.models import (
     TERMINAL_STATES,
     EndReason,
+    GpuHealth,
     GpuState,
     Job,
     JobState,
@@ -34,8 +35,10 @@ from gpusched.core.sanitize import quoted
 from gpusched.gpus.probe import Probe
 from gpusched.processes.launching import JobLauncher, Outcome, OutcomeKind
 from gpusched.scheduling.boot import rebooted_since_last_run
+from gpusched.scheduling.policy_inputs import capacity_bytes
 from gpusched.store import NodeGuard, Store, TimelineWrite
-from gpusched.usage.monitor import UsageMonitor, final_usage, oom_cause, retry_mem
+from gpusched.usage.monitor import UsageMonitor, final_usage, oom_cause
+from gpusched.usage.oom import retry_mem
 
 log = logging.getLogger("gpusched.scheduler")
 
@@ -218,8 +221,12 @@ class JobEndings:
 
     def _end_oom(self, job: Job, outcome: Outcome, cause: str, durable: bool) -> None:
         """End a job that ran out of GPU memory; queue its retry if it asked for one."""
-        mem, why_not = retry_mem(job, self._gpus(), self.config.headroom_bytes)
+        usable = [capacity_bytes(g) for g in self._gpus() if g.health != GpuHealth.EXCLUDED]
+        limit = self.config.limits_for(job.user).max_mem_bytes
+        mem, why_not = retry_mem(job.mem, job.gpus, usable, self.config.headroom_bytes, limit)
         retry = self.store.add_retry(job.id, mem) if mem is not None and job.retry_oom else None
+        if retry is None and job.retry_oom:
+            cause = f"{cause}; not retried: {why_not}"
         if retry is not None:
             log.info("job %s ran out of GPU memory: retried as job %s", job.id, retry.id)
             self._wake()
@@ -231,7 +238,7 @@ class JobEndings:
             exit_code=outcome.exit_code,
             detail=cause,
             retry=retry,
-            retry_refused=why_not if retry is None and job.retry_oom else None,
+            retry_refused=why_not if retry is None and (job.retry_oom or mem is None) else None,
             oom_next_mem=mem,
             durable=durable,
         )
@@ -298,7 +305,7 @@ class JobEndings:
             outcome.kind == OutcomeKind.EXIT and outcome.exit_code != 0
         ):
             # The tracker is in memory, or after a restart in the database (a minute old).
-            cause = oom_cause(job, self.monitor.tracker(job))
+            cause = oom_cause(job, self.monitor.tracker(job), self.config.headroom_bytes)
             if cause is not None:
                 self._end_oom(job, outcome, cause, durable)
                 return

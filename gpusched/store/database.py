@@ -137,6 +137,11 @@ jobs = Table(
     # 1: `gpusched run` / claim(); its pid and pid_start_time are its client's, from the
     # socket's peer credentials at the request, set while it waits too.
     Column("interactive", Integer, nullable=True),
+    # Measured (gpusched.usage.demand): its share of a card's busy time (0.0-1.0), the busy
+    # jobs it took turns with on a saturated card, and its speed then against alone.
+    Column("demand", Float, nullable=True),
+    Column("shared_with", JSON, nullable=True),
+    Column("sharing_speed", Float, nullable=True),
 )
 
 # Environments, stored once each and shared by every job submitted with the same one:

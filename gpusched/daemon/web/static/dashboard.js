@@ -345,6 +345,18 @@ function renderCharts(job, now) {
   document.getElementById("samples").querySelector("summary").textContent = "Samples (" + rows.length + ")";
 }
 
+// What sharing a busy card cost the job (the CLI's core/hints.sharing_note, same words).
+function sharingNote(job) {
+  const speed = job.sharing_speed;
+  if (speed === null || speed === undefined || speed >= 0.9 || !(job.gpu_indices || []).length) return null;
+  const cards = job.gpu_indices.join(", ");
+  const where = (job.gpu_indices.length === 1 ? "GPU " : "GPUs ") + cards;
+  const others = job.shared_with || [];
+  const whom = others.length === 0 ? "other busy processes"
+    : (others.length === 1 ? "job " : "jobs ") + others.join(", ") + ", also busy";
+  return "ran at about " + speed.toFixed(1) + "x: it shared " + where + " with " + whom;
+}
+
 function renderJob(data) {
   header(data);
   const job = data.job;
@@ -360,6 +372,8 @@ function renderJob(data) {
     ["memory", (job.mem === null ? "whole GPU" : fmtSize(job.mem) + " per GPU") + (job.gpus > 1 ? ", " + job.gpus + " GPUs" : "")],
     ["peak memory", fmtSize(job.peak_mem)],
     ["mean utilization", fmtPercent(job.mean_util)],
+    ["GPU demand", job.demand === null || job.demand === undefined ? null : job.demand.toFixed(2) + " of a GPU's busy time"],
+    ["sharing", sharingNote(job)],
     ["submitted", fmtTime(job.submitted_at)],
     ["started", fmtTime(job.started_at)],
     ["ended", fmtTime(job.ended_at)],
