@@ -133,7 +133,8 @@ def daemon(ctx: click.Context, simulate: str | None) -> None:
     """Run the scheduler daemon in the foreground (systemd runs this).
 
     Without root it serves only its own user, with the socket in $XDG_RUNTIME_DIR
-    and the database and logs under ~/.local/state/gpusched.
+    and the database and logs under ~/.local/state/gpusched. Where a system service
+    serves the machine, a personal daemon needs --simulate or its own --socket.
 
     \b
     Example:
@@ -141,10 +142,15 @@ def daemon(ctx: click.Context, simulate: str | None) -> None:
     """
     from pathlib import Path
 
+    from gpusched.core.daemon_socket import refuse_personal_daemon
+
+    given = ctx.find_root().obj
+    config = Path(given["config"]) if given.get("config") else None
+    refuse_personal_daemon(config, simulate, given.get("socket"))
+
     from gpusched.daemon.main import run_daemon
 
-    config = ctx.find_root().obj.get("config")
-    ctx.exit(run_daemon(Path(config) if config else None, simulate))
+    ctx.exit(run_daemon(config, simulate, given.get("socket")))
 
 
 @cli.command()
