@@ -27,7 +27,7 @@ from typing import Any, overload
 from gpusched import __version__
 from gpusched.core import requests as rq
 from gpusched.core.daemon_socket import choose_socket
-from gpusched.core.errors import DaemonUnreachable, ProtocolError
+from gpusched.core.errors import DaemonUnreachable, ProtocolError, UsageError
 from gpusched.core.models import TERMINAL_STATES, Drain, GpuReport, Job, TimelinePoint
 from gpusched.core.protocol import (
     MAX_REPLY_BYTES,
@@ -39,7 +39,12 @@ from gpusched.core.protocol import (
     read_frame,
     version_mismatch,
 )
-from gpusched.core.submitter import current_umask, notify_argv, resolve_command
+from gpusched.core.submitter import (
+    current_umask,
+    notify_argv,
+    resolve_command,
+    runnable_command,
+)
 from gpusched.core.units import parse_duration, parse_size
 
 CONNECT_TIMEOUT_S = 5.0
@@ -265,6 +270,7 @@ class Client:
         workdir = os.path.abspath(cwd if cwd is not None else os.getcwd())
         environment = dict(os.environ if env is None else env)
         argv = resolve_command(command, workdir, environment.get("PATH"))
+        argv = _checked_program(argv, workdir, environment.get("PATH"), after, fields)
         if mem == "auto":
             mem = int(self.send(rq.EstimateHistoryRequest(tuple(argv)))["suggested_mem"])
         return self.send(
@@ -436,3 +442,20 @@ class Client:
                 return jobs
             if deadline is not None and time.monotonic() >= deadline:
                 return jobs
+
+
+def _checked_program(
+    argv: list[str], cwd: str, path_env: str | None, after: Sequence[int], fields: dict[str, Any]
+) -> list[str]:
+    """The command as it will run (`./train.py`), or UsageError if its program can never
+    start. A held job or one that waits for others only gets a warning: its program may be
+    built meanwhile. A sweep's placeholder in the program's name is filled in later."""
+    if fields.get("sweep") and "{" in argv[0]:
+        return argv
+    runnable, problem = runnable_command(argv, cwd, path_env)
+    if problem is None:
+        return runnable
+    if fields.get("hold") or after:
+        print(f"gpusched: warning: {problem}; queued anyway (held or --after)", file=sys.stderr)
+        return argv
+    raise UsageError(problem)
