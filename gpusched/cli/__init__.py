@@ -32,6 +32,7 @@ from gpusched.cli.jobs import (
     undrain,
     wait,
 )
+from gpusched.cli.kernel import kernel
 from gpusched.cli.run import run
 from gpusched.cli.views import history, logs, show, status
 from gpusched.core.errors import EXIT_FAILED, EXIT_OK, GpuschedError, UsageError
@@ -215,6 +216,7 @@ for _command in (
     drain,
     undrain,
     admin,
+    kernel,
 ):
     cli.add_command(_command)
 for _registered in cli.commands.values():  # every command, this module's own too
