@@ -149,7 +149,13 @@ def daemon(ctx: click.Context, simulate: str | None) -> None:
     config = Path(given["config"]) if given.get("config") else None
     refuse_personal_daemon(config, simulate, given.get("socket"))
 
-    from gpusched.daemon.main import run_daemon
+    try:
+        from gpusched.daemon.main import run_daemon
+    except ImportError as exc:  # `pip install gpusched`: the client alone
+        raise UsageError(
+            f"the daemon's dependencies are not installed here (no module {exc.name!r}):"
+            " pip install 'gpusched[daemon]' (a server's service: scripts/install.sh)"
+        ) from None
 
     ctx.exit(run_daemon(config, simulate, given.get("socket")))
 
