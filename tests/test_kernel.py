@@ -130,7 +130,7 @@ def test_a_waiting_kernel_is_not_ready_until_placed(
     client = manager.client()
     client.start_channels()
     try:
-        job_id = eventually(lambda: kernel_id(daemon, "waits"), 30)
+        job_id = eventually(lambda: kernel_id(daemon, "waits") or 0, 30)
         waiting = daemon.wait_reason(job_id, "GPU")["waiting_reason"]
         assert "4.0G" in waiting, waiting
         with pytest.raises(RuntimeError):
