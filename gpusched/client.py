@@ -39,6 +39,7 @@ from gpusched.core.protocol import (
     read_frame,
     version_mismatch,
 )
+from gpusched.core.sanitize import shown
 from gpusched.core.submitter import (
     current_umask,
     notify_argv,
@@ -456,6 +457,7 @@ def _checked_program(
     if problem is None:
         return runnable
     if fields.get("hold") or after:
-        print(f"gpusched: warning: {problem}; queued anyway (held or --after)", file=sys.stderr)
+        warning = shown(f"{problem}; queued anyway (held or --after)")
+        print(f"gpusched: warning: {warning}", file=sys.stderr)
         return argv
     raise UsageError(problem)
