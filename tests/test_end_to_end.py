@@ -430,7 +430,10 @@ def test_a_job_that_cannot_start_fails_with_the_cause(
     daemon: RunningDaemon, tmp_path: Path, command: list[str]
 ) -> None:
     (tmp_path / "not-executable.sh").write_text("echo hi\n")
-    job_id = daemon.submit("--mem", "1G", "--cwd", str(tmp_path), "--", *command)
+    # Submit refuses such a command (tests/test_submit_program.py) unless it is held: the
+    # daemon's own report of the failed start is what is tested here.
+    job_id = daemon.submit("--hold", "--mem", "1G", "--cwd", str(tmp_path), "--", *command)
+    assert daemon.cli("release", str(job_id)).returncode == 0
     job = daemon.wait_state(job_id, {"failed"})
     assert job["reason"] == "failed_to_start"
     assert command[0] in job["reason_detail"]

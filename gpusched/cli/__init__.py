@@ -32,6 +32,7 @@ from gpusched.cli.jobs import (
     undrain,
     wait,
 )
+from gpusched.cli.kernel import kernel
 from gpusched.cli.run import run
 from gpusched.cli.views import history, logs, show, status
 from gpusched.core.errors import EXIT_FAILED, EXIT_OK, GpuschedError, UsageError
@@ -133,7 +134,8 @@ def daemon(ctx: click.Context, simulate: str | None) -> None:
     """Run the scheduler daemon in the foreground (systemd runs this).
 
     Without root it serves only its own user, with the socket in $XDG_RUNTIME_DIR
-    and the database and logs under ~/.local/state/gpusched.
+    and the database and logs under ~/.local/state/gpusched. Where a system service
+    serves the machine, a personal daemon needs --simulate or its own --socket.
 
     \b
     Example:
@@ -141,10 +143,21 @@ def daemon(ctx: click.Context, simulate: str | None) -> None:
     """
     from pathlib import Path
 
-    from gpusched.daemon.main import run_daemon
+    from gpusched.core.daemon_socket import refuse_personal_daemon
 
-    config = ctx.find_root().obj.get("config")
-    ctx.exit(run_daemon(Path(config) if config else None, simulate))
+    given = ctx.find_root().obj
+    config = Path(given["config"]) if given.get("config") else None
+    refuse_personal_daemon(config, simulate, given.get("socket"))
+
+    try:
+        from gpusched.daemon.main import run_daemon
+    except ImportError as exc:  # `pip install gpusched`: the client alone
+        raise UsageError(
+            f"the daemon's dependencies are not installed here (no module {exc.name!r}):"
+            " pip install 'gpusched[daemon]' (a server's service: scripts/install.sh)"
+        ) from None
+
+    ctx.exit(run_daemon(config, simulate, given.get("socket")))
 
 
 @cli.command()
@@ -209,6 +222,7 @@ for _command in (
     drain,
     undrain,
     admin,
+    kernel,
 ):
     cli.add_command(_command)
 for _registered in cli.commands.values():  # every command, this module's own too

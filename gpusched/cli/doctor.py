@@ -24,8 +24,8 @@ from gpusched.core.config import (
     config_path_from_env,
     default_config,
     load_config,
-    resolve_socket,
 )
+from gpusched.core.daemon_socket import resolve_socket
 from gpusched.core.errors import GpuschedError
 
 OK = "ok"

@@ -1,5 +1,5 @@
 """Configuration: YAML file -> frozen `Config`, with defaults, validation and discovery
-(of the config file, and of the daemon's socket for a client: `resolve_socket`).
+(of the config file; a client's choice of daemon socket is core/daemon_socket.py).
 
 Every key is optional. Defaults depend on who runs the daemon: as root, system paths
 under /run, /var/lib and /var/log; as anyone else, paths in the user's own runtime and
@@ -355,26 +355,3 @@ def config_path_from_env(explicit: str | None) -> Path | None:
         return Path(explicit)
     env = os.environ.get("GPUSCHED_CONFIG")
     return Path(env) if env else None
-
-
-def resolve_socket(
-    explicit: str | os.PathLike[str] | None = None,
-    config_path: str | os.PathLike[str] | None = None,
-) -> tuple[Path, list[Path]]:
-    """The socket to use, and the candidates tried (for the error message)."""
-    if explicit:
-        return Path(explicit), [Path(explicit)]
-    env = os.environ.get("GPUSCHED_SOCKET")
-    if env:
-        return Path(env), [Path(env)]
-    named = config_path_from_env(str(config_path) if config_path else None)
-    if named is not None or (os.geteuid() == 0 and SYSTEM_CONFIG_PATH.exists()):
-        path = load_config(named).socket_path  # reads YAML only when a config is in play
-        return path, [path]
-    candidates = [user_socket_path(), SYSTEM_SOCKET_PATH]
-    if os.geteuid() == 0:
-        candidates.reverse()
-    for candidate in candidates:
-        if candidate.exists():
-            return candidate, [candidate]
-    return candidates[0], candidates

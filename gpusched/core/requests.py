@@ -166,6 +166,9 @@ class CancelRequest(Request):
     array: int | None = None
     mine: bool = False
     waiting_only: bool = False
+    # The job's own waiting process (claim(), gpusched run) gave up before it started: the
+    # job's reason says "withdrawn", not "cancelled by <user>".
+    withdrawn: bool = False
 
     def __post_init__(self) -> None:
         if not self.mine and self.array is None:

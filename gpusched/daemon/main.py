@@ -347,7 +347,7 @@ class Daemon:
         self.wake()
 
 
-def run_daemon(config_path: Path | None, simulate: str | None) -> int:
+def run_daemon(config_path: Path | None, simulate: str | None, socket: str | None = None) -> int:
     from gpusched.daemon.logfmt import log_handler
 
     # One record per line, users' strings escaped: a newline in a command forges nothing.
@@ -356,6 +356,8 @@ def run_daemon(config_path: Path | None, simulate: str | None) -> int:
     # ("maximum number of running instances reached"); that is the design, not a problem.
     logging.getLogger("apscheduler").setLevel(logging.ERROR)
     overrides = {"simulate": simulate} if simulate else {}
+    if socket:  # `gpusched daemon --socket PATH` (or $GPUSCHED_SOCKET) listens there
+        overrides["socket"] = socket
     config = load_config(config_path, overrides)
     source = None if config.source in (None, "defaults") else Path(str(config.source))
     check_password_private(config.database_url, source)

@@ -20,7 +20,7 @@ from typing import Any
 from gpusched.client import Client
 from gpusched.core.errors import ConflictError, DaemonUnreachable, GpuschedError
 from gpusched.core.models import TERMINAL_STATES, Job, JobState
-from gpusched.core.requests import PlacementRequest, RunEndedRequest, RunRequest
+from gpusched.core.requests import CancelRequest, PlacementRequest, RunEndedRequest, RunRequest
 from gpusched.core.units import parse_job_mem, parse_job_time
 
 PLACEMENT_POLL_S = 2.0  # each `placement` request waits this long, then the reason is shown
@@ -28,7 +28,13 @@ REPORT_RETRY_S = 60.0  # how long the end is re-sent to a daemon that does not a
 
 
 class NotPlaced(GpuschedError):
-    """The job ended (cancelled) before it was placed, or `timeout` passed."""
+    """The job ended (cancelled) before it was placed, or `timeout` passed. The message
+    says why it waited (its last waiting reason); `.job` is the job as last seen."""
+
+    def __init__(self, message: str, job: Job | None = None) -> None:
+        super().__init__(message)
+        self.job = job
+        self.waiting_reason = None if job is None else job.waiting_reason
 
 
 @dataclass
@@ -119,9 +125,10 @@ def wait_placed(
             )
         if job.state in TERMINAL_STATES:
             why = f": {job.reason_detail}" if job.reason_detail else ""
-            raise NotPlaced(f"job {job.id} ended {job.state} before it started{why}")
+            raise NotPlaced(f"job {job.id} ended {job.state} before it started{why}", job)
         if deadline is not None and time.monotonic() >= deadline:
-            raise NotPlaced(f"job {job.id} was not placed within {timeout_s:g}s")
+            why = f": {job.waiting_reason}" if job.waiting_reason else ""
+            raise NotPlaced(f"job {job.id} was not placed within {timeout_s:g}s{why}", job)
         if on_wait is not None:
             on_wait(job)
 
@@ -167,4 +174,4 @@ def _asked_again(request: Callable[[], Any], retry_s: float = REPORT_RETRY_S) ->
 def cancel_quietly(client: Client, job_id: int) -> None:
     """Cancel a job this process queued (Ctrl-C while it waits); it may have just ended."""
     with contextlib.suppress(ConflictError, DaemonUnreachable):
-        client.cancel(job_id)
+        client.send(CancelRequest(id=job_id, withdrawn=True))

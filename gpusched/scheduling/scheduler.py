@@ -314,8 +314,12 @@ class Scheduler:
     def current_gpus(self) -> list[GpuState]:
         return self._reading.gpus or self.read_gpus()
 
-    def cancel(self, job: Job, by: str, waiting_only: bool = False) -> Job:
-        """`waiting_only`: refuse (ConflictError) if it has started, checked under the lock."""
+    def cancel(
+        self, job: Job, by: str, waiting_only: bool = False, detail: str | None = None
+    ) -> Job:
+        """`waiting_only`: refuse (ConflictError) if it has started, checked under the lock.
+        `detail`: the reason's words instead of "cancelled by <by>"."""
+        detail = detail or f"cancelled by {by}"
         with self._lock:
             job = self.store.get(job.id)
             if job.state in TERMINAL_STATES:
@@ -323,11 +327,9 @@ class Scheduler:
             if waiting_only and job.state == JobState.RUNNING:
                 raise ConflictError(f"job {job.id} has started")
             if job.state == JobState.RUNNING:
-                self._stop(job, StopIntent.CANCEL, f"cancelled by {by}")
+                self._stop(job, StopIntent.CANCEL, detail)
             else:
-                self.endings.end(
-                    job.id, JobState.CANCELLED, EndReason.CANCELLED, detail=f"cancelled by {by}"
-                )
+                self.endings.end(job.id, JobState.CANCELLED, EndReason.CANCELLED, detail=detail)
             self.wake()
             return self.store.get(job.id)
 

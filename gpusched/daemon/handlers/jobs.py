@@ -131,7 +131,11 @@ def cancel(services: Services, caller: Caller, request: CancelRequest) -> Any:
     if request.id is None:  # CancelRequest refuses it: an id, an array or `mine`
         raise ProtocolError("request is missing 'id'")
     job = services.owned_job(caller, request.id)
-    return services.visible(caller, services.scheduler.cancel(job, by=caller.user))
+    detail = WITHDRAWN if request.withdrawn and job.interactive else None
+    return services.visible(caller, services.scheduler.cancel(job, by=caller.user, detail=detail))
+
+
+WITHDRAWN = "withdrawn: its process (claim() or gpusched run) stopped waiting before it started"
 
 
 def _cancel_mine(services: Services, caller: Caller, waiting_only: bool) -> Any:
