@@ -20,9 +20,8 @@ import pytest
 from gpusched.store import NewJob, NodePlacement, Store
 from tests.cluster_harness import NODE_TIMEOUT_S, cluster_config
 from tests.daemon_harness import RunningDaemon, eventually
+from tests.http_helpers import free_port, scrape
 from tests.postgres import PostgresServer
-from tests.test_metrics import _free_port as free_port
-from tests.test_metrics import _scrape as scrape
 
 
 def sleeper(seconds: float = 600) -> list[str]:

@@ -1,7 +1,7 @@
 """How jobs end (gpusched/scheduling/endings.py), driven with no process.
 
 A real Store (SQLite in a temp dir) and the scheduler's own `JobEndings`, on the test
-doubles of the launcher, GPUs and clock (tests/fakes.py), built by tests/test_tick.py's
+doubles of the launcher, GPUs and clock (tests/fakes.py), built by tests/world.py's
 `make_world`. A "restart" is a fresh FakeLauncher: it knows only the supervisors the
 test says are still alive.
 """
@@ -20,7 +20,7 @@ from gpusched.processes.launching import Outcome, OutcomeKind
 from gpusched.scheduling.endings import JobEndings
 from tests.daemon_harness import eventually
 from tests.fakes import FakeLauncher, GiB
-from tests.test_tick import World, make_world
+from tests.world import World, make_world
 
 
 @pytest.fixture
