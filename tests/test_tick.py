@@ -15,6 +15,7 @@ import pytest
 
 from gpusched.core.models import Drain, EndReason, JobState
 from gpusched.processes.launching import Outcome, OutcomeKind
+from gpusched.scheduling.context import Context
 from gpusched.scheduling.scheduler import Scheduler
 from gpusched.store import NewJob
 from tests.fakes import GiB
@@ -250,11 +251,13 @@ def test_a_job_whose_supervisor_is_gone_after_a_restart_is_lost(world: World) ->
     world.launcher.running.pop(gone)  # died while no daemon was running
     # A restart: a new scheduler on the same database and the same supervisors.
     again = Scheduler(
-        world.scheduler.settings,
-        world.scheduler.store,
-        world.probe,
-        world.launcher,
-        world.clock,
+        Context.build(
+            world.scheduler.settings,
+            world.scheduler.store,
+            world.probe,
+            world.launcher,
+            clock=world.clock,
+        )
     )
     again.adopt_running()
     lost = again.store.get(gone)
