@@ -276,3 +276,24 @@ def test_a_job_goes_only_to_nodes_where_its_user_exists(tmp_path: Path) -> None:
     a.tick()
     b.tick()
     assert (a.state(bobs), a.job(bobs).node) == (JobState.RUNNING, "b")
+
+
+def test_a_waiting_interactive_job_is_left_to_the_node_its_client_runs_on(
+    tmp_path: Path, clients: Callable[[], subprocess.Popen[bytes]]
+) -> None:
+    """b cannot see a's processes: it must not take a's waiting client for gone."""
+    a, b = make_cluster(
+        tmp_path, ["a", "b"], [24 * GiB], client_alive={"b": lambda _pid, _start: False}
+    )
+    a.tick()
+    b.tick()
+    busy = a.submit(None, allowed_nodes=("a",))  # a's one GPU, whole
+    a.tick()
+    waiting = _interactive(a, clients())  # on a, where its client runs: it waits
+    for _ in range(3):
+        a.tick()
+        b.tick()
+    assert a.state(waiting) == JobState.QUEUED
+    a.finish(busy)
+    a.tick()
+    assert (a.state(waiting), a.job(waiting).node) == (JobState.RUNNING, "a")

@@ -7,7 +7,7 @@ World per node of a cluster, on one database file and one clock.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,6 +16,7 @@ from gpusched.core.config import load_config
 from gpusched.core.config_holder import ConfigHolder
 from gpusched.core.models import Job, JobState
 from gpusched.processes.launching import Outcome, OutcomeKind
+from gpusched.processes.pidref import is_same_process
 from gpusched.scheduling.cluster.node import ClusterNode, Identity
 from gpusched.scheduling.context import Context, EndListener
 from gpusched.scheduling.scheduler import Scheduler
@@ -95,11 +96,13 @@ def make_cluster(
     sizes: list[int],
     *,
     missing: dict[str, set[str]] | None = None,
+    client_alive: dict[str, Callable[[int, str | None], bool]] | None = None,
     **config: Any,
 ) -> list[World]:
     """One World per node, all on one SQLite file and one fixed clock (its wall time is
     also the database's, for the leases): the cluster's roles run one pass at a time.
-    `missing`: node -> the users that do not exist there."""
+    `missing`: node -> the users that do not exist there. `client_alive`: node -> how it
+    sees interactive clients (a client on another server is no process there)."""
     clock = FixedClock()
     database = f"sqlite:///{root / 'cluster.db'}"
     worlds = []
@@ -115,7 +118,9 @@ def make_cluster(
         accounts = {user: ids for user, ids in ACCOUNTS.items() if user not in lacking}
         identity = Identity(f"host-{name}", pid, alive=lambda _pid: False, account=accounts.get)
         context = Context.build(holder, store, probe, launcher, clock=clock)
-        scheduler = Scheduler(context, ClusterNode(name, identity, clock, holder))
+        node = ClusterNode(name, identity, clock, holder)
+        alive = (client_alive or {}).get(name, is_same_process)
+        scheduler = Scheduler(context, node, client_alive=alive)
         scheduler.placer.join()
         worlds.append(World(scheduler, launcher, probe, clock, here))
     return worlds

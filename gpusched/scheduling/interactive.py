@@ -5,7 +5,8 @@ The client is the job: it runs the command itself, as its caller, in the caller'
 terminal (or it is the notebook's own process), so nothing is launched for it. The
 daemon knows it by the socket's peer credentials at the request: its pid and start time
 are the job's `pid` and `pid_start_time`, which makes the client the root of the job's
-process tree for the usage monitor. Each pass (`check_clients`, before planning):
+process tree for the usage monitor. Each pass (`check_clients`, before planning), for
+the clients on this server (in a cluster, each node checks its own):
 - a client that is gone ends its job: `lost` (running) or `cancelled` (still waiting);
 - a job past its --time, or found idle with `interactive.on_idle: end`, is asked to stop:
   SIGTERM to the client, which stops its command and reports how it ended;
@@ -93,7 +94,8 @@ class InteractiveJobs:
     def check_clients(self) -> None:
         """End the jobs whose client is gone; stop those past their time; back stops up."""
         now = self.clock()
-        active = self.store.interactive_active()
+        # In a cluster, another server's client is no process here: its node checks it.
+        active = [j for j in self.store.interactive_active() if self.endings.node.client_here(j)]
         for job in active:
             info = self.store.launch_info(job.id)
             if job.pid is None or not self.alive(job.pid, info.pid_start_time):

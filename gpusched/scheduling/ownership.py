@@ -31,6 +31,10 @@ class Ownership(Protocol):
     def guard_for(self, job_id: int) -> NodeGuard | None:
         """The node and epoch an end write must still match (None: unconditional)."""
 
+    def client_here(self, job: Job) -> bool:
+        """Whether an interactive job's client runs on this server (its pid means
+        something only here)."""
+
     def started(self, job_id: int, pid: int, start_time: str | None) -> None:
         """A process was started (or adopted, after a restart) for a job."""
 
@@ -50,6 +54,9 @@ class LocalNode:
 
     def guard_for(self, job_id: int) -> NodeGuard | None:
         return None
+
+    def client_here(self, job: Job) -> bool:
+        return True
 
     def started(self, job_id: int, pid: int, start_time: str | None) -> None:
         pass

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from datetime import datetime
 
 from gpusched.core.clock import iso
@@ -40,6 +41,7 @@ from gpusched.core.models import (
 from gpusched.core.units import format_size
 from gpusched.gpus.probe import Probe
 from gpusched.processes.launching import JobLauncher
+from gpusched.processes.pidref import is_same_process
 from gpusched.scheduling.cluster.agent import ClusterAgent
 from gpusched.scheduling.cluster.node import ClusterNode
 from gpusched.scheduling.context import Context
@@ -62,9 +64,16 @@ log = logging.getLogger("gpusched.scheduler")
 
 
 class Scheduler:
-    def __init__(self, context: Context, node: LocalNode | ClusterNode | None = None) -> None:
+    def __init__(
+        self,
+        context: Context,
+        node: LocalNode | ClusterNode | None = None,
+        *,
+        client_alive: Callable[[int, str | None], bool] = is_same_process,
+    ) -> None:
         """`node`: this daemon's ownership of jobs; a `ClusterNode` makes it one daemon of
-        a cluster (its placer the cluster agent)."""
+        a cluster (its placer the cluster agent). `client_alive(pid, start time)`: whether
+        an interactive job's client is still the process that asked."""
         self.context = context
         self.node = node or LocalNode()
         self._switch = DrainSwitch(context.config.state_dir)  # set by an administrator
@@ -72,7 +81,7 @@ class Scheduler:
         self.endings = JobEndings(context, self.node, self.reading.gpus)
         context.launcher.on_exit = self.endings.on_job_exit
         self.waiting = WaitingJobOperations(context, self.endings)
-        self.interactive = InteractiveJobs(context, self.endings)
+        self.interactive = InteractiveJobs(context, self.endings, client_alive)
         self.starter = JobStarter(context, self.endings, self.node)
         if isinstance(self.node, ClusterNode):
             self.placer: Placer = ClusterAgent(

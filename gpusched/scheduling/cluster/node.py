@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from gpusched.core.clock import TickClock
 from gpusched.core.config_holder import ConfigHolder
-from gpusched.core.models import Job
+from gpusched.core.models import Job, JobState
 from gpusched.scheduling.cluster.election import fenced
 from gpusched.store import NodeGuard
 
@@ -83,6 +83,13 @@ class ClusterNode:
     def guard_for(self, job_id: int) -> NodeGuard:
         started = self.local.get(job_id)
         return NodeGuard(self.name, started[0] if started else self.epoch)
+
+    def client_here(self, job: Job) -> bool:
+        # An interactive job may run only where its client is (handlers/interactive.py
+        # restricts it to that node); once running, it is on that node.
+        if job.state == JobState.RUNNING:
+            return self.owns(job)
+        return job.allowed_nodes is not None and self.name in job.allowed_nodes
 
     def started(self, job_id: int, pid: int, start_time: str | None) -> None:
         self.local[job_id] = (self.epoch, pid, start_time)
