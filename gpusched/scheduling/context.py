@@ -12,16 +12,42 @@ test doubles (tests/world.py).
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
+from typing import Protocol
 
-from gpusched.core.clock import SystemClock, TickClock
+from gpusched.core.clock import utc_now
 from gpusched.core.config import Config
 from gpusched.core.config_holder import ConfigHolder
 from gpusched.gpus.probe import Probe
 from gpusched.processes.launching import JobLauncher
 from gpusched.store import Store
 from gpusched.usage.monitor import UsageMonitor
+
+
+class TickClock(Protocol):
+    """The pass's clock: the wall time, and the monotonic time that measures intervals (a
+    lease's age, a fence) whatever the wall clock does. Here, not in core.clock: the
+    command line imports that one and needs neither."""
+
+    def __call__(self) -> datetime:
+        """The wall time, UTC."""
+
+    def monotonic(self) -> float:
+        """Seconds from an arbitrary start, never stepping back."""
+
+
+class SystemClock:
+    """This machine's clocks (the daemon's)."""
+
+    def __call__(self) -> datetime:
+        return utc_now()
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
 
 # Called with a job's id once it has ended, and whether it has notification hooks to
 # run; called under the lock, so each must only hand the id over.

@@ -17,10 +17,10 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from gpusched.core.clock import TickClock
 from gpusched.core.config_holder import ConfigHolder
 from gpusched.core.models import Job, JobState
 from gpusched.scheduling.cluster.election import fenced
+from gpusched.scheduling.context import TickClock
 from gpusched.store import NodeGuard
 
 # A user's uid and gid on this server.
