@@ -310,6 +310,7 @@ def test_upgrade_reinstalls_into_the_same_venv_and_jobs_keep_running(
     assert result.returncode == 0, result.stderr
 
 
+@pytest.mark.install
 def test_the_installed_daemon_serves_the_dashboard(installed_daemon: RunningDaemon) -> None:
     address = yaml.safe_load(installed_daemon.config_path.read_text())["web"]
     for path in ("/", "/queue", "/job?id=1", "/usage", "/static/dashboard.js", "/api/status"):

@@ -5,8 +5,9 @@ A thin client: every command except `daemon` is one or a few requests through
 `gpusched.client.Client`. Errors become one line on stderr and the contract's exit
 code (0 ok, 1 failed, 2 bad usage, 3 daemon unreachable, 124 wait timed out).
 
-The commands on jobs live in cli_jobs.py, the views in cli_views.py, `estimate` in
-cli_usage.py; this module registers them all on the group. None of them imports
+The commands on jobs live in cli/jobs.py, the views in cli/views.py, `estimate` in
+cli/estimate.py, `run` in cli/run.py, the administrator's in cli/admin.py; this module
+registers them all on the group. None of them imports
 SQLAlchemy, APScheduler, pynvml, prometheus_client, YAML or psutil at import time:
 `gpusched status` must start fast.
 """

@@ -1,8 +1,8 @@
 """What every command module shares: the client for this invocation, job and array ids
 from the command line, JSON output and the choice of colour.
 
-Its own module (not cli.py) because cli.py imports the command modules to register
-them; helpers there would make each command module import cli.py back.
+Its own module (not cli/__init__.py) because that module imports the command modules to
+register them; helpers there would make each command module import it back.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The command line's view of what jobs use: `estimate`, `--mem auto`, usage rows of `show`.
 
-Kept apart from cli.py so that module stays a list of commands; like it, this imports
+Kept apart from cli/__init__.py so that module stays a list of commands; like it, this imports
 no SQLAlchemy, APScheduler or pynvml (the estimate is `gpusched.core.sizing`, pure).
 """
 

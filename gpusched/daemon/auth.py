@@ -59,7 +59,7 @@ def visible(scheduler: Scheduler, config: Config, caller: Caller, job: Job) -> d
     name and private end details are hidden unless `show_commands` is on."""
     job = scheduler.decorate(job)
     data = job.to_json()
-    theirs = is_theirs(job, caller, by_name=scheduler.cluster is not None)
+    theirs = is_theirs(job, caller, by_name=scheduler.in_cluster)
     if not theirs and not caller.admin and not config.show_commands:
         data["command"] = HIDDEN_COMMAND
         data["cwd"] = None

@@ -13,7 +13,7 @@ HOME, LANG=C.UTF-8 and the GPUSCHED_* variables), never what the owner submitted
 command is an argv list; the CLI splits `--notify` with shlex, so no shell sees it unless
 the user wrote `sh -c '...'` themselves.
 
-Hooks never hold up scheduling: `Scheduler._end` only hands the job id over, outside any
+Hooks never hold up scheduling: an ending (`JobEndings.end`) only hands the job id over, outside any
 database transaction and without waiting. Fair to users: at most `hooks_per_user` jobs'
 hooks of one owner run at once and `hooks_total` in all; a free slot goes to the next
 owner in turn (round robin), so one user's many slow hooks delay only their own. A hook

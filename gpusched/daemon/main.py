@@ -43,7 +43,9 @@ from gpusched.daemon.services import Services
 from gpusched.daemon.trusted_dirs import untrusted_dirs
 from gpusched.gpus.probe import Probe, SimulatedProbe
 from gpusched.processes.launcher import Launcher
-from gpusched.scheduling.cluster import ClusterMember
+from gpusched.scheduling.cluster.node import ClusterNode, Identity
+from gpusched.scheduling.context import Context
+from gpusched.scheduling.ownership import LocalNode
 from gpusched.scheduling.scheduler import Scheduler
 from gpusched.store import Store
 
@@ -153,15 +155,26 @@ class Daemon:
         # The one holder of the config: a reload replaces it once and reaches every reader.
         self.settings = ConfigHolder(config)
         self.launcher = Launcher(self.settings)
-        self.scheduler = Scheduler(self.settings, self.store, self.probe, self.launcher)
-        self.scheduler.wake = self.wake
-        self.node = node_name(config)
-        self.scheduler.starter.node = self.node
-        if in_cluster(config):
-            self.scheduler.cluster = ClusterMember(self.scheduler, self.node)
-            self.scheduler.cluster.join()  # a name held by a live daemon: refused here
+        # What the scheduler calls back (the tick loop's wake-up, the hook runner) is built
+        # before it, so that every part of it is complete once built.
+        self._ticks = BackgroundScheduler(
+            executors={"default": ThreadPoolExecutor(3)}, timezone=timezone.utc
+        )
         self.hooks = HookRunner(self.store, lambda: self.config)
-        self.scheduler.end_listeners.append(self.hooks.job_ended)
+        context = Context.build(
+            self.settings,
+            self.store,
+            self.probe,
+            self.launcher,
+            wake=self.wake,
+            end_listeners=[self.hooks.job_ended],
+        )
+        self.node = node_name(config)
+        node: LocalNode | ClusterNode = LocalNode(self.node)
+        if in_cluster(config):
+            node = ClusterNode(self.node, Identity.of_this_process(), context.clock, self.settings)
+        self.scheduler = Scheduler(context, node)
+        self.scheduler.placer.join()  # in a cluster, a name held by a live daemon: refused
         self.http: list[HttpServer] = []  # the metrics and web ports, when configured
         # Whose daemon this is: root's serves everyone, a user's serves only that user.
         self.services = Services(self.scheduler, self.store, self.settings, owner_uid=os.geteuid())
@@ -170,9 +183,6 @@ class Daemon:
         self.stop_requested = threading.Event()
         self._listeners: dict[str, threading.Thread] = {}  # name -> thread: must not end
         self._trouble = RateLimitedLog(log)
-        self._ticks = BackgroundScheduler(
-            executors={"default": ThreadPoolExecutor(3)}, timezone=timezone.utc
-        )
 
     def wake(self) -> None:
         """Run a tick now.
@@ -208,8 +218,7 @@ class Daemon:
         # Before adoption, which may end jobs and queue their hooks: none is queued twice.
         self.hooks.resume()
         self.scheduler.adopt_running()
-        if self.scheduler.cluster is not None:
-            self.scheduler.cluster.reconcile_at_start(self.launcher.job_ids())
+        self.scheduler.placer.reconcile_at_start(self.launcher.job_ids)
         if self.scheduler.drain is not None:
             log.warning(
                 "%s: no new job starts until `gpusched undrain`", self.scheduler.drain.describe()
@@ -231,12 +240,12 @@ class Daemon:
             misfire_grace_time=None,
             next_run_time=datetime.now(timezone.utc),
         )
-        cluster = self.scheduler.cluster
-        if cluster is not None:  # placements and cancels from another server, at once
+        placer = self.scheduler.placer
+        if placer.poll_every_s is not None:  # placements and cancels from elsewhere, at once
             self._ticks.add_job(
-                self._guarded(cluster.poll),
+                self._guarded(placer.poll),
                 "interval",
-                seconds=0.5,
+                seconds=placer.poll_every_s,
                 id="cluster-poll",
                 max_instances=1,
                 coalesce=True,
@@ -265,8 +274,7 @@ class Daemon:
         self.scheduler.launcher.close()
         self.hooks.close()
         self._close_http()
-        if self.scheduler.cluster is not None:
-            self.scheduler.cluster.leave()
+        self.scheduler.placer.leave()
         self.store.close()
         self.probe.close()
         return status

@@ -40,7 +40,7 @@ class Services:
         return self.owner_uid != 0
 
     def owned_job(self, caller: Caller, job_id: int) -> Job:
-        return auth.owned_job(self.store, caller, job_id, self.scheduler.cluster is not None)
+        return auth.owned_job(self.store, caller, job_id, self.scheduler.in_cluster)
 
     def visible(self, caller: Caller, job: Job) -> dict[str, Any]:
         return auth.visible(self.scheduler, self.config, caller, job)

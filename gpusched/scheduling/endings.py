@@ -3,8 +3,9 @@
 `JobEndings` turns a supervisor's outcome into a job's final state (exit, signal, cancel,
 overrun, timeout, failed start, out of memory, lost), records what the job used, queues
 an OOM retry, tells whoever waits for endings, and re-adopts running jobs after a
-restart: a `running` row is a claim to verify, not a fact. The scheduler holds one and
-hands it the lock that serialises ticks and job operations; it reaches processes only
+restart: a `running` row is a claim to verify, not a fact. Built once on the pass's
+context (scheduling.context) and an ownership strategy (scheduling.ownership: which
+rows are this daemon's, and the guard its end writes carry); it reaches processes only
 through the launcher's interface (gpusched.processes.launching), so tests drive it in memory.
 """
 
@@ -16,11 +17,9 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from contextlib import AbstractContextManager
 
-from gpusched.core.clock import Clock, iso
+from gpusched.core.clock import iso
 from gpusched.core.config import Config
-from gpusched.core.config_holder import ConfigHolder
 from gpusched.core.models import (
     TERMINAL_STATES,
     EndReason,
@@ -32,12 +31,13 @@ from gpusched.core.models import (
 )
 from gpusched.core.ratelog import RateLimitedLog
 from gpusched.core.sanitize import quoted
-from gpusched.gpus.probe import Probe
-from gpusched.processes.launching import JobLauncher, Outcome, OutcomeKind
+from gpusched.processes.launching import Outcome, OutcomeKind
 from gpusched.scheduling.boot import rebooted_since_last_run
+from gpusched.scheduling.context import Context
+from gpusched.scheduling.ownership import Ownership
 from gpusched.scheduling.policy_inputs import capacity_bytes
-from gpusched.store import NodeGuard, Store, TimelineWrite
-from gpusched.usage.monitor import UsageMonitor, final_usage, oom_cause
+from gpusched.store import TimelineWrite
+from gpusched.usage.monitor import final_usage, oom_cause
 from gpusched.usage.oom import retry_mem
 
 log = logging.getLogger("gpusched.scheduler")
@@ -75,45 +75,28 @@ def legacy_stop_intent(detail: str | None) -> tuple[StopIntent | None, str | Non
 
 class JobEndings:
     def __init__(
-        self,
-        *,
-        config: ConfigHolder,
-        store: Store,
-        probe: Probe,
-        launcher: JobLauncher,
-        monitor: UsageMonitor,
-        clock: Clock,
-        lock: AbstractContextManager[object],
-        gpus: Callable[[], list[GpuState]],
-        wake: Callable[[], None],
-        end_listeners: list[Callable[[int, bool], None]],
+        self, context: Context, node: Ownership, gpus: Callable[[], list[GpuState]]
     ) -> None:
-        """`lock`: the scheduler's, taken for an ending that comes from the launcher's
-        thread. `gpus`: the latest GPU reading. `end_listeners`: called with a job's id
-        once it has ended, and whether it has notification hooks to run; called under the
-        lock, so each must only hand the id over."""
-        self._config = config
-        self.store = store
-        self.probe = probe
-        self.launcher = launcher
-        self.monitor = monitor
-        self.clock = clock
-        self._lock = lock
+        """`node`: which running jobs are this daemon's (scheduling.ownership). `gpus`:
+        the latest GPU reading. The context's lock is taken for an ending that comes
+        from the launcher's thread; its end listeners are told of each end."""
+        self._config = context.settings
+        self.store = context.store
+        self.probe = context.probe
+        self.launcher = context.launcher
+        self.monitor = context.monitor
+        self.clock = context.clock
+        self._lock = context.lock
         self._gpus = gpus
-        self._wake = wake
+        self._wake = context.wake
+        self.node = node
         self.trouble = RateLimitedLog(log)  # a start refused every pass: said once a minute
-        self.end_listeners = end_listeners
+        self.end_listeners = context.end_listeners
         self.ended = threading.Condition()
         # Ids of the latest ended jobs and how many ended in all (under `ended`): a
         # waiter re-reads the database only when one of its own jobs may have ended.
         self._recent_ends: deque[int] = deque(maxlen=RECENT_ENDS)
         self._end_count = 0
-        # The cluster (scheduling.cluster) replaces these: which rows this daemon may
-        # settle and adopt (its own node's), and the node and epoch its end writes carry.
-        self.owns: Callable[[Job], bool] = lambda job: True
-        self.guard_for: Callable[[int], NodeGuard | None] = lambda job_id: None
-        self.adopted: Callable[[Job, int, str | None], None] = lambda job, pid, start: None
-        self.recheck_s: float | None = None  # a waiter's re-read period (None: when notified)
         # Jobs whose supervisor exited while their end could not be written (the database
         # was away): their outcome stays in the exit record, and each tick tries again.
         self.unsettled: set[int] = set()
@@ -154,7 +137,7 @@ class JobEndings:
             timeline=self._final_timeline(job_id),
             hooks_due=hooks_due,
             durable=durable,
-            guard=self.guard_for(job_id),
+            guard=self.node.guard_for(job_id),
         )
         if ended:
             why = f": {quoted(detail, 500)}" if detail else ""  # may quote a user's path
@@ -172,6 +155,7 @@ class JobEndings:
             self._end_count += len(ended)
             self.ended.notify_all()
         for job_id, hooks_due in ended:
+            self.node.ended(job_id)
             for listener in self.end_listeners:
                 try:
                     listener(job_id, hooks_due)
@@ -267,7 +251,7 @@ class JobEndings:
         """End a running job as its supervisor's `outcome` says, read with why it was stopped."""
         job = self.store.get(job_id)
         lost_with_node = job.state == JobState.LOST and job.reason == EndReason.NODE_LOST
-        if not (job.state == JobState.RUNNING or lost_with_node) or not self.owns(job):
+        if not (job.state == JobState.RUNNING or lost_with_node) or not self.node.owns(job):
             return  # ended already, or (cluster) not this node's: its end is not ours
         intent, detail = self.store.launch_info(job_id).stop_intent, job.reason_detail
         if intent is None:
@@ -334,7 +318,7 @@ class JobEndings:
         rebooted = rebooted_since_last_run(self.config.state_dir)
         with self._lock:
             for job in self.store.active():
-                if job.state != JobState.RUNNING or not self.owns(job):
+                if job.state != JobState.RUNNING or not self.node.owns(job):
                     continue
                 if job.interactive:  # its client is checked at every pass (interactive.py)
                     continue
@@ -348,7 +332,7 @@ class JobEndings:
                 if pid is not None and self.launcher.is_running(pid, start_time):
                     log.info("job %s still running (pid %s): re-adopted", job.id, pid)
                     self.launcher.watch(job.id, pid, start_time)
-                    self.adopted(job, pid, start_time)
+                    self.node.started(job.id, pid, start_time)
                     self.probe.note_job_started(pid, job.gpu_uuids, job.mem)
                 else:
                     outcome = self.launcher.outcome(job.id)
@@ -391,7 +375,7 @@ class JobEndings:
             pending = self._active(job_ids)
             while pending and (remaining := deadline - time.monotonic()) > 0:
                 # In a cluster another daemon may record the end: read again each second.
-                notified = self.ended.wait(min(remaining, self.recheck_s or remaining))
+                notified = self.ended.wait(min(remaining, self.node.recheck_s or remaining))
                 new = self._end_count - seen
                 seen = self._end_count
                 if new > len(self._recent_ends) or not notified:  # read again

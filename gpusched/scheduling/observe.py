@@ -1,4 +1,4 @@
-"""The tick's first phase: read the GPUs and what each running job holds on them.
+"""The observe phase of a pass (phases.py): read the GPUs and what each running job holds.
 
 `observe()` returns an `Observation`: the GPU reading (every card marked lost when the
 probe fails, so nothing starts and the daemon lives on), the running jobs, each job's

@@ -42,7 +42,7 @@ import json
 import logging
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -274,8 +274,11 @@ def make_private(path: Path) -> None:
 class Database:
     """The engine and its two kinds of transaction; the base of every part of `Store`."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, lease_clock: Callable[[], float] | None = None) -> None:
+        """`lease_clock`: seconds since 1970 for the cluster's leases, in place of the
+        database's own clock (store.nodes): a test's fixed clock."""
         self.where = describe_url(url)
+        self.lease_clock = lease_clock
         if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
             path = Path(url.removeprefix("sqlite:///"))
             path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)

@@ -1,4 +1,5 @@
-"""The store's measured usage and OOM retries (for gpusched.usage.monitor and Scheduler._settle).
+"""The store's measured usage and OOM retries (for gpusched.usage.monitor and
+scheduling.endings' `JobEndings.settle`).
 
 What measuring a job may write (USAGE_COLUMNS), the daemon's usage tracker kept between
 restarts, a job's OOM retry queued as a copy of its row, and the peaks of a user's past

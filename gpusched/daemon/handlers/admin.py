@@ -41,12 +41,12 @@ def drain(services: Services, caller: Caller, request: DrainRequest) -> Any:
         state = Drain(caller.user, iso(utc_now()), None if reason is None else text(reason))
     scheduler = services.scheduler
     if request.node is not None and request.node != scheduler.node_name:
-        if scheduler.cluster is None:
+        if not scheduler.in_cluster:
             raise NotFoundError(
                 f"no node {request.node}: this server is not in a cluster (its name is"
                 f" {scheduler.node_name})"
             )
-        if not scheduler.cluster.drain_node(request.node, state):
+        if not scheduler.drain_node(request.node, state):
             raise NotFoundError(f"no node {request.node} in this cluster that is not down")
         return None if state is None else state.to_json()
     scheduler.set_drain(state)

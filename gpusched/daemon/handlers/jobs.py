@@ -140,7 +140,7 @@ WITHDRAWN = "withdrawn: its process (claim() or gpusched run) stopped waiting be
 
 def _cancel_mine(services: Services, caller: Caller, waiting_only: bool) -> Any:
     """Every active job of the caller's own (root's and admins' too: others' only by id)."""
-    by_name = services.scheduler.cluster is not None  # a uid means nothing on another server
+    by_name = services.scheduler.in_cluster  # a uid means nothing on another server
     name = caller.user if by_name else None
     ids = services.scheduler.waiting.cancel_waiting(caller.uid, caller.user, user=name)
     running = [] if waiting_only else services.store.running()
