@@ -255,10 +255,14 @@ class Client:
         all: bool = False,
         states: Sequence[str] | None = None,
         first: int | None = None,
+        user: str | None = None,
+        ended: int | None = None,
     ) -> dict[str, Any]:
         """The daemon's `status` reply as JSON, its pages joined: {"gpus", "jobs", "drain",
         "counts"}. `states`: only active jobs in these states (recently ended ones too with
-        `all`); `first`: stop after this many jobs (the rest are only counted in "counts").
+        `all`); `first`: stop after this many jobs (the rest are only counted in "counts");
+        `user`: only that user's jobs; `ended`: with `all`, this many recent ends (the
+        daemon's default: 20).
 
         The daemon answers in pages (`status_page_jobs` each) so that any queue fits;
         a job is listed once, in the state it had when its page was read.
@@ -267,6 +271,8 @@ class Client:
             all=all,
             states=None if states is None else tuple(states),
             limit=None if first is None else max(1, first),
+            user=user,
+            ended=ended,
         )
         result: dict[str, Any] = self.send(ask)
         jobs = list(result["jobs"])

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from gpusched.client import Client
-from gpusched.core.errors import UsageError
+from gpusched.core.errors import EXIT_FAILED, EXIT_OK, UsageError
+from gpusched.core.models import Job, JobState
 from gpusched.core.sanitize import shown
 from gpusched.core.units import parse_duration
 
@@ -97,6 +98,14 @@ def job_ids_completer(
 JOB_IDS = click.argument("ids", nargs=-1, required=True, shell_complete=job_ids_completer())
 ACTIVE_JOB_ID = click.argument("job_id", type=int, shell_complete=job_ids_completer())
 ANY_JOB_ID = click.argument("job_id", type=int, shell_complete=job_ids_completer(ended_too=True))
+
+
+def exit_status(job: Job) -> int:
+    """What `wait` and `logs -f` exit with for one ended job: its exit code when it exited,
+    else 0 if it is done and 1 (it was cancelled, killed, lost or never started)."""
+    if job.exit_code is not None and job.state in (JobState.DONE, JobState.FAILED):
+        return job.exit_code
+    return EXIT_OK if job.state == JobState.DONE else EXIT_FAILED
 
 
 def print_json(value: Any) -> None:

@@ -43,7 +43,7 @@ def usage_rows(job: Job) -> list[tuple[str, Any]]:
         rows.append(("retry of", f"job {job.retry_of} (ran out of GPU memory)"))
     if job.retried_as is not None:
         rows.append(("retried as", f"job {job.retried_as}"))
-    if job.retry_oom:
+    if job.retry_oom and job.retried_as is None:  # a retry used is the retry's to count
         rows.append(("retry-oom", f"{job.retry_oom} more time(s) if it runs out of GPU memory"))
     return rows
 

@@ -18,6 +18,7 @@ from gpusched.cli.common import (
     ANY_JOB_ID,
     JOB_IDS,
     client_of,
+    exit_status,
     expand_arrays,
     job_ids_completer,
     parse_ids,
@@ -183,7 +184,7 @@ def _for_each(
             job = Job.from_json(client.request(op, id=job_id))
             results.append(job)
             if not as_json:
-                click.echo(f"job {job.id}: {verb} ({job.state})")
+                click.echo(_done_line(job, verb) if verb else _cancel_line(job))
         except GpuschedError as exc:
             if exc.exit_code != EXIT_FAILED:
                 raise
@@ -192,6 +193,20 @@ def _for_each(
     if as_json:
         print_json([job.to_json() for job in results])
     ctx.exit(EXIT_FAILED if failed else EXIT_OK)
+
+
+def _done_line(job: Job, verb: str) -> str:
+    """ "job 12: held"; "job 12: released (queued)": the state only where it adds to the verb."""
+    return (
+        f"job {job.id}: {verb}" if verb == str(job.state) else f"job {job.id}: {verb} ({job.state})"
+    )
+
+
+def _cancel_line(job: Job) -> str:
+    """A waiting job is cancelled at once; a running one is being stopped."""
+    if job.state in TERMINAL_STATES:
+        return f"job {job.id}: {job.state}"
+    return f"job {job.id}: stopping (SIGTERM to its processes, SIGKILL after the grace period)"
 
 
 _JSON_JOBS = click.option(
@@ -272,7 +287,7 @@ def cancel(
             print_json([job.to_json() for job in cancelled])
             return
         for job in cancelled:
-            click.echo(f"job {job.id}: cancel requested ({job.state})")
+            click.echo(_cancel_line(job))
         if not cancelled:
             click.echo(f"no {'waiting' if waiting else 'active'} jobs of yours")
         return
@@ -282,11 +297,9 @@ def cancel(
         for job in client.cancel_array(array_id):
             done.append(job)
             if not as_json:
-                click.echo(f"job {job.id}: cancel requested ({job.state})")
+                click.echo(_cancel_line(job))
     if job_ids:
-        _for_each(
-            ctx, [str(i) for i in job_ids], "cancel", "cancel requested", as_json=as_json, done=done
-        )
+        _for_each(ctx, [str(i) for i in job_ids], "cancel", "", as_json=as_json, done=done)
     elif as_json:
         print_json([job.to_json() for job in done])
 
@@ -329,14 +342,16 @@ def release(ctx: click.Context, ids: tuple[str, ...], as_json: bool) -> None:
 )
 @click.pass_context
 def wait(ctx: click.Context, ids: tuple[str, ...], timeout: float | None, as_json: bool) -> None:
-    """Wait until jobs end. With one id, exit with that job's exit code.
+    """Wait until jobs end; print one line per job saying how it ended. With one job,
+    exit with its exit code (1 if it was cancelled, killed or lost).
 
-    With several ids, exit 0 if all succeeded, else 1. A job that ran out of GPU
-    memory and was retried (submit --retry-oom) is followed to its retry.
+    With several jobs (or an array, aN), exit 0 if all succeeded, else 1. A job that
+    ran out of GPU memory and was retried (submit --retry-oom) is followed to its retry.
 
     \b
     Example:
       gpusched wait 12 && echo trained
+      gpusched wait a3
     """
     if timeout is not None and timeout < 0:
         raise UsageError("--timeout must not be negative")
@@ -346,6 +361,12 @@ def wait(ctx: click.Context, ids: tuple[str, ...], timeout: float | None, as_jso
     jobs = follow_retries(client, client.wait(job_ids, timeout=timeout), deadline)
     if as_json:
         print_json([job.to_json() for job in jobs])
+    else:
+        from gpusched.cli.render import ended_label
+
+        for job in jobs:
+            if job.state in TERMINAL_STATES:
+                click.echo(f"job {job.id}: {shown(ended_label(job))}")
     if any(job.state not in TERMINAL_STATES for job in jobs):
         click.echo(
             "gpusched: timed out waiting for job(s) "
@@ -354,10 +375,7 @@ def wait(ctx: click.Context, ids: tuple[str, ...], timeout: float | None, as_jso
         )
         ctx.exit(EXIT_TIMEOUT)
     if len(jobs) == 1:
-        job = jobs[0]
-        if job.exit_code is not None and job.state in (JobState.DONE, JobState.FAILED):
-            ctx.exit(job.exit_code)
-        ctx.exit(EXIT_OK if job.state == JobState.DONE else EXIT_FAILED)
+        ctx.exit(exit_status(jobs[0]))
     ctx.exit(EXIT_OK if all(j.state == JobState.DONE for j in jobs) else EXIT_FAILED)
 
 

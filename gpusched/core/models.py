@@ -147,6 +147,8 @@ class Job:
     # the command itself, in the caller's terminal; it has no log.
     interactive: bool = False
     warning: str | None = None  # e.g. an idle interactive job (not stored: each pass's)
+    # Running: bytes its processes hold on its busiest GPU at the last poll (not stored).
+    mem_used: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         # Every field is a scalar or a flat list: a shallow copy of each list is all that

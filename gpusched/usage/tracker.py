@@ -120,12 +120,14 @@ class UsageTracker:
     # ("GPU 0 had 50.0M of 24.0G free"), or None.
     at_limit: str | None = None
     overrun_at: str | None = None  # when it was first seen over its declared memory + margin
+    mem_now: int = 0  # bytes on its busiest GPU at the last poll (`status`: in use beside declared)
 
     def observe_memory(self, per_gpu_bytes: Mapping[str, int], at_limit: str | None) -> bool:
         """Record one poll's memory; True when the peak rose."""
         self.mem_samples += 1
         self.at_limit = at_limit
         peak = max(per_gpu_bytes.values(), default=0)
+        self.mem_now = peak
         if peak > self.peak_mem:
             self.peak_mem = peak
             return True
