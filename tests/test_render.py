@@ -178,9 +178,7 @@ def test_a_long_script_path_loses_its_directories_before_the_script_name() -> No
 
 
 def test_a_limit_reason_is_wrapped_so_the_limits_name_stays() -> None:
-    reason = (
-        "user limit: carol holds 60.0G of GPU memory and this job needs 20.0G (max_mem 64.0G)"
-    )
+    reason = "user limit: carol holds 60.0G of GPU memory and this job needs 20.0G (max_mem 64.0G)"
     job = Job(4, "carol", 1003, ["python", "x.py"], "/h", JobState.QUEUED, mem=20 * G,
               submitted_at=_at("11:48:00"), waiting_reason=reason)  # fmt: skip
     for width in (60, 80):
@@ -192,8 +190,19 @@ def test_a_limit_reason_is_wrapped_so_the_limits_name_stays() -> None:
 
 
 def test_others_hidden_sweep_and_interactive_jobs_show_their_array_and_mark() -> None:
-    swept = Job(8, "bob", 1002, ["(hidden)"], "", JobState.RUNNING, mem=4 * G, gpu_indices=[1],
-                array_id=3, array_index=2, started_at=_at("11:00:00"))
+    swept = Job(
+        8,
+        "bob",
+        1002,
+        ["(hidden)"],
+        "",
+        JobState.RUNNING,
+        mem=4 * G,
+        gpu_indices=[1],
+        array_id=3,
+        array_index=2,
+        started_at=_at("11:00:00"),
+    )
     interactive = Job(9, "bob", 1002, ["(hidden)"], "", JobState.RUNNING, mem=4 * G,
                       gpu_indices=[1], interactive=True, started_at=_at("11:00:00"))  # fmt: skip
     text = render_status(gpus(), [swept, interactive], width=80, now=NOW)
@@ -202,8 +211,18 @@ def test_others_hidden_sweep_and_interactive_jobs_show_their_array_and_mark() ->
 
 
 def test_a_running_job_shows_the_memory_it_uses_beside_what_it_declared() -> None:
-    over = Job(10, "dan", 1004, ["python", "big.py"], "/h", JobState.RUNNING, mem=4 * G,
-               gpu_indices=[0], started_at=_at("11:00:00"), mem_used=10 * G + 800 * M)
+    over = Job(
+        10,
+        "dan",
+        1004,
+        ["python", "big.py"],
+        "/h",
+        JobState.RUNNING,
+        mem=4 * G,
+        gpu_indices=[0],
+        started_at=_at("11:00:00"),
+        mem_used=10 * G + 800 * M,
+    )
     queued = Job(11, "dan", 1004, ["python", "q.py"], "/h", JobState.QUEUED, mem=4 * G,
                  submitted_at=_at("11:00:00"))  # fmt: skip
     text = render_status(gpus(), [over, queued], width=80, now=NOW)

@@ -17,6 +17,7 @@ from gpusched.cli.common import (
     ACTIVE_JOB_ID,
     ANY_JOB_ID,
     JOB_IDS,
+    JOB_OR_ARRAY_IDS,
     client_of,
     exit_status,
     expand_arrays,
@@ -252,7 +253,7 @@ def undrain(ctx: click.Context, node: str | None = None) -> None:
 
 
 @click.command(cls=ExampleLastCommand)
-@click.argument("ids", nargs=-1, shell_complete=job_ids_completer())
+@click.argument("ids", nargs=-1, shell_complete=job_ids_completer(arrays=True))
 @click.option("--all", "all_mine", is_flag=True, help="Cancel every active job of yours.")
 @click.option(
     "--waiting", is_flag=True, help="With --all: only your jobs that have not started yet."
@@ -333,7 +334,7 @@ def release(ctx: click.Context, ids: tuple[str, ...], as_json: bool) -> None:
 
 
 @click.command(cls=ExampleLastCommand)
-@JOB_IDS
+@JOB_OR_ARRAY_IDS
 @click.option(
     "--timeout", type=float, metavar="SECONDS", help="Give up after this long (exit 124)."
 )

@@ -72,7 +72,9 @@ def _job_what(job: Job) -> str:
     metavar="SECONDS",
     help="With --watch: time between redraws.",
 )
-@click.argument("targets", nargs=-1, metavar="[ID|aN]...", shell_complete=job_ids_completer())
+@click.argument(
+    "targets", nargs=-1, metavar="[ID|aN]...", shell_complete=job_ids_completer(arrays=True)
+)
 @click.pass_context
 def status(
     ctx: click.Context,
