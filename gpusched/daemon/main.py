@@ -262,6 +262,10 @@ class Daemon:
         log.info("stopping: running jobs keep running and will be re-adopted at the next start")
         self.server.close()
         self._ticks.shutdown(wait=True)
+        try:  # after the last pass: nothing adds a point any more
+            self.scheduler.monitor.flush_all()
+        except Exception as exc:  # the database away: the points are lost, the stop goes on
+            log.warning("could not write the running jobs' last usage points: %r", exc)
         self.scheduler.launcher.close()
         self.hooks.close()
         self._close_http()
