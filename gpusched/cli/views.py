@@ -237,6 +237,8 @@ def show(ctx: click.Context, job_id: int, as_json: bool) -> None:
         rows.append(("warning", job.warning))
     if job.notify:
         rows.append(("notify", shlex.join(job.notify)))  # as it was given: quotes kept
+        if job.notify_result is not None:
+            rows.append(("notify ran", notify_outcome(job.notify_result)))
     if job.waiting_reason:
         rows.insert(4, ("waiting", job.waiting_reason))
     label_width = max(len(key) for key, _ in rows) + 2  # "retried as: job 32"
@@ -298,6 +300,21 @@ def logs(ctx: click.Context, job_id: int, follow: bool, raw: bool = False) -> No
                 ctx.exit(exit_status(client.job(job_id)))
             return
         time.sleep(0.2)
+
+
+def notify_outcome(result: dict[str, Any]) -> str:
+    """How a --notify hook ended, in one line: "exited 127: sh: 1: mail: not found"."""
+    kind, code = result.get("kind"), result.get("exit_code")
+    if kind == "timeout":
+        said = "killed at hook_timeout"
+    elif kind == "failed_to_start":
+        said = "could not start"
+    elif code == 0:
+        said = "exited 0"
+    else:
+        said = f"exited {code}"
+    output = " | ".join(line for line in str(result.get("output") or "").splitlines() if line)
+    return shown(f"{said}: {output}" if output else said)
 
 
 def _escaped_writer(out: Any) -> Callable[..., Any]:

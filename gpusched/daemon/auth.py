@@ -64,6 +64,7 @@ def visible(scheduler: Scheduler, config: Config, caller: Caller, job: Job) -> d
         data["command"] = HIDDEN_COMMAND
         data["cwd"] = None
         data["notify"] = None if job.notify is None else HIDDEN_COMMAND
+        data["notify_result"] = None  # its output is the owner's
         if job.array_id is not None:
             # A swept job's name ends with its sweep values ("lr=0.1 token=..."): as
             # private as the command they were put into. Only the name as a whole is
