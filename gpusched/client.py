@@ -332,6 +332,14 @@ class Client:
         result = self.send(rq.DrainRequest(on=True, reason=reason, node=node))
         return Drain.from_json(result)
 
+    def prune(self, ended_before_s: float, dry_run: bool = False) -> dict[str, Any]:
+        """Forget jobs that ended more than `ended_before_s` ago (administrators only): one
+        batch per call; {"jobs", "log_bytes", "more", "cutoff"}."""
+        result: dict[str, Any] = self.send(
+            rq.PruneRequest(ended_before_s=ended_before_s, dry_run=dry_run)
+        )
+        return result
+
     def undrain(self, node: str | None = None) -> None:
         """Let jobs start again (administrators only), on `node` or the daemon's own."""
         self.send(rq.DrainRequest(on=False, node=node))

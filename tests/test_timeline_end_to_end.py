@@ -111,7 +111,13 @@ def test_a_stopped_daemon_writes_the_points_it_held_in_memory(
     job_id = daemon.submit(
         "--mem", "4G", "--", *fake_nvml.gpujob_argv("--mem", "2G", "--util", "40", "--hold", "60")
     )  # fmt: skip
-    seen = eventually(lambda: len(p := daemon.show(job_id)["timeline"]) >= 4 and p, timeout=30)
+
+    def four_points() -> list[dict[str, Any]] | None:
+        points: list[dict[str, Any]] = daemon.show(job_id)["timeline"]
+        return points if len(points) >= 4 else None
+
+    seen = eventually(four_points, timeout=30)
+    assert seen is not None  # it is: eventually returns a true value
     daemon.stop()
     stored = Store(load_config(daemon.config_path).database_url)
     try:

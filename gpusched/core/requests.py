@@ -305,6 +305,23 @@ class DrainRequest(Request):
             raise UsageError(f"--node {self.node!r}: not a node name")
 
 
+MAX_PRUNE_AGE_S = 100 * 365 * 86400.0  # past any date a job could have ended
+
+
+@dataclass(frozen=True)
+class PruneRequest(Request):
+    """Forget jobs that ended more than `ended_before_s` seconds ago: their rows, logs,
+    timelines and job directories (administrators only). `dry_run`: only count them."""
+
+    op: ClassVar[str] = "prune"
+    ended_before_s: float
+    dry_run: bool = False
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.ended_before_s <= MAX_PRUNE_AGE_S:  # NaN too
+            raise UsageError("--ended-before: a duration up to 100 years, e.g. 90d")
+
+
 REQUESTS: dict[str, type[Request]] = {
     kind.op: kind
     for kind in (
@@ -323,6 +340,7 @@ REQUESTS: dict[str, type[Request]] = {
         ArrayRequest,
         EstimateHistoryRequest,
         DrainRequest,
+        PruneRequest,
         RunRequest,
         PlacementRequest,
         RunEndedRequest,

@@ -42,6 +42,7 @@ HANDLERS: dict[str, Handler] = {
     "array": views.array,
     "estimate_history": views.estimate_history,
     "drain": admin.drain,
+    "prune": admin.prune,
     "run": interactive.run,
     "placement": interactive.placement,
     "run_ended": interactive.run_ended,

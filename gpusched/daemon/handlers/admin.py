@@ -1,5 +1,6 @@
 """Requests about the daemon itself rather than a job: `ping` (who is asking, whose
-daemon this is) and `drain` (an administrator stops new jobs from starting)."""
+daemon this is), `drain` (an administrator stops new jobs from starting) and `prune`
+(an administrator forgets old ended jobs)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ from gpusched import __version__
 from gpusched.core.clock import iso, utc_now
 from gpusched.core.errors import NotFoundError, PermissionDenied
 from gpusched.core.models import Drain
-from gpusched.core.requests import DrainRequest, PingRequest
+from gpusched.core.requests import DrainRequest, PingRequest, PruneRequest
 from gpusched.daemon.handlers.args import text
 from gpusched.daemon.identity import Caller, user_name
+from gpusched.daemon.pruning import prune_ended
 from gpusched.daemon.services import Services
 
 
@@ -56,3 +58,20 @@ def drain(services: Services, caller: Caller, request: DrainRequest) -> Any:
 def drain_json(services: Services) -> dict[str, Any] | None:
     state = services.scheduler.drain
     return None if state is None else state.to_json()
+
+
+def prune(services: Services, caller: Caller, request: PruneRequest) -> Any:
+    """Forget jobs that ended long ago (one batch: the client asks again while `more`)."""
+    if not caller.admin:
+        raise PermissionDenied(
+            f"only an administrator (root or one listed in `admins`) may prune; {caller.user}"
+            " is not one"
+        )
+    config = services.config
+    return prune_ended(
+        services.store,
+        ended_before_s=request.ended_before_s,
+        log_dir=config.log_dir,
+        jobs_dir=config.state_dir / "jobs",
+        dry_run=request.dry_run,
+    ).to_json()

@@ -1,0 +1,71 @@
+"""`gpusched admin prune`: old ended jobs forgotten with their logs, timelines and job
+directories, on an administrator's demand; the real daemon, the real CLI."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpusched.client import Client
+from gpusched.core.errors import NotFoundError, PermissionDenied
+from tests.daemon_harness import RunningDaemon
+from tests.users import as_user, throwaway_users
+
+
+def test_prune_forgets_old_ended_jobs_and_their_files_but_not_what_a_job_waits_for(
+    daemon: RunningDaemon,
+) -> None:
+    ended = [daemon.submit("--mem", "1G", "--", "echo", "hello") for _ in range(3)]
+    for job_id in ended:
+        daemon.wait_state(job_id, {"done"})
+    waited_for = ended[0]
+    dependent = daemon.submit("--hold", "--after", str(waited_for), "--mem", "1G", "--", "true")
+    logs = {job_id: Path(daemon.show(job_id)["log_path"]) for job_id in ended}
+    assert all(path.exists() for path in logs.values())
+    jobs_dir = daemon.root / "state" / "jobs"
+
+    recent = daemon.cli("admin", "prune", "--ended-before", "1h")
+    assert recent.returncode == 0, recent.stderr
+    assert recent.stdout.startswith("forgot 0 job(s) ended before ")
+
+    dry = daemon.cli("admin", "prune", "--ended-before", "0s", "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert dry.stdout.startswith("would forget 2 job(s)")
+    assert all(path.exists() for path in logs.values())
+
+    done = daemon.cli("admin", "prune", "--ended-before", "0s")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("forgot 2 job(s)")
+    for job_id in ended[1:]:
+        with pytest.raises(NotFoundError):
+            daemon.client().job(job_id)
+        assert not logs[job_id].exists()
+        assert not (jobs_dir / str(job_id)).exists()
+    assert daemon.show(waited_for)["state"] == "done"  # job `dependent` waits for it
+    assert logs[waited_for].exists()
+    assert daemon.show(dependent)["state"] == "held"
+    assert daemon.cli("admin", "prune", "--ended-before", "soon").returncode == 2
+
+
+@pytest.fixture
+def shared_root() -> Iterator[Path]:
+    """A daemon directory every user can traverse (pytest's tmp dirs are root-only)."""
+    root = Path(tempfile.mkdtemp(prefix="gpusched-prune-", dir="/tmp"))
+    root.chmod(0o755)
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def test_only_an_administrator_may_prune(shared_root: Path) -> None:
+    with throwaway_users(1) as ([alice], _group):
+        daemon = RunningDaemon(shared_root).start()
+        try:
+            socket_path = daemon.socket_path
+            with pytest.raises(PermissionDenied, match="only an administrator"):
+                as_user(alice, lambda: Client(socket_path).prune(0.0))
+        finally:
+            daemon.stop()
