@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 from tests.daemon_harness import RunningDaemon
@@ -68,3 +69,25 @@ def test_doctor_reads_the_driver_through_nvml(daemon_factory: Any, fake_nvml: Fa
     assert _statuses(result.stdout)["gpus"] == "FAIL"
     assert "driver is not loaded" in result.stdout
     assert result.returncode == 1
+
+
+def test_a_daemon_started_before_the_code_changed_is_a_warning(daemon: RunningDaemon) -> None:
+    """An upgrade that kept the version number (or an edit of an editable install): the
+    daemon still runs the code it loaded, so doctor says restart, not ok."""
+    import os
+    import time
+
+    import gpusched
+
+    assert _statuses(daemon.cli("doctor").stdout)["daemon"] == "ok"
+    init = Path(gpusched.__file__)
+    before = init.stat()
+    later = time.time() + 5
+    os.utime(init, (later, later))  # as if just installed; the content stays
+    try:
+        result = daemon.cli("doctor")
+    finally:
+        os.utime(init, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert _statuses(result.stdout)["daemon"] == "warn", result.stdout
+    assert "it runs older code" in result.stdout
+    assert "fix: restart the daemon" in result.stdout

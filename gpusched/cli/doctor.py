@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -158,14 +159,25 @@ def _daemon_check(ctx: _Context) -> Check:
         f"daemon pid {info.get('pid')} (version {info.get('version')}) answers at {path},"
         f" running as {owner}: serves {serves}"
     )
+    restart = "restart the daemon after an upgrade: sudo systemctl restart gpusched"
     if info.get("version") != __version__:
+        return Check("daemon", WARN, f"{message}; this gpusched is {__version__}", restart)
+    started, changed = info.get("started"), code_changed_at()
+    if isinstance(started, (int, float)) and changed > started:
         return Check(
             "daemon",
             WARN,
-            f"{message}; this gpusched is {__version__}",
-            "restart the daemon after an upgrade: sudo systemctl restart gpusched",
+            f"{message}; it started before gpusched's files here were last changed"
+            f" ({time.strftime('%Y-%m-%d %H:%M', time.localtime(changed))}): it runs older code",
+            restart,
         )
     return Check("daemon", OK, message)
+
+
+def code_changed_at() -> float:
+    """When the installed gpusched's Python files were last written (an upgrade, an edit)."""
+    package = Path(__file__).resolve().parent.parent
+    return max((path.stat().st_mtime for path in package.rglob("*.py")), default=0.0)
 
 
 def _writable_check(name: str, path: Path, ctx: _Context) -> Check:

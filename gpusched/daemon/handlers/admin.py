@@ -5,6 +5,7 @@ daemon this is), `drain` (an administrator stops new jobs from starting) and `pr
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 from gpusched import __version__
@@ -17,11 +18,16 @@ from gpusched.daemon.identity import Caller, user_name
 from gpusched.daemon.pruning import prune_ended
 from gpusched.daemon.services import Services
 
+# When this daemon's code was loaded: `doctor` compares it with the installed files (an
+# upgrade or edit that kept the version number still needs a restart).
+STARTED_AT = time.time()
+
 
 def ping(services: Services, caller: Caller, _request: PingRequest) -> Any:
     return {
         "version": __version__,
         "pid": os.getpid(),
+        "started": STARTED_AT,  # epoch seconds
         "user": caller.user,  # who is asking, as the daemon sees them (SO_PEERCRED)
         "uid": caller.uid,
         "daemon_user": user_name(os.geteuid()),  # whose daemon this is
