@@ -340,6 +340,12 @@ class Client:
         )
         return result
 
+    def reload(self) -> list[str]:
+        """Have the daemon apply its config file now (administrators only); what it kept
+        because it needs a restart. A rejected config raises its error."""
+        result: dict[str, Any] = self.send(rq.ReloadRequest())
+        return [str(note) for note in result.get("kept", [])]
+
     def undrain(self, node: str | None = None) -> None:
         """Let jobs start again (administrators only), on `node` or the daemon's own."""
         self.send(rq.DrainRequest(on=False, node=node))

@@ -69,3 +69,24 @@ def test_only_an_administrator_may_prune(shared_root: Path) -> None:
                 as_user(alice, lambda: Client(socket_path).prune(0.0))
         finally:
             daemon.stop()
+
+
+def test_admin_reload_reports_a_rejected_config_and_applies_a_good_one(
+    daemon: RunningDaemon,
+) -> None:
+    """What systemd's ExecReload runs: it waits for the daemon's answer, so a bad file is
+    an error there (not only a line in the journal) and the old config stays in force."""
+    import yaml
+
+    good = yaml.safe_load(daemon.config_path.read_text())
+    daemon.config_path.write_text(yaml.safe_dump({**good, "headroom": "lots"}))
+    refused = daemon.cli("admin", "reload")
+    assert refused.returncode != 0
+    assert "key 'headroom'" in refused.stderr
+    assert daemon.client().ping()  # still serving, on the old config
+    moved = {**good, "headroom": "1G", "socket": str(daemon.root / "elsewhere.sock")}
+    daemon.config_path.write_text(yaml.safe_dump(moved))
+    applied = daemon.cli("--socket", str(daemon.socket_path), "admin", "reload")
+    assert applied.returncode == 0, applied.stderr
+    assert applied.stdout.strip() == "config reloaded"
+    assert "socket_path needs a restart to change: kept" in applied.stderr

@@ -20,8 +20,8 @@ from gpusched.core.units import format_size, parse_duration
 
 @click.group(cls=ExampleLastGroup)
 def admin() -> None:
-    """Administer the database: forget old jobs (prune, through the daemon); copy it
-    (copy-database: root, with the daemon stopped).
+    """Administer the daemon and its database: apply the config now (reload), forget old
+    jobs (prune), copy the database (copy-database: root, with the daemon stopped).
 
     \b
     Example:
@@ -96,3 +96,20 @@ def prune(ctx: click.Context, ended_before: str, dry_run: bool) -> None:
         click.echo(f"would forget {jobs} job(s) ended before {when}{more}, {size} of logs")
     else:
         click.echo(f"forgot {jobs} job(s) ended before {when}, {size} of logs")
+
+
+@admin.command("reload", cls=ExampleLastCommand)
+@click.pass_context
+def reload(ctx: click.Context) -> None:
+    """Have the daemon read its config file again and apply it now (administrators
+    only). A bad file is refused with its error (non-zero exit) and the old config stays; what
+    needs a restart to change (socket, database, directories...) is kept and said.
+    systemd's `systemctl reload gpusched` runs this, so it reports a rejected config.
+
+    \b
+    Example:
+      sudo gpusched admin reload
+    """
+    for note in client_of(ctx).reload():
+        click.echo(f"gpusched: {note}", err=True)
+    click.echo("config reloaded")

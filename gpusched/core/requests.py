@@ -305,6 +305,14 @@ class DrainRequest(Request):
             raise UsageError(f"--node {self.node!r}: not a node name")
 
 
+@dataclass(frozen=True)
+class ReloadRequest(Request):
+    """Read the config file again and apply it (administrators only); the answer says
+    what was kept, or the error that left the old config in force."""
+
+    op: ClassVar[str] = "reload"
+
+
 MAX_PRUNE_AGE_S = 100 * 365 * 86400.0  # past any date a job could have ended
 
 
@@ -341,6 +349,7 @@ REQUESTS: dict[str, type[Request]] = {
         EstimateHistoryRequest,
         DrainRequest,
         PruneRequest,
+        ReloadRequest,
         RunRequest,
         PlacementRequest,
         RunEndedRequest,

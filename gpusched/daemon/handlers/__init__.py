@@ -43,6 +43,7 @@ HANDLERS: dict[str, Handler] = {
     "estimate_history": views.estimate_history,
     "drain": admin.drain,
     "prune": admin.prune,
+    "reload": admin.reload,
     "run": interactive.run,
     "placement": interactive.placement,
     "run_ended": interactive.run_ended,

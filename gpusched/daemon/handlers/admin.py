@@ -10,9 +10,9 @@ from typing import Any
 
 from gpusched import __version__
 from gpusched.core.clock import iso, utc_now
-from gpusched.core.errors import NotFoundError, PermissionDenied
+from gpusched.core.errors import GpuschedError, NotFoundError, PermissionDenied
 from gpusched.core.models import Drain
-from gpusched.core.requests import DrainRequest, PingRequest, PruneRequest
+from gpusched.core.requests import DrainRequest, PingRequest, PruneRequest, ReloadRequest
 from gpusched.daemon.handlers.args import text
 from gpusched.daemon.identity import Caller, user_name
 from gpusched.daemon.pruning import prune_ended
@@ -81,3 +81,15 @@ def prune(services: Services, caller: Caller, request: PruneRequest) -> Any:
         jobs_dir=config.state_dir / "jobs",
         dry_run=request.dry_run,
     ).to_json()
+
+
+def reload(services: Services, caller: Caller, _request: ReloadRequest) -> Any:
+    """Apply the config file now and say how it went (systemd's ExecReload waits for it)."""
+    if not caller.admin:
+        raise PermissionDenied(
+            f"only an administrator (root or one listed in `admins`) may reload; {caller.user}"
+            " is not one"
+        )
+    if services.reload_config is None:
+        raise GpuschedError("this daemon cannot reload its config on request: send it SIGHUP")
+    return {"kept": services.reload_config()}
