@@ -4,6 +4,7 @@ directories, on an administrator's demand; the real daemon, the real CLI."""
 from __future__ import annotations
 
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -90,3 +91,20 @@ def test_admin_reload_reports_a_rejected_config_and_applies_a_good_one(
     assert applied.returncode == 0, applied.stderr
     assert applied.stdout.strip() == "config reloaded"
     assert "socket_path needs a restart to change: kept" in applied.stderr
+
+
+def test_admins_may_be_named_by_unix_group(shared_root: Path) -> None:
+    """`admins: ["@group"]`: the group's members administer (prune here), from the account
+    database; a user outside it is refused."""
+    with throwaway_users(2, extra_group=True) as ([alice, bob], group):
+        assert group is not None
+        subprocess.run(["gpasswd", "-d", bob.name, group], check=True, capture_output=True)
+        daemon = RunningDaemon(shared_root, config={"admins": [f"@{group}"]}).start()
+        try:
+            socket_path = daemon.socket_path
+            done = as_user(alice, lambda: Client(socket_path).prune(86400.0, dry_run=True))
+            assert done["jobs"] == 0
+            with pytest.raises(PermissionDenied, match="only an administrator"):
+                as_user(bob, lambda: Client(socket_path).prune(86400.0, dry_run=True))
+        finally:
+            daemon.stop()

@@ -245,8 +245,10 @@ def _convert(source: str, key: str, value: Any, base: Config) -> dict[str, Any]:
             return {"node_timeout_s": parse_node_timeout(value)}
         if key == "admins":
             items = value or []
-            if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
-                raise UsageError("expected a list of user names")
+            if not isinstance(items, list) or not all(
+                isinstance(i, str) and i.strip("@") for i in items
+            ):
+                raise UsageError("expected a list of user names and @groups")
             return {"admins": tuple(items)}
     except UsageError as exc:
         raise _bad(source, key, exc.message) from None
