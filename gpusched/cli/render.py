@@ -177,9 +177,22 @@ def render_gpus(gpus: Sequence[GpuReport], width: int = 80, color: bool = False)
             bar = paint(f"{_clip(why, bar_w):<{bar_w}}", "red" if gpu.state == "lost" else None)
             tail = f" {'-/' + format_size(gpu.total):>13} {'-':>9} {'-':>4}"
         lines.append(f"{gpu.index:>3} {name:<{name_w}} {bar}{tail}")
+        if gpu.others:  # memory outside gpusched, said whose (as gpustat does)
+            indent = " " * (3 + 1 + name_w + 1)
+            listed = ", ".join(outside_process(p) for p in gpu.others)
+            lines.append(indent + _clip(f"others: {listed}", width - len(indent)))
     if gpus:
         lines.append(_legend(width, 3 + 1 + name_w + 1, paint))
     return lines
+
+
+def outside_process(process: dict[str, object]) -> str:
+    """`bob:python3/4242(10G)`: owner, program, pid and memory, as gpustat shows them."""
+    user = shown(str(process.get("user") or "?"))
+    command = shown(str(process.get("command") or "?"))
+    used = process.get("used")
+    size = format_size(used, tabular=False) if isinstance(used, int) else "?"
+    return f"{user}:{command}/{process.get('pid')}({size})"
 
 
 def _legend(width: int, indent: int, paint: _Painter) -> str:

@@ -191,6 +191,10 @@ class GpuReport:
     jobs: list[int] = field(default_factory=list)
     error: str | None = None
     node: str | None = None  # the server it is on
+    # Bytes each running gpusched job holds on this GPU, by job id (as a string: JSON keys).
+    job_mem: dict[str, int] = field(default_factory=dict)
+    # Processes gpusched did not start: {"pid", "user", "command" (program name), "used"}.
+    others: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
