@@ -41,7 +41,9 @@ def ended_job_with_a_gap(database_url: str, start: datetime) -> int:
         "notify_result": {"kind": "exit", "exit_code": 127, "output": "sh: 1: mail: not found"},
     }  # fmt: skip
     with store.engine.begin() as conn:
-        job_id = int(conn.execute(jobs.insert(), [row]).inserted_primary_key[0])
+        inserted = conn.execute(jobs.insert(), [row]).inserted_primary_key
+        assert inserted is not None
+        job_id = int(inserted[0])
         t0 = start.timestamp()
         seconds = [*range(0, 61, 2), *range(180, 241, 2)]
         conn.execute(
