@@ -26,6 +26,7 @@ from gpusched.core.config import (
     default_config,
     load_config,
     resolve_socket,
+    user_socket_path,
 )
 from gpusched.core.errors import GpuschedError
 
@@ -63,12 +64,19 @@ class _Context:
     socket_arg: str | None
     socket_path: Path | None = None
     daemon_uid: int | None = None
+    system_config: Path = SYSTEM_CONFIG_PATH  # the system service's (a test names another)
 
 
 def _config_check(ctx: _Context) -> Check:
     path = ctx.config_path
-    if path is None and os.geteuid() == 0 and SYSTEM_CONFIG_PATH.exists():
-        path = SYSTEM_CONFIG_PATH
+    whose = ""
+    if path is None and ctx.system_config.exists():
+        if os.geteuid() == 0:
+            path = ctx.system_config
+        elif _client_uses_the_system_service(ctx):
+            # A user's client talks to the system service: its config is the one to check,
+            # not a personal daemon's defaults.
+            path, whose = ctx.system_config, " (the system service's: your client uses it)"
     try:
         ctx.config = load_config(path)
     except GpuschedError as exc:
@@ -89,7 +97,15 @@ def _config_check(ctx: _Context) -> Check:
             )
         return Check("config", OK, "no config file: defaults for a single-user daemon")
     extra = f" (simulate: {ctx.config.simulate})" if ctx.config.simulate else ""
-    return Check("config", OK, f"{path} is valid{extra}")
+    return Check("config", OK, f"{path} is valid{whose}{extra}")
+
+
+def _client_uses_the_system_service(ctx: _Context) -> bool:
+    """Whether this user's client, given no socket, goes to the system service: no
+    personal daemon's socket is there (the client then tries the system's)."""
+    if ctx.socket_arg or os.environ.get("GPUSCHED_SOCKET"):
+        return False
+    return not user_socket_path().exists()
 
 
 def _gpus_check(ctx: _Context) -> Check:
@@ -255,9 +271,16 @@ def _systemd_check(ctx: _Context) -> Check:
     )
 
 
-def run_checks(config_path: str | None = None, socket_path: str | None = None) -> list[Check]:
-    """Every check, in the order a new server needs them."""
+def run_checks(
+    config_path: str | None = None,
+    socket_path: str | None = None,
+    *,
+    system_config: Path = SYSTEM_CONFIG_PATH,
+) -> list[Check]:
+    """Every check, in the order a new server needs them. `system_config`: where the
+    system service's config is (tests name another file)."""
     ctx = _Context(default_config(), config_path_from_env(config_path), socket_path)
+    ctx.system_config = system_config
     steps: list[Callable[[], Check]] = [
         lambda: _config_check(ctx),
         lambda: _gpus_check(ctx),
