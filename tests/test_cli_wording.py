@@ -131,3 +131,10 @@ def test_visible_devices_are_in_ascending_order_whatever_order_they_were_chosen_
     assert by_index["GPUSCHED_GPU_UUIDS"] == "GPU-a,GPU-c"  # the same order as the indices
     by_uuid = gpu_environment(5, [2, 0], ["GPU-c", "GPU-a"], "uuid")
     assert by_uuid["CUDA_VISIBLE_DEVICES"] == "GPU-a,GPU-c"
+
+
+def test_mem_auto_with_a_sweep_is_refused_saying_why(daemon: RunningDaemon) -> None:
+    result = daemon.cli("submit", "--mem", "auto", "--sweep", "x=1,2", "--", "echo", "{x}")
+    assert result.returncode == 2
+    assert "--mem auto learns from earlier runs of the same command" in result.stderr
+    assert daemon.status("--all")["jobs"] == []

@@ -132,6 +132,14 @@ def submit(
     """
     if max_concurrent is not None and not sweep:  # Client.submit has no such parameter
         raise UsageError("--max-concurrent applies to a --sweep array")
+    if mem == "auto" and sweep:
+        # --mem is fixed at submit and a sweep's jobs are all queued at once, each with its
+        # own command: none has a run to learn from, nor can learn from its siblings'.
+        raise UsageError(
+            "--mem auto learns from earlier runs of the same command, and a sweep's jobs"
+            " each have their own, queued together: give --mem (`gpusched estimate"
+            " --history -- CMD` on one of its commands, once it has run, suggests one)"
+        )
     options: dict[str, Any] = {
         "mem": None if mem is None else "auto" if mem == "auto" else parse_size(mem),
         "gpus": gpus,
