@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from gpusched.cli.estimate import usage_rows
+from gpusched.cli.views import labelled
 from gpusched.core.models import Job, JobState
 from tests.daemon_harness import RunningDaemon
 
@@ -75,6 +76,8 @@ def test_show_keeps_a_space_after_long_labels_and_no_retry_left_after_it_was_use
     retried = Job(31, "a", 1, ["x"], "/", JobState.FAILED, mem=1, retry_oom=1, retried_as=32)
     labels = dict(usage_rows(retried))
     assert labels["retried as"] == "job 32"
+    assert "retried as: job 32" in labelled(usage_rows(retried))
+    assert labelled([("exit code", 0), ("id", 31)]) == ["exit code: 0", "id:        31"]
     assert "retry-oom" not in labels  # its one retry is job 32's now
     waiting = Job(33, "a", 1, ["x"], "/", JobState.QUEUED, mem=1, retry_oom=1)
     assert "retry-oom" in dict(usage_rows(waiting))

@@ -34,6 +34,7 @@ from gpusched.core.models import Drain, GpuReport, Job, NodeStatus
 from gpusched.core.sanitize import shown, shown_fields
 from gpusched.core.units import format_duration, format_size
 
+LABEL_WIDTH = 11  # `show`'s values start here ("exit code: 0")
 WAITING_SHOWN = 200  # `status` lists this many waiting jobs and counts the rest
 ENDED_SHOWN = 20  # `status --all`: this many recently ended jobs (the daemon's default)
 ENDED_SHOWN_MAX = 1000  # the most the daemon lists (`--limit 0`)
@@ -241,9 +242,8 @@ def show(ctx: click.Context, job_id: int, as_json: bool) -> None:
             rows.append(("notify ran", notify_outcome(job.notify_result)))
     if job.waiting_reason:
         rows.insert(4, ("waiting", job.waiting_reason))
-    label_width = max(len(key) for key, _ in rows) + 2  # "retried as: job 32"
-    for key, value in rows:
-        click.echo(f"{key + ':':<{label_width}}{value}")
+    for line in labelled(rows):
+        click.echo(line)
     import shutil
 
     from gpusched.cli.sparkline import glyphs_for, render_timeline
@@ -257,7 +257,7 @@ def show(ctx: click.Context, job_id: int, as_json: bool) -> None:
     ):
         click.echo(line)
     for hint in job.hints:
-        click.echo(f"{'hint:':<{label_width}}{hint}")
+        click.echo(f"{'hint:':<{LABEL_WIDTH}}{hint}")
 
 
 @click.command(cls=ExampleLastCommand)
@@ -300,6 +300,15 @@ def logs(ctx: click.Context, job_id: int, follow: bool, raw: bool = False) -> No
                 ctx.exit(exit_status(client.job(job_id)))
             return
         time.sleep(0.2)
+
+
+def labelled(rows: list[tuple[str, Any]]) -> list[str]:
+    """`show`'s "label: value" lines: values start in column LABEL_WIDTH, as the sparklines'
+    below; a longer label keeps a space after its colon ("retried as: job 32")."""
+    return [
+        f"{key + ':':<{LABEL_WIDTH}}{value}" if len(key) + 2 <= LABEL_WIDTH else f"{key}: {value}"
+        for key, value in rows
+    ]
 
 
 def notify_outcome(result: dict[str, Any]) -> str:
