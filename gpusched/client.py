@@ -321,10 +321,14 @@ class Client:
         all: bool = False,
         states: Sequence[str] | None = None,
         first: int | None = None,
+        user: str | None = None,
+        ended: int | None = None,
     ) -> dict[str, Any]:
         """The daemon's `status` reply as JSON, its pages joined: {"gpus", "jobs", "drain",
         "counts"}. `states`: only active jobs in these states (recently ended ones too with
-        `all`); `first`: stop after this many jobs (the rest are only counted in "counts").
+        `all`); `first`: stop after this many jobs (the rest are only counted in "counts");
+        `user`: only that user's jobs; `ended`: with `all`, this many recent ends (the
+        daemon's default: 20).
 
         The daemon answers in pages (`status_page_jobs` each) so that any queue fits;
         a job is listed once, in the state it had when its page was read.
@@ -333,6 +337,8 @@ class Client:
             all=all,
             states=None if states is None else tuple(states),
             limit=None if first is None else max(1, first),
+            user=user,
+            ended=ended,
         )
         result: dict[str, Any] = self.send(ask)
         jobs = list(result["jobs"])
@@ -391,6 +397,20 @@ class Client:
         `node`: that server of the cluster (None: the daemon's own)."""
         result = self.send(rq.DrainRequest(on=True, reason=reason, node=node))
         return Drain.from_json(result)
+
+    def prune(self, ended_before_s: float, dry_run: bool = False) -> dict[str, Any]:
+        """Forget jobs that ended more than `ended_before_s` ago (administrators only): one
+        batch per call; {"jobs", "log_bytes", "more", "cutoff"}."""
+        result: dict[str, Any] = self.send(
+            rq.PruneRequest(ended_before_s=ended_before_s, dry_run=dry_run)
+        )
+        return result
+
+    def reload(self) -> list[str]:
+        """Have the daemon apply its config file now (administrators only); what it kept
+        because it needs a restart. A rejected config raises its error."""
+        result: dict[str, Any] = self.send(rq.ReloadRequest())
+        return [str(note) for note in result.get("kept", [])]
 
     def undrain(self, node: str | None = None) -> None:
         """Let jobs start again (administrators only), on `node` or the daemon's own."""

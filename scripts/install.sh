@@ -42,3 +42,5 @@ set -x
 "$prefix/bin/pip" install --quiet --upgrade "$checkout[daemon]"
 install -d -m 0755 "$bindir"
 ln -sfn "$prefix/bin/gpusched" "$bindir/gpusched"
+install -d -m 0755 "$prefix/share/doc/gpusched"
+install -m 0644 "$checkout/README.md" "$checkout"/docs/*.md "$prefix/share/doc/gpusched/"

@@ -224,6 +224,8 @@ def test_install_is_a_venv_every_user_can_read(installed: Install) -> None:
         cwd="/",  # not the test's cwd (the checkout), which `python -c` would import from
     ).stdout
     assert where.startswith(str(installed.prefix)), where
+    # The docs the unit's Documentation= names.
+    assert (installed.prefix / "share" / "doc" / "gpusched" / "operations.md").is_file()
     unreadable = []
     for path in [installed.prefix, *installed.prefix.rglob("*")]:
         mode = path.lstat().st_mode

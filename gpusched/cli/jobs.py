@@ -17,7 +17,9 @@ from gpusched.cli.common import (
     ACTIVE_JOB_ID,
     ANY_JOB_ID,
     JOB_IDS,
+    JOB_OR_ARRAY_IDS,
     client_of,
+    exit_status,
     expand_arrays,
     job_ids_completer,
     parse_ids,
@@ -131,6 +133,14 @@ def submit(
     """
     if max_concurrent is not None and not sweep:  # Client.submit has no such parameter
         raise UsageError("--max-concurrent applies to a --sweep array")
+    if mem == "auto" and sweep:
+        # --mem is fixed at submit and a sweep's jobs are all queued at once, each with its
+        # own command: none has a run to learn from, nor can learn from its siblings'.
+        raise UsageError(
+            "--mem auto learns from earlier runs of the same command, and a sweep's jobs"
+            " each have their own, queued together: give --mem (`gpusched estimate"
+            " --history -- CMD` on one of its commands, once it has run, suggests one)"
+        )
     options: dict[str, Any] = {
         "mem": None if mem is None else "auto" if mem == "auto" else parse_job_mem(mem),
         "gpus": gpus,
@@ -184,7 +194,7 @@ def _for_each(
             job = Job.from_json(client.request(op, id=job_id))
             results.append(job)
             if not as_json:
-                click.echo(f"job {job.id}: {verb} ({job.state})")
+                click.echo(_done_line(job, verb) if verb else _cancel_line(job))
         except GpuschedError as exc:
             if exc.exit_code != EXIT_FAILED:
                 raise
@@ -193,6 +203,20 @@ def _for_each(
     if as_json:
         print_json([job.to_json() for job in results])
     ctx.exit(EXIT_FAILED if failed else EXIT_OK)
+
+
+def _done_line(job: Job, verb: str) -> str:
+    """ "job 12: held"; "job 12: released (queued)": the state only where it adds to the verb."""
+    return (
+        f"job {job.id}: {verb}" if verb == str(job.state) else f"job {job.id}: {verb} ({job.state})"
+    )
+
+
+def _cancel_line(job: Job) -> str:
+    """A waiting job is cancelled at once; a running one is being stopped."""
+    if job.state in TERMINAL_STATES:
+        return f"job {job.id}: {job.state}"
+    return f"job {job.id}: stopping (SIGTERM to its processes, SIGKILL after the grace period)"
 
 
 _JSON_JOBS = click.option(
@@ -238,7 +262,7 @@ def undrain(ctx: click.Context, node: str | None = None) -> None:
 
 
 @click.command(cls=ExampleLastCommand)
-@click.argument("ids", nargs=-1, shell_complete=job_ids_completer())
+@click.argument("ids", nargs=-1, shell_complete=job_ids_completer(arrays=True))
 @click.option("--all", "all_mine", is_flag=True, help="Cancel every active job of yours.")
 @click.option(
     "--waiting", is_flag=True, help="With --all: only your jobs that have not started yet."
@@ -273,7 +297,7 @@ def cancel(
             print_json([job.to_json() for job in cancelled])
             return
         for job in cancelled:
-            click.echo(f"job {job.id}: cancel requested ({job.state})")
+            click.echo(_cancel_line(job))
         if not cancelled:
             click.echo(f"no {'waiting' if waiting else 'active'} jobs of yours")
         return
@@ -283,11 +307,9 @@ def cancel(
         for job in client.cancel_array(array_id):
             done.append(job)
             if not as_json:
-                click.echo(f"job {job.id}: cancel requested ({job.state})")
+                click.echo(_cancel_line(job))
     if job_ids:
-        _for_each(
-            ctx, [str(i) for i in job_ids], "cancel", "cancel requested", as_json=as_json, done=done
-        )
+        _for_each(ctx, [str(i) for i in job_ids], "cancel", "", as_json=as_json, done=done)
     elif as_json:
         print_json([job.to_json() for job in done])
 
@@ -321,7 +343,7 @@ def release(ctx: click.Context, ids: tuple[str, ...], as_json: bool) -> None:
 
 
 @click.command(cls=ExampleLastCommand)
-@JOB_IDS
+@JOB_OR_ARRAY_IDS
 @click.option(
     "--timeout", type=float, metavar="SECONDS", help="Give up after this long (exit 124)."
 )
@@ -330,14 +352,16 @@ def release(ctx: click.Context, ids: tuple[str, ...], as_json: bool) -> None:
 )
 @click.pass_context
 def wait(ctx: click.Context, ids: tuple[str, ...], timeout: float | None, as_json: bool) -> None:
-    """Wait until jobs end. With one id, exit with that job's exit code.
+    """Wait until jobs end; print one line per job saying how it ended. With one job,
+    exit with its exit code (1 if it was cancelled, killed or lost).
 
-    With several ids, exit 0 if all succeeded, else 1. A job that ran out of GPU
-    memory and was retried (submit --retry-oom) is followed to its retry.
+    With several jobs (or an array, aN), exit 0 if all succeeded, else 1. A job that
+    ran out of GPU memory and was retried (submit --retry-oom) is followed to its retry.
 
     \b
     Example:
       gpusched wait 12 && echo trained
+      gpusched wait a3
     """
     if timeout is not None and timeout < 0:
         raise UsageError("--timeout must not be negative")
@@ -347,6 +371,12 @@ def wait(ctx: click.Context, ids: tuple[str, ...], timeout: float | None, as_jso
     jobs = follow_retries(client, client.wait(job_ids, timeout=timeout), deadline)
     if as_json:
         print_json([job.to_json() for job in jobs])
+    else:
+        from gpusched.cli.render import ended_label
+
+        for job in jobs:
+            if job.state in TERMINAL_STATES:
+                click.echo(f"job {job.id}: {shown(ended_label(job))}")
     if any(job.state not in TERMINAL_STATES for job in jobs):
         click.echo(
             "gpusched: timed out waiting for job(s) "
@@ -355,10 +385,7 @@ def wait(ctx: click.Context, ids: tuple[str, ...], timeout: float | None, as_jso
         )
         ctx.exit(EXIT_TIMEOUT)
     if len(jobs) == 1:
-        job = jobs[0]
-        if job.exit_code is not None and job.state in (JobState.DONE, JobState.FAILED):
-            ctx.exit(job.exit_code)
-        ctx.exit(EXIT_OK if job.state == JobState.DONE else EXIT_FAILED)
+        ctx.exit(exit_status(jobs[0]))
     ctx.exit(EXIT_OK if all(j.state == JobState.DONE for j in jobs) else EXIT_FAILED)
 
 

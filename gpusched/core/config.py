@@ -245,8 +245,10 @@ def _convert(source: str, key: str, value: Any, base: Config) -> dict[str, Any]:
             return {"node_timeout_s": parse_node_timeout(value)}
         if key == "admins":
             items = value or []
-            if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
-                raise UsageError("expected a list of user names")
+            if not isinstance(items, list) or not all(
+                isinstance(i, str) and i.strip("@") for i in items
+            ):
+                raise UsageError("expected a list of user names and @groups")
             return {"admins": tuple(items)}
     except UsageError as exc:
         raise _bad(source, key, exc.message) from None
@@ -339,6 +341,14 @@ def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> C
     values: dict[str, Any] = {"source": source}
     for key, value in data.items():
         values.update(_convert(source, str(key), value, base))
+    if "state_dir" in data:
+        # A state directory named alone holds the whole state: two daemons given two state
+        # directories must not share one database (or one log directory) unawares.
+        state_dir = values["state_dir"]
+        if "database" not in data:
+            values["database_url"] = f"sqlite:///{state_dir / 'gpusched.db'}"
+        if "log_dir" not in data:
+            values["log_dir"] = state_dir / "jobs"
     known = {f.name for f in fields(Config)}
     config = replace(base, **{k: v for k, v in values.items() if k in known})
     shared = config.node is not None or not config.database_url.startswith("sqlite")

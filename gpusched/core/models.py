@@ -140,6 +140,9 @@ class Job:
     max_concurrent: int | None = None  # how many of its array may run at once
     time_limit_s: float | None = None
     notify: list[str] | None = None  # `submit --notify`: argv run as the owner when it ends
+    # How that hook ended: {"kind": exit|timeout|failed_to_start, "exit_code", "output"
+    # (the end of what it printed, at most NOTIFY_OUTPUT_CHARS)}; None until it has run.
+    notify_result: dict[str, Any] | None = None
     node: str | None = None  # the server it was placed on (runs on, ran on)
     allowed_nodes: list[str] | None = None  # `submit --node a,b`; None: any node
     requeue: int | None = None  # `submit --requeue`: 1 puts it back in the queue if its node dies
@@ -153,6 +156,8 @@ class Job:
     demand: float | None = None
     shared_with: list[int] | None = None
     sharing_speed: float | None = None
+    # Running: bytes its processes hold on its busiest GPU at the last poll (not stored).
+    mem_used: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         # Every field is a scalar or a flat list: a shallow copy of each list is all that
@@ -192,6 +197,10 @@ class GpuReport:
     jobs: list[int] = field(default_factory=list)
     error: str | None = None
     node: str | None = None  # the server it is on
+    # Bytes each running gpusched job holds on this GPU, by job id (as a string: JSON keys).
+    job_mem: dict[str, int] = field(default_factory=dict)
+    # Processes gpusched did not start: {"pid", "user", "command" (program name), "used"}.
+    others: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

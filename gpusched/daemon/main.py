@@ -6,7 +6,8 @@ job that drives `tick()`, immediate wake-ups, signals and systemd's sd_notify.
 Signals only set flags or wake the main thread; the main thread acts. SIGTERM and
 SIGINT stop scheduling and close the database; running jobs keep running (each
 under its own supervisor, in its own session) and are re-adopted by the next start.
-SIGHUP reloads the configuration file; a bad new file is logged and the old one kept.
+SIGHUP reloads the configuration file; a bad new file is logged and the old one kept
+(`gpusched admin reload` does the same and answers with the error: systemd's ExecReload).
 
 The daemon raises its open-file soft limit to the hard limit (each running job holds a
 pidfd, each client a socket). Its listeners run in threads; should one end (its socket
@@ -177,7 +178,14 @@ class Daemon:
         self.scheduler.placer.join()  # in a cluster, a name held by a live daemon: refused
         self.http: list[HttpServer] = []  # the metrics and web ports, when configured
         # Whose daemon this is: root's serves everyone, a user's serves only that user.
-        self.services = Services(self.scheduler, self.store, self.settings, owner_uid=os.geteuid())
+        self._reload_lock = threading.Lock()
+        self.services = Services(
+            self.scheduler,
+            self.store,
+            self.settings,
+            owner_uid=os.geteuid(),
+            reload_config=self.reload_config,
+        )
         self.server = Server(self.services, config.socket_path)
         self.reload_requested = False
         self.stop_requested = threading.Event()
@@ -271,6 +279,10 @@ class Daemon:
         log.info("stopping: running jobs keep running and will be re-adopted at the next start")
         self.server.close()
         self._ticks.shutdown(wait=True)
+        try:  # after the last pass: nothing adds a point any more
+            self.scheduler.monitor.flush_all()
+        except Exception as exc:  # the database away: the points are lost, the stop goes on
+            log.warning("could not write the running jobs' last usage points: %r", exc)
         self.scheduler.launcher.close()
         self.hooks.close()
         self._close_http()
@@ -328,11 +340,21 @@ class Daemon:
         signal.signal(signal.SIGHUP, reload)
 
     def _reload(self) -> None:
+        """SIGHUP: reload, or log why not and keep the old config."""
         try:
-            new = load_config(self.config_path, self.overrides)
+            self.reload_config()
         except GpuschedError as exc:
             log.error("config reload failed, keeping the old config: %s", exc.message)
-            return
+
+    def reload_config(self) -> list[str]:
+        """Read the config file again and apply it (`gpusched admin reload`, SIGHUP); what
+        was kept because it needs a restart. A bad file raises its ConfigError, the old
+        config staying in force."""
+        with self._reload_lock:  # a request and a SIGHUP at once apply one after the other
+            return self._apply_reload()
+
+    def _apply_reload(self) -> list[str]:
+        new = load_config(self.config_path, self.overrides)
         fixed = (
             "socket_path",
             "database_url",
@@ -353,6 +375,7 @@ class Daemon:
         self._ticks.reschedule_job(TICK_JOB_ID, trigger="interval", seconds=new.poll_interval_s)
         log.info("config reloaded from %s", self.config_path or "defaults")
         self.wake()
+        return [f"{name} needs a restart to change: kept" for name in changed]
 
 
 def run_daemon(config_path: Path | None, simulate: str | None, socket: str | None = None) -> int:

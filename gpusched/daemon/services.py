@@ -8,6 +8,7 @@ scheduler on fakes and calls the handlers with no socket at all.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +31,8 @@ class Services:
     store: Store
     settings: ConfigHolder
     owner_uid: int
+    # The daemon's config reload (`admin reload`): what it kept, or its ConfigError.
+    reload_config: Callable[[], list[str]] | None = None
 
     @property
     def config(self) -> Config:

@@ -263,6 +263,7 @@ class Scheduler:
             tracker = self.monitor.live(job.id)
             if tracker is not None:  # figures so far, from memory (written at the end)
                 summary = tracker.summary()
+                job.mem_used = tracker.mem_now if tracker.mem_samples else None
                 job.peak_mem = max(job.peak_mem or 0, summary.pop("peak_mem") or 0) or None
                 for key, value in summary.items():
                     setattr(job, key, value)

@@ -16,6 +16,7 @@ here, which re-exports what the rest of gpusched uses:
   `TimelineWrite`; written with the usage flush and the end)
 - gpusched.store.nodes: the cluster's nodes and the scheduler's election (leases)
 - gpusched.store.placements: placements, starts and node deaths, conditioned on epochs
+- gpusched.store.retention: old ended jobs' rows deleted (`gpusched admin prune`)
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from gpusched.store.database import jobs, metadata, timeline_points
 from gpusched.store.nodes import LeaseRow, NodeRecords, NodeRow
 from gpusched.store.placements import DownResult, NodeGuard, NodePlacement, PlacementRecords
 from gpusched.store.queries import JobFigures, LaunchInfo, Queued
+from gpusched.store.retention import RetentionRecords
 from gpusched.store.timeline import TimelineRecords, TimelineRow, TimelineWrite
 from gpusched.store.transitions import JobTransitions, NewJob
 from gpusched.store.usage import USAGE_COLUMNS, UsageRecords
@@ -48,5 +50,12 @@ __all__ = [
 ]
 
 
-class Store(JobTransitions, UsageRecords, TimelineRecords, NodeRecords, PlacementRecords):
+class Store(
+    JobTransitions,
+    UsageRecords,
+    TimelineRecords,
+    NodeRecords,
+    PlacementRecords,
+    RetentionRecords,
+):
     """The database is the truth about jobs: every read and write of it goes through here."""

@@ -121,6 +121,8 @@ jobs = Table(
     Column("max_concurrent", Integer, nullable=True),  # per array
     Column("time_limit_s", Float, nullable=True),
     Column("notify", JSON, nullable=True),  # argv run as the owner when the job ends
+    # How that hook ended: {"kind", "exit_code", "output" (its last words)}; NULL until then.
+    Column("notify_result", JSON, nullable=True),
     # 1 from a job's end until its notification hooks start: they survive a restart.
     Column("hooks_due", Integer, nullable=True),
     # The job's environment in `envs` (then `env` is {}); NULL for rows written before.

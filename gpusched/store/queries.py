@@ -115,17 +115,20 @@ class JobQueries(Database):
         return [to_job(row) for row in rows]
 
     def active_page(
-        self, after_id: int, limit: int, states: Collection[JobState] = ACTIVE_STATES
+        self,
+        after_id: int,
+        limit: int,
+        states: Collection[JobState] = ACTIVE_STATES,
+        user: str | None = None,
     ) -> list[int]:
-        """The ids of up to `limit` active jobs in `states` with ids above `after_id`, in
-        id order: a page of `status`, whatever the queue's length (read with iter_jobs)."""
+        """The ids of up to `limit` active jobs in `states` (of `user` only, if given) with
+        ids above `after_id`, in id order: a page of `status`, whatever the queue's length
+        (read with iter_jobs)."""
         wanted = [str(s) for s in states if s in ACTIVE_STATES]
-        query = (
-            select(jobs.c.id)
-            .where(jobs.c.state.in_(wanted), jobs.c.id > after_id)
-            .order_by(jobs.c.id)
-            .limit(limit)
-        )
+        query = select(jobs.c.id).where(jobs.c.state.in_(wanted), jobs.c.id > after_id)
+        if user is not None:
+            query = query.where(jobs.c.user == user)
+        query = query.order_by(jobs.c.id).limit(limit)
         with self.read() as conn:
             return [int(job_id) for job_id in conn.execute(query).scalars()]
 
@@ -149,14 +152,14 @@ class JobQueries(Database):
                 states.update((int(i), JobState(s)) for i, s in conn.execute(query).all())
         return states
 
-    def count_active(self) -> dict[str, int]:
-        """How many jobs are in each active state (every state named, zero included)."""
+    def count_active(self, user: str | None = None) -> dict[str, int]:
+        """How many jobs (of `user` only, if given) are in each active state (every state
+        named, zero included)."""
         states = [str(s) for s in ACTIVE_STATES]
-        query = (
-            select(jobs.c.state, func.count())
-            .where(jobs.c.state.in_(states))
-            .group_by(jobs.c.state)
-        )
+        query = select(jobs.c.state, func.count()).where(jobs.c.state.in_(states))
+        if user is not None:
+            query = query.where(jobs.c.user == user)
+        query = query.group_by(jobs.c.state)
         with self.read() as conn:
             found = {str(state): int(n) for state, n in conn.execute(query).all()}
         return {state: found.get(state, 0) for state in sorted(states)}

@@ -236,8 +236,16 @@ class UsageMonitor:
             self._flushed_at_s.pop(job_id, None)
         return overruns
 
-    def flush(self, job_id: int) -> None:
-        """Write the job's figures so far and its new timeline points: one transaction."""
+    def flush_all(self) -> None:
+        """Write every running job's figures and timeline, its open last point too: the
+        daemon is stopping, and what only its memory holds would be a hole in the chart
+        (up to FLUSH_INTERVAL_S) after the restart."""
+        for job_id in list(self._trackers):
+            self.flush(job_id, final=True)
+
+    def flush(self, job_id: int, final: bool = False) -> None:
+        """Write the job's figures so far and its new timeline points: one transaction.
+        `final`: the point still gathering polls too (a restored buffer starts a new one)."""
         tracker = self._trackers.get(job_id)
         if tracker is None:
             return
@@ -246,7 +254,7 @@ class UsageMonitor:
         write = None
         if buffer is not None:
             values["usage_state"] = {**tracker.to_state(), "timeline": buffer.to_state()}
-            write = buffer.pending()
+            write = buffer.pending(final=final)
         self.store.set_usage(job_id, timeline=write, **values)
         if buffer is not None and write is not None:
             buffer.committed(write)

@@ -94,6 +94,7 @@ class UsageTracker:
     overrun_at: str | None = None  # when it was first seen over its declared memory + margin
     # Its demand (share of a card's busy time) and what sharing a busy card cost it.
     sharing: DemandTracker = field(default_factory=DemandTracker)
+    mem_now: int = 0  # bytes on its busiest GPU at the last poll (`status`: in use beside declared)
 
     def observe_memory(
         self, per_gpu_bytes: Mapping[str, int], last_card: Mapping[str, int] | None = None
@@ -102,6 +103,7 @@ class UsageTracker:
         self.mem_samples += 1
         self.last_card = None if last_card is None else dict(last_card)
         peak = max(per_gpu_bytes.values(), default=0)
+        self.mem_now = peak
         if peak > self.peak_mem:
             self.peak_mem = peak
             return True

@@ -45,6 +45,8 @@ HANDLERS: dict[str, Handler] = {
     "array": views.array,
     "estimate_history": views.estimate_history,
     "drain": admin.drain,
+    "prune": admin.prune,
+    "reload": admin.reload,
     "run": interactive.run,
     "placement": interactive.placement,
     "run_ended": interactive.run_ended,

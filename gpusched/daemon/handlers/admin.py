@@ -1,25 +1,33 @@
 """Requests about the daemon itself rather than a job: `ping` (who is asking, whose
-daemon this is) and `drain` (an administrator stops new jobs from starting)."""
+daemon this is), `drain` (an administrator stops new jobs from starting) and `prune`
+(an administrator forgets old ended jobs)."""
 
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 from gpusched import __version__
 from gpusched.core.clock import iso, utc_now
-from gpusched.core.errors import NotFoundError, PermissionDenied
+from gpusched.core.errors import GpuschedError, NotFoundError, PermissionDenied
 from gpusched.core.models import Drain
-from gpusched.core.requests import DrainRequest, PingRequest
+from gpusched.core.requests import DrainRequest, PingRequest, PruneRequest, ReloadRequest
 from gpusched.daemon.handlers.args import text
 from gpusched.daemon.identity import Caller, user_name
+from gpusched.daemon.pruning import prune_ended
 from gpusched.daemon.services import Services
+
+# When this daemon's code was loaded: `doctor` compares it with the installed files (an
+# upgrade or edit that kept the version number still needs a restart).
+STARTED_AT = time.time()
 
 
 def ping(services: Services, caller: Caller, _request: PingRequest) -> Any:
     return {
         "version": __version__,
         "pid": os.getpid(),
+        "started": STARTED_AT,  # epoch seconds
         "user": caller.user,  # who is asking, as the daemon sees them (SO_PEERCRED)
         "uid": caller.uid,
         "daemon_user": user_name(os.geteuid()),  # whose daemon this is
@@ -56,3 +64,32 @@ def drain(services: Services, caller: Caller, request: DrainRequest) -> Any:
 def drain_json(services: Services) -> dict[str, Any] | None:
     state = services.scheduler.drain
     return None if state is None else state.to_json()
+
+
+def prune(services: Services, caller: Caller, request: PruneRequest) -> Any:
+    """Forget jobs that ended long ago (one batch: the client asks again while `more`)."""
+    if not caller.admin:
+        raise PermissionDenied(
+            f"only an administrator (root or one listed in `admins`) may prune; {caller.user}"
+            " is not one"
+        )
+    config = services.config
+    return prune_ended(
+        services.store,
+        ended_before_s=request.ended_before_s,
+        log_dir=config.log_dir,
+        jobs_dir=config.state_dir / "jobs",
+        dry_run=request.dry_run,
+    ).to_json()
+
+
+def reload(services: Services, caller: Caller, _request: ReloadRequest) -> Any:
+    """Apply the config file now and say how it went (systemd's ExecReload waits for it)."""
+    if not caller.admin:
+        raise PermissionDenied(
+            f"only an administrator (root or one listed in `admins`) may reload; {caller.user}"
+            " is not one"
+        )
+    if services.reload_config is None:
+        raise GpuschedError("this daemon cannot reload its config on request: send it SIGHUP")
+    return {"kept": services.reload_config()}
