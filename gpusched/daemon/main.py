@@ -203,6 +203,7 @@ class Daemon:
             self._trouble.warning(key, f"scheduling pass failed: {exc!r}", exc_info=True)
 
     def run(self) -> int:
+        self.launcher.protect()  # before the zygote: it and the supervisors inherit it
         # Warm up the supervisor zygote while we re-adopt jobs and bind the socket.
         self.scheduler.launcher.start_zygote()
         # Before adoption, which may end jobs and queue their hooks: none is queued twice.

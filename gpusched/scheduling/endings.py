@@ -45,6 +45,7 @@ _ENDINGS: dict[OutcomeKind, tuple[JobState, EndReason]] = {
     OutcomeKind.CANCELLED: (JobState.CANCELLED, EndReason.CANCELLED),
     OutcomeKind.TIMEOUT: (JobState.FAILED, EndReason.TIMEOUT),
     OutcomeKind.FAILED_TO_START: (JobState.FAILED, EndReason.FAILED_TO_START),
+    OutcomeKind.HOST_OOM: (JobState.FAILED, EndReason.HOST_OOM),
 }
 
 # How a job stopped by the daemon for a reason of its own ends (a plain cancel: cancelled).
