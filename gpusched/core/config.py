@@ -29,6 +29,7 @@ from gpusched.core.config_values import (
 )
 from gpusched.core.errors import ConfigError, UsageError
 from gpusched.core.interactive_config import InteractiveSettings, parse_interactive
+from gpusched.core.retention_config import RetentionSettings, parse_retention
 from gpusched.core.units import parse_duration, parse_size
 
 SYSTEM_CONFIG_PATH = Path("/etc/gpusched/config.yaml")
@@ -127,6 +128,7 @@ class Config:
     node: str | None = None
     node_timeout_s: float = 30.0
     interactive: InteractiveSettings = field(default_factory=InteractiveSettings)  # run, claim()
+    retention: RetentionSettings = field(default_factory=RetentionSettings)  # what is kept
     source: str | None = None  # the file this came from, for messages
 
     def limits_for(self, user: str) -> UserLimits:
@@ -225,6 +227,8 @@ def _convert(source: str, key: str, value: Any, base: Config) -> dict[str, Any]:
             return _limits(value)
         if key == "interactive":
             return {"interactive": parse_interactive(value)}
+        if key == "retention":
+            return {"retention": parse_retention(value)}
         if key == "on_finish":
             return {"on_finish": parse_command(value)}
         if key == "hook_timeout":

@@ -38,6 +38,7 @@ from gpusched.core.errors import ConfigError, GpuschedError
 from gpusched.core.ratelog import RateLimitedLog
 from gpusched.daemon.hooks import HookRunner
 from gpusched.daemon.httpserve import HttpServer, Route
+from gpusched.daemon.retention import RetentionPass
 from gpusched.daemon.server import Server
 from gpusched.daemon.services import Services
 from gpusched.daemon.trusted_dirs import untrusted_dirs
@@ -50,6 +51,7 @@ from gpusched.store import Store
 log = logging.getLogger("gpusched.daemon")
 
 TICK_JOB_ID = "tick"
+RETENTION_JOB_ID = "retention"  # gpusched.daemon.retention, every retention.every
 
 
 def sd_notify(message: str) -> None:
@@ -232,6 +234,15 @@ class Daemon:
             misfire_grace_time=None,
             next_run_time=datetime.now(timezone.utc),
         )
+        retention = RetentionPass(self.settings, self.store, self.launcher)
+        self._ticks.add_job(
+            self._guarded(retention.retention_pass),
+            "interval",
+            seconds=self.config.retention.every_s,
+            id=RETENTION_JOB_ID,
+            max_instances=1,
+            coalesce=True,
+        )
         cluster = self.scheduler.cluster
         if cluster is not None:  # placements and cancels from another server, at once
             self._ticks.add_job(
@@ -344,6 +355,9 @@ class Daemon:
         self.config = new
         self.settings.replace(new)  # the scheduler, launcher and request handlers read it
         self._ticks.reschedule_job(TICK_JOB_ID, trigger="interval", seconds=new.poll_interval_s)
+        self._ticks.reschedule_job(
+            RETENTION_JOB_ID, trigger="interval", seconds=new.retention.every_s
+        )
         log.info("config reloaded from %s", self.config_path or "defaults")
         self.wake()
 

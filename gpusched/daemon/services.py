@@ -8,7 +8,7 @@ scheduler on fakes and calls the handlers with no socket at all.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpusched.core.config import Config
@@ -16,6 +16,7 @@ from gpusched.core.config_holder import ConfigHolder
 from gpusched.core.models import Job
 from gpusched.daemon import auth
 from gpusched.daemon.identity import Caller
+from gpusched.daemon.storage_budget import StorageBudget
 from gpusched.scheduling.scheduler import Scheduler
 from gpusched.store import Store
 
@@ -30,6 +31,8 @@ class Services:
     store: Store
     settings: ConfigHolder
     owner_uid: int
+    # What each user's submits stored lately (retention.user_bytes_per_minute / _per_day).
+    budget: StorageBudget = field(default_factory=StorageBudget)
 
     @property
     def config(self) -> Config:
