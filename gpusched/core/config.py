@@ -21,6 +21,7 @@ from gpusched.core.config_values import (
     parse_bound,
     parse_command,
     parse_hook_bound,
+    parse_ip,
     parse_log_cap,
     parse_margin,
     parse_node_name,
@@ -111,6 +112,7 @@ class Config:
     hook_output_max_bytes: int = 64 * 2**10  # a hook's output kept; at the limit, cut
     metrics_address: tuple[str, int] | None = None  # (host, port) for Prometheus; None: off
     web_address: tuple[str, int] | None = None  # (host, port) of the dashboard; None: off
+    metrics_scraper: str | None = None  # an IP address: one metrics slot kept for it
     # Every listener's clients (listening.py): idle time allowed between requests, and the
     # whole time one request may take to arrive however it trickles in (slowloris).
     client_idle_timeout_s: float = 60.0
@@ -237,6 +239,8 @@ def _convert(source: str, key: str, value: Any, base: Config) -> dict[str, Any]:
             return parse_hook_bound(key, value)
         if key == "metrics":
             return {"metrics_address": parse_address(value)}
+        if key == "metrics_scraper":
+            return {"metrics_scraper": parse_ip(value)}
         if key == "web":
             return {"web_address": parse_address(value, "127.0.0.1:8080")}
         if key in ("client_idle_timeout", "client_request_timeout"):

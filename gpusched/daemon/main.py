@@ -291,7 +291,7 @@ class Daemon:
 
             names, routes = wanted.setdefault(self.config.metrics_address, ([], {}))
             names.append("metrics")
-            routes.update(metrics_routes(self.scheduler))
+            routes.update(metrics_routes(self.scheduler, self.config.metrics_address[0]))
         if self.config.web_address is not None:
             from gpusched.daemon.web.site import web_routes
 
@@ -307,7 +307,11 @@ class Daemon:
         for address, (names, routes) in wanted.items():
             self.http.append(
                 HttpServer.start(
-                    names, address, routes, lambda: self.settings.current.client_request_timeout_s
+                    names,
+                    address,
+                    routes,
+                    lambda: self.settings.current.client_request_timeout_s,
+                    self.config.metrics_scraper if "metrics" in names else None,
                 )
             )
 
