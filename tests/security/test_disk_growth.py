@@ -108,8 +108,14 @@ def test_submit_then_cancel_with_new_environments_is_bounded(
 
     def round_of(tag: str) -> None:
         for n in range(30):
-            [job] = [_submit_raw(daemon, mallory, command=["true"], env=_big_env(f"{tag}{n}"))]
-            as_user(mallory, lambda job=job: bool(Client(daemon.socket_path).cancel(job["id"])))
+            job_id = int(
+                _submit_raw(daemon, mallory, command=["true"], env=_big_env(f"{tag}{n}"))["id"]
+            )
+
+            def cancel(job_id: int = job_id) -> bool:
+                return bool(Client(daemon.socket_path).cancel(job_id))
+
+            as_user(mallory, cancel)
 
     round_of("a")
     eventually(lambda: _stored_envs(daemon) == 0, timeout=30, describe=lambda: _stored_envs(daemon))
