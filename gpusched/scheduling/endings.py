@@ -55,6 +55,20 @@ _STOPPED_FOR: dict[StopIntent, tuple[JobState, EndReason]] = {
     StopIntent.IDLE: (JobState.CANCELLED, EndReason.IDLE),  # interactive jobs
 }
 
+# Ends whose detail is gpusched's own words about public facts, logged whatever
+# `show_commands` says (as gpusched.daemon.auth.PUBLIC_DETAILS shows them to everyone).
+_LOGGED_DETAILS = frozenset(
+    {
+        EndReason.SIGNAL,
+        EndReason.CANCELLED,
+        EndReason.DEPENDENCY_FAILED,
+        EndReason.OVERRUN,
+        EndReason.TIMEOUT,
+        EndReason.HOST_OOM,
+        EndReason.IDLE,
+    }
+)
+
 # How many of the latest ended job ids a waiter can catch up from without a read.
 RECENT_ENDS = 1024
 
@@ -155,7 +169,10 @@ class JobEndings:
             guard=self.guard_for(job_id),
         )
         if ended:
-            why = f": {quoted(detail, 500)}" if detail else ""  # may quote a user's path
+            # A failed start names the program's path, an OOM end quotes the job's output
+            # (secrets included): only gpusched's own words are logged unless show_commands.
+            shown = detail if self.config.show_commands or reason in _LOGGED_DETAILS else None
+            why = f": {quoted(shown, 500)}" if shown else ""  # may quote a user's path
             log.info("job %s %s (%s)%s", job_id, state, reason, why)
             self.announce_ends([(job_id, hooks_due)])
         return ended
