@@ -23,7 +23,7 @@ import os
 import signal
 import threading
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from datetime import datetime
 
@@ -38,6 +38,7 @@ from gpusched.processes.launching import Outcome, OutcomeKind
 from gpusched.processes.pidref import is_same_process
 from gpusched.scheduling.admission import Admission
 from gpusched.scheduling.endings import JobEndings
+from gpusched.scheduling.idle_evidence import Evidence
 from gpusched.store import Store
 from gpusched.usage.monitor import UsageMonitor
 
@@ -46,8 +47,6 @@ log = logging.getLogger("gpusched.scheduler")
 # Beyond kill_grace, how long a client asked to stop may take to report before the daemon
 # ends its reservation itself (the client reports after its command has exited).
 STOP_SLACK_S = 5.0
-# Below this utilization (percent, recent) an interactive job counts as idle.
-IDLE_UTIL_PERCENT = 1.0
 
 
 def signal_client(pid: int | None, start_time: str | None, signum: int) -> bool:
@@ -163,16 +162,19 @@ class InteractiveJobs:
         if not signal_client(job.pid, start_time, signal.SIGTERM):
             self.endings.settle(job.id, Outcome(OutcomeKind.CANCELLED))
 
-    def observe_idle(self, running: list[Job], usage: dict[int, dict[str, int]]) -> None:
-        """Note which running interactive jobs use their GPU; warn about (or end) idle ones."""
+    def observe_idle(self, running: list[Job], evidence: Mapping[int, Evidence]) -> None:
+        """Note which running interactive jobs use their GPU; warn about (or end) idle ones.
+
+        Idle only on evidence (gpusched.scheduling.idle_evidence): the clock runs through
+        QUIET polls since the last BUSY one; a poll that cannot tell (UNKNOWN) restarts it.
+        """
         settings = self.config.interactive
         now = self.clock()
         for job in running:
             if not job.interactive:
                 continue
-            util = self.monitor.job_util(job.id)
-            holds = any(usage.get(job.id, {}).values())
-            if holds and util is not None and util >= IDLE_UTIL_PERCENT:
+            seen = evidence.get(job.id, Evidence.UNKNOWN)
+            if seen != Evidence.QUIET:
                 self._busy_at[job.id] = now
                 self.warnings.pop(job.id, None)
                 continue

@@ -158,7 +158,7 @@ class Scheduler:
             seen = self.observe()
             try:
                 self._act_on_overruns(seen.overruns)
-                self.interactive.observe_idle(seen.running, seen.usage)
+                self.interactive.observe_idle(seen.running, seen.idle_evidence)
             except Exception:  # acting on what was measured must never stop scheduling
                 log.exception("acting on the running jobs' usage failed")
             if self.cluster is not None:
