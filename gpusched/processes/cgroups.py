@@ -205,6 +205,40 @@ def job_fork(cgroup: MemoryCgroup | None) -> Iterator[None]:
                 home.add(os.getpid())
 
 
+def hook_cgroup(name: str) -> MemoryCgroup | None:
+    """A new cgroup `SERVICE/NAME` beside the daemon's leaf, for a notification hook (so
+    that at its end nothing it started, even in a new session, is left running); None
+    where the daemon has no such layout (prepare_service did not run or could not)."""
+    own = own_memory_cgroup()
+    if own is None or own.path.name != DAEMON_LEAF or os.geteuid() != 0:
+        return None
+    cgroup = MemoryCgroup(own.path.parent / name, own.version)
+    try:
+        cgroup.path.mkdir()
+    except OSError:
+        return None
+    return cgroup
+
+
+def kill_all(cgroup: MemoryCgroup, attempts: int = 100) -> None:
+    """SIGKILL every process in `cgroup` until it is empty (or `attempts` rounds)."""
+    import signal
+    import time
+
+    kill_file = cgroup.path / "cgroup.kill"  # v2 (5.14+): the kernel kills them all at once
+    with contextlib.suppress(OSError):
+        if kill_file.exists():
+            kill_file.write_text("1")
+    for _ in range(attempts):
+        pids = cgroup.procs()
+        if not pids:
+            return
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.01)
+
+
 def remove_job_cgroup(cgroup: MemoryCgroup, wait_s: float = 2.0) -> None:
     """Remove a job's (empty) cgroup; its last processes may take a moment to leave."""
     import time
