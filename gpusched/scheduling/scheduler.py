@@ -59,6 +59,9 @@ from gpusched.usage.monitor import Overrun, UsageMonitor
 
 log = logging.getLogger("gpusched.scheduler")
 
+# Running jobs stopped per hold of the lock by cancel_many (each is a write and a signal).
+CANCEL_CHUNK = 200
+
 
 @dataclass
 class _Reading:
@@ -317,19 +320,40 @@ class Scheduler:
     def cancel(self, job: Job, by: str, waiting_only: bool = False) -> Job:
         """`waiting_only`: refuse (ConflictError) if it has started, checked under the lock."""
         with self._lock:
-            job = self.store.get(job.id)
-            if job.state in TERMINAL_STATES:
-                raise ConflictError(f"job {job.id} has already ended ({job.state})")
-            if waiting_only and job.state == JobState.RUNNING:
-                raise ConflictError(f"job {job.id} has started")
-            if job.state == JobState.RUNNING:
-                self._stop(job, StopIntent.CANCEL, f"cancelled by {by}")
-            else:
-                self.endings.end(
-                    job.id, JobState.CANCELLED, EndReason.CANCELLED, detail=f"cancelled by {by}"
-                )
+            self._cancel_locked(job, by, waiting_only)
             self.wake()
             return self.store.get(job.id)
+
+    def cancel_many(self, jobs: list[Job], by: str, waiting_only: bool = False) -> list[int]:
+        """Cancel jobs (running ones, of `cancel --all` or of an array) a chunk per hold of
+        the lock and with one wake-up: cancelling 1,000 running jobs one request each ran
+        a scheduling pass between every two and took ten minutes. Returns the ids
+        cancelled (a job that ended, or with `waiting_only` started, meanwhile is not)."""
+        cancelled: list[int] = []
+        for first in range(0, len(jobs), CANCEL_CHUNK):
+            with self._lock:  # released between chunks: others' requests go on
+                for job in jobs[first : first + CANCEL_CHUNK]:
+                    try:
+                        self._cancel_locked(job, by, waiting_only)
+                    except ConflictError:
+                        continue
+                    cancelled.append(job.id)
+        if cancelled:
+            self.wake()
+        return cancelled
+
+    def _cancel_locked(self, job: Job, by: str, waiting_only: bool) -> None:
+        job = self.store.get(job.id)
+        if job.state in TERMINAL_STATES:
+            raise ConflictError(f"job {job.id} has already ended ({job.state})")
+        if waiting_only and job.state == JobState.RUNNING:
+            raise ConflictError(f"job {job.id} has started")
+        if job.state == JobState.RUNNING:
+            self._stop(job, StopIntent.CANCEL, f"cancelled by {by}")
+        else:
+            self.endings.end(
+                job.id, JobState.CANCELLED, EndReason.CANCELLED, detail=f"cancelled by {by}"
+            )
 
     @property
     def node_name(self) -> str:
