@@ -185,7 +185,9 @@ def job_fork(cgroup: MemoryCgroup | None) -> Iterator[None]:
     the fork itself and nothing it starts early escapes; then the supervisor goes back to
     its own cgroup and protection."""
     home = own_memory_cgroup() if cgroup is not None else None
-    before = oom_score_adj()
+    # A user's own daemon (single-user mode) leaves its jobs' scores alone: they would
+    # otherwise be the machine's first choice, before the user's desktop and shell.
+    before = oom_score_adj() if os.geteuid() == 0 else None
     moved = False
     if cgroup is not None:
         try:
