@@ -156,13 +156,17 @@ def prepare_service(service: MemoryCgroup | None = None) -> MemoryCgroup | None:
 
     A daemon restarted by systemd starts in the service's cgroup again; one started in
     its own leaf already (a restart outside systemd) keeps the same service. None where
-    the cgroup cannot be written: jobs then share the daemon's cgroup.
+    the cgroup cannot be written, or where it is not the daemon's alone (started by hand
+    from a shell: the shell's session is not ours to move): jobs then share the daemon's
+    cgroup.
     """
     service = service or own_memory_cgroup()
     if service is None or os.geteuid() != 0:
         return None
     if service.path.name == DAEMON_LEAF:
         service = MemoryCgroup(service.path.parent, service.version)
+    if set(service.procs()) - {os.getpid()}:
+        return None
     leaf = service.child(DAEMON_LEAF)
     try:
         leaf.path.mkdir(exist_ok=True)
