@@ -109,7 +109,9 @@ def test_submit_then_cancel_with_new_environments_is_bounded(
     def round_of(tag: str) -> None:
         for n in range(30):
             job_id = int(
-                _submit_raw(daemon, mallory, command=["true"], env=_big_env(f"{tag}{n}"))["id"]
+                _submit_raw(
+                    daemon, mallory, command=["true"], env=_big_env(f"{tag}{n}"), hold=True
+                )["id"]
             )
 
             def cancel(job_id: int = job_id) -> bool:

@@ -53,19 +53,21 @@ for pid in kids:
 sys.exit(1 if killed else 0)
 """
 
-# Mallory's job: 1 GB into /dev/shm, through a 64 MiB buffer.
+# Mallory's job: 1 GB into /dev/shm/NAME (argv[1]), through a 64 MiB buffer.
 SHM_FLOOD = r"""
+import sys
 block = b"x" * (64 * 2**20)
-with open("/dev/shm/flood", "wb") as out:
+with open("/dev/shm/" + sys.argv[1], "wb") as out:
     for _ in range(16):
         out.write(block)
         out.flush()
 """
 
-# 300 MiB into /dev/shm, then exit: nothing of the job is left to kill.
+# 300 MiB into /dev/shm/NAME (argv[1]), then exit: nothing of the job is left to kill.
 SHM_LEFT_BEHIND = r"""
+import sys
 block = b"x" * (4 * 2**20)
-with open("/dev/shm/left-behind", "wb") as out:
+with open("/dev/shm/" + sys.argv[1], "wb") as out:
     for _ in range(75):
         out.write(block)
 """
@@ -175,11 +177,12 @@ def test_a_dev_shm_flood_is_the_jobs_own_and_ends_it(
     mallory, victim = people
     daemon, cgroup = capped_daemon
     victim_job, victim_supervisor = _victim_running(daemon, victim)
-    job_id = _submit(daemon, mallory, ["python3", "-c", SHM_FLOOD])
+    name = f"flood-{cgroup.name}"  # unique: never a file of another run's
+    job_id = _submit(daemon, mallory, ["python3", "-c", SHM_FLOOD, name])
     ended = daemon.wait_state(job_id, {"done", "failed", "lost", "cancelled"}, timeout=120)
     assert ended["reason"] == "host_oom", ended
     _survivors(daemon, victim_job, victim_supervisor)
-    assert not Path("/dev/shm/flood").exists()  # it was the job's own /dev/shm
+    assert not Path(f"/dev/shm/{name}").exists()  # it was the job's own /dev/shm
     eventually(lambda: int(_usage_file(cgroup).read_text()) < CAP_BYTES // 2, timeout=20)
 
 
@@ -190,10 +193,11 @@ def test_a_dev_shm_file_left_behind_is_freed_with_its_job(
     good (two such jobs and the daemon was killed); now they go with the job."""
     mallory, _victim = people
     daemon, cgroup = capped_daemon
-    for _ in range(3):  # 900 MiB in all, over the cap, were they kept
-        job_id = _submit(daemon, mallory, ["python3", "-c", SHM_LEFT_BEHIND])
+    names = [f"left-{cgroup.name}-{n}" for n in range(3)]
+    for name in names:  # 900 MiB in all, over the cap, were they kept
+        job_id = _submit(daemon, mallory, ["python3", "-c", SHM_LEFT_BEHIND, name])
         assert daemon.wait_state(job_id, {"done", "failed"}, timeout=60)["state"] == "done"
-    assert not Path("/dev/shm/left-behind").exists()
+    assert not any(Path(f"/dev/shm/{name}").exists() for name in names)
     eventually(lambda: int(_usage_file(cgroup).read_text()) < 200 * MiB, timeout=20)
     assert daemon.process is not None and daemon.process.poll() is None
 
@@ -202,15 +206,12 @@ def test_retry_oom_never_retries_a_host_oom(
     people: tuple[User, User], capped_daemon: tuple[RunningDaemon, Path]
 ) -> None:
     mallory, _victim = people
-    daemon, _cgroup = capped_daemon
+    daemon, cgroup = capped_daemon
     sock = daemon.socket_path
+    command = ["python3", "-c", SHM_FLOOD, f"retry-{cgroup.name}"]
     job = as_user(
         mallory,
-        lambda: (
-            Client(sock)
-            .submit(["python3", "-c", SHM_FLOOD], mem="1G", cwd=mallory.home, retry_oom=3)
-            .to_json()
-        ),
+        lambda: Client(sock).submit(command, mem="1G", cwd=mallory.home, retry_oom=3).to_json(),
     )
     ended = daemon.wait_state(job["id"], {"done", "failed", "lost"}, timeout=120)
     assert ended["reason"] == "host_oom", ended
