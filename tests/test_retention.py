@@ -1,5 +1,5 @@
-"""Retention (gpusched.store.retention, the `retention:` key): a real SQLite store, jobs
-ended at chosen times, one prune as of a chosen moment."""
+"""Retention (gpusched.store.retention, the `retention:` key): a real store (SQLite and
+PostgreSQL: conftest's `store`), jobs ended at chosen times, one prune as of a chosen moment."""
 
 from __future__ import annotations
 
@@ -49,11 +49,6 @@ def _job(store: Store, env: dict[str, str], ended_ago: float | None, log: str | 
             timeline=TimelineWrite((TimelineRow(NOW - ended_ago, 1, 1.0),)),
         )
     return job.id
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Store:
-    return Store(f"sqlite:///{tmp_path / 'db.sqlite'}")
 
 
 def test_each_kind_goes_at_its_own_age_and_active_jobs_are_never_touched(store: Store) -> None:

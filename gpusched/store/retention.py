@@ -27,7 +27,7 @@ from sqlalchemy import ColumnElement, and_, delete, exists, func, select, text, 
 from gpusched.core.clock import iso
 from gpusched.core.models import TERMINAL_STATES
 from gpusched.core.retention_config import RetentionSettings
-from gpusched.store.database import Database, envs, jobs, timeline_points
+from gpusched.store.database import Database, envs, jobs, lock_submits, timeline_points
 
 BATCH = 2000
 # env_id of an ended job whose environment retention dropped (ids start at 1).
@@ -145,6 +145,9 @@ def _drop_environments(db: Database, cutoff: str, done: Pruned) -> None:
             )
         done.environments += len(ids)
     with db._write() as conn:
+        # A submit finds an existing environment, then adds jobs that use it, in one
+        # transaction: on PostgreSQL this delete must not run between the two.
+        lock_submits(conn)
         used = select(jobs.c.env_id).where(jobs.c.env_id.is_not(None)).distinct()
         result = conn.execute(delete(envs).where(envs.c.id.not_in(used)))
         done.stored_environments += max(0, result.rowcount or 0)
