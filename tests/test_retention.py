@@ -1,110 +1,95 @@
-"""`gpusched admin prune`: old ended jobs forgotten with their logs, timelines and job
-directories, on an administrator's demand; the real daemon, the real CLI."""
+"""Retention (gpusched.store.retention, the `retention:` key): a real store (SQLite and
+PostgreSQL: conftest's `store`), jobs ended at chosen times, one prune as of a chosen moment."""
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-import tempfile
-from collections.abc import Iterator
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
 
-from gpusched.client import Client
-from gpusched.core.errors import NotFoundError, PermissionDenied
-from tests.daemon_harness import RunningDaemon
-from tests.users import as_user, throwaway_users
+from gpusched.core.clock import iso
+from gpusched.core.config import load_config
+from gpusched.core.errors import ConfigError
+from gpusched.core.models import JobState
+from gpusched.core.retention_config import DAY_S, RetentionSettings, parse_retention
+from gpusched.store import NewJob, Store, TimelineRow, TimelineWrite
+from gpusched.store.retention import prune
+
+NOW = 1_800_000_000.0
 
 
-def test_prune_forgets_old_ended_jobs_and_their_files_but_not_what_a_job_waits_for(
-    daemon: RunningDaemon,
-) -> None:
-    ended = [daemon.submit("--mem", "1G", "--", "echo", "hello") for _ in range(3)]
-    for job_id in ended:
-        daemon.wait_state(job_id, {"done"})
-    waited_for = ended[0]
-    dependent = daemon.submit("--hold", "--after", str(waited_for), "--mem", "1G", "--", "true")
-    logs = {job_id: Path(daemon.show(job_id)["log_path"]) for job_id in ended}
-    assert all(path.exists() for path in logs.values())
-    jobs_dir = daemon.root / "state" / "jobs"
-
-    recent = daemon.cli("admin", "prune", "--ended-before", "1h")
-    assert recent.returncode == 0, recent.stderr
-    assert recent.stdout.startswith("forgot 0 job(s) ended before ")
-
-    dry = daemon.cli("admin", "prune", "--ended-before", "0s", "--dry-run")
-    assert dry.returncode == 0, dry.stderr
-    assert dry.stdout.startswith("would forget 2 job(s)")
-    assert all(path.exists() for path in logs.values())
-
-    done = daemon.cli("admin", "prune", "--ended-before", "0s")
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("forgot 2 job(s)")
-    for job_id in ended[1:]:
-        with pytest.raises(NotFoundError):
-            daemon.client().job(job_id)
-        assert not logs[job_id].exists()
-        assert not (jobs_dir / str(job_id)).exists()
-    assert daemon.show(waited_for)["state"] == "done"  # job `dependent` waits for it
-    assert logs[waited_for].exists()
-    assert daemon.show(dependent)["state"] == "held"
-    assert daemon.cli("admin", "prune", "--ended-before", "soon").returncode == 2
+def _at(seconds_ago: float) -> str:
+    return iso(datetime.fromtimestamp(NOW - seconds_ago, timezone.utc))
 
 
-@pytest.fixture
-def shared_root() -> Iterator[Path]:
-    """A daemon directory every user can traverse (pytest's tmp dirs are root-only)."""
-    root = Path(tempfile.mkdtemp(prefix="gpusched-prune-", dir="/tmp"))
-    root.chmod(0o755)
-    yield root
-    shutil.rmtree(root, ignore_errors=True)
+def _job(store: Store, env: dict[str, str], ended_ago: float | None, log: str | None) -> int:
+    job = store.add(
+        NewJob(
+            user="alice",
+            uid=1000,
+            gid=1000,
+            command=["true"],
+            cwd="/",
+            env=env,
+            umask=0o022,
+            mem=2**30,
+            gpus=1,
+            held=True,
+        ),
+        _at((ended_ago or 0) + 60),
+    )
+    if ended_ago is not None:
+        assert store.mark_ended(
+            job.id,
+            state=JobState.DONE,
+            reason="exit",
+            now=_at(ended_ago),
+            log_path=log,
+            timeline=TimelineWrite((TimelineRow(NOW - ended_ago, 1, 1.0),)),
+        )
+    return job.id
 
 
-def test_only_an_administrator_may_prune(shared_root: Path) -> None:
-    with throwaway_users(1) as ([alice], _group):
-        daemon = RunningDaemon(shared_root).start()
-        try:
-            socket_path = daemon.socket_path
-            with pytest.raises(PermissionDenied, match="only an administrator"):
-                as_user(alice, lambda: Client(socket_path).prune(0.0))
-        finally:
-            daemon.stop()
+def test_each_kind_goes_at_its_own_age_and_active_jobs_are_never_touched(store: Store) -> None:
+    settings = RetentionSettings(
+        history_s=100 * DAY_S, environments_s=1 * DAY_S, timelines_s=10 * DAY_S, logs_s=5 * DAY_S
+    )
+    ancient = _job(store, {"A": "1"}, 200 * DAY_S, "/logs/1.log")
+    old = _job(store, {"B": "2"}, 20 * DAY_S, "/logs/2.log")
+    week = _job(store, {"C": "3"}, 7 * DAY_S, "/logs/3.log")
+    recent = _job(store, {"D": "4"}, 60.0, "/logs/4.log")
+    waiting = _job(store, {"A": "1"}, None, None)  # shares the ancient job's environment
+    done = prune(store, settings, NOW)
+    assert done.jobs == 1 and sorted(done.logs) == ["/logs/1.log", "/logs/2.log", "/logs/3.log"]
+    assert set(store.get_many([ancient, old, week, recent, waiting])) == {
+        old,
+        week,
+        recent,
+        waiting,
+    }
+    assert store.job_timeline(old) == [] and store.job_timeline(week) != []
+    assert store.launch_info(old).env_dropped and store.launch_info(old).env == {}
+    assert store.launch_info(recent).env == {"D": "4"}
+    assert store.launch_info(waiting).env == {"A": "1"}  # still used: kept
+    assert done.environments == 2 and done.stored_environments == 2  # B and C
+    again = prune(store, settings, NOW)
+    assert not again  # idempotent: nothing left to do
 
 
-def test_admin_reload_reports_a_rejected_config_and_applies_a_good_one(
-    daemon: RunningDaemon,
-) -> None:
-    """What systemd's ExecReload runs: it waits for the daemon's answer, so a bad file is
-    an error there (not only a line in the journal) and the old config stays in force."""
-    import yaml
-
-    good = yaml.safe_load(daemon.config_path.read_text())
-    daemon.config_path.write_text(yaml.safe_dump({**good, "headroom": "lots"}))
-    refused = daemon.cli("admin", "reload")
-    assert refused.returncode != 0
-    assert "key 'headroom'" in refused.stderr
-    assert daemon.client().ping()  # still serving, on the old config
-    moved = {**good, "headroom": "1G", "socket": str(daemon.root / "elsewhere.sock")}
-    daemon.config_path.write_text(yaml.safe_dump(moved))
-    applied = daemon.cli("--socket", str(daemon.socket_path), "admin", "reload")
-    assert applied.returncode == 0, applied.stderr
-    assert applied.stdout.strip() == "config reloaded"
-    assert "socket_path needs a restart to change: kept" in applied.stderr
+def test_null_keeps_forever(store: Store) -> None:
+    _job(store, {"A": "1"}, 10_000 * DAY_S, "/logs/1.log")
+    none = RetentionSettings(history_s=None, environments_s=None, timelines_s=None, logs_s=None)
+    assert not prune(store, none, NOW)
 
 
-def test_admins_may_be_named_by_unix_group(shared_root: Path) -> None:
-    """`admins: ["@group"]`: the group's members administer (prune here), from the account
-    database; a user outside it is refused."""
-    with throwaway_users(2, extra_group=True) as ([alice, bob], group):
-        assert group is not None
-        subprocess.run(["gpasswd", "-d", bob.name, group], check=True, capture_output=True)
-        daemon = RunningDaemon(shared_root, config={"admins": [f"@{group}"]}).start()
-        try:
-            socket_path = daemon.socket_path
-            done = as_user(alice, lambda: Client(socket_path).prune(86400.0, dry_run=True))
-            assert done["jobs"] == 0
-            with pytest.raises(PermissionDenied, match="only an administrator"):
-                as_user(bob, lambda: Client(socket_path).prune(86400.0, dry_run=True))
-        finally:
-            daemon.stop()
+def test_the_key_parses_with_units_and_refuses_nonsense(tmp_path: Path) -> None:
+    assert parse_retention({"history": "30d", "user_bytes_per_day": "1G"}) == RetentionSettings(
+        history_s=30 * DAY_S, user_bytes_per_day=2**30
+    )
+    assert parse_retention({"logs": None}).logs_s is None
+    path = tmp_path / "c.yaml"
+    for bad in ("retention: {history: soon}", "retention: {forever: 1d}", "retention: 3"):
+        path.write_text(bad)
+        with pytest.raises(ConfigError, match="retention"):
+            load_config(path)

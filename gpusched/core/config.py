@@ -21,6 +21,7 @@ from gpusched.core.config_values import (
     parse_bound,
     parse_command,
     parse_hook_bound,
+    parse_ip,
     parse_log_cap,
     parse_margin,
     parse_node_name,
@@ -29,6 +30,7 @@ from gpusched.core.config_values import (
 )
 from gpusched.core.errors import ConfigError, UsageError
 from gpusched.core.interactive_config import InteractiveSettings, parse_interactive
+from gpusched.core.retention_config import RetentionSettings, parse_retention
 from gpusched.core.units import parse_duration, parse_size
 
 SYSTEM_CONFIG_PATH = Path("/etc/gpusched/config.yaml")
@@ -110,6 +112,7 @@ class Config:
     hook_output_max_bytes: int = 64 * 2**10  # a hook's output kept; at the limit, cut
     metrics_address: tuple[str, int] | None = None  # (host, port) for Prometheus; None: off
     web_address: tuple[str, int] | None = None  # (host, port) of the dashboard; None: off
+    metrics_scraper: str | None = None  # an IP address: one metrics slot kept for it
     # Every listener's clients (listening.py): idle time allowed between requests, and the
     # whole time one request may take to arrive however it trickles in (slowloris).
     client_idle_timeout_s: float = 60.0
@@ -127,6 +130,7 @@ class Config:
     node: str | None = None
     node_timeout_s: float = 30.0
     interactive: InteractiveSettings = field(default_factory=InteractiveSettings)  # run, claim()
+    retention: RetentionSettings = field(default_factory=RetentionSettings)  # what is kept
     source: str | None = None  # the file this came from, for messages
 
     def limits_for(self, user: str) -> UserLimits:
@@ -225,6 +229,8 @@ def _convert(source: str, key: str, value: Any, base: Config) -> dict[str, Any]:
             return _limits(value)
         if key == "interactive":
             return {"interactive": parse_interactive(value)}
+        if key == "retention":
+            return {"retention": parse_retention(value)}
         if key == "on_finish":
             return {"on_finish": parse_command(value)}
         if key == "hook_timeout":
@@ -233,6 +239,8 @@ def _convert(source: str, key: str, value: Any, base: Config) -> dict[str, Any]:
             return parse_hook_bound(key, value)
         if key == "metrics":
             return {"metrics_address": parse_address(value)}
+        if key == "metrics_scraper":
+            return {"metrics_scraper": parse_ip(value)}
         if key == "web":
             return {"web_address": parse_address(value, "127.0.0.1:8080")}
         if key in ("client_idle_timeout", "client_request_timeout"):

@@ -46,6 +46,9 @@ class EndReason(_StrEnum):
     FAILED_TO_START = "failed_to_start"
     LOST = "lost"
     OOM = "oom"
+    # The kernel's OOM killer stopped it for host memory (the service's cgroup was full):
+    # never retried by --retry-oom, which grows GPU memory.
+    HOST_OOM = "host_oom"
     OVERRUN = "overrun"
     TIMEOUT = "timeout"
     DEPENDENCY_FAILED = "dependency_failed"

@@ -17,9 +17,11 @@ Hooks never hold up scheduling: an ending (`JobEndings.end`) only hands the job 
 database transaction and without waiting. Fair to users: at most `hooks_per_user` jobs'
 hooks of one owner run at once and `hooks_total` in all; a free slot goes to the next
 owner in turn (round robin), so one user's many slow hooks delay only their own. A hook
-that fails is logged; one that runs past `hook_timeout` is killed (its whole process
-group) and logged. How the owner's `--notify` hook ended (its exit status and the end of
-its output) is also recorded on the job, for `show` and the dashboard.
+that fails is logged; one that runs past `hook_timeout` is killed and logged. Each hook
+runs in a cgroup of its own (gpusched.daemon.hookrun): at its end or its timeout, every
+process it left, even in a session of its own, is killed. How the owner's `--notify` hook
+ended (its exit status and the end of its output) is also recorded on the job, for `show`
+and the dashboard.
 
 Nothing is lost across a restart: a job's end records in the same transaction that its
 hooks are due, and the mark is cleared just before they start. A daemon that stops (or

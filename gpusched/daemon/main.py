@@ -39,6 +39,7 @@ from gpusched.core.errors import ConfigError, GpuschedError
 from gpusched.core.ratelog import RateLimitedLog
 from gpusched.daemon.hooks import HookRunner
 from gpusched.daemon.httpserve import HttpServer, Route
+from gpusched.daemon.retention import RetentionPass
 from gpusched.daemon.server import Server
 from gpusched.daemon.services import Services
 from gpusched.daemon.trusted_dirs import untrusted_dirs
@@ -53,6 +54,7 @@ from gpusched.store import Store
 log = logging.getLogger("gpusched.daemon")
 
 TICK_JOB_ID = "tick"
+RETENTION_JOB_ID = "retention"  # gpusched.daemon.retention, every retention.every
 
 
 def sd_notify(message: str) -> None:
@@ -221,6 +223,7 @@ class Daemon:
             self._trouble.warning(key, f"scheduling pass failed: {exc!r}", exc_info=True)
 
     def run(self) -> int:
+        self.launcher.protect()  # before the zygote: it and the supervisors inherit it
         # Warm up the supervisor zygote while we re-adopt jobs and bind the socket.
         self.scheduler.launcher.start_zygote()
         # Before adoption, which may end jobs and queue their hooks: none is queued twice.
@@ -247,6 +250,15 @@ class Daemon:
             coalesce=True,
             misfire_grace_time=None,
             next_run_time=datetime.now(timezone.utc),
+        )
+        retention = RetentionPass(self.settings, self.store, self.launcher)
+        self._ticks.add_job(
+            self._guarded(retention.retention_pass),
+            "interval",
+            seconds=self.config.retention.every_s,
+            id=RETENTION_JOB_ID,
+            max_instances=1,
+            coalesce=True,
         )
         placer = self.scheduler.placer
         if placer.poll_every_s is not None:  # placements and cancels from elsewhere, at once
@@ -299,7 +311,7 @@ class Daemon:
 
             names, routes = wanted.setdefault(self.config.metrics_address, ([], {}))
             names.append("metrics")
-            routes.update(metrics_routes(self.scheduler))
+            routes.update(metrics_routes(self.scheduler, self.config.metrics_address[0]))
         if self.config.web_address is not None:
             from gpusched.daemon.web.site import web_routes
 
@@ -315,7 +327,11 @@ class Daemon:
         for address, (names, routes) in wanted.items():
             self.http.append(
                 HttpServer.start(
-                    names, address, routes, lambda: self.settings.current.client_request_timeout_s
+                    names,
+                    address,
+                    routes,
+                    lambda: self.settings.current.client_request_timeout_s,
+                    self.config.metrics_scraper if "metrics" in names else None,
                 )
             )
 
@@ -373,6 +389,9 @@ class Daemon:
         self.config = new
         self.settings.replace(new)  # the scheduler, launcher and request handlers read it
         self._ticks.reschedule_job(TICK_JOB_ID, trigger="interval", seconds=new.poll_interval_s)
+        self._ticks.reschedule_job(
+            RETENTION_JOB_ID, trigger="interval", seconds=new.retention.every_s
+        )
         log.info("config reloaded from %s", self.config_path or "defaults")
         self.wake()
         return [f"{name} needs a restart to change: kept" for name in changed]

@@ -9,7 +9,7 @@ scheduler on fakes and calls the handlers with no socket at all.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpusched.core.config import Config
@@ -17,6 +17,7 @@ from gpusched.core.config_holder import ConfigHolder
 from gpusched.core.models import Job
 from gpusched.daemon import auth
 from gpusched.daemon.identity import Caller
+from gpusched.daemon.storage_budget import StorageBudget
 from gpusched.scheduling.scheduler import Scheduler
 from gpusched.store import Store
 
@@ -33,6 +34,8 @@ class Services:
     owner_uid: int
     # The daemon's config reload (`admin reload`): what it kept, or its ConfigError.
     reload_config: Callable[[], list[str]] | None = None
+    # What each user's submits stored lately (retention.user_bytes_per_minute / _per_day).
+    budget: StorageBudget = field(default_factory=StorageBudget)
 
     @property
     def config(self) -> Config:

@@ -48,6 +48,7 @@ _ENDINGS: dict[OutcomeKind, tuple[JobState, EndReason]] = {
     OutcomeKind.CANCELLED: (JobState.CANCELLED, EndReason.CANCELLED),
     OutcomeKind.TIMEOUT: (JobState.FAILED, EndReason.TIMEOUT),
     OutcomeKind.FAILED_TO_START: (JobState.FAILED, EndReason.FAILED_TO_START),
+    OutcomeKind.HOST_OOM: (JobState.FAILED, EndReason.HOST_OOM),
 }
 
 # How a job stopped by the daemon for a reason of its own ends (a plain cancel: cancelled).
@@ -56,6 +57,20 @@ _STOPPED_FOR: dict[StopIntent, tuple[JobState, EndReason]] = {
     StopIntent.TIMEOUT: (JobState.FAILED, EndReason.TIMEOUT),  # interactive jobs
     StopIntent.IDLE: (JobState.CANCELLED, EndReason.IDLE),  # interactive jobs
 }
+
+# Ends whose detail is gpusched's own words about public facts, logged whatever
+# `show_commands` says (as gpusched.daemon.auth.PUBLIC_DETAILS shows them to everyone).
+_LOGGED_DETAILS = frozenset(
+    {
+        EndReason.SIGNAL,
+        EndReason.CANCELLED,
+        EndReason.DEPENDENCY_FAILED,
+        EndReason.OVERRUN,
+        EndReason.TIMEOUT,
+        EndReason.HOST_OOM,
+        EndReason.IDLE,
+    }
+)
 
 # How many of the latest ended job ids a waiter can catch up from without a read.
 RECENT_ENDS = 1024
@@ -140,7 +155,10 @@ class JobEndings:
             guard=self.node.guard_for(job_id),
         )
         if ended:
-            why = f": {quoted(detail, 500)}" if detail else ""  # may quote a user's path
+            # A failed start names the program's path, an OOM end quotes the job's output
+            # (secrets included): only gpusched's own words are logged unless show_commands.
+            shown = detail if self.config.show_commands or reason in _LOGGED_DETAILS else None
+            why = f": {quoted(shown, 500)}" if shown else ""  # may quote a user's path
             log.info("job %s %s (%s)%s", job_id, state, reason, why)
             self.announce_ends([(job_id, hooks_due)])
         return ended

@@ -25,7 +25,7 @@ import os
 import signal
 import threading
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 
 from gpusched.core.config import Config
@@ -38,14 +38,13 @@ from gpusched.processes.pidref import is_same_process
 from gpusched.scheduling.admission import Admission
 from gpusched.scheduling.context import Context
 from gpusched.scheduling.endings import JobEndings
+from gpusched.scheduling.idle_evidence import Evidence
 
 log = logging.getLogger("gpusched.scheduler")
 
 # Beyond kill_grace, how long a client asked to stop may take to report before the daemon
 # ends its reservation itself (the client reports after its command has exited).
 STOP_SLACK_S = 5.0
-# Below this utilization (percent, recent) an interactive job counts as idle.
-IDLE_UTIL_PERCENT = 1.0
 
 
 def signal_client(pid: int | None, start_time: str | None, signum: int) -> bool:
@@ -156,16 +155,19 @@ class InteractiveJobs:
         if not signal_client(job.pid, start_time, signal.SIGTERM):
             self.endings.settle(job.id, Outcome(OutcomeKind.CANCELLED))
 
-    def observe_idle(self, running: list[Job], usage: dict[int, dict[str, int]]) -> None:
-        """Note which running interactive jobs use their GPU; warn about (or end) idle ones."""
+    def observe_idle(self, running: list[Job], evidence: Mapping[int, Evidence]) -> None:
+        """Note which running interactive jobs use their GPU; warn about (or end) idle ones.
+
+        Idle only on evidence (gpusched.scheduling.idle_evidence): the clock runs through
+        QUIET polls since the last BUSY one; a poll that cannot tell (UNKNOWN) restarts it.
+        """
         settings = self.config.interactive
         now = self.clock()
         for job in running:
             if not job.interactive:
                 continue
-            util = self.monitor.job_util(job.id)
-            holds = any(usage.get(job.id, {}).values())
-            if holds and util is not None and util >= IDLE_UTIL_PERCENT:
+            seen = evidence.get(job.id, Evidence.UNKNOWN)
+            if seen != Evidence.QUIET:
                 self._busy_at[job.id] = now
                 self.warnings.pop(job.id, None)
                 continue

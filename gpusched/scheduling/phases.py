@@ -89,7 +89,7 @@ def act_on_usage(parts: Parts, this: Pass) -> None:
     seen = this.observed()
     try:
         act_on_overruns(parts.context, parts.endings, parts.interactive, seen.overruns)
-        parts.interactive.observe_idle(seen.running, seen.usage)
+        parts.interactive.observe_idle(seen.running, seen.idle_evidence)
     except Exception:  # acting on what was measured must never stop scheduling
         log.exception("acting on the running jobs' usage failed")
 

@@ -62,6 +62,9 @@ from gpusched.usage.monitor import UsageMonitor
 
 log = logging.getLogger("gpusched.scheduler")
 
+# Running jobs stopped per hold of the lock by cancel_many (each is a write and a signal).
+CANCEL_CHUNK = 200
+
 
 class Scheduler:
     def __init__(
@@ -208,26 +211,46 @@ class Scheduler:
     ) -> Job:
         """`waiting_only`: refuse (ConflictError) if it has started, checked under the lock.
         `detail`: the reason's words instead of "cancelled by <by>"."""
-        detail = detail or f"cancelled by {by}"
         with self.lock:
-            job = self.store.get(job.id)
-            if job.state in TERMINAL_STATES:
-                raise ConflictError(f"job {job.id} has already ended ({job.state})")
-            if waiting_only and job.state == JobState.RUNNING:
-                raise ConflictError(f"job {job.id} has started")
-            if job.state == JobState.RUNNING:
-                stop_job(
-                    self.context,
-                    self.endings,
-                    self.interactive,
-                    job,
-                    intent=StopIntent.CANCEL,
-                    detail=detail,
-                )
-            else:
-                self.endings.end(job.id, JobState.CANCELLED, EndReason.CANCELLED, detail=detail)
+            self._cancel_locked(job, detail or f"cancelled by {by}", waiting_only)
             self.context.wake()
             return self.store.get(job.id)
+
+    def cancel_many(self, jobs: list[Job], by: str, waiting_only: bool = False) -> list[int]:
+        """Cancel jobs (running ones, of `cancel --all` or of an array) a chunk per hold of
+        the lock and with one wake-up: cancelling 1,000 running jobs one request each ran
+        a scheduling pass between every two and took ten minutes. Returns the ids
+        cancelled (a job that ended, or with `waiting_only` started, meanwhile is not)."""
+        cancelled: list[int] = []
+        for first in range(0, len(jobs), CANCEL_CHUNK):
+            with self.lock:  # released between chunks: others' requests go on
+                for job in jobs[first : first + CANCEL_CHUNK]:
+                    try:
+                        self._cancel_locked(job, f"cancelled by {by}", waiting_only)
+                    except ConflictError:
+                        continue
+                    cancelled.append(job.id)
+        if cancelled:
+            self.context.wake()
+        return cancelled
+
+    def _cancel_locked(self, job: Job, detail: str, waiting_only: bool) -> None:
+        job = self.store.get(job.id)
+        if job.state in TERMINAL_STATES:
+            raise ConflictError(f"job {job.id} has already ended ({job.state})")
+        if waiting_only and job.state == JobState.RUNNING:
+            raise ConflictError(f"job {job.id} has started")
+        if job.state == JobState.RUNNING:
+            stop_job(
+                self.context,
+                self.endings,
+                self.interactive,
+                job,
+                intent=StopIntent.CANCEL,
+                detail=detail,
+            )
+        else:
+            self.endings.end(job.id, JobState.CANCELLED, EndReason.CANCELLED, detail=detail)
 
     def set_drain(self, drain: Drain | None) -> None:
         """Start nothing new (a Drain), or start again (None); kept across restarts. In a

@@ -16,16 +16,17 @@ here, which re-exports what the rest of gpusched uses:
   `TimelineWrite`; written with the usage flush and the end)
 - gpusched.store.nodes: the cluster's nodes and the scheduler's election (leases)
 - gpusched.store.placements: placements, starts and node deaths, conditioned on epochs
-- gpusched.store.retention: old ended jobs' rows deleted (`gpusched admin prune`)
+- gpusched.store.history_prune: old ended jobs' rows deleted on demand (`gpusched admin prune`)
+- gpusched.store.retention: the `retention:` key, applied by the daemon's retention pass
 """
 
 from __future__ import annotations
 
 from gpusched.store.database import jobs, metadata, timeline_points
+from gpusched.store.history_prune import RetentionRecords
 from gpusched.store.nodes import LeaseRow, NodeRecords, NodeRow
 from gpusched.store.placements import DownResult, NodeGuard, NodePlacement, PlacementRecords
 from gpusched.store.queries import JobFigures, LaunchInfo, Queued
-from gpusched.store.retention import RetentionRecords
 from gpusched.store.timeline import TimelineRecords, TimelineRow, TimelineWrite
 from gpusched.store.transitions import JobTransitions, NewJob
 from gpusched.store.usage import USAGE_COLUMNS, UsageRecords

@@ -59,6 +59,7 @@ class LaunchInfo:
     umask: int
     pid_start_time: str | None
     stop_intent: StopIntent | None = None  # set once the daemon asked it to stop
+    env_dropped: bool = False  # an ended job's environment deleted by retention
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,7 @@ class JobQueries(Database):
                     jobs.c.umask,
                     jobs.c.pid_start_time,
                     jobs.c.stop_intent,
+                    jobs.c.env_id,
                 )
                 .select_from(jobs.outerjoin(envs, jobs.c.env_id == envs.c.id))
                 .where(jobs.c.id == job_id)
@@ -103,7 +105,8 @@ class JobQueries(Database):
             raise NotFoundError(f"no job {job_id}")
         env = row.shared_env if row.shared_env is not None else row.env  # older rows: inline
         intent = StopIntent(row.stop_intent) if row.stop_intent else None
-        return LaunchInfo(row.gid, dict(env), row.umask, row.pid_start_time, intent)
+        dropped = row.env_id == 0  # gpusched.store.retention.DROPPED_ENV_ID
+        return LaunchInfo(row.gid, dict(env), row.umask, row.pid_start_time, intent, dropped)
 
     def active(self) -> list[Job]:
         """Queued, held and running jobs, in submit order."""

@@ -4,6 +4,7 @@ lets the caller touch, and answers with the jobs as `services.visible` shows the
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from typing import Any
 
@@ -59,6 +60,7 @@ def submit(services: Services, caller: Caller, request: SubmitRequest) -> Any:
     command, name = list(request.command), request.name
     if request.sweep is None:
         check_submit(config, command, None, name, new.after)
+        _charge(services, caller, new, [new])
         return services.visible(caller, services.scheduler.submit(new))
     pairs = [(key, list(values)) for key, values in request.sweep]
     check_submit(config, command, pairs, name, new.after)  # before expanding
@@ -66,8 +68,23 @@ def submit(services: Services, caller: Caller, request: SubmitRequest) -> Any:
         replace(new, command=argv, name=swept_name(name, text(label), MAX_NAME_CHARS))
         for argv, label in expand(command, pairs, config.max_array_jobs)
     ]
+    _charge(services, caller, new, news)
     jobs = services.scheduler.submit_many(news, as_array=True)
     return [services.visible(caller, job) for job in jobs]
+
+
+def _charge(services: Services, caller: Caller, new: NewJob, news: list[NewJob]) -> None:
+    """Count what the submit stores against the caller's budget (gpusched.daemon.storage_budget)."""
+    if caller.uid == 0:
+        return
+    command_bytes = sum(
+        sum(len(arg.encode("utf-8", "surrogatepass")) + 1 for arg in job.command)
+        + len((job.name or "").encode("utf-8", "surrogatepass"))
+        for job in news
+    )
+    services.budget.charge(
+        caller.user, new.env, command_bytes, services.config.retention, time.time()
+    )
 
 
 def priority(services: Services, caller: Caller, request: PriorityRequest) -> Any:
@@ -89,6 +106,11 @@ def requeue(services: Services, caller: Caller, request: RequeueRequest) -> Any:
             f"job {old.id} was interactive (gpusched run, claim()): run it again the same way"
         )
     info = services.store.launch_info(old.id)
+    if info.env_dropped:
+        raise ConflictError(
+            f"job {old.id}'s environment was deleted (retention.environments):"
+            " submit the command again"
+        )
     first = old if old.retry_of is None else services.store.get(old.retry_of)
     new = NewJob(
         user=old.user,
@@ -163,9 +185,6 @@ def _cancelled(
     services: Services, caller: Caller, ids: list[int], running: list[Job], waiting_only: bool
 ) -> list[dict[str, Any]]:
     """The jobs cancelled at once (`ids`), then `running` cancelled one by one."""
-    for job in running:
-        try:
-            ids.append(services.scheduler.cancel(job, caller.user, waiting_only).id)
-        except ConflictError:  # it ended (or, with waiting_only, started) meanwhile
-            continue
+    # In chunks under the lock, one wake-up for all (a pass per job took minutes).
+    ids.extend(services.scheduler.cancel_many(running, caller.user, waiting_only))
     return job_list(services, caller, ids, done=f"{len(ids)} jobs cancelled")
