@@ -21,10 +21,11 @@ import argparse
 import logging
 import os
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 from _common import Figure, GiB, median_time, print_conditions, report
-from packing import make_trace
+from _packing_trace import TraceJob, make_trace
 
 from gpusched.scheduling.gpu_budget import GpuSlot, RunningClaim
 from gpusched.scheduling.policy import WaitingJob, plan
@@ -37,10 +38,18 @@ PER_GPU = 3
 HEADROOM = 512 * 2**20
 
 
+def sized_trace(seed: int, n_jobs: int, window_s: float) -> list[TraceJob]:
+    """The packing benchmark's lab trace, every job declaring --mem (a whole-GPU job, its peak)."""
+    return [
+        replace(j, declared_bytes=j.declared_bytes or j.peak_bytes)
+        for j in make_trace(seed, n_jobs, window_s, "lab")
+    ]
+
+
 def policy_input(
     n_waiting: int, n_gpus: int
 ) -> tuple[list[GpuSlot], list[RunningClaim], list[WaitingJob]]:
-    trace = make_trace(7, n_waiting + n_gpus * PER_GPU, 3600.0)
+    trace = sized_trace(7, n_waiting + n_gpus * PER_GPU, 3600.0)
     gpus, running = [], []
     for g in range(n_gpus):
         uuid = f"GPU-bench-{g:03d}"
@@ -59,7 +68,7 @@ def time_tick(n_waiting: int, n_gpus: int, root: Path) -> tuple[float, int]:
     scheduler = in_process_scheduler(root, f"{n_gpus}x80G")
     store = scheduler.store
     uuids = [g.uuid for g in scheduler.probe.snapshot()]
-    trace = make_trace(7, n_waiting, 3600.0)
+    trace = sized_trace(7, n_waiting, 3600.0)
     env = dict(os.environ)
     base = {"user": "bench", "uid": os.getuid(), "gid": os.getgid(), "cwd": str(root)}
     # Bulk load in one transaction (Store.add commits one row at a time, with fsync).

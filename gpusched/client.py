@@ -18,21 +18,42 @@ import base64
 import contextlib
 import os
 import socket
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, overload
 
+from gpusched import __version__
 from gpusched.core import requests as rq
-from gpusched.core.config import resolve_socket
-from gpusched.core.errors import DaemonUnreachable, ProtocolError
+from gpusched.core.daemon_socket import choose_socket
+from gpusched.core.errors import DaemonUnreachable, ProtocolError, UsageError
 from gpusched.core.models import TERMINAL_STATES, Drain, GpuReport, Job, TimelinePoint
-from gpusched.core.protocol import MAX_REPLY_BYTES, decode, encode, error_from_reply, read_frame
-from gpusched.core.submitter import current_umask, notify_argv, resolve_command
-from gpusched.core.units import parse_duration, parse_size
+from gpusched.core.protocol import (
+    MAX_REPLY_BYTES,
+    VERSION_FIELD,
+    compatible_versions,
+    decode,
+    encode,
+    error_from_reply,
+    read_frame,
+    version_mismatch,
+)
+from gpusched.core.sanitize import shown
+from gpusched.core.submitter import (
+    current_umask,
+    notify_argv,
+    resolve_command,
+    runnable_command,
+)
+from gpusched.core.units import parse_job_mem, parse_job_time
 
 CONNECT_TIMEOUT_S = 5.0
 REPLY_TIMEOUT_S = 120.0
+# The system service is asked again for this long when its socket is missing or refuses
+# (systemd restarts it within RestartSec=2s plus its start-up).
+RESTART_WAIT_S = 10.0
+RESTART_RETRY_INTERVAL_S = 0.25
 
 
 @dataclass
@@ -55,7 +76,9 @@ class Client:
 
     The socket is `socket_path` if given, else $GPUSCHED_SOCKET, else the one named by
     the config file (`config_path`, $GPUSCHED_CONFIG, /etc/gpusched/config.yaml as root),
-    else the user's own daemon's, else the system one's.
+    else the system service's whenever one is installed (even while it restarts: it is
+    asked again for `restart_wait_s`), else the user's own daemon's
+    (gpusched.core.daemon_socket).
     """
 
     def __init__(
@@ -67,32 +90,25 @@ class Client:
     ) -> None:
         """`timeout_s`: give up on a connect or a reply after this long (default 5 s to
         connect, 120 s for a reply)."""
-        self.socket_path, self._tried = resolve_socket(socket_path, config_path)
+        choice = choose_socket(socket_path, config_path)
+        self.socket_path, self._tried = choice.path, choice.tried
+        self.system_service = choice.system
         self._connect_timeout_s = CONNECT_TIMEOUT_S if timeout_s is None else timeout_s
         self._reply_timeout_s = REPLY_TIMEOUT_S if timeout_s is None else timeout_s
+        self.restart_wait_s = RESTART_WAIT_S
+        self._said_restarting = False
 
     def request(self, op: str, **args: Any) -> Any:
         """Send one request and return its result; raise the daemon's error as a GpuschedError."""
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.settimeout(self._connect_timeout_s)
-            try:
-                sock.connect(str(self.socket_path))
-            except (FileNotFoundError, ConnectionRefusedError) as exc:
-                tried = " or ".join(str(p) for p in self._tried)
-                raise DaemonUnreachable(
-                    f"cannot reach the gpusched daemon at {tried} ({exc.strerror}):"
-                    " is it running? Start it with `gpusched daemon`, or point --socket at it"
-                ) from None
-            except PermissionError:
-                raise DaemonUnreachable(
-                    f"cannot reach the gpusched daemon at {self.socket_path}: permission denied"
-                ) from None
+            self._connect(sock)
             sock.settimeout(self._reply_timeout_s)
             # A daemon that refuses a connection (too many, out of files) says why and
             # closes at once: its reason is still there to read after a broken pipe.
             with contextlib.suppress(BrokenPipeError):
-                sock.sendall(encode({"op": op, **args}))
+                sock.sendall(encode({"op": op, VERSION_FIELD: __version__, **args}))
             frame = read_frame(sock, bytearray(), limit=MAX_REPLY_BYTES)
         except (TimeoutError, ConnectionResetError, BrokenPipeError) as exc:
             raise DaemonUnreachable(
@@ -111,6 +127,46 @@ class Client:
             raise error_from_reply(reply)
         raise ProtocolError("the daemon sent a reply without 'ok'")
 
+    def _connect(self, sock: socket.socket) -> None:
+        """Connect; the system service's socket is tried again for `restart_wait_s`, since
+        a service that is restarting answers again within seconds."""
+        deadline = time.monotonic() + (self.restart_wait_s if self.system_service else 0.0)
+        while True:
+            try:
+                sock.connect(str(self.socket_path))
+            except (FileNotFoundError, ConnectionRefusedError) as exc:
+                if time.monotonic() >= deadline:
+                    raise DaemonUnreachable(self._unreachable(exc)) from None
+                if not self._said_restarting:
+                    self._said_restarting = True
+                    print(
+                        f"gpusched: the system service is not answering at {self.socket_path}:"
+                        " it may be restarting; retrying...",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                time.sleep(RESTART_RETRY_INTERVAL_S)
+            except PermissionError:
+                raise DaemonUnreachable(
+                    f"cannot reach the gpusched daemon at {self.socket_path}: permission denied"
+                ) from None
+            else:
+                return
+
+    def _unreachable(self, exc: OSError) -> str:
+        if self.system_service:
+            return (
+                f"the system gpusched service is not answering at {self.socket_path}"
+                f" ({exc.strerror}), not even after {self.restart_wait_s:g}s: it is stopped or"
+                " failing; ask your administrator (systemctl status gpusched). Do not start"
+                " a personal `gpusched daemon`: the server's limits would not apply to it"
+            )
+        tried = " or ".join(str(p) for p in self._tried)
+        return (
+            f"cannot reach the gpusched daemon at {tried} ({exc.strerror}):"
+            " is it running? Start it with `gpusched daemon`, or point --socket at it"
+        )
+
     def send(self, request: rq.Request) -> Any:
         """Send a request object (gpusched.core.requests, checked as it was built)."""
         wire = request.to_wire()
@@ -120,6 +176,15 @@ class Client:
         """{"version", "pid", "daemon_user", "daemon_uid", "user", "uid"}: who answers, and
         who the daemon thinks is asking."""
         return dict(self.send(rq.PingRequest()))
+
+    def check_version(self) -> dict[str, Any]:
+        """Ping, and refuse (ProtocolError) a daemon whose version this client cannot talk to
+        (gpusched.core.protocol.compatible_versions); the ping's answer otherwise."""
+        info = self.ping()
+        daemon = str(info.get("version") or "")
+        if daemon and not compatible_versions(__version__, daemon):
+            raise ProtocolError(version_mismatch(__version__, daemon))
+        return info
 
     def submit(
         self,
@@ -211,6 +276,7 @@ class Client:
         workdir = os.path.abspath(cwd if cwd is not None else os.getcwd())
         environment = dict(os.environ if env is None else env)
         argv = resolve_command(command, workdir, environment.get("PATH"))
+        argv = _checked_program(argv, workdir, environment.get("PATH"), after, fields)
         if mem == "auto":
             mem = int(self.send(rq.EstimateHistoryRequest(tuple(argv)))["suggested_mem"])
         return self.send(
@@ -219,8 +285,8 @@ class Client:
                 cwd=workdir,
                 env=environment,
                 umask=current_umask(),
-                mem=None if mem is None else parse_size(mem),
-                time=None if time_limit is None else parse_duration(time_limit),
+                mem=None if mem is None else parse_job_mem(mem, what="mem"),
+                time=None if time_limit is None else parse_job_time(time_limit, what="time_limit"),
                 after=tuple(after),
                 notify=notify_argv(notify),
                 **fields,
@@ -260,10 +326,14 @@ class Client:
         all: bool = False,
         states: Sequence[str] | None = None,
         first: int | None = None,
+        user: str | None = None,
+        ended: int | None = None,
     ) -> dict[str, Any]:
         """The daemon's `status` reply as JSON, its pages joined: {"gpus", "jobs", "drain",
         "counts"}. `states`: only active jobs in these states (recently ended ones too with
-        `all`); `first`: stop after this many jobs (the rest are only counted in "counts").
+        `all`); `first`: stop after this many jobs (the rest are only counted in "counts");
+        `user`: only that user's jobs; `ended`: with `all`, this many recent ends (the
+        daemon's default: 20).
 
         The daemon answers in pages (`status_page_jobs` each) so that any queue fits;
         a job is listed once, in the state it had when its page was read.
@@ -272,6 +342,8 @@ class Client:
             all=all,
             states=None if states is None else tuple(states),
             limit=None if first is None else max(1, first),
+            user=user,
+            ended=ended,
         )
         result: dict[str, Any] = self.send(ask)
         jobs = list(result["jobs"])
@@ -335,6 +407,20 @@ class Client:
         result = self.send(rq.DrainRequest(on=True, reason=reason, node=node))
         return Drain.from_json(result)
 
+    def prune(self, ended_before_s: float, dry_run: bool = False) -> dict[str, Any]:
+        """Forget jobs that ended more than `ended_before_s` ago (administrators only): one
+        batch per call; {"jobs", "log_bytes", "more", "cutoff"}."""
+        result: dict[str, Any] = self.send(
+            rq.PruneRequest(ended_before_s=ended_before_s, dry_run=dry_run)
+        )
+        return result
+
+    def reload(self) -> list[str]:
+        """Have the daemon apply its config file now (administrators only); what it kept
+        because it needs a restart. A rejected config raises its error."""
+        result: dict[str, Any] = self.send(rq.ReloadRequest())
+        return [str(note) for note in result.get("kept", [])]
+
     def undrain(self, node: str | None = None) -> None:
         """Let jobs start again (administrators only), on `node` or the daemon's own."""
         self.send(rq.DrainRequest(on=False, node=node))
@@ -386,3 +472,21 @@ class Client:
                 return jobs
             if deadline is not None and time.monotonic() >= deadline:
                 return jobs
+
+
+def _checked_program(
+    argv: list[str], cwd: str, path_env: str | None, after: Sequence[int], fields: dict[str, Any]
+) -> list[str]:
+    """The command as it will run (`./train.py`), or UsageError if its program can never
+    start. A held job or one that waits for others only gets a warning: its program may be
+    built meanwhile. A sweep's placeholder in the program's name is filled in later."""
+    if fields.get("sweep") and "{" in argv[0]:
+        return argv
+    runnable, problem = runnable_command(argv, cwd, path_env)
+    if problem is None:
+        return runnable
+    if fields.get("hold") or after:
+        warning = shown(f"{problem}; queued anyway (held or --after)")
+        print(f"gpusched: warning: {warning}", file=sys.stderr)
+        return argv
+    raise UsageError(problem)

@@ -38,6 +38,9 @@ fi
 set -x
 "$python" -m venv "$prefix"
 # Not editable (-e): the service must not run code from a checkout someone may edit or remove.
-"$prefix/bin/pip" install --quiet --upgrade "$checkout"
+# [daemon]: the daemon's dependencies (a plain `pip install gpusched` is the light client).
+"$prefix/bin/pip" install --quiet --upgrade "$checkout[daemon]"
 install -d -m 0755 "$bindir"
 ln -sfn "$prefix/bin/gpusched" "$bindir/gpusched"
+install -d -m 0755 "$prefix/share/doc/gpusched"
+install -m 0644 "$checkout/README.md" "$checkout"/docs/*.md "$prefix/share/doc/gpusched/"

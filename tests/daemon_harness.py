@@ -26,6 +26,7 @@ from gpusched.core.config import load_config
 from gpusched.core.config_holder import ConfigHolder
 from gpusched.gpus.probe import SimulatedProbe
 from gpusched.processes.launcher import Launcher
+from gpusched.scheduling.context import Context
 from gpusched.scheduling.scheduler import Scheduler
 from gpusched.store import Store
 
@@ -110,12 +111,13 @@ def in_process_scheduler(root: Path, simulate: str, **overrides: Any) -> Schedul
     Close it with `scheduler.launcher.close()` and `scheduler.store.close()`.
     """
     holder = ConfigHolder(load_config(None, {**directory_settings(root, simulate), **overrides}))
-    return Scheduler(
+    context = Context.build(
         holder,
         Store(holder.current.database_url),
         SimulatedProbe.from_spec(simulate),
         Launcher(holder),
     )
+    return Scheduler(context)
 
 
 class RunningDaemon:

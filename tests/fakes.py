@@ -3,7 +3,7 @@
 `FakeLauncher` implements `gpusched.processes.launching.JobLauncher` in memory: a started job gets a
 pid no process has, and ends only when the test says how (`finish`), as its supervisor's
 exit record would. `FakeProbe` implements `gpusched.gpus.probe.Probe` with GPUs whose processes
-the test sets. `FixedClock` is a clock that moves only when told. With them,
+the test sets. `FixedClock` is a clock (wall and monotonic) that moves only when told. With them,
 `Scheduler.tick()` runs one scheduling pass at a time and spawns nothing.
 """
 
@@ -26,12 +26,21 @@ _FAKE_PIDS = itertools.count(10_000_000)
 class FixedClock:
     def __init__(self, start: str = "2026-01-05T09:00:00+00:00") -> None:
         self.now = datetime.fromisoformat(start).astimezone(timezone.utc)
+        self.elapsed_s = 0.0
 
     def __call__(self) -> datetime:
         return self.now
 
+    def monotonic(self) -> float:
+        return self.elapsed_s
+
+    def epoch_s(self) -> float:
+        """The wall time in seconds since 1970: a database's clock, for the leases."""
+        return self.now.timestamp()
+
     def advance(self, seconds: float) -> None:
         self.now += timedelta(seconds=seconds)
+        self.elapsed_s += seconds
 
 
 class FakeLauncher:

@@ -85,6 +85,24 @@ def test_job_ids_complete_from_the_daemon(daemon: RunningDaemon, tmp_path: Path)
     assert _complete("gpusched cancel ", tmp_path / "nobody.sock") == []
 
 
+def test_job_ids_complete_in_order_and_arrays_complete_too(daemon: RunningDaemon) -> None:
+    ended = daemon.submit("--mem", "1G", "--", "true")
+    daemon.wait_state(ended, {"done"})
+    running = daemon.submit("--mem", "1G", "--", "sleep", "60")
+    swept = daemon.cli("submit", "--hold", "--mem", "1G", "--sweep", "x=1,2", "--", "echo", "{x}")
+    assert swept.returncode == 0, swept.stderr
+    held = [int(i) for i in swept.stdout.split()]
+    daemon.wait_state(running, {"running"})
+    # status --all lists active jobs before ended ones: the ids must still come in order.
+    assert _complete("gpusched show ", daemon.socket_path) == [
+        str(i) for i in sorted([ended, running, *held])
+    ]
+    array = daemon.client().job(held[0]).array_id
+    assert _complete("gpusched wait a", daemon.socket_path) == [f"a{array}"]
+    assert f"a{array}" in _complete("gpusched cancel ", daemon.socket_path)
+    assert not any(c.startswith("a") for c in _complete("gpusched hold ", daemon.socket_path))
+
+
 @pytest.mark.parametrize(
     ("shell", "marker"),
     [("zsh", "#compdef gpusched"), ("fish", "complete --no-files --command gpusched")],

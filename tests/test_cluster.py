@@ -1,12 +1,12 @@
 """Several daemons sharing one queue (docs/cluster.md): real daemons on one machine, each
 with simulated GPUs, its own socket, state and log directories and its own node name,
-sharing one database (an SQLite file: the conditions that keep a placement, a start
-and an end single are the same SQL on PostgreSQL)."""
+sharing one database (an SQLite file, or PostgreSQL: the conditions that keep a
+placement, a start and an end single are the same SQL). Only what needs real processes
+is here; declaring a node down, fencing, coming back, re-election and takeover are
+decided one pass at a time, with a fixed clock, in tests/test_cluster_tick.py."""
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -20,9 +20,7 @@ import pytest
 from gpusched.store import NewJob, NodePlacement, Store
 from tests.cluster_harness import NODE_TIMEOUT_S, cluster_config
 from tests.daemon_harness import RunningDaemon, eventually
-from tests.postgres import PostgresServer
-from tests.test_metrics import _free_port as free_port
-from tests.test_metrics import _scrape as scrape
+from tests.http_helpers import free_port, scrape
 
 
 def sleeper(seconds: float = 600) -> list[str]:
@@ -57,99 +55,6 @@ def test_a_second_daemon_with_a_taken_name_refuses_to_start(
         twin.start()
     lines = [line for line in twin.stderr().splitlines() if "already live" in line]
     assert len(lines) == 1
-
-
-def _placed_on(daemon: RunningDaemon, ids: list[int], name: str) -> list[int]:
-    return [i for i in ids if daemon.show(i)["node"] == name]
-
-
-def test_a_crashed_node_is_declared_down_and_its_jobs_lost_or_queued_again(
-    node: Callable[..., RunningDaemon],
-) -> None:
-    a = node("a")  # first: it is elected to schedule
-    b = node("b")
-    ids = [a.submit("--", *sleeper()) for _ in range(3)]
-    again = a.submit("--requeue", "--", *sleeper())
-    for job_id in [*ids, again]:
-        a.wait_state(job_id, {"running"})
-    on_b = _placed_on(a, [*ids, again], "b")
-    assert len(on_b) == 2
-    assert b.process is not None
-    b.process.kill()  # the server "crashes": daemon, zygote, supervisors and jobs
-    b.process.wait()
-    b.process = None
-    b.kill_jobs()
-    for job_id in on_b:
-        if job_id == again:  # queued again: it waits for a GPU of the node still up
-            eventually(lambda: a.show(again)["state"] == "queued", NODE_TIMEOUT_S + 10)
-            continue
-        ended = a.wait_state(job_id, {"lost"}, timeout=NODE_TIMEOUT_S + 10)
-        assert ended["reason"] == "node_lost", ended
-    if again in on_b:  # and runs again once room is made there
-        assert a.cli("cancel", str(next(i for i in ids if i not in on_b))).returncode == 0
-        assert a.wait_state(again, {"running"}, timeout=10)["node"] == "a"
-    nodes = {n["name"]: n["state"] for n in a.status()["nodes"]}
-    assert nodes == {"a": "up", "b": "down"}
-
-
-def test_a_partitioned_node_fences_itself_and_reports_the_real_end_when_back(
-    node: Callable[..., RunningDaemon], tmp_path: Path
-) -> None:
-    a = node("a")
-    b = node("b")
-    go, marker = tmp_path / "go", tmp_path / "ended"
-    code = f"import os, time\nwhile not os.path.exists({str(go)!r}): time.sleep(0.05)\n"
-    code += f"open({str(marker)!r}, 'w').close()\nraise SystemExit(3)"
-    ids = [a.submit("--", sys.executable, "-c", code) for _ in range(4)]
-    for job_id in ids:
-        a.wait_state(job_id, {"running"})
-    on_b = _placed_on(a, ids, "b")
-    assert b.process is not None
-    os.kill(b.process.pid, signal.SIGSTOP)
-    try:
-        for job_id in on_b:
-            lost = a.wait_state(job_id, {"lost"}, timeout=NODE_TIMEOUT_S + 10)
-            assert lost["reason"] == "node_lost"
-        assert {n["name"]: n["state"] for n in a.status()["nodes"]}["b"] == "down"
-    finally:
-        os.kill(b.process.pid, signal.SIGCONT)
-    eventually(lambda: "rejoined the cluster" in b.stderr(), 10, describe=b.stderr)
-    assert "was declared down while away" in b.stderr()
-    go.touch()  # every job ends: those on b with their real exit, reported by b
-    for job_id in ids:
-        ended = a.wait_state(job_id, {"failed"}, timeout=10)
-        assert (ended["reason"], ended["exit_code"]) == ("exit", 3), ended
-    assert {n["name"]: n["state"] for n in a.status()["nodes"]} == {"a": "up", "b": "up"}
-
-
-def test_a_paused_scheduler_is_replaced_and_nothing_runs_twice(
-    node: Callable[..., RunningDaemon], tmp_path: Path
-) -> None:
-    a = node("a")
-    eventually(lambda: "schedules the cluster" in a.stderr(), 10, describe=a.stderr)
-    b = node("b")
-    assert a.process is not None
-    runs = tmp_path / "runs"
-    code = (
-        f"import os\nwith open({str(runs)!r}, 'a') as f:"
-        " f.write(os.environ['GPUSCHED_JOB_ID'] + '\\n')"
-    )
-    os.kill(a.process.pid, signal.SIGSTOP)
-    try:
-        eventually(lambda: "schedules the cluster" in b.stderr(), NODE_TIMEOUT_S + 10)
-        ids = [b.submit("--mem", "1G", "--", sys.executable, "-c", code) for _ in range(6)]
-    finally:
-        os.kill(a.process.pid, signal.SIGCONT)
-    for job_id in ids:
-        assert b.wait_state(job_id, {"done"}, timeout=20)["node"] in ("a", "b")
-    # Woken, a learns that it was replaced (or, if b's lease lapsed meanwhile on this
-    # loaded machine, takes the election back under a new epoch): never its old one.
-    eventually(
-        lambda: "no longer schedules the cluster" in a.stderr() or "epoch 3)" in a.stderr(),
-        10,
-        describe=a.stderr,
-    )
-    assert sorted(runs.read_text().split()) == sorted(str(i) for i in ids)
 
 
 def test_a_stale_schedulers_placements_are_refused(shared_db: str) -> None:
@@ -304,28 +209,6 @@ def test_a_daemon_back_after_being_declared_down_stops_the_requeued_and_watches_
     go.touch()
     ended = a.wait_state(lost, {"failed"}, timeout=15)  # its real end, recorded by b
     assert (ended["reason"], ended["exit_code"]) == ("exit", 3)
-
-
-def test_the_database_away_past_node_timeout_loses_no_node_s_jobs(
-    daemon_factory: Any, postgres_url: str, postgres_server: PostgresServer
-) -> None:
-    """Every lease runs out while PostgreSQL is stopped; when it is back, the scheduler
-    must not declare down the nodes that are only coming back too."""
-    a = daemon_factory("a", config=cluster_config(postgres_url, "a")).start()
-    eventually(lambda: "schedules the cluster" in a.stderr(), 10, describe=a.stderr)
-    b = daemon_factory("b", config=cluster_config(postgres_url, "b")).start()
-    ids = [a.submit("--", *sleeper()) for _ in range(4)]
-    for job_id in ids:
-        a.wait_state(job_id, {"running"})
-    postgres_server.stop()
-    try:
-        time.sleep(NODE_TIMEOUT_S + 2)
-    finally:
-        postgres_server.start()
-    time.sleep(NODE_TIMEOUT_S + 2)  # past the scheduler's own wait: nothing was declared
-    assert [a.show(i)["state"] for i in ids] == ["running"] * 4
-    assert {n["name"]: n["state"] for n in a.status()["nodes"]} == {"a": "up", "b": "up"}
-    assert "declared down" not in a.stderr() + b.stderr()
 
 
 def test_an_interactive_job_runs_on_the_server_it_was_started_on(

@@ -5,7 +5,14 @@ a job restricted to some nodes)."""
 from __future__ import annotations
 
 from gpusched.core.models import GpuHealth, GpuState, Job, JobState
-from gpusched.scheduling.cluster_inputs import (
+from gpusched.scheduling.cluster.election import (
+    Role,
+    fence_margin,
+    fenced,
+    may_declare_down,
+    scheduler_role,
+)
+from gpusched.scheduling.cluster.inputs import (
     NodeView,
     allowed_keys,
     cluster_claims,
@@ -13,13 +20,6 @@ from gpusched.scheduling.cluster_inputs import (
     node_key,
     node_report,
     split_key,
-)
-from gpusched.scheduling.election import (
-    Role,
-    fence_margin,
-    fenced,
-    may_declare_down,
-    scheduler_role,
 )
 from gpusched.scheduling.gpu_budget import GpuSlot
 from gpusched.scheduling.policy import WaitingJob, plan

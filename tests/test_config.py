@@ -374,3 +374,23 @@ def test_node_name_and_timeout_are_validated() -> None:
     with pytest.raises(ConfigError, match="less than three poll intervals"):
         load_config(None, {"node": "a", "poll_interval": "20s", "node_timeout": "30s"})
     assert load_config(None, {"poll_interval": "20s"}).node_timeout_s == 30.0  # one server
+
+
+def test_state_dir_alone_takes_the_database_and_logs_with_it(tmp_path: Path) -> None:
+    """Two daemons' configs, as root, each naming only its own state_dir: each gets its
+    own database and log directory inside it, never /var/lib/gpusched's shared one."""
+    configs = []
+    for name in ("a", "b"):
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(f"state_dir: {tmp_path / name}\n")
+        configs.append(load_config(path))
+    a, b = configs
+    assert a.database_url == f"sqlite:///{tmp_path / 'a' / 'gpusched.db'}"
+    assert a.log_dir == tmp_path / "a" / "jobs"
+    assert a.database_url != b.database_url and a.log_dir != b.log_dir
+    named = tmp_path / "c.yaml"
+    named.write_text(
+        f"state_dir: {tmp_path / 'c'}\ndatabase: sqlite:////x/y.db\nlog_dir: /x/logs\n"
+    )
+    both = load_config(named)
+    assert (both.database_url, both.log_dir) == ("sqlite:////x/y.db", Path("/x/logs"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 from tests.daemon_harness import RunningDaemon
@@ -68,3 +69,58 @@ def test_doctor_reads_the_driver_through_nvml(daemon_factory: Any, fake_nvml: Fa
     assert _statuses(result.stdout)["gpus"] == "FAIL"
     assert "driver is not loaded" in result.stdout
     assert result.returncode == 1
+
+
+def test_a_daemon_started_before_the_code_changed_is_a_warning(daemon: RunningDaemon) -> None:
+    """An upgrade that kept the version number (or an edit of an editable install): the
+    daemon still runs the code it loaded, so doctor says restart, not ok."""
+    import os
+    import time
+
+    import gpusched
+
+    assert _statuses(daemon.cli("doctor").stdout)["daemon"] == "ok"
+    init = Path(gpusched.__file__)
+    before = init.stat()
+    later = time.time() + 5
+    os.utime(init, (later, later))  # as if just installed; the content stays
+    try:
+        result = daemon.cli("doctor")
+    finally:
+        os.utime(init, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert _statuses(result.stdout)["daemon"] == "warn", result.stdout
+    assert "it runs older code" in result.stdout
+    assert "fix: restart the daemon" in result.stdout
+
+
+def test_doctor_run_by_a_user_checks_the_config_of_the_service_their_client_uses() -> None:
+    """A user without a daemon of their own talks to the system service: doctor checks
+    the service's config, not the defaults of a personal daemon they do not run."""
+    import shutil
+    import tempfile
+
+    from gpusched.cli.doctor import run_checks
+    from tests.users import as_user, throwaway_users
+
+    root = Path(tempfile.mkdtemp(prefix="gpusched-doctor-", dir="/tmp"))
+    try:
+        root.chmod(0o755)
+        system_config = root / "config.yaml"
+        system_config.write_text("headroom: 1G\nsimulate: 2x24G\n")
+        system_config.chmod(0o644)
+        with throwaway_users(1) as ([alice], _group):
+
+            def check() -> list[dict[str, Any]]:
+                import os
+
+                os.environ.pop("GPUSCHED_SOCKET", None)
+                os.environ.pop("GPUSCHED_CONFIG", None)
+                os.environ["XDG_RUNTIME_DIR"] = str(root / "no-runtime-dir")
+                return [c.to_json() for c in run_checks(system_config=system_config)]
+
+            checks = {c["name"]: c for c in as_user(alice, check)}
+        assert checks["config"]["status"] == "ok", checks["config"]
+        assert str(system_config) in checks["config"]["message"]
+        assert "the system service's" in checks["config"]["message"]
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

@@ -1,7 +1,7 @@
 """How jobs end (gpusched/scheduling/endings.py), driven with no process.
 
 A real Store (SQLite in a temp dir) and the scheduler's own `JobEndings`, on the test
-doubles of the launcher, GPUs and clock (tests/fakes.py), built by tests/test_tick.py's
+doubles of the launcher, GPUs and clock (tests/fakes.py), built by tests/world.py's
 `make_world`. A "restart" is a fresh FakeLauncher: it knows only the supervisors the
 test says are still alive.
 """
@@ -20,7 +20,7 @@ from gpusched.processes.launching import Outcome, OutcomeKind
 from gpusched.scheduling.endings import JobEndings
 from tests.daemon_harness import eventually
 from tests.fakes import FakeLauncher, GiB
-from tests.test_tick import World, make_world
+from tests.world import World, make_world
 
 
 @pytest.fixture
@@ -42,9 +42,9 @@ def _running(world: World, **spec: object) -> int:
 
 
 def _listen(world: World) -> list[tuple[int, bool]]:
-    heard: list[tuple[int, bool]] = []
-    _endings(world).end_listeners.append(lambda job_id, hooks: heard.append((job_id, hooks)))
-    return heard
+    """The ends announced from now on."""
+    del world.heard[:]
+    return world.heard
 
 
 # -- end(): recorded once, announced once ----------------------------------------------------
@@ -247,12 +247,12 @@ def test_listeners_hear_whether_hooks_are_due(world: World) -> None:
     assert heard == [(plain, False), (hooked, True)]
 
 
-def test_a_raising_listener_does_not_undo_the_end(world: World) -> None:
+def test_a_raising_listener_does_not_undo_the_end(tmp_path: Path) -> None:
     def broken(job_id: int, hooks_due: bool) -> None:
         raise RuntimeError("a listener's bug")
 
-    _endings(world).end_listeners.append(broken)
-    heard = _listen(world)  # after the broken one: still called
+    world = make_world(tmp_path, [24 * GiB], end_listeners=[broken])
+    heard = _listen(world)  # the World's, after the broken one: still called
     job = _running(world)
     world.finish(job)
     assert world.state(job) == JobState.DONE

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -108,9 +110,9 @@ def test_estimate_command_prints_the_breakdown_and_a_mem_without_a_daemon() -> N
                  "--per-sample", "1.2G")  # fmt: skip
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    parts = [line.split()[0] for line in lines[1:-1]]
+    parts = [line.split()[0] for line in lines[2:9]]
     assert parts == ["weights", "gradients", "optimizer", "master", "activations", "CUDA", "total"]
-    assert lines[-1] == "suggested: --mem 126G (total + 10%, rounded up)"
+    assert lines[9] == "suggested: --mem 126G (total + 10%, rounded up)"
     assert "note: no single GPU holds this" not in result.stdout
     data = json.loads(cli("--params", "7B", "--dtype", "bf16", "--json").stdout)
     assert data["total"] == 112 * 10**9 + CONTEXT
@@ -131,3 +133,21 @@ def test_a_parameter_count_past_a_float_is_a_usage_error() -> None:
     # Before: OverflowError (a traceback) from round(inf).
     with pytest.raises(UsageError, match="too large"):
         parse_params("1e400")
+
+
+def test_estimate_labels_its_units_and_checks_the_suggestion_against_this_servers_cards(
+    daemon_factory: Any,
+) -> None:
+    """14 GB of bf16 weights is 13.0 GiB, said so (not a bare "13G"); a suggestion no card
+    of this server holds is said to be too large for them, one that fits says where."""
+    alone = cli("--params", "7B", "--dtype", "bf16")
+    weights = next(line for line in alone.stdout.splitlines() if line.split()[:1] == ["weights"])
+    assert "13.0 GiB" in weights
+    assert "GB: 10^9 bytes" in alone.stdout
+    daemon = daemon_factory(simulate="2x24G").start()
+    env = {**os.environ, "GPUSCHED_CONFIG": str(daemon.config_path)}
+    big = daemon.cli("estimate", "--params", "7B", "--dtype", "bf16", env=env)
+    assert "note: no GPU here holds this: the largest is GPU 0" in big.stdout, big.stdout
+    assert "24.0 GiB" in big.stdout
+    small = daemon.cli("estimate", "--params", "1B", "--dtype", "bf16", "--inference", env=env)
+    assert "here: 2 of 2 GPU(s) hold it" in small.stdout, small.stdout

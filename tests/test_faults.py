@@ -9,7 +9,6 @@ but died before starting is queued again, never run twice, never lost.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -161,15 +160,16 @@ def test_sighup_applies_a_valid_config_and_keeps_the_old_one_when_broken(
 
 def test_a_reloaded_kill_grace_reaches_the_next_job(daemon_factory: Any) -> None:
     # The launcher writes each job's grace into its supervisor's spec. It once copied
-    # kill_grace when the daemon started, so a reload never reached it.
-    daemon = daemon_factory(simulate="1x24G", config={"kill_grace": "30s"}).start()
+    # kill_grace when the daemon started, so a reload never reached it. (The spec is
+    # deleted once read, so the grace is seen at work: a job that ignores SIGTERM ends
+    # within the new 1 s grace, far inside the old 600 s.)
+    daemon = daemon_factory(simulate="1x24G", config={"kill_grace": "600s"}).start()
     settings = yaml.safe_load(daemon.config_path.read_text())
-    _reload(daemon, {**settings, "kill_grace": "3s"}, "config reloaded")
-    job_id = daemon.submit("--mem", "1G", "--", "sleep", "60")
+    _reload(daemon, {**settings, "kill_grace": "1s"}, "config reloaded")
+    job_id = daemon.submit("--mem", "1G", "--", "sh", "-c", "trap '' TERM; sleep 600")
     daemon.supervisor_pid(job_id)
-    spec = json.loads((daemon.root / "state" / "jobs" / str(job_id) / "spec.json").read_text())
-    assert spec["kill_grace_s"] == 3.0
     assert daemon.cli("cancel", str(job_id)).returncode == 0
+    assert daemon.wait_state(job_id, {"cancelled"}, timeout=120)["state"] == "cancelled"
 
 
 def _db(daemon: RunningDaemon) -> Store:

@@ -1,7 +1,7 @@
 """The request handlers, called through `handlers.dispatch` with no socket and no process.
 
 A real Store (SQLite in a temp dir) and a real Scheduler on the test doubles of its
-launcher, GPUs and clock (tests/fakes.py), as tests/test_tick.py builds it; callers are
+launcher, GPUs and clock (tests/fakes.py), as tests/world.py builds it; callers are
 `Caller` values for two users and root, as the server would make from SO_PEERCRED.
 Submits that pass their checks are made as root (uid 0), whose working directory is not
 checked by a child process; users' jobs are queued through the scheduler directly.
@@ -31,7 +31,7 @@ from gpusched.daemon.identity import Caller
 from gpusched.daemon.services import Services
 from gpusched.store import NewJob, TimelineRow, TimelineWrite
 from tests.fakes import GiB
-from tests.test_tick import World, make_world
+from tests.world import World, make_world
 
 ALICE = Caller(pid=101, uid=1000, gid=1000, user="alice", admin=False)
 BOB = Caller(pid=102, uid=1001, gid=1001, user="bob", admin=False)

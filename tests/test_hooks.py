@@ -236,3 +236,24 @@ def test_hook_config_keys_are_checked(tmp_path: Path) -> None:
     path.write_text('on_finish: "sh -c \'unclosed"\n')
     with pytest.raises(UsageError, match="on_finish"):
         load_config(path)
+
+
+def test_how_a_notify_hook_ended_is_recorded_on_the_job_for_its_owner(
+    daemon: RunningDaemon,
+) -> None:
+    """Stock Debian has no `mail`: a failing hook's exit status and last words are in
+    `show` (and its JSON), not only in root's journal; a long output keeps its end."""
+    missing = daemon.submit("--mem", "1G", "--notify", "no-such-mailer -s done", "--", "true")
+    result = eventually(lambda: daemon.show(missing)["notify_result"], timeout=20)
+    assert result["kind"] == "failed_to_start" or result["exit_code"] not in (0, None)
+    shouted = "python3 -c \"import sys; print('x' * 5000); print('oops'); sys.exit(4)\""
+    loud = daemon.submit("--mem", "1G", "--notify", shouted, "--", "true")
+    result = eventually(lambda: daemon.show(loud)["notify_result"], timeout=20)
+    assert (result["kind"], result["exit_code"]) == ("exit", 4)
+    assert result["output"].endswith("oops") and len(result["output"]) <= 500
+    shown = daemon.cli("show", str(loud))
+    assert "notify ran: exited 4: " in shown.stdout
+    assert "oops" in shown.stdout
+    quiet = daemon.submit("--mem", "1G", "--", "true")
+    daemon.wait_state(quiet, {"done"})
+    assert daemon.show(quiet)["notify_result"] is None

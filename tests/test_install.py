@@ -224,6 +224,8 @@ def test_install_is_a_venv_every_user_can_read(installed: Install) -> None:
         cwd="/",  # not the test's cwd (the checkout), which `python -c` would import from
     ).stdout
     assert where.startswith(str(installed.prefix)), where
+    # The docs the unit's Documentation= names.
+    assert (installed.prefix / "share" / "doc" / "gpusched" / "operations.md").is_file()
     unreadable = []
     for path in [installed.prefix, *installed.prefix.rglob("*")]:
         mode = path.lstat().st_mode
@@ -310,6 +312,7 @@ def test_upgrade_reinstalls_into_the_same_venv_and_jobs_keep_running(
     assert result.returncode == 0, result.stderr
 
 
+@pytest.mark.install
 def test_the_installed_daemon_serves_the_dashboard(installed_daemon: RunningDaemon) -> None:
     address = yaml.safe_load(installed_daemon.config_path.read_text())["web"]
     for path in ("/", "/queue", "/job?id=1", "/usage", "/static/dashboard.js", "/api/status"):

@@ -129,6 +129,38 @@ def test_claim_as_a_context_manager_and_with_a_timeout(daemon: RunningDaemon) ->
     assert daemon.show(withdrawn)["state"] == "cancelled"  # never left waiting
 
 
+def test_a_waiting_claim_says_why_and_its_withdrawal_says_so(daemon: RunningDaemon) -> None:
+    """Issue 28: claim(timeout=...) printed nothing while it waited, NotPlaced lacked the
+    reason, and the withdrawn job read "cancelled by <user>"."""
+    code = """
+        import gpusched
+        held = [gpusched.claim(mem="20G"), gpusched.claim(mem="20G")]  # both cards
+        try:
+            gpusched.claim(mem="20G", timeout=6)
+        except gpusched.NotPlaced as exc:
+            print("not placed:", exc.message, flush=True)
+            print("reason:", exc.waiting_reason, flush=True)
+    """
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=daemon.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    message, reason = result.stdout.splitlines()
+    job = int(message.split()[3])
+    assert "needs 20.0G on 1 GPU" in reason
+    assert message.endswith(f"was not placed within 6s: {reason.removeprefix('reason: ')}")
+    assert f"gpusched: job {job} waiting: needs 20.0G on 1 GPU" in result.stderr
+    withdrawn = daemon.show(job)
+    assert (withdrawn["state"], withdrawn["reason"]) == ("cancelled", "cancelled")
+    assert withdrawn["reason_detail"].startswith("withdrawn: its process (claim()")
+    assert "cancelled by" not in withdrawn["reason_detail"]
+
+
 @pytest.mark.parametrize(
     "initialise",
     [

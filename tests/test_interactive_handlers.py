@@ -16,7 +16,7 @@ from gpusched.core.models import JobState
 from gpusched.daemon.identity import Caller
 from tests.fakes import GiB
 from tests.test_handlers import Daemon
-from tests.test_tick import make_world
+from tests.world import make_world
 
 ME = Caller(pid=os.getpid(), uid=os.getuid(), gid=os.getgid(), user="me", admin=False)
 RUN = {"command": ["bash"], "cwd": "/", "mem": 4 * GiB}

@@ -1,7 +1,7 @@
 """Interactive jobs (`gpusched run`, claim()) one scheduling pass at a time.
 
 The scheduler, store and policy are real, the GPUs and the launcher fakes (as in
-test_tick.py); each job's client is a real process (`sleep`, or a shell that ignores
+tests/world.py); each job's client is a real process (`sleep`, or a shell that ignores
 SIGTERM), since the daemon knows a client only by its pid and start time.
 """
 
@@ -18,7 +18,7 @@ import pytest
 from gpusched.core.models import JobState, StopIntent
 from gpusched.processes.pidref import process_start_time
 from tests.fakes import GiB
-from tests.test_tick import World, make_world
+from tests.world import World, make_world
 
 Spawn = Callable[[], subprocess.Popen[bytes]]
 

@@ -3,30 +3,16 @@
 from __future__ import annotations
 
 import socket
-import urllib.request
 from typing import Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from gpusched.core.config import load_config
 from gpusched.core.errors import UsageError
 from tests.daemon_harness import eventually
+from tests.http_helpers import free_port, scrape
 
 G = 2**30
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _scrape(port: int) -> dict[str, Any]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-        assert response.status == 200
-        text = response.read().decode()
-    return {family.name: family for family in text_string_to_metric_families(text)}
 
 
 def _values(family: Any, name: str | None = None) -> dict[tuple[tuple[str, str], ...], float]:
@@ -38,7 +24,7 @@ def _values(family: Any, name: str | None = None) -> dict[tuple[tuple[str, str],
 
 
 def test_metrics_endpoint_serves_the_schedulers_state(daemon_factory: Any) -> None:
-    port = _free_port()
+    port = free_port()
     daemon = daemon_factory(config={"metrics": f"127.0.0.1:{port}"}).start()
     finished = daemon.submit("--mem", "2G", "--", "true")
     daemon.wait_state(finished, {"done"})
@@ -47,7 +33,7 @@ def test_metrics_endpoint_serves_the_schedulers_state(daemon_factory: Any) -> No
     # Simulated jobs "allocate" what they declared a moment after starting.
     eventually(lambda: sum(g["used"] for g in daemon.status()["gpus"]) == 4 * G)
     status = {g["index"]: g for g in daemon.status()["gpus"]}
-    metrics = _scrape(port)
+    metrics = scrape(port)
 
     for key in ("total", "used", "free", "reserved", "available", "used_by_jobs", "used_by_others"):
         by_gpu = {
@@ -85,7 +71,7 @@ def test_metrics_endpoint_serves_the_schedulers_state(daemon_factory: Any) -> No
     # No second copy: the next scrape sees the next state.
     daemon.cli("cancel", str(running))
     daemon.wait_state(running, {"cancelled"})
-    again = _scrape(port)
+    again = scrape(port)
     jobs = {
         (dict(k)["state"], dict(k)["user"]): v for k, v in _values(again["gpusched_jobs"]).items()
     }

@@ -223,3 +223,38 @@ def test_multi_gpu_job_gets_distinct_cards_each_with_room(
     gpus = eventually(lambda: (g := gpus_by_index(daemon))[1]["used_by_jobs"] == 10 * GiB and g)
     assert gpus[2]["used_by_jobs"] == 10 * GiB
     assert gpus[0]["jobs"] == []
+
+
+def test_status_names_the_owner_of_memory_outside_gpusched_and_each_jobs_use(
+    daemon_factory: Any, fake_nvml: FakeNvml
+) -> None:
+    """gpustat on the same driver shows `user:python3/PID(10240M)`: so does status, and
+    each GPU reports what every gpusched job on it holds."""
+
+    fake_nvml.set_gpus([24 * GiB])
+    daemon = daemon_factory(simulate=None, config={"poll_interval": "0.3s"}, env=fake_nvml.env())
+    daemon.start()
+    outsider = subprocess.Popen(["sleep", "120"])
+    try:
+        fake_nvml.register_process(0, outsider.pid, 10 * GiB)
+        job_id = daemon.submit(
+            "--mem", "4G", "--", *fake_nvml.gpujob_argv("--mem", "3G", "--hold", "60")
+        )  # fmt: skip
+
+        def reported() -> dict[str, Any] | None:
+            gpu = daemon.status()["gpus"][0]
+            return gpu if gpu["others"] and gpu["job_mem"].get(str(job_id)) else None
+
+        gpu = eventually(reported, timeout=30)
+        assert gpu is not None
+        assert gpu["job_mem"][str(job_id)] == 3 * GiB
+        [other] = gpu["others"]
+        assert (other["pid"], other["command"], other["used"]) == (outsider.pid, "sleep", 10 * GiB)
+        assert other["user"] == "root"
+        text = daemon.cli("status").stdout
+        assert f"others: root:sleep/{outsider.pid}(10G)" in text
+    finally:
+        outsider.kill()
+        outsider.wait()
+        daemon.stop()
+        daemon.kill_jobs()

@@ -159,3 +159,86 @@ def test_an_idle_interactive_job_shows_its_warning_under_it() -> None:
     lines = render_status(gpus(), [idle], width=80, now=NOW).splitlines()
     at = next(i for i, line in enumerate(lines) if line.split()[:2] == ["7", "erin"])
     assert lines[at + 1].strip() == "idle: no GPU use for 1h (interactive.idle_timeout 1h)"
+
+
+def test_a_long_script_path_loses_its_directories_before_the_script_name() -> None:
+    long_path = ["python", "/home/bob/projects/very/long/path/to/the/experiments/train_gpt.py"]
+    job = Job(3, "bob", 1002, [*long_path, "--epochs", "100", "--lr", "3e-4"], "/h",
+              JobState.RUNNING, mem=20 * G, gpu_indices=[0], submitted_at=_at("11:00:00"),
+              started_at=_at("11:59:15"))  # fmt: skip
+    for width in (72, 80):
+        line = next(
+            x for x in render_status(gpus(), [job], width=width, now=NOW).splitlines()
+            if x.split()[:1] == ["3"]
+        )  # fmt: skip
+        assert len(line) <= width
+        assert ".../train_gpt.py" in line
+    wide = render_status(gpus(), [job], width=200, now=NOW)
+    assert "/home/bob/projects/very/long/path/to/the/experiments/train_gpt.py" in wide
+
+
+def test_a_limit_reason_is_wrapped_so_the_limits_name_stays() -> None:
+    reason = "user limit: carol holds 60.0G of GPU memory and this job needs 20.0G (max_mem 64.0G)"
+    job = Job(4, "carol", 1003, ["python", "x.py"], "/h", JobState.QUEUED, mem=20 * G,
+              submitted_at=_at("11:48:00"), waiting_reason=reason)  # fmt: skip
+    for width in (60, 80):
+        lines = render_status(gpus(), [job], width=width, now=NOW).splitlines()
+        assert all(len(line) <= width for line in lines)
+        at = next(i for i, line in enumerate(lines) if line.split()[:1] == ["4"])
+        note = " ".join(line.strip() for line in lines[at + 1 : at + 4] if line.startswith(" " * 8))
+        assert note == reason
+
+
+def test_others_hidden_sweep_and_interactive_jobs_show_their_array_and_mark() -> None:
+    swept = Job(
+        8,
+        "bob",
+        1002,
+        ["(hidden)"],
+        "",
+        JobState.RUNNING,
+        mem=4 * G,
+        gpu_indices=[1],
+        array_id=3,
+        array_index=2,
+        started_at=_at("11:00:00"),
+    )
+    interactive = Job(9, "bob", 1002, ["(hidden)"], "", JobState.RUNNING, mem=4 * G,
+                      gpu_indices=[1], interactive=True, started_at=_at("11:00:00"))  # fmt: skip
+    text = render_status(gpus(), [swept, interactive], width=80, now=NOW)
+    assert "a3[2] (hidden)" in text
+    assert "(interactive) (hidden)" in text
+
+
+def test_a_running_job_shows_the_memory_it_uses_beside_what_it_declared() -> None:
+    over = Job(
+        10,
+        "dan",
+        1004,
+        ["python", "big.py"],
+        "/h",
+        JobState.RUNNING,
+        mem=4 * G,
+        gpu_indices=[0],
+        started_at=_at("11:00:00"),
+        mem_used=10 * G + 800 * M,
+    )
+    queued = Job(11, "dan", 1004, ["python", "q.py"], "/h", JobState.QUEUED, mem=4 * G,
+                 submitted_at=_at("11:00:00"))  # fmt: skip
+    text = render_status(gpus(), [over, queued], width=80, now=NOW)
+    row = next(x for x in text.splitlines() if x.split()[:1] == ["10"])
+    assert "10.8G/4.0G" in row
+    queued_row = next(x for x in text.splitlines() if x.split()[:1] == ["11"])
+    assert "/" not in queued_row.split("python")[0]  # nothing in use to show yet
+
+
+def test_a_drain_on_one_server_speaks_of_the_server_and_not_of_undrain() -> None:
+    from gpusched.core.models import Drain, NodeStatus
+
+    drain = Drain("root", "2026-05-01T08:00:00.000+00:00", "new fans")
+    one = [NodeStatus("gpu1", "drained", 0.2, gpus())]
+    text = render_status(gpus(), jobs(), width=80, now=NOW, drain=drain, nodes=one)
+    assert "undrain" not in text
+    assert "node gpu1" not in text  # one server: no cluster's node lines
+    assert "draining since 2026-05-01 08:00 UTC (by root: new fans)" in text
+    assert "administrator" in text

@@ -26,7 +26,7 @@ from gpusched.daemon.server import MAX_CONNECTIONS_PER_USER, Server
 from tests.daemon_harness import eventually
 from tests.fakes import GiB
 from tests.test_handlers import Daemon
-from tests.test_tick import World, make_world
+from tests.world import World, make_world
 
 
 class Running:

@@ -3,6 +3,8 @@ and the ASCII fallback, on timelines built here."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from gpusched.cli.sparkline import (
@@ -119,3 +121,22 @@ def test_ascii_where_the_terminal_cannot_print_blocks() -> None:
     "\n".join(lines).encode("ascii")  # nothing it cannot print
     assert lines[0].endswith("=  @ declared 8.0G")  # half: the 4th of 8 levels
     assert lines[1].endswith("@  @ 100%")
+
+
+def test_a_gap_in_the_samples_is_drawn_as_a_gap_not_a_line() -> None:
+    """Points every 2 s, none for 60 s (the daemon was restarting), then every 2 s again:
+    the columns in the hole are blank; a job whose points grow coarser has no gap."""
+    before = [TimelinePoint(T0 + s, 2 * GiB, 50.0) for s in range(0, 60, 2)]
+    after = [TimelinePoint(T0 + 120 + s, 4 * GiB, 80.0) for s in range(0, 60, 2)]
+    columns = resample(before + after, 18)
+    assert (None, None) in columns
+    blank = [i for i, c in enumerate(columns) if c == (None, None)]
+    assert blank == list(range(blank[0], blank[-1] + 1))  # one run, in the middle
+    assert columns[0] == (2 * GiB, 50.0) and columns[-1] == (4 * GiB, 80.0)
+    assert len(blank) >= 4  # 60 s of 178 s on 18 columns, give or take the edges
+    lines = render_timeline(before + after, declared_bytes=8 * GiB)
+    assert re.search(f"[{BLOCKS}] {{3,}}[{BLOCKS}]", lines[0]), lines[0]  # blank between
+    coarse = [TimelinePoint(T0 + s, GiB, 1.0) for s in range(0, 300, 2)] + [
+        TimelinePoint(T0 + 300 + m * 60, GiB, 1.0) for m in range(30)
+    ]
+    assert (None, None) not in resample(coarse, 40)

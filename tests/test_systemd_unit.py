@@ -29,6 +29,10 @@ def test_unit_keeps_jobs_alive_and_notifies_readiness() -> None:
     assert settings["Restart"] == ["on-failure"]
     assert settings["RuntimeDirectoryPreserve"] == ["yes"]
     assert "gpusched daemon --config /etc/gpusched/config.yaml" in settings["ExecStart"][0]
+    # A reload that waits for the daemon's answer, so a rejected config fails it.
+    assert settings["ExecReload"][0].endswith("--config /etc/gpusched/config.yaml admin reload")
+    # gpusched's own docs, where scripts/install.sh puts them.
+    assert settings["Documentation"] == ["file:/opt/gpusched/share/doc/gpusched/operations.md"]
     for key in ("StateDirectory", "LogsDirectory", "RuntimeDirectory"):
         assert key in settings
     # Jobs inherit the sandbox: nothing that would cut them off from GPUs, network or homes.

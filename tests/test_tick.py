@@ -2,79 +2,24 @@
 
 A real Store (SQLite in a temp dir) and the real policy; the launcher, the GPUs and the
 clock are test doubles of their interfaces (tests/fakes.py), so each test says exactly
-what the hardware shows and how each job's supervisor reports its end.
+what the hardware shows and how each job's supervisor reports its end. The harness
+(`World`, `make_world`) is tests/world.py.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from gpusched.core.config import load_config
-from gpusched.core.config_holder import ConfigHolder
-from gpusched.core.models import Drain, EndReason, Job, JobState
+from gpusched.core.models import Drain, EndReason, JobState
 from gpusched.processes.launching import Outcome, OutcomeKind
+from gpusched.scheduling.context import Context
 from gpusched.scheduling.scheduler import Scheduler
-from gpusched.store import NewJob, Store
-from tests.daemon_harness import directory_settings
-from tests.fakes import FakeLauncher, FakeProbe, FixedClock, GiB
-
-EXITED_0 = Outcome(OutcomeKind.EXIT, exit_code=0)
-
-
-@dataclass
-class World:
-    scheduler: Scheduler
-    launcher: FakeLauncher
-    probe: FakeProbe
-    clock: FixedClock
-    root: Path
-
-    def submit(self, mem: int | None = 8 * GiB, user: str = "alice", **spec: Any) -> int:
-        new = NewJob(
-            user=user,
-            uid=1000 if user == "alice" else 1001,
-            gid=1000,
-            command=["train.py"],
-            cwd="/",
-            env={},
-            umask=0o022,
-            mem=mem,
-            **spec,
-        )
-        return self.scheduler.submit(new).id
-
-    def job(self, job_id: int) -> Job:
-        return self.scheduler.decorate(self.scheduler.store.get(job_id))
-
-    def state(self, job_id: int) -> JobState:
-        return self.job(job_id).state
-
-    def gpus_of(self, job_id: int) -> list[int]:
-        return self.job(job_id).gpu_indices
-
-    def tick(self) -> None:
-        self.scheduler.tick()
-        self.clock.advance(2)
-
-    def finish(self, job_id: int, outcome: Outcome = EXITED_0) -> None:
-        self.launcher.finish(job_id, outcome)
-
-
-def make_world(root: Path, sizes: list[int], **config: Any) -> World:
-    holder = ConfigHolder(
-        load_config(None, {**directory_settings(root, None), "headroom": "0", **config})
-    )
-    holder.current.state_dir.mkdir(parents=True)  # as the daemon does at start
-    launcher = FakeLauncher(holder.current.log_dir)
-    probe = FakeProbe(sizes)
-    clock = FixedClock()
-    store = Store(holder.current.database_url)
-    return World(Scheduler(holder, store, probe, launcher, clock), launcher, probe, clock, root)
+from gpusched.store import NewJob
+from tests.fakes import GiB
+from tests.world import EXITED_0, World, make_world
 
 
 @pytest.fixture
@@ -308,11 +253,13 @@ def test_a_job_whose_supervisor_is_gone_after_a_restart_is_lost(world: World) ->
     world.launcher.running.pop(gone)  # died while no daemon was running
     # A restart: a new scheduler on the same database and the same supervisors.
     again = Scheduler(
-        world.scheduler.settings,
-        world.scheduler.store,
-        world.probe,
-        world.launcher,
-        world.clock,
+        Context.build(
+            world.scheduler.settings,
+            world.scheduler.store,
+            world.probe,
+            world.launcher,
+            clock=world.clock,
+        )
     )
     again.adopt_running()
     lost = again.store.get(gone)

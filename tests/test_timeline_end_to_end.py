@@ -96,3 +96,34 @@ def test_show_has_the_timeline_the_driver_reported_and_draws_it(
     plain.stdout.encode("ascii")
     waiting = daemon.cli("show", str(held)).stdout
     assert "timeline:  no samples yet" in waiting
+
+
+def test_a_stopped_daemon_writes_the_points_it_held_in_memory(
+    daemon_factory: Any, fake_nvml: FakeNvml
+) -> None:
+    """SIGTERM (a restart) loses no buffered point: the store holds every point `show`
+    saw just before, though no periodic flush (every 60 s) has come yet."""
+    from gpusched.core.config import load_config
+    from gpusched.store import Store
+
+    fake_nvml.set_gpus([24 * GiB])
+    daemon = start(daemon_factory, fake_nvml)
+    job_id = daemon.submit(
+        "--mem", "4G", "--", *fake_nvml.gpujob_argv("--mem", "2G", "--util", "40", "--hold", "60")
+    )  # fmt: skip
+
+    def four_points() -> list[dict[str, Any]] | None:
+        points: list[dict[str, Any]] = daemon.show(job_id)["timeline"]
+        return points if len(points) >= 4 else None
+
+    seen = eventually(four_points, timeout=30)
+    assert seen is not None  # it is: eventually returns a true value
+    daemon.stop()
+    stored = Store(load_config(daemon.config_path).database_url)
+    try:
+        points = stored.job_timeline(job_id)
+    finally:
+        stored.close()
+        daemon.kill_jobs()
+    assert len(points) >= len(seen)
+    assert [p.to_json()["t"] for p in points[: len(seen)]] == [p["t"] for p in seen]

@@ -11,6 +11,8 @@ daemon of the previous version that is still running starts them after the upgra
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import signal
 import subprocess
 import sys
@@ -47,6 +49,22 @@ def test_a_supervisor_started_under_the_old_module_path_is_readopted(
     _kill_tree(supervisor)
     job_dir = daemon.root / "state" / "jobs" / str(job_id)
     (job_dir / "supervisor.json").unlink()  # the new zygote's record: the old one had none
+    # The spec the old launcher wrote (a supervisor now deletes it once read).
+    spec = {
+        "job_id": job_id,
+        "argv": ["sh", "-c", script],
+        "cwd": "/",
+        "env": {"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+        "uid": os.getuid(),
+        "gid": os.getgid(),
+        "groups": [],
+        "umask": 0o022,
+        "log_path": str(daemon.root / "logs" / f"{job_id}.log"),
+        "kill_grace_s": 2.0,
+        "max_log_bytes": None,
+        "time_limit_s": None,
+    }
+    (job_dir / "spec.json").write_text(json.dumps(spec))
     old = subprocess.Popen(
         [sys.executable, "-m", "gpusched.supervisor", str(job_dir / "spec.json")],
         stdin=subprocess.DEVNULL,

@@ -213,7 +213,8 @@ def test_death_at_the_cards_limit_is_oom_and_other_failures_are_not(
     assert (jobs[full]["state"], jobs[full]["reason"]) == ("failed", "oom")
     assert "GPU 0 was full" in jobs[full]["reason_detail"]
     assert jobs[full]["hints"] == [
-        "ran out of GPU memory with --mem 20G: resubmit with --mem 23.5G (--retry-oom N does that"
+        # 24G less the fake driver's 256M reserve (NVML v2) less the 512M headroom: 23.25G
+        "ran out of GPU memory with --mem 20G: resubmit with --mem 23808M (--retry-oom N does that"
         " by itself), or lower the batch size, or use mixed precision or gradient checkpointing"
     ]
     assert jobs[full]["retried_as"] is None

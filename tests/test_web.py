@@ -22,9 +22,9 @@ import yaml
 
 from gpusched.client import Client
 from gpusched.core.config import load_config
-from gpusched.daemon.httpserve import Response
+from gpusched.daemon.httpserve import Response, host_allowed
 from gpusched.daemon.web import api
-from gpusched.daemon.web.site import RecentReplies, host_allowed
+from gpusched.daemon.web.site import RecentReplies
 from tests.browser import free_port
 from tests.daemon_harness import RunningDaemon, eventually
 from tests.users import as_user, throwaway_users

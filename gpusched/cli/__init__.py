@@ -5,8 +5,9 @@ A thin client: every command except `daemon` is one or a few requests through
 `gpusched.client.Client`. Errors become one line on stderr and the contract's exit
 code (0 ok, 1 failed, 2 bad usage, 3 daemon unreachable, 124 wait timed out).
 
-The commands on jobs live in cli_jobs.py, the views in cli_views.py, `estimate` in
-cli_usage.py; this module registers them all on the group. None of them imports
+The commands on jobs live in cli/jobs.py, the views in cli/views.py, `estimate` in
+cli/estimate.py, `run` in cli/run.py, the administrator's in cli/admin.py; this module
+registers them all on the group. None of them imports
 SQLAlchemy, APScheduler, pynvml, prometheus_client, YAML or psutil at import time:
 `gpusched status` must start fast.
 """
@@ -33,6 +34,7 @@ from gpusched.cli.jobs import (
     undrain,
     wait,
 )
+from gpusched.cli.kernel import kernel
 from gpusched.cli.run import run
 from gpusched.cli.views import history, logs, show, status
 from gpusched.core.errors import EXIT_FAILED, EXIT_OK, GpuschedError, UsageError
@@ -134,7 +136,8 @@ def daemon(ctx: click.Context, simulate: str | None) -> None:
     """Run the scheduler daemon in the foreground (systemd runs this).
 
     Without root it serves only its own user, with the socket in $XDG_RUNTIME_DIR
-    and the database and logs under ~/.local/state/gpusched.
+    and the database and logs under ~/.local/state/gpusched. Where a system service
+    serves the machine, a personal daemon needs --simulate or its own --socket.
 
     \b
     Example:
@@ -142,10 +145,21 @@ def daemon(ctx: click.Context, simulate: str | None) -> None:
     """
     from pathlib import Path
 
-    from gpusched.daemon.main import run_daemon
+    from gpusched.core.daemon_socket import refuse_personal_daemon
 
-    config = ctx.find_root().obj.get("config")
-    ctx.exit(run_daemon(Path(config) if config else None, simulate))
+    given = ctx.find_root().obj
+    config = Path(given["config"]) if given.get("config") else None
+    refuse_personal_daemon(config, simulate, given.get("socket"))
+
+    try:
+        from gpusched.daemon.main import run_daemon
+    except ImportError as exc:  # `pip install gpusched`: the client alone
+        raise UsageError(
+            f"the daemon's dependencies are not installed here (no module {exc.name!r}):"
+            " pip install 'gpusched[daemon]' (a server's service: scripts/install.sh)"
+        ) from None
+
+    ctx.exit(run_daemon(config, simulate, given.get("socket")))
 
 
 @cli.command()
@@ -211,6 +225,7 @@ for _command in (
     drain,
     undrain,
     admin,
+    kernel,
 ):
     cli.add_command(_command)
 for _registered in cli.commands.values():  # every command, this module's own too

@@ -1,8 +1,8 @@
 """What every command module shares: the client for this invocation, job and array ids
 from the command line, JSON output and the choice of colour.
 
-Its own module (not cli.py) because cli.py imports the command modules to register
-them; helpers there would make each command module import cli.py back.
+Its own module (not cli/__init__.py) because that module imports the command modules to
+register them; helpers there would make each command module import it back.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from gpusched.client import Client
-from gpusched.core.errors import UsageError
+from gpusched.core.errors import EXIT_FAILED, EXIT_OK, UsageError
+from gpusched.core.models import Job, JobState
 from gpusched.core.sanitize import shown
 from gpusched.core.units import parse_duration
 
@@ -60,10 +61,11 @@ COMPLETION_TIMEOUT_S = 1.0
 
 
 def job_ids_completer(
-    ended_too: bool = False,
+    ended_too: bool = False, arrays: bool = False
 ) -> Callable[[click.Context, click.Parameter, str], list[CompletionItem]]:
     """Shell completion for job ids: the caller's own active jobs (`ended_too`: and the
-    recently ended ones), each with its state and name.
+    recently ended ones), each with its state and name, in id order; `arrays`: their
+    arrays' ids (aN) too, after them.
 
     Asks the daemon (one `status` request); offers nothing when it cannot be reached.
     """
@@ -82,21 +84,44 @@ def job_ids_completer(
         except Exception:  # completion must never print a traceback into the user's prompt
             return []
         uid = os.getuid()
-        return [
+        mine = sorted((job for job in jobs if uid in (0, job.uid)), key=lambda job: job.id)
+        items = [
             CompletionItem(
                 str(job.id), help=shown(f"{job.state} {job.name or ' '.join(job.command)}")
             )
-            for job in jobs
-            if uid in (0, job.uid) and str(job.id).startswith(incomplete)
+            for job in mine
+            if str(job.id).startswith(incomplete)
         ]
+        if arrays:
+            sizes: dict[int, int] = {}
+            for job in mine:
+                if job.array_id is not None:
+                    sizes[job.array_id] = sizes.get(job.array_id, 0) + 1
+            items += [
+                CompletionItem(f"a{array_id}", help=f"array of {count} job(s) listed")
+                for array_id, count in sorted(sizes.items())
+                if f"a{array_id}".startswith(incomplete)
+            ]
+        return items
 
     return complete
 
 
 # The id arguments of the job commands, with their shell completion.
 JOB_IDS = click.argument("ids", nargs=-1, required=True, shell_complete=job_ids_completer())
+JOB_OR_ARRAY_IDS = click.argument(
+    "ids", nargs=-1, required=True, shell_complete=job_ids_completer(arrays=True)
+)
 ACTIVE_JOB_ID = click.argument("job_id", type=int, shell_complete=job_ids_completer())
 ANY_JOB_ID = click.argument("job_id", type=int, shell_complete=job_ids_completer(ended_too=True))
+
+
+def exit_status(job: Job) -> int:
+    """What `wait` and `logs -f` exit with for one ended job: its exit code when it exited,
+    else 0 if it is done and 1 (it was cancelled, killed, lost or never started)."""
+    if job.exit_code is not None and job.state in (JobState.DONE, JobState.FAILED):
+        return job.exit_code
+    return EXIT_OK if job.state == JobState.DONE else EXIT_FAILED
 
 
 def print_json(value: Any) -> None:

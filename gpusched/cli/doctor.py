@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -24,8 +25,8 @@ from gpusched.core.config import (
     config_path_from_env,
     default_config,
     load_config,
-    resolve_socket,
 )
+from gpusched.core.daemon_socket import resolve_socket, system_service_installed
 from gpusched.core.errors import GpuschedError
 
 OK = "ok"
@@ -62,12 +63,19 @@ class _Context:
     socket_arg: str | None
     socket_path: Path | None = None
     daemon_uid: int | None = None
+    system_config: Path = SYSTEM_CONFIG_PATH  # the system service's (a test names another)
 
 
 def _config_check(ctx: _Context) -> Check:
     path = ctx.config_path
-    if path is None and os.geteuid() == 0 and SYSTEM_CONFIG_PATH.exists():
-        path = SYSTEM_CONFIG_PATH
+    whose = ""
+    if path is None and ctx.system_config.exists():
+        if os.geteuid() == 0:
+            path = ctx.system_config
+        elif _client_uses_the_system_service(ctx):
+            # A user's client talks to the system service: its config is the one to check,
+            # not a personal daemon's defaults.
+            path, whose = ctx.system_config, " (the system service's: your client uses it)"
     try:
         ctx.config = load_config(path)
     except GpuschedError as exc:
@@ -88,7 +96,15 @@ def _config_check(ctx: _Context) -> Check:
             )
         return Check("config", OK, "no config file: defaults for a single-user daemon")
     extra = f" (simulate: {ctx.config.simulate})" if ctx.config.simulate else ""
-    return Check("config", OK, f"{path} is valid{extra}")
+    return Check("config", OK, f"{path} is valid{whose}{extra}")
+
+
+def _client_uses_the_system_service(ctx: _Context) -> bool:
+    """Whether this user's client, given no socket, goes to the system service: one is
+    installed (the client then never prefers a personal daemon: core.daemon_socket)."""
+    if ctx.socket_arg or os.environ.get("GPUSCHED_SOCKET"):
+        return False
+    return system_service_installed()
 
 
 def _gpus_check(ctx: _Context) -> Check:
@@ -158,14 +174,25 @@ def _daemon_check(ctx: _Context) -> Check:
         f"daemon pid {info.get('pid')} (version {info.get('version')}) answers at {path},"
         f" running as {owner}: serves {serves}"
     )
+    restart = "restart the daemon after an upgrade: sudo systemctl restart gpusched"
     if info.get("version") != __version__:
+        return Check("daemon", WARN, f"{message}; this gpusched is {__version__}", restart)
+    started, changed = info.get("started"), code_changed_at()
+    if isinstance(started, (int, float)) and changed > started:
         return Check(
             "daemon",
             WARN,
-            f"{message}; this gpusched is {__version__}",
-            "restart the daemon after an upgrade: sudo systemctl restart gpusched",
+            f"{message}; it started before gpusched's files here were last changed"
+            f" ({time.strftime('%Y-%m-%d %H:%M', time.localtime(changed))}): it runs older code",
+            restart,
         )
     return Check("daemon", OK, message)
+
+
+def code_changed_at() -> float:
+    """When the installed gpusched's Python files were last written (an upgrade, an edit)."""
+    package = Path(__file__).resolve().parent.parent
+    return max((path.stat().st_mtime for path in package.rglob("*.py")), default=0.0)
 
 
 def _writable_check(name: str, path: Path, ctx: _Context) -> Check:
@@ -243,9 +270,16 @@ def _systemd_check(ctx: _Context) -> Check:
     )
 
 
-def run_checks(config_path: str | None = None, socket_path: str | None = None) -> list[Check]:
-    """Every check, in the order a new server needs them."""
+def run_checks(
+    config_path: str | None = None,
+    socket_path: str | None = None,
+    *,
+    system_config: Path = SYSTEM_CONFIG_PATH,
+) -> list[Check]:
+    """Every check, in the order a new server needs them. `system_config`: where the
+    system service's config is (tests name another file)."""
     ctx = _Context(default_config(), config_path_from_env(config_path), socket_path)
+    ctx.system_config = system_config
     steps: list[Callable[[], Check]] = [
         lambda: _config_check(ctx),
         lambda: _gpus_check(ctx),

@@ -1,6 +1,6 @@
 """The command line's view of what jobs use: `estimate`, `--mem auto`, usage rows of `show`.
 
-Kept apart from cli.py so that module stays a list of commands; like it, this imports
+Kept apart from cli/__init__.py so that module stays a list of commands; like it, this imports
 no SQLAlchemy, APScheduler or pynvml (the estimate is `gpusched.core.sizing`, pure).
 """
 
@@ -15,8 +15,9 @@ import click
 
 from gpusched.cli.help import ExampleLastCommand
 from gpusched.client import Client
-from gpusched.core.errors import NotFoundError, UsageError
+from gpusched.core.errors import GpuschedError, NotFoundError, UsageError
 from gpusched.core.models import Job
+from gpusched.core.sanitize import shown
 from gpusched.core.units import format_size, parse_size
 
 LARGEST_CARD_BYTES = 141 * 10**9  # an H200: past this, no single GPU holds the job
@@ -37,13 +38,20 @@ def usage_rows(job: Job) -> list[tuple[str, Any]]:
         if job.util_stddev is not None:
             spread += f" (sd {job.util_stddev:.0f})"
         rows.append(("gpu util", f"{util_text(job.mean_util)} on average{spread}"))
+    if job.demand is not None:
+        rows.append(("gpu demand", f"{job.demand:.2f} of a GPU's busy time (measured)"))
+    from gpusched.core.hints import sharing_note
+
+    note = sharing_note(job.sharing_speed, job.gpu_indices, job.shared_with or ())
+    if note is not None:
+        rows.append(("sharing", note))
     if job.overrun_at:
         rows.append(("overrun", f"over its declared memory since {job.overrun_at}"))
     if job.retry_of is not None:
         rows.append(("retry of", f"job {job.retry_of} (ran out of GPU memory)"))
     if job.retried_as is not None:
         rows.append(("retried as", f"job {job.retried_as}"))
-    if job.retry_oom:
+    if job.retry_oom and job.retried_as is None:  # a retry used is the retry's to count
         rows.append(("retry-oom", f"{job.retry_oom} more time(s) if it runs out of GPU memory"))
     return rows
 
@@ -174,23 +182,49 @@ def estimate(  # noqa: PLR0917 - click passes one positional argument per option
         dtype,
         None if inference else optimizer,
         batch=batch,
-        per_sample_bytes=None if per_sample is None else parse_size(per_sample),
-        context_bytes=parse_size(context),
+        per_sample_bytes=(
+            None if per_sample is None else parse_size(per_sample, what="--per-sample")
+        ),
+        context_bytes=parse_size(context, what="--context"),
     )
     if as_json:
         click.echo(json.dumps(result.to_json(), indent=2))
         return
     mode = "inference" if result.optimizer is None else f"training with {optimizer}"
     click.echo(f"{params} parameters, {result.dtype} weights, {mode}")
+    click.echo("  (GiB: 2^30 bytes, what --mem's G means; GB: 10^9 bytes, as cards are sold)")
     for part, size, how in result.rows():
-        click.echo(f"  {part:<17}{format_size(size, tabular=False):>8}  {how}")
-    click.echo(f"  {'total':<17}{format_size(result.total, tabular=False):>8}")
+        click.echo(f"  {part:<17}{gib(size):>10}  {how}")
+    click.echo(f"  {'total':<17}{gib(result.total):>10}  = {result.total / 10**9:.1f} GB")
     click.echo(f"suggested: --mem {mem_option(result.suggested_mem)} (total + 10%, rounded up)")
-    if result.total > LARGEST_CARD_BYTES:
-        click.echo(
-            "note: no single GPU holds this: shard the model (FSDP, DeepSpeed ZeRO) or"
-            " offload optimizer state, and estimate per GPU"
-        )
+    _check_cards(ctx, result.suggested_mem)
+
+
+def gib(n_bytes: int) -> str:
+    """A size in GiB with its unit spelled out: 14 GB of weights is "13.0 GiB"."""
+    return f"{n_bytes / 2**30:.1f} GiB"
+
+
+def _check_cards(ctx: click.Context, wanted: int) -> None:
+    """Say whether a GPU of this server holds `wanted` bytes (asks the daemon, briefly);
+    without a daemon, whether any GPU made does."""
+    obj = ctx.find_root().obj or {}
+    try:
+        gpus = Client(obj.get("socket"), obj.get("config"), timeout_s=2.0).status().gpus
+    except GpuschedError:
+        gpus = []
+    shard = "shard the model (FSDP, DeepSpeed ZeRO) or offload optimizer state, and estimate"
+    if not gpus:
+        if wanted > LARGEST_CARD_BYTES:
+            click.echo(f"note: no single GPU holds this: {shard} per GPU")
+        return
+    largest = max(gpus, key=lambda gpu: gpu.total)
+    where = f"GPU {largest.index} ({shown(largest.name)}, {gib(largest.total)})"
+    if wanted > largest.total:
+        click.echo(f"note: no GPU here holds this: the largest is {where}; {shard} per GPU")
+    else:
+        fits = sum(1 for gpu in gpus if gpu.total >= wanted)
+        click.echo(f"here: {fits} of {len(gpus)} GPU(s) hold it (the largest: {where})")
 
 
 def _from_history(ctx: click.Context, command: list[str], as_json: bool) -> None:

@@ -2,7 +2,7 @@
 
 Each is one or a few requests through the client; what they print is the job's id or a
 line per job (or the JSON of the jobs with --json). The views (status, show, logs,
-history) are in cli_views.py; cli.py registers all of them on the group.
+history) are in cli/views.py; cli/__init__.py registers all of them on the group.
 """
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ from gpusched.cli.common import (
     ACTIVE_JOB_ID,
     ANY_JOB_ID,
     JOB_IDS,
+    JOB_OR_ARRAY_IDS,
     client_of,
+    exit_status,
     expand_arrays,
     job_ids_completer,
     parse_ids,
@@ -29,14 +31,15 @@ from gpusched.cli.help import ExampleLastCommand
 from gpusched.core.errors import EXIT_FAILED, EXIT_OK, EXIT_TIMEOUT, GpuschedError, UsageError
 from gpusched.core.models import TERMINAL_STATES, Job, JobState
 from gpusched.core.sanitize import shown
-from gpusched.core.units import parse_duration, parse_size
+from gpusched.core.units import parse_job_mem, parse_job_time
 
 
 @click.command(cls=ExampleLastCommand, context_settings={"ignore_unknown_options": True})
 @click.option(
     "--mem",
     metavar="SIZE",
-    help="GPU memory per GPU, e.g. 8G or 512M. Omit for a whole GPU. 'auto': from the peaks"
+    help="GPU memory per GPU, with a unit (G = Gi = GiB = 2^30 bytes), at least 256M, e.g. 8G"
+    " or 512M. Omit for a whole GPU. 'auto': from the peaks"
     " of your earlier runs of the same command (see `gpusched estimate --history`).",
 )
 @click.option("--gpus", type=int, default=1, show_default=True, help="Number of GPUs.")
@@ -149,15 +152,23 @@ def submit(
     """
     if max_concurrent is not None and not sweep:  # Client.submit has no such parameter
         raise UsageError("--max-concurrent applies to a --sweep array")
+    if mem == "auto" and sweep:
+        # --mem is fixed at submit and a sweep's jobs are all queued at once, each with its
+        # own command: none has a run to learn from, nor can learn from its siblings'.
+        raise UsageError(
+            "--mem auto learns from earlier runs of the same command, and a sweep's jobs"
+            " each have their own, queued together: give --mem (`gpusched estimate"
+            " --history -- CMD` on one of its commands, once it has run, suggests one)"
+        )
     options: dict[str, Any] = {
-        "mem": None if mem is None else "auto" if mem == "auto" else parse_size(mem),
+        "mem": None if mem is None else "auto" if mem == "auto" else parse_job_mem(mem),
         "gpus": gpus,
         "name": name,
         "priority": priority,
         "after": parse_ids([after]) if after else (),
         "hold": hold,
         "cwd": cwd,
-        "time_limit": parse_duration(time_limit) if time_limit is not None else None,
+        "time_limit": parse_job_time(time_limit) if time_limit is not None else None,
         "notify": notify,
         "retry_oom": retry_oom,
         "nodes": None if nodes is None else tuple(n.strip() for n in nodes.split(",")),
@@ -204,7 +215,7 @@ def _for_each(
             job = Job.from_json(client.request(op, id=job_id))
             results.append(job)
             if not as_json:
-                click.echo(f"job {job.id}: {verb} ({job.state})")
+                click.echo(_done_line(job, verb) if verb else _cancel_line(job))
         except GpuschedError as exc:
             if exc.exit_code != EXIT_FAILED:
                 raise
@@ -213,6 +224,20 @@ def _for_each(
     if as_json:
         print_json([job.to_json() for job in results])
     ctx.exit(EXIT_FAILED if failed else EXIT_OK)
+
+
+def _done_line(job: Job, verb: str) -> str:
+    """ "job 12: held"; "job 12: released (queued)": the state only where it adds to the verb."""
+    return (
+        f"job {job.id}: {verb}" if verb == str(job.state) else f"job {job.id}: {verb} ({job.state})"
+    )
+
+
+def _cancel_line(job: Job) -> str:
+    """A waiting job is cancelled at once; a running one is being stopped."""
+    if job.state in TERMINAL_STATES:
+        return f"job {job.id}: {job.state}"
+    return f"job {job.id}: stopping (SIGTERM to its processes, SIGKILL after the grace period)"
 
 
 _JSON_JOBS = click.option(
@@ -258,7 +283,7 @@ def undrain(ctx: click.Context, node: str | None = None) -> None:
 
 
 @click.command(cls=ExampleLastCommand)
-@click.argument("ids", nargs=-1, shell_complete=job_ids_completer())
+@click.argument("ids", nargs=-1, shell_complete=job_ids_completer(arrays=True))
 @click.option("--all", "all_mine", is_flag=True, help="Cancel every active job of yours.")
 @click.option(
     "--waiting", is_flag=True, help="With --all: only your jobs that have not started yet."
@@ -293,7 +318,7 @@ def cancel(
             print_json([job.to_json() for job in cancelled])
             return
         for job in cancelled:
-            click.echo(f"job {job.id}: cancel requested ({job.state})")
+            click.echo(_cancel_line(job))
         if not cancelled:
             click.echo(f"no {'waiting' if waiting else 'active'} jobs of yours")
         return
@@ -303,11 +328,9 @@ def cancel(
         for job in client.cancel_array(array_id):
             done.append(job)
             if not as_json:
-                click.echo(f"job {job.id}: cancel requested ({job.state})")
+                click.echo(_cancel_line(job))
     if job_ids:
-        _for_each(
-            ctx, [str(i) for i in job_ids], "cancel", "cancel requested", as_json=as_json, done=done
-        )
+        _for_each(ctx, [str(i) for i in job_ids], "cancel", "", as_json=as_json, done=done)
     elif as_json:
         print_json([job.to_json() for job in done])
 
@@ -341,7 +364,7 @@ def release(ctx: click.Context, ids: tuple[str, ...], as_json: bool) -> None:
 
 
 @click.command(cls=ExampleLastCommand)
-@JOB_IDS
+@JOB_OR_ARRAY_IDS
 @click.option(
     "--timeout", type=float, metavar="SECONDS", help="Give up after this long (exit 124)."
 )
@@ -350,14 +373,16 @@ def release(ctx: click.Context, ids: tuple[str, ...], as_json: bool) -> None:
 )
 @click.pass_context
 def wait(ctx: click.Context, ids: tuple[str, ...], timeout: float | None, as_json: bool) -> None:
-    """Wait until jobs end. With one id, exit with that job's exit code.
+    """Wait until jobs end; print one line per job saying how it ended. With one job,
+    exit with its exit code (1 if it was cancelled, killed or lost).
 
-    With several ids, exit 0 if all succeeded, else 1. A job that ran out of GPU
-    memory and was retried (submit --retry-oom) is followed to its retry.
+    With several jobs (or an array, aN), exit 0 if all succeeded, else 1. A job that
+    ran out of GPU memory and was retried (submit --retry-oom) is followed to its retry.
 
     \b
     Example:
       gpusched wait 12 && echo trained
+      gpusched wait a3
     """
     if timeout is not None and timeout < 0:
         raise UsageError("--timeout must not be negative")
@@ -367,6 +392,12 @@ def wait(ctx: click.Context, ids: tuple[str, ...], timeout: float | None, as_jso
     jobs = follow_retries(client, client.wait(job_ids, timeout=timeout), deadline)
     if as_json:
         print_json([job.to_json() for job in jobs])
+    else:
+        from gpusched.cli.render import ended_label
+
+        for job in jobs:
+            if job.state in TERMINAL_STATES:
+                click.echo(f"job {job.id}: {shown(ended_label(job))}")
     if any(job.state not in TERMINAL_STATES for job in jobs):
         click.echo(
             "gpusched: timed out waiting for job(s) "
@@ -375,10 +406,7 @@ def wait(ctx: click.Context, ids: tuple[str, ...], timeout: float | None, as_jso
         )
         ctx.exit(EXIT_TIMEOUT)
     if len(jobs) == 1:
-        job = jobs[0]
-        if job.exit_code is not None and job.state in (JobState.DONE, JobState.FAILED):
-            ctx.exit(job.exit_code)
-        ctx.exit(EXIT_OK if job.state == JobState.DONE else EXIT_FAILED)
+        ctx.exit(exit_status(jobs[0]))
     ctx.exit(EXIT_OK if all(j.state == JobState.DONE for j in jobs) else EXIT_FAILED)
 
 

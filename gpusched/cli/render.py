@@ -29,6 +29,7 @@ from gpusched.core.units import format_duration, format_size
 MIN_WIDTH = 60
 MIN_BAR = 8
 MAX_BAR = 50
+NOTE_LINES = 3  # a waiting job's reason takes at most this many lines
 
 # One character per memory segment, so the bar reads without colour too.
 BAR_JOBS = "#"
@@ -184,9 +185,22 @@ def render_gpus(gpus: Sequence[GpuReport], width: int = 80, color: bool = False)
                     "red",
                 )
             )
+        if gpu.others:  # memory outside gpusched, said whose (as gpustat does)
+            indent = " " * (3 + 1 + name_w + 1)
+            listed = ", ".join(outside_process(p) for p in gpu.others)
+            lines.append(indent + _clip(f"others: {listed}", width - len(indent)))
     if gpus:
         lines.append(_legend(width, 3 + 1 + name_w + 1, paint))
     return lines
+
+
+def outside_process(process: dict[str, object]) -> str:
+    """`bob:python3/4242(10G)`: owner, program, pid and memory, as gpustat shows them."""
+    user = shown(str(process.get("user") or "?"))
+    command = shown(str(process.get("command") or "?"))
+    used = process.get("used")
+    size = format_size(used, tabular=False) if isinstance(used, int) else "?"
+    return f"{user}:{command}/{process.get('pid')}({size})"
 
 
 def _legend(width: int, indent: int, paint: _Painter) -> str:
@@ -203,16 +217,52 @@ def _legend(width: int, indent: int, paint: _Painter) -> str:
     return " " * indent + "  ".join(items)
 
 
-def _job_what(job: Job) -> str:
-    return job.name or " ".join(job.command)
+def _job_what(job: Job) -> list[str]:
+    """Its name, else its command's words; an array's job and an interactive job say so,
+    which is all another user sees of them when commands are hidden."""
+    if job.name:
+        return [job.name]
+    marks = []
+    if job.array_id is not None:
+        marks.append(f"a{job.array_id}[{job.array_index}]")
+    if job.interactive:
+        marks.append("(interactive)")
+    return [*marks, *job.command]
+
+
+def fit_words(words: Sequence[str], width: int) -> str:
+    """The words joined, in `width` characters: a long path loses its directories first
+    (".../train.py"), longest first, so the script's name stays in view; then the end
+    is cut."""
+    words = list(words)
+    text = " ".join(words)
+    by_length = sorted(
+        (i for i, word in enumerate(words) if "/" in word.rstrip("/")),
+        key=lambda i: -len(words[i]),
+    )
+    for i in by_length:
+        if len(text) <= width:
+            break
+        short = ".../" + words[i].rstrip("/").rsplit("/", 1)[1]
+        if len(short) < len(words[i]):
+            words[i] = short
+            text = " ".join(words)
+    return _clip(text, width)
 
 
 def _job_mem(job: Job) -> str:
+    """Declared memory; for a running job what it holds now before it ("10.8G/4.0G": an
+    overrun shows at a glance)."""
     mem = format_size(job.mem) if job.mem is not None else "whole"
-    return mem if job.gpus == 1 else f"{job.gpus}x{mem}"
+    declared = mem if job.gpus == 1 else f"{job.gpus}x{mem}"
+    if job.state == JobState.RUNNING and job.mem_used is not None:
+        return f"{format_size(job.mem_used)}/{declared}"
+    return declared
 
 
-def _ended_label(job: Job) -> str:
+def ended_label(job: Job) -> str:
+    """How it ended, in a few words: "done exit 0", "failed exit 7", "cancelled",
+    "failed (SIGKILL)", "failed (oom)"."""
     if job.reason in (None, "exit"):
         code = "" if job.exit_code is None else f" {job.exit_code}"
         return f"{job.state}{' exit' + code if code else ''}"
@@ -221,7 +271,9 @@ def _ended_label(job: Job) -> str:
     return f"{job.state} ({job.reason})" if job.reason != str(job.state) else str(job.state)
 
 
-def _job_lines(job: Job, now: datetime, width: int, paint: _Painter) -> list[str]:
+def _job_lines(
+    job: Job, now: datetime, width: int, paint: _Painter, mem_width: int = 7
+) -> list[str]:
     # TIME: running for, waiting for, or (ended) ran for.
     if job.state == JobState.RUNNING:
         since = _seconds_since(job.started_at, now)
@@ -234,23 +286,30 @@ def _job_lines(job: Job, now: datetime, width: int, paint: _Painter) -> list[str
     elapsed = "-" if since is None else format_duration(since)
     head = (
         f"{job.id:>6}  {_clip(job.user, 10, '+'):<10}  {format_indices(job.gpu_indices):<5}"
-        f" {_job_mem(job):>7}  {elapsed:>6}  "
+        f" {_job_mem(job):>{mem_width}}  {elapsed:>6}  "
     )
     room = max(10, width - len(head))
-    what = _job_what(job)
+    words = _job_what(job)
     color = _STATE_COLORS.get(job.state)
     if job.state in TERMINAL_STATES:
-        label = _ended_label(job)
-        what = _clip(f"{label}: {what}", room)
+        label = ended_label(job)
+        what = fit_words([f"{label}:", *words], room)
         what = paint(what[: len(label)], color) + what[len(label) :]
     else:
-        what = _clip(what, room)
+        what = fit_words(words, room)
     lines = [head + what]
-    # Why it waits; or, running, what it should be told (an idle interactive job).
+    # Why it waits; or, running, what it should be told (an idle interactive job). Wrapped,
+    # not cut: its end names the limit or the fix ("(max_mem 40G)").
     note = job.waiting_reason if job.state.is_waiting else job.warning
     if note:
         indent = " " * 8
-        lines.append(indent + paint(_clip(note, width - len(indent)), color))
+        wrapped = textwrap.wrap(note, width - len(indent)) or [""]
+        if len(wrapped) > NOTE_LINES:
+            wrapped = [
+                *wrapped[: NOTE_LINES - 1],
+                _clip(" ".join(wrapped[NOTE_LINES - 1 :]), width - len(indent)),
+            ]
+        lines += [indent + paint(line, color) for line in wrapped]
     return lines
 
 
@@ -272,9 +331,12 @@ def render_jobs(
     ended = [j for j in jobs if j.state in TERMINAL_STATES]
     if not jobs:
         return ["no jobs" + ("" if show_all else " (--all shows recently ended ones)")]
+    # As wide as its longest entry: "used/declared" only when a running job has a reading.
+    mem_width = max(7, *(len(_job_mem(job)) for job in jobs))
+    title = "USED/MEM" if mem_width > 7 else "MEM"
     lines = [
         paint(
-            f"{'ID':>6}  {'USER':<10}  {'GPU':<5} {'MEM':>7}  {'TIME':>6}  COMMAND",
+            f"{'ID':>6}  {'USER':<10}  {'GPU':<5} {title:>{mem_width}}  {'TIME':>6}  COMMAND",
             bold=True,
         )
     ]
@@ -290,7 +352,7 @@ def render_jobs(
         extra = more_waiting if title == "waiting" else 0
         lines.append(paint(f"{title} ({len(members) + extra})", tint, bold=True))
         for job in members:
-            lines.extend(_job_lines(job, now, width, paint))
+            lines.extend(_job_lines(job, now, width, paint, mem_width))
         if extra:
             lines.append(f"   ... and {extra} more waiting (--limit 0 lists all)")
     return lines
@@ -315,10 +377,14 @@ def render_status(
     moment = now if now is not None else datetime.now(timezone.utc)
     lines = []
     if drain is not None:  # first: it explains why nothing in the queue starts
-        text = f"{shown_fields(drain).describe()}: no new job starts; `gpusched undrain` ends it"
+        text = (
+            f"{shown_fields(drain).describe()}: no new job starts until an administrator"
+            " lifts it; running jobs go on"
+        )
         lines += [_Painter(color)(line, "yellow", bold=True) for line in textwrap.wrap(text, width)]
         lines.append("")
-    if len(nodes) > 1 or any(n.state != "up" for n in nodes):
+    # One server (one node) is not a cluster: its drain is said above, in a server's words.
+    if len(nodes) > 1:
         for node in nodes:
             heard = f"heard {format_duration(node.last_seen)} ago"
             lines.append(shown(f"node {node.name}: {node.state}, {heard}, {len(node.gpus)} GPU(s)"))

@@ -24,7 +24,7 @@ from gpusched.core.errors import EXIT_FAILED
 from gpusched.core.models import Job
 from gpusched.core.sanitize import shown
 from gpusched.core.submitter import resolve_command
-from gpusched.core.units import format_duration, parse_duration, parse_size
+from gpusched.core.units import format_duration, parse_job_mem, parse_job_time
 from gpusched.interactive.foreground import Attached
 from gpusched.interactive.reservation import (
     NotPlaced,
@@ -78,7 +78,11 @@ class _WaitingLine:
     cls=ExampleLastCommand,
     context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
 )
-@click.option("--mem", metavar="SIZE", help="GPU memory per GPU, e.g. 8G. Omit for a whole GPU.")
+@click.option(
+    "--mem",
+    metavar="SIZE",
+    help="GPU memory per GPU, with a unit, at least 256M, e.g. 8G. Omit for a whole GPU.",
+)
 @click.option("--gpus", type=int, default=1, show_default=True, help="Number of GPUs.")
 @click.option(
     "--time",
@@ -134,9 +138,9 @@ def run(
     job = queue(
         client,
         argv,
-        mem=None if mem is None else parse_size(mem),
+        mem=None if mem is None else parse_job_mem(mem),
         gpus=gpus,
-        time_limit=None if time_limit is None else parse_duration(time_limit),
+        time_limit=None if time_limit is None else parse_job_time(time_limit),
         name=name,
         priority=priority,
         exclusive=exclusive,

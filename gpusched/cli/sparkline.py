@@ -7,7 +7,8 @@ memory or the peak, whichever is higher, with a legend saying which and where th
 sits; the utilization, a full block being 100 %; and when the samples span. Both lines
 share one time axis, resampled to the columns there are: a column shows the highest
 memory and the mean utilization of the points that fall in it, and a column no point
-falls in repeats the one before (a point stands for the time until the next).
+falls in repeats the one before (a point stands for the time until the next), unless
+the points around it are far apart (`gap_threshold`): then it is blank, a gap.
 
 Unicode blocks where the terminal's encoding can print them, else an ASCII ramp
 (`glyphs_for`).
@@ -15,6 +16,7 @@ Unicode blocks where the terminal's encoding can print them, else an ASCII ramp
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from datetime import datetime, timezone
@@ -54,10 +56,31 @@ def resample(points: Sequence[TimelinePoint], columns: int) -> list[Column]:
     for point in points:
         index = int((point.t - start) / (end - start) * columns)
         slices[min(columns - 1, max(0, index))].append(point)
+    gaps = gaps_after(points)
     out: list[Column] = []
+    drawn = 0  # how many points the columns so far hold
     for chosen in slices:
-        out.append(_column(chosen) if chosen else out[-1])  # slice 0 holds the first point
+        if chosen:  # slice 0 holds the first point
+            out.append(_column(chosen))
+            drawn += len(chosen)
+        elif drawn - 1 in gaps:
+            out.append((None, None))  # no sample here: the daemon was stopped, say
+        else:
+            out.append(out[-1])
     return out
+
+
+def gaps_after(points: Sequence[TimelinePoint]) -> set[int]:
+    """The indices i with a gap between points[i] and points[i + 1]: a span more than three
+    times as long as the spans beside it (the points grow coarser as a job runs long, so
+    only the neighbours say what spacing to expect). Two points alone make no gap."""
+    spans = [b.t - a.t for a, b in itertools.pairwise(points)]
+    found = set()
+    for i, span in enumerate(spans):
+        beside = [spans[j] for j in (i - 1, i + 1) if 0 <= j < len(spans)]
+        if beside and span > 3 * max(beside):
+            found.add(i)
+    return found
 
 
 def _column(points: Sequence[TimelinePoint]) -> Column:

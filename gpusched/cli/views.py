@@ -20,6 +20,7 @@ import click
 from gpusched.cli.common import (
     ANY_JOB_ID,
     client_of,
+    exit_status,
     job_ids_completer,
     parse_targets,
     print_json,
@@ -33,7 +34,10 @@ from gpusched.core.models import Drain, GpuReport, Job, NodeStatus
 from gpusched.core.sanitize import shown, shown_fields
 from gpusched.core.units import format_duration, format_size
 
+LABEL_WIDTH = 11  # `show`'s values start here ("exit code: 0")
 WAITING_SHOWN = 200  # `status` lists this many waiting jobs and counts the rest
+ENDED_SHOWN = 20  # `status --all`: this many recently ended jobs (the daemon's default)
+ENDED_SHOWN_MAX = 1000  # the most the daemon lists (`--limit 0`)
 
 
 def _job_where(job: Job) -> str:
@@ -52,11 +56,14 @@ def _job_what(job: Job) -> str:
 @click.option(
     "--limit",
     type=click.IntRange(min=0),
-    default=WAITING_SHOWN,
-    show_default=True,
+    default=None,
     metavar="N",
-    help="Show the first N waiting jobs and count the rest (0: all). --json lists all.",
+    help=f"Show the first N waiting jobs and count the rest, and with --all the N most"
+    f" recently ended (default: {WAITING_SHOWN} waiting, {ENDED_SHOWN} ended; 0: all"
+    f" waiting and the last {ENDED_SHOWN_MAX} ended). --json lists every waiting job.",
 )
+@click.option("--mine", is_flag=True, help="Only your own jobs.")
+@click.option("--user", metavar="NAME", help="Only this user's jobs.")
 @click.option("-w", "--watch", is_flag=True, help="Redraw every --interval until Ctrl-C.")
 @click.option(
     "--interval",
@@ -66,16 +73,20 @@ def _job_what(job: Job) -> str:
     metavar="SECONDS",
     help="With --watch: time between redraws.",
 )
-@click.argument("targets", nargs=-1, metavar="[ID|aN]...", shell_complete=job_ids_completer())
+@click.argument(
+    "targets", nargs=-1, metavar="[ID|aN]...", shell_complete=job_ids_completer(arrays=True)
+)
 @click.pass_context
 def status(
     ctx: click.Context,
     as_json: bool,
     show_all: bool,
-    limit: int,
+    limit: int | None,
     watch: bool,
     interval: float,
     targets: tuple[str, ...],
+    mine: bool = False,
+    user: str | None = None,
 ) -> None:
     """Show GPUs (a memory bar: gpusched jobs, other processes, reserved, free; and
     utilization) and jobs: running, waiting (with why), recently ended (--all).
@@ -86,10 +97,24 @@ def status(
     \b
     Example:
       gpusched status --all
+      gpusched status --mine --all --limit 5
       gpusched status a3
       gpusched status --watch --interval 5
     """
+    if mine and user is not None:
+        raise UsageError("--mine and --user NAME: give one of them")
+    if targets and (mine or user is not None):
+        raise UsageError("job ids already say which jobs: --mine and --user go without them")
+    if mine:
+        import pwd
+
+        try:
+            user = pwd.getpwuid(os.getuid()).pw_name
+        except KeyError:
+            raise UsageError(f"--mine: uid {os.getuid()} has no user name here") from None
     client = client_of(ctx)
+    waiting_shown = WAITING_SHOWN if limit is None else limit
+    ended = ENDED_SHOWN if limit is None else limit or ENDED_SHOWN_MAX
 
     def fetch() -> dict[str, Any]:
         if targets:
@@ -99,11 +124,11 @@ def status(
             for array_id in arrays:
                 chosen.extend(client.request("array", array=array_id))
             result["jobs"] = chosen
-        elif as_json or limit == 0:
-            result = client.status_reply(all=show_all)
+        elif as_json or waiting_shown == 0:
+            result = client.status_reply(all=show_all, user=user, ended=ended)
         else:  # every running job, the first `limit` waiting ones, and how many more wait
-            result = client.status_reply(all=show_all, states=["running"])
-            waiting = client.status_reply(states=["queued", "held"], first=limit)
+            result = client.status_reply(all=show_all, states=["running"], user=user, ended=ended)
+            waiting = client.status_reply(states=["queued", "held"], first=waiting_shown, user=user)
             counts = waiting.get("counts") or {}
             total = counts.get("queued", 0) + counts.get("held", 0)
             result["jobs"] = waiting["jobs"] + result["jobs"]
@@ -213,10 +238,12 @@ def show(ctx: click.Context, job_id: int, as_json: bool) -> None:
         rows.append(("warning", job.warning))
     if job.notify:
         rows.append(("notify", shlex.join(job.notify)))  # as it was given: quotes kept
+        if job.notify_result is not None:
+            rows.append(("notify ran", notify_outcome(job.notify_result)))
     if job.waiting_reason:
         rows.insert(4, ("waiting", job.waiting_reason))
-    for key, value in rows:
-        click.echo(f"{key + ':':<11}{value}")
+    for line in labelled(rows):
+        click.echo(line)
     import shutil
 
     from gpusched.cli.sparkline import glyphs_for, render_timeline
@@ -230,7 +257,7 @@ def show(ctx: click.Context, job_id: int, as_json: bool) -> None:
     ):
         click.echo(line)
     for hint in job.hints:
-        click.echo(f"hint:      {hint}")
+        click.echo(f"{'hint:':<{LABEL_WIDTH}}{hint}")
 
 
 @click.command(cls=ExampleLastCommand)
@@ -243,7 +270,8 @@ def show(ctx: click.Context, job_id: int, as_json: bool) -> None:
 )
 @click.pass_context
 def logs(ctx: click.Context, job_id: int, follow: bool, raw: bool = False) -> None:
-    """Print a job's output (stdout and stderr, interleaved).
+    """Print a job's output (stdout and stderr, interleaved). With -f, follow it until
+    the job ends and exit with the job's exit code, as `wait` does.
 
     Your own jobs' output is printed as it is. Another user's (root and administrators
     may read it) is, on a terminal, shown with its control characters escaped: they
@@ -268,8 +296,34 @@ def logs(ctx: click.Context, job_id: int, follow: bool, raw: bool = False) -> No
         if not follow or chunk.ended:
             write(b"", True)  # the end of a character cut short, escaped
             out.flush()
+            if follow:  # `logs -f 12 && next-step`: the job's outcome, as `wait` gives it
+                ctx.exit(exit_status(client.job(job_id)))
             return
         time.sleep(0.2)
+
+
+def labelled(rows: list[tuple[str, Any]]) -> list[str]:
+    """`show`'s "label: value" lines: values start in column LABEL_WIDTH, as the sparklines'
+    below; a longer label keeps a space after its colon ("retried as: job 32")."""
+    return [
+        f"{key + ':':<{LABEL_WIDTH}}{value}" if len(key) + 2 <= LABEL_WIDTH else f"{key}: {value}"
+        for key, value in rows
+    ]
+
+
+def notify_outcome(result: dict[str, Any]) -> str:
+    """How a --notify hook ended, in one line: "exited 127: sh: 1: mail: not found"."""
+    kind, code = result.get("kind"), result.get("exit_code")
+    if kind == "timeout":
+        said = "killed at hook_timeout"
+    elif kind == "failed_to_start":
+        said = "could not start"
+    elif code == 0:
+        said = "exited 0"
+    else:
+        said = f"exited {code}"
+    output = " | ".join(line for line in str(result.get("output") or "").splitlines() if line)
+    return shown(f"{said}: {output}" if output else said)
 
 
 def _escaped_writer(out: Any) -> Callable[..., Any]:

@@ -1,5 +1,5 @@
 """Configuration: YAML file -> frozen `Config`, with defaults, validation and discovery
-(of the config file, and of the daemon's socket for a client: `resolve_socket`).
+(of the config file; a client's choice of daemon socket is core/daemon_socket.py).
 
 Every key is optional. Defaults depend on who runs the daemon: as root, system paths
 under /run, /var/lib and /var/log; as anyone else, paths in the user's own runtime and
@@ -21,6 +21,7 @@ from gpusched.core.config_values import (
     parse_bound,
     parse_command,
     parse_hook_bound,
+    parse_ip,
     parse_log_cap,
     parse_margin,
     parse_node_name,
@@ -29,6 +30,7 @@ from gpusched.core.config_values import (
 )
 from gpusched.core.errors import ConfigError, UsageError
 from gpusched.core.interactive_config import InteractiveSettings, parse_interactive
+from gpusched.core.retention_config import RetentionSettings, parse_retention
 from gpusched.core.units import parse_duration, parse_size
 
 SYSTEM_CONFIG_PATH = Path("/etc/gpusched/config.yaml")
@@ -112,6 +114,7 @@ class Config:
     hook_output_max_bytes: int = 64 * 2**10  # a hook's output kept; at the limit, cut
     metrics_address: tuple[str, int] | None = None  # (host, port) for Prometheus; None: off
     web_address: tuple[str, int] | None = None  # (host, port) of the dashboard; None: off
+    metrics_scraper: str | None = None  # an IP address: one metrics slot kept for it
     # Every listener's clients (listening.py): idle time allowed between requests, and the
     # whole time one request may take to arrive however it trickles in (slowloris).
     client_idle_timeout_s: float = 60.0
@@ -129,6 +132,7 @@ class Config:
     node: str | None = None
     node_timeout_s: float = 30.0
     interactive: InteractiveSettings = field(default_factory=InteractiveSettings)  # run, claim()
+    retention: RetentionSettings = field(default_factory=RetentionSettings)  # what is kept
     source: str | None = None  # the file this came from, for messages
 
     def limits_for(self, user: str) -> UserLimits:
@@ -235,6 +239,8 @@ def _convert(source: str, key: str, value: Any, base: Config) -> dict[str, Any]:
             return _limits(value)
         if key == "interactive":
             return {"interactive": parse_interactive(value)}
+        if key == "retention":
+            return {"retention": parse_retention(value)}
         if key == "on_finish":
             return {"on_finish": parse_command(value)}
         if key == "hook_timeout":
@@ -243,6 +249,8 @@ def _convert(source: str, key: str, value: Any, base: Config) -> dict[str, Any]:
             return parse_hook_bound(key, value)
         if key == "metrics":
             return {"metrics_address": parse_address(value)}
+        if key == "metrics_scraper":
+            return {"metrics_scraper": parse_ip(value)}
         if key == "web":
             return {"web_address": parse_address(value, "127.0.0.1:8080")}
         if key in ("client_idle_timeout", "client_request_timeout"):
@@ -255,8 +263,10 @@ def _convert(source: str, key: str, value: Any, base: Config) -> dict[str, Any]:
             return {"node_timeout_s": parse_node_timeout(value)}
         if key == "admins":
             items = value or []
-            if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
-                raise UsageError("expected a list of user names")
+            if not isinstance(items, list) or not all(
+                isinstance(i, str) and i.strip("@") for i in items
+            ):
+                raise UsageError("expected a list of user names and @groups")
             return {"admins": tuple(items)}
     except UsageError as exc:
         raise _bad(source, key, exc.message) from None
@@ -349,6 +359,14 @@ def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> C
     values: dict[str, Any] = {"source": source}
     for key, value in data.items():
         values.update(_convert(source, str(key), value, base))
+    if "state_dir" in data:
+        # A state directory named alone holds the whole state: two daemons given two state
+        # directories must not share one database (or one log directory) unawares.
+        state_dir = values["state_dir"]
+        if "database" not in data:
+            values["database_url"] = f"sqlite:///{state_dir / 'gpusched.db'}"
+        if "log_dir" not in data:
+            values["log_dir"] = state_dir / "jobs"
     known = {f.name for f in fields(Config)}
     config = replace(base, **{k: v for k, v in values.items() if k in known})
     shared = config.node is not None or not config.database_url.startswith("sqlite")
@@ -365,26 +383,3 @@ def config_path_from_env(explicit: str | None) -> Path | None:
         return Path(explicit)
     env = os.environ.get("GPUSCHED_CONFIG")
     return Path(env) if env else None
-
-
-def resolve_socket(
-    explicit: str | os.PathLike[str] | None = None,
-    config_path: str | os.PathLike[str] | None = None,
-) -> tuple[Path, list[Path]]:
-    """The socket to use, and the candidates tried (for the error message)."""
-    if explicit:
-        return Path(explicit), [Path(explicit)]
-    env = os.environ.get("GPUSCHED_SOCKET")
-    if env:
-        return Path(env), [Path(env)]
-    named = config_path_from_env(str(config_path) if config_path else None)
-    if named is not None or (os.geteuid() == 0 and SYSTEM_CONFIG_PATH.exists()):
-        path = load_config(named).socket_path  # reads YAML only when a config is in play
-        return path, [path]
-    candidates = [user_socket_path(), SYSTEM_SOCKET_PATH]
-    if os.geteuid() == 0:
-        candidates.reverse()
-    for candidate in candidates:
-        if candidate.exists():
-            return candidate, [candidate]
-    return candidates[0], candidates

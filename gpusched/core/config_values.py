@@ -164,3 +164,13 @@ def _is_ip(host: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def parse_ip(value: Any) -> str | None:
+    """`metrics_scraper:` an IP address (written as the listener sees it), or null."""
+    if value is None:
+        return None
+    try:
+        return str(ipaddress.ip_address(str(value).strip()))
+    except ValueError:
+        raise UsageError(f"expected an IP address such as 10.0.0.5, not {value!r}") from None

@@ -11,6 +11,13 @@ their thresholds (chosen to be quiet unless the gain is real):
 - **Peak above declared**: always, however short the job. gpusched placed the other jobs
   on that card counting on the declared figure, so going over put them at risk.
 - **Utilization**: judged on at least 10 polls taken while the job held GPU memory.
+  *Contention*: at least half of its polls on a card saturated by it and other busy jobs
+  (gpusched.usage.demand) and a mean under 80 %: its own figure is its time slice, not
+  what it would use alone (FIELD.md: two busy jobs sharing an H200 each read ~50 %,
+  swinging 0-99 %, while the device read 100 %). The hint names the jobs it shared with,
+  what it ran at, and what `--exclusive` or a quieter card would give; never the data
+  loader. Only a job that was (almost) never on a saturated shared card (under 20 % of
+  its polls) is judged on the two rules below: its low figure is its own.
   *Swinging*: min to max spans at least 50 points with a standard deviation of at least
   20, and a mean under 80 %: the pattern of a GPU that finishes each batch fast and then
   waits for the next one (FIELD.md: data loading first, then CPU preprocessing).
@@ -25,6 +32,7 @@ steady state (data loading and compilation come first), so its figures say littl
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gpusched.core.units import format_size, parse_size
@@ -40,6 +48,8 @@ SWING_RANGE = 50.0
 SWING_STDDEV = 20.0
 SWING_MAX_MEAN = 80.0
 LOW_UTIL = 40.0
+CONTENDED_FRACTION = 0.5  # of its polls on a saturated shared card: contention
+QUIET_FRACTION = 0.2  # under this, its utilization is its own (data/CPU hints)
 DEFAULT_MIN_RUNTIME_S = 120.0
 
 
@@ -77,6 +87,11 @@ class JobFacts:
     retry_mem: int | None = None  # its --mem
     retry_refused: str | None = None  # why an OOM retry was asked for but not made
     oom_next_mem: int | None = None  # after an OOM: 1.5x --mem, if a GPU here gives that much
+    # Of its polls, the share on a card saturated by it and others (gpusched.usage.demand)
+    contended_fraction: float = 0.0
+    shared_with: tuple[int, ...] = ()  # the busy jobs it took turns with
+    shared_gpus: tuple[int, ...] = ()  # where
+    sharing_speed: float | None = None  # its speed then, against alone
 
 
 def oversized_hint(facts: JobFacts) -> str | None:
@@ -104,10 +119,56 @@ def over_declared_hint(facts: JobFacts) -> str | None:
     )
 
 
+def sharing_note(
+    speed: float | None, gpus: Sequence[int], shared_with: Sequence[int]
+) -> str | None:
+    """What sharing a busy card cost a job: "ran at about 0.5x: it shared GPU 0 with job 12,
+    also busy"; None when it ran at about full speed (0.9x or more) or that is unknown."""
+    if speed is None or speed >= 0.9 or not gpus:
+        return None
+    cards = ", ".join(str(g) for g in gpus)
+    where = f"GPU {cards}" if len(gpus) == 1 else f"GPUs {cards}"
+    if not shared_with:
+        return f"ran at about {speed:.1f}x: it shared {where} with other busy processes"
+    jobs = ", ".join(str(j) for j in shared_with)
+    whom = f"job {jobs}, also busy" if len(shared_with) == 1 else f"jobs {jobs}, also busy"
+    return f"ran at about {speed:.1f}x: it shared {where} with {whom}"
+
+
+def contention_hint(facts: JobFacts) -> str | None:
+    """Low own utilization on a busy shared card: the jobs took turns, not a data problem."""
+    mean = facts.util_mean
+    if facts.util_samples < MIN_UTIL_SAMPLES or mean is None or mean >= SWING_MAX_MEAN:
+        return None
+    if facts.contended_fraction < CONTENDED_FRACTION:
+        return None
+    cards = ", ".join(str(g) for g in facts.shared_gpus) or "its GPU"
+    where = f"GPU {cards}" if len(facts.shared_gpus) <= 1 else f"GPUs {cards}"
+    if facts.shared_with:
+        jobs = ", ".join(str(j) for j in facts.shared_with)
+        whom = f"job {jobs}" if len(facts.shared_with) == 1 else f"jobs {jobs}"
+    else:
+        whom = "other busy processes"
+    speed = facts.sharing_speed
+    gain = (
+        f"; it ran at about {speed:.1f}x, so a card to itself would run it about"
+        f" {1 / speed:.1f}x faster"
+        if speed and speed < 0.9
+        else ""
+    )
+    return (
+        f"GPU busy {mean:.0f}% on average while {where} was fully busy, shared with {whom}:"
+        f" the jobs took turns (contention, not a data or CPU problem){gain}; submit with"
+        " --exclusive, or when a quieter card is free"
+    )
+
+
 def utilization_hint(facts: JobFacts) -> str | None:
     mean, low, high, spread = facts.util_mean, facts.util_min, facts.util_max, facts.util_stddev
     if facts.util_samples < MIN_UTIL_SAMPLES:
         return None
+    if facts.contended_fraction >= QUIET_FRACTION:
+        return None  # its figure was (partly) its time slice: contention_hint's to judge
     if mean is None or low is None or high is None or spread is None:
         return None
     swinging = high - low >= SWING_RANGE and spread >= SWING_STDDEV
@@ -160,5 +221,5 @@ def job_hints(facts: JobFacts, min_runtime_s: float = DEFAULT_MIN_RUNTIME_S) -> 
     long_enough = facts.runtime_s is not None and facts.runtime_s >= min_runtime_s
     rules = [oom_hint, over_declared_hint]
     if long_enough:
-        rules += [oversized_hint, utilization_hint]
+        rules += [oversized_hint, contention_hint, utilization_hint]
     return [hint for rule in rules if (hint := rule(facts)) is not None]

@@ -46,6 +46,9 @@ class EndReason(_StrEnum):
     FAILED_TO_START = "failed_to_start"
     LOST = "lost"
     OOM = "oom"
+    # The kernel's OOM killer stopped it for host memory (the service's cgroup was full):
+    # never retried by --retry-oom, which grows GPU memory.
+    HOST_OOM = "host_oom"
     OVERRUN = "overrun"
     TIMEOUT = "timeout"
     DEPENDENCY_FAILED = "dependency_failed"
@@ -140,6 +143,9 @@ class Job:
     max_concurrent: int | None = None  # how many of its array may run at once
     time_limit_s: float | None = None
     notify: list[str] | None = None  # `submit --notify`: argv run as the owner when it ends
+    # How that hook ended: {"kind": exit|timeout|failed_to_start, "exit_code", "output"
+    # (the end of what it printed, at most NOTIFY_OUTPUT_CHARS)}; None until it has run.
+    notify_result: dict[str, Any] | None = None
     node: str | None = None  # the server it was placed on (runs on, ran on)
     allowed_nodes: list[str] | None = None  # `submit --node a,b`; None: any node
     requeue: int | None = None  # `submit --requeue`: 1 puts it back in the queue if its node dies
@@ -150,6 +156,14 @@ class Job:
     exclusive: bool = False  # `--exclusive`: a card to itself
     share: bool = False  # `--share`: its owner says it is light (shares a busy card)
     top: int | None = None  # put first by an administrator (`gpusched top`); lower first
+    # Its GPU demand: the share of a card's busy time it takes alone, 0.0-1.0 (measured
+    # while it runs; gpusched.usage.demand), and, when it took turns on a busy card, with
+    # which busy jobs and at what speed against alone (0.5: half speed).
+    demand: float | None = None
+    shared_with: list[int] | None = None
+    sharing_speed: float | None = None
+    # Running: bytes its processes hold on its busiest GPU at the last poll (not stored).
+    mem_used: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         # Every field is a scalar or a flat list: a shallow copy of each list is all that
@@ -190,6 +204,10 @@ class GpuReport:
     error: str | None = None
     node: str | None = None  # the server it is on
     short: int = 0  # bytes of its jobs' reservations its free memory cannot cover
+    # Bytes each running gpusched job holds on this GPU, by job id (as a string: JSON keys).
+    job_mem: dict[str, int] = field(default_factory=dict)
+    # Processes gpusched did not start: {"pid", "user", "command" (program name), "used"}.
+    others: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -22,6 +22,27 @@ MAX_FRAME_BYTES = 4 * 2**20  # a submit carries the submitter's environment; 4 M
 # is several MiB. Only clients read replies, and only from their daemon.
 MAX_REPLY_BYTES = 64 * 2**20
 MAX_JSON_DEPTH = 32
+# Every request from this client carries its version; a daemon refuses a client whose
+# version is not compatible (VERSIONS_COMPATIBLE). A frame without it (clients before this
+# rule) is served.
+VERSION_FIELD = "client_version"
+
+
+def compatible_versions(client: str, daemon: str) -> bool:
+    """The rule: a client and a daemon talk when their versions share major and minor
+    (0.1.x with 0.1.y; 1.2.x with 1.2.y): requests and replies change only between minor
+    versions, and only by adding."""
+    return client.split(".")[:2] == daemon.split(".")[:2]
+
+
+def version_mismatch(client: str, daemon: str) -> str:
+    """The one-line refusal, naming both versions and the fix."""
+    wanted = ".".join(daemon.split(".")[:2])
+    return (
+        f"this gpusched client is version {client} but the daemon is {daemon}: they must share"
+        f" major.minor; use the server's own `gpusched`, or in your environment"
+        f" pip install 'gpusched=={wanted}.*'"
+    )
 
 
 def _depth(value: Any, limit: int) -> int:

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from gpusched.core.errors import NotFoundError, UsageError
+from gpusched.core.units import MAX_DURATION_S, MIN_JOB_MEM_BYTES, MIN_JOB_TIME_S, format_size
 
 MAX_IDS = 10_000  # job ids in one request: `wait`, `after`
 MAX_NAME_CHARS = 200  # a job's name, a sweep's label included
@@ -84,12 +85,21 @@ def check_job_spec(
         raise UsageError(f"working directory must be an absolute path, not {cwd!r}")
     if mem is not None and mem <= 0:
         raise UsageError("--mem must be more than zero")
+    if mem is not None and mem < MIN_JOB_MEM_BYTES:
+        raise UsageError(
+            f"--mem {mem} bytes: at least {format_size(MIN_JOB_MEM_BYTES, tabular=False)}"
+            " (a CUDA context alone takes a few hundred MB)"
+        )
     if gpus < 1:
         raise UsageError("--gpus must be at least 1")
     if name is not None and len(name) > MAX_NAME_CHARS:
         raise UsageError(f"--name is limited to {MAX_NAME_CHARS} characters")
-    if time is not None and not 0 < time < 10**9:
+    if time is not None and not time > 0:
         raise UsageError("--time must be more than zero")
+    if time is not None and time < MIN_JOB_TIME_S:
+        raise UsageError(f"--time {time:g}s: too short (at least {MIN_JOB_TIME_S:g}s)")
+    if time is not None and time >= MAX_DURATION_S:
+        raise UsageError(f"--time {time:g}s: too long (must be under 1e9 seconds, about 31 years)")
 
 
 def check_sharing(exclusive: bool, share: bool) -> None:

@@ -122,15 +122,20 @@ class SubmitRequest(Request):
 @dataclass(frozen=True)
 class StatusRequest(Request):
     """GPUs and one page of active jobs: after id `cursor`, at most `limit` (the daemon
-    caps it), only `states` (active ones); with `all`, recent ends on the last page."""
+    caps it), only `states` (active ones), only `user`'s jobs if given; with `all`, the
+    `ended` most recent ends (default 20) on the last page."""
 
     op: ClassVar[str] = "status"
     all: bool = False
     cursor: int = 0
     limit: int | None = None
     states: tuple[str, ...] | None = None
+    user: str | None = None
+    ended: int | None = None
 
     def __post_init__(self) -> None:
+        if self.ended is not None and self.ended < 1:
+            raise UsageError("'ended': at least 1 ended job")
         if self.states is not None and not set(self.states) <= {str(s) for s in ACTIVE_STATES}:
             raise UsageError("'states': only queued, held and running jobs are paged")
 
@@ -170,6 +175,9 @@ class CancelRequest(Request):
     array: int | None = None
     mine: bool = False
     waiting_only: bool = False
+    # The job's own waiting process (claim(), gpusched run) gave up before it started: the
+    # job's reason says "withdrawn", not "cancelled by <user>".
+    withdrawn: bool = False
 
     def __post_init__(self) -> None:
         if not self.mine and self.array is None:
@@ -315,6 +323,31 @@ class DrainRequest(Request):
             raise UsageError(f"--node {self.node!r}: not a node name")
 
 
+@dataclass(frozen=True)
+class ReloadRequest(Request):
+    """Read the config file again and apply it (administrators only); the answer says
+    what was kept, or the error that left the old config in force."""
+
+    op: ClassVar[str] = "reload"
+
+
+MAX_PRUNE_AGE_S = 100 * 365 * 86400.0  # past any date a job could have ended
+
+
+@dataclass(frozen=True)
+class PruneRequest(Request):
+    """Forget jobs that ended more than `ended_before_s` seconds ago: their rows, logs,
+    timelines and job directories (administrators only). `dry_run`: only count them."""
+
+    op: ClassVar[str] = "prune"
+    ended_before_s: float
+    dry_run: bool = False
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.ended_before_s <= MAX_PRUNE_AGE_S:  # NaN too
+            raise UsageError("--ended-before: a duration up to 100 years, e.g. 90d")
+
+
 REQUESTS: dict[str, type[Request]] = {
     kind.op: kind
     for kind in (
@@ -334,6 +367,8 @@ REQUESTS: dict[str, type[Request]] = {
         ArrayRequest,
         EstimateHistoryRequest,
         DrainRequest,
+        PruneRequest,
+        ReloadRequest,
         RunRequest,
         PlacementRequest,
         RunEndedRequest,

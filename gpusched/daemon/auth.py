@@ -8,6 +8,9 @@ caller may act on (`owned_job`), and what of another user's job a caller may see
 
 from __future__ import annotations
 
+import grp
+import os
+import pwd
 from typing import Any
 
 from gpusched.core.config import Config
@@ -24,8 +27,29 @@ PUBLIC_DETAILS = frozenset({"signal", "cancelled", "dependency_failed", "overrun
 
 
 def is_admin(uid: int, user: str, owner_uid: int, config: Config) -> bool:
-    """May act on every job: root, the daemon's own user, or one listed in `admins`."""
-    return uid in (0, owner_uid) or user in config.admins
+    """May act on every job: root, the daemon's own user, or one listed in `admins` by
+    name or through a Unix group written "@group" (its members as the account database
+    says, never as the client process claims)."""
+    if uid in (0, owner_uid) or user in config.admins:
+        return True
+    groups = [entry[1:] for entry in config.admins if entry.startswith("@")]
+    return bool(groups) and in_any_group(uid, groups)
+
+
+def in_any_group(uid: int, group_names: list[str]) -> bool:
+    """Whether the account `uid` belongs to one of these groups (primary or supplementary)."""
+    try:
+        account = pwd.getpwuid(uid)
+        member_of = set(os.getgrouplist(account.pw_name, account.pw_gid))
+    except (KeyError, OSError):
+        return False
+    for name in group_names:
+        try:
+            if grp.getgrnam(name).gr_gid in member_of:
+                return True
+        except KeyError:  # a group that does not exist (any more) admits no one
+            continue
+    return False
 
 
 def check_served(caller: Caller, owner_uid: int) -> None:
@@ -59,11 +83,12 @@ def visible(scheduler: Scheduler, config: Config, caller: Caller, job: Job) -> d
     name and private end details are hidden unless `show_commands` is on."""
     job = scheduler.decorate(job)
     data = job.to_json()
-    theirs = is_theirs(job, caller, by_name=scheduler.cluster is not None)
+    theirs = is_theirs(job, caller, by_name=scheduler.in_cluster)
     if not theirs and not caller.admin and not config.show_commands:
         data["command"] = HIDDEN_COMMAND
         data["cwd"] = None
         data["notify"] = None if job.notify is None else HIDDEN_COMMAND
+        data["notify_result"] = None  # its output is the owner's
         if job.array_id is not None:
             # A swept job's name ends with its sweep values ("lr=0.1 token=..."): as
             # private as the command they were put into. Only the name as a whole is

@@ -23,6 +23,7 @@ output there); the end of it is quoted in the daemon's log, then it is removed.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import pwd
@@ -36,15 +37,20 @@ from pathlib import Path
 from typing import Any, BinaryIO, cast
 
 from gpusched.core.models import _StrEnum
+from gpusched.processes import cgroups
 from gpusched.processes.supervisor import owner_credentials
 
+_HOOK_NUMBERS = itertools.count(1)  # names each hook's cgroup within this daemon
 OUTPUT_TAIL_BYTES = 2000  # the end of a hook's output quoted in the daemon's log
 _CHUNK = 65536
 
-# `cd -P` is chdir(2) on the path as given; `exec` replaces the shell, so the hook keeps
-# the pid (and process group) the daemon watches and kills on timeout.
+# First it waits until the daemon has put it in the hook's own cgroup (the daemon then
+# writes a newline ahead of the job's JSON on its stdin; sh's `read` takes input a byte
+# at a time from a pipe, so the hook still gets the JSON whole), so nothing the hook
+# starts escapes it, not even a child that calls setsid. `cd -P` is chdir(2) on the path
+# as given; `exec` replaces the shell, so the hook keeps the pid the daemon watches.
 RUNNER_SCRIPT = (
-    'cd -P -- "$1" 2>/dev/null || cd -P -- "$HOME" 2>/dev/null || cd /; shift; exec "$@"'
+    'read -r _; cd -P -- "$1" 2>/dev/null || cd -P -- "$HOME" 2>/dev/null || cd /; shift; exec "$@"'
 )
 
 # The administrator's `on_finish` runs with this environment, never the owner's: a
@@ -56,7 +62,7 @@ class HookResultKind(_StrEnum):
     """How a hook ended (gpusched.daemon.hooks logs each kind its own way)."""
 
     EXIT = "exit"  # it exited by itself, or died of a signal: see exit_code
-    TIMEOUT = "timeout"  # still running at hook_timeout: its process group was killed
+    TIMEOUT = "timeout"  # still running at hook_timeout: it and all it started were killed
     FAILED_TO_START = "failed_to_start"  # no process: its output file or its exec failed
 
 
@@ -69,7 +75,8 @@ class HookResult:
 
 
 def runner_argv(argv: Sequence[str], cwd: str) -> list[str]:
-    """The command that enters `cwd` as the owner, then becomes the hook."""
+    """The command that waits for its first line of input, enters `cwd` as the owner,
+    then becomes the hook."""
     return ["/bin/sh", "-c", RUNNER_SCRIPT, "gpusched-hook", cwd, *argv]
 
 
@@ -101,13 +108,15 @@ def run_hook(
     if os.geteuid() == 0:
         with contextlib.suppress(KeyError):
             groups = os.getgrouplist(pwd.getpwuid(uid).pw_name, gid)
-    stdin = (json.dumps(job_json) + "\n").encode()
+    # The first line lets the runner go on (RUNNER_SCRIPT), once it is in its cgroup.
+    stdin = ("\n" + json.dumps(job_json) + "\n").encode()
     try:
         sink = _create(output_path)
     except OSError as exc:
         return HookResult(
             HookResultKind.FAILED_TO_START, output=f"cannot create {output_path}: {exc.strerror}"
         )
+    cgroup = cgroups.hook_cgroup(f"hook-{os.getpid()}-{next(_HOOK_NUMBERS)}")
     try:
         try:
             process = subprocess.Popen(
@@ -118,24 +127,37 @@ def run_hook(
                 stderr=subprocess.STDOUT,
                 umask=umask,
                 cwd="/",  # the daemon's, until the runner enters the hook's own as the owner
-                # Its own session: on timeout the whole group it started is killed.
+                # Its own session: on timeout the whole group it started is killed (and
+                # with a cgroup, every process it started, whatever its session).
                 start_new_session=True,
                 close_fds=True,
                 **owner_credentials(uid, gid, groups),
             )
         except (OSError, subprocess.SubprocessError, ValueError) as exc:
             return HookResult(HookResultKind.FAILED_TO_START, output=str(exc))
+        if cgroup is not None:
+            try:
+                cgroup.add(process.pid)
+            except OSError:
+                cgroup = None  # it died already, or no cgroup after all: its group only
         timed_out, cut = _exchange(process, stdin, sink, output_max_bytes, timeout_s)
         if timed_out:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(process.pid, signal.SIGKILL)
             process.kill()
         process.wait()
+        if cgroup is not None:
+            # At its end or its timeout, whatever it left (in any session) is stopped, as
+            # a batch job's supervisor stops what a job leaves.
+            cgroups.kill_all(cgroup)
         size = os.fstat(sink).st_size
         tail = os.pread(sink, OUTPUT_TAIL_BYTES, max(0, size - OUTPUT_TAIL_BYTES))
         kind = HookResultKind.TIMEOUT if timed_out else HookResultKind.EXIT
         return HookResult(kind, process.returncode, tail.decode(errors="replace").strip(), cut)
     finally:
+        if cgroup is not None:
+            cgroups.kill_all(cgroup)
+            cgroups.remove_job_cgroup(cgroup)
         os.close(sink)
         with contextlib.suppress(OSError):
             os.unlink(output_path)

@@ -13,12 +13,15 @@ HOME, LANG=C.UTF-8 and the GPUSCHED_* variables), never what the owner submitted
 command is an argv list; the CLI splits `--notify` with shlex, so no shell sees it unless
 the user wrote `sh -c '...'` themselves.
 
-Hooks never hold up scheduling: `Scheduler._end` only hands the job id over, outside any
+Hooks never hold up scheduling: an ending (`JobEndings.end`) only hands the job id over, outside any
 database transaction and without waiting. Fair to users: at most `hooks_per_user` jobs'
 hooks of one owner run at once and `hooks_total` in all; a free slot goes to the next
 owner in turn (round robin), so one user's many slow hooks delay only their own. A hook
-that fails is logged; one that runs past `hook_timeout` is killed (its whole process
-group) and logged.
+that fails is logged; one that runs past `hook_timeout` is killed and logged. Each hook
+runs in a cgroup of its own (gpusched.daemon.hookrun): at its end or its timeout, every
+process it left, even in a session of its own, is killed. How the owner's `--notify` hook
+ended (its exit status and the end of its output) is also recorded on the job, for `show`
+and the dashboard.
 
 Nothing is lost across a restart: a job's end records in the same transaction that its
 hooks are due, and the mark is cleared just before they start. A daemon that stops (or
@@ -35,6 +38,7 @@ import logging
 import threading
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from gpusched.core.config import Config
 from gpusched.core.errors import GpuschedError
@@ -48,6 +52,7 @@ __all__ = ["HookRunner", "run_hook"]
 
 log = logging.getLogger("gpusched.hooks")
 
+NOTIFY_OUTPUT_CHARS = 500  # the end of a --notify hook's output kept on the job
 UNKNOWN_OWNER = -1  # a job whose row could not be read: its hooks queue on their own
 
 
@@ -189,6 +194,8 @@ class HookRunner:
                     output_max_bytes=config.hook_output_max_bytes,
                 )
                 _log_result(job, source, argv, result, config)
+                if source == "notify":  # the owner's hook: how it ended is theirs to see
+                    self.store.set_notify_result(job_id, notify_result(result))
         except GpuschedError as exc:
             log.warning("hooks of job %s not run: %s", job_id, exc.message)
         except Exception:  # a bug here must cost one notification, never a thread
@@ -200,6 +207,13 @@ class HookRunner:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
+
+
+def notify_result(result: HookResult) -> dict[str, Any]:
+    """What `show` and the dashboard say of a `--notify` hook: how it ended and the end of
+    its output (at most NOTIFY_OUTPUT_CHARS characters)."""
+    output = result.output[-NOTIFY_OUTPUT_CHARS:]
+    return {"kind": str(result.kind), "exit_code": result.exit_code, "output": output}
 
 
 def _log_result(

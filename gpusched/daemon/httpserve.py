@@ -3,17 +3,22 @@
 It serves GET (and HEAD) of a fixed table of paths, one request per connection
 (HTTP/1.0, `Connection: close`), for the metrics endpoint and the dashboard (either on
 its own port, or both on one). Any other method is a 405: nothing here changes anything.
-Its bounds are the listener's: connections in all and per source address, a
-deadline for the whole request head from the connection on (a client trickling it a
-byte at a time is dropped), a size cap on that head, and the same deadline for sending
-the reply.
+Its bounds are the listener's: connections in all and per client (a local user by the
+uid owning its socket, a remote client by its address: tcp_peers.py), one slot kept for
+the configured scraper (`metrics_scraper:`), a short deadline (HEAD_DEADLINE_S) for the
+whole request head from the connection on (a client trickling it a byte at a time is
+dropped), a size cap on that head, and the client request deadline for sending the reply.
 
 A route is a function of the `Request` (its path and query) returning a `Response`; an
-error in it is a 500 for that request. Every reply says `X-Content-Type-Options: nosniff`.
+error in it is a 500 for that request, logged once a minute at most (with its traceback:
+bad input is a 400 from the route, never an error). `host_checked` refuses a Host that
+names another site (421: DNS rebinding), on the dashboard's routes and /metrics alike.
+Every reply says `X-Content-Type-Options: nosniff`.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import socket
 from collections.abc import Callable, Hashable, Mapping
@@ -22,13 +27,18 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 from gpusched.core.errors import GpuschedError
+from gpusched.core.ratelog import RateLimitedLog
 from gpusched.daemon.listening import DeadlineReader, Listener, Slots
+from gpusched.daemon.tcp_peers import http_client
 
 log = logging.getLogger("gpusched.http")
 
 MAX_HTTP_CONNECTIONS = 32  # a scraper (or a few people's browsers) needs a handful
-MAX_HTTP_CONNECTIONS_PER_ADDRESS = 4
+MAX_HTTP_CONNECTIONS_PER_ADDRESS = 4  # per local user (uid) or remote address
 MAX_HEAD_BYTES = 16 * 1024
+# A browser or a scraper sends its whole request head at once; a client that has not in
+# this long is stalling (at most the client request deadline, when that is shorter).
+HEAD_DEADLINE_S = 5.0
 
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed"}
 _REASONS |= {421: "Misdirected Request", 431: "Request Header Fields Too Large"}
@@ -100,21 +110,28 @@ class HttpListener(Listener):
         routes: Mapping[str, Route],
         name: str,
         deadline_s: Callable[[], float],
+        scraper: str | None = None,
     ) -> None:
         self.name = name
         self.routes = routes
         self.deadline_s = deadline_s  # read at each connection: a config reload applies
-        super().__init__(sock, Slots(MAX_HTTP_CONNECTIONS, MAX_HTTP_CONNECTIONS_PER_ADDRESS))
+        self.scraper = scraper
+        self.errors = RateLimitedLog(log)
+        slots = Slots(
+            MAX_HTTP_CONNECTIONS, MAX_HTTP_CONNECTIONS_PER_ADDRESS, 1 if scraper is not None else 0
+        )
+        super().__init__(sock, slots)
 
     def client_of(self, conn: socket.socket, address: Any) -> Hashable:
-        return str(address[0])
+        return http_client(conn, str(address[0]), self.scraper)
 
     def refusal(self, message: str) -> bytes:
         return render(text_response(503, message))
 
     def serve(self, conn: socket.socket, client: Hashable) -> None:
         deadline_s = self.deadline_s()
-        reader = DeadlineReader(conn, deadline_s, deadline_s)
+        head_s = min(deadline_s, HEAD_DEADLINE_S)
+        reader = DeadlineReader(conn, head_s, head_s)
         reader.next_request(pending=True)  # the deadline runs from the connection
         try:
             head = _read_head(reader)
@@ -149,8 +166,14 @@ class HttpListener(Listener):
             return text_response(400, f"at most {MAX_QUERY_FIELDS} query fields")
         try:
             return route(replace(request, query=dict(fields)))
-        except Exception:  # one failed page must not end the connection's thread
-            log.exception("%s: %r failed", self.name, target)
+        except Exception as exc:  # one failed page must not end the connection's thread
+            # Once a minute per path and error at most: unauthenticated requests in a loop
+            # must not fill the journal (a traceback per request was 48.7 MiB in 20 s).
+            self.errors.warning(
+                f"{request.path} {type(exc).__name__}",
+                f"{self.name}: {request.path} failed: {type(exc).__name__}",
+                exc_info=True,
+            )
             return text_response(500, "internal error (see the daemon's log)")
 
 
@@ -173,6 +196,7 @@ class HttpServer:
         address: tuple[str, int],
         routes: Mapping[str, Route],
         deadline_s: Callable[[], float],
+        scraper: str | None = None,
     ) -> HttpServer:
         host, port = address
         name = " and ".join(names)
@@ -186,7 +210,7 @@ class HttpServer:
             ) from None
         bound = (host, int(sock.getsockname()[1]))
         log.info("%s on http://%s:%s/", name, *bound)
-        return cls(HttpListener(sock, routes, name, deadline_s), bound)
+        return cls(HttpListener(sock, routes, name, deadline_s, scraper), bound)
 
     def serve_forever(self) -> None:
         self._listener.serve_forever()
@@ -214,3 +238,36 @@ def _read_head(reader: DeadlineReader) -> tuple[str, str | None] | None:
             host = value.strip()
             break
     return line.strip(), host
+
+
+def host_allowed(host: str | None, own_host: str) -> bool:
+    """Whether a Host header names this server: absent (HTTP/1.0), an IP address,
+    localhost, or `own_host` (the host written in `web:` or `metrics:`)."""
+    if host is None:
+        return True
+    name = host.rsplit(":", 1)[0] if host.count(":") == 1 else host  # name:port, or IPv6
+    name = name.removeprefix("[").split("]")[0].lower()  # [::1]:8080 -> ::1
+    if name in ("localhost", own_host.lower()):
+        return True
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
+
+
+def host_checked(route: Route, own_host: str) -> Route:
+    """`route`, answering 421 to a request whose Host names another site: a page of
+    another site, its name pointed at this address (DNS rebinding), cannot read what it
+    serves through its visitor's browser or SSH tunnel."""
+
+    def checked(request: Request) -> Response:
+        if host_allowed(request.host, own_host):
+            return route(request)
+        return text_response(
+            421,
+            f"Host {request.host!r} is not this server: ask for an IP address, localhost or"
+            f" {own_host} (a reverse proxy: pass nginx's default Host, $proxy_host)",
+        )
+
+    return checked

@@ -54,19 +54,25 @@ FATAL_ACCEPT_ERRNOS = frozenset({errno.EBADF, errno.EINVAL, errno.ENOTSOCK, errn
 
 
 class Slots:
-    """Connections held, capped in all and per client."""
+    """Connections held, capped in all and per client.
 
-    def __init__(self, total: int, per_client: int) -> None:
+    `reserve`: slots of the total that only a client whose `reserved` attribute is true
+    may take (the configured Prometheus scraper, so a flood cannot starve its scrapes).
+    """
+
+    def __init__(self, total: int, per_client: int, reserve: int = 0) -> None:
         self.total = total
         self.per_client = per_client
+        self.reserve = reserve
         self._held: dict[Hashable, int] = {}
         self._count = 0
         self._lock = threading.Lock()
 
     def take(self, client: Hashable) -> str | None:
         """Take a slot for `client`: None, or why not (a message for the client)."""
+        cap = self.total if getattr(client, "reserved", False) else self.total - self.reserve
         with self._lock:
-            if self._count >= self.total:
+            if self._count >= cap:
                 return f"the server has too many open connections ({self.total}): try again"
             if self._held.get(client, 0) >= self.per_client:
                 return f"too many open connections from {client} (limit {self.per_client})"

@@ -6,7 +6,8 @@ job that drives `tick()`, immediate wake-ups, signals and systemd's sd_notify.
 Signals only set flags or wake the main thread; the main thread acts. SIGTERM and
 SIGINT stop scheduling and close the database; running jobs keep running (each
 under its own supervisor, in its own session) and are re-adopted by the next start.
-SIGHUP reloads the configuration file; a bad new file is logged and the old one kept.
+SIGHUP reloads the configuration file; a bad new file is logged and the old one kept
+(`gpusched admin reload` does the same and answers with the error: systemd's ExecReload).
 
 The daemon raises its open-file soft limit to the hard limit (each running job holds a
 pidfd, each client a socket). Its listeners run in threads; should one end (its socket
@@ -38,18 +39,22 @@ from gpusched.core.errors import ConfigError, GpuschedError
 from gpusched.core.ratelog import RateLimitedLog
 from gpusched.daemon.hooks import HookRunner
 from gpusched.daemon.httpserve import HttpServer, Route
+from gpusched.daemon.retention import RetentionPass
 from gpusched.daemon.server import Server
 from gpusched.daemon.services import Services
 from gpusched.daemon.trusted_dirs import untrusted_dirs
 from gpusched.gpus.probe import Probe, SimulatedProbe
 from gpusched.processes.launcher import Launcher
-from gpusched.scheduling.cluster import ClusterMember
+from gpusched.scheduling.cluster.node import ClusterNode, Identity
+from gpusched.scheduling.context import Context
+from gpusched.scheduling.ownership import LocalNode
 from gpusched.scheduling.scheduler import Scheduler
 from gpusched.store import Store
 
 log = logging.getLogger("gpusched.daemon")
 
 TICK_JOB_ID = "tick"
+RETENTION_JOB_ID = "retention"  # gpusched.daemon.retention, every retention.every
 
 
 def sd_notify(message: str) -> None:
@@ -153,26 +158,41 @@ class Daemon:
         # The one holder of the config: a reload replaces it once and reaches every reader.
         self.settings = ConfigHolder(config)
         self.launcher = Launcher(self.settings)
-        self.scheduler = Scheduler(self.settings, self.store, self.probe, self.launcher)
-        self.scheduler.wake = self.wake
-        self.node = node_name(config)
-        self.scheduler.starter.node = self.node
-        if in_cluster(config):
-            self.scheduler.cluster = ClusterMember(self.scheduler, self.node)
-            self.scheduler.cluster.join()  # a name held by a live daemon: refused here
+        # What the scheduler calls back (the tick loop's wake-up, the hook runner) is built
+        # before it, so that every part of it is complete once built.
+        self._ticks = BackgroundScheduler(
+            executors={"default": ThreadPoolExecutor(3)}, timezone=timezone.utc
+        )
         self.hooks = HookRunner(self.store, lambda: self.config)
-        self.scheduler.end_listeners.append(self.hooks.job_ended)
+        context = Context.build(
+            self.settings,
+            self.store,
+            self.probe,
+            self.launcher,
+            wake=self.wake,
+            end_listeners=[self.hooks.job_ended],
+        )
+        self.node = node_name(config)
+        node: LocalNode | ClusterNode = LocalNode(self.node)
+        if in_cluster(config):
+            node = ClusterNode(self.node, Identity.of_this_process(), context.clock, self.settings)
+        self.scheduler = Scheduler(context, node)
+        self.scheduler.placer.join()  # in a cluster, a name held by a live daemon: refused
         self.http: list[HttpServer] = []  # the metrics and web ports, when configured
         # Whose daemon this is: root's serves everyone, a user's serves only that user.
-        self.services = Services(self.scheduler, self.store, self.settings, owner_uid=os.geteuid())
+        self._reload_lock = threading.Lock()
+        self.services = Services(
+            self.scheduler,
+            self.store,
+            self.settings,
+            owner_uid=os.geteuid(),
+            reload_config=self.reload_config,
+        )
         self.server = Server(self.services, config.socket_path)
         self.reload_requested = False
         self.stop_requested = threading.Event()
         self._listeners: dict[str, threading.Thread] = {}  # name -> thread: must not end
         self._trouble = RateLimitedLog(log)
-        self._ticks = BackgroundScheduler(
-            executors={"default": ThreadPoolExecutor(3)}, timezone=timezone.utc
-        )
 
     def wake(self) -> None:
         """Run a tick now.
@@ -203,13 +223,13 @@ class Daemon:
             self._trouble.warning(key, f"scheduling pass failed: {exc!r}", exc_info=True)
 
     def run(self) -> int:
+        self.launcher.protect()  # before the zygote: it and the supervisors inherit it
         # Warm up the supervisor zygote while we re-adopt jobs and bind the socket.
         self.scheduler.launcher.start_zygote()
         # Before adoption, which may end jobs and queue their hooks: none is queued twice.
         self.hooks.resume()
         self.scheduler.adopt_running()
-        if self.scheduler.cluster is not None:
-            self.scheduler.cluster.reconcile_at_start(self.launcher.job_ids())
+        self.scheduler.placer.reconcile_at_start(self.launcher.job_ids)
         if self.scheduler.drain is not None:
             log.warning(
                 "%s: no new job starts until `gpusched undrain`", self.scheduler.drain.describe()
@@ -231,12 +251,21 @@ class Daemon:
             misfire_grace_time=None,
             next_run_time=datetime.now(timezone.utc),
         )
-        cluster = self.scheduler.cluster
-        if cluster is not None:  # placements and cancels from another server, at once
+        retention = RetentionPass(self.settings, self.store, self.launcher)
+        self._ticks.add_job(
+            self._guarded(retention.retention_pass),
+            "interval",
+            seconds=self.config.retention.every_s,
+            id=RETENTION_JOB_ID,
+            max_instances=1,
+            coalesce=True,
+        )
+        placer = self.scheduler.placer
+        if placer.poll_every_s is not None:  # placements and cancels from elsewhere, at once
             self._ticks.add_job(
-                self._guarded(cluster.poll),
+                self._guarded(placer.poll),
                 "interval",
-                seconds=0.5,
+                seconds=placer.poll_every_s,
                 id="cluster-poll",
                 max_instances=1,
                 coalesce=True,
@@ -262,11 +291,14 @@ class Daemon:
         log.info("stopping: running jobs keep running and will be re-adopted at the next start")
         self.server.close()
         self._ticks.shutdown(wait=True)
+        try:  # after the last pass: nothing adds a point any more
+            self.scheduler.monitor.flush_all()
+        except Exception as exc:  # the database away: the points are lost, the stop goes on
+            log.warning("could not write the running jobs' last usage points: %r", exc)
         self.scheduler.launcher.close()
         self.hooks.close()
         self._close_http()
-        if self.scheduler.cluster is not None:
-            self.scheduler.cluster.leave()
+        self.scheduler.placer.leave()
         self.store.close()
         self.probe.close()
         return status
@@ -279,7 +311,7 @@ class Daemon:
 
             names, routes = wanted.setdefault(self.config.metrics_address, ([], {}))
             names.append("metrics")
-            routes.update(metrics_routes(self.scheduler))
+            routes.update(metrics_routes(self.scheduler, self.config.metrics_address[0]))
         if self.config.web_address is not None:
             from gpusched.daemon.web.site import web_routes
 
@@ -295,7 +327,11 @@ class Daemon:
         for address, (names, routes) in wanted.items():
             self.http.append(
                 HttpServer.start(
-                    names, address, routes, lambda: self.settings.current.client_request_timeout_s
+                    names,
+                    address,
+                    routes,
+                    lambda: self.settings.current.client_request_timeout_s,
+                    self.config.metrics_scraper if "metrics" in names else None,
                 )
             )
 
@@ -320,11 +356,21 @@ class Daemon:
         signal.signal(signal.SIGHUP, reload)
 
     def _reload(self) -> None:
+        """SIGHUP: reload, or log why not and keep the old config."""
         try:
-            new = load_config(self.config_path, self.overrides)
+            self.reload_config()
         except GpuschedError as exc:
             log.error("config reload failed, keeping the old config: %s", exc.message)
-            return
+
+    def reload_config(self) -> list[str]:
+        """Read the config file again and apply it (`gpusched admin reload`, SIGHUP); what
+        was kept because it needs a restart. A bad file raises its ConfigError, the old
+        config staying in force."""
+        with self._reload_lock:  # a request and a SIGHUP at once apply one after the other
+            return self._apply_reload()
+
+    def _apply_reload(self) -> list[str]:
+        new = load_config(self.config_path, self.overrides)
         fixed = (
             "socket_path",
             "database_url",
@@ -343,11 +389,15 @@ class Daemon:
         self.config = new
         self.settings.replace(new)  # the scheduler, launcher and request handlers read it
         self._ticks.reschedule_job(TICK_JOB_ID, trigger="interval", seconds=new.poll_interval_s)
+        self._ticks.reschedule_job(
+            RETENTION_JOB_ID, trigger="interval", seconds=new.retention.every_s
+        )
         log.info("config reloaded from %s", self.config_path or "defaults")
         self.wake()
+        return [f"{name} needs a restart to change: kept" for name in changed]
 
 
-def run_daemon(config_path: Path | None, simulate: str | None) -> int:
+def run_daemon(config_path: Path | None, simulate: str | None, socket: str | None = None) -> int:
     from gpusched.daemon.logfmt import log_handler
 
     # One record per line, users' strings escaped: a newline in a command forges nothing.
@@ -356,6 +406,8 @@ def run_daemon(config_path: Path | None, simulate: str | None) -> int:
     # ("maximum number of running instances reached"); that is the design, not a problem.
     logging.getLogger("apscheduler").setLevel(logging.ERROR)
     overrides = {"simulate": simulate} if simulate else {}
+    if socket:  # `gpusched daemon --socket PATH` (or $GPUSCHED_SOCKET) listens there
+        overrides["socket"] = socket
     config = load_config(config_path, overrides)
     source = None if config.source in (None, "defaults") else Path(str(config.source))
     check_password_private(config.database_url, source)

@@ -34,7 +34,7 @@ from prometheus_client.utils import floatToGoString
 
 from gpusched import __version__
 from gpusched.core.models import JobState
-from gpusched.daemon.httpserve import Request, Response, Route
+from gpusched.daemon.httpserve import Request, Response, Route, host_checked
 from gpusched.scheduling.scheduler import Scheduler
 
 # Queue waits run from seconds (an idle server) to days (a full one).
@@ -161,8 +161,10 @@ def _histogram(name: str, help_text: str, values: list[float]) -> Metric:
     )
 
 
-def metrics_routes(scheduler: Scheduler) -> dict[str, Route]:
-    """/metrics, for gpusched's own bounded HTTP server (httpserve.HttpServer).
+def metrics_routes(scheduler: Scheduler, own_host: str) -> dict[str, Route]:
+    """/metrics, for gpusched's own bounded HTTP server (httpserve.HttpServer), with the
+    dashboard's Host check (`own_host`: the host of `metrics:`): through DNS rebinding a
+    page of another site read user names and job counts.
 
     Not prometheus_client's server: that one gives each connection a thread with no cap
     and no timeout, so idle connections to the port used up the daemon's open files.
@@ -173,4 +175,4 @@ def metrics_routes(scheduler: Scheduler) -> dict[str, Route]:
     def scrape(_request: Request) -> Response:
         return Response(200, CONTENT_TYPE_LATEST, generate_latest(registry))
 
-    return {"/metrics": scrape}
+    return {"/metrics": host_checked(scrape, own_host)}

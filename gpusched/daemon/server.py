@@ -36,6 +36,7 @@ from gpusched.daemon.handlers import dispatch
 from gpusched.daemon.identity import Caller, user_name
 from gpusched.daemon.listening import DeadlineReader, Listener, Slots
 from gpusched.daemon.services import Services
+from gpusched.daemon.trusted_dirs import untrusted_part
 from gpusched.store.engine import is_disconnect, unavailable
 
 log = logging.getLogger("gpusched.server")
@@ -81,6 +82,16 @@ class Server:
             if not self.single_user:
                 # A directory we made for the socket must let every user reach it.
                 os.chmod(path.parent, 0o755)  # noqa: S103
+        if not self.single_user:
+            # Checked at start-up (main.py) and again now: a directory that did not exist
+            # then (in a shared temp directory) may have been made by a user since, who
+            # could then swap in a socket of their own and read others' submits.
+            why = untrusted_part(path.parent)
+            if why is not None:
+                raise GpuschedError(
+                    f"socket {path}: another user could replace it: {why}; choose a"
+                    " `socket:` under a directory only root can change"
+                )
         if path.exists() or path.is_symlink():
             probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:

@@ -8,7 +8,8 @@ scheduler on fakes and calls the handlers with no socket at all.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpusched.core.config import Config
@@ -16,6 +17,7 @@ from gpusched.core.config_holder import ConfigHolder
 from gpusched.core.models import Job
 from gpusched.daemon import auth
 from gpusched.daemon.identity import Caller
+from gpusched.daemon.storage_budget import StorageBudget
 from gpusched.scheduling.scheduler import Scheduler
 from gpusched.store import Store
 
@@ -30,6 +32,10 @@ class Services:
     store: Store
     settings: ConfigHolder
     owner_uid: int
+    # The daemon's config reload (`admin reload`): what it kept, or its ConfigError.
+    reload_config: Callable[[], list[str]] | None = None
+    # What each user's submits stored lately (retention.user_bytes_per_minute / _per_day).
+    budget: StorageBudget = field(default_factory=StorageBudget)
 
     @property
     def config(self) -> Config:
@@ -40,7 +46,7 @@ class Services:
         return self.owner_uid != 0
 
     def owned_job(self, caller: Caller, job_id: int) -> Job:
-        return auth.owned_job(self.store, caller, job_id, self.scheduler.cluster is not None)
+        return auth.owned_job(self.store, caller, job_id, self.scheduler.in_cluster)
 
     def visible(self, caller: Caller, job: Job) -> dict[str, Any]:
         return auth.visible(self.scheduler, self.config, caller, job)

@@ -97,6 +97,19 @@ class Claim:
         return f"<gpusched.Claim job {self.job_id} GPU {gpus} ({state})>"
 
 
+class _WaitingLine:
+    """Says on stderr why the claim waits, each time the reason changes."""
+
+    def __init__(self) -> None:
+        self.last: str | None = None
+
+    def __call__(self, job: Job) -> None:
+        reason = job.waiting_reason or "queued"
+        if reason != self.last:
+            self.last = reason
+            print(f"gpusched: job {job.id} waiting: {reason}", file=sys.stderr, flush=True)
+
+
 def claim(
     mem: str | int | None = None,
     gpus: int = 1,
@@ -110,9 +123,13 @@ def claim(
     until placed (at most `timeout` seconds, then NotPlaced and the request is withdrawn),
     set CUDA_VISIBLE_DEVICES and CUDA_DEVICE_ORDER here, and return the Claim.
 
+    While it waits it prints why to stderr (once, and again each time the reason changes:
+    a notebook shows it under the cell); NotPlaced carries the last reason.
+
     Raises CudaAlreadyInitialised if a framework has already initialised CUDA in this
     process: the variables would come too late. Ctrl-C (KeyboardInterrupt) while waiting
-    withdraws the request.
+    withdraws the request. ProtocolError if the daemon's version is not this client's
+    major.minor.
     """
     loaded = cuda_already_loaded()
     if loaded is not None:
@@ -122,10 +139,11 @@ def claim(
             " (in a notebook: restart the kernel and make it the first cell)"
         )
     client = Client(socket_path)
+    client.check_version()  # a client installed in the user's env may differ from the server's
     command = list(getattr(sys, "orig_argv", None) or [sys.executable, *sys.argv])
     job = queue(client, command, mem=mem, gpus=gpus, time_limit=time_limit, name=name)
     try:
-        placement = wait_placed(client, job.id, timeout_s=timeout)
+        placement = wait_placed(client, job.id, timeout_s=timeout, on_wait=_WaitingLine())
     except NotPlaced:
         cancel_quietly(client, job.id)
         raise

@@ -20,15 +20,21 @@ from typing import Any
 from gpusched.client import Client
 from gpusched.core.errors import ConflictError, DaemonUnreachable, GpuschedError
 from gpusched.core.models import TERMINAL_STATES, Job, JobState
-from gpusched.core.requests import PlacementRequest, RunEndedRequest, RunRequest
-from gpusched.core.units import parse_duration, parse_size
+from gpusched.core.requests import CancelRequest, PlacementRequest, RunEndedRequest, RunRequest
+from gpusched.core.units import parse_job_mem, parse_job_time
 
 PLACEMENT_POLL_S = 2.0  # each `placement` request waits this long, then the reason is shown
 REPORT_RETRY_S = 60.0  # how long the end is re-sent to a daemon that does not answer
 
 
 class NotPlaced(GpuschedError):
-    """The job ended (cancelled) before it was placed, or `timeout` passed."""
+    """The job ended (cancelled) before it was placed, or `timeout` passed. The message
+    says why it waited (its last waiting reason); `.job` is the job as last seen."""
+
+    def __init__(self, message: str, job: Job | None = None) -> None:
+        super().__init__(message)
+        self.job = job
+        self.waiting_reason = None if job is None else job.waiting_reason
 
 
 @dataclass
@@ -74,10 +80,10 @@ def queue(
     share: bool = False,
 ) -> Job:
     """Queue an interactive job whose process is this one."""
-    if isinstance(mem, str):
-        mem = parse_size(mem)
-    if isinstance(time_limit, str):
-        time_limit = parse_duration(time_limit)
+    if mem is not None:
+        mem = parse_job_mem(mem, what="mem")
+    if time_limit is not None:
+        time_limit = parse_job_time(time_limit, what="time_limit")
     return Job.from_json(
         client.send(
             RunRequest(
@@ -123,9 +129,10 @@ def wait_placed(
             )
         if job.state in TERMINAL_STATES:
             why = f": {job.reason_detail}" if job.reason_detail else ""
-            raise NotPlaced(f"job {job.id} ended {job.state} before it started{why}")
+            raise NotPlaced(f"job {job.id} ended {job.state} before it started{why}", job)
         if deadline is not None and time.monotonic() >= deadline:
-            raise NotPlaced(f"job {job.id} was not placed within {timeout_s:g}s")
+            why = f": {job.waiting_reason}" if job.waiting_reason else ""
+            raise NotPlaced(f"job {job.id} was not placed within {timeout_s:g}s{why}", job)
         if on_wait is not None:
             on_wait(job)
 
@@ -171,4 +178,4 @@ def _asked_again(request: Callable[[], Any], retry_s: float = REPORT_RETRY_S) ->
 def cancel_quietly(client: Client, job_id: int) -> None:
     """Cancel a job this process queued (Ctrl-C while it waits); it may have just ended."""
     with contextlib.suppress(ConflictError, DaemonUnreachable):
-        client.cancel(job_id)
+        client.send(CancelRequest(id=job_id, withdrawn=True))

@@ -1,7 +1,8 @@
 """A job's environment: the submitter's, plus what gpusched sets for every job.
 
-`CUDA_VISIBLE_DEVICES` (indices or UUIDs), `CUDA_DEVICE_ORDER`, `GPUSCHED_JOB_ID`,
-`GPUSCHED_GPU_UUIDS`, identity variables from the account database when run as root
+`CUDA_VISIBLE_DEVICES` (indices or UUIDs, ascending), `CUDA_DEVICE_ORDER`,
+`GPUSCHED_JOB_ID`, `GPUSCHED_GPU_UUIDS`, a sweep's `GPUSCHED_ARRAY_ID` and
+`GPUSCHED_ARRAY_INDEX`, identity variables from the account database when run as root
 (never from the client), and the hints that keep frameworks within a shared card's share.
 Used by the scheduler for jobs and by the hook runner for notification hooks.
 """
@@ -40,13 +41,28 @@ def job_environment(
             pass
     env.update(gpu_environment(job.id, gpu_indices, gpu_uuids, visible_devices))
     env.update(sharing_environment(job.mem, gpu_totals, submitted_env))
+    for name in ARRAY_VARIABLES:  # a sweep's jobs are told theirs; no other job inherits one
+        env.pop(name, None)
+    if job.array_id is not None:  # as Slurm's SLURM_ARRAY_JOB_ID and SLURM_ARRAY_TASK_ID
+        env["GPUSCHED_ARRAY_ID"] = str(job.array_id)
+        env["GPUSCHED_ARRAY_INDEX"] = str(job.array_index)
     return env
+
+
+ARRAY_VARIABLES = ("GPUSCHED_ARRAY_ID", "GPUSCHED_ARRAY_INDEX")
 
 
 def gpu_environment(
     job_id: int, gpu_indices: Sequence[int], gpu_uuids: Sequence[str], visible_devices: str
 ) -> dict[str, str]:
-    """What every job is told of its GPUs (an interactive client sets it itself)."""
+    """What every job is told of its GPUs (an interactive client sets it itself), in
+    ascending index order: CUDA numbers them in the order given, and device 0 should be
+    the lowest of them, as everywhere else (`--gpus 2` on GPUs 2 and 0 gives "0,2")."""
+    if len(gpu_uuids) == len(gpu_indices):
+        pairs = sorted(zip(gpu_indices, gpu_uuids, strict=True))
+        gpu_indices, gpu_uuids = [i for i, _ in pairs], [u for _, u in pairs]
+    else:
+        gpu_indices = sorted(gpu_indices)
     visible = gpu_uuids if visible_devices == "uuid" else [str(i) for i in gpu_indices]
     return {
         "CUDA_VISIBLE_DEVICES": ",".join(visible),

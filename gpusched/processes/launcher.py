@@ -32,6 +32,7 @@ import psutil
 
 from gpusched.core.config_holder import ConfigHolder
 from gpusched.core.models import Job
+from gpusched.processes import cgroups
 from gpusched.processes.exit_watcher import ExitWatcher
 from gpusched.processes.launching import Outcome, OutcomeKind, Started, StartError, start_error
 from gpusched.processes.pidref import is_same_process, process_start_time
@@ -108,6 +109,30 @@ class Launcher:
         self._zygote_channel: socket.socket | None = None
         self._zygote_lock = threading.Lock()
         self._zygote_warned = False
+        self._service: cgroups.MemoryCgroup | None = None  # jobs' cgroups go under it
+
+    def protect(self) -> None:
+        """At the daemon's start (as root): protect it from the OOM killer (the zygote and
+        every supervisor inherit that) and lay out its cgroups (gpusched.processes.cgroups)."""
+        if os.geteuid() != 0:
+            return
+        if not cgroups.set_oom_score_adj(cgroups.OOM_SCORE_ADJ_PROTECTED):
+            log.warning(
+                "cannot lower the daemon's oom_score_adj (no CAP_SYS_RESOURCE; the unit's"
+                " OOMScoreAdjust= does it): jobs start %s above it instead",
+                cgroups.OOM_SCORE_ADJ_GAP,
+            )
+        self._service = cgroups.prepare_service()
+        if self._service is None:
+            log.warning("no writable memory cgroup: jobs share the daemon's (no host_oom)")
+        else:
+            log.info(
+                "cgroups (v%s): daemon in %s/%s, each job in %s/job-ID",
+                self._service.version,
+                self._service.path,
+                cgroups.DAEMON_LEAF,
+                self._service.path,
+            )
 
     # -- the zygote ---------------------------------------------------------------------
 
@@ -246,6 +271,14 @@ class Launcher:
             # the supervisor keeps the job's log under it (read at start, as kill_grace)
             "max_log_bytes": self._config.current.max_log_bytes,
             "time_limit_s": job.time_limit_s,
+            # Its own memory cgroup and /dev/shm (gpusched.processes.cgroups, .shm).
+            "cgroup": None
+            if self._service is None
+            else {
+                "path": str(self._service.path / f"job-{job.id}"),
+                "version": self._service.version,
+            },
+            "private_shm": os.geteuid() == 0,
         }
         spec_path = job_dir / "spec.json"
         try:
@@ -326,6 +359,10 @@ class Launcher:
             message=data.get("message"),
             transient=data.get("transient") is True,
         )
+
+    def forget(self, job_id: int) -> None:
+        """Remove a job's directory once its end is recorded (gpusched.store.retention)."""
+        shutil.rmtree(self.job_dir(job_id), ignore_errors=True)
 
     def find_supervisor(self, job_id: int) -> int | None:
         """A live supervisor of this job that no pid was recorded for (see find_supervisor)."""

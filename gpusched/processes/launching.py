@@ -31,6 +31,7 @@ class OutcomeKind(_StrEnum):
     SIGNAL = "signal"
     CANCELLED = "cancelled"  # stopped on the daemon's request (a cancel, an overrun kill)
     TIMEOUT = "timeout"  # the supervisor stopped it at its time limit
+    HOST_OOM = "host_oom"  # the kernel killed its processes for the service's memory
     FAILED_TO_START = "failed_to_start"
     LOST = "lost"  # no record: the supervisor died without writing one
 

@@ -41,7 +41,7 @@ from typing import Any
 
 from gpusched.core.logcap import cap_log
 from gpusched.core.units import format_duration
-from gpusched.processes import treekill
+from gpusched.processes import cgroups, shm, treekill
 
 PR_SET_CHILD_SUBREAPER = 36
 
@@ -119,6 +119,12 @@ class Supervisor:
         self._cap_fd = -1  # the log, read-write without O_APPEND, to cut it (logcap)
         self._log_size = 0
         self._cap_failed = False
+        cgroup = spec.get("cgroup")
+        # The job's own memory cgroup (gpusched.processes.cgroups), when the daemon has one.
+        self.cgroup = (
+            cgroups.MemoryCgroup(Path(cgroup["path"]), int(cgroup["version"])) if cgroup else None
+        )
+        self._shm = False
 
     def _on_term(self, _signum: int, _frame: object) -> None:
         self.terminate_requested = True
@@ -167,6 +173,33 @@ class Supervisor:
             pause(0.05)
         treekill.kill_tree(self._reap, pause)
         self._reap()
+
+    def _prepare_job_sandbox(self) -> None:
+        """As root, before the job starts: its cgroup and its private /dev/shm."""
+        if self.cgroup is not None:
+            try:
+                self.cgroup.path.mkdir(exist_ok=True)
+            except OSError as exc:
+                print(f"gpusched supervisor: no cgroup for the job: {exc}", file=sys.stderr)
+                self.cgroup = None
+        if self.spec.get("private_shm"):
+            try:
+                shm.private_shm()
+                self._shm = True
+            except OSError as exc:
+                print(f"gpusched supervisor: shared /dev/shm: {exc}", file=sys.stderr)
+
+    def _release_job_sandbox(self) -> int:
+        """Once no process of the job is left: free its /dev/shm, remove its cgroup;
+        returns how many of its processes the kernel killed for memory."""
+        if self._shm:
+            shm.release_shm()
+            self._shm = False
+        if self.cgroup is None:
+            return 0
+        kills = self.cgroup.oom_kills()
+        cgroups.remove_job_cgroup(self.cgroup)
+        return kills
 
     def _check_log(self) -> float:
         """Keep the log under its cap; returns how long the loop may sleep before the
@@ -220,14 +253,17 @@ class Supervisor:
                 self._cap_fd = os.open(f"/proc/self/fd/{log_fd}", os.O_RDWR | os.O_CLOEXEC)
             except OSError as exc:
                 print(f"gpusched supervisor: log not capped: {exc}", file=sys.stderr, flush=True)
+        self._prepare_job_sandbox()
         try:
-            self.child = self._start(log_fd)
+            with cgroups.job_fork(self.cgroup):
+                self.child = self._start(log_fd)
         except (OSError, subprocess.SubprocessError, ValueError) as exc:
             message = _start_error(exc, spec)
             os.write(log_fd, f"gpusched: {message}\n".encode())
             # Out of tasks or memory (another job filled the service's limits): the command
             # never ran, so the daemon may queue the job again instead of failing it.
             transient = isinstance(exc, OSError) and exc.errno in (errno.EAGAIN, errno.ENOMEM)
+            self._release_job_sandbox()
             self._record(outcome="failed_to_start", message=message, transient=transient)
             return 1
         finally:
@@ -261,7 +297,19 @@ class Supervisor:
             self._stop_tree(float(spec["kill_grace_s"]), read_fd)
         self._check_log()  # nothing writes any more: the final log is within the cap
         code = child.returncode
-        if timed_out and not cancelled:
+        oom_kills = self._release_job_sandbox()
+        if oom_kills and not (cancelled or self.terminate_requested) and code != 0:
+            # The kernel killed some of the job's processes for the service's memory (the
+            # host's, not the GPU's): an end of its own, never retried (--retry-oom is for
+            # GPU memory, which a bigger --mem fixes; this is not).
+            self._record(
+                outcome="host_oom",
+                exit_code=_exit_code(code),
+                signal=_signal_of(code),
+                message=f"killed for host memory: the kernel's OOM killer stopped {oom_kills}"
+                " of its processes (the service's memory limit was reached)",
+            )
+        elif timed_out and not cancelled:
             self._record(
                 outcome="timeout",
                 exit_code=_exit_code(code),
@@ -321,12 +369,21 @@ def _start_error(exc: BaseException, spec: dict[str, Any]) -> str:
     return f"could not start {argv0}: {exc}"
 
 
+def read_spec(spec_path: Path) -> dict[str, Any]:
+    """Read a job's spec and delete it: it holds the job's whole environment (tokens,
+    keys), and a sweep of 10,000 jobs would otherwise leave 10,000 copies on disk."""
+    spec: dict[str, Any] = json.loads(spec_path.read_text())
+    with contextlib.suppress(OSError):
+        spec_path.unlink()
+    return spec
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
         print("usage: python -m gpusched.processes.supervisor SPEC.json", file=sys.stderr)
         return 2
     spec_path = Path(argv[1])
-    spec = json.loads(spec_path.read_text())
+    spec = read_spec(spec_path)
     return Supervisor(spec, spec_path.with_name("exit.json")).run()
 
 

@@ -44,7 +44,7 @@ from pathlib import Path
 from setproctitle import setproctitle
 
 from gpusched.processes.pidref import is_same_ticks, start_ticks
-from gpusched.processes.supervisor import Supervisor
+from gpusched.processes.supervisor import Supervisor, read_spec
 
 IDENTITY_FILE = "supervisor.json"
 MAX_REQUEST_BYTES = 4096
@@ -99,7 +99,7 @@ def _become_supervisor(spec_path: Path, hold_r: int) -> int:
     # The control channel, the zygote's wake-up pipe, `null` and `err` (the channel's
     # socket object is never used or collected here: the child ends with os._exit).
     os.closerange(3, _MAX_FD)
-    spec = json.loads(spec_path.read_text())
+    spec = read_spec(spec_path)
     # What `ps` shows (it would show the zygote's command line): the job, and the spec
     # path, the same that `python -m gpusched.processes.supervisor SPEC` would show.
     setproctitle(f"gpusched supervisor: job {spec['job_id']} {spec_path}")

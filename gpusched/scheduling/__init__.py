@@ -1,6 +1,9 @@
-"""Scheduling: `Scheduler.tick()` as observe -> admit -> plan -> start (scheduler,
-observe, admission), the pure placement policy (policy, policy_inputs, fair_share), how
-jobs end (endings), the administrator's drain, and status's GPU figures. Reaches
-processes only through `processes.launching.JobLauncher`, hardware only through
-`gpus.probe.Probe`, jobs only through the Store.
+"""Scheduling: one pass, `Scheduler.tick()`, as named phases (phases) on a context built
+once (context); the shared pass rules (pass_rules: admission, the interactive cap,
+failed dependencies, user caps, fair share, the pure policy `plan()`) run by one of two
+placers (placers' `LocalPlacer`, or the cluster's `ClusterAgent`, package cluster); how
+jobs end (endings) and start (starting), whose jobs are whose (ownership), the
+administrator's drain, and status's GPU figures. Reaches processes only through
+`processes.launching.JobLauncher`, hardware only through `gpus.probe.Probe`, jobs only
+through the Store. docs/architecture.md draws it.
 """

@@ -1,8 +1,9 @@
-"""The tick's second phase: which queued jobs may be planned, by their `--after` dependencies.
+"""The first of the shared pass rules (pass_rules.py): which queued jobs may be planned, by
+their `--after` dependencies.
 
 `admit()` reads only: it returns the jobs whose dependencies all succeeded, a waiting
 reason for each job whose dependencies are still active, and the jobs that can never run
-because a dependency failed (the scheduler ends those as `dependency_failed`). A
+because a dependency failed (the pass rules end those as `dependency_failed`). A
 dependency that ran out of memory and was retried is its latest attempt.
 """
 

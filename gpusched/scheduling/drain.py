@@ -41,3 +41,15 @@ def save_drain(state_dir: Path, drain: Drain | None) -> None:
     with contextlib.suppress(FileNotFoundError):
         path.unlink()
     fsync_directory(state_dir)
+
+
+class DrainSwitch:
+    """The drain in force, as loaded at start and set by an administrator since."""
+
+    def __init__(self, state_dir: Path) -> None:
+        self._state_dir = state_dir
+        self.current: Drain | None = load_drain(state_dir)
+
+    def set(self, drain: Drain | None) -> None:
+        save_drain(self._state_dir, drain)
+        self.current = drain

@@ -3,8 +3,9 @@
 `JobEndings` turns a supervisor's outcome into a job's final state (exit, signal, cancel,
 overrun, timeout, failed start, out of memory, lost), records what the job used, queues
 an OOM retry, tells whoever waits for endings, and re-adopts running jobs after a
-restart: a `running` row is a claim to verify, not a fact. The scheduler holds one and
-hands it the lock that serialises ticks and job operations; it reaches processes only
+restart: a `running` row is a claim to verify, not a fact. Built once on the pass's
+context (scheduling.context) and an ownership strategy (scheduling.ownership: which
+rows are this daemon's, and the guard its end writes carry); it reaches processes only
 through the launcher's interface (gpusched.processes.launching), so tests drive it in memory.
 """
 
@@ -16,14 +17,13 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from contextlib import AbstractContextManager
 
-from gpusched.core.clock import Clock, iso
+from gpusched.core.clock import iso
 from gpusched.core.config import Config
-from gpusched.core.config_holder import ConfigHolder
 from gpusched.core.models import (
     TERMINAL_STATES,
     EndReason,
+    GpuHealth,
     GpuState,
     Job,
     JobState,
@@ -31,11 +31,14 @@ from gpusched.core.models import (
 )
 from gpusched.core.ratelog import RateLimitedLog
 from gpusched.core.sanitize import quoted
-from gpusched.gpus.probe import Probe
-from gpusched.processes.launching import JobLauncher, Outcome, OutcomeKind
+from gpusched.processes.launching import Outcome, OutcomeKind
 from gpusched.scheduling.boot import rebooted_since_last_run
-from gpusched.store import NodeGuard, Store, TimelineWrite
-from gpusched.usage.monitor import UsageMonitor, final_usage, oom_cause, retry_mem
+from gpusched.scheduling.context import Context
+from gpusched.scheduling.ownership import Ownership
+from gpusched.scheduling.policy_inputs import capacity_bytes
+from gpusched.store import TimelineWrite
+from gpusched.usage.monitor import final_usage, oom_cause
+from gpusched.usage.oom import retry_mem
 
 log = logging.getLogger("gpusched.scheduler")
 
@@ -45,6 +48,7 @@ _ENDINGS: dict[OutcomeKind, tuple[JobState, EndReason]] = {
     OutcomeKind.CANCELLED: (JobState.CANCELLED, EndReason.CANCELLED),
     OutcomeKind.TIMEOUT: (JobState.FAILED, EndReason.TIMEOUT),
     OutcomeKind.FAILED_TO_START: (JobState.FAILED, EndReason.FAILED_TO_START),
+    OutcomeKind.HOST_OOM: (JobState.FAILED, EndReason.HOST_OOM),
 }
 
 # How a job stopped by the daemon for a reason of its own ends (a plain cancel: cancelled).
@@ -53,6 +57,20 @@ _STOPPED_FOR: dict[StopIntent, tuple[JobState, EndReason]] = {
     StopIntent.TIMEOUT: (JobState.FAILED, EndReason.TIMEOUT),  # interactive jobs
     StopIntent.IDLE: (JobState.CANCELLED, EndReason.IDLE),  # interactive jobs
 }
+
+# Ends whose detail is gpusched's own words about public facts, logged whatever
+# `show_commands` says (as gpusched.daemon.auth.PUBLIC_DETAILS shows them to everyone).
+_LOGGED_DETAILS = frozenset(
+    {
+        EndReason.SIGNAL,
+        EndReason.CANCELLED,
+        EndReason.DEPENDENCY_FAILED,
+        EndReason.OVERRUN,
+        EndReason.TIMEOUT,
+        EndReason.HOST_OOM,
+        EndReason.IDLE,
+    }
+)
 
 # How many of the latest ended job ids a waiter can catch up from without a read.
 RECENT_ENDS = 1024
@@ -72,45 +90,28 @@ def legacy_stop_intent(detail: str | None) -> tuple[StopIntent | None, str | Non
 
 class JobEndings:
     def __init__(
-        self,
-        *,
-        config: ConfigHolder,
-        store: Store,
-        probe: Probe,
-        launcher: JobLauncher,
-        monitor: UsageMonitor,
-        clock: Clock,
-        lock: AbstractContextManager[object],
-        gpus: Callable[[], list[GpuState]],
-        wake: Callable[[], None],
-        end_listeners: list[Callable[[int, bool], None]],
+        self, context: Context, node: Ownership, gpus: Callable[[], list[GpuState]]
     ) -> None:
-        """`lock`: the scheduler's, taken for an ending that comes from the launcher's
-        thread. `gpus`: the latest GPU reading. `end_listeners`: called with a job's id
-        once it has ended, and whether it has notification hooks to run; called under the
-        lock, so each must only hand the id over."""
-        self._config = config
-        self.store = store
-        self.probe = probe
-        self.launcher = launcher
-        self.monitor = monitor
-        self.clock = clock
-        self._lock = lock
+        """`node`: which running jobs are this daemon's (scheduling.ownership). `gpus`:
+        the latest GPU reading. The context's lock is taken for an ending that comes
+        from the launcher's thread; its end listeners are told of each end."""
+        self._config = context.settings
+        self.store = context.store
+        self.probe = context.probe
+        self.launcher = context.launcher
+        self.monitor = context.monitor
+        self.clock = context.clock
+        self._lock = context.lock
         self._gpus = gpus
-        self._wake = wake
+        self._wake = context.wake
+        self.node = node
         self.trouble = RateLimitedLog(log)  # a start refused every pass: said once a minute
-        self.end_listeners = end_listeners
+        self.end_listeners = context.end_listeners
         self.ended = threading.Condition()
         # Ids of the latest ended jobs and how many ended in all (under `ended`): a
         # waiter re-reads the database only when one of its own jobs may have ended.
         self._recent_ends: deque[int] = deque(maxlen=RECENT_ENDS)
         self._end_count = 0
-        # The cluster (scheduling.cluster) replaces these: which rows this daemon may
-        # settle and adopt (its own node's), and the node and epoch its end writes carry.
-        self.owns: Callable[[Job], bool] = lambda job: True
-        self.guard_for: Callable[[int], NodeGuard | None] = lambda job_id: None
-        self.adopted: Callable[[Job, int, str | None], None] = lambda job, pid, start: None
-        self.recheck_s: float | None = None  # a waiter's re-read period (None: when notified)
         # Jobs whose supervisor exited while their end could not be written (the database
         # was away): their outcome stays in the exit record, and each tick tries again.
         self.unsettled: set[int] = set()
@@ -151,10 +152,13 @@ class JobEndings:
             timeline=self._final_timeline(job_id),
             hooks_due=hooks_due,
             durable=durable,
-            guard=self.guard_for(job_id),
+            guard=self.node.guard_for(job_id),
         )
         if ended:
-            why = f": {quoted(detail, 500)}" if detail else ""  # may quote a user's path
+            # A failed start names the program's path, an OOM end quotes the job's output
+            # (secrets included): only gpusched's own words are logged unless show_commands.
+            shown = detail if self.config.show_commands or reason in _LOGGED_DETAILS else None
+            why = f": {quoted(shown, 500)}" if shown else ""  # may quote a user's path
             log.info("job %s %s (%s)%s", job_id, state, reason, why)
             self.announce_ends([(job_id, hooks_due)])
         return ended
@@ -169,6 +173,7 @@ class JobEndings:
             self._end_count += len(ended)
             self.ended.notify_all()
         for job_id, hooks_due in ended:
+            self.node.ended(job_id)
             for listener in self.end_listeners:
                 try:
                     listener(job_id, hooks_due)
@@ -218,8 +223,12 @@ class JobEndings:
 
     def _end_oom(self, job: Job, outcome: Outcome, cause: str, durable: bool) -> None:
         """End a job that ran out of GPU memory; queue its retry if it asked for one."""
-        mem, why_not = retry_mem(job, self._gpus(), self.config.headroom_bytes)
+        usable = [capacity_bytes(g) for g in self._gpus() if g.health != GpuHealth.EXCLUDED]
+        limit = self.config.limits_for(job.user).max_mem_bytes
+        mem, why_not = retry_mem(job.mem, job.gpus, usable, self.config.headroom_bytes, limit)
         retry = self.store.add_retry(job.id, mem) if mem is not None and job.retry_oom else None
+        if retry is None and job.retry_oom:
+            cause = f"{cause}; not retried: {why_not}"
         if retry is not None:
             log.info("job %s ran out of GPU memory: retried as job %s", job.id, retry.id)
             self._wake()
@@ -231,7 +240,7 @@ class JobEndings:
             exit_code=outcome.exit_code,
             detail=cause,
             retry=retry,
-            retry_refused=why_not if retry is None and job.retry_oom else None,
+            retry_refused=why_not if retry is None and (job.retry_oom or mem is None) else None,
             oom_next_mem=mem,
             durable=durable,
         )
@@ -260,7 +269,7 @@ class JobEndings:
         """End a running job as its supervisor's `outcome` says, read with why it was stopped."""
         job = self.store.get(job_id)
         lost_with_node = job.state == JobState.LOST and job.reason == EndReason.NODE_LOST
-        if not (job.state == JobState.RUNNING or lost_with_node) or not self.owns(job):
+        if not (job.state == JobState.RUNNING or lost_with_node) or not self.node.owns(job):
             return  # ended already, or (cluster) not this node's: its end is not ours
         intent, detail = self.store.launch_info(job_id).stop_intent, job.reason_detail
         if intent is None:
@@ -298,7 +307,7 @@ class JobEndings:
             outcome.kind == OutcomeKind.EXIT and outcome.exit_code != 0
         ):
             # The tracker is in memory, or after a restart in the database (a minute old).
-            cause = oom_cause(job, self.monitor.tracker(job))
+            cause = oom_cause(job, self.monitor.tracker(job), self.config.headroom_bytes)
             if cause is not None:
                 self._end_oom(job, outcome, cause, durable)
                 return
@@ -327,7 +336,7 @@ class JobEndings:
         rebooted = rebooted_since_last_run(self.config.state_dir)
         with self._lock:
             for job in self.store.active():
-                if job.state != JobState.RUNNING or not self.owns(job):
+                if job.state != JobState.RUNNING or not self.node.owns(job):
                     continue
                 if job.interactive:  # its client is checked at every pass (interactive.py)
                     continue
@@ -341,7 +350,7 @@ class JobEndings:
                 if pid is not None and self.launcher.is_running(pid, start_time):
                     log.info("job %s still running (pid %s): re-adopted", job.id, pid)
                     self.launcher.watch(job.id, pid, start_time)
-                    self.adopted(job, pid, start_time)
+                    self.node.started(job.id, pid, start_time)
                     self.probe.note_job_started(pid, job.gpu_uuids, job.mem)
                 else:
                     outcome = self.launcher.outcome(job.id)
@@ -384,7 +393,7 @@ class JobEndings:
             pending = self._active(job_ids)
             while pending and (remaining := deadline - time.monotonic()) > 0:
                 # In a cluster another daemon may record the end: read again each second.
-                notified = self.ended.wait(min(remaining, self.recheck_s or remaining))
+                notified = self.ended.wait(min(remaining, self.node.recheck_s or remaining))
                 new = self._end_count - seen
                 seen = self._end_count
                 if new > len(self._recent_ends) or not notified:  # read again

@@ -1,5 +1,11 @@
 """Fair share's input: each user's recent GPU memory-time, decayed by a half-life.
 
+A job is charged, on each of its GPUs and for as long as it holds them, the larger of
+what it declared (a whole card for a job with no --mem) and the most it was measured
+holding on one GPU (`peak_mem`): a job that declares little and uses much pays for what it
+used, and an honest job that uses less than it declared still pays for the room it kept
+from others.
+
 Read from the store's recent jobs (running and ended) only when users compete: with one
 user waiting, order within that user's queue needs no history. The dashboard's usage
 page reads the same figure (`usage_by_user`) whoever waits.
@@ -11,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 
 from gpusched.core.clock import iso
-from gpusched.core.models import GpuState
+from gpusched.core.models import GpuState, Job
 from gpusched.scheduling.policy import UsageSpan, decayed_usage
 from gpusched.scheduling.policy_inputs import epoch_seconds
 from gpusched.store import Queued, Store
@@ -45,7 +51,7 @@ def usage_by_user(
     spans = [
         UsageSpan(
             job.user,
-            sum(job.mem if job.mem is not None else totals.get(u, 0) for u in job.gpu_uuids),
+            charged_bytes(job, totals),
             epoch_seconds(job.started_at),
             None if job.ended_at is None else epoch_seconds(job.ended_at),
         )
@@ -53,3 +59,11 @@ def usage_by_user(
         if job.started_at is not None
     ]
     return decayed_usage(spans, now.timestamp(), half_life_s)
+
+
+def charged_bytes(job: Job, totals: Mapping[str, int]) -> int:
+    """What a job is charged per second: max(declared, measured peak) on each of its GPUs."""
+    peak = job.peak_mem or 0
+    return sum(
+        max(job.mem if job.mem is not None else totals.get(uuid, 0), peak) for uuid in job.gpu_uuids
+    )

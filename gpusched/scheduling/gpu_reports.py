@@ -1,7 +1,8 @@
 """What `status` shows of each GPU: its memory split into used, reserved and available.
 
 Built from the scheduler's latest reading with the same budget the policy plans with
-(`gpu_budgets`), so `available` is exactly what the next job could get.
+(`gpu_budgets`), so `available` is exactly what the next job could get; with what each
+job holds on it and who holds the rest (gpusched.gpus.process_owners).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from gpusched.core.models import GpuReport, GpuState, Job
+from gpusched.gpus.process_owners import outside_processes
 from gpusched.scheduling.gpu_budget import gpu_budgets
 from gpusched.scheduling.policy_inputs import gpu_slot, running_claim
 
@@ -21,6 +23,7 @@ def gpu_reports(
 ) -> list[GpuReport]:
     claims = [running_claim(j, usage) for j in running]
     budgets = gpu_budgets([gpu_slot(g) for g in gpus], claims, headroom_bytes)
+    job_pids = [j.pid for j in running if j.pid is not None]
     reports = []
     for gpu in gpus:
         budget = budgets[gpu.uuid]
@@ -48,6 +51,12 @@ def gpu_reports(
                 ],
                 error=gpu.error,
                 short=budget.short_bytes,
+                job_mem={
+                    str(job_id): held[gpu.uuid]
+                    for job_id, held in usage.items()
+                    if gpu.uuid in held
+                },
+                others=outside_processes(gpu.processes, job_pids) if gpu.processes else [],
             )
         )
     return reports

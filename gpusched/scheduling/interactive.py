@@ -5,13 +5,15 @@ The client is the job: it runs the command itself, as its caller, in the caller'
 terminal (or it is the notebook's own process), so nothing is launched for it. The
 daemon knows it by the socket's peer credentials at the request: its pid and start time
 are the job's `pid` and `pid_start_time`, which makes the client the root of the job's
-process tree for the usage monitor. Each pass (`check_clients`, before planning):
+process tree for the usage monitor. Each pass (`check_clients`, before planning), for
+the clients on this server (in a cluster, each node checks its own):
 - a client that is gone ends its job: `lost` (running) or `cancelled` (still waiting);
 - a job past its --time, or found idle with `interactive.on_idle: end`, is asked to stop:
   SIGTERM to the client, which stops its command and reports how it ended;
 - a client that has not ended its job `kill_grace` (plus a few polls) after being asked
   is SIGKILLed and its reservation ended, so an unwilling client cannot keep a card.
-`cap` holds back interactive jobs beyond `interactive.max_per_user`; `observe_idle` flags
+`hold_back_interactive` holds back interactive jobs beyond `interactive.max_per_user` (a
+shared pass rule, for both placers); `observe_idle` flags
 jobs that leave their GPU unused for `idle_timeout`; `finish` takes the client's report.
 """
 
@@ -23,13 +25,10 @@ import os
 import signal
 import threading
 from collections import Counter
-from collections.abc import Callable
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 
-from gpusched.core.clock import Clock
 from gpusched.core.config import Config
-from gpusched.core.config_holder import ConfigHolder
 from gpusched.core.errors import ConflictError
 from gpusched.core.models import TERMINAL_STATES, EndReason, Job, JobState, StopIntent
 from gpusched.core.sanitize import quoted
@@ -37,17 +36,15 @@ from gpusched.core.units import format_duration
 from gpusched.processes.launching import Outcome, OutcomeKind
 from gpusched.processes.pidref import is_same_process
 from gpusched.scheduling.admission import Admission
+from gpusched.scheduling.context import Context
 from gpusched.scheduling.endings import JobEndings
-from gpusched.store import Store
-from gpusched.usage.monitor import UsageMonitor
+from gpusched.scheduling.idle_evidence import Evidence
 
 log = logging.getLogger("gpusched.scheduler")
 
 # Beyond kill_grace, how long a client asked to stop may take to report before the daemon
 # ends its reservation itself (the client reports after its command has exited).
 STOP_SLACK_S = 5.0
-# Below this utilization (percent, recent) an interactive job counts as idle.
-IDLE_UTIL_PERCENT = 1.0
 
 
 def signal_client(pid: int | None, start_time: str | None, signum: int) -> bool:
@@ -65,25 +62,19 @@ class InteractiveJobs:
 
     def __init__(
         self,
-        *,
-        config: ConfigHolder,
-        store: Store,
-        monitor: UsageMonitor,
+        context: Context,
         endings: JobEndings,
-        clock: Clock,
-        lock: AbstractContextManager[object],
-        wake: Callable[[], None],
         alive: Callable[[int, str | None], bool] = is_same_process,
     ) -> None:
-        """`lock`: the scheduler's, taken by the requests (`finish`); `wake`: a new pass."""
-        self._config = config
-        self.store = store
-        self.monitor = monitor
+        """The context's lock is taken by the requests (`finish`); its `wake`: a new pass."""
+        self._config = context.settings
+        self.store = context.store
+        self.monitor = context.monitor
         self.endings = endings
-        self.clock = clock
+        self.clock = context.clock
         self.alive = alive
-        self._lock = lock
-        self._wake = wake
+        self._lock = context.lock
+        self._wake = context.wake
         self._busy_at: dict[int, datetime] = {}  # job id -> last poll it used its GPU
         self._stop_sent_at: dict[int, datetime] = {}  # job id -> when it was asked to stop
         self.warnings: dict[int, str] = {}  # job id -> its warning in `status` (idle)
@@ -91,7 +82,7 @@ class InteractiveJobs:
         self.placed = threading.Condition()
         # Idleness is counted from a job's start, but not from before this daemon's start:
         # what a job did meanwhile is unknown, so a restart must not make it idle at once.
-        self._since = clock()
+        self._since = context.clock()
 
     @property
     def config(self) -> Config:
@@ -102,7 +93,8 @@ class InteractiveJobs:
     def check_clients(self) -> None:
         """End the jobs whose client is gone; stop those past their time; back stops up."""
         now = self.clock()
-        active = self.store.interactive_active()
+        # In a cluster, another server's client is no process here: its node checks it.
+        active = [j for j in self.store.interactive_active() if self.endings.node.client_here(j)]
         for job in active:
             info = self.store.launch_info(job.id)
             if job.pid is None or not self.alive(job.pid, info.pid_start_time):
@@ -163,16 +155,19 @@ class InteractiveJobs:
         if not signal_client(job.pid, start_time, signal.SIGTERM):
             self.endings.settle(job.id, Outcome(OutcomeKind.CANCELLED))
 
-    def observe_idle(self, running: list[Job], usage: dict[int, dict[str, int]]) -> None:
-        """Note which running interactive jobs use their GPU; warn about (or end) idle ones."""
+    def observe_idle(self, running: list[Job], evidence: Mapping[int, Evidence]) -> None:
+        """Note which running interactive jobs use their GPU; warn about (or end) idle ones.
+
+        Idle only on evidence (gpusched.scheduling.idle_evidence): the clock runs through
+        QUIET polls since the last BUSY one; a poll that cannot tell (UNKNOWN) restarts it.
+        """
         settings = self.config.interactive
         now = self.clock()
         for job in running:
             if not job.interactive:
                 continue
-            util = self.monitor.job_util(job.id)
-            holds = any(usage.get(job.id, {}).values())
-            if holds and util is not None and util >= IDLE_UTIL_PERCENT:
+            seen = evidence.get(job.id, Evidence.UNKNOWN)
+            if seen != Evidence.QUIET:
                 self._busy_at[job.id] = now
                 self.warnings.pop(job.id, None)
                 continue
@@ -188,32 +183,6 @@ class InteractiveJobs:
             )
             if settings.on_idle == "end" and self.store.launch_info(job.id).stop_intent is None:
                 self.stop(job, StopIntent.IDLE, f"idle for {limit} (interactive.idle_timeout)")
-
-    def cap(self, admitted: Admission, running: list[Job]) -> None:
-        """Hold back the interactive jobs beyond each user's `interactive.max_per_user`."""
-        cap = self.config.interactive.max_per_user
-        if cap is None:
-            return
-        running_now = Counter(job.user for job in running if job.interactive)
-        taken = Counter(running_now)  # running, plus those let through in this pass
-        first: dict[str, int] = {}  # the user's job let through first in this pass
-        over: set[int] = set()
-        candidates = [q for q in admitted.eligible if q.interactive]
-        for queued in sorted(candidates, key=lambda q: (-q.priority, q.id)):
-            user = queued.user
-            if taken[user] < cap:
-                taken[user] += 1
-                first.setdefault(user, queued.id)
-                continue
-            over.add(queued.id)
-            if running_now[user] >= cap:
-                why = f"{user} has {running_now[user]} running"
-            else:
-                why = f"{user}'s interactive job {first[user]} goes first"
-            admitted.waiting_reasons[queued.id] = (
-                f"interactive limit: {why} (interactive.max_per_user {cap})"
-            )
-        admitted.eligible = [q for q in admitted.eligible if q.id not in over]
 
     def notify_placed(self) -> None:
         with self.placed:
@@ -253,6 +222,34 @@ class InteractiveJobs:
                 lambda: not self.store.get(job_id).state.is_waiting, timeout=timeout_s
             )
         return self.store.get(job_id)
+
+
+def hold_back_interactive(admitted: Admission, holding: Sequence[Job], cap: int | None) -> None:
+    """Hold back the interactive jobs beyond each user's `interactive.max_per_user` (`cap`):
+    `holding` are the jobs that hold GPUs (running, and in a cluster placed). One of the
+    shared pass rules (scheduling.pass_rules)."""
+    if cap is None:
+        return
+    running_now = Counter(job.user for job in holding if job.interactive)
+    taken = Counter(running_now)  # running, plus those let through in this pass
+    first: dict[str, int] = {}  # the user's job let through first in this pass
+    over: set[int] = set()
+    candidates = [q for q in admitted.eligible if q.interactive]
+    for queued in sorted(candidates, key=lambda q: (-q.priority, q.id)):
+        user = queued.user
+        if taken[user] < cap:
+            taken[user] += 1
+            first.setdefault(user, queued.id)
+            continue
+        over.add(queued.id)
+        if running_now[user] >= cap:
+            why = f"{user} has {running_now[user]} running"
+        else:
+            why = f"{user}'s interactive job {first[user]} goes first"
+        admitted.waiting_reasons[queued.id] = (
+            f"interactive limit: {why} (interactive.max_per_user {cap})"
+        )
+    admitted.eligible = [q for q in admitted.eligible if q.id not in over]
 
 
 def _signal_name(signum: int) -> str:

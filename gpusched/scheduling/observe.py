@@ -1,4 +1,4 @@
-"""The tick's first phase: read the GPUs and what each running job holds on them.
+"""The observe phase of a pass (phases.py): read the GPUs and what each running job holds.
 
 `observe()` returns an `Observation`: the GPU reading (every card marked lost when the
 probe fails, so nothing starts and the daemon lives on), the running jobs, each job's
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from gpusched.core.clock import iso
@@ -18,6 +18,7 @@ from gpusched.core.config import Config
 from gpusched.core.errors import GpuError
 from gpusched.core.models import GpuHealth, GpuState, Job
 from gpusched.gpus.probe import Probe, apply_selection
+from gpusched.scheduling.idle_evidence import Evidence, poll_evidence
 from gpusched.usage.attribution import attribute_processes, held_bytes
 from gpusched.usage.monitor import Overrun, UsageMonitor
 
@@ -30,6 +31,8 @@ class Observation:
     running: list[Job]
     usage: dict[int, dict[str, int]]  # job id -> GPU uuid -> bytes it holds
     overruns: list[Overrun]  # jobs newly over their declared memory
+    # Interactive jobs: whether this poll shows each using its GPU (idle_evidence.py).
+    idle_evidence: dict[int, Evidence] = field(default_factory=dict)
 
 
 def read_gpus(probe: Probe, config: Config, last: Sequence[GpuState]) -> list[GpuState]:
@@ -80,9 +83,9 @@ def observe(
     processes = attribute_processes(gpus, running)
     monitor.observe_gpus(gpus)
     overruns: list[Overrun] = []
+    process_util = None
     if processes:
         try:
-            process_util = None
             sample = getattr(probe, "process_utilization", None)  # NVML only
             if sample is not None:
                 try:
@@ -101,4 +104,9 @@ def observe(
             )
         except Exception:  # measuring must never stop scheduling
             log.exception("watching the running jobs' usage failed")
-    return Observation(gpus, running, held_bytes(processes), overruns)
+    evidence = {
+        job.id: poll_evidence(processes.get(job.id), gpus, process_util)
+        for job in running
+        if job.interactive
+    }
+    return Observation(gpus, running, held_bytes(processes), overruns, evidence)

@@ -10,21 +10,18 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import pwd
-from collections.abc import Callable
 
-from gpusched.core.clock import Clock, iso
-from gpusched.core.config_holder import ConfigHolder
+from gpusched.core.clock import iso
 from gpusched.core.models import EndReason, GpuState, Job, JobState
 from gpusched.core.ratelog import RateLimitedLog
 from gpusched.core.sanitize import command_for_log, quoted
-from gpusched.gpus.probe import Probe
 from gpusched.processes.environment import job_environment
-from gpusched.processes.launching import JobLauncher, StartError
+from gpusched.processes.launching import StartError
+from gpusched.scheduling.context import Context
 from gpusched.scheduling.endings import JobEndings
+from gpusched.scheduling.ownership import Ownership
 from gpusched.scheduling.policy import Placement
-from gpusched.store import NodeGuard, Store
-from gpusched.usage.monitor import UsageMonitor
+from gpusched.store import NodeGuard
 
 log = logging.getLogger("gpusched.scheduler")
 
@@ -32,29 +29,19 @@ log = logging.getLogger("gpusched.scheduler")
 class JobStarter:
     """Starts the jobs a plan placed; called by the scheduler's tick, under its lock."""
 
-    def __init__(
-        self,
-        *,
-        config: ConfigHolder,
-        store: Store,
-        probe: Probe,
-        launcher: JobLauncher,
-        monitor: UsageMonitor,
-        endings: JobEndings,
-        clock: Clock,
-    ) -> None:
-        self._config = config
-        self.store = store
-        self.probe = probe
-        self.launcher = launcher
-        self.monitor = monitor
+    def __init__(self, context: Context, endings: JobEndings, node: Ownership) -> None:
+        """`node`: this server's name, recorded with each start, told of each process
+        started (the cluster's keeps them, to stop those the cluster gave to another
+        node while this daemon was away)."""
+        self._config = context.settings
+        self.store = context.store
+        self.probe = context.probe
+        self.launcher = context.launcher
+        self.monitor = context.monitor
         self.endings = endings
-        self.clock = clock
+        self.clock = context.clock
+        self.node = node
         self.trouble = RateLimitedLog(log)  # problems that recur every pass, said once a minute
-        self.node: str | None = None  # this server's name, recorded with each start
-        # Told of each started process (job id, pid, start time): the cluster's agent
-        # keeps them, to stop those the cluster gave to another node while it was away.
-        self.on_started: Callable[[int, int, str], None] = lambda job_id, pid, start: None
 
     def start(self, placements: list[Placement], gpus: list[GpuState]) -> None:
         """Start each placed job on its GPUs (a job that cannot start is queued or ended)."""
@@ -63,20 +50,29 @@ class JobStarter:
             chosen = [by_uuid[u] for u in placement.gpu_uuids]
             self._launch(self.store.get(placement.job_id), chosen)
 
-    def start_placed(self, job: Job, gpus: list[GpuState], guard: NodeGuard) -> bool:
-        """Start a job the cluster's scheduler placed on this node (scheduling.cluster):
-        False if the database refused the claim (the node is fenced or was declared down)."""
-        return self._launch(job, gpus, guard)
+    def start_placed(
+        self, job: Job, gpus: list[GpuState], guard: NodeGuard, account: tuple[int, int]
+    ) -> bool:
+        """Start a job the cluster's scheduler placed on this node (scheduling.cluster),
+        as its user's `account` (uid, gid) here: False if the database refused the claim
+        (the node is fenced or was declared down)."""
+        uid, gid = account
+        if uid == job.uid:
+            return self._launch(job, gpus, guard)
+        # The same user name has another uid on this server: run as this server's.
+        return self._launch(dataclasses.replace(job, uid=uid), gpus, guard, gid)
 
-    def _launch(self, job: Job, gpus: list[GpuState], guard: NodeGuard | None = None) -> bool:
+    def _launch(
+        self,
+        job: Job,
+        gpus: list[GpuState],
+        guard: NodeGuard | None = None,
+        local_gid: int | None = None,
+    ) -> bool:
         """Start a queued job on `gpus`."""
         job_id = job.id
         info = self.store.launch_info(job_id)
-        gid = info.gid
-        if guard is not None:  # the same user name may have another uid on this server
-            local = pwd.getpwnam(job.user)
-            if local.pw_uid != job.uid:
-                job, gid = dataclasses.replace(job, uid=local.pw_uid), local.pw_gid
+        gid = info.gid if local_gid is None else local_gid
         indices = [g.index for g in gpus]
         uuids = [g.uuid for g in gpus]
         if job.interactive:
@@ -103,7 +99,7 @@ class JobStarter:
                 pid_start_time=None,
                 log_path=log_path,
                 now=iso(self.clock()),
-                node=self.node,
+                node=self.node.name or None,
             )
         if not claimed:
             return False
@@ -120,7 +116,7 @@ class JobStarter:
             self.endings.end(job_id, JobState.FAILED, EndReason.FAILED_TO_START, detail=str(exc))
             return False
         self.store.set_pid(job_id, started.pid, started.start_time)
-        self.on_started(job_id, started.pid, started.start_time)
+        self.node.started(job_id, started.pid, started.start_time)
         self.probe.note_job_started(started.pid, uuids, job.mem)
         log.info(
             "job %s started on GPU %s (pid %s, via %s) as %s: %s",
@@ -159,7 +155,7 @@ class JobStarter:
                 pid_start_time=start_time,
                 log_path=None,
                 now=iso(self.clock()),
-                node=self.node,
+                node=self.node.name or None,
             )
         if not claimed:
             return False

@@ -7,36 +7,24 @@ job is in.
 from __future__ import annotations
 
 import logging
-import threading
-from collections.abc import Callable
 
-from gpusched.core.clock import Clock, iso
-from gpusched.core.config_holder import ConfigHolder
+from gpusched.core.clock import iso
 from gpusched.core.errors import ConflictError
 from gpusched.core.models import Job, JobState
+from gpusched.scheduling.context import Context
 from gpusched.scheduling.endings import JobEndings
-from gpusched.store import Store
 
 log = logging.getLogger("gpusched.scheduler")
 
 
 class WaitingJobOperations:
-    def __init__(
-        self,
-        *,
-        store: Store,
-        lock: threading.RLock,
-        settings: ConfigHolder,
-        clock: Clock,
-        endings: JobEndings,
-        wake: Callable[[], None],
-    ) -> None:
-        self.store = store
-        self._lock = lock  # the scheduler's: one lock for ticks, endings and operations
-        self.settings = settings
-        self.clock = clock
+    def __init__(self, context: Context, endings: JobEndings) -> None:
+        self.store = context.store
+        self._lock = context.lock  # one lock for passes, endings and operations
+        self.settings = context.settings
+        self.clock = context.clock
         self.endings = endings
-        self.wake = wake
+        self.wake = context.wake
 
     def set_priority(self, job: Job, priority: int) -> Job:
         with self._lock:

@@ -42,7 +42,7 @@ import json
 import logging
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +121,8 @@ jobs = Table(
     Column("max_concurrent", Integer, nullable=True),  # per array
     Column("time_limit_s", Float, nullable=True),
     Column("notify", JSON, nullable=True),  # argv run as the owner when the job ends
+    # How that hook ended: {"kind", "exit_code", "output" (its last words)}; NULL until then.
+    Column("notify_result", JSON, nullable=True),
     # 1 from a job's end until its notification hooks start: they survive a restart.
     Column("hooks_due", Integer, nullable=True),
     # The job's environment in `envs` (then `env` is {}); NULL for rows written before.
@@ -142,6 +144,11 @@ jobs = Table(
     Column("exclusive", Integer, nullable=True),
     Column("share", Integer, nullable=True),
     Column("top", Integer, nullable=True),
+    # Measured (gpusched.usage.demand): its share of a card's busy time (0.0-1.0), the busy
+    # jobs it took turns with on a saturated card, and its speed then against alone.
+    Column("demand", Float, nullable=True),
+    Column("shared_with", JSON, nullable=True),
+    Column("sharing_speed", Float, nullable=True),
 )
 
 # Environments, stored once each and shared by every job submitted with the same one:
@@ -275,8 +282,11 @@ def make_private(path: Path) -> None:
 class Database:
     """The engine and its two kinds of transaction; the base of every part of `Store`."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, lease_clock: Callable[[], float] | None = None) -> None:
+        """`lease_clock`: seconds since 1970 for the cluster's leases, in place of the
+        database's own clock (store.nodes): a test's fixed clock."""
         self.where = describe_url(url)
+        self.lease_clock = lease_clock
         if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
             path = Path(url.removeprefix("sqlite:///"))
             path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)

@@ -1,16 +1,18 @@
 """The cluster's tables: `nodes` (one row per server, its lease and its GPUs as last
 reported) and `leases` (the scheduler's election), and their conditional writes.
 
-Every lease is timed by the DATABASE's clock (`db_now`): servers' clocks may disagree,
-the database's is one. A lease is renewed by an UPDATE conditioned on the holder's name
-and epoch, its row count checked: a node declared down (its epoch bumped) or a
-scheduler replaced (the election's epoch bumped) finds its renewal refused, and so is
-any later write it makes under the old epoch (store.placements).
+Every lease is timed by the DATABASE's clock (`db_now`; a test injects its own as the
+store's `lease_clock`): servers' clocks may disagree, the database's is one. A lease is
+renewed by an UPDATE conditioned on the holder's name and epoch, its row count checked:
+a node declared down (its epoch bumped) or a scheduler replaced (the election's epoch
+bumped) finds its renewal refused, and so is any later write it makes under the old
+epoch (store.placements).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,8 +64,11 @@ leases = Table(
 SCHEDULER_ROLE = "scheduler"
 
 
-def db_now(conn: Connection) -> ColumnElement[float]:
-    """The database's clock in seconds since 1970, as an SQL expression."""
+def db_now(conn: Connection, fixed: Callable[[], float] | None = None) -> ColumnElement[float]:
+    """The database's clock in seconds since 1970, as an SQL expression (`fixed`: the
+    store's injected lease clock instead, in tests)."""
+    if fixed is not None:
+        return literal(fixed())
     if conn.dialect.name == "sqlite":
         return (func.julianday("now") - literal(2440587.5)) * literal(86400.0)
     return func.extract("epoch", func.clock_timestamp())  # type: ignore[return-value]
@@ -93,7 +98,7 @@ class NodeRecords(Database):
 
     def node_rows(self) -> list[NodeRow]:
         with self.read() as conn:
-            now = db_now(conn)
+            now = db_now(conn, self.lease_clock)
             rows = conn.execute(
                 select(
                     nodes,
@@ -122,7 +127,7 @@ class NodeRecords(Database):
         """Take the name `name` for this daemon: its epoch, or -1 if someone else took the
         row meanwhile. A row that was down comes back up with the epoch it was given."""
         with self.engine.begin() as conn:
-            now = db_now(conn)
+            now = db_now(conn, self.lease_clock)
             if seen is None:
                 try:
                     with conn.begin_nested():
@@ -150,7 +155,7 @@ class NodeRecords(Database):
     def renew_node(self, name: str, epoch: int, timeout_s: float, report: dict[str, Any]) -> bool:
         """Renew this node's lease and report its GPUs; False: it was declared down."""
         with self.engine.begin() as conn:
-            now = db_now(conn)
+            now = db_now(conn, self.lease_clock)
             done = conn.execute(
                 update(nodes)
                 .where(
@@ -185,9 +190,9 @@ class NodeRecords(Database):
     def scheduler_lease(self) -> LeaseRow | None:
         with self.read() as conn:
             row = conn.execute(
-                select(leases, (leases.c.expires < db_now(conn)).label("expired")).where(
-                    leases.c.role == SCHEDULER_ROLE
-                )
+                select(
+                    leases, (leases.c.expires < db_now(conn, self.lease_clock)).label("expired")
+                ).where(leases.c.role == SCHEDULER_ROLE)
             ).first()
         return None if row is None else LeaseRow(row.holder, int(row.epoch), bool(row.expired))
 
@@ -200,7 +205,7 @@ class NodeRecords(Database):
                     leases.c.holder == holder,
                     leases.c.epoch == epoch,
                 )
-                .values(expires=db_now(conn) + timeout_s)
+                .values(expires=db_now(conn, self.lease_clock) + timeout_s)
             )
         return done.rowcount == 1
 
@@ -208,7 +213,7 @@ class NodeRecords(Database):
         """Become the scheduler if the lease seen is still the current one and expired (or
         there is none): the new epoch, or None if another daemon was quicker."""
         with self.engine.begin() as conn:
-            now = db_now(conn)
+            now = db_now(conn, self.lease_clock)
             if seen is None:
                 try:
                     with conn.begin_nested():
@@ -248,7 +253,9 @@ def election_is_current(conn: Connection, holder: str, epoch: int) -> bool:
     return found is not None
 
 
-def node_is_live(conn: Connection, name: str, epoch: int) -> bool:
+def node_is_live(
+    conn: Connection, name: str, epoch: int, fixed: Callable[[], float] | None = None
+) -> bool:
     """In a write transaction: whether node `name` is still at `epoch`, not down, and its
     lease unexpired by the database's clock (read FOR SHARE, as election_is_current)."""
     found = conn.execute(
@@ -257,7 +264,7 @@ def node_is_live(conn: Connection, name: str, epoch: int) -> bool:
             nodes.c.name == name,
             nodes.c.epoch == epoch,
             nodes.c.state.in_([NODE_UP, NODE_DRAINED]),
-            nodes.c.lease_expires > db_now(conn),
+            nodes.c.lease_expires > db_now(conn, fixed),
         )
         .with_for_update(read=True)
     ).first()

@@ -149,7 +149,7 @@ class PlacementRecords(Database):
         Store.mark_running): refused unless this node is live at the guard's epoch.
         `pid`: an interactive job's client (pid, start time), the job's process already."""
         with self.engine.begin() as conn:
-            if not node_is_live(conn, guard.name, guard.epoch):
+            if not node_is_live(conn, guard.name, guard.epoch, self.lease_clock):
                 return False
             done = conn.execute(
                 update(jobs)
@@ -185,7 +185,7 @@ class PlacementRecords(Database):
                     nodes.c.name == name,
                     nodes.c.epoch == seen_epoch,
                     nodes.c.state != NODE_DOWN,
-                    nodes.c.lease_expires < db_now(conn),
+                    nodes.c.lease_expires < db_now(conn, self.lease_clock),
                 )
                 .values(state=NODE_DOWN, epoch=seen_epoch + 1)
             )

@@ -64,6 +64,7 @@ class LaunchInfo:
     umask: int
     pid_start_time: str | None
     stop_intent: StopIntent | None = None  # set once the daemon asked it to stop
+    env_dropped: bool = False  # an ended job's environment deleted by retention
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,7 @@ class JobQueries(Database):
                     jobs.c.umask,
                     jobs.c.pid_start_time,
                     jobs.c.stop_intent,
+                    jobs.c.env_id,
                 )
                 .select_from(jobs.outerjoin(envs, jobs.c.env_id == envs.c.id))
                 .where(jobs.c.id == job_id)
@@ -108,7 +110,8 @@ class JobQueries(Database):
             raise NotFoundError(f"no job {job_id}")
         env = row.shared_env if row.shared_env is not None else row.env  # older rows: inline
         intent = StopIntent(row.stop_intent) if row.stop_intent else None
-        return LaunchInfo(row.gid, dict(env), row.umask, row.pid_start_time, intent)
+        dropped = row.env_id == 0  # gpusched.store.retention.DROPPED_ENV_ID
+        return LaunchInfo(row.gid, dict(env), row.umask, row.pid_start_time, intent, dropped)
 
     def active(self) -> list[Job]:
         """Queued, held and running jobs, in submit order."""
@@ -120,17 +123,20 @@ class JobQueries(Database):
         return [to_job(row) for row in rows]
 
     def active_page(
-        self, after_id: int, limit: int, states: Collection[JobState] = ACTIVE_STATES
+        self,
+        after_id: int,
+        limit: int,
+        states: Collection[JobState] = ACTIVE_STATES,
+        user: str | None = None,
     ) -> list[int]:
-        """The ids of up to `limit` active jobs in `states` with ids above `after_id`, in
-        id order: a page of `status`, whatever the queue's length (read with iter_jobs)."""
+        """The ids of up to `limit` active jobs in `states` (of `user` only, if given) with
+        ids above `after_id`, in id order: a page of `status`, whatever the queue's length
+        (read with iter_jobs)."""
         wanted = [str(s) for s in states if s in ACTIVE_STATES]
-        query = (
-            select(jobs.c.id)
-            .where(jobs.c.state.in_(wanted), jobs.c.id > after_id)
-            .order_by(jobs.c.id)
-            .limit(limit)
-        )
+        query = select(jobs.c.id).where(jobs.c.state.in_(wanted), jobs.c.id > after_id)
+        if user is not None:
+            query = query.where(jobs.c.user == user)
+        query = query.order_by(jobs.c.id).limit(limit)
         with self.read() as conn:
             return [int(job_id) for job_id in conn.execute(query).scalars()]
 
@@ -154,14 +160,14 @@ class JobQueries(Database):
                 states.update((int(i), JobState(s)) for i, s in conn.execute(query).all())
         return states
 
-    def count_active(self) -> dict[str, int]:
-        """How many jobs are in each active state (every state named, zero included)."""
+    def count_active(self, user: str | None = None) -> dict[str, int]:
+        """How many jobs (of `user` only, if given) are in each active state (every state
+        named, zero included)."""
         states = [str(s) for s in ACTIVE_STATES]
-        query = (
-            select(jobs.c.state, func.count())
-            .where(jobs.c.state.in_(states))
-            .group_by(jobs.c.state)
-        )
+        query = select(jobs.c.state, func.count()).where(jobs.c.state.in_(states))
+        if user is not None:
+            query = query.where(jobs.c.user == user)
+        query = query.group_by(jobs.c.state)
         with self.read() as conn:
             found = {str(state): int(n) for state, n in conn.execute(query).all()}
         return {state: found.get(state, 0) for state in sorted(states)}

@@ -361,6 +361,11 @@ class JobTransitions(Database):
         with self._write(durable=False) as conn:
             conn.execute(update(jobs).where(jobs.c.id == job_id).values(hooks_due=None))
 
+    def set_notify_result(self, job_id: int, result: dict[str, Any]) -> None:
+        """Record how the job's `--notify` hook ended (shown to its owner)."""
+        with self._write(durable=False) as conn:
+            conn.execute(update(jobs).where(jobs.c.id == job_id).values(notify_result=result))
+
     def set_detail(self, job_id: int, detail: str) -> bool:
         """Note on an active job what its end will be explained by (e.g. who cancelled it);
         False if it has ended (an ended job's explanation is never rewritten)."""

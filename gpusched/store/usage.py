@@ -1,4 +1,5 @@
-"""The store's measured usage and OOM retries (for gpusched.usage.monitor and Scheduler._settle).
+"""The store's measured usage and OOM retries (for gpusched.usage.monitor and
+scheduling.endings' `JobEndings.settle`).
 
 What measuring a job may write (USAGE_COLUMNS), the daemon's usage tracker kept between
 restarts, a job's OOM retry queued as a copy of its row, and the peaks of a user's past
@@ -29,6 +30,9 @@ USAGE_COLUMNS = frozenset(
         "hints",
         "overrun_at",
         "usage_state",
+        "demand",
+        "shared_with",
+        "sharing_speed",
     }
 )
 
@@ -153,6 +157,31 @@ class UsageRecords(JobQueries):
         with self.read() as conn:
             rows = conn.execute(query).all()
         found = [(row.id, row.peak_mem, row.mem) for row in rows if list(row.command) == wanted]
+        return found[:limit]
+
+    def recorded_demands(self, job: Job, limit: int = 5) -> list[float]:
+        """The demands recorded at the end of the owner's latest runs like `job`: of its
+        sweep if it has one, else of its --name, else of its command (the first that has
+        any). For the expected demand of a job that has not run yet."""
+        base = select(jobs.c.id, jobs.c.demand, jobs.c.command).where(
+            jobs.c.uid == job.uid, jobs.c.demand.is_not(None), jobs.c.id != job.id
+        )
+        newest = base.order_by(jobs.c.ended_at.desc(), jobs.c.id.desc())
+        with self.read() as conn:
+            if job.array_id is not None:
+                rows = conn.execute(newest.where(jobs.c.array_id == job.array_id).limit(limit))
+                found = [float(row.demand) for row in rows]
+                if found:
+                    return found
+            if job.name:
+                rows = conn.execute(newest.where(jobs.c.name == job.name).limit(limit))
+                found = [float(row.demand) for row in rows]
+                if found:
+                    return found
+            # The command is compared here, not in SQL (a JSON column); the scan is bounded.
+            rows = conn.execute(newest.limit(2000))
+            wanted = list(job.command)
+            found = [float(row.demand) for row in rows if list(row.command) == wanted]
         return found[:limit]
 
     def record_usage(self, job_id: int, peak_mem: int | None) -> None:

@@ -11,7 +11,7 @@ import contextlib
 import os
 import stat
 
-from gpusched.usage.tracker import OOM_TAIL_BYTES
+from gpusched.usage.oom import OOM_TAIL_BYTES
 
 
 def read_tail(path: str | None, max_bytes: int = OOM_TAIL_BYTES) -> str:

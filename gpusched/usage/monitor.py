@@ -23,6 +23,7 @@ blame the GPU for the CPU's start-up.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -34,18 +35,15 @@ from gpusched.core.hints import JobFacts, job_hints, over_declared_hint
 from gpusched.core.models import GpuHealth, GpuProcess, GpuState, Job, TimelinePoint
 from gpusched.core.units import format_size
 from gpusched.store import Store, TimelineWrite
+from gpusched.usage import oom
+from gpusched.usage.demand import card_polls, typical_demand
 from gpusched.usage.joblog import read_tail
 from gpusched.usage.timeline import TimelineBuffer
-from gpusched.usage.tracker import (
-    UsageTracker,
-    at_card_limit,
-    job_utilization,
-    oom_in_log,
-    overrun_limit,
-    smooth,
-)
+from gpusched.usage.tracker import UsageTracker, job_utilization, overrun_limit, smooth
 
 FLUSH_INTERVAL_S = 60.0
+HISTORY_TTL_S = 60.0
+HISTORY_CACHE_SIZE = 10_000
 
 # job id -> GPU uuid -> the job's processes holding memory there
 JobProcesses = Mapping[int, Mapping[str, Sequence[GpuProcess]]]
@@ -98,6 +96,8 @@ class UsageMonitor:
         self._timelines: dict[int, TimelineBuffer] = {}
         self._flushed_at_s: dict[int, float] = {}
         self._gpu_util: dict[str, float] = {}  # uuid -> recent utilization of the whole GPU
+        # (uid, array id, name, command) -> (when read, the expected demand of such a job)
+        self._history: dict[tuple[Any, ...], tuple[float, float | None]] = {}
 
     def tracker(self, job: Job) -> UsageTracker:
         """The job's tracker, picked up from the database the first time (after a restart)."""
@@ -147,6 +147,31 @@ class UsageMonitor:
         tracker = self._trackers.get(job_id)
         return tracker.peak_mem if tracker is not None and tracker.peak_mem else None
 
+    def job_demand(self, job_id: int) -> float | None:
+        """A running job's demand so far (0.0-1.0 of a card's busy time; see
+        gpusched.usage.demand), None until it is known."""
+        tracker = self._trackers.get(job_id)
+        return None if tracker is None else tracker.sharing.demand()
+
+    def expected_demand(self, job: Job) -> float | None:
+        """What a job is expected to demand: its own figure while it runs, else the median
+        of its past runs' (the same sweep, else --name, else command, of the same owner).
+
+        The history is read at most once a HISTORY_TTL_S per kind of job: a pass may ask
+        for every waiting job, and a sweep's thousand jobs share one answer."""
+        live = self.job_demand(job.id)
+        if live is not None:
+            return live
+        key = (job.uid, job.array_id, job.name, tuple(job.command))
+        now = time.monotonic()
+        cached = self._history.get(key)
+        if cached is None or now - cached[0] > HISTORY_TTL_S:
+            cached = (now, typical_demand(self.store.recorded_demands(job)))
+            if len(self._history) > HISTORY_CACHE_SIZE:
+                self._history.clear()
+            self._history[key] = cached
+        return cached[1]
+
     def gpu_util(self, uuid: str) -> float | None:
         """A GPU's recent utilization (every process on it), None when never read."""
         return self._gpu_util.get(uuid)
@@ -173,6 +198,13 @@ class UsageMonitor:
     ) -> list[Overrun]:
         """One poll: feed every running job's tracker; return the jobs newly over their limit."""
         by_uuid = {gpu.uuid: gpu for gpu in gpus}
+        cards = card_polls(by_uuid, processes, process_util, self._gpu_util)
+        alone = {
+            job_id: {
+                uuid for uuid, poll in polls.items() if not poll.neighbours and not poll.outsiders
+            }
+            for job_id, polls in cards.items()
+        }
         overruns: list[Overrun] = []
         alive: set[int] = set()
         for job in running:
@@ -182,7 +214,7 @@ class UsageMonitor:
                 continue
             tracker = self.tracker(job)
             held = {uuid: sum(p.used_bytes or 0 for p in procs) for uuid, procs in per_gpu.items()}
-            if tracker.observe_memory(held, _full_card(held, by_uuid)):
+            if tracker.observe_memory(held, _fullest_card(held, by_uuid)):
                 self.store.record_usage(job.id, tracker.peak_mem)
             # Utilization is sampled after the memory: a process that exited in between
             # is missing from the samples, which would read as 0 % busy. Leave it out.
@@ -195,9 +227,11 @@ class UsageMonitor:
                 live_pids,
                 process_util,
                 {uuid: by_uuid[uuid].util_percent for uuid in live_pids if uuid in by_uuid},
+                alone_on=alone.get(job.id, ()),
             )
             if util is not None:
                 tracker.observe_util(util)
+            tracker.observe_cards(cards.get(job.id, {}).values())
             self.timeline(job).add(now_s, sum(held.values()), util)
             # Memory on a GPU it was not given is an overrun there, whatever it declared.
             elsewhere = [(u, used) for u, used in held.items() if u not in job.gpu_uuids and used]
@@ -225,8 +259,16 @@ class UsageMonitor:
             self._flushed_at_s.pop(job_id, None)
         return overruns
 
-    def flush(self, job_id: int) -> None:
-        """Write the job's figures so far and its new timeline points: one transaction."""
+    def flush_all(self) -> None:
+        """Write every running job's figures and timeline, its open last point too: the
+        daemon is stopping, and what only its memory holds would be a hole in the chart
+        (up to FLUSH_INTERVAL_S) after the restart."""
+        for job_id in list(self._trackers):
+            self.flush(job_id, final=True)
+
+    def flush(self, job_id: int, final: bool = False) -> None:
+        """Write the job's figures so far and its new timeline points: one transaction.
+        `final`: the point still gathering polls too (a restored buffer starts a new one)."""
         tracker = self._trackers.get(job_id)
         if tracker is None:
             return
@@ -235,7 +277,7 @@ class UsageMonitor:
         write = None
         if buffer is not None:
             values["usage_state"] = {**tracker.to_state(), "timeline": buffer.to_state()}
-            write = buffer.pending()
+            write = buffer.pending(final=final)
         self.store.set_usage(job_id, timeline=write, **values)
         if buffer is not None and write is not None:
             buffer.committed(write)
@@ -266,49 +308,33 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _full_card(held: Mapping[str, int], by_uuid: Mapping[str, GpuState]) -> str | None:
-    """Which of the job's GPUs sits at its memory limit, in words; None if none does."""
-    for uuid, used in held.items():
-        gpu = by_uuid.get(uuid)
-        if gpu is not None and used and at_card_limit(gpu.free_bytes, gpu.total_bytes):
-            return (
-                f"GPU {gpu.index} was full: {format_size(gpu.free_bytes)} of"
-                f" {format_size(gpu.total_bytes)} free, the job holding {format_size(used)}"
-            )
-    return None
+def _fullest_card(
+    held: Mapping[str, int], by_uuid: Mapping[str, GpuState]
+) -> dict[str, int] | None:
+    """Of the GPUs the job holds memory on, the one with the least free (oom.CardSeen)."""
+    seen = [
+        (gpu.free_bytes, gpu.index, gpu.total_bytes, used)
+        for uuid, used in held.items()
+        if used and (gpu := by_uuid.get(uuid)) is not None
+    ]
+    if not seen:
+        return None
+    free, index, total, used = min(seen)
+    return {"index": index, "free_bytes": free, "total_bytes": total, "held_bytes": used}
 
 
 # -- how a job ended: out of memory?, its retry, its final figures ----------------------------
 
-RETRY_GROWTH = 1.5
 
-
-def oom_cause(job: Job, tracker: UsageTracker | None) -> str | None:
-    """Why a job that failed looks out of GPU memory (its log's end, else a full card)."""
-    line = oom_in_log(read_tail(job.log_path))
-    if line is not None:
-        return f"out of GPU memory: {line}"
-    if tracker is not None and tracker.at_limit:
-        return f"out of GPU memory: it died while {tracker.at_limit}"
-    return None
-
-
-def retry_mem(job: Job, gpus: Sequence[GpuState], headroom_bytes: int) -> tuple[int | None, str]:
-    """The --mem of an OOM retry (1.5x, capped at what the largest GPUs give), or why none."""
-    if job.mem is None:
-        return None, "it already had a whole GPU"
-    sizes = sorted(
-        (g.total_bytes - headroom_bytes for g in gpus if g.health != GpuHealth.EXCLUDED),
-        reverse=True,
+def oom_cause(job: Job, tracker: UsageTracker | None, headroom_bytes: int) -> str | None:
+    """Why a job that failed ran out of GPU memory (gpusched.usage.oom), or None."""
+    return oom.oom_cause(
+        log_tail=read_tail(job.log_path),
+        mem=job.mem,
+        peak_mem=max(job.peak_mem or 0, 0 if tracker is None else tracker.peak_mem),
+        last_card=None if tracker is None else oom.CardSeen.from_state(tracker.last_card),
+        headroom_bytes=headroom_bytes,
     )
-    if len(sizes) < job.gpus:
-        return None, f"fewer than {job.gpus} GPUs are left"
-    cap = sizes[job.gpus - 1]
-    wanted = math.ceil(job.mem * RETRY_GROWTH / 2**20) * 2**20
-    mem = min(wanted, cap)
-    if mem <= job.mem:
-        return None, f"{format_size(job.mem)} is already the most a GPU here gives"
-    return mem, ""
 
 
 def final_usage(
@@ -347,6 +373,10 @@ def final_usage(
         retry_mem=None if retry is None else retry.mem,
         retry_refused=retry_refused,
         oom_next_mem=oom_next_mem,
+        contended_fraction=tracker.sharing.contended_fraction(),
+        shared_with=tuple(tracker.sharing.shared_with),
+        shared_gpus=tuple(tracker.sharing.shared_gpus),
+        sharing_speed=summary["sharing_speed"],
     )
     values = UsageMonitor.columns(tracker)
     values["peak_mem"] = summary["peak_mem"]

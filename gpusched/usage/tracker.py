@@ -6,62 +6,22 @@ finds them) and the utilization of those GPUs (`job_utilization`). A tracker is 
 numbers (peak, count, sum, sum of squares, min, max), so a poll costs no database write;
 the scheduler writes the figures when they matter (see `gpusched.usage.monitor`).
 
-Also here, because they are judgements on the same figures:
-
-- `at_card_limit`: a GPU with (almost) no free memory left. A job that dies while one
-  of its cards sits there most likely ran out of memory, even if its log does not say so.
-- `oom_in_log`: the out-of-memory messages of PyTorch, TensorFlow and JAX at the end of a
-  log.
-- `overrun_limit`: how far past its declared memory a job may go before gpusched acts.
+Also here, because it is a judgement on the same figures: `overrun_limit`, how far past
+its declared memory a job may go before gpusched acts. Whether a job that failed ran out
+of memory is gpusched.usage.oom's to say, from the tracker's `peak_mem` and `last_card`.
 """
 
 from __future__ import annotations
 
 import math
-import re
-from collections.abc import Collection, Mapping
-from dataclasses import asdict, dataclass, fields
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
+
+from gpusched.usage.demand import CardPoll, DemandTracker
 
 MiB = 2**20
 GiB = 2**30
-
-# A card is "at its limit" when what is free is under 2 % of it, and never less than
-# 256 MiB: a framework that ran out of memory has typically failed to allocate a block of
-# tens to hundreds of MiB, so what NVML still shows free is below that; 2 % keeps the rule
-# meaningful on 80 GB cards, where allocator slack alone can be a GB.
-AT_LIMIT_FRACTION = 0.02
-AT_LIMIT_MIN_BYTES = 256 * MiB
-
-# Where a log "ends": its last 40 non-empty lines (in at most its last 16 KiB). A Python
-# traceback puts the error last, but launchers (torchrun's failure summary, TensorFlow's
-# "Hint: ..." lines) print a few lines after it; an OOM that was caught and survived long
-# before the end is not what killed the job.
-OOM_TAIL_LINES = 40
-OOM_TAIL_BYTES = 16 * 1024
-
-OOM_PATTERN = re.compile(
-    r"CUDA out of memory"  # PyTorch: "torch.OutOfMemoryError: CUDA out of memory. Tried to..."
-    r"|torch\.(?:cuda\.)?OutOfMemoryError"
-    r"|CUDA error: out of memory"  # cudaErrorMemoryAllocation, from any CUDA program
-    r"|ResourceExhaustedError"  # TensorFlow
-    r"|OOM when allocating"  # TensorFlow's message for it
-    r"|RESOURCE_EXHAUSTED: Out of memory"  # JAX / XLA
-)
-
-
-def at_card_limit(free_bytes: int, total_bytes: int) -> bool:
-    """True when a GPU has (almost) nothing left to allocate."""
-    return free_bytes <= max(AT_LIMIT_MIN_BYTES, int(total_bytes * AT_LIMIT_FRACTION))
-
-
-def oom_in_log(tail: str) -> str | None:
-    """The out-of-memory line near the end of a log, or None."""
-    lines = [line.strip() for line in tail.splitlines() if line.strip()]
-    for line in reversed(lines[-OOM_TAIL_LINES:]):
-        if OOM_PATTERN.search(line):
-            return line if len(line) <= 200 else line[:197] + "..."
-    return None
 
 
 def overrun_limit(declared_bytes: int, margin_fraction: float, margin_bytes: int) -> int:
@@ -73,24 +33,36 @@ def job_utilization(
     pids_by_gpu: Mapping[str, Collection[int]],
     process_util: Mapping[str, Mapping[int, int]] | None,
     gpu_util: Mapping[str, int | None],
+    alone_on: Collection[str] = (),
 ) -> float | None:
     """One job's GPU utilization (percent) at one poll: the mean over the GPUs it holds.
 
     On each GPU: the sum of its processes' SM utilization where the driver samples per
-    process (`process_util[uuid]`: pid -> percent; a GPU mapped to {} ran nothing since
-    the last poll), else the whole GPU's utilization, which on a shared card also counts
-    its neighbours. None when nothing is known.
+    process (`process_util[uuid]`: pid -> percent), else the whole GPU's utilization, which
+    on a shared card also counts its neighbours. A job none of whose processes has a sample
+    there is left out of this poll (on a busy shared card a process often gets none: it is
+    not 0 %), unless it is alone on the card (`alone_on`: the card's figure is its own) or
+    the card read idle (under IDLE_DEVICE_PERCENT: it ran nothing). None when nothing is known.
     """
     values: list[float] = []
     for uuid, pids in pids_by_gpu.items():
         per_pid = None if process_util is None else process_util.get(uuid)
+        whole = gpu_util.get(uuid)
         if per_pid is not None:
-            values.append(float(min(100, sum(per_pid.get(pid, 0) for pid in pids))))
-        else:
-            whole = gpu_util.get(uuid)
-            if whole is not None:
+            sampled = [per_pid[pid] for pid in pids if pid in per_pid]
+            if sampled:
+                values.append(float(min(100, sum(sampled))))
+            elif whole is not None and uuid in alone_on:
                 values.append(float(whole))
+            elif whole is not None and whole < IDLE_DEVICE_PERCENT:
+                values.append(0.0)
+        elif whole is not None:
+            values.append(float(whole))
     return sum(values) / len(values) if values else None
+
+
+# A card whose own utilization reads under this ran (almost) nothing in the poll.
+IDLE_DEVICE_PERCENT = 5
 
 
 # The weight of the newest poll in a recent utilization: about the last four polls count.
@@ -116,16 +88,22 @@ class UsageTracker:
     util_min: float | None = None
     util_max: float | None = None
     util_recent: float | None = None  # weighted toward the last polls (RECENT_WEIGHT)
-    # At the last memory sample: the GPU it held that sat at its limit, described
-    # ("GPU 0 had 50.0M of 24.0G free"), or None.
-    at_limit: str | None = None
+    # At the last memory sample: the job's card with the least free memory, as
+    # gpusched.usage.oom.CardSeen's fields (index, free_bytes, total_bytes, held_bytes).
+    last_card: dict[str, int] | None = None
     overrun_at: str | None = None  # when it was first seen over its declared memory + margin
+    # Its demand (share of a card's busy time) and what sharing a busy card cost it.
+    sharing: DemandTracker = field(default_factory=DemandTracker)
+    mem_now: int = 0  # bytes on its busiest GPU at the last poll (`status`: in use beside declared)
 
-    def observe_memory(self, per_gpu_bytes: Mapping[str, int], at_limit: str | None) -> bool:
+    def observe_memory(
+        self, per_gpu_bytes: Mapping[str, int], last_card: Mapping[str, int] | None = None
+    ) -> bool:
         """Record one poll's memory; True when the peak rose."""
         self.mem_samples += 1
-        self.at_limit = at_limit
+        self.last_card = None if last_card is None else dict(last_card)
         peak = max(per_gpu_bytes.values(), default=0)
+        self.mem_now = peak
         if peak > self.peak_mem:
             self.peak_mem = peak
             return True
@@ -139,6 +117,11 @@ class UsageTracker:
         self.util_min = percent if self.util_min is None else min(self.util_min, percent)
         self.util_max = percent if self.util_max is None else max(self.util_max, percent)
         self.util_recent = smooth(self.util_recent, percent)
+
+    def observe_cards(self, polls: Iterable[CardPoll]) -> None:
+        """One poll of each GPU it holds memory on: for its demand (gpusched.usage.demand)."""
+        for poll in polls:
+            self.sharing.observe(poll)
 
     @property
     def util_mean(self) -> float | None:
@@ -161,6 +144,9 @@ class UsageTracker:
             "util_min": None if self.util_min is None else round(self.util_min),
             "util_max": None if self.util_max is None else round(self.util_max),
             "util_stddev": None if spread is None else round(spread, 1),
+            "demand": self.sharing.demand(),
+            "shared_with": list(self.sharing.shared_with),
+            "sharing_speed": self.sharing.sharing_speed(),
         }
 
     def to_state(self) -> dict[str, Any]:
@@ -170,4 +156,6 @@ class UsageTracker:
     def from_state(cls, state: Mapping[str, Any] | None) -> UsageTracker:
         """Rebuild from `to_state()`; unknown or missing keys are ignored (older daemons)."""
         names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in (state or {}).items() if k in names})
+        values = {k: v for k, v in (state or {}).items() if k in names}
+        values["sharing"] = DemandTracker.from_state(values.get("sharing"))
+        return cls(**values)

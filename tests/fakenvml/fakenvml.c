@@ -12,8 +12,8 @@
  * can change the GPUs while a daemon polls them. Format, one record per line, '#' comments:
  *
  *   driver loaded=1 init_error=0 version=550.54.15
- *   gpu uuid=GPU-... total=BYTES other=BYTES reserved=BYTES util=PCT|na memutil=PCT lost=0|1 switch=N name=REST OF LINE
- *   proc gpu=INDEX pid=PID used=BYTES reported=1|0 sm=PCT|na kind=compute|graphics|both start=TICKS
+ *   gpu uuid=GPU-... total=BYTES other=BYTES reserved=BYTES util=PCT|na memutil=PCT lost=0|1 switch=N devutil=PCT name=REST OF LINE
+ *   proc gpu=INDEX pid=PID used=BYTES reported=1|0 sm=PCT|na kind=compute|graphics|both start=TICKS every=N miss=M
  *
  * GPU lines are numbered 0.. in file order (that is the NVML index). `name=` must come last.
  * As on a real driver a process's memory counts only while the process lives: a pid that is
@@ -22,6 +22,15 @@
  * Topology: GPUs with the same `switch=` share a PCIe switch (nvmlDeviceGetTopologyCommonAncestor
  * answers NVML_TOPOLOGY_SINGLE), others meet at the host bridge; with no switch= on either GPU
  * the call is NOT_SUPPORTED, as on a driver that cannot tell.
+ *
+ * Device and per-process utilization are separate figures on a real card: the device's is
+ * the share of time any kernel ran (100 % when two busy jobs take turns), a process's is
+ * its time slice, and a process may have no sample at all in a poll (FIELD.md). By default
+ * the device reads util + its live processes' sm (capped at 100); `devutil=` sets the device
+ * figure outright. `every=N miss=M`: in each run of N polls of
+ * nvmlDeviceGetProcessUtilization on its GPU, the process has no sample in the first M
+ * (every=6 miss=5: a sample in one poll of six; every=6 miss=1: none in one of six;
+ * sm=na: never).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -80,10 +89,10 @@ static struct nvmlDevice_st devices[MAX_GPUS];
 struct gpu {
     char uuid[96], name[96];
     unsigned long long total, other, reserved;
-    int util, memutil, lost, pcie_switch; /* pcie_switch: -1 when not given */
+    int util, memutil, lost, pcie_switch, devutil; /* pcie_switch: -1 when not given; devutil NA: util + the processes' sm */
 };
 struct proc {
-    int gpu, pid, reported, sm, kind; /* kind bit 1 = compute, bit 2 = graphics */
+    int gpu, pid, reported, sm, kind, every, miss; /* kind bit 1 = compute, bit 2 = graphics */
     unsigned long long used, start;
 };
 struct state {
@@ -146,6 +155,7 @@ static struct state *load(void) {
             g->memutil = pct(line, "memutil", 0);
             g->lost = (int)num(line, "lost", 0);
             g->pcie_switch = token(line, "switch") ? (int)num(line, "switch", 0) : -1;
+            g->devutil = pct(line, "devutil", NA);
         } else if (strncmp(line, "proc ", 5) == 0 && st->nprocs < MAX_PROCS) {
             struct proc *p = &st->procs[st->nprocs++];
             const char *kind = token(line, "kind");
@@ -155,6 +165,9 @@ static struct state *load(void) {
             p->reported = (int)num(line, "reported", 1);
             p->sm = pct(line, "sm", NA);
             p->start = num(line, "start", 0);
+            p->every = (int)num(line, "every", 1);
+            p->miss = (int)num(line, "miss", 0);
+            if (p->every < 1) p->every = 1;
             p->kind = !kind || strncmp(kind, "compute", 7) == 0 ? 1 : strncmp(kind, "graphics", 8) == 0 ? 2 : 3;
         }
     }
@@ -378,10 +391,11 @@ nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t device, nvmlUtilization_
     if (g->util == NA) { free(st); return NVML_ERROR_NOT_SUPPORTED; }
     /* The GPU is as busy as the file says plus whatever its live processes add. */
     int util = g->util;
-    for (int i = 0; i < st->nprocs; i++) {
+    for (int i = 0; i < st->nprocs && g->devutil == NA; i++) {
         const struct proc *p = &st->procs[i];
         if (p->gpu == index && p->sm != NA && alive(p)) util += p->sm;
     }
+    if (g->devutil != NA) util = g->devutil;
     out->gpu = (unsigned int)(util > 100 ? 100 : util);
     out->memory = (unsigned int)(g->memutil == NA ? 0 : g->memutil);
     free(st);
@@ -437,8 +451,13 @@ nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t d, unsigned i
 }
 #endif
 
-/* One sample per live process that has an `sm` value, stamped now. As the real library does,
- * answer NOT_FOUND when there is no sample newer than lastSeenTimeStamp. */
+/* Polls of nvmlDeviceGetProcessUtilization per GPU in this process (a poll: the call that
+ * returns samples, or finds none), for every=N miss=M. */
+static unsigned long process_util_calls[MAX_GPUS];
+
+/* One sample per live process that has an `sm` value (and, with every=N, whose turn it is),
+ * stamped now. As the real library does, answer NOT_FOUND when there is no sample newer
+ * than lastSeenTimeStamp. */
 nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlProcessUtilizationSample_t *samples,
                                              unsigned int *count, unsigned long long lastSeenTimeStamp) {
     DEVICE_PROLOGUE(device);
@@ -447,9 +466,10 @@ nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlProcessUti
     gettimeofday(&tv, NULL);
     unsigned long long now_us = (unsigned long long)tv.tv_sec * 1000000ULL + (unsigned long long)tv.tv_usec;
     unsigned int n = 0;
+    unsigned long call = process_util_calls[index];
     for (int i = 0; i < st->nprocs && now_us > lastSeenTimeStamp; i++) {
         const struct proc *p = &st->procs[i];
-        if (p->gpu != index || p->sm == NA || !alive(p)) continue;
+        if (p->gpu != index || p->sm == NA || !alive(p) || call % (unsigned long)p->every < (unsigned long)p->miss) continue;
         if (samples && n < *count) {
             samples[n].pid = (unsigned int)p->pid;
             samples[n].timeStamp = now_us;
@@ -459,6 +479,8 @@ nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device, nvmlProcessUti
         n++;
     }
     free(st);
+    /* A poll is over when it got its samples or there were none (the sizing call then ends it). */
+    if (samples || n == 0) process_util_calls[index]++;
     if (n == 0) return NVML_ERROR_NOT_FOUND;
     if (!samples) { *count = n; return NVML_ERROR_INSUFFICIENT_SIZE; }
     /* A process that appeared between the sizing call and this one is simply not sampled. */

@@ -17,7 +17,10 @@ from the allocation, within --hold), or call state.register_process() from the t
 pid the job printed: a registration replaces what that pid held on that GPU.
 
 --util-cycle 0,95,10,90 [--util-period 0.35] makes the job's SM utilization swing: during
---hold it steps through the values, one per period, round and round (a job starved of data).
+--hold it steps through the values, one per period, round and round (a job starved of data,
+or one taking turns with another busy job on a shared card). --sample-every N gives its
+per-process utilization no sample in M of every N polls with --sample-missing M (as on a
+shared real card).
 
 Stdlib only (plus the state module next to this file).
 """
@@ -69,11 +72,14 @@ def visible_gpus(state_path: str) -> list[tuple[int, str]]:
 
 def play(args: argparse.Namespace, state_path: str) -> int:
     gpus = visible_gpus(state_path)
+    sampling = {"sample_every": args.sample_every, "sample_missing": args.sample_missing}
     say(f"visible GPUs {[i for i, _ in gpus]}; allocating in {args.lag:g}s")
     time.sleep(args.lag)
     if args.mem:
         for index, uuid in gpus:
-            fakestate.register_process(state_path, uuid, os.getpid(), args.mem, sm_util=args.util)
+            fakestate.register_process(
+                state_path, uuid, os.getpid(), args.mem, sm_util=args.util, **sampling
+            )
             say(f"allocated {args.mem} bytes on GPU {index} ({uuid})")
     hold = args.hold
     held = args.mem
@@ -82,7 +88,9 @@ def play(args: argparse.Namespace, state_path: str) -> int:
         time.sleep(before)
         hold -= before
         for index, uuid in gpus:
-            fakestate.register_process(state_path, uuid, os.getpid(), args.grow, sm_util=args.util)
+            fakestate.register_process(
+                state_path, uuid, os.getpid(), args.grow, sm_util=args.util, **sampling
+            )
             say(f"grew to {args.grow} bytes on GPU {index} ({uuid})")
         held = args.grow
     if args.util_cycle and held:
@@ -92,7 +100,9 @@ def play(args: argparse.Namespace, state_path: str) -> int:
         while time.monotonic() < deadline:
             for _, uuid in gpus:
                 util = cycle[step % len(cycle)]
-                fakestate.register_process(state_path, uuid, os.getpid(), held, sm_util=util)
+                fakestate.register_process(
+                    state_path, uuid, os.getpid(), held, sm_util=util, **sampling
+                )
             step += 1
             time.sleep(max(0.0, min(args.util_period, deadline - time.monotonic())))
     else:
@@ -129,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--util", type=int, default=None, help="SM utilization percent")
     parser.add_argument("--util-cycle", default=None, help="utilization values to cycle, 0,95")
     parser.add_argument("--util-period", type=float, default=0.35, help="seconds per value")
+    parser.add_argument("--sample-every", type=int, default=1, help="in each N polls...")
+    parser.add_argument("--sample-missing", type=int, default=0, help="...M have no sample")
     parser.add_argument("--grow", type=parse_size, default=None, help="memory after growing")
     parser.add_argument("--grow-after", type=float, default=1.0, help="seconds after alloc")
     parser.add_argument("--child", action="store_true", help="allocate from a child process")

@@ -41,6 +41,12 @@ class FakeProcess:
     sm_util: int | None = None  # per-process SM utilization sample, percent
     kind: str = "compute"  # compute, graphics or both
     start_ticks: int | None = None  # /proc/PID/stat starttime: a reused pid is not this process
+    # No sample in `sample_missing` of every `sample_every` polls of
+    # nvmlDeviceGetProcessUtilization on its GPU: on a real card a job taking turns with
+    # others often has none (FIELD.md: 2-3 of 17 polls for a busy job beside another, 13 of
+    # 17 for a light one). 6 and 5: a sample in one poll of six; 6 and 1: none in one of six.
+    sample_every: int = 1
+    sample_missing: int = 0
 
 
 @dataclass
@@ -54,6 +60,10 @@ class FakeGpu:
     mem_util_percent: int = 0
     lost: bool = False  # every query on this GPU fails with NVML_ERROR_GPU_IS_LOST
     switch: int | None = None  # GPUs with the same number share a PCIe switch; None: unknown
+    # The device's own utilization, set apart from its processes' (a busy card shared by two
+    # jobs reads 100 % while each process reads its time slice). None: util_percent plus
+    # the live processes' sm_util, capped at 100.
+    device_util_percent: int | None = None
     processes: list[FakeProcess] = field(default_factory=list)
 
 
@@ -95,7 +105,9 @@ def dumps(state: FakeState) -> str:
             f"gpu uuid={gpu.uuid} total={gpu.total_bytes} other={gpu.other_bytes}"
             f" reserved={gpu.reserved_bytes} util={_pct(gpu.util_percent)}"
             f" memutil={gpu.mem_util_percent} lost={int(gpu.lost)}"
-            f"{'' if gpu.switch is None else f' switch={gpu.switch}'} name={gpu.name}"
+            + ("" if gpu.switch is None else f" switch={gpu.switch}")
+            + ("" if gpu.device_util_percent is None else f" devutil={gpu.device_util_percent}")
+            + f" name={gpu.name}"
         )
         for p in gpu.processes:
             if p.kind not in KINDS:
@@ -104,6 +116,7 @@ def dumps(state: FakeState) -> str:
             procs.append(
                 f"proc gpu={index} pid={p.pid} used={p.used_bytes} reported={int(p.reported)}"
                 f" sm={_pct(p.sm_util)} kind={p.kind}{start}"
+                f" every={p.sample_every} miss={p.sample_missing}"
             )
     return "\n".join([*lines, *procs]) + "\n"
 
@@ -132,6 +145,7 @@ def loads(text: str) -> FakeState:
                     mem_util_percent=int(values.get("memutil", "0")),
                     lost=values.get("lost") == "1",
                     switch=int(values["switch"]) if "switch" in values else None,
+                    device_util_percent=int(values["devutil"]) if "devutil" in values else None,
                 )
             )
         else:
@@ -143,6 +157,8 @@ def loads(text: str) -> FakeState:
                     sm_util=None if values.get("sm", "na") == "na" else int(values["sm"]),
                     kind=values.get("kind", "compute"),
                     start_ticks=int(values["start"]) if "start" in values else None,
+                    sample_every=int(values.get("every", "1")),
+                    sample_missing=int(values.get("miss", "0")),
                 )
             )
     return state
@@ -243,13 +259,19 @@ def register_process(
     reported: bool = True,
     sm_util: int | None = None,
     kind: str = "compute",
+    sample_every: int = 1,
+    sample_missing: int = 0,
 ) -> None:
     """pid now holds used_bytes on this GPU (replacing what it held there before)."""
     start = proc_start_ticks(pid)
     with update_state(path) as state:
         target = state.gpus[find_gpu(state, gpu)]
         target.processes = [p for p in target.processes if p.pid != pid]
-        target.processes.append(FakeProcess(pid, used_bytes, reported, sm_util, kind, start))
+        target.processes.append(
+            FakeProcess(
+                pid, used_bytes, reported, sm_util, kind, start, sample_every, sample_missing
+            )
+        )
 
 
 def unregister_process(

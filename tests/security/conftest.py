@@ -177,10 +177,15 @@ def _own_cgroup(controller: str) -> str:
 
 
 def _remove_cgroup(cgroup: Path) -> None:
-    """Kill what is left inside (jobs outlive the daemon by design), then remove it."""
+    """Kill what is left inside (jobs outlive the daemon by design), then remove it with
+    the cgroups the daemon made under it (its own leaf, one per job)."""
     import signal
     import time
 
+    with contextlib.suppress(OSError):
+        for child in cgroup.iterdir():
+            if child.is_dir():
+                _remove_cgroup(child)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         try:

@@ -115,9 +115,12 @@ def _mallorys_jobs(daemon: RunningDaemon, mallory: User) -> dict[str, int]:
             name="public-name",
             cwd="/tmp",
         )
+        # Held, then released: submit refuses a program that does not exist (issue 28);
+        # the daemon's own report of the failed start is what is read here.
         unstartable = client.submit(
-            [f"/nonexistent/{PATH_PART}{FORGED_LOG}"], name="nostart", cwd="/tmp"
+            [f"/nonexistent/{PATH_PART}{FORGED_LOG}"], name="nostart", cwd="/tmp", hold=True
         )
+        client.release(unstartable.id)
         return {
             "held": held.id,
             "ended": ended.id,

@@ -144,7 +144,7 @@ def test_jobs_beyond_the_file_limit_are_watched_and_readopted(
 
     def submit_many() -> list[int]:
         client = Client(daemon.socket_path, timeout_s=30)
-        return [client.submit(["sleep", "600"], mem="1M").id for _ in range(jobs)]
+        return [client.submit(["sleep", "600"], mem="256M").id for _ in range(jobs)]
 
     ids = as_user(mallory, submit_many)
 
@@ -203,7 +203,7 @@ def test_a_job_that_fills_the_task_limit_does_not_end_the_listener(
     )
     job = as_user(
         mallory,
-        lambda: Client(daemon.socket_path).submit(["python3", "-c", bomb], mem="1M").to_json(),
+        lambda: Client(daemon.socket_path).submit(["python3", "-c", bomb], mem="256M").to_json(),
     )
     eventually(lambda: int((cgroup / "pids.current").read_text()) >= current + 30, timeout=30)
 

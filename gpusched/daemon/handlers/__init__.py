@@ -16,6 +16,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from gpusched import __version__
+from gpusched.core.errors import ProtocolError
+from gpusched.core.protocol import VERSION_FIELD, compatible_versions, version_mismatch
 from gpusched.core.request_wire import parse
 from gpusched.daemon.auth import check_served
 from gpusched.daemon.handlers import admin, interactive, jobs, views
@@ -43,6 +46,8 @@ HANDLERS: dict[str, Handler] = {
     "estimate_history": views.estimate_history,
     "drain": admin.drain,
     "top": admin.top,
+    "prune": admin.prune,
+    "reload": admin.reload,
     "run": interactive.run,
     "placement": interactive.placement,
     "run_ended": interactive.run_ended,
@@ -55,5 +60,12 @@ def dispatch(services: Services, caller: Caller, frame: dict[str, Any]) -> Any:
     The caller is checked before the frame is parsed: a user the daemon does not serve
     learns nothing, not even whether their request was well formed."""
     check_served(caller, services.owner_uid)
+    client_version = frame.get(VERSION_FIELD)
+    if (
+        isinstance(client_version, str)
+        and frame.get("op") != "ping"  # how any client learns the daemon's version
+        and not compatible_versions(client_version, __version__)
+    ):
+        raise ProtocolError(version_mismatch(client_version, __version__))
     request = parse(frame)
     return HANDLERS[request.op](services, caller, request)

@@ -1,26 +1,40 @@
 """Requests about the daemon itself rather than a job: `ping` (who is asking, whose
-daemon this is) and `drain` (an administrator stops new jobs from starting), and `top`
-(an administrator puts one waiting job ahead of every user's)."""
+daemon this is), `drain` (an administrator stops new jobs from starting), `top` (an
+administrator puts one waiting job ahead of every user's) and `prune` (an administrator
+forgets old ended jobs)."""
 
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 from gpusched import __version__
 from gpusched.core.clock import iso, utc_now
-from gpusched.core.errors import NotFoundError, PermissionDenied
+from gpusched.core.errors import GpuschedError, NotFoundError, PermissionDenied
 from gpusched.core.models import Drain
-from gpusched.core.requests import DrainRequest, PingRequest, TopRequest
+from gpusched.core.requests import (
+    DrainRequest,
+    PingRequest,
+    PruneRequest,
+    ReloadRequest,
+    TopRequest,
+)
 from gpusched.daemon.handlers.args import text
 from gpusched.daemon.identity import Caller, user_name
+from gpusched.daemon.pruning import prune_ended
 from gpusched.daemon.services import Services
+
+# When this daemon's code was loaded: `doctor` compares it with the installed files (an
+# upgrade or edit that kept the version number still needs a restart).
+STARTED_AT = time.time()
 
 
 def ping(services: Services, caller: Caller, _request: PingRequest) -> Any:
     return {
         "version": __version__,
         "pid": os.getpid(),
+        "started": STARTED_AT,  # epoch seconds
         "user": caller.user,  # who is asking, as the daemon sees them (SO_PEERCRED)
         "uid": caller.uid,
         "daemon_user": user_name(os.geteuid()),  # whose daemon this is
@@ -42,12 +56,12 @@ def drain(services: Services, caller: Caller, request: DrainRequest) -> Any:
         state = Drain(caller.user, iso(utc_now()), None if reason is None else text(reason))
     scheduler = services.scheduler
     if request.node is not None and request.node != scheduler.node_name:
-        if scheduler.cluster is None:
+        if not scheduler.in_cluster:
             raise NotFoundError(
                 f"no node {request.node}: this server is not in a cluster (its name is"
                 f" {scheduler.node_name})"
             )
-        if not scheduler.cluster.drain_node(request.node, state):
+        if not scheduler.drain_node(request.node, state):
             raise NotFoundError(f"no node {request.node} in this cluster that is not down")
         return None if state is None else state.to_json()
     scheduler.set_drain(state)
@@ -69,3 +83,32 @@ def top(services: Services, caller: Caller, request: TopRequest) -> Any:
         )
     job = services.store.get(request.id)
     return services.visible(caller, services.scheduler.waiting.put_first(job))
+
+
+def prune(services: Services, caller: Caller, request: PruneRequest) -> Any:
+    """Forget jobs that ended long ago (one batch: the client asks again while `more`)."""
+    if not caller.admin:
+        raise PermissionDenied(
+            f"only an administrator (root or one listed in `admins`) may prune; {caller.user}"
+            " is not one"
+        )
+    config = services.config
+    return prune_ended(
+        services.store,
+        ended_before_s=request.ended_before_s,
+        log_dir=config.log_dir,
+        jobs_dir=config.state_dir / "jobs",
+        dry_run=request.dry_run,
+    ).to_json()
+
+
+def reload(services: Services, caller: Caller, _request: ReloadRequest) -> Any:
+    """Apply the config file now and say how it went (systemd's ExecReload waits for it)."""
+    if not caller.admin:
+        raise PermissionDenied(
+            f"only an administrator (root or one listed in `admins`) may reload; {caller.user}"
+            " is not one"
+        )
+    if services.reload_config is None:
+        raise GpuschedError("this daemon cannot reload its config on request: send it SIGHUP")
+    return {"kept": services.reload_config()}

@@ -57,7 +57,7 @@ def run(services: Services, caller: Caller, request: RunRequest) -> Any:
         exclusive=request.exclusive,
         share=request.share,
         # Its client is its process here: in a cluster, only this server may run it.
-        allowed_nodes=(services.scheduler.node_name,) if services.scheduler.cluster else None,
+        allowed_nodes=(services.scheduler.node_name,) if services.scheduler.in_cluster else None,
     )
     check_submit(services.config, command, None, request.name, ())
     return services.visible(caller, services.scheduler.submit(new))

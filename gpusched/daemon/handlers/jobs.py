@@ -4,6 +4,7 @@ lets the caller touch, and answers with the jobs as `services.visible` shows the
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from typing import Any
 
@@ -61,6 +62,7 @@ def submit(services: Services, caller: Caller, request: SubmitRequest) -> Any:
     command, name = list(request.command), request.name
     if request.sweep is None:
         check_submit(config, command, None, name, new.after)
+        _charge(services, caller, new, [new])
         return services.visible(caller, services.scheduler.submit(new))
     pairs = [(key, list(values)) for key, values in request.sweep]
     check_submit(config, command, pairs, name, new.after)  # before expanding
@@ -68,8 +70,23 @@ def submit(services: Services, caller: Caller, request: SubmitRequest) -> Any:
         replace(new, command=argv, name=swept_name(name, text(label), MAX_NAME_CHARS))
         for argv, label in expand(command, pairs, config.max_array_jobs)
     ]
+    _charge(services, caller, new, news)
     jobs = services.scheduler.submit_many(news, as_array=True)
     return [services.visible(caller, job) for job in jobs]
+
+
+def _charge(services: Services, caller: Caller, new: NewJob, news: list[NewJob]) -> None:
+    """Count what the submit stores against the caller's budget (gpusched.daemon.storage_budget)."""
+    if caller.uid == 0:
+        return
+    command_bytes = sum(
+        sum(len(arg.encode("utf-8", "surrogatepass")) + 1 for arg in job.command)
+        + len((job.name or "").encode("utf-8", "surrogatepass"))
+        for job in news
+    )
+    services.budget.charge(
+        caller.user, new.env, command_bytes, services.config.retention, time.time()
+    )
 
 
 def priority(services: Services, caller: Caller, request: PriorityRequest) -> Any:
@@ -91,6 +108,11 @@ def requeue(services: Services, caller: Caller, request: RequeueRequest) -> Any:
             f"job {old.id} was interactive (gpusched run, claim()): run it again the same way"
         )
     info = services.store.launch_info(old.id)
+    if info.env_dropped:
+        raise ConflictError(
+            f"job {old.id}'s environment was deleted (retention.environments):"
+            " submit the command again"
+        )
     first = old if old.retry_of is None else services.store.get(old.retry_of)
     new = NewJob(
         user=old.user,
@@ -135,12 +157,16 @@ def cancel(services: Services, caller: Caller, request: CancelRequest) -> Any:
     if request.id is None:  # CancelRequest refuses it: an id, an array or `mine`
         raise ProtocolError("request is missing 'id'")
     job = services.owned_job(caller, request.id)
-    return services.visible(caller, services.scheduler.cancel(job, by=caller.user))
+    detail = WITHDRAWN if request.withdrawn and job.interactive else None
+    return services.visible(caller, services.scheduler.cancel(job, by=caller.user, detail=detail))
+
+
+WITHDRAWN = "withdrawn: its process (claim() or gpusched run) stopped waiting before it started"
 
 
 def _cancel_mine(services: Services, caller: Caller, waiting_only: bool) -> Any:
     """Every active job of the caller's own (root's and admins' too: others' only by id)."""
-    by_name = services.scheduler.cluster is not None  # a uid means nothing on another server
+    by_name = services.scheduler.in_cluster  # a uid means nothing on another server
     name = caller.user if by_name else None
     ids = services.scheduler.waiting.cancel_waiting(caller.uid, caller.user, user=name)
     running = [] if waiting_only else services.store.running()
@@ -163,9 +189,6 @@ def _cancelled(
     services: Services, caller: Caller, ids: list[int], running: list[Job], waiting_only: bool
 ) -> list[dict[str, Any]]:
     """The jobs cancelled at once (`ids`), then `running` cancelled one by one."""
-    for job in running:
-        try:
-            ids.append(services.scheduler.cancel(job, caller.user, waiting_only).id)
-        except ConflictError:  # it ended (or, with waiting_only, started) meanwhile
-            continue
+    # In chunks under the lock, one wake-up for all (a pass per job took minutes).
+    ids.extend(services.scheduler.cancel_many(running, caller.user, waiting_only))
     return job_list(services, caller, ids, done=f"{len(ids)} jobs cancelled")

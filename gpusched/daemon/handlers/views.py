@@ -29,6 +29,8 @@ from gpusched.daemon.identity import Caller
 from gpusched.daemon.services import Services
 
 MAX_WAIT_S = 30.0
+ENDED_SHOWN = 20  # `status --all`: this many recent ends unless the request asks for more
+ENDED_SHOWN_MAX = 1000  # and never more: a reply stays bounded however many have ended
 MAX_LOG_CHUNK = 1 << 20
 
 
@@ -63,8 +65,9 @@ def status(services: Services, caller: Caller, request: StatusRequest) -> Any:
 
     `cursor`: the page after this id (the previous reply's `next`; null at the last
     page); `limit`: jobs per page, at most `status_page_jobs`; `states`: only these
-    active states. With `all`, the last page ends with the 20 most recently ended jobs.
-    `counts`: how many jobs are in each active state, all pages together.
+    active states; `user`: only that user's jobs. With `all`, the last page ends with
+    the `ended` (default 20, at most ENDED_SHOWN_MAX) most recently ended jobs.
+    `counts`: how many jobs (of `user`) are in each active state, all pages together.
     """
     store = services.store
     page_size = services.config.status_page_jobs
@@ -73,7 +76,7 @@ def status(services: Services, caller: Caller, request: StatusRequest) -> Any:
     states = ACTIVE_STATES
     if request.states is not None:
         states = frozenset(JobState(name) for name in request.states)
-    page = store.active_page(cursor, limit + 1, states)
+    page = store.active_page(cursor, limit + 1, states, user=request.user)
     more = len(page) > limit
     jobs: list[dict[str, Any]] = []
     size, last = 0, cursor
@@ -85,14 +88,15 @@ def status(services: Services, caller: Caller, request: StatusRequest) -> Any:
         size += reply_weight(jobs[-1])
         last = job.id
     if not more and request.all:
-        jobs += [services.visible(caller, j) for j in store.ended(limit=20)]
+        ended = min(ENDED_SHOWN_MAX, request.ended or ENDED_SHOWN)
+        jobs += [services.visible(caller, j) for j in store.ended(ended, user=request.user)]
     return {
         "gpus": [g.to_json() for g in services.scheduler.gpu_reports(store.running())],
         "nodes": [n.to_json() for n in services.scheduler.nodes()],
         "jobs": jobs,
         "drain": drain_json(services),
         "next": last if more else None,
-        "counts": store.count_active(),
+        "counts": store.count_active(request.user),
     }
 
 

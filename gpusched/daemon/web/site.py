@@ -15,7 +15,6 @@ polling it meanwhile, so a room of open tabs costs the daemon one request a seco
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import threading
 import time
@@ -25,7 +24,12 @@ from string import Template
 from typing import Any
 
 from gpusched.core.errors import GpuschedError, NotFoundError, UsageError
-from gpusched.daemon.httpserve import Request, Response, Route, text_response
+from gpusched.daemon.httpserve import (
+    Request,
+    Response,
+    Route,
+    host_checked,
+)
 from gpusched.daemon.services import Services
 from gpusched.daemon.web import api
 
@@ -102,9 +106,12 @@ class RecentReplies:
         return response
 
 
-def _api(compute: Callable[[Request], Any], recent: RecentReplies) -> Route:
+def _api(compute: Callable[[Request], Any], recent: RecentReplies, reads: tuple[str, ...]) -> Route:
+    """`reads`: the query fields the reply depends on, all its cache key holds besides the
+    path (47 distinct `/api/status?id=N` a second were 47 computations, not one)."""
+
     def route(request: Request) -> Response:
-        key = request.path + "?" + request.query.get("id", "")  # all a reply depends on
+        key = request.path + "?" + "&".join(request.query.get(name, "") for name in reads)
         return recent.get(key, lambda: _answer(compute, request))
 
     return route
@@ -123,38 +130,10 @@ def _answer(compute: Callable[[Request], Any], request: Request) -> Response:
 
 def _job_id(request: Request) -> int:
     text = request.query.get("id", "")
-    if not text.isdigit() or len(text) > MAX_ID_DIGITS:
+    # ASCII only: str.isdigit() is true of "²" and "٣", which int() then refuses (a 500).
+    if not (text.isascii() and text.isdigit()) or len(text) > MAX_ID_DIGITS:
         raise UsageError("expected ?id=JOB (a job number)")
     return int(text)
-
-
-def host_allowed(host: str | None, own_host: str) -> bool:
-    """Whether a Host header names this server: absent (HTTP/1.0), an IP address,
-    localhost, or the host written in `web:`."""
-    if host is None:
-        return True
-    name = host.rsplit(":", 1)[0] if host.count(":") == 1 else host  # name:port, or IPv6
-    name = name.removeprefix("[").split("]")[0].lower()  # [::1]:8080 -> ::1
-    if name in ("localhost", own_host.lower()):
-        return True
-    try:
-        ipaddress.ip_address(name)
-    except ValueError:
-        return False
-    return True
-
-
-def _host_checked(route: Route, own_host: str) -> Route:
-    def checked(request: Request) -> Response:
-        if host_allowed(request.host, own_host):
-            return route(request)
-        return text_response(
-            421,
-            f"Host {request.host!r} is not this server: ask for an IP address, localhost or"
-            f" {own_host} (a reverse proxy: pass nginx's default Host, $proxy_host)",
-        )
-
-    return checked
 
 
 def web_routes(services: Services, own_host: str) -> dict[str, Route]:
@@ -166,7 +145,7 @@ def web_routes(services: Services, own_host: str) -> dict[str, Route]:
     for path, (name, content_type) in ASSETS.items():
         routes[path] = _file_route(_static(name), content_type, PAGE_HEADERS)
     recent = RecentReplies()
-    routes["/api/status"] = _api(lambda _request: api.status(services), recent)
-    routes["/api/job"] = _api(lambda request: api.job(services, _job_id(request)), recent)
-    routes["/api/usage"] = _api(lambda _request: api.usage(services), recent)
-    return {path: _host_checked(route, own_host) for path, route in routes.items()}
+    routes["/api/status"] = _api(lambda _request: api.status(services), recent, ())
+    routes["/api/job"] = _api(lambda request: api.job(services, _job_id(request)), recent, ("id",))
+    routes["/api/usage"] = _api(lambda _request: api.usage(services), recent, ())
+    return {path: host_checked(route, own_host) for path, route in routes.items()}

@@ -193,7 +193,12 @@ function utilBar(util) {
 function gpuRow(gpu) {
   const state = gpu.state === "ok" ? null : el("span", { class: "badge bad", text: gpu.state });
   const jobs = el("span", { class: "gpu-jobs" });
-  for (const id of gpu.jobs) jobs.append(jobLink(id), " ");
+  const held = gpu.job_mem || {};
+  for (const id of gpu.jobs) {
+    jobs.append(jobLink(id), String(id) in held ? " (" + fmtSize(held[String(id)]) + ")  " : "  ");
+  }
+  const others = (gpu.others || []).map((p) =>
+    (p.user || "?") + ":" + (p.command || "?") + "/" + p.pid + " (" + fmtSize(p.used) + ")");
   return el("div", { class: "gpu", "data-index": String(gpu.index) },
     el("div", { class: "gpu-title" },
       el("strong", { text: "GPU " + gpu.index }), " ", el("span", { class: "gpu-name", text: gpu.name }),
@@ -207,7 +212,8 @@ function gpuRow(gpu) {
     el("div", { class: "gpu-util-row" },
       el("span", { class: "muted", text: "utilization " }),
       el("span", { class: "gpu-util", text: fmtPercent(gpu.util) }), utilBar(gpu.util)),
-    el("div", { class: "muted" }, gpu.jobs.length ? "jobs: " : "no gpusched job", jobs));
+    el("div", { class: "muted" }, gpu.jobs.length ? "jobs: " : "no gpusched job", jobs),
+    ...(others.length ? [el("div", { class: "muted gpu-others", text: "others: " + others.join(", ") })] : []));
 }
 
 function nodeSection(node, gpus) {
@@ -244,6 +250,19 @@ function row(job, cells) {
     ...cells.map((cell) => (cell instanceof Node ? el("td", {}, cell) : el("td", { text: cell }))));
 }
 
+/* What a job declared, per GPU: "4.0G per GPU" or "a whole GPU". */
+function declaredText(job) {
+  return job.mem === null || job.mem === undefined ? "a whole GPU" : fmtSize(job.mem) + " per GPU";
+}
+
+/* How a --notify hook ended: "exited 127: sh: 1: mail: not found". */
+function notifyText(result) {
+  const how = result.kind === "timeout" ? "killed at hook_timeout"
+    : result.kind === "failed_to_start" ? "could not start" : "exited " + result.exit_code;
+  const output = (result.output || "").split("\n").filter((line) => line).join(" | ");
+  return output ? how + ": " + output : how;
+}
+
 function hintList(hints) {
   return el("ul", { class: "hints" }, ...(hints || []).map((h) => el("li", { text: h })));
 }
@@ -264,7 +283,7 @@ function renderQueue(data) {
   table("ended", ["ID", "User", "Job", "Ended", "How", "Peak", "Hints"],
     data.ended.map((job) => row(job, [job.user, what(job), fmtTime(job.ended_at),
       el("span", { class: "how state-" + job.state, text: ending(job) }),
-      fmtSize(job.peak_mem), hintList(job.hints)])), 0);
+      fmtSize(job.peak_mem) + " of " + declaredText(job), hintList(job.hints)])), 0);
   document.getElementById("running-count").textContent = "(" + c.running + ")";
   document.getElementById("waiting-count").textContent = "(" + (c.queued + c.held) + ")";
 }
@@ -285,10 +304,12 @@ function lineChart(points, t0, t1, yMax, yLabel, mark) {
     chart.append(svg("line", { x1: left, x2: width - right, y1: y(v), y2: y(v), class: "grid" }));
     chart.append(svg("text", { x: left - 6, y: y(v) + 4, class: "axis", "text-anchor": "end" }, yLabel(v)));
   }
-  for (let i = 0; i <= 4; i += 1) {
-    const t = t0 + ((t1 - t0) * i) / 4;
-    chart.append(svg("text", { x: x(t), y: height - 8, class: "axis", "text-anchor": "middle" },
-      fmtDuration((t - t0) / 1000)));
+  const spanS = (t1 - t0) / 1000;
+  const step = tickStep(spanS);
+  for (let s = 0; s <= spanS + 1e-6; s += step) {  // round times since the start: 0:00, 0:30...
+    const t = t0 + s * 1000;
+    chart.append(svg("text", { x: x(t), y: height - 8, class: "axis tick", "text-anchor": "middle" },
+      fmtClock(s)));
   }
   if (mark) {
     chart.append(svg("line", { x1: left, x2: width - right, y1: y(mark.value), y2: y(mark.value), class: "declared" }));
@@ -314,6 +335,40 @@ function lineChart(points, t0, t1, yMax, yLabel, mark) {
   return chart;
 }
 
+/* The time axis: a round step giving at most six ticks, and labels as m:ss (h:mm:ss past
+   an hour), exact at each tick, never rounded down. */
+const TICK_STEPS_S = [1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800,
+  21600, 43200, 86400];
+function tickStep(spanS) {
+  for (const step of TICK_STEPS_S) if (spanS / step <= 6) return step;
+  return 86400 * Math.ceil(spanS / 6 / 86400);
+}
+
+function fmtClock(totalS) {
+  const s = Math.round(totalS);
+  const pad = (n) => String(n).padStart(2, "0");
+  const h = Math.floor(s / 3600);
+  const m = Math.floor((s % 3600) / 60);
+  return h ? h + ":" + pad(m) + ":" + pad(s % 60) : m + ":" + pad(s % 60);
+}
+
+/* A hole in the samples (a daemon restart) drawn as a gap: a null point where two points
+   are more than three times as far apart as their neighbours (gpusched.cli.sparkline's
+   rule). */
+function withGaps(points) {
+  const spans = points.slice(1).map((p, i) => p.t - points[i].t);
+  const out = [];
+  points.forEach((p, i) => {
+    out.push(p);
+    if (i >= spans.length) return;
+    const beside = [spans[i - 1], spans[i + 1]].filter((v) => v !== undefined);
+    if (beside.length && spans[i] > 3 * Math.max(...beside)) {
+      out.push({ t: p.t + spans[i] / 2, memory: null, util: null });
+    }
+  });
+  return out;
+}
+
 /* The memory axis's top: four round steps (of 256M, 512M, 1G, 2G, 4G, 5G, 10G...) above
    the highest value plus a tenth. */
 function niceMax(value) {
@@ -325,7 +380,7 @@ function niceMax(value) {
 }
 
 function renderCharts(job, now) {
-  const timeline = (job.timeline || []).map((p) => ({ t: Date.parse(p.t), memory: p.memory, util: p.util }));
+  const timeline = withGaps((job.timeline || []).map((p) => ({ t: Date.parse(p.t), memory: p.memory, util: p.util })));
   const first = timeline.length ? timeline[0].t : Date.parse(now);
   const t0 = job.started_at ? Math.min(Date.parse(job.started_at), first) : first;
   const last = timeline.length ? timeline[timeline.length - 1].t : t0;
@@ -345,6 +400,18 @@ function renderCharts(job, now) {
   document.getElementById("samples").querySelector("summary").textContent = "Samples (" + rows.length + ")";
 }
 
+// What sharing a busy card cost the job (the CLI's core/hints.sharing_note, same words).
+function sharingNote(job) {
+  const speed = job.sharing_speed;
+  if (speed === null || speed === undefined || speed >= 0.9 || !(job.gpu_indices || []).length) return null;
+  const cards = job.gpu_indices.join(", ");
+  const where = (job.gpu_indices.length === 1 ? "GPU " : "GPUs ") + cards;
+  const others = job.shared_with || [];
+  const whom = others.length === 0 ? "other busy processes"
+    : (others.length === 1 ? "job " : "jobs ") + others.join(", ") + ", also busy";
+  return "ran at about " + speed.toFixed(1) + "x: it shared " + where + " with " + whom;
+}
+
 function renderJob(data) {
   header(data);
   const job = data.job;
@@ -358,13 +425,16 @@ function renderJob(data) {
     ["waiting", job.waiting_reason],
     ["GPU", gpuList(job)],
     ["memory", (job.mem === null ? "whole GPU" : fmtSize(job.mem) + " per GPU") + (job.gpus > 1 ? ", " + job.gpus + " GPUs" : "")],
-    ["peak memory", fmtSize(job.peak_mem)],
+    ["peak memory", fmtSize(job.peak_mem) + " (declared " + declaredText(job) + ")"],
     ["mean utilization", fmtPercent(job.mean_util)],
+    ["GPU demand", job.demand === null || job.demand === undefined ? null : job.demand.toFixed(2) + " of a GPU's busy time"],
+    ["sharing", sharingNote(job)],
     ["submitted", fmtTime(job.submitted_at)],
     ["started", fmtTime(job.started_at)],
     ["ended", fmtTime(job.ended_at)],
     ["ran for", job.started_at ? fmtDuration(seconds(job.started_at, job.ended_at || data.now)) : "-"],
     ["exit", job.ended_at ? ending(job) : "-"],
+    ["notify", job.notify_result ? notifyText(job.notify_result) : null],
   ];
   document.getElementById("job-facts").replaceChildren(...facts.filter(([, v]) => v !== null && v !== undefined)
     .flatMap(([k, v]) => [el("dt", { text: k }), el("dd", { "data-fact": k, text: String(v) })]));

@@ -1,26 +1,26 @@
-"""One daemon's part in a cluster: the agent of its own server, and the scheduler when elected.
+"""One daemon's part in a cluster, as its placer: the agent of its own server, and the
+scheduler when elected.
 
-Every pass, as AGENT: renew this node's lease (a conditional write on its name and
-epoch, timed by the database's clock) with its GPUs as read now; if the lease was
+Every pass (`place`), as AGENT: renew this node's lease (a conditional write on its name
+and epoch, timed by the database's clock) with its GPUs as read now; if the lease was
 refused, the node was declared down while it was away: stop what the cluster gave to
 another node, keep the jobs it ended `lost` (their real end is reported when they end),
-and rejoin. Then ask the node's running jobs that were cancelled from elsewhere to stop,
-and start the jobs placed on this node, unless fenced (election.fenced).
+and rejoin. Then ask the node's running jobs that were cancelled from elsewhere to stop;
+if elected (one daemon at a time, through the `leases` row), schedule the cluster
+(cluster.elected: the shared pass rules over every node); and start the jobs placed on
+this node, unless fenced (election.fenced). Between passes the daemon calls `poll` every
+half second: placements on this node and cancels of its jobs take effect at once,
+whatever poll_interval is.
 
-As SCHEDULER (one daemon at a time, elected through the `leases` row): module
-cluster_scheduler. Between passes the daemon calls `poll` every half second: placements
-on this node and cancels of its jobs take effect at once, whatever poll_interval is.
+The host, pid, liveness of a pid and users' accounts come from the node's `Identity`,
+time from the context's clock: tests run two agents on one store in one process.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import os
-import pwd
-import socket
-import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from gpusched.core.errors import ConfigError
 from gpusched.core.models import (
@@ -33,84 +33,75 @@ from gpusched.core.models import (
     NodeStatus,
 )
 from gpusched.core.ratelog import RateLimitedLog
-from gpusched.scheduling.cluster_inputs import (
-    NodeView,
-    node_report,
-)
-from gpusched.scheduling.cluster_scheduler import ClusterScheduler
-from gpusched.scheduling.election import fenced
+from gpusched.scheduling.cluster.elected import ElectedScheduler
+from gpusched.scheduling.cluster.inputs import NodeView, node_report
+from gpusched.scheduling.cluster.node import ClusterNode
+from gpusched.scheduling.context import Context
+from gpusched.scheduling.endings import JobEndings
+from gpusched.scheduling.gpu_reports import gpu_reports
 from gpusched.scheduling.observe import Observation
 from gpusched.scheduling.policy import Plan
+from gpusched.scheduling.reading import LatestReading
+from gpusched.scheduling.starting import JobStarter
+from gpusched.scheduling.stopping import stop_local
 from gpusched.store import NodeGuard
 from gpusched.store.nodes import NODE_DOWN, NODE_DRAINED, NODE_UP
-
-if TYPE_CHECKING:
-    from gpusched.scheduling.scheduler import Scheduler
 
 log = logging.getLogger("gpusched.cluster")
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+class ClusterAgent:
+    in_cluster = True
+    poll_every_s = 0.5
 
-
-class ClusterMember:
-    def __init__(self, scheduler: Scheduler, name: str) -> None:
-        self.scheduler = scheduler
-        self.store = scheduler.store
-        self.name = name
-        self.host = socket.gethostname()
-        self.owner = f"{self.host}:{os.getpid()}"
-        self.epoch = 0
-        self.elect = ClusterScheduler(self)  # this daemon's part when it is elected
-        self._renewed_at: float | None = None  # monotonic time of the last renewal
-        self._steady_since = time.monotonic()  # renewing without a gap since (see below)
-        self._signalled: set[int] = set()  # running jobs asked to stop (a cancel from elsewhere)
-        # Processes started (or adopted) here: job id -> (epoch, pid, start time).
-        self.local: dict[int, tuple[int, int, str | None]] = {}
+    def __init__(
+        self,
+        context: Context,
+        *,
+        endings: JobEndings,
+        starter: JobStarter,
+        node: ClusterNode,
+        reading: LatestReading,
+        drain: Callable[[], Drain | None],
+    ) -> None:
+        self.context = context
+        self.store = context.store
+        self.endings = endings
+        self.starter = starter
+        self.node = node
+        self.reading = reading
+        self.drain = drain
         self.trouble = RateLimitedLog(log)
+        self.elect = ElectedScheduler(context, endings, node, self.trouble)
+        self._signalled: set[int] = set()  # running jobs asked to stop (a cancel from elsewhere)
         self._seen_placed: set[int] = set()  # jobs placed here, as the last poll saw them
-        endings = scheduler.endings
-        endings.owns = self.owns
-        endings.guard_for = self.guard_for
-        endings.adopted = self.adopted
-        endings.recheck_s = 1.0  # ends written by other daemons notify nobody here
-        scheduler.starter.node = name
-        scheduler.starter.on_started = self._started
-        scheduler.end_listeners.append(self._ended)
 
     @property
-    def timeout_s(self) -> float:
-        return self.scheduler.config.node_timeout_s
+    def name(self) -> str:
+        return self.node.name
 
     # -- joining --------------------------------------------------------------------------
 
     def join(self) -> None:
         """Take this node's name in the database, or refuse with one line if a live daemon
         holds it."""
+        me = self.node.identity
         for _ in range(3):
             row = self.store.node_row(self.name)
             if row is not None and row.owner and row.state != NODE_DOWN and not row.expired:
                 host, _, pid = row.owner.rpartition(":")
-                mine = host == self.host and pid.isdigit()
-                if not mine or (int(pid) != os.getpid() and _alive(int(pid))):
+                mine = host == me.host and pid.isdigit()
+                if not mine or (int(pid) != me.pid and me.alive(int(pid))):
                     raise ConfigError(
                         f"node {self.name} is already live on this database (daemon"
                         f" {row.owner}, heard {row.age_s:.0f}s ago): give this server"
                         " another `node:` name"
                     )
-            epoch = self.store.claim_node(self.name, self.owner, self.timeout_s, row)
+            epoch = self.store.claim_node(self.name, me.owner, self.node.timeout_s, row)
             if epoch > 0:
-                self.epoch = epoch
-                self._renewed_at = time.monotonic()
+                self.node.renewed(epoch)
                 log.info("node %s joined the cluster (epoch %s)", self.name, epoch)
-                drain = self.scheduler.drain
+                drain = self.drain()
                 if drain is not None:  # drained before this start: kept across restarts
                     self.store.set_node_state(self.name, NODE_DRAINED, drain.describe())
                 return
@@ -118,34 +109,19 @@ class ClusterMember:
 
     def leave(self) -> None:
         try:
-            self.store.release_node(self.name, self.epoch)
+            self.store.release_node(self.name, self.node.epoch)
         except Exception:  # a database gone at shutdown: the lease runs out by itself
             log.warning("could not release node %s's lease", self.name)
 
-    def owns(self, job: Job) -> bool:
-        return job.node == self.name
-
-    def guard_for(self, job_id: int) -> NodeGuard:
-        started = self.local.get(job_id)
-        return NodeGuard(self.name, started[0] if started else self.epoch)
-
-    def _ended(self, job_id: int, _hooks_due: bool) -> None:
-        self.local.pop(job_id, None)
-
-    def _started(self, job_id: int, pid: int, start_time: str) -> None:
-        self.local[job_id] = (self.epoch, pid, start_time)
-
-    def adopted(self, job: Job, pid: int, start_time: str | None) -> None:
-        self.local[job.id] = (self.epoch, pid, start_time)
-
-    def reconcile_at_start(self, job_ids_here: list[int]) -> None:
+    def reconcile_at_start(self, job_ids_here: Callable[[], list[int]]) -> None:
         """At start, after adoption: of the jobs this server ran (`job_ids_here`: those it
-        keeps a directory for), stop the supervisors of jobs the cluster gave back to the
-        queue while this daemon was away, and watch again those of jobs ended `lost` with
-        this node, whose real end is then recorded when they exit."""
-        launcher = self.scheduler.launcher
-        for start in range(0, len(job_ids_here), 500):
-            rows = self.store.rows_of(job_ids_here[start : start + 500])
+        keeps a directory for, listed only now), stop the supervisors of jobs the cluster
+        gave back to the queue while this daemon was away, and watch again those of jobs
+        ended `lost` with this node, whose real end is then recorded when they exit."""
+        launcher = self.context.launcher
+        ids = job_ids_here()
+        for start in range(0, len(ids), 500):
+            rows = self.store.rows_of(ids[start : start + 500])
             for job_id, (state, node, _epoch) in rows.items():
                 lost_here = state == JobState.LOST and node == self.name
                 given_back = state in (JobState.QUEUED, JobState.HELD) or (
@@ -164,12 +140,12 @@ class ClusterMember:
                 job = self.store.get(job_id)
                 if job.reason == EndReason.NODE_LOST:
                     log.info("job %s, ended lost with this node, still runs: watched", job_id)
-                    self.local[job_id] = (self.epoch, pid, began)
+                    self.node.started(job_id, pid, began)
                     launcher.watch(job_id, pid, began)
 
     # -- views and an administrator's drain --------------------------------------------
 
-    def nodes_status(self) -> list[NodeStatus]:
+    def nodes(self) -> list[NodeStatus]:
         """Every node of the cluster; one whose lease ran out shows `down` already."""
         shown = []
         for row in self.store.node_rows():
@@ -181,13 +157,17 @@ class ClusterMember:
             shown.append(NodeStatus(row.name, state, round(row.age_s, 1), gpus))
         return shown
 
+    def gpu_reports(self, running: list[Job]) -> list[GpuReport]:
+        """Every node's GPUs that is not down."""
+        return [g for node in self.nodes() for g in node.gpus if node.state != NODE_DOWN]
+
     def gpus_by_node(self) -> dict[str, list[GpuState]]:
         """Each live node's GPUs as last reported (this node's as read now)."""
         found: dict[str, list[GpuState]] = {}
         for row in self.store.node_rows():
             if row.state != NODE_DOWN and not row.expired:
                 found[row.name] = list(NodeView.from_report(row.name, True, row.report).gpus)
-        found[self.name] = self.scheduler.read_gpus()
+        found[self.name] = self.reading.read_gpus()
         return found
 
     def drain_node(self, name: str, drain: Drain | None) -> bool:
@@ -199,77 +179,64 @@ class ClusterMember:
 
     # -- the pass -------------------------------------------------------------------------
 
-    def tick(self, seen: Observation, reports: list[GpuReport]) -> Plan | None:
-        """One pass (under the scheduler's lock, after `seen` was observed)."""
-        self._renew(seen, reports)
+    def place(self, seen: Observation) -> Plan | None:
+        """The place phase: renew -> stop what was cancelled elsewhere -> if elected, the
+        shared pass rules over every node -> start what was placed here."""
+        headroom = self.context.config.headroom_bytes
+        self._renew(seen, gpu_reports(seen.gpus, seen.usage, seen.running, headroom))
         self._stop_cancelled(seen.running)
         result = None
         if self.elect.elected():
             result = self.elect.schedule()
-        if not self.is_fenced():
+        if not self.node.is_fenced():
             self._start_placed(seen)
         return result
 
-    def steady_for(self) -> float:
-        """Seconds this daemon has renewed its lease without a gap (since it joined, or
-        since it came back from being unable to): the scheduler declares no node down
-        before this reaches node_timeout, since the others may be coming back too."""
-        return time.monotonic() - self._steady_since
-
-    def is_fenced(self) -> bool:
-        since = None if self._renewed_at is None else time.monotonic() - self._renewed_at
-        return fenced(since, self.timeout_s, self.scheduler.config.poll_interval_s)
-
     def _renew(self, seen: Observation, reports: list[GpuReport]) -> None:
-        util = {g.uuid: self.scheduler.monitor.gpu_util(g.uuid) for g in seen.gpus}
+        monitor = self.context.monitor
+        util = {g.uuid: monitor.gpu_util(g.uuid) for g in seen.gpus}
         report = node_report(seen.gpus, seen.usage, util, reports, self._missing_users())
+        node = self.node
         try:
-            if self.store.renew_node(self.name, self.epoch, self.timeout_s, report):
-                if self.is_fenced():  # back from a gap (the database away, a pause)
-                    self._steady_since = time.monotonic()
-                self._renewed_at = time.monotonic()
+            if self.store.renew_node(self.name, node.epoch, node.timeout_s, report):
+                node.renewed(node.epoch)
                 return
             row = self.store.node_row(self.name)
         except Exception as exc:  # the database is away: fenced once it has been too long
             self.trouble.warning("renew", f"cannot renew node {self.name}'s lease: {exc!r}")
             return
-        if row is None or row.epoch == self.epoch:
+        if row is None or row.epoch == node.epoch:
             return
         log.warning(
             "node %s was declared down while away (epoch %s -> %s): reconciling",
             self.name,
-            self.epoch,
+            node.epoch,
             row.epoch,
         )
         self._reconcile()
-        epoch = self.store.claim_node(self.name, self.owner, self.timeout_s, row)
+        epoch = self.store.claim_node(self.name, node.identity.owner, node.timeout_s, row)
         if epoch > 0:
-            self.epoch = epoch
-            self._renewed_at = time.monotonic()
+            node.renewed(epoch)
             log.info("node %s rejoined the cluster (epoch %s)", self.name, epoch)
 
     def _reconcile(self) -> None:
         """Back from being declared down: stop the processes of jobs the cluster queued
         again or ended otherwise; those it ended `lost` run on, their end reported later."""
-        launcher = self.scheduler.launcher
-        rows = self.store.rows_of(list(self.local))
-        for job_id, (_epoch, pid, start_time) in list(self.local.items()):
+        launcher = self.context.launcher
+        local = self.node.local
+        rows = self.store.rows_of(list(local))
+        for job_id, (_epoch, pid, start_time) in list(local.items()):
             state, node, _ = rows.get(job_id, (JobState.LOST, None, None))
             if state == JobState.LOST and node == self.name:
                 continue  # lost with this node: still ours, its real end will be recorded
-            del self.local[job_id]
+            del local[job_id]
             if launcher.is_running(pid, start_time):
                 log.warning("job %s was given to the cluster again: stopping it here", job_id)
                 launcher.cancel(pid, start_time)
 
     def _missing_users(self) -> set[str]:
-        missing = set()
-        for user in {job.user for job in self.store.queued()}:
-            try:
-                pwd.getpwnam(user)
-            except KeyError:
-                missing.add(user)
-        return missing
+        account = self.node.identity.account
+        return {user for user in {job.user for job in self.store.queued()} if account(user) is None}
 
     def poll(self) -> None:
         """Between passes (the daemon calls it every half second): a pass at once when the
@@ -277,7 +244,7 @@ class ClusterMember:
         Two indexed reads when there is nothing to do."""
         placed = set(self.store.placed_ids(self.name))
         if placed - self._seen_placed:
-            self.scheduler.wake()
+            self.context.wake()
         self._seen_placed = placed
         self.poll_cancels()
 
@@ -287,11 +254,11 @@ class ClusterMember:
         wanted = [i for i in self.store.stop_requested(self.name) if i not in self._signalled]
         if not wanted:
             return
-        with self.scheduler.lock:
+        with self.context.lock:
             for job in self.store.get_many(wanted).values():
-                if job.state == JobState.RUNNING and self.owns(job):
+                if job.state == JobState.RUNNING and self.node.owns(job):
                     self._signalled.add(job.id)
-                    self.scheduler.stop_local(job)
+                    stop_local(self.context, self.endings, job)
 
     def _stop_cancelled(self, running: list[Job]) -> None:
         """Running jobs of this node that a daemon elsewhere asked to stop (the poll)."""
@@ -301,19 +268,16 @@ class ClusterMember:
             self._signalled.add(job_id)
             job = next((j for j in running if j.id == job_id), None)
             if job is not None:
-                self.scheduler.stop_local(job)
+                stop_local(self.context, self.endings, job)
         self._signalled &= {j.id for j in running}
 
     def _start_placed(self, seen: Observation) -> None:
         by_uuid = {g.uuid: g for g in seen.gpus}
-        guard = NodeGuard(self.name, self.epoch)
+        guard = NodeGuard(self.name, self.node.epoch)
         for job in self.store.placed(self.name):
             gpus = [by_uuid[u] for u in job.gpu_uuids if u in by_uuid]
-            try:
-                pwd.getpwnam(job.user)
-            except KeyError:
-                gpus = []
-            if len(gpus) != len(job.gpu_uuids):
+            account = self.node.identity.account(job.user)
+            if account is None or len(gpus) != len(job.gpu_uuids):
                 self.store.unplace(job.id, self.name)
                 continue
-            self.scheduler.starter.start_placed(job, gpus, guard)
+            self.starter.start_placed(job, gpus, guard, account)

@@ -1,0 +1,262 @@
+"""Memory protection and the cgroup layout: no job's memory can take the daemon down.
+
+Under systemd the daemon, the zygote, the supervisors and every job share the service's
+memory cgroup (`MemoryMax=`). At that cap the kernel's OOM killer picks the process with
+the largest badness (resident memory plus `oom_score_adj` times the cap / 1000), so
+without protection a job of 200 processes of 10 MB each gets the 40 MB daemon killed
+first. Hence:
+
+- `OOM_SCORE_ADJ_PROTECTED` (-900) for the daemon, inherited by the zygote and every
+  supervisor (and `OOMScoreAdjust=` in the unit): one of them is chosen only once it
+  holds 90 % of the cap more than any job process. A job is started with 0: the
+  supervisor lowers its own protection only around the fork of the job (`job_fork`), so
+  the job and all it forks inherit 0, never -900; a job's owner cannot lower it again
+  (that takes CAP_SYS_RESOURCE). Not -1000: a group where nothing may be killed hangs.
+  What matters is the gap: where the daemon cannot lower its own score (a container
+  without CAP_SYS_RESOURCE, as in this project's CI), the job starts at +900 instead
+  (`job_score_adj`); there the job's owner could lower it back to 0, which is why the
+  unit sets `OOMScoreAdjust=` (docs/operations.md, "Security model").
+- one cgroup layout (docs/operations.md, "Memory and cgroups"), under the cgroup the
+  daemon starts in (the service's, `Delegate=yes`): `SERVICE/daemon` holds the daemon,
+  the zygote and the supervisors; `SERVICE/job-ID` holds one job's processes. Not a
+  systemd scope per job: a scope is outside the service and escapes its `MemoryMax=`.
+  The job's cgroup counts the kernel's OOM kills of that job alone (`oom_kills`), which
+  is how a job killed for host memory is told apart (`host_oom`).
+
+cgroup v2 (one hierarchy, memory controller enabled) and v1 (its `memory` hierarchy) are
+both handled; without a writable memory cgroup (not root, or no cgroup file system)
+jobs run in the daemon's cgroup as before, with the score protection alone.
+
+Stdlib only: the supervisor imports it at every job's start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+OOM_SCORE_ADJ_PROTECTED = -900
+OOM_SCORE_ADJ_GAP = 900  # a job's score above its supervisor's
+DAEMON_LEAF = "daemon"
+
+
+def set_oom_score_adj(value: int, pid: int | str = "self") -> bool:
+    """Write `value` to the process's oom_score_adj; False where the kernel refuses."""
+    try:
+        Path(f"/proc/{pid}/oom_score_adj").write_text(str(value))
+    except OSError:
+        return False
+    return True
+
+
+def job_score_adj(supervisor: int) -> int:
+    """A job's oom_score_adj: OOM_SCORE_ADJ_GAP above its supervisor's, within 0..1000."""
+    return max(0, min(1000, supervisor + OOM_SCORE_ADJ_GAP))
+
+
+def oom_score_adj(pid: int | str = "self") -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/oom_score_adj").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+@dataclass(frozen=True)
+class MemoryCgroup:
+    """A process's memory cgroup: its directory and the hierarchy's version (1 or 2)."""
+
+    path: Path
+    version: int
+
+    def child(self, name: str) -> MemoryCgroup:
+        return MemoryCgroup(self.path / name, self.version)
+
+    def procs(self) -> list[int]:
+        try:
+            return [int(pid) for pid in (self.path / "cgroup.procs").read_text().split()]
+        except (OSError, ValueError):
+            return []
+
+    def add(self, pid: int) -> None:
+        """Move `pid` (and, on v2, all its threads) into this cgroup."""
+        (self.path / "cgroup.procs").write_text(str(pid))
+
+    def oom_kills(self) -> int:
+        """How many of this cgroup's processes the kernel's OOM killer has killed."""
+        name = "memory.events" if self.version == 2 else "memory.oom_control"
+        try:
+            text = (self.path / name).read_text()
+        except OSError:
+            return 0
+        match = re.search(r"^oom_kill (\d+)$", text, re.MULTILINE)
+        return int(match.group(1)) if match else 0
+
+
+def _mounts() -> Iterator[tuple[str, Path, str, str]]:
+    """(root within the hierarchy, mount point, file system type, super options)."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/mountinfo").read_text().splitlines():
+            fields = line.split()
+            sep = fields.index("-")
+            root, point = fields[3], Path(fields[4].replace("\\040", " "))
+            yield root, point, fields[sep + 1], fields[sep + 3] if len(fields) > sep + 3 else ""
+
+
+def _under(mount_root: str, mount_point: Path, path: str) -> Path | None:
+    """Where the cgroup `path` of a hierarchy mounted from `mount_root` lies, if visible."""
+    root = mount_root.rstrip("/")
+    if path != root and not path.startswith(root + "/"):
+        return None
+    return mount_point / path[len(root) :].lstrip("/")
+
+
+def own_memory_cgroup(pid: int | str = "self") -> MemoryCgroup | None:
+    """The memory cgroup `pid` is in (v1's memory hierarchy where there is one, else v2's
+    unified one with the memory controller), or None where none is mounted."""
+    try:
+        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    v1_path = v2_path = None
+    for line in lines:
+        _num, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            v1_path = path
+        elif controllers == "":
+            v2_path = path
+    for root, point, fstype, options in _mounts():
+        if v1_path is not None and fstype == "cgroup" and "memory" in options.split(","):
+            where = _under(root, point, v1_path)
+            if where is not None:
+                return MemoryCgroup(where, 1)
+    if v1_path is not None:
+        return None
+    for root, point, fstype, _options in _mounts():
+        if v2_path is not None and fstype == "cgroup2":
+            where = _under(root, point, v2_path)
+            if where is not None and _v2_has_memory(where):
+                return MemoryCgroup(where, 2)
+    return None
+
+
+def _v2_has_memory(path: Path) -> bool:
+    try:
+        return "memory" in (path / "cgroup.controllers").read_text().split()
+    except OSError:
+        return False
+
+
+def prepare_service(service: MemoryCgroup | None = None) -> MemoryCgroup | None:
+    """At the daemon's start: move it (and anything else in the service's own cgroup) into
+    `SERVICE/daemon` and let jobs have cgroups beside it; returns the service's cgroup.
+
+    A daemon restarted by systemd starts in the service's cgroup again; one started in
+    its own leaf already (a restart outside systemd) keeps the same service. None where
+    the cgroup cannot be written, or where it is not the daemon's alone (started by hand
+    from a shell: the shell's session is not ours to move): jobs then share the daemon's
+    cgroup.
+    """
+    service = service or own_memory_cgroup()
+    if service is None or os.geteuid() != 0:
+        return None
+    if service.path.name == DAEMON_LEAF:
+        service = MemoryCgroup(service.path.parent, service.version)
+    if set(service.procs()) - {os.getpid()}:
+        return None
+    leaf = service.child(DAEMON_LEAF)
+    try:
+        leaf.path.mkdir(exist_ok=True)
+        for pid in service.procs():
+            with contextlib.suppress(ProcessLookupError):
+                leaf.add(pid)
+        if service.version == 2:
+            # v2's "no internal processes" rule: controllers are enabled for children only
+            # once the parent holds no process (just done above).
+            (service.path / "cgroup.subtree_control").write_text("+memory")
+    except OSError:
+        return None
+    return service
+
+
+@contextlib.contextmanager
+def job_fork(cgroup: MemoryCgroup | None) -> Iterator[None]:
+    """Around the fork of a job: the calling (single-threaded) supervisor is in the job's
+    cgroup with the job's oom_score_adj (`job_score_adj`), so the job inherits both from
+    the fork itself and nothing it starts early escapes; then the supervisor goes back to
+    its own cgroup and protection."""
+    home = own_memory_cgroup() if cgroup is not None else None
+    # A user's own daemon (single-user mode) leaves its jobs' scores alone: they would
+    # otherwise be the machine's first choice, before the user's desktop and shell.
+    before = oom_score_adj() if os.geteuid() == 0 else None
+    moved = False
+    if cgroup is not None:
+        try:
+            cgroup.add(os.getpid())
+            moved = True
+        except OSError:
+            pass
+    if before is not None:
+        set_oom_score_adj(job_score_adj(before))
+    try:
+        yield
+    finally:
+        if before is not None:
+            set_oom_score_adj(before)
+        if moved and home is not None:
+            with contextlib.suppress(OSError):
+                home.add(os.getpid())
+
+
+def hook_cgroup(name: str) -> MemoryCgroup | None:
+    """A new cgroup `SERVICE/NAME` beside the daemon's leaf, for a notification hook (so
+    that at its end nothing it started, even in a new session, is left running); None
+    where the daemon has no such layout (prepare_service did not run or could not)."""
+    own = own_memory_cgroup()
+    if own is None or own.path.name != DAEMON_LEAF or os.geteuid() != 0:
+        return None
+    cgroup = MemoryCgroup(own.path.parent / name, own.version)
+    try:
+        cgroup.path.mkdir()
+    except OSError:
+        return None
+    return cgroup
+
+
+def kill_all(cgroup: MemoryCgroup, attempts: int = 100) -> None:
+    """SIGKILL every process in `cgroup` until it is empty (or `attempts` rounds)."""
+    import signal
+    import time
+
+    kill_file = cgroup.path / "cgroup.kill"  # v2 (5.14+): the kernel kills them all at once
+    with contextlib.suppress(OSError):
+        if kill_file.exists():
+            kill_file.write_text("1")
+    for _ in range(attempts):
+        pids = cgroup.procs()
+        if not pids:
+            return
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.01)
+
+
+def remove_job_cgroup(cgroup: MemoryCgroup, wait_s: float = 2.0) -> None:
+    """Remove a job's (empty) cgroup; its last processes may take a moment to leave."""
+    import time
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            cgroup.path.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(0.02)

@@ -1,0 +1,161 @@
+"""The cluster's scheduler: the one daemon elected through the `leases` row.
+
+Each pass while elected (the agent, cluster.agent, asks): declare down the nodes whose
+lease ran out (one transaction each: epoch bumped, running jobs `lost` or queued again,
+placed ones given back), then run the shared pass rules (scheduling.pass_rules: the same
+as one server's) over every live node's reported GPUs and every node's running and
+placed jobs, and write the placements, each conditioned on the election's epoch
+(store.placements). The waiting reasons go into the jobs' rows, for every daemon's
+`status`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from datetime import datetime
+
+from gpusched.core.clock import iso
+from gpusched.core.ratelog import RateLimitedLog
+from gpusched.scheduling.cluster.election import Role, may_declare_down, scheduler_role
+from gpusched.scheduling.cluster.inputs import (
+    NodeView,
+    allowed_keys,
+    cluster_claims,
+    cluster_slots,
+    split_key,
+)
+from gpusched.scheduling.cluster.node import ClusterNode
+from gpusched.scheduling.context import Context
+from gpusched.scheduling.endings import JobEndings
+from gpusched.scheduling.pass_rules import Restriction, decide
+from gpusched.scheduling.policy import Plan, WaitingJob
+from gpusched.scheduling.policy_inputs import waiting_job
+from gpusched.store import NodePlacement, NodeRow, Queued
+from gpusched.store.nodes import NODE_DOWN, NODE_UP
+
+log = logging.getLogger("gpusched.cluster")
+
+
+class ElectedScheduler:
+    def __init__(
+        self, context: Context, endings: JobEndings, node: ClusterNode, trouble: RateLimitedLog
+    ) -> None:
+        self.context = context
+        self.store = context.store
+        self.endings = endings
+        self.node = node
+        self.trouble = trouble
+        self.election_epoch: int | None = None
+        self._said: dict[int, str] = {}  # the waiting reasons last written
+
+    def elected(self) -> bool:
+        name, timeout_s = self.node.name, self.node.timeout_s
+        try:
+            lease = self.store.scheduler_lease()
+            role = scheduler_role(lease, name, self.election_epoch)
+            if role == Role.RENEW:
+                if self.store.renew_scheduler(name, self.election_epoch or 0, timeout_s):
+                    return not self.node.is_fenced()
+                self.election_epoch = None
+                return False
+            if role == Role.TAKE:
+                epoch = self.store.take_scheduler(name, lease, timeout_s)
+                if epoch is not None:
+                    log.info("node %s schedules the cluster (election epoch %s)", name, epoch)
+                    self.election_epoch = epoch
+                    return not self.node.is_fenced()
+            if self.election_epoch is not None:
+                log.info("node %s no longer schedules the cluster", name)
+            self.election_epoch = None
+        except Exception as exc:
+            self.trouble.warning("elect", f"cannot read the scheduler's election: {exc!r}")
+        return False
+
+    def _declare_down(self, rows: list[NodeRow]) -> list[NodeRow]:
+        """Declare down the nodes whose lease ran out; the rows still live."""
+        live = []
+        me = self.node.name
+        sure = may_declare_down(self.node.steady_for(), self.node.timeout_s)
+        for row in rows:
+            if row.state == NODE_DOWN:
+                continue
+            if sure and row.expired and row.name != me and self.election_epoch:
+                why = f"node {row.name} was not heard from for {row.age_s:.0f}s"
+                down = self.store.declare_down(
+                    row.name,
+                    row.epoch,
+                    holder=me,
+                    election_epoch=self.election_epoch,
+                    now=iso(self.context.clock()),
+                    why=why,
+                )
+                if down is not None:
+                    log.warning(
+                        "%s: declared down; %d job(s) lost, %d queued again",
+                        why,
+                        len(down.lost),
+                        len(down.requeued),
+                    )
+                    self.endings.announce_ends(down.lost)
+                    continue
+            if not row.expired or row.name == me:
+                live.append(row)
+        return live
+
+    def schedule(self) -> Plan:
+        live = self._declare_down(self.store.node_rows())
+        nodes = [NodeView.from_report(r.name, r.state == NODE_UP, r.report) for r in live]
+        claimed = self.store.claims()
+        result = decide(
+            self.context,
+            self.endings,
+            slots=cluster_slots(nodes),
+            claims=cluster_claims(claimed, nodes),
+            holding=claimed,
+            gpus=[g for n in nodes for g in n.gpus],
+            restrict=_on_nodes(nodes),
+        )
+        index_of = {(n.name, g.uuid): g.index for n in nodes for g in n.gpus}
+        placements = []
+        for p in result.placements:
+            where = [split_key(k) for k in p.gpu_uuids]
+            node = where[0][0]
+            uuids = tuple(u for _, u in where)
+            indices = tuple(index_of[(node, u)] for u in uuids)
+            placements.append(NodePlacement(p.job_id, node, uuids, indices))
+        if placements and self.election_epoch is not None:
+            placed = self.store.place(placements, self.node.name, self.election_epoch)
+            if len(placed) < len(placements):
+                log.warning(
+                    "%d of %d placements refused (the election moved on, or the jobs changed)",
+                    len(placements) - len(placed),
+                    len(placements),
+                )
+        self._publish(result.waiting_reasons)
+        return result
+
+    def _publish(self, reasons: dict[int, str]) -> None:
+        """Write the waiting reasons that changed, for every daemon's `status`."""
+        changed: dict[int, str | None] = {
+            i: why for i, why in reasons.items() if self._said.get(i) != why
+        }
+        try:
+            self.store.set_waiting_reasons(changed)
+        except Exception as exc:  # only words for `status`: the next pass says them again
+            self.trouble.warning("reasons", f"cannot record why jobs wait: {exc!r}")
+            return
+        self._said = dict(reasons)
+
+
+def _on_nodes(nodes: list[NodeView]) -> Restriction:
+    """A job restricted to the nodes it may run on (`--node`, its user's, not drained)."""
+
+    def restrict(job: Queued, now: datetime) -> tuple[WaitingJob | None, str | None]:
+        keys, why = allowed_keys(job.user, job.allowed_nodes, nodes)
+        if why is not None:
+            return None, why
+        wanted = waiting_job(job, now)
+        return (wanted if keys is None else dataclasses.replace(wanted, gpu_keys=keys)), None
+
+    return restrict

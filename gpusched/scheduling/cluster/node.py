@@ -1,0 +1,124 @@
+"""This daemon as one node of a cluster: who it is, the processes it started, its lease.
+
+`Identity` is what the roles would otherwise read from the machine (host name, pid,
+whether a pid is alive, a user's uid here): injected, so tests run two daemons' roles
+in one process. `ClusterNode` is the ownership strategy (scheduling.ownership) that the
+endings and the starter are handed: it owns the jobs of its node, writes their ends
+under the node's epoch, and keeps the processes started here, to stop those the cluster
+gave to another node while this daemon was away. It also keeps when the node's lease was
+last renewed, by the monotonic clock: the agent renews it, the elected scheduler reads it.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from gpusched.core.config_holder import ConfigHolder
+from gpusched.core.models import Job, JobState
+from gpusched.scheduling.cluster.election import fenced
+from gpusched.scheduling.context import TickClock
+from gpusched.store import NodeGuard
+
+# A user's uid and gid on this server.
+Account = tuple[int, int]
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def local_account(user: str) -> Account | None:
+    try:
+        entry = pwd.getpwnam(user)
+    except KeyError:
+        return None
+    return entry.pw_uid, entry.pw_gid
+
+
+@dataclass(frozen=True)
+class Identity:
+    host: str
+    pid: int
+    alive: Callable[[int], bool] = process_alive
+    account: Callable[[str], Account | None] = local_account
+
+    @classmethod
+    def of_this_process(cls) -> Identity:
+        return cls(socket.gethostname(), os.getpid())
+
+    @property
+    def owner(self) -> str:
+        """How a node's row names the daemon holding it."""
+        return f"{self.host}:{self.pid}"
+
+
+@dataclass
+class ClusterNode:
+    name: str
+    identity: Identity
+    clock: TickClock
+    settings: ConfigHolder
+    epoch: int = 0
+    # Processes started (or adopted) here: job id -> (epoch, pid, start time).
+    local: dict[int, tuple[int, int, str | None]] = field(default_factory=dict)
+    renewed_at: float | None = None  # monotonic time of the last renewal
+    steady_since: float = 0.0  # renewing without a gap since (monotonic)
+    recheck_s: float | None = 1.0  # ends written by other daemons notify nobody here
+
+    # -- ownership ------------------------------------------------------------------------
+
+    def owns(self, job: Job) -> bool:
+        return job.node == self.name
+
+    def guard_for(self, job_id: int) -> NodeGuard:
+        started = self.local.get(job_id)
+        return NodeGuard(self.name, started[0] if started else self.epoch)
+
+    def client_here(self, job: Job) -> bool:
+        # An interactive job may run only where its client is (handlers/interactive.py
+        # restricts it to that node); once running, it is on that node.
+        if job.state == JobState.RUNNING:
+            return self.owns(job)
+        return job.allowed_nodes is not None and self.name in job.allowed_nodes
+
+    def started(self, job_id: int, pid: int, start_time: str | None) -> None:
+        self.local[job_id] = (self.epoch, pid, start_time)
+
+    def ended(self, job_id: int) -> None:
+        self.local.pop(job_id, None)
+
+    # -- the lease ------------------------------------------------------------------------
+
+    @property
+    def timeout_s(self) -> float:
+        return self.settings.current.node_timeout_s
+
+    def renewed(self, epoch: int) -> None:
+        """The lease was taken or renewed at `epoch` just now."""
+        now = self.clock.monotonic()
+        if self.is_fenced():  # joined, or back from a gap (the database away, a pause)
+            self.steady_since = now
+        self.epoch = epoch
+        self.renewed_at = now
+
+    def is_fenced(self) -> bool:
+        """Too long since the lease was renewed to start anything (election.fenced)."""
+        now = self.clock.monotonic()
+        since = None if self.renewed_at is None else now - self.renewed_at
+        return fenced(since, self.timeout_s, self.settings.current.poll_interval_s)
+
+    def steady_for(self) -> float:
+        """Seconds this daemon has renewed its lease without a gap (since it joined, or
+        since it came back from being unable to): the scheduler declares no node down
+        before this reaches node_timeout, since the others may be coming back too."""
+        return self.clock.monotonic() - self.steady_since

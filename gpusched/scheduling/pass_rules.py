@@ -1,0 +1,97 @@
+"""The rules of every pass, whichever placer runs it (one server's, or the cluster's
+elected scheduler): ONE function, so that a rule added here applies to both.
+
+In order: which queued jobs may be planned by their dependencies (admission), the
+interactive cap (`interactive.max_per_user`), ending the jobs whose dependency failed,
+an administrator's drain, the placer's own restriction (in a cluster: the nodes a job
+may run on), then the policy's `plan()` with each user's caps and fair share. The
+placer builds the GPU slots and the claims on them (policy_inputs, cluster.inputs) and
+acts on the plan; this function writes nothing but the doomed jobs' ends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
+
+from gpusched.core.config import Config
+from gpusched.core.models import EndReason, GpuState, Job, JobState
+from gpusched.scheduling.admission import admit
+from gpusched.scheduling.context import Context
+from gpusched.scheduling.endings import JobEndings
+from gpusched.scheduling.fair_share import recent_usage
+from gpusched.scheduling.gpu_budget import GpuSlot, RunningClaim
+from gpusched.scheduling.interactive import hold_back_interactive
+from gpusched.scheduling.policy import Plan, UserCap, WaitingJob, plan
+from gpusched.scheduling.policy_inputs import StoredHeadClaim, waiting_job
+from gpusched.store import Queued
+
+# A queued job as the plan sees it (at this pass's time), or why it may go nowhere in it.
+Restriction = Callable[[Queued, datetime], tuple[WaitingJob | None, str | None]]
+
+
+def anywhere(job: Queued, now: datetime) -> tuple[WaitingJob | None, str | None]:
+    return waiting_job(job, now), None
+
+
+def user_cap(config: Config, user: str) -> UserCap:
+    limits = config.limits_for(user)
+    return UserCap(limits.max_running, limits.max_mem_bytes)
+
+
+def decide(
+    context: Context,
+    endings: JobEndings,
+    *,
+    slots: list[GpuSlot],
+    claims: list[RunningClaim],
+    holding: Sequence[Job],
+    gpus: Sequence[GpuState],
+    restrict: Restriction = anywhere,
+    held_back: str | None = None,
+    topology: Mapping[str, Mapping[str, int]] | None = None,
+) -> Plan:
+    """The placements and waiting reasons of one pass over `slots`, the GPUs a placer
+    offers, of which `claims` are taken by `holding` (the jobs running, and in a cluster
+    placed); `gpus`: the same GPUs as read, for fair share. `held_back`: an
+    administrator's drain, said to every job that could otherwise be planned.
+    `topology`: NVML's common-ancestor levels between the GPUs (by slot uuid), if known.
+    The head's claim (policy rule 1) is read from the store and written back when the
+    plan moves it, so it is kept across passes, placers and restarts."""
+    config, store = context.config, context.store
+    now = context.clock()
+    admitted = admit(store.queued(), store.latest_attempts)
+    hold_back_interactive(admitted, holding, config.interactive.max_per_user)
+    for doomed in admitted.doomed:
+        endings.end(
+            doomed.job_id, JobState.CANCELLED, EndReason.DEPENDENCY_FAILED, detail=doomed.detail
+        )
+    reasons = dict(admitted.waiting_reasons)
+    if held_back is not None:  # "start nothing new": no plan to make
+        reasons.update({job.id: held_back for job in admitted.eligible})
+        return Plan([], reasons, {})
+    waiting = []
+    for job in admitted.eligible:
+        wanted, why = restrict(job, now)
+        if wanted is None:
+            reasons[job.id] = why or "it may run nowhere"
+            continue
+        waiting.append(wanted)
+    users = {j.user for j in holding} | {j.user for j in admitted.eligible}
+    head = StoredHeadClaim(store)
+    result = plan(
+        slots,
+        claims,
+        waiting,
+        config.headroom_bytes,
+        config.max_jobs_per_gpu,
+        user_caps={user: user_cap(config, user) for user in users},
+        user_usage=recent_usage(store, admitted.eligible, gpus, now, config.fair_share_half_life_s),
+        busy_util=config.busy_util,
+        head_claim=head.get(),
+        topology=topology,
+        placement=config.placement,
+        pack=config.pack,
+    )
+    head.keep(result.head_claim)
+    return Plan(result.placements, {**reasons, **result.waiting_reasons}, result.budgets)

@@ -1,0 +1,136 @@
+"""Who places the queued jobs, and where the place phase of each pass goes: a strategy.
+
+`Placer` is what the scheduler's pass and its views ask of it. `LocalPlacer`, one
+server: the shared pass rules (scheduling.pass_rules) over its own GPUs, then start what
+they placed. `ClusterAgent` (scheduling.cluster.agent), one daemon of a cluster: renew
+the node's lease, stop what was cancelled elsewhere, if elected the same shared rules
+over every node, then start what was placed on this node. Each is built once, with the
+pass's context and the parts it acts through.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Protocol
+
+from gpusched.core.models import Drain, GpuReport, GpuState, Job, NodeStatus
+from gpusched.scheduling.context import Context
+from gpusched.scheduling.endings import JobEndings
+from gpusched.scheduling.gpu_reports import gpu_reports
+from gpusched.scheduling.observe import Observation
+from gpusched.scheduling.ownership import LocalNode
+from gpusched.scheduling.pass_rules import decide
+from gpusched.scheduling.policy import Plan
+from gpusched.scheduling.policy_inputs import gpu_slot, gpu_topology, running_claims
+from gpusched.scheduling.reading import LatestReading
+from gpusched.scheduling.starting import JobStarter
+
+
+class Placer(Protocol):
+    @property
+    def in_cluster(self) -> bool:
+        """Whether the queue is shared with other daemons (a job's uid means nothing
+        on another server: jobs are matched to callers by user name)."""
+
+    @property
+    def poll_every_s(self) -> float | None:
+        """How often the daemon calls `poll` between passes (None: never)."""
+
+    def place(self, seen: Observation) -> Plan | None:
+        """The place phase of a pass, under the lock: decide and start. None: nothing
+        was decided here (another daemon schedules the cluster)."""
+
+    def gpus_by_node(self) -> dict[str, list[GpuState]]:
+        """Every node's GPUs a submitted job could run on (a submit's fit check)."""
+
+    def gpu_reports(self, running: list[Job]) -> list[GpuReport]:
+        """The GPUs `status` shows."""
+
+    def nodes(self) -> list[NodeStatus]:
+        """The nodes `status` shows."""
+
+    def drain_node(self, name: str, drain: Drain | None) -> bool:
+        """Drain (or undrain) node `name` for the cluster: False if there is none such."""
+
+    def join(self) -> None:
+        """At start, before any pass."""
+
+    def reconcile_at_start(self, job_ids_here: Callable[[], list[int]]) -> None:
+        """At start, after adoption: `job_ids_here` lists the jobs this server ran."""
+
+    def poll(self) -> None:
+        """Between passes, every `poll_every_s`."""
+
+    def leave(self) -> None:
+        """At a clean stop."""
+
+
+class LocalPlacer:
+    """One server: admit -> the shared pass rules -> start."""
+
+    in_cluster = False
+    poll_every_s = None
+
+    def __init__(
+        self,
+        context: Context,
+        *,
+        endings: JobEndings,
+        starter: JobStarter,
+        node: LocalNode,
+        reading: LatestReading,
+        drain: Callable[[], Drain | None],
+    ) -> None:
+        self.context = context
+        self.endings = endings
+        self.starter = starter
+        self.node = node
+        self.reading = reading
+        self.drain = drain
+
+    def place(self, seen: Observation) -> Plan:
+        monitor = self.context.monitor
+        drain = self.drain()
+        result = decide(
+            self.context,
+            self.endings,
+            slots=[gpu_slot(g, monitor.gpu_util(g.uuid)) for g in seen.gpus],
+            claims=running_claims(
+                seen.running, seen.usage, monitor.job_util, self.context.clock(), monitor.peak
+            ),
+            holding=seen.running,
+            gpus=seen.gpus,
+            held_back=None if drain is None else f"{drain.describe()}: no new job starts",
+            topology=gpu_topology(self.context.probe),
+        )
+        self.starter.start(result.placements, seen.gpus)
+        return result
+
+    def gpus_by_node(self) -> dict[str, list[GpuState]]:
+        return {self.node.name: self.reading.gpus()}
+
+    def gpu_reports(self, running: list[Job]) -> list[GpuReport]:
+        latest = self.reading.latest
+        headroom = self.context.config.headroom_bytes
+        reports = gpu_reports(latest.gpus, latest.usage, running, headroom)
+        return [dataclasses.replace(r, node=self.node.name or None) for r in reports]
+
+    def nodes(self) -> list[NodeStatus]:
+        state = "drained" if self.drain() is not None else "up"
+        return [NodeStatus(self.node.name, state, 0.0, self.gpu_reports([]))]
+
+    def drain_node(self, name: str, drain: Drain | None) -> bool:
+        return False  # one server: its own drain is the scheduler's (set_drain)
+
+    def join(self) -> None:
+        pass
+
+    def reconcile_at_start(self, job_ids_here: Callable[[], list[int]]) -> None:
+        pass
+
+    def poll(self) -> None:
+        pass
+
+    def leave(self) -> None:
+        pass

@@ -1,0 +1,173 @@
+"""Retention in the database: what ended jobs leave is deleted once it is old enough.
+
+`prune(db, settings, now)` applies the `retention:` config (gpusched.core.retention_config)
+to the database and returns what it did (`Pruned`), including the log files of the jobs
+it deleted or whose logs expired, for the caller to unlink (the daemon's retention pass,
+gpusched.daemon.retention; `gpusched admin prune`). It touches only ended jobs:
+
+- `history`: an ended job's row goes (its timeline with it, ON DELETE CASCADE); never
+  one whose notification hooks are still due.
+- `timelines`: an ended job's series goes.
+- `environments`: an ended job's environment is dropped (env {} and env_id 0, which
+  `requeue` reads as "deleted": `environment_dropped`), then every stored environment no
+  job refers to. Submit-then-cancel with a new 240 KB environment each time grew the
+  database by 578 MB a minute, since a cancelled job kept its environment for good.
+- `logs`: an ended job's `log_path` is returned to unlink and cleared.
+
+Each step deletes at most BATCH rows per transaction, so submits go on between them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+from sqlalchemy import ColumnElement, and_, delete, exists, func, select, text, update
+
+from gpusched.core.clock import iso
+from gpusched.core.models import TERMINAL_STATES
+from gpusched.core.retention_config import RetentionSettings
+from gpusched.store.database import Database, envs, jobs, lock_submits, timeline_points
+
+BATCH = 2000
+# env_id of an ended job whose environment retention dropped (ids start at 1).
+DROPPED_ENV_ID = 0
+
+
+@dataclass
+class Pruned:
+    """What one pass deleted: rows and series counted, logs to unlink by the caller."""
+
+    jobs: int = 0
+    timelines: int = 0
+    environments: int = 0  # ended jobs whose environment was dropped
+    stored_environments: int = 0  # `envs` rows no job used any more
+    logs: list[str] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(
+            self.jobs or self.timelines or self.environments or self.stored_environments
+        ) or bool(self.logs)
+
+
+def _cutoff(now: float, keep_s: float) -> str:
+    return iso(datetime.fromtimestamp(now - keep_s, timezone.utc))
+
+
+def _ended_before(cutoff: str) -> ColumnElement[bool]:
+    return and_(
+        jobs.c.state.in_([str(s) for s in TERMINAL_STATES]),
+        jobs.c.ended_at.is_not(None),
+        jobs.c.ended_at < cutoff,
+    )
+
+
+def prune(db: Database, settings: RetentionSettings, now: float) -> Pruned:
+    """Apply `settings` to the database as of `now` (epoch seconds)."""
+    done = Pruned()
+    if settings.logs_s is not None:
+        _expire_logs(db, _cutoff(now, settings.logs_s), done)
+    if settings.history_s is not None:
+        _delete_jobs(db, _cutoff(now, settings.history_s), done)
+    if settings.timelines_s is not None:
+        _delete_timelines(db, _cutoff(now, settings.timelines_s), done)
+    if settings.environments_s is not None:
+        _drop_environments(db, _cutoff(now, settings.environments_s), done)
+    return done
+
+
+def _expire_logs(db: Database, cutoff: str, done: Pruned) -> None:
+    while True:
+        with db._write() as conn:
+            rows = conn.execute(
+                select(jobs.c.id, jobs.c.log_path)
+                .where(_ended_before(cutoff), jobs.c.log_path.is_not(None))
+                .limit(BATCH)
+            ).all()
+            if not rows:
+                return
+            conn.execute(
+                update(jobs).where(jobs.c.id.in_([r.id for r in rows])).values(log_path=None)
+            )
+        done.logs.extend(str(r.log_path) for r in rows)
+
+
+def _delete_jobs(db: Database, cutoff: str, done: Pruned) -> None:
+    while True:
+        with db._write() as conn:
+            rows = conn.execute(
+                select(jobs.c.id, jobs.c.log_path)
+                .where(_ended_before(cutoff), func.coalesce(jobs.c.hooks_due, 0) == 0)
+                .limit(BATCH)
+            ).all()
+            if not rows:
+                return
+            ids = [r.id for r in rows]
+            # Explicitly too: SQLite cascades only with foreign_keys on, set per connection.
+            conn.execute(delete(timeline_points).where(timeline_points.c.job_id.in_(ids)))
+            conn.execute(delete(jobs).where(jobs.c.id.in_(ids)))
+        done.jobs += len(ids)
+        done.logs.extend(str(r.log_path) for r in rows if r.log_path)
+
+
+def _delete_timelines(db: Database, cutoff: str, done: Pruned) -> None:
+    while True:
+        with db._write() as conn:
+            ids = list(
+                conn.execute(
+                    select(jobs.c.id)
+                    .where(
+                        _ended_before(cutoff),
+                        exists().where(timeline_points.c.job_id == jobs.c.id),
+                    )
+                    .limit(BATCH)
+                ).scalars()
+            )
+            if not ids:
+                return
+            conn.execute(delete(timeline_points).where(timeline_points.c.job_id.in_(ids)))
+        done.timelines += len(ids)
+
+
+def _drop_environments(db: Database, cutoff: str, done: Pruned) -> None:
+    holding = (jobs.c.env_id.is_(None)) | (jobs.c.env_id != DROPPED_ENV_ID)
+    while True:
+        with db._write() as conn:
+            ids = list(
+                conn.execute(select(jobs.c.id).where(_ended_before(cutoff), holding).limit(BATCH))
+                .scalars()
+                .all()
+            )
+            if not ids:
+                break
+            conn.execute(
+                update(jobs).where(jobs.c.id.in_(ids)).values(env={}, env_id=DROPPED_ENV_ID)
+            )
+        done.environments += len(ids)
+    with db._write() as conn:
+        # A submit finds an existing environment, then adds jobs that use it, in one
+        # transaction: on PostgreSQL this delete must not run between the two.
+        lock_submits(conn)
+        used = select(jobs.c.env_id).where(jobs.c.env_id.is_not(None)).distinct()
+        result = conn.execute(delete(envs).where(envs.c.id.not_in(used)))
+        done.stored_environments += max(0, result.rowcount or 0)
+
+
+def environment_dropped(env_id: int | None) -> bool:
+    """Whether a job's environment was deleted by retention (its env_id)."""
+    return env_id == DROPPED_ENV_ID
+
+
+def checkpoint(db: Database) -> None:
+    """Make every commit so far durable before files that could replay it are deleted.
+
+    Ends read from a supervisor's exit record are committed without a sync (Store); the
+    exit record is the copy that survives a power cut until the next sync. On SQLite a
+    checkpoint syncs the write-ahead log; PostgreSQL's WAL writer flushes asynchronous
+    commits within three wal_writer_delay (600 ms by default), which the caller's wait
+    (only jobs ended some seconds ago) covers.
+    """
+    if db.engine.dialect.name != "sqlite":
+        return
+    with db.engine.connect() as conn:
+        conn.execute(text("PRAGMA wal_checkpoint(PASSIVE)"))
