@@ -232,13 +232,18 @@ def test_restart_keeps_the_queue_and_readopts_running_jobs(
 ) -> None:
     daemon = daemon_factory().start()
     marker = tmp_path / "ran"
+    # The runner ends only once the test lets it (after the restart), whatever the load:
+    # a fixed sleep could end it during a slow restart and nothing would be re-adopted.
+    go = tmp_path / "go"
     runner = daemon.submit(
         "--mem",
         "20G",
         "--",
         sys.executable,
         "-c",
-        f"import time; time.sleep(3); open({str(marker)!r}, 'a').write('x'); raise SystemExit(3)",
+        "import os, time\n"
+        f"while not os.path.exists({str(go)!r}): time.sleep(0.05)\n"
+        f"open({str(marker)!r}, 'a').write('x'); raise SystemExit(3)",
     )
     daemon.wait_state(runner, {"running"})
     queued = [daemon.submit("--mem", "20G", "--priority", str(p), "--", "true") for p in (0, 5)]
@@ -250,6 +255,8 @@ def test_restart_keeps_the_queue_and_readopts_running_jobs(
     restarted = daemon.start()
     after = [(j["id"], j["state"], j["priority"]) for j in restarted.status()["jobs"]]
     assert after == before
+    assert not marker.exists()
+    go.touch()
     # The job that ran across the restart is re-adopted: its real exit code is recorded, once.
     assert restarted.cli("wait", str(runner), timeout=30).returncode == 3
     assert marker.read_text() == "x"
