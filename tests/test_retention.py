@@ -23,7 +23,13 @@ def _at(seconds_ago: float) -> str:
     return iso(datetime.fromtimestamp(NOW - seconds_ago, timezone.utc))
 
 
-def _job(store: Store, env: dict[str, str], ended_ago: float | None, log: str | None) -> int:
+def _job(
+    store: Store,
+    env: dict[str, str],
+    ended_ago: float | None,
+    log: str | None,
+    hooks_due: bool = False,
+) -> int:
     job = store.add(
         NewJob(
             user="alice",
@@ -47,6 +53,7 @@ def _job(store: Store, env: dict[str, str], ended_ago: float | None, log: str | 
             now=_at(ended_ago),
             log_path=log,
             timeline=TimelineWrite((TimelineRow(NOW - ended_ago, 1, 1.0),)),
+            hooks_due=hooks_due,
         )
     return job.id
 
@@ -93,3 +100,51 @@ def test_the_key_parses_with_units_and_refuses_nonsense(tmp_path: Path) -> None:
         path.write_text(bad)
         with pytest.raises(ConfigError, match="retention"):
             load_config(path)
+
+
+def _waiting_for(store: Store, job_id: int) -> int:
+    job = store.add(
+        NewJob(
+            user="bob",
+            uid=1001,
+            gid=1001,
+            command=["true"],
+            cwd="/",
+            env={},
+            umask=0o022,
+            mem=2**30,
+            gpus=1,
+            held=True,
+            after=(job_id,),
+        ),
+        _at(0),
+    )
+    return job.id
+
+
+def test_history_keeps_what_an_active_job_waits_for_and_a_dry_run_changes_nothing(
+    store: Store,
+) -> None:
+    """The rules `gpusched admin prune` shares with the retention pass (one implementation):
+    a job an active job waits for (`--after`) stays to be judged, and a job whose hooks are
+    due stays for them; a dry run counts exactly what the real one then deletes."""
+    history = RetentionSettings(history_s=DAY_S, environments_s=None, timelines_s=None, logs_s=None)
+    waited_for = _job(store, {"A": "1"}, 10 * DAY_S, "/logs/1.log")
+    gone = _job(store, {"B": "2"}, 10 * DAY_S, "/logs/2.log")
+    hooked = _job(store, {"C": "3"}, 10 * DAY_S, "/logs/3.log", hooks_due=True)
+    dependent = _waiting_for(store, waited_for)
+    dry = prune(store, history, NOW, dry_run=True)
+    assert (dry.jobs, dry.logs) == (1, ["/logs/2.log"])
+    assert set(store.get_many([waited_for, gone, hooked, dependent])) == {
+        waited_for,
+        gone,
+        hooked,
+        dependent,
+    }
+    done = prune(store, history, NOW)
+    assert (done.jobs, sorted(done.logs)) == (dry.jobs, dry.logs)
+    assert set(store.get_many([waited_for, gone, hooked, dependent])) == {
+        waited_for,
+        hooked,
+        dependent,
+    }

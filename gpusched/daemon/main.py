@@ -181,12 +181,15 @@ class Daemon:
         self.http: list[HttpServer] = []  # the metrics and web ports, when configured
         # Whose daemon this is: root's serves everyone, a user's serves only that user.
         self._reload_lock = threading.Lock()
+        # One retention pass: the periodic one and `admin prune`'s.
+        self.retention = RetentionPass(self.settings, self.store, self.launcher)
         self.services = Services(
             self.scheduler,
             self.store,
             self.settings,
             owner_uid=os.geteuid(),
             reload_config=self.reload_config,
+            retention=self.retention,
         )
         self.server = Server(self.services, config.socket_path)
         self.reload_requested = False
@@ -251,9 +254,8 @@ class Daemon:
             misfire_grace_time=None,
             next_run_time=datetime.now(timezone.utc),
         )
-        retention = RetentionPass(self.settings, self.store, self.launcher)
         self._ticks.add_job(
-            self._guarded(retention.retention_pass),
+            self._guarded(self.retention.retention_pass),
             "interval",
             seconds=self.config.retention.every_s,
             id=RETENTION_JOB_ID,

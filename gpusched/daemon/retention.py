@@ -8,6 +8,10 @@ job's end is recorded from that exit record and made durable (`checkpoint`), and
 for jobs ended at least DIR_GRACE_S ago. A job ended `lost` or `node_lost` keeps its
 directory: a supervisor still running elsewhere, or a restarted daemon, may yet need the
 exit record to settle it (docs/operations.md, "Retention").
+
+`gpusched admin prune --ended-before AGE [--dry-run]` runs this same pass at once with
+`history` alone set to AGE (`prune_history`): one implementation, so both keep the jobs
+an active job waits for and those whose hooks are due, and remove the same files.
 """
 
 from __future__ import annotations
@@ -15,12 +19,16 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import stat
 import time
-from datetime import datetime
+from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 
+from gpusched.core.clock import iso
 from gpusched.core.config_holder import ConfigHolder
 from gpusched.core.models import TERMINAL_STATES, EndReason
+from gpusched.core.retention_config import RetentionSettings
 from gpusched.processes.launcher import Launcher
 from gpusched.store import Store
 from gpusched.store.retention import Pruned, checkpoint, prune
@@ -29,6 +37,25 @@ log = logging.getLogger("gpusched.retention")
 
 DIR_GRACE_S = 5.0  # PostgreSQL's WAL writer flushes asynchronous commits within 0.6 s
 _KEEP_DIR_REASONS = frozenset({str(EndReason.LOST), str(EndReason.NODE_LOST)})
+
+
+@dataclass(frozen=True)
+class PruneReport:
+    """`gpusched admin prune`'s answer."""
+
+    jobs: int  # rows deleted (with dry_run: that would be)
+    log_bytes: int  # the size of the logs removed (or that would be)
+    cutoff: str  # jobs that ended before this time (ISO, UTC)
+
+    def to_json(self) -> dict[str, object]:
+        # `more`: always false now (the pass works through every batch); older clients
+        # ask again while it is true.
+        return {
+            "jobs": self.jobs,
+            "log_bytes": self.log_bytes,
+            "more": False,
+            "cutoff": self.cutoff,
+        }
 
 
 class RetentionPass:
@@ -44,9 +71,32 @@ class RetentionPass:
     def run(self, now: float | None = None) -> Pruned:
         """One pass as of `now` (epoch seconds); returns what the database lost."""
         now = time.time() if now is None else now
-        config = self._settings.current
-        done = prune(self.store, config.retention, now)
-        removed_logs = sum(_unlink_log(Path(path), config.log_dir) for path in done.logs)
+        return self._apply(self._settings.current.retention, now)[0]
+
+    def prune_history(
+        self, ended_before_s: float, *, dry_run: bool = False, now: float | None = None
+    ) -> PruneReport:
+        """`gpusched admin prune`: this pass, now, with `history` alone set to
+        `ended_before_s` (the other keys are the config's business, at its own pace)."""
+        now = time.time() if now is None else now
+        only_history = RetentionSettings(
+            history_s=ended_before_s, environments_s=None, timelines_s=None, logs_s=None
+        )
+        done, log_bytes = self._apply(only_history, now, dry_run=dry_run)
+        cutoff = iso(datetime.fromtimestamp(now - ended_before_s, timezone.utc))
+        return PruneReport(done.jobs, log_bytes, cutoff)
+
+    def _apply(
+        self, settings: RetentionSettings, now: float, *, dry_run: bool = False
+    ) -> tuple[Pruned, int]:
+        """Prune the database by `settings`, then the files: what the database lost and
+        the bytes of logs removed (with `dry_run`: counted, nothing removed)."""
+        log_dir = self._settings.current.log_dir
+        done = prune(self.store, settings, now, dry_run=dry_run)
+        if dry_run:
+            return done, sum(_own_log_size(Path(path), log_dir) for path in done.logs)
+        sizes = [_unlink_log(Path(path), log_dir) for path in done.logs]
+        removed_logs = sum(size is not None for size in sizes)
         dirs = self.remove_job_dirs(now)
         if done or dirs:
             log.info(
@@ -59,7 +109,7 @@ class RetentionPass:
                 removed_logs,
                 dirs,
             )
-        return done
+        return done, sum(size or 0 for size in sizes)
 
     def remove_job_dirs(self, now: float) -> int:
         """Remove the directories of jobs whose end is recorded from their exit record."""
@@ -86,11 +136,24 @@ def _epoch(moment: str) -> float:
     return datetime.fromisoformat(moment).timestamp()
 
 
-def _unlink_log(path: Path, log_dir: Path) -> bool:
-    """Unlink a job's log, only if it is one of ours (a file directly in `log_dir`)."""
+def _own_log_size(path: Path, log_dir: Path) -> int:
+    """The size of a job's log if it is one of ours (a file directly in `log_dir`), else 0."""
+    if path.parent != log_dir:
+        return 0
+    try:
+        found = path.lstat()
+    except OSError:
+        return 0
+    return found.st_size if stat.S_ISREG(found.st_mode) else 0
+
+
+def _unlink_log(path: Path, log_dir: Path) -> int | None:
+    """Unlink a job's log, only if it is one of ours (a file directly in `log_dir`, not a
+    link); its size, or None where nothing was removed."""
     if path.parent != log_dir or path.is_symlink():
-        return False
+        return None
+    size = _own_log_size(path, log_dir)
     with contextlib.suppress(OSError):
         os.unlink(path)
-        return True
-    return False
+        return size
+    return None

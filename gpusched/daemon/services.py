@@ -17,6 +17,7 @@ from gpusched.core.config_holder import ConfigHolder
 from gpusched.core.models import Job
 from gpusched.daemon import auth
 from gpusched.daemon.identity import Caller
+from gpusched.daemon.retention import RetentionPass
 from gpusched.daemon.storage_budget import StorageBudget
 from gpusched.scheduling.scheduler import Scheduler
 from gpusched.store import Store
@@ -36,6 +37,8 @@ class Services:
     reload_config: Callable[[], list[str]] | None = None
     # What each user's submits stored lately (retention.user_bytes_per_minute / _per_day).
     budget: StorageBudget = field(default_factory=StorageBudget)
+    # The retention pass, which `admin prune` runs on demand (None: no pruning here).
+    retention: RetentionPass | None = None
 
     @property
     def config(self) -> Config:

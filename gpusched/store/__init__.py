@@ -17,15 +17,14 @@ here, which re-exports what the rest of gpusched uses:
 - gpusched.store.nodes: the cluster's nodes and the scheduler's election (leases)
 - gpusched.store.placements: placements, starts and node deaths, conditioned on epochs
 - gpusched.store.head_claims: the cards kept for the blocked head job, between passes
-- gpusched.store.history_prune: old ended jobs' rows deleted on demand (`gpusched admin prune`)
 - gpusched.store.retention: the `retention:` key, applied by the daemon's retention pass
+  (and by `gpusched admin prune`, with `history` set to its age)
 """
 
 from __future__ import annotations
 
 from gpusched.store.database import jobs, metadata, timeline_points
 from gpusched.store.head_claims import HeadClaimRecords, StoredClaim
-from gpusched.store.history_prune import RetentionRecords
 from gpusched.store.nodes import LeaseRow, NodeRecords, NodeRow
 from gpusched.store.placements import DownResult, NodeGuard, NodePlacement, PlacementRecords
 from gpusched.store.queries import JobFigures, LaunchInfo, Queued
@@ -61,6 +60,5 @@ class Store(
     NodeRecords,
     PlacementRecords,
     HeadClaimRecords,
-    RetentionRecords,
 ):
     """The database is the truth about jobs: every read and write of it goes through here."""

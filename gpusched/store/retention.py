@@ -6,7 +6,8 @@ it deleted or whose logs expired, for the caller to unlink (the daemon's retenti
 gpusched.daemon.retention; `gpusched admin prune`). It touches only ended jobs:
 
 - `history`: an ended job's row goes (its timeline with it, ON DELETE CASCADE); never
-  one whose notification hooks are still due.
+  one whose notification hooks are still due, nor one an active job waits for (`--after`:
+  that dependency must stay to be judged).
 - `timelines`: an ended job's series goes.
 - `environments`: an ended job's environment is dropped (env {} and env_id 0, which
   `requeue` reads as "deleted": `environment_dropped`), then every stored environment no
@@ -15,6 +16,9 @@ gpusched.daemon.retention; `gpusched admin prune`). It touches only ended jobs:
 - `logs`: an ended job's `log_path` is returned to unlink and cleared.
 
 Each step deletes at most BATCH rows per transaction, so submits go on between them.
+With `dry_run` nothing changes: each step counts what it would delete (and lists the
+logs), except `stored_environments`, which only a real drop of environments frees.
+`gpusched admin prune --ended-before AGE` is this with `history` alone set to AGE.
 """
 
 from __future__ import annotations
@@ -22,10 +26,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-from sqlalchemy import ColumnElement, and_, delete, exists, func, select, text, update
+from sqlalchemy import ColumnElement, Connection, and_, delete, exists, func, select, update
 
 from gpusched.core.clock import iso
-from gpusched.core.models import TERMINAL_STATES
+from gpusched.core.models import ACTIVE_STATES, TERMINAL_STATES
 from gpusched.core.retention_config import RetentionSettings
 from gpusched.store.database import Database, envs, jobs, lock_submits, timeline_points
 
@@ -62,9 +66,15 @@ def _ended_before(cutoff: str) -> ColumnElement[bool]:
     )
 
 
-def prune(db: Database, settings: RetentionSettings, now: float) -> Pruned:
-    """Apply `settings` to the database as of `now` (epoch seconds)."""
+def prune(
+    db: Database, settings: RetentionSettings, now: float, *, dry_run: bool = False
+) -> Pruned:
+    """Apply `settings` to the database as of `now` (epoch seconds); with `dry_run`, only
+    count what would go (module docstring)."""
     done = Pruned()
+    if dry_run:
+        _count(db, settings, now, done)
+        return done
     if settings.logs_s is not None:
         _expire_logs(db, _cutoff(now, settings.logs_s), done)
     if settings.history_s is not None:
@@ -73,7 +83,51 @@ def prune(db: Database, settings: RetentionSettings, now: float) -> Pruned:
         _delete_timelines(db, _cutoff(now, settings.timelines_s), done)
     if settings.environments_s is not None:
         _drop_environments(db, _cutoff(now, settings.environments_s), done)
+    elif done.jobs:
+        _delete_unused_environments(db, done)  # those only the deleted jobs used
     return done
+
+
+def _count(db: Database, settings: RetentionSettings, now: float, done: Pruned) -> None:
+    """What `prune` would do, changing nothing (the same conditions as each step's)."""
+    with db.read() as conn:
+        logs: list[str] = []
+        if settings.logs_s is not None:
+            ended = _ended_before(_cutoff(now, settings.logs_s))
+            query = select(jobs.c.log_path).where(ended, jobs.c.log_path.is_not(None))
+            logs.extend(str(path) for path in conn.execute(query).scalars())
+        if settings.history_s is not None:
+            ended = _deletable(_cutoff(now, settings.history_s), _waited_for(conn))
+            rows = conn.execute(select(jobs.c.id, jobs.c.log_path).where(ended)).all()
+            done.jobs = len(rows)
+            logs.extend(str(r.log_path) for r in rows if r.log_path)
+        if settings.timelines_s is not None:
+            ended = _ended_before(_cutoff(now, settings.timelines_s))
+            with_points = exists().where(timeline_points.c.job_id == jobs.c.id)
+            query = select(func.count()).select_from(jobs).where(ended, with_points)
+            done.timelines = int(conn.execute(query).scalar_one())
+        if settings.environments_s is not None:
+            ended = _ended_before(_cutoff(now, settings.environments_s))
+            query = select(func.count()).select_from(jobs).where(ended, _holding_env())
+            done.environments = int(conn.execute(query).scalar_one())
+        done.logs = list(dict.fromkeys(logs))  # a job's log counted once
+
+
+def _waited_for(conn: Connection) -> list[int]:
+    """The ids of the jobs an active job waits for (`--after`)."""
+    active = [str(s) for s in ACTIVE_STATES]
+    afters = conn.execute(select(jobs.c.after).where(jobs.c.state.in_(active))).scalars()
+    return sorted({int(job_id) for after in afters for job_id in (after or [])})
+
+
+def _deletable(cutoff: str, waited_for: list[int]) -> ColumnElement[bool]:
+    """An ended job whose row `history` may delete: no hook due, no active job waiting."""
+    condition = and_(_ended_before(cutoff), func.coalesce(jobs.c.hooks_due, 0) == 0)
+    return and_(condition, jobs.c.id.not_in(waited_for)) if waited_for else condition
+
+
+def _holding_env() -> ColumnElement[bool]:
+    return (jobs.c.env_id.is_(None)) | (jobs.c.env_id != DROPPED_ENV_ID)
 
 
 def _expire_logs(db: Database, cutoff: str, done: Pruned) -> None:
@@ -97,7 +151,7 @@ def _delete_jobs(db: Database, cutoff: str, done: Pruned) -> None:
         with db._write() as conn:
             rows = conn.execute(
                 select(jobs.c.id, jobs.c.log_path)
-                .where(_ended_before(cutoff), func.coalesce(jobs.c.hooks_due, 0) == 0)
+                .where(_deletable(cutoff, _waited_for(conn)))
                 .limit(BATCH)
             ).all()
             if not rows:
@@ -130,7 +184,7 @@ def _delete_timelines(db: Database, cutoff: str, done: Pruned) -> None:
 
 
 def _drop_environments(db: Database, cutoff: str, done: Pruned) -> None:
-    holding = (jobs.c.env_id.is_(None)) | (jobs.c.env_id != DROPPED_ENV_ID)
+    holding = _holding_env()
     while True:
         with db._write() as conn:
             ids = list(
@@ -144,6 +198,10 @@ def _drop_environments(db: Database, cutoff: str, done: Pruned) -> None:
                 update(jobs).where(jobs.c.id.in_(ids)).values(env={}, env_id=DROPPED_ENV_ID)
             )
         done.environments += len(ids)
+    _delete_unused_environments(db, done)
+
+
+def _delete_unused_environments(db: Database, done: Pruned) -> None:
     with db._write() as conn:
         # A submit finds an existing environment, then adds jobs that use it, in one
         # transaction: on PostgreSQL this delete must not run between the two.
@@ -170,4 +228,9 @@ def checkpoint(db: Database) -> None:
     if db.engine.dialect.name != "sqlite":
         return
     with db.engine.connect() as conn:
-        conn.execute(text("PRAGMA wal_checkpoint(PASSIVE)"))
+        # On the driver's connection, outside any transaction: SQLAlchemy would begin one
+        # (BEGIN IMMEDIATE here), inside which SQLite refuses a checkpoint ("database
+        # table is locked"), so every pass failed before removing a directory.
+        raw = conn.connection.driver_connection
+        assert raw is not None  # noqa: S101 - a checked-out connection always has one
+        raw.execute("PRAGMA wal_checkpoint(PASSIVE)")

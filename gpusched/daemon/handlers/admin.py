@@ -22,7 +22,6 @@ from gpusched.core.requests import (
 )
 from gpusched.daemon.handlers.args import text
 from gpusched.daemon.identity import Caller, user_name
-from gpusched.daemon.pruning import prune_ended
 from gpusched.daemon.services import Services
 
 # When this daemon's code was loaded: `doctor` compares it with the installed files (an
@@ -86,20 +85,17 @@ def top(services: Services, caller: Caller, request: TopRequest) -> Any:
 
 
 def prune(services: Services, caller: Caller, request: PruneRequest) -> Any:
-    """Forget jobs that ended long ago (one batch: the client asks again while `more`)."""
+    """Forget jobs that ended long ago: the daemon's retention pass, with `history` set to
+    the request's age (gpusched.daemon.retention)."""
     if not caller.admin:
         raise PermissionDenied(
             f"only an administrator (root or one listed in `admins`) may prune; {caller.user}"
             " is not one"
         )
-    config = services.config
-    return prune_ended(
-        services.store,
-        ended_before_s=request.ended_before_s,
-        log_dir=config.log_dir,
-        jobs_dir=config.state_dir / "jobs",
-        dry_run=request.dry_run,
-    ).to_json()
+    if services.retention is None:
+        raise GpuschedError("this daemon has no retention pass to prune with")
+    done = services.retention.prune_history(request.ended_before_s, dry_run=request.dry_run)
+    return done.to_json()
 
 
 def reload(services: Services, caller: Caller, _request: ReloadRequest) -> Any:
