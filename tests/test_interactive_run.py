@@ -185,6 +185,57 @@ def test_time_limit_stops_the_command_and_says_so(
     assert (ended["state"], ended["reason"]) == ("failed", "timeout")
 
 
+def _left_behind(marker: str) -> list[psutil.Process]:
+    """The processes whose command line is `sleep MARKER` (what a test's command left)."""
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        if process.info["cmdline"] == ["sleep", marker]:
+            found.append(process)
+    return found
+
+
+def test_what_the_command_left_after_setsid_ends_with_the_time_limit(
+    daemon: RunningDaemon, terminals: list[Terminal]
+) -> None:
+    """Issue 27 item 8: a double-forked, setsid'd process (out of the command's process
+    group and session) outlived `--time`, keeping the card's CUDA_VISIBLE_DEVICES."""
+    marker = str(330_000 + os.getpid() % 10_000)
+    escape = f"(setsid sleep {marker} &); echo ready; sleep 100"
+    terminal = run_on_a_terminal(
+        daemon, terminals, "--mem", "1G", "--time", "3s", "--", "sh", "-c", escape
+    )
+    job = job_id_of(terminal)
+    terminal.expect("ready")
+    assert eventually(lambda: _left_behind(marker))  # it escaped the group: it runs
+    try:
+        assert terminal.wait() == 128 + signal.SIGTERM
+        ended = daemon.show(job)
+        assert (ended["state"], ended["reason"]) == ("failed", "timeout")
+        assert _left_behind(marker) == []  # gone before the client reported the end
+    finally:
+        for process in _left_behind(marker):
+            process.kill()
+
+
+def test_what_a_command_leaves_when_it_exits_is_ended_even_if_it_ignores_sigterm(
+    daemon: RunningDaemon, terminals: list[Terminal]
+) -> None:
+    """The same rule as a batch job's: the reservation ends with the command, and so does
+    everything it started (SIGTERM, then SIGKILL after kill_grace, 2s here)."""
+    marker = str(340_000 + os.getpid() % 10_000)
+    stubborn = f"trap '' TERM; exec sleep {marker}"
+    escape = f"(setsid sh -c {stubborn!r} &); sleep 0.5; exit 0"
+    terminal = run_on_a_terminal(daemon, terminals, "--mem", "1G", "--", "sh", "-c", escape)
+    job = job_id_of(terminal)
+    try:
+        assert terminal.wait() == 0
+        assert daemon.show(job)["state"] == "done"
+        assert _left_behind(marker) == []
+    finally:
+        for process in _left_behind(marker):
+            process.kill()
+
+
 def test_a_stubborn_command_is_killed_after_kill_grace(
     daemon: RunningDaemon, terminals: list[Terminal]
 ) -> None:

@@ -10,6 +10,15 @@ A stop asked by the daemon (SIGTERM to this process: cancel, --time, idle) or a 
 is passed on to the command; SIGKILL follows after `kill_grace`. The child is killed by
 the kernel if this process dies (PR_SET_PDEATHSIG): the reservation ends with it, so must
 the command.
+
+This process is a child subreaper (PR_SET_CHILD_SUBREAPER), as a batch job's supervisor
+is: whatever the command leaves behind, even after a double fork and setsid, is
+re-parented to us, not to init. Once the command has ended (by itself, or stopped for
+cancel, --time or idleness), every process left gets SIGTERM, then after `kill_grace` is
+frozen and SIGKILLed until none is left (gpusched.processes.treekill, the supervisor's
+code), and only then is the end reported: nothing keeps the card's CUDA_VISIBLE_DEVICES
+past the reservation. What a SIGKILLed client leaves (no code of ours runs then) goes to
+init: the daemon ends the reservation, not those processes.
 """
 
 from __future__ import annotations
@@ -24,7 +33,10 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from types import FrameType
 
+from gpusched.processes import treekill
+
 PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
 MAX_SLEEP_S = 1.0  # a missed wakeup costs at most this
 
 
@@ -79,6 +91,19 @@ def _child_setup(parent: int, tty: int | None) -> Callable[[], None]:
     return setup
 
 
+def _become_subreaper() -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
+
+
+def _reap_any() -> None:
+    """Collect every child that ended: orphans re-parented to us, once the command is."""
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0] > 0:
+            pass
+
+
 class Attached:
     """The command, running in the foreground of our terminal; `wait()` for its status."""
 
@@ -107,6 +132,7 @@ class Attached:
             )
         }
         self._previous = previous
+        _become_subreaper()  # before the command starts: nothing it forks may escape
         self.child = subprocess.Popen(
             list(argv),
             env=env,
@@ -169,20 +195,40 @@ class Attached:
             forwarded = signal.SIGHUP if self.stop_signal == signal.SIGHUP else signal.SIGTERM
             self._signal_group(forwarded)
             self._signal_group(signal.SIGCONT)  # a stopped command must see it
+            treekill.terminate_tree()  # what left the group (setsid) is asked too
             self._kill_at = time.monotonic() + self.kill_grace_s
         if self._kill_at is not None and time.monotonic() >= self._kill_at:
             self._signal_group(signal.SIGKILL)
             self._kill_at = float("inf")
+
+    def _end_left_behind(self) -> None:
+        """The command ended: SIGTERM what it left, SIGKILL it after the grace period
+        (counted from the stop, when one was asked), until we have no child."""
+        if not treekill.children_of(os.getpid()):
+            return
+        if self._kill_at is None:
+            treekill.terminate_tree()
+            self._kill_at = time.monotonic() + self.kill_grace_s
+        while time.monotonic() < self._kill_at:
+            _reap_any()
+            if not treekill.children_of(os.getpid()):
+                return
+            self._sleep()
+        treekill.kill_tree(_reap_any, self._pause)
+        _reap_any()
+
+    def _pause(self, seconds: float) -> None:
+        select.select([self._wakeup_read], [], [], seconds)
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self._wakeup_read, 512):
+                pass
 
     def _sleep(self) -> None:
         """Until a signal arrives (the child's SIGCHLD, a stop), or the SIGKILL is due."""
         timeout = MAX_SLEEP_S
         if self._kill_at is not None and self._kill_at != float("inf"):
             timeout = max(0.0, min(timeout, self._kill_at - time.monotonic()))
-        select.select([self._wakeup_read], [], [], timeout)
-        with contextlib.suppress(BlockingIOError):
-            while os.read(self._wakeup_read, 512):
-                pass
+        self._pause(timeout)
 
     def wait(self) -> int:
         """Block until the command ends: its exit code, or -N if signal N killed it."""
@@ -201,6 +247,8 @@ class Attached:
                 else:
                     code = os.waitstatus_to_exitcode(status)
                     self.child.returncode = code
+                    self._take_terminal()
+                    self._end_left_behind()
                     return code
         finally:
             self._take_terminal()
