@@ -205,6 +205,7 @@ class Client:
         requeue: bool = False,
         exclusive: bool = False,
         share: bool = False,
+        output: str | None = None,
     ) -> Job:
         """Queue a command. `mem` is per GPU ("8G" or bytes); None asks for whole GPUs;
         "auto" takes `estimate_history()`'s suggestion (NotFoundError if there is none).
@@ -218,6 +219,8 @@ class Client:
         `time_limit` ("2h" or seconds): the job is stopped (reason `timeout`) past it.
         `notify`: a command run as you when the job ends, with the job's JSON on stdin
         (a string is split like a shell would, but no shell runs it).
+        `output`: the job's log goes to this file, opened as you ({id}, {array}, {index}
+        in its name; relative to `cwd`), instead of the daemon's log_dir.
         """
         return Job.from_json(
             self._submit(
@@ -237,6 +240,7 @@ class Client:
                 requeue=requeue,
                 exclusive=exclusive,
                 share=share,
+                output=output,
             )
         )
 

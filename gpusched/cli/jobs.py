@@ -57,6 +57,14 @@ from gpusched.core.units import parse_job_mem, parse_job_time
     "--cwd", type=click.Path(file_okay=False), help="Working directory (default: the current one)."
 )
 @click.option(
+    "--output",
+    metavar="PATH",
+    help="Write the job's output to PATH (created or emptied, as you; relative to the"
+    " working directory) instead of the daemon's log_dir; {id}, {array} and {index} in its"
+    " file name become the job's id, its sweep's id and its index in the sweep (a sweep"
+    " needs {id} or {index}). `gpusched logs` reads it.",
+)
+@click.option(
     "--time",
     "time_limit",
     metavar="DURATION",
@@ -134,6 +142,7 @@ def submit(
     requeue: bool = False,
     exclusive: bool = False,
     share: bool = False,
+    output: str | None = None,
 ) -> None:
     """Queue COMMAND; print the new job's id (with --sweep, one id per line).
 
@@ -175,6 +184,7 @@ def submit(
         "requeue": requeue,
         "exclusive": exclusive,
         "share": share,
+        "output": output,
     }
     client = client_of(ctx)
     if options["mem"] == "auto" and not sweep:

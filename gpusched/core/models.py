@@ -146,6 +146,8 @@ class Job:
     # How that hook ended: {"kind": exit|timeout|failed_to_start, "exit_code", "output"
     # (the end of what it printed, at most NOTIFY_OUTPUT_CHARS)}; None until it has run.
     notify_result: dict[str, Any] | None = None
+    # `submit --output`: the log's path template ({id}, {array}, {index}); None: log_dir.
+    output: str | None = None
     node: str | None = None  # the server it was placed on (runs on, ran on)
     allowed_nodes: list[str] | None = None  # `submit --node a,b`; None: any node
     requeue: int | None = None  # `submit --requeue`: 1 puts it back in the queue if its node dies

@@ -81,6 +81,7 @@ class SubmitRequest(Request):
     requeue: bool = False  # `--requeue`: queued again if its server dies while it runs
     exclusive: bool = False  # `--exclusive`: a card to itself
     share: bool = False  # `--share`: light, shares a busy card (the policy's rule 3)
+    output: str | None = None  # `--output`: the log's path (gpusched.core.output)
     sweep: tuple[tuple[str, tuple[str, ...]], ...] | None = field(
         default=None, metadata=shape("'sweep' must be a list of [name, [values...]]")
     )

@@ -56,6 +56,8 @@ def account_gid(caller: Caller) -> int:
 # Asked of /bin/sh as the user: `cd -P` is chdir(2) on the path as given (physical, like
 # the job's own chdir), the path is an argument, never part of the script.
 _ENTER_SCRIPT = 'cd -P -- "$1"'
+# `submit --output`: the log's directory must be one the user may create files in.
+_WRITE_SCRIPT = 'cd -P -- "$1" && test -w .'
 ENTER_CHECK_TIMEOUT_S = 10.0
 _SHORT_OF_RESOURCES = frozenset({errno.EAGAIN, errno.ENOMEM, errno.EMFILE, errno.ENFILE})
 # util-linux's setpriv switches uid, gid and groups (real, effective and saved), then
@@ -64,7 +66,21 @@ _SHORT_OF_RESOURCES = frozenset({errno.EAGAIN, errno.ENOMEM, errno.EMFILE, errno
 SETPRIV = "/usr/bin/setpriv"
 
 
-def can_enter(uid: int, gid: int, path: str) -> str | None:
+def can_write_in(uid: int, gid: int, path: str) -> str | None:
+    """Why `uid` may not create files in directory `path` (`submit --output`), or None;
+    asked as `can_enter` asks, of the kernel as the user."""
+    refused = f"--output: directory {path} does not exist or you cannot write in it"
+    return can_enter(uid, gid, path, script=_WRITE_SCRIPT, refused=refused)
+
+
+def can_enter(
+    uid: int,
+    gid: int,
+    path: str,
+    *,
+    script: str = _ENTER_SCRIPT,
+    refused: str | None = None,
+) -> str | None:
     """Why `uid` may not chdir into `path`, or None if it can.
 
     Asked of the kernel as the user (their uid, gid and groups, an empty environment), in
@@ -78,10 +94,10 @@ def can_enter(uid: int, gid: int, path: str) -> str | None:
         name = pwd.getpwuid(uid).pw_name
     except KeyError:
         return f"uid {uid} has no account on this server"
-    refused = f"working directory {path} does not exist or you cannot enter it"
+    refused = refused or f"working directory {path} does not exist or you cannot enter it"
     try:
         check = subprocess.Popen(
-            [*_switch(uid, gid, name), "/bin/sh", "-c", _ENTER_SCRIPT, "gpusched-cd", path],
+            [*_switch(uid, gid, name), "/bin/sh", "-c", script, "gpusched-cd", path],
             env={},
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,

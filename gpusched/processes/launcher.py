@@ -32,6 +32,7 @@ import psutil
 
 from gpusched.core.config_holder import ConfigHolder
 from gpusched.core.models import Job
+from gpusched.core.output import job_log_path
 from gpusched.processes import cgroups
 from gpusched.processes.exit_watcher import ExitWatcher
 from gpusched.processes.launching import Outcome, OutcomeKind, Started, StartError, start_error
@@ -256,7 +257,7 @@ class Launcher:
             self.log_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise start_error("cannot prepare job directories", exc) from None
-        log_path = self.log_path(job.id)
+        log_path = job_log_path(job, str(self.log_path(job.id)))
         spec: dict[str, Any] = {
             "job_id": job.id,
             "argv": job.command,
@@ -266,7 +267,9 @@ class Launcher:
             "gid": gid,
             "groups": groups,
             "umask": umask,
-            "log_path": str(log_path),
+            "log_path": log_path,
+            # `--output`: a path of the user's, opened as them (gpusched.core.output).
+            "log_as_owner": bool(job.output),
             "kill_grace_s": self._config.current.kill_grace_s,
             # the supervisor keeps the job's log under it (read at start, as kill_grace)
             "max_log_bytes": self._config.current.max_log_bytes,
@@ -293,7 +296,7 @@ class Launcher:
             pid, via = self._popen_supervisor(spec_path), "popen"
         start_time = process_start_time(pid) or "0"
         self.watch(job.id, pid, start_time)
-        return Started(pid, start_time, str(log_path), via)
+        return Started(pid, start_time, log_path, via)
 
     def _popen_supervisor(self, spec_path: Path) -> int:
         """Start a supervisor in a fresh interpreter, in a new session: the slow, sure way."""

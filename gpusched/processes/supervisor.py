@@ -42,6 +42,7 @@ from typing import Any
 from gpusched.core.logcap import cap_log
 from gpusched.core.units import format_duration
 from gpusched.processes import cgroups, shm, treekill
+from gpusched.processes.user_log import open_user_log
 
 PR_SET_CHILD_SUBREAPER = 36
 
@@ -239,7 +240,12 @@ class Supervisor:
         signal.signal(signal.SIGINT, self._on_term)
         signal.signal(signal.SIGCHLD, lambda _s, _f: None)
         try:
-            log_fd = _open_log(spec["log_path"], spec["uid"], spec["gid"])
+            if spec.get("log_as_owner"):  # `--output`: a path of the user's choosing
+                log_fd = open_user_log(
+                    spec["log_path"], spec["uid"], spec["gid"], spec["groups"], spec["umask"]
+                )
+            else:
+                log_fd = _open_log(spec["log_path"], spec["uid"], spec["gid"])
         except OSError as exc:
             self._record(
                 outcome="failed_to_start",

@@ -13,6 +13,7 @@ import logging
 
 from gpusched.core.clock import iso
 from gpusched.core.models import EndReason, GpuState, Job, JobState
+from gpusched.core.output import job_log_path
 from gpusched.core.ratelog import RateLimitedLog
 from gpusched.core.sanitize import command_for_log, quoted
 from gpusched.processes.environment import job_environment
@@ -87,7 +88,7 @@ class JobStarter:
         )
         # Mark running *before* starting: if the daemon dies in between, a restart finds
         # a running row with no pid and looks for its supervisor, so nothing starts twice.
-        log_path = str(self.launcher.log_path(job_id))
+        log_path = job_log_path(job, str(self.launcher.log_path(job_id)))  # --output
         if guard is not None:
             claimed = self.store.mark_running_placed(job_id, guard, log_path, iso(self.clock()))
         else:

@@ -65,6 +65,7 @@ class NewJob:
     client_start_time: str | None = None  # pidref.process_start_time of client_pid
     exclusive: bool = False  # `--exclusive`: a card to itself
     share: bool = False  # `--share`: light, whatever it measures (policy rule 3)
+    output: str | None = None  # `--output`: the log's path template (gpusched.core.output)
 
 
 _CHUNK = 500  # ids per `IN (...)`: SQLite allows 999 variables before 3.32
@@ -128,6 +129,7 @@ def _row(
         "pid_start_time": new.client_start_time,
         "exclusive": 1 if new.exclusive else None,
         "share": 1 if new.share else None,
+        "output": new.output,
     }
 
 

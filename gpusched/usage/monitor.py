@@ -329,7 +329,8 @@ def _fullest_card(
 def oom_cause(job: Job, tracker: UsageTracker | None, headroom_bytes: int) -> str | None:
     """Why a job that failed ran out of GPU memory (gpusched.usage.oom), or None."""
     return oom.oom_cause(
-        log_tail=read_tail(job.log_path),
+        # A log at the user's own path (--output) is read only if it is theirs.
+        log_tail=read_tail(job.log_path, owner=job.uid if job.output else None),
         mem=job.mem,
         peak_mem=max(job.peak_mem or 0, 0 if tracker is None else tracker.peak_mem),
         last_card=None if tracker is None else oom.CardSeen.from_state(tracker.last_card),

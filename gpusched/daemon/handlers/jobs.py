@@ -10,6 +10,7 @@ from typing import Any
 
 from gpusched.core.errors import ConflictError, NotFoundError, ProtocolError, UsageError
 from gpusched.core.models import TERMINAL_STATES, Job, JobState
+from gpusched.core.output import output_directory, output_template
 from gpusched.core.requests import (
     MAX_NAME_CHARS,
     CancelRequest,
@@ -24,7 +25,7 @@ from gpusched.daemon.auth import is_theirs
 from gpusched.daemon.bounds import check_env, check_submit
 from gpusched.daemon.handlers.args import text
 from gpusched.daemon.handlers.views import job_list
-from gpusched.daemon.identity import Caller, account_gid, can_enter
+from gpusched.daemon.identity import Caller, account_gid, can_enter, can_write_in
 from gpusched.daemon.services import Services
 from gpusched.store import NewJob
 
@@ -36,6 +37,13 @@ def submit(services: Services, caller: Caller, request: SubmitRequest) -> Any:
         if problem is not None:
             raise UsageError(problem)
     check_env(request.env, config)
+    output = None
+    if request.output is not None:
+        output = output_template(request.output, request.cwd, request.sweep is not None)
+        if caller.uid != 0:
+            problem = can_write_in(caller.uid, account_gid(caller), output_directory(output))
+            if problem is not None:
+                raise UsageError(problem)
     new = NewJob(
         user=caller.user,
         uid=caller.uid,
@@ -58,6 +66,7 @@ def submit(services: Services, caller: Caller, request: SubmitRequest) -> Any:
         requeue=request.requeue,
         exclusive=request.exclusive,
         share=request.share,
+        output=output,
     )
     command, name = list(request.command), request.name
     if request.sweep is None:
@@ -133,6 +142,7 @@ def requeue(services: Services, caller: Caller, request: RequeueRequest) -> Any:
         notify=tuple(old.notify) if old.notify else None,  # the same `--notify` hook
         allowed_nodes=tuple(old.allowed_nodes) if old.allowed_nodes else None,  # `--node`
         requeue=bool(old.requeue),
+        output=old.output,  # the same `--output` template
         exclusive=old.exclusive,
         share=old.share,
     )

@@ -27,6 +27,7 @@ from gpusched.daemon.bounds import REPLY_BUDGET, reply_weight
 from gpusched.daemon.handlers.admin import drain_json
 from gpusched.daemon.identity import Caller
 from gpusched.daemon.services import Services
+from gpusched.usage.joblog import owned_log
 
 MAX_WAIT_S = 30.0
 ENDED_SHOWN = 20  # `status --all`: this many recent ends unless the request asks for more
@@ -117,12 +118,20 @@ def logs(services: Services, caller: Caller, request: LogsRequest) -> Any:
     data, next_offset = b"", offset
     if job.log_path:
         try:
-            # O_NOFOLLOW: the daemon reads only the file it created, never a planted link.
-            fd = os.open(job.log_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            # O_NOFOLLOW: the daemon reads only the file it created, never a planted link;
+            # O_NONBLOCK: a FIFO planted at a user's --output path cannot hold the request.
+            flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+            fd = os.open(job.log_path, flags)
         except FileNotFoundError:
             fd = -1
         except OSError as exc:
             raise GpuschedError(f"cannot read the log of job {job.id}: {exc.strerror}") from None
+        if fd >= 0 and not _readable_log(fd, job):
+            os.close(fd)
+            raise GpuschedError(
+                f"cannot read the log of job {job.id}: {job.log_path} is not a regular file"
+                " of its owner's any more"
+            )
         if job.node is not None and job.node != services.scheduler.node_name:
             fd = elsewhere(job, fd, services.config.log_dir)
         if fd >= 0:
@@ -143,6 +152,18 @@ def logs(services: Services, caller: Caller, request: LogsRequest) -> Any:
         "state": str(job.state),
         "log_path": job.log_path,
     }
+
+
+def _readable_log(fd: int, job: Job) -> bool:
+    """A log in log_dir is the supervisor's; one at the user's own path (`--output`)
+    is served only if it is a regular file of the job's owner (gpusched.usage.joblog)."""
+    if not job.output:
+        return True
+    try:
+        owner = pwd.getpwnam(job.user).pw_uid  # this server's uid for them (a cluster)
+    except KeyError:
+        owner = job.uid
+    return owned_log(fd, owner)
 
 
 def elsewhere(job: Job, fd: int, log_dir: Path) -> int:
