@@ -89,6 +89,9 @@ def visible(scheduler: Scheduler, config: Config, caller: Caller, job: Job) -> d
         data["cwd"] = None
         data["notify"] = None if job.notify is None else HIDDEN_COMMAND
         data["notify_result"] = None  # its output is the owner's
+        if job.output is not None:  # `--output`: a path of the owner's, as private as cwd
+            data["output"] = None
+            data["log_path"] = None
         if job.array_id is not None:
             # A swept job's name ends with its sweep values ("lr=0.1 token=..."): as
             # private as the command they were put into. Only the name as a whole is

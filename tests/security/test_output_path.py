@@ -67,7 +67,7 @@ def _victims_secret(victim: User) -> Path:
 def test_the_output_lands_at_the_users_path_owned_by_them_and_logs_reads_it(
     people: tuple[User, User], root_daemon: Callable[..., RunningDaemon]
 ) -> None:
-    mallory, _victim = people
+    mallory, victim = people
     daemon = root_daemon()
     job = _submit(daemon, mallory, "run-{id}.log", cwd=mallory.home)  # relative: from cwd
     shown = daemon.wait_state(job, {"done", "failed"})
@@ -81,9 +81,11 @@ def test_the_output_lands_at_the_users_path_owned_by_them_and_logs_reads_it(
     assert _logs(daemon, mallory, job).splitlines() == ["out-line", "err-line"]
     cli = daemon.cli("logs", str(job))  # root may read it too, through the same checks
     assert cli.returncode == 0 and "out-line" in cli.stdout
+    socket_path = daemon.socket_path
+    seen = as_user(victim, lambda: Client(socket_path).job(job).to_json())
+    assert (seen["output"], seen["log_path"]) == (None, None)  # her path, private as her cwd
 
     # A sweep: one file per job, by {array} and {index}.
-    socket_path = daemon.socket_path
     output = f"{mallory.home}/sweep-{{array}}-{{index}}.log"
     jobs = as_user(
         mallory,
