@@ -13,6 +13,8 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import shutil
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -136,12 +138,19 @@ def test_links_to_shadow_or_another_users_file_are_never_followed_as_root(
     daemon = root_daemon()
     Path(victim.home).chmod(0o755)  # only the file's own mode keeps it from her
     secret = _victims_secret(victim)
-    before = {SHADOW: _fingerprint(SHADOW), secret: _fingerprint(secret)}
+    # /etc/shadow changes under us (other tests add users): root's own 0600 file, with
+    # the same name, in a directory every user may read, stands for it in the fingerprint.
+    roots = Path(tempfile.mkdtemp(prefix="gpusched-roots-", dir="/tmp"))
+    roots.chmod(0o755)
+    decoy = roots / "shadow"
+    decoy.write_text("root:secret-hash:19000::::::\n")
+    decoy.chmod(0o600)
+    before = {decoy: _fingerprint(decoy), secret: _fingerprint(secret)}
     home = Path(mallory.home)
 
-    # A link at the name itself, to /etc/shadow and to the victim's file.
-    for target in (SHADOW, secret):
-        link = home / f"to-{target.name}.log"
+    # A link at the name itself, to /etc/shadow, root's file and the victim's file.
+    for target in (SHADOW, decoy, secret):
+        link = home / f"to-{target.parent.name}-{target.name}.log"
         os.symlink(target, link)
         os.lchown(link, mallory.uid, mallory.gid)
         job = _submit(daemon, mallory, str(link))
@@ -151,7 +160,8 @@ def test_links_to_shadow_or_another_users_file_are_never_followed_as_root(
 
     # A directory that passed the submit check, swapped for a link before the job starts:
     # the open happens as mallory, who may write neither /etc nor the victim's file.
-    for target_dir, name in ((SHADOW.parent, SHADOW.name), (secret.parent, secret.name)):
+    targets = [(SHADOW.parent, SHADOW.name), (roots, decoy.name), (secret.parent, secret.name)]
+    for target_dir, name in targets:
         outdir = home / "out"
         outdir.mkdir()
         os.chown(outdir, mallory.uid, mallory.gid)
@@ -192,3 +202,5 @@ def test_links_to_shadow_or_another_users_file_are_never_followed_as_root(
     assert read_tail(str(secret), owner=victim.uid) == "victim's secret\n"
 
     assert {path: _fingerprint(path) for path in before} == before
+    assert SHADOW.read_text().startswith("root:")  # never emptied (O_TRUNC) through a link
+    shutil.rmtree(roots)
