@@ -40,13 +40,6 @@ from gpusched.core.protocol import (
     version_mismatch,
 )
 from gpusched.core.sanitize import shown
-from gpusched.core.submitter import (
-    current_umask,
-    notify_argv,
-    resolve_command,
-    runnable_command,
-)
-from gpusched.core.units import parse_job_mem, parse_job_time
 
 CONNECT_TIMEOUT_S = 5.0
 REPLY_TIMEOUT_S = 120.0
@@ -273,6 +266,10 @@ class Client:
         notify: str | Sequence[str] | None = None,
         **fields: Any,
     ) -> Any:
+        # Only submitting needs these: `status` and `show` start without them.
+        from gpusched.core.submitter import current_umask, notify_argv, resolve_command
+        from gpusched.core.units import parse_job_mem, parse_job_time
+
         workdir = os.path.abspath(cwd if cwd is not None else os.getcwd())
         environment = dict(os.environ if env is None else env)
         argv = resolve_command(command, workdir, environment.get("PATH"))
@@ -306,6 +303,8 @@ class Client:
         The command is resolved as `submit` resolves it (so `train.py` matches the runs
         submitted as `train.py`). NotFoundError when there is no such run.
         """
+        from gpusched.core.submitter import resolve_command
+
         workdir = os.path.abspath(cwd if cwd is not None else os.getcwd())
         environment = dict(os.environ if env is None else env)
         argv = resolve_command(command, workdir, environment.get("PATH"))
@@ -482,6 +481,8 @@ def _checked_program(
     built meanwhile. A sweep's placeholder in the program's name is filled in later."""
     if fields.get("sweep") and "{" in argv[0]:
         return argv
+    from gpusched.core.submitter import runnable_command
+
     runnable, problem = runnable_command(argv, cwd, path_env)
     if problem is None:
         return runnable
