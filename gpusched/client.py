@@ -16,16 +16,17 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import importlib.util
 import os
 import socket
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any, overload
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, overload
 
 from gpusched import __version__
-from gpusched.core import requests as rq
 from gpusched.core.daemon_socket import choose_socket
 from gpusched.core.errors import DaemonUnreachable, ProtocolError, UsageError
 from gpusched.core.models import TERMINAL_STATES, Drain, GpuReport, Job, TimelinePoint
@@ -39,7 +40,34 @@ from gpusched.core.protocol import (
     read_frame,
     version_mismatch,
 )
+from gpusched.core.request_base import Request
 from gpusched.core.sanitize import shown
+from gpusched.core.view_requests import ShowRequest, StatusRequest
+
+
+def _lazily(name: str) -> ModuleType:
+    """The module `name`, run when an attribute of it is first read (importlib's LazyLoader):
+    every request class is created only by a command that sends one of them, not by
+    `status` and `show`, whose requests come from gpusched.core.view_requests."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"no module {name!r}", name=name)
+    spec.loader = importlib.util.LazyLoader(spec.loader)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    # As an import would: `gpusched.core.requests` reachable as an attribute of its package.
+    parent, _, child = name.rpartition(".")
+    setattr(sys.modules[parent], child, module)
+    return module
+
+
+if TYPE_CHECKING:
+    from gpusched.core import requests as rq
+else:
+    rq = _lazily("gpusched.core.requests")
 
 CONNECT_TIMEOUT_S = 5.0
 REPLY_TIMEOUT_S = 120.0
@@ -160,7 +188,7 @@ class Client:
             " is it running? Start it with `gpusched daemon`, or point --socket at it"
         )
 
-    def send(self, request: rq.Request) -> Any:
+    def send(self, request: Request) -> Any:
         """Send a request object (gpusched.core.requests, checked as it was built)."""
         wire = request.to_wire()
         return self.request(wire.pop("op"), **wire)
@@ -337,7 +365,7 @@ class Client:
         The daemon answers in pages (`status_page_jobs` each) so that any queue fits;
         a job is listed once, in the state it had when its page was read.
         """
-        ask = rq.StatusRequest(
+        ask = StatusRequest(
             all=all,
             states=None if states is None else tuple(states),
             limit=None if first is None else max(1, first),
@@ -357,12 +385,12 @@ class Client:
 
     def job(self, job_id: int) -> Job:
         """One job by id (NotFoundError if there is none)."""
-        return Job.from_json(self.send(rq.ShowRequest(job_id)))
+        return Job.from_json(self.send(ShowRequest(job_id)))
 
     def job_and_timeline(self, job_id: int) -> tuple[Job, list[TimelinePoint]]:
         """One job and its memory and utilization over time, oldest first ([] before its
         first sample, or from a daemon that keeps none)."""
-        data = self.send(rq.ShowRequest(job_id, timeline=True))
+        data = self.send(ShowRequest(job_id, timeline=True))
         points = [TimelinePoint.from_json(p) for p in data.get("timeline") or []]
         return Job.from_json(data), points
 
