@@ -16,15 +16,13 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import importlib.util
 import os
 import socket
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from types import ModuleType
-from typing import TYPE_CHECKING, Any, overload
+from typing import Any, overload
 
 from gpusched import __version__
 from gpusched.core.daemon_socket import choose_socket
@@ -44,30 +42,8 @@ from gpusched.core.request_base import Request
 from gpusched.core.sanitize import shown
 from gpusched.core.view_requests import ShowRequest, StatusRequest
 
-
-def _lazily(name: str) -> ModuleType:
-    """The module `name`, run when an attribute of it is first read (importlib's LazyLoader):
-    every request class is created only by a command that sends one of them, not by
-    `status` and `show`, whose requests come from gpusched.core.view_requests."""
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.find_spec(name)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"no module {name!r}", name=name)
-    spec.loader = importlib.util.LazyLoader(spec.loader)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    # As an import would: `gpusched.core.requests` reachable as an attribute of its package.
-    parent, _, child = name.rpartition(".")
-    setattr(sys.modules[parent], child, module)
-    return module
-
-
-if TYPE_CHECKING:
-    from gpusched.core import requests as rq
-else:
-    rq = _lazily("gpusched.core.requests")
+# Every other request class (gpusched.core.requests) is imported by the method that sends
+# one: `status` and `show`, the commands people run most, start without creating them.
 
 CONNECT_TIMEOUT_S = 5.0
 REPLY_TIMEOUT_S = 120.0
@@ -196,6 +172,8 @@ class Client:
     def ping(self) -> dict[str, Any]:
         """{"version", "pid", "daemon_user", "daemon_uid", "user", "uid"}: who answers, and
         who the daemon thinks is asking."""
+        from gpusched.core import requests as rq
+
         return dict(self.send(rq.PingRequest()))
 
     def check_version(self) -> dict[str, Any]:
@@ -295,6 +273,7 @@ class Client:
         **fields: Any,
     ) -> Any:
         # Only submitting needs these: `status` and `show` start without them.
+        from gpusched.core import requests as rq
         from gpusched.core.submitter import current_umask, notify_argv, resolve_command
         from gpusched.core.units import parse_job_mem, parse_job_time
 
@@ -331,6 +310,7 @@ class Client:
         The command is resolved as `submit` resolves it (so `train.py` matches the runs
         submitted as `train.py`). NotFoundError when there is no such run.
         """
+        from gpusched.core import requests as rq
         from gpusched.core.submitter import resolve_command
 
         workdir = os.path.abspath(cwd if cwd is not None else os.getcwd())
@@ -397,46 +377,68 @@ class Client:
     def cancel(self, job_id: int) -> Job:
         """Cancel a job; returns it as it is right after the request (it may still be
         running for up to `kill_grace` while it stops)."""
+        from gpusched.core import requests as rq
+
         return Job.from_json(self.send(rq.CancelRequest(id=job_id)))
 
     def set_priority(self, job_id: int, priority: int) -> Job:
+        from gpusched.core import requests as rq
+
         return Job.from_json(self.send(rq.PriorityRequest(job_id, priority)))
 
     def put_first(self, job_id: int) -> Job:
         """An administrator puts a waiting job ahead of every user's (`gpusched top`)."""
+        from gpusched.core import requests as rq
+
         return Job.from_json(self.send(rq.TopRequest(job_id)))
 
     def requeue(self, job_id: int) -> Job:
         """Queue a new job with the spec of an ended one."""
+        from gpusched.core import requests as rq
+
         return Job.from_json(self.send(rq.RequeueRequest(job_id)))
 
     def array(self, array_id: int) -> list[Job]:
         """The jobs of one sweep array, in order."""
+        from gpusched.core import requests as rq
+
         return [Job.from_json(j) for j in self.send(rq.ArrayRequest(array_id))]
 
     def cancel_array(self, array_id: int) -> list[Job]:
+        from gpusched.core import requests as rq
+
         return [Job.from_json(j) for j in self.send(rq.CancelRequest(array=array_id))]
 
     def cancel_mine(self, waiting_only: bool = False) -> list[Job]:
         """Cancel every active job of the caller's (`waiting_only`: those not started yet)."""
+        from gpusched.core import requests as rq
+
         jobs = self.send(rq.CancelRequest(mine=True, waiting_only=waiting_only))
         return [Job.from_json(j) for j in jobs]
 
     def hold(self, job_id: int) -> Job:
+        from gpusched.core import requests as rq
+
         return Job.from_json(self.send(rq.HoldRequest(job_id)))
 
     def release(self, job_id: int) -> Job:
+        from gpusched.core import requests as rq
+
         return Job.from_json(self.send(rq.ReleaseRequest(job_id)))
 
     def drain(self, reason: str | None = None, node: str | None = None) -> Drain:
         """Start no new job (administrators only); running jobs go on, the queue waits.
         `node`: that server of the cluster (None: the daemon's own)."""
+        from gpusched.core import requests as rq
+
         result = self.send(rq.DrainRequest(on=True, reason=reason, node=node))
         return Drain.from_json(result)
 
     def prune(self, ended_before_s: float, dry_run: bool = False) -> dict[str, Any]:
         """Forget jobs that ended more than `ended_before_s` ago (administrators only): one
         batch per call; {"jobs", "log_bytes", "more", "cutoff"}."""
+        from gpusched.core import requests as rq
+
         result: dict[str, Any] = self.send(
             rq.PruneRequest(ended_before_s=ended_before_s, dry_run=dry_run)
         )
@@ -445,11 +447,15 @@ class Client:
     def reload(self) -> list[str]:
         """Have the daemon apply its config file now (administrators only); what it kept
         because it needs a restart. A rejected config raises its error."""
+        from gpusched.core import requests as rq
+
         result: dict[str, Any] = self.send(rq.ReloadRequest())
         return [str(note) for note in result.get("kept", [])]
 
     def undrain(self, node: str | None = None) -> None:
         """Let jobs start again (administrators only), on `node` or the daemon's own."""
+        from gpusched.core import requests as rq
+
         self.send(rq.DrainRequest(on=False, node=node))
 
     def history(
@@ -461,11 +467,15 @@ class Client:
     ) -> list[Job]:
         """Ended jobs, most recent first. `states`: e.g. ["failed", "lost"]; `since`: an
         ISO timestamp with a time zone (jobs that ended at or after it)."""
+        from gpusched.core import requests as rq
+
         states = None if states is None else tuple(states)
         ask = rq.HistoryRequest(limit=limit, user=user, states=states, since=since)
         return [Job.from_json(j) for j in self.send(ask)]
 
     def logs(self, job_id: int, offset: int = 0) -> LogChunk:
+        from gpusched.core import requests as rq
+
         result = self.send(rq.LogsRequest(job_id, offset))
         return LogChunk(
             base64.b64decode(result["data"]), result["offset"], result["ended"], result["state"]
@@ -486,6 +496,8 @@ class Client:
         return self._wait(list(job_ids), timeout)
 
     def _wait(self, job_ids: list[int], timeout: float | None) -> list[Job]:
+        from gpusched.core import requests as rq
+
         deadline = None if timeout is None else time.monotonic() + timeout
         unique = list(dict.fromkeys(job_ids))  # the daemon answers each id once
         while True:
