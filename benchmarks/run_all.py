@@ -32,6 +32,7 @@ BENCHMARKS = (
     "throughput",
     "idle",
     "scheduling_pass",
+    "status_queue",
     "dashboard",
     "database",
     "timeline_storage",

@@ -10,7 +10,9 @@ by (-priority, id), which any pass must do.
 Then a real `Scheduler` (SQLite store in a temp dir, `SimulatedProbe` with the same 64
 GPUs, a real `Launcher`) with the same jobs in its database, all running jobs holding
 whole GPUs, so no job can start and nothing is launched; one `tick()` is timed (median
-of TICK_RUNS): read GPUs, load every active job, settle dependencies, plan.
+of TICK_RUNS): read GPUs, load every active job, settle dependencies, plan. The same
+tick with SMALL_QUEUE waiting jobs is its baseline (issue 30: a queue of 10,000 costs one
+tick at most 3x a queue of 100).
 
     python benchmarks/scheduling_pass.py [--waiting 10000] [--gpus 64]
 """
@@ -36,6 +38,8 @@ RUNS = 20
 TICK_RUNS = 5
 PER_GPU = 3
 HEADROOM = 512 * 2**20
+SMALL_QUEUE = 100
+TICK_RATIO_TARGET = 3.0
 
 
 def sized_trace(seed: int, n_jobs: int, window_s: float) -> list[TraceJob]:
@@ -148,8 +152,22 @@ def main() -> None:
     if not args.no_tick:
         with tempfile.TemporaryDirectory(prefix="gpusched-bench-") as tmp:
             tick_s, reasons = time_tick(args.waiting, args.gpus, Path(tmp))
+        with tempfile.TemporaryDirectory(prefix="gpusched-bench-") as tmp:
+            small_s, small_reasons = time_tick(SMALL_QUEUE, args.gpus, Path(tmp))
         print(f"Scheduler.tick(): {1e3 * tick_s:.0f} ms (median of {TICK_RUNS}), {reasons} waiting")
-        figures.append(Figure("Scheduler.tick(), same queue, SQLite", 1e3 * tick_s, "ms"))
+        print(f"  baseline, {SMALL_QUEUE} waiting: {1e3 * small_s:.1f} ms, {small_reasons} waiting")
+        ratio = tick_s / small_s
+        figures += [
+            Figure("Scheduler.tick(), same queue, SQLite", 1e3 * tick_s, "ms"),
+            Figure(f"Scheduler.tick(), {SMALL_QUEUE} waiting", 1e3 * small_s, "ms"),
+            Figure(
+                f"tick(), {args.waiting} / {SMALL_QUEUE} waiting",
+                ratio,
+                "x",
+                f"<= {TICK_RATIO_TARGET:g}",
+                ratio <= TICK_RATIO_TARGET,
+            ),
+        ]
     report("scheduling_pass", figures)
 
 

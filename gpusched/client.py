@@ -25,7 +25,6 @@ from dataclasses import dataclass, replace
 from typing import Any, overload
 
 from gpusched import __version__
-from gpusched.core import requests as rq
 from gpusched.core.daemon_socket import choose_socket
 from gpusched.core.errors import DaemonUnreachable, ProtocolError, UsageError
 from gpusched.core.models import TERMINAL_STATES, Drain, GpuReport, Job, TimelinePoint
@@ -39,14 +38,12 @@ from gpusched.core.protocol import (
     read_frame,
     version_mismatch,
 )
+from gpusched.core.request_base import Request
 from gpusched.core.sanitize import shown
-from gpusched.core.submitter import (
-    current_umask,
-    notify_argv,
-    resolve_command,
-    runnable_command,
-)
-from gpusched.core.units import parse_job_mem, parse_job_time
+from gpusched.core.view_requests import ShowRequest, StatusRequest
+
+# Every other request class (gpusched.core.requests) is imported by the method that sends
+# one: `status` and `show`, the commands people run most, start without creating them.
 
 CONNECT_TIMEOUT_S = 5.0
 REPLY_TIMEOUT_S = 120.0
@@ -167,7 +164,7 @@ class Client:
             " is it running? Start it with `gpusched daemon`, or point --socket at it"
         )
 
-    def send(self, request: rq.Request) -> Any:
+    def send(self, request: Request) -> Any:
         """Send a request object (gpusched.core.requests, checked as it was built)."""
         wire = request.to_wire()
         return self.request(wire.pop("op"), **wire)
@@ -175,6 +172,8 @@ class Client:
     def ping(self) -> dict[str, Any]:
         """{"version", "pid", "daemon_user", "daemon_uid", "user", "uid"}: who answers, and
         who the daemon thinks is asking."""
+        from gpusched.core import requests as rq
+
         return dict(self.send(rq.PingRequest()))
 
     def check_version(self) -> dict[str, Any]:
@@ -277,6 +276,11 @@ class Client:
         notify: str | Sequence[str] | None = None,
         **fields: Any,
     ) -> Any:
+        # Only submitting needs these: `status` and `show` start without them.
+        from gpusched.core import requests as rq
+        from gpusched.core.submitter import current_umask, notify_argv, resolve_command
+        from gpusched.core.units import parse_job_mem, parse_job_time
+
         workdir = os.path.abspath(cwd if cwd is not None else os.getcwd())
         environment = dict(os.environ if env is None else env)
         argv = resolve_command(command, workdir, environment.get("PATH"))
@@ -310,6 +314,9 @@ class Client:
         The command is resolved as `submit` resolves it (so `train.py` matches the runs
         submitted as `train.py`). NotFoundError when there is no such run.
         """
+        from gpusched.core import requests as rq
+        from gpusched.core.submitter import resolve_command
+
         workdir = os.path.abspath(cwd if cwd is not None else os.getcwd())
         environment = dict(os.environ if env is None else env)
         argv = resolve_command(command, workdir, environment.get("PATH"))
@@ -342,7 +349,7 @@ class Client:
         The daemon answers in pages (`status_page_jobs` each) so that any queue fits;
         a job is listed once, in the state it had when its page was read.
         """
-        ask = rq.StatusRequest(
+        ask = StatusRequest(
             all=all,
             states=None if states is None else tuple(states),
             limit=None if first is None else max(1, first),
@@ -362,58 +369,80 @@ class Client:
 
     def job(self, job_id: int) -> Job:
         """One job by id (NotFoundError if there is none)."""
-        return Job.from_json(self.send(rq.ShowRequest(job_id)))
+        return Job.from_json(self.send(ShowRequest(job_id)))
 
     def job_and_timeline(self, job_id: int) -> tuple[Job, list[TimelinePoint]]:
         """One job and its memory and utilization over time, oldest first ([] before its
         first sample, or from a daemon that keeps none)."""
-        data = self.send(rq.ShowRequest(job_id, timeline=True))
+        data = self.send(ShowRequest(job_id, timeline=True))
         points = [TimelinePoint.from_json(p) for p in data.get("timeline") or []]
         return Job.from_json(data), points
 
     def cancel(self, job_id: int) -> Job:
         """Cancel a job; returns it as it is right after the request (it may still be
         running for up to `kill_grace` while it stops)."""
+        from gpusched.core import requests as rq
+
         return Job.from_json(self.send(rq.CancelRequest(id=job_id)))
 
     def set_priority(self, job_id: int, priority: int) -> Job:
+        from gpusched.core import requests as rq
+
         return Job.from_json(self.send(rq.PriorityRequest(job_id, priority)))
 
     def put_first(self, job_id: int) -> Job:
         """An administrator puts a waiting job ahead of every user's (`gpusched top`)."""
+        from gpusched.core import requests as rq
+
         return Job.from_json(self.send(rq.TopRequest(job_id)))
 
     def requeue(self, job_id: int) -> Job:
         """Queue a new job with the spec of an ended one."""
+        from gpusched.core import requests as rq
+
         return Job.from_json(self.send(rq.RequeueRequest(job_id)))
 
     def array(self, array_id: int) -> list[Job]:
         """The jobs of one sweep array, in order."""
+        from gpusched.core import requests as rq
+
         return [Job.from_json(j) for j in self.send(rq.ArrayRequest(array_id))]
 
     def cancel_array(self, array_id: int) -> list[Job]:
+        from gpusched.core import requests as rq
+
         return [Job.from_json(j) for j in self.send(rq.CancelRequest(array=array_id))]
 
     def cancel_mine(self, waiting_only: bool = False) -> list[Job]:
         """Cancel every active job of the caller's (`waiting_only`: those not started yet)."""
+        from gpusched.core import requests as rq
+
         jobs = self.send(rq.CancelRequest(mine=True, waiting_only=waiting_only))
         return [Job.from_json(j) for j in jobs]
 
     def hold(self, job_id: int) -> Job:
+        from gpusched.core import requests as rq
+
         return Job.from_json(self.send(rq.HoldRequest(job_id)))
 
     def release(self, job_id: int) -> Job:
+        from gpusched.core import requests as rq
+
         return Job.from_json(self.send(rq.ReleaseRequest(job_id)))
 
     def drain(self, reason: str | None = None, node: str | None = None) -> Drain:
         """Start no new job (administrators only); running jobs go on, the queue waits.
         `node`: that server of the cluster (None: the daemon's own)."""
+        from gpusched.core import requests as rq
+
         result = self.send(rq.DrainRequest(on=True, reason=reason, node=node))
         return Drain.from_json(result)
 
     def prune(self, ended_before_s: float, dry_run: bool = False) -> dict[str, Any]:
         """Forget jobs that ended more than `ended_before_s` ago (administrators only): one
         batch per call; {"jobs", "log_bytes", "more", "cutoff"}."""
+        from gpusched.core import requests as rq
+
         result: dict[str, Any] = self.send(
             rq.PruneRequest(ended_before_s=ended_before_s, dry_run=dry_run)
         )
@@ -422,11 +451,15 @@ class Client:
     def reload(self) -> list[str]:
         """Have the daemon apply its config file now (administrators only); what it kept
         because it needs a restart. A rejected config raises its error."""
+        from gpusched.core import requests as rq
+
         result: dict[str, Any] = self.send(rq.ReloadRequest())
         return [str(note) for note in result.get("kept", [])]
 
     def undrain(self, node: str | None = None) -> None:
         """Let jobs start again (administrators only), on `node` or the daemon's own."""
+        from gpusched.core import requests as rq
+
         self.send(rq.DrainRequest(on=False, node=node))
 
     def history(
@@ -438,11 +471,15 @@ class Client:
     ) -> list[Job]:
         """Ended jobs, most recent first. `states`: e.g. ["failed", "lost"]; `since`: an
         ISO timestamp with a time zone (jobs that ended at or after it)."""
+        from gpusched.core import requests as rq
+
         states = None if states is None else tuple(states)
         ask = rq.HistoryRequest(limit=limit, user=user, states=states, since=since)
         return [Job.from_json(j) for j in self.send(ask)]
 
     def logs(self, job_id: int, offset: int = 0) -> LogChunk:
+        from gpusched.core import requests as rq
+
         result = self.send(rq.LogsRequest(job_id, offset))
         return LogChunk(
             base64.b64decode(result["data"]), result["offset"], result["ended"], result["state"]
@@ -463,6 +500,8 @@ class Client:
         return self._wait(list(job_ids), timeout)
 
     def _wait(self, job_ids: list[int], timeout: float | None) -> list[Job]:
+        from gpusched.core import requests as rq
+
         deadline = None if timeout is None else time.monotonic() + timeout
         unique = list(dict.fromkeys(job_ids))  # the daemon answers each id once
         while True:
@@ -486,6 +525,8 @@ def _checked_program(
     built meanwhile. A sweep's placeholder in the program's name is filled in later."""
     if fields.get("sweep") and "{" in argv[0]:
         return argv
+    from gpusched.core.submitter import runnable_command
+
     runnable, problem = runnable_command(argv, cwd, path_env)
     if problem is None:
         return runnable

@@ -15,7 +15,10 @@ from tests.daemon_harness import RunningDaemon
 
 
 def test_every_command_takes_config_and_socket_after_its_name() -> None:
-    for name, command in cli.commands.items():
+    ctx = cli.make_context("gpusched", ["--help"], resilient_parsing=True)
+    for name in cli.list_commands(ctx):
+        command = cli.get_command(ctx, name)
+        assert command is not None, name
         options = {opt for param in command.params for opt in getattr(param, "opts", [])}
         assert {"--config", "--socket"} <= options, name
 

@@ -24,6 +24,7 @@ from gpusched.core.errors import (
     UsageError,
 )
 from gpusched.core.models import JobState
+from gpusched.core.protocol import WIRE_REPLY_BYTES, encode
 from gpusched.core.requests import REQUESTS
 from gpusched.daemon.auth import HIDDEN_COMMAND
 from gpusched.daemon.handlers import HANDLERS, dispatch
@@ -237,6 +238,25 @@ def test_status_pages_through_every_active_job_once(daemon: Daemon) -> None:
     assert page["counts"]["queued"] == 7
     with pytest.raises(UsageError, match="only queued, held and running"):
         daemon.ask(ALICE, "status", states=["failed"])
+
+
+def test_a_status_page_stays_under_a_megabyte_and_the_client_joins_the_pages(
+    daemon: Daemon,
+) -> None:
+    """Issue 30: every wire reply bounded (1 MB). 40 queued jobs of 60 KB commands (2.4 MB,
+    within a page's job count): each `status` page is at most WIRE_REPLY_BYTES on the wire
+    and the pages together list every job once, in order."""
+    ids = [daemon.queue(ALICE, command=["train.py", f"{n}" * 60_000]) for n in range(40)]
+    seen: list[int] = []
+    cursor = None
+    for _ in range(40):  # a cursor that never advances fails here, not by hanging
+        page = daemon.ask(ALICE, "status", cursor=cursor)
+        assert len(encode({"ok": True, "result": page})) <= WIRE_REPLY_BYTES
+        seen += [j["id"] for j in page["jobs"]]
+        cursor = page["next"]
+        if cursor is None:
+            break
+    assert seen == ids
 
 
 def test_wait_answers_each_job_once_however_often_named(daemon: Daemon) -> None:

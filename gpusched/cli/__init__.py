@@ -7,47 +7,67 @@ code (0 ok, 1 failed, 2 bad usage, 3 daemon unreachable, 124 wait timed out).
 
 The commands on jobs live in cli/jobs.py, the views in cli/views.py, `estimate` in
 cli/estimate.py, `run` in cli/run.py, the administrator's in cli/admin.py; this module
-registers them all on the group. None of them imports
+names them all for the group, which imports a command's module only when that command
+is used (or listed by `--help`). None of them imports
 SQLAlchemy, APScheduler, pynvml, prometheus_client, YAML or psutil at import time:
 `gpusched status` must start fast.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 import click
 
-from gpusched.cli.admin import admin
-from gpusched.cli.common import print_json, use_color
-from gpusched.cli.estimate import estimate
 from gpusched.cli.help import ExampleLastGroup
-from gpusched.cli.jobs import (
-    cancel,
-    drain,
-    hold,
-    priority,
-    release,
-    requeue,
-    submit,
-    top,
-    undrain,
-    wait,
-)
-from gpusched.cli.kernel import kernel
-from gpusched.cli.run import run
-from gpusched.cli.views import history, logs, show, status
 from gpusched.core.errors import EXIT_FAILED, EXIT_OK, GpuschedError, UsageError
-from gpusched.core.sanitize import shown
+
+# Each command's module, imported only when that command runs (or `--help` lists them
+# all): `gpusched status` loads the status command's module and what it needs, not
+# submit's, run's or the administrator's.
+_LAZY_COMMANDS: dict[str, tuple[str, str]] = {
+    "submit": ("gpusched.cli.jobs", "submit"),
+    "run": ("gpusched.cli.run", "run"),
+    "status": ("gpusched.cli.views", "status"),
+    "show": ("gpusched.cli.views", "show"),
+    "logs": ("gpusched.cli.views", "logs"),
+    "cancel": ("gpusched.cli.jobs", "cancel"),
+    "hold": ("gpusched.cli.jobs", "hold"),
+    "release": ("gpusched.cli.jobs", "release"),
+    "wait": ("gpusched.cli.jobs", "wait"),
+    "history": ("gpusched.cli.views", "history"),
+    "priority": ("gpusched.cli.jobs", "priority"),
+    "top": ("gpusched.cli.jobs", "top"),
+    "requeue": ("gpusched.cli.jobs", "requeue"),
+    "estimate": ("gpusched.cli.estimate", "estimate"),
+    "drain": ("gpusched.cli.jobs", "drain"),
+    "undrain": ("gpusched.cli.jobs", "undrain"),
+    "admin": ("gpusched.cli.admin", "admin"),
+    "kernel": ("gpusched.cli.kernel", "kernel"),
+}
 
 
 class _Group(ExampleLastGroup):
-    """Turns every GpuschedError into one line on stderr and its exit code."""
+    """Turns every GpuschedError into one line on stderr and its exit code, and loads
+    each command's module when the command is first asked for."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*self.commands, *_LAZY_COMMANDS})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in _LAZY_COMMANDS:
+            module_name, attribute = _LAZY_COMMANDS[cmd_name]
+            command = getattr(importlib.import_module(module_name), attribute)
+            self.add_command(global_options(command), cmd_name)
+        return self.commands.get(cmd_name)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except GpuschedError as exc:
+            from gpusched.core.sanitize import shown
+
             # The message may quote the user's input or a daemon's reply: shown escaped.
             click.echo(f"gpusched: {shown(exc.message)}", err=True)
             ctx.exit(exc.exit_code)
@@ -201,34 +221,17 @@ def doctor(ctx: click.Context, as_json: bool) -> None:
     checks = run_checks(obj.get("config"), obj.get("socket"))
     failed = any(check.status == FAIL for check in checks)
     if as_json:
+        from gpusched.cli.common import print_json
+
         print_json({"ok": not failed, "checks": [check.to_json() for check in checks]})
     else:
+        from gpusched.cli.common import use_color
+
         click.echo(render_checks(checks, use_color()))
     ctx.exit(EXIT_FAILED if failed else EXIT_OK)
 
 
-for _command in (
-    submit,
-    run,
-    status,
-    show,
-    logs,
-    cancel,
-    hold,
-    release,
-    wait,
-    history,
-    priority,
-    top,
-    requeue,
-    estimate,
-    drain,
-    undrain,
-    admin,
-    kernel,
-):
-    cli.add_command(_command)
-for _registered in cli.commands.values():  # every command, this module's own too
+for _registered in cli.commands.values():  # this module's own; the others as they load
     global_options(_registered)
 
 

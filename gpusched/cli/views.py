@@ -27,7 +27,6 @@ from gpusched.cli.common import (
     since_time,
     use_color,
 )
-from gpusched.cli.estimate import usage_rows, util_text
 from gpusched.cli.help import ExampleLastCommand
 from gpusched.core.errors import GpuschedError, UsageError
 from gpusched.core.models import Drain, GpuReport, Job, NodeStatus
@@ -203,6 +202,8 @@ def show(ctx: click.Context, job_id: int, as_json: bool) -> None:
     Example:
       gpusched show 12
     """
+    from gpusched.cli.estimate import usage_rows  # `show` alone needs it: not for `status`
+
     job, timeline = client_of(ctx).job_and_timeline(job_id)
     if as_json:
         print_json({**job.to_json(), "timeline": [p.to_json() for p in timeline]})
@@ -378,6 +379,8 @@ def history(
       gpusched history --user alice --limit 5
       gpusched history --state failed,lost --since 12h
     """
+    from gpusched.cli.estimate import util_text
+
     wanted = [name.strip() for value in states for name in value.split(",")] or None
     jobs = client_of(ctx).history(
         user=user, limit=limit, states=wanted, since=None if since is None else since_time(since)

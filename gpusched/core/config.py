@@ -30,23 +30,15 @@ from gpusched.core.config_values import (
 )
 from gpusched.core.errors import ConfigError, UsageError
 from gpusched.core.interactive_config import InteractiveSettings, parse_interactive
+from gpusched.core.paths import (
+    SYSTEM_CONFIG_PATH,
+    SYSTEM_SOCKET_PATH,
+    config_path_from_env,  # noqa: F401  (doctor imports it from here)
+    user_socket_path,
+)
+from gpusched.core.paths import user_state_dir as _user_state_dir
 from gpusched.core.retention_config import RetentionSettings, parse_retention
 from gpusched.core.units import parse_duration, parse_size
-
-SYSTEM_CONFIG_PATH = Path("/etc/gpusched/config.yaml")
-SYSTEM_SOCKET_PATH = Path("/run/gpusched/gpusched.sock")
-
-
-def _user_state_dir() -> Path:
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(base) / "gpusched"
-
-
-def user_socket_path() -> Path:
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    if runtime:
-        return Path(runtime) / "gpusched.sock"
-    return _user_state_dir() / "gpusched.sock"
 
 
 def _is_root() -> bool:
@@ -376,10 +368,3 @@ def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> C
             f" poll intervals ({3 * config.poll_interval_s:g}s): every node would look down"
         )
     return config
-
-
-def config_path_from_env(explicit: str | None) -> Path | None:
-    if explicit:
-        return Path(explicit)
-    env = os.environ.get("GPUSCHED_CONFIG")
-    return Path(env) if env else None

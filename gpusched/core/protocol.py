@@ -21,6 +21,9 @@ MAX_FRAME_BYTES = 4 * 2**20  # a submit carries the submitter's environment; 4 M
 # Replies list jobs: `status` with a 10,000-job sweep queued, or `history --limit 10000`,
 # is several MiB. Only clients read replies, and only from their daemon.
 MAX_REPLY_BYTES = 64 * 2**20
+# What a reply that pages (`status`) holds at most on the wire: a long queue comes in
+# pages the client joins, never as one reply of megabytes to build, send and parse.
+WIRE_REPLY_BYTES = 2**20
 MAX_JSON_DEPTH = 32
 # Every request from this client carries its version; a daemon refuses a client whose
 # version is not compatible (VERSIONS_COMPATIBLE). A frame without it (clients before this

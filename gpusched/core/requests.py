@@ -8,7 +8,8 @@ daemon's handlers receive one parsed from the wire by gpusched.core.request_wire
 crash), and the protocol fuzz test walks REQUESTS to know every operation and field.
 Checks that need the daemon (the configured bounds, whether the caller may enter a
 directory) stay in the handlers. The base class and shared checks: request_base; the
-interactive requests (`gpusched run`, claim()): interactive_requests.
+interactive requests (`gpusched run`, claim()): interactive_requests; `status` and
+`show`, which the client sends without importing this module: view_requests.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import ClassVar
 from gpusched.core.clock import iso
 from gpusched.core.errors import ProtocolError, UsageError
 from gpusched.core.interactive_requests import PlacementRequest, RunEndedRequest, RunRequest
-from gpusched.core.models import ACTIVE_STATES, TERMINAL_STATES
+from gpusched.core.models import TERMINAL_STATES
 from gpusched.core.request_base import (
     MAX_NAME_CHARS,
     MAX_NOTIFY_ARGS,
@@ -38,6 +39,7 @@ from gpusched.core.request_base import (
     unique_ids,
 )
 from gpusched.core.sanitize import shown
+from gpusched.core.view_requests import ShowRequest, StatusRequest
 
 __all__ = ["MAX_NAME_CHARS", "REQUESTS", "Request"]
 
@@ -118,39 +120,6 @@ class SubmitRequest(Request):
         ):
             raise UsageError("--notify: expected a command of reasonable length")
         normalise(self, "after", unique_ids("after", self.after))
-
-
-@dataclass(frozen=True)
-class StatusRequest(Request):
-    """GPUs and one page of active jobs: after id `cursor`, at most `limit` (the daemon
-    caps it), only `states` (active ones), only `user`'s jobs if given; with `all`, the
-    `ended` most recent ends (default 20) on the last page."""
-
-    op: ClassVar[str] = "status"
-    all: bool = False
-    cursor: int = 0
-    limit: int | None = None
-    states: tuple[str, ...] | None = None
-    user: str | None = None
-    ended: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.ended is not None and self.ended < 1:
-            raise UsageError("'ended': at least 1 ended job")
-        if self.states is not None and not set(self.states) <= {str(s) for s in ACTIVE_STATES}:
-            raise UsageError("'states': only queued, held and running jobs are paged")
-
-
-@dataclass(frozen=True)
-class ShowRequest(Request):
-    """One job; with `timeline`, also its memory and utilization over time."""
-
-    op: ClassVar[str] = "show"
-    id: int
-    timeline: bool = False
-
-    def __post_init__(self) -> None:
-        job_id(self.id)
 
 
 @dataclass(frozen=True)

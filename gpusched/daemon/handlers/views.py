@@ -14,6 +14,7 @@ from gpusched.core.errors import GpuschedError, NotFoundError, UsageError
 from gpusched.core.hints import suggest_mem
 from gpusched.core.logcap import read_log
 from gpusched.core.models import ACTIVE_STATES, TERMINAL_STATES, Job, JobState
+from gpusched.core.protocol import WIRE_REPLY_BYTES
 from gpusched.core.requests import (
     ArrayRequest,
     EstimateHistoryRequest,
@@ -33,6 +34,10 @@ MAX_WAIT_S = 30.0
 ENDED_SHOWN = 20  # `status --all`: this many recent ends unless the request asks for more
 ENDED_SHOWN_MAX = 1000  # and never more: a reply stays bounded however many have ended
 MAX_LOG_CHUNK = 1 << 20
+
+# A status page's jobs, by reply_weight's estimate: half the wire bound, leaving room for
+# the estimate's error, the GPUs, the nodes and the counts.
+STATUS_PAGE_JOB_BYTES = WIRE_REPLY_BYTES // 2
 
 
 def job_list(
@@ -69,6 +74,8 @@ def status(services: Services, caller: Caller, request: StatusRequest) -> Any:
     active states; `user`: only that user's jobs. With `all`, the last page ends with
     the `ended` (default 20, at most ENDED_SHOWN_MAX) most recently ended jobs.
     `counts`: how many jobs (of `user`) are in each active state, all pages together.
+    A page holds at most WIRE_REPLY_BYTES of JSON (one job longer than that alone):
+    its jobs end early, and with `all` the ended ones that do not fit are left off.
     """
     store = services.store
     page_size = services.config.status_page_jobs
@@ -82,15 +89,22 @@ def status(services: Services, caller: Caller, request: StatusRequest) -> Any:
     jobs: list[dict[str, Any]] = []
     size, last = 0, cursor
     for job in store.iter_jobs(page[:limit]):
-        if jobs and size > REPLY_BUDGET // 2:  # a page of long commands ends early
+        shown = services.visible(caller, job)
+        weight = reply_weight(shown)
+        if jobs and size + weight > STATUS_PAGE_JOB_BYTES:  # a page of long commands ends early
             more = True
             break
-        jobs.append(services.visible(caller, job))
-        size += reply_weight(jobs[-1])
+        jobs.append(shown)
+        size += weight
         last = job.id
     if not more and request.all:
         ended = min(ENDED_SHOWN_MAX, request.ended or ENDED_SHOWN)
-        jobs += [services.visible(caller, j) for j in store.ended(ended, user=request.user)]
+        for job in store.ended(ended, user=request.user):
+            shown = services.visible(caller, job)
+            size += reply_weight(shown)
+            if size > STATUS_PAGE_JOB_BYTES:  # the oldest of the recent ends are left off
+                break
+            jobs.append(shown)
     return {
         "gpus": [g.to_json() for g in services.scheduler.gpu_reports(store.running())],
         "nodes": [n.to_json() for n in services.scheduler.nodes()],

@@ -1,0 +1,46 @@
+"""The requests of `gpusched status` and `gpusched show`, apart from gpusched.core.requests
+(which lists them with every other operation in REQUESTS) so that the client sends them
+without creating every request class first: the commands people run most start faster.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from gpusched.core.errors import UsageError
+from gpusched.core.models import ACTIVE_STATES
+from gpusched.core.request_base import Request, job_id
+
+
+@dataclass(frozen=True)
+class StatusRequest(Request):
+    """GPUs and one page of active jobs: after id `cursor`, at most `limit` (the daemon
+    caps it), only `states` (active ones), only `user`'s jobs if given; with `all`, the
+    `ended` most recent ends (default 20) on the last page."""
+
+    op: ClassVar[str] = "status"
+    all: bool = False
+    cursor: int = 0
+    limit: int | None = None
+    states: tuple[str, ...] | None = None
+    user: str | None = None
+    ended: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.ended is not None and self.ended < 1:
+            raise UsageError("'ended': at least 1 ended job")
+        if self.states is not None and not set(self.states) <= {str(s) for s in ACTIVE_STATES}:
+            raise UsageError("'states': only queued, held and running jobs are paged")
+
+
+@dataclass(frozen=True)
+class ShowRequest(Request):
+    """One job; with `timeline`, also its memory and utilization over time."""
+
+    op: ClassVar[str] = "show"
+    id: int
+    timeline: bool = False
+
+    def __post_init__(self) -> None:
+        job_id(self.id)

@@ -1,0 +1,78 @@
+"""What `gpusched status`, `show` and `submit` import (issue 30: the CLI at interpreter
+speed). Each module a command imports costs every call its start-up, so the commands
+people run most load only what they use: not every other command's module, not the
+config parser and YAML when no config file is in play, not the other request classes,
+not the interactive modules. Counted, never timed: the timing is benchmarks/cli_latency.py.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.daemon_harness import RunningDaemon
+
+# Imported by `main()` and then listed: what one real command, start to end, loaded.
+_RUN_AND_LIST = """
+import json, sys
+from gpusched.cli import main
+sys.argv = ["gpusched", *sys.argv[1:]]
+try:
+    main()
+except SystemExit as exc:
+    code = exc.code
+print(json.dumps({"code": code, "modules": sorted(sys.modules)}), file=sys.stderr)
+"""
+
+NOT_FOR_STATUS_OR_SHOW = {
+    "yaml",
+    "gpusched.core.config",
+    "gpusched.core.requests",
+    "gpusched.core.submitter",
+    "gpusched.core.interactive_requests",
+    "gpusched.interactive.foreground",
+    "gpusched.interactive.reservation",
+    "gpusched.cli.jobs",
+    "gpusched.cli.run",
+    "gpusched.cli.admin",
+}
+
+
+def _modules_of(daemon: RunningDaemon, *args: str) -> set[str]:
+    env = {k: v for k, v in daemon.env.items() if k != "GPUSCHED_CONFIG"}
+    env["GPUSCHED_SOCKET"] = str(daemon.socket_path)
+    done = subprocess.run(
+        [sys.executable, "-c", _RUN_AND_LIST, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    listed = json.loads(done.stderr.strip().splitlines()[-1])
+    assert listed["code"] in (0, None), done.stderr
+    return set(listed["modules"])
+
+
+def test_status_show_and_submit_import_only_what_they_use(tmp_path: Path) -> None:
+    daemon = RunningDaemon(tmp_path, simulate="1x24G").start()
+    try:
+        submitted = _modules_of(daemon, "submit", "--mem", "1G", "--hold", "--", "true")
+        for args in (["status"], ["status", "--json"], ["show", "1"]):
+            loaded = _modules_of(daemon, *args)
+            assert "gpusched.cli.views" in loaded, args
+            assert not loaded & NOT_FOR_STATUS_OR_SHOW, (args, loaded & NOT_FOR_STATUS_OR_SHOW)
+            if args[0] == "status":  # `show` reads its usage rows from there
+                assert "gpusched.cli.estimate" not in loaded
+    finally:
+        daemon.stop()
+    # A submit needs its own request and helpers, still not the other commands' modules.
+    assert {"gpusched.cli.jobs", "gpusched.core.requests", "gpusched.core.submitter"} <= submitted
+    assert not submitted & {
+        "yaml",
+        "gpusched.core.config",
+        "gpusched.cli.run",
+        "gpusched.cli.admin",
+    }
