@@ -94,8 +94,9 @@ def test_a_daemon_started_before_the_code_changed_is_a_warning(daemon: RunningDa
 
 
 def test_doctor_run_by_a_user_checks_the_config_of_the_service_their_client_uses() -> None:
-    """A user without a daemon of their own talks to the system service: doctor checks
-    the service's config, not the defaults of a personal daemon they do not run."""
+    """A user whose client talks to the system service (one is installed: its socket's
+    directory exists, core.daemon_socket) gets the service's config checked, not the
+    defaults of a personal daemon they do not run."""
     import shutil
     import tempfile
 
@@ -108,6 +109,7 @@ def test_doctor_run_by_a_user_checks_the_config_of_the_service_their_client_uses
         system_config = root / "config.yaml"
         system_config.write_text("headroom: 1G\nsimulate: 2x24G\n")
         system_config.chmod(0o644)
+        (root / "run").mkdir(mode=0o755)  # the service's socket directory: it is installed
         with throwaway_users(1) as ([alice], _group):
 
             def check() -> list[dict[str, Any]]:
@@ -116,6 +118,7 @@ def test_doctor_run_by_a_user_checks_the_config_of_the_service_their_client_uses
                 os.environ.pop("GPUSCHED_SOCKET", None)
                 os.environ.pop("GPUSCHED_CONFIG", None)
                 os.environ["XDG_RUNTIME_DIR"] = str(root / "no-runtime-dir")
+                os.environ["GPUSCHED_SYSTEM_SOCKET"] = str(root / "run" / "gpusched.sock")
                 return [c.to_json() for c in run_checks(system_config=system_config)]
 
             checks = {c["name"]: c for c in as_user(alice, check)}
