@@ -396,8 +396,12 @@ def test_a_running_jobs_demand_is_its_utilization_only_while_alone_on_its_card()
 
     jobs = [running(1, "GPU-0"), running(2, "GPU-1"), running(3, "GPU-1")]
     utils = {1: 80.0, 2: 30.0, 3: 40.0}
-    claims = {c.job_id: c for c in running_claims(jobs, {}, utils.get, now)}
-    assert claims[1].demand == 0.8  # alone: its utilization is what it needs
-    assert claims[2].demand is None  # sharing: its figure is a time slice, not its demand
-    assert claims[3].demand is None
+    demands = {1: 0.8, 2: 0.3}  # as measured (UsageMonitor.job_demand), or its history
+    claims = {
+        c.job_id: c
+        for c in running_claims(jobs, {}, utils.get, now, demand_of=lambda j: demands.get(j.id))
+    }
+    assert claims[1].demand == 0.8
+    assert claims[2].demand == 0.3
+    assert claims[3].demand is None  # not known yet
     assert claims[1].ends_in_s == 3000  # 50 of its 60 minutes left

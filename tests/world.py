@@ -69,15 +69,21 @@ class World:
 
 
 def make_world(
-    root: Path, sizes: list[int], *, end_listeners: Sequence[EndListener] = (), **config: Any
+    root: Path,
+    sizes: list[int],
+    *,
+    end_listeners: Sequence[EndListener] = (),
+    probe: FakeProbe | None = None,
+    **config: Any,
 ) -> World:
-    """`end_listeners`: told of each end before the World records it (`heard`)."""
+    """`end_listeners`: told of each end before the World records it (`heard`); `probe`:
+    fake GPUs of another kind (default: FakeProbe(sizes))."""
     holder = ConfigHolder(
         load_config(None, {**directory_settings(root, None), "headroom": "0", **config})
     )
     holder.current.state_dir.mkdir(parents=True)  # as the daemon does at start
     launcher = FakeLauncher(holder.current.log_dir)
-    probe = FakeProbe(sizes)
+    probe = probe or FakeProbe(sizes)
     clock = FixedClock()
     store = Store(holder.current.database_url)
     heard: list[tuple[int, bool]] = []

@@ -121,6 +121,9 @@ class Plan:
     waiting_reasons: dict[int, str]
     budgets: dict[str, GpuBudget]
     head_claim: HeadClaim | None = None  # the cards kept for the blocked head: store it
+    # The jobs rule 3 held for a quieter card in this plan: the placer notes when each
+    # was first held, since its bound (CONTENTION_WAIT_S) counts from then (`waited_s`).
+    quieter: frozenset[int] = frozenset()
 
 
 def _place(job: WaitingJob) -> int:
@@ -236,6 +239,10 @@ def plan(
     why_by_need: dict[Ask, str] = {}
     no_room: set[Ask] = set()  # asks that found too few cards (reason in why_by_need)
     several_nodes = len({gpu.node for gpu in gpus}) > 1
+    held_for_quieter: set[int] = set()
+    # What other users' jobs took in this plan, per card: (their place in submit order,
+    # user, job id, memory): a job they passed by taking turns is told so (`_passed_by`).
+    passed_on: dict[str, list[tuple[int, str, int, int | None]]] = {}
 
     def candidates(job: WaitingJob) -> tuple[list[PlanGpu], bool]:
         """The cards `job` fits on now, and whether they are in most-free order."""
@@ -272,6 +279,10 @@ def plan(
         user_running[job.user] = user_running.get(job.user, 0) + 1
         user_bytes[job.user] = user_bytes.get(job.user, 0) + _claimed_bytes(job.mem_bytes, chosen)
         for gpu in chosen:
+            if job.top is None:  # an administrator's `top` is no fair share
+                passed_on.setdefault(gpu.slot.uuid, []).append(
+                    (_place(job), job.user, job.job_id, job.mem_bytes)
+                )
             if kept is not None and gpu.slot.uuid in kept.cards and job is not kept.job:
                 kept.took(job, gpu, kept.backfill(job, gpu) or "")
             if room is not None and gpu in room:
@@ -329,6 +340,7 @@ def plan(
             held = None
             if pack == "contention" and contention_wait(job, found):
                 held = _quieter(job, found)
+                held_for_quieter.add(job.job_id)
             chosen = held is None and choose_gpus(
                 job,
                 found,
@@ -353,6 +365,7 @@ def plan(
                 claims = Claims.of(state, kept, max_jobs_per_gpu, several_nodes)
             why_by_need[key] = why_not(job, claims, busy_util, several_nodes)
         reasons[job.job_id] = why_by_need[key]
+        passed = _passed_by(job, passed_on, by_uuid) if passed_on else None
         if kept is None:
             claim = keep_for(job, state, head_claim, several_nodes)
             chosen_cards = [c.gpu for c in claim.cards.values()] if claim else []
@@ -373,6 +386,8 @@ def plan(
                 claims = None
                 why_by_need.clear()
                 no_room.clear()
+        if passed is not None:
+            reasons[job.job_id] += f"; {passed}"
         return False
 
     topped, queues = in_turns(waiting, usage)
@@ -390,7 +405,43 @@ def plan(
                 if turn > turns[0]:
                     heapq.heappush(turns, turn)
                     break
-    return Plan(placements, reasons, budgets, kept.claim if kept is not None else None)
+    return Plan(
+        placements,
+        reasons,
+        budgets,
+        kept.claim if kept is not None else None,
+        frozenset(held_for_quieter),
+    )
+
+
+def _passed_by(
+    job: WaitingJob,
+    taken: Mapping[str, Sequence[tuple[int, str, int, int | None]]],
+    by_uuid: Mapping[str, PlanGpu],
+) -> str | None:
+    """When other users' jobs submitted after `job` took, in this plan, room it would have
+    fitted in (fair share: users take turns, the least recent user first), say whose."""
+    if job.mem_bytes is None:
+        return None
+    fitted = 0
+    passed: list[tuple[str, int, int]] = []  # (user, job id, GPU index)
+    for uuid, took in taken.items():
+        later = [t for t in took if t[1] != job.user and t[0] > _place(job)]
+        if not later:
+            continue
+        gpu = by_uuid[uuid]
+        if job.gpu_keys is not None and uuid not in job.gpu_keys:
+            continue
+        freed = sum(mem for _, _, _, mem in later if mem is not None)
+        if any(mem is None for _, _, _, mem in later) or gpu.available + freed >= job.mem_bytes:
+            fitted += 1
+            passed.extend((user, other, gpu.slot.index) for _, user, other, _ in later)
+    if fitted < job.gpu_count or not passed:
+        return None
+    named = ", ".join(
+        f"{user}'s job {other} on GPU {index}" for user, other, index in sorted(set(passed))[:3]
+    )
+    return f"fair share went first: {named} (users take turns, less recent GPU use first)"
 
 
 def _quieter(job: WaitingJob, found: Sequence[PlanGpu]) -> str:
