@@ -243,6 +243,7 @@ def plan(
     # What other users' jobs took in this plan, per card: (their place in submit order,
     # user, job id, memory): a job they passed by taking turns is told so (`_passed_by`).
     passed_on: dict[str, list[tuple[int, str, int, int | None]]] = {}
+    latest_by_user: dict[str, int] = {}  # the latest submit place each user took a card with
 
     def candidates(job: WaitingJob) -> tuple[list[PlanGpu], bool]:
         """The cards `job` fits on now, and whether they are in most-free order."""
@@ -283,6 +284,7 @@ def plan(
                 passed_on.setdefault(gpu.slot.uuid, []).append(
                     (_place(job), job.user, job.job_id, job.mem_bytes)
                 )
+                latest_by_user[job.user] = max(latest_by_user.get(job.user, 0), _place(job))
             if kept is not None and gpu.slot.uuid in kept.cards and job is not kept.job:
                 kept.took(job, gpu, kept.backfill(job, gpu) or "")
             if room is not None and gpu in room:
@@ -365,7 +367,9 @@ def plan(
                 claims = Claims.of(state, kept, max_jobs_per_gpu, several_nodes)
             why_by_need[key] = why_not(job, claims, busy_util, several_nodes)
         reasons[job.job_id] = why_by_need[key]
-        passed = _passed_by(job, passed_on, by_uuid) if passed_on else None
+        passed = None
+        if any(u != job.user and p > _place(job) for u, p in latest_by_user.items()):
+            passed = _passed_by(job, passed_on, by_uuid)
         if kept is None:
             claim = keep_for(job, state, head_claim, several_nodes)
             chosen_cards = [c.gpu for c in claim.cards.values()] if claim else []
