@@ -1,14 +1,14 @@
 """Rule 3 (issue 25's contention rule) one `Scheduler.tick()` at a time (tests/world.py):
 each job's GPU demand comes from what was measured of its earlier runs (`--name`, sweep or
-command: UsageMonitor.expected_demand), and the bound on waiting for a quieter card runs
-from when the job was first held for one, not from its submit."""
+command: UsageMonitor.expected_demand), a busy job waits for a quieter card however long
+it was queued before (its wait counted from the first pass that held it), and the card it
+keeps for that is its own once its busy jobs end."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from gpusched.core.models import JobState
-from gpusched.scheduling.gpu_choice import CONTENTION_WAIT_S
 from gpusched.store import NewJob
 from gpusched.usage.monitor import HISTORY_TTL_S
 from tests.fakes import GiB
@@ -75,11 +75,13 @@ def test_a_light_job_goes_beside_a_busy_one(tmp_path: Path) -> None:
     assert world.gpus_of(light) == [0]
 
 
-def test_the_bound_on_waiting_for_a_quieter_card_runs_from_when_it_was_first_held(
+def test_a_busy_job_waits_for_a_quieter_card_counted_from_when_it_was_first_held(
     tmp_path: Path,
 ) -> None:
-    """A busy job that sat in the queue (held) far longer than the bound still waits for
-    a quieter card once it may start, and joins a busy card only after the bound."""
+    """A busy job that sat in the queue (held) far longer than ten minutes still waits for
+    a quieter card once it may start (it used to join a busy card at once: its wait was
+    counted from its submit), and its reason counts the wait from the first pass that
+    held it for one."""
     world = make_world(tmp_path, [80 * GiB, 80 * GiB])
     past_run(world, "busy", BUSY)
     running = [world.submit(20 * GiB, name="busy") for _ in range(2)]
@@ -87,33 +89,44 @@ def test_the_bound_on_waiting_for_a_quieter_card_runs_from_when_it_was_first_hel
     assert sorted(g for job in running for g in world.gpus_of(job)) == [0, 1]
     late = world.submit(20 * GiB, name="busy")
     assert world.scheduler.store.hold(late)
-    world.clock.advance(3 * CONTENTION_WAIT_S)  # long queued: older than the bound
+    world.clock.advance(3 * 3600)  # long queued
     world.tick()
     assert world.scheduler.store.release(late)
     world.tick()
     assert world.state(late) == JobState.QUEUED
     why = world.job(late).waiting_reason or ""
-    assert "quieter card" in why and "in at most 10 min" in why
-    world.clock.advance(CONTENTION_WAIT_S - 60)
+    assert "waits for a quieter card" in why and "so far" not in why
+    world.clock.advance(20 * 60)
     world.tick()
-    assert world.state(late) == JobState.QUEUED
-    assert "in at most 1 min" in (world.job(late).waiting_reason or "")
-    world.clock.advance(60)
-    world.tick()
-    assert world.state(late) == JobState.RUNNING  # the bound: it shares a busy card now
+    assert world.state(late) == JobState.QUEUED  # no time limit makes it share
+    why = world.job(late).waiting_reason or ""
+    assert "for 20 min so far" in why  # not 3 h: counted from when it was first held
 
 
-def test_a_card_that_frees_within_the_bound_takes_the_busy_job(tmp_path: Path) -> None:
-    """Waiting pays: a busy card frees before the bound and the held job gets it alone."""
+def test_the_card_kept_for_a_busy_job_takes_no_other_and_is_its_own_once_quiet(
+    tmp_path: Path,
+) -> None:
+    """The bound: the held job keeps the card whose busy job ends first (by --time); a
+    light job submitted after it starts elsewhere, not there; the busy job there ends and
+    the held job starts on it."""
     world = make_world(tmp_path, [80 * GiB, 80 * GiB])
     past_run(world, "busy", BUSY)
-    running = [world.submit(20 * GiB, name="busy") for _ in range(2)]
+    past_run(world, "light", LIGHT)
+    long = world.submit(20 * GiB, name="busy")
+    short = world.submit(20 * GiB, name="busy", time_limit_s=1800)
     world.tick()
+    assert sorted(world.gpus_of(long) + world.gpus_of(short)) == [0, 1]
     late = world.submit(20 * GiB, name="busy")
     world.tick()
     assert world.state(late) == JobState.QUEUED
-    world.clock.advance(CONTENTION_WAIT_S / 2)
-    world.finish(running[1])
+    kept = world.gpus_of(short)[0]
+    why = world.job(late).waiting_reason or ""
+    assert f"GPU {kept} kept for it: starts when busy job {short} ends (by --time" in why
+    light = world.submit(5 * GiB, name="light")
+    world.tick()
+    assert world.gpus_of(light) == world.gpus_of(long)  # beside the other busy job
+    world.clock.advance(1200)
+    world.finish(short)
     world.tick()
     assert world.state(late) == JobState.RUNNING
-    assert world.gpus_of(late) == world.gpus_of(running[1])
+    assert world.gpus_of(late) == [kept]

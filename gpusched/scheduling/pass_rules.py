@@ -77,16 +77,21 @@ def decide(
         reasons.update({job.id: held_back for job in admitted.eligible})
         return Plan([], reasons, {})
     waiting = []
-    contention = config.pack == "contention"
+    # Under `pack: contention`, each job's expected demand (its history: one read a minute).
+    history = context.monitor.demand_history() if config.pack == "contention" else None
     now_s = now.timestamp()
     for job in admitted.eligible:
         wanted, why = restrict(job, now)
         if wanted is None:
             reasons[job.id] = why or "it may run nowhere"
             continue
-        if contention:
-            demand = context.monitor.expected_demand(job)
-            waited = waits.waited_s(job.id, now_s)
+        if history is not None:
+            demand = (
+                history.expected(job.id, job.uid, job.array_id, job.name, job.command_json)
+                if history
+                else None
+            )
+            waited = waits.waited_s(job.id, now_s) if waits else 0.0
             if demand is not None or waited:
                 wanted = dataclasses.replace(wanted, demand=demand, waited_s=waited)
         waiting.append(wanted)

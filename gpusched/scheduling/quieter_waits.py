@@ -1,11 +1,12 @@
-"""When each waiting job was first held for a quieter card: rule 3's bound runs from there.
+"""When each waiting job was first held for a quieter card (policy rule 3).
 
-The policy (`plan()`, rule 3) lets a busy job wait for a quieter card at most
-CONTENTION_WAIT_S, counted from the first pass that held it so (not from its submit: a
-job that waited an hour for memory or for its `--after` still gets the chance to start on
-a quiet card). `plan()` is pure and says which jobs it held (`Plan.quieter`); the placer
-keeps the first time of each here, in memory. A restart, or another daemon elected in a
-cluster, forgets it: at worst a job waits one more bound, never without one.
+`plan()` is pure and says which jobs it held (`Plan.quieter`); the placer keeps the first
+time of each here, in memory, and hands it back as the job's `waited_s`, so its reason
+says how long it has waited for one ("for 12 min so far"), counted from the first pass
+that held it, not from its submit (a job that waited an hour for memory or for its
+`--after` has not waited for a quieter card). A restart, or another daemon elected in a
+cluster, forgets it: the count starts again, nothing else depends on it (the bound on the
+wait is the card rule 3 keeps for the job, not a time).
 """
 
 from __future__ import annotations

@@ -38,6 +38,9 @@ class DemandHistory:
                 if len(found) <= PER_KIND:
                     found.append((job_id, float(demand)))
 
+    def __bool__(self) -> bool:
+        return bool(self._by_kind)
+
     def expected(
         self,
         job_id: int,
@@ -47,6 +50,8 @@ class DemandHistory:
         command: str | Sequence[str],
     ) -> float | None:
         """The job's expected demand (0.0-1.0), None when nothing like it ran."""
+        if not self._by_kind:
+            return None
         for kind in _kinds(uid, array_id, name, command_key(command)):
             found = [d for other, d in self._by_kind.get(kind, ()) if other != job_id]
             if found:

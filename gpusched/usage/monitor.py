@@ -168,11 +168,15 @@ class UsageMonitor:
         live = self.job_demand(job.id)
         if live is not None:
             return live
+        command = job.command_json if isinstance(job, Queued) else job.command
+        return self.demand_history().expected(job.id, job.uid, job.array_id, job.name, command)
+
+    def demand_history(self) -> DemandHistory:
+        """The recorded demands by kind of job, read at most once a HISTORY_TTL_S."""
         now = self._monotonic()
         if self._history is None or now - self._history[0] > HISTORY_TTL_S:
             self._history = (now, DemandHistory(self.store.demand_records()))
-        command = job.command_json if isinstance(job, Queued) else job.command
-        return self._history[1].expected(job.id, job.uid, job.array_id, job.name, command)
+        return self._history[1]
 
     def gpu_util(self, uuid: str) -> float | None:
         """A GPU's recent utilization (every process on it), None when never read."""
