@@ -282,6 +282,8 @@ def plan(
         if kept is not None:
             for card in kept.cards.values():
                 gpu = card.gpu
+                if gpu.slot.uuid in quiet_kept:  # kept for a job ahead, held for quiet
+                    continue
                 if not is_open(gpu, max_jobs_per_gpu, busy_util) or not fits_now(job, gpu):
                     continue
                 if job is kept.job or kept.backfill(job, gpu) is not None:
