@@ -397,14 +397,19 @@ def plan(
         if any(u != job.user and p > _place(job) for u, p in latest_by_user.items()):
             passed = _passed_by(job, passed_on, by_uuid)
         if kept is None:
-            claim = keep_for(job, state, head_claim, several_nodes)
+            # Not on a card kept for a job held for a quieter card (rule 3): that job
+            # takes it first, and the head would wait behind it there.
+            claimable = [g for g in state if g.slot.uuid not in quiet_kept] if quiet_kept else state
+            claim = keep_for(job, claimable, head_claim, several_nodes)
             chosen_cards = [c.gpu for c in claim.cards.values()] if claim else []
             # A job its owner's cap holds back would not start on drained cards either.
             over = _over_mem_cap(job, cap, user_bytes.get(job.user, 0), chosen_cards)
             if over is not None:
                 reasons[job.job_id] = over
             elif claim is None:
-                reasons[job.job_id] += " (no GPU can hold it even when gpusched's jobs end)"
+                # (Else it could fit only where a job held for a quieter card goes first.)
+                if len(claimable) == len(state):
+                    reasons[job.job_id] += " (no GPU can hold it even when gpusched's jobs end)"
             else:
                 kept = claim
                 # Waiting for jobs to end: the claim says where and for which, in words
