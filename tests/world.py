@@ -74,10 +74,12 @@ def make_world(
     *,
     end_listeners: Sequence[EndListener] = (),
     probe: FakeProbe | None = None,
+    wake: Callable[[], None] | None = None,
     **config: Any,
 ) -> World:
     """`end_listeners`: told of each end before the World records it (`heard`); `probe`:
-    fake GPUs of another kind (default: FakeProbe(sizes))."""
+    fake GPUs of another kind (default: FakeProbe(sizes)); `wake`: how the scheduler
+    asks for a pass now (default: nothing)."""
     holder = ConfigHolder(
         load_config(None, {**directory_settings(root, None), "headroom": "0", **config})
     )
@@ -88,7 +90,15 @@ def make_world(
     store = Store(holder.current.database_url)
     heard: list[tuple[int, bool]] = []
     listeners = [*end_listeners, lambda job_id, hooks: heard.append((job_id, hooks))]
-    context = Context.build(holder, store, probe, launcher, clock=clock, end_listeners=listeners)
+    context = Context.build(
+        holder,
+        store,
+        probe,
+        launcher,
+        clock=clock,
+        end_listeners=listeners,
+        **({} if wake is None else {"wake": wake}),
+    )
     return World(Scheduler(context), launcher, probe, clock, root, heard)
 
 
