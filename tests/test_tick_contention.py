@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from gpusched.core.models import JobState
 from gpusched.store import NewJob
 from gpusched.usage.monitor import HISTORY_TTL_S
 from tests.fakes import GiB
-from tests.world import World, make_world
+from tests.world import World, make_cluster, make_world
 
 BUSY = 0.95  # a compute-bound training loop (FIELD.md: 95-98 % alone)
 LIGHT = 0.05  # a job that waits on data most of the time
@@ -130,3 +132,28 @@ def test_the_card_kept_for_a_busy_job_takes_no_other_and_is_its_own_once_quiet(
     world.tick()
     assert world.state(late) == JobState.RUNNING
     assert world.gpus_of(late) == [kept]
+
+
+@pytest.mark.parametrize("placer", ["local", "cluster"])
+def test_both_placers_feed_the_demand_and_hold_a_busy_job(tmp_path: Path, placer: str) -> None:
+    """One server's placer and a cluster's elected scheduler alike (pass_rules.decide): the
+    running jobs' demands as their measurement stored them, the waiting job's from its
+    history; a third busy job waits for a quieter card."""
+    sizes = [80 * GiB, 80 * GiB]
+    world = (
+        make_world(tmp_path, sizes)
+        if placer == "local"
+        else make_cluster(tmp_path, ["a"], sizes)[0]
+    )
+    running = [world.submit(20 * GiB, name="busy") for _ in range(2)]
+    world.tick()
+    world.tick()
+    assert sorted(g for job in running for g in world.gpus_of(job)) == [0, 1]
+    for job in running:  # as the usage monitor's flush writes a running job's figures
+        world.scheduler.store.set_usage(job, demand=BUSY)
+    world.clock.advance(HISTORY_TTL_S + 1)
+    late = world.submit(20 * GiB, name="busy")
+    world.tick()
+    world.tick()
+    assert world.state(late) == JobState.QUEUED
+    assert "waits for a quieter card" in (world.job(late).waiting_reason or "")
