@@ -18,10 +18,10 @@ in the queue (`queue_order`) and asks 1.5x the memory (capped at a card less the
 headroom); its work starts over.
 
 Policies (_packing_policies.py): the default (`pack: contention`), `pack: memory`, best fit
-(`placement: best-fit`) and one job per GPU; where this checkout's `plan()` lacks a policy's
-argument the policy is emulated around it, and the output says which. Beside them, a
-what-if that is no gpusched option: strict contention (every job, light or with no
-history too, waits for cards its demand keeps at or under 100 %).
+(`placement: best-fit`) and one job per GPU, each gpusched's own `plan()` with that
+option. A job's demand is known from its name's history (an earlier job of that name has
+allocated) or, running, once it has allocated; a job plan() held for a quieter card is
+timed from the first plan that held it (`waited_s`, as the daemon's placer does).
 
 Reported per mix and policy: makespan; slowdown (a job's last run time / its run time
 alone) mean and 95th percentile; mean wait (submit to end, less the last run: queueing and
@@ -44,8 +44,6 @@ from _common import Figure, report
 from _packing_model import FIT_BOUND, Load, fit_errors, speeds
 from _packing_policies import (
     DEFAULT,
-    NATIVE_PACK,
-    NATIVE_PLACEMENT,
     ONE_PER_GPU,
     POLICIES,
     Carry,
@@ -141,6 +139,7 @@ def simulate(
     oom = plan_calls = most = 0
     plan_s = 0.0
     held: set[int] = set()
+    held_since: dict[int, float] = {}  # sim id -> when plan() first held it for a quieter card
     carry = Carry()
     t = 0.0
 
@@ -185,21 +184,23 @@ def simulate(
                         queue_order=first_id.get(q.sim_id),
                     ),
                     history.get(q.job.name),
-                    t - q.submitted_s,
+                    t - held_since[q.sim_id] if q.sim_id in held_since else 0.0,
                 )
                 for q in queue.values()
             ]
             users_waiting = len({q.job.user for q in queue.values()})
             usage = decayed_usage(spans, t, HALF_LIFE_S) if users_waiting > 1 else {}
             begin = time.perf_counter()
-            decision, calls = place(
+            decision = place(
                 policy, slots, claims, waiting, headroom=HEADROOM, user_usage=usage, carry=carry
             )
             plan_s += time.perf_counter() - begin
-            plan_calls += calls
+            plan_calls += 1
             for sim_id in decision.held_for_quiet:
                 held.add(first_id.get(sim_id, sim_id))
+                held_since.setdefault(sim_id, t)
             for placement in decision.placements:
+                held_since.pop(placement.job_id, None)
                 q = queue.pop(placement.job_id)
                 cards = tuple(uuids.index(u) for u in placement.gpu_uuids)
                 running[q.sim_id] = _Run(q.sim_id, q.job, q.mem, cards, t, q.job.duration_s)
@@ -293,9 +294,8 @@ def print_mix(mix: str, results: list[SimResult]) -> None:
         f"{'held':>6}"
     )
     for r in results:
-        mark = " *" if r.policy.emulated else ""
         print(
-            f"  {r.policy.name + mark:<22}{r.makespan_s / 3600:>11.2f}"
+            f"  {r.policy.name:<22}{r.makespan_s / 3600:>11.2f}"
             f"{whole.makespan_s / r.makespan_s:>15.3f}{r.mean_slowdown:>14.3f}"
             f"{r.p95_slowdown:>7.3f}{r.mean_slowdown / whole.mean_slowdown:>15.3f}"
             f"{r.mean_wait_s / 3600:>12.2f}{r.oom_kills:>5}{r.most_on_a_card:>10}"
@@ -353,8 +353,8 @@ def goals(by_mix: dict[str, list[SimResult]]) -> list[Figure]:
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__.splitlines()[0],
-        epilog="Prints the sharing model's fit, then per mix a table of the four policies"
-        " (and the strict-contention what-if), then the goals with PASS/MISS and a RESULT"
+        epilog="Prints the sharing model's fit, then per mix a table of the four policies,"
+        " then the goals with PASS/MISS and a RESULT"
         " line (for run_all.py). About a minute for all three mixes on 2 cores.",
     )
     parser.add_argument(
@@ -380,15 +380,8 @@ def main() -> None:
         parser.error("--jobs and --gpus must be at least 1, --window-h above 0")
     began = time.perf_counter()
     worst = print_fit()
-    native = {"pack:": NATIVE_PACK, "placement:": NATIVE_PLACEMENT}
-    emulated = sorted({part for p in POLICIES for part in p.emulated})
     print(
-        f"\nplan() here has {', '.join(k for k, v in native.items() if v) or 'neither'}"
-        f" {'' if all(native.values()) else '(of pack:, placement:)'};"
-        f" emulated (marked *): {', '.join(emulated) or 'none'}"
-    )
-    print(
-        f"{args.gpus} simulated GPUs x {GPU_MEM / GiB:.0f} GB, headroom 512M, allocation lag"
+        f"\n{args.gpus} simulated GPUs x {GPU_MEM / GiB:.0f} GB, headroom 512M, allocation lag"
         f" {ALLOC_LAG_S:.0f} s, seed {args.seed}; slowdown: last run time / run time alone"
     )
     mixes = list(MIXES) if args.mix == "all" else [args.mix]
@@ -403,8 +396,7 @@ def main() -> None:
         calls += sum(r.plan_calls for r in by_mix[mix])
         plan_s += sum(r.plan_s for r in by_mix[mix])
     print(
-        "\n  held: jobs kept off busy cards at least once (by the emulated rule, or plan()'s"
-        " reason 'waits for a quieter card');"
+        "\n  held: jobs plan() held for a quieter card at least once;"
         " most/card: most jobs seen on one card"
     )
     print(
@@ -419,10 +411,7 @@ def main() -> None:
     for mix, results in by_mix.items():
         whole = next(r for r in results if r.policy == ONE_PER_GPU)
         for r in results:
-            star = " (emulated)" if r.policy.emulated else ""
-            figures.append(
-                Figure(f"{mix}, {r.policy.name}{star}: makespan", r.makespan_s / 3600, "h")
-            )
+            figures.append(Figure(f"{mix}, {r.policy.name}: makespan", r.makespan_s / 3600, "h"))
             figures.append(
                 Figure(
                     f"{mix}, {r.policy.name}: one-per-GPU / it",
@@ -432,7 +421,7 @@ def main() -> None:
             )
             figures.append(Figure(f"{mix}, {r.policy.name}: mean slowdown", r.mean_slowdown, "x"))
     figures += goals(by_mix)
-    report("packing", figures, {"emulated": emulated})
+    report("packing", figures)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """A waiting job's expected demand, from its owner's past runs (gpusched.usage.monitor's
-`expected_demand`, over the store's `recorded_demands`): the same sweep first, else the
+`expected_demand`, over the store's `demand_records`): the same sweep first, else the
 same --name, else the same command. A real SQLite store; demands are written as a job's
 end writes them (Store.set_usage)."""
 

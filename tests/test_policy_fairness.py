@@ -171,3 +171,39 @@ def test_users_take_turns_within_a_pass(
     for user, mine in got.items():
         if any(j.user == user and j.job_id not in placed for j in waiting):
             assert all(others <= mine + 1 for others in got.values())
+
+
+def test_a_job_passed_by_fair_share_is_told_so() -> None:
+    # Issue 24 item 14: "no reason says fair share decided". Alice submitted first but
+    # used the card recently; Bob's later job takes the one slot by fair share.
+    waiting = [WaitingJob(1, 20 * GiB, 1, 0, "alice"), WaitingJob(2, 20 * GiB, 1, 0, "bob")]
+    result = plan(_one_slot(), [], waiting, user_usage={"alice": 1e15, "bob": 0.0})
+    assert [p.job_id for p in result.placements] == [2]
+    why = result.waiting_reasons[1]
+    assert "fair share" in why and "bob's job 2 on GPU 0" in why
+
+
+def test_turns_within_a_pass_are_named_too() -> None:
+    # Equal use: Alice's first job goes first, then Bob's turn passes Alice's second job.
+    slots = [GpuSlot("g0", 0, 24 * GiB, 24 * GiB), GpuSlot("g1", 1, 24 * GiB, 24 * GiB)]
+    waiting = [
+        WaitingJob(1, 20 * GiB, 1, 0, "alice"),
+        WaitingJob(2, 20 * GiB, 1, 0, "alice"),
+        WaitingJob(3, 20 * GiB, 1, 0, "bob"),
+    ]
+    result = plan(slots, [], waiting, user_usage={"alice": 1.0, "bob": 1.0})
+    assert sorted(p.job_id for p in result.placements) == [1, 3]
+    assert "fair share went first: bob's job 3" in result.waiting_reasons[2]
+
+
+def test_no_fair_share_is_claimed_where_submit_order_decided() -> None:
+    waiting = [WaitingJob(1, 20 * GiB, 1, 0, "bob"), WaitingJob(2, 20 * GiB, 1, 0, "alice")]
+    result = plan(_one_slot(), [], waiting, user_usage={"alice": 0.0, "bob": 0.0})
+    assert [p.job_id for p in result.placements] == [1]
+    assert "fair share" not in result.waiting_reasons[2]
+    # Nor where the job could not have fitted anyway.
+    big = [WaitingJob(1, 20 * GiB, 1, 0, "alice"), WaitingJob(2, 30 * GiB, 1, 0, "alice")]
+    small = WaitingJob(3, 10 * GiB, 1, 0, "bob")
+    slots = [GpuSlot("g0", 0, 24 * GiB, 24 * GiB)]
+    result = plan(slots, [], [*big, small], user_usage={"alice": 1e15, "bob": 0.0})
+    assert "fair share" not in result.waiting_reasons[2]

@@ -82,13 +82,14 @@ class Context:
         wake: Callable[[], None] = _no_wake,
         end_listeners: Sequence[EndListener] = (),
     ) -> Context:
+        clock = clock or SystemClock()
         return cls(
             settings,
             store,
             probe,
             launcher,
-            UsageMonitor(store),
-            clock or SystemClock(),
+            UsageMonitor(store, monotonic=clock.monotonic),
+            clock,
             threading.RLock(),
             wake,
             tuple(end_listeners),

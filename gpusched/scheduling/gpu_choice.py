@@ -8,8 +8,10 @@ among them, each rule narrowing the choice only while enough cards are left for 
    could ever use (`Needs`), so a small job does not take the only cards a larger one
    fits on.
 3. Contention (`pack: contention`): prefer the cards whose jobs' demands plus this
-   job's stay within one card's busy time (`quiet`); `contention_wait` says whether a
-   busy job should rather wait for a quieter card.
+   job's stay within one card's busy time (`quiet`), of those the ones with no busy job;
+   with none quiet, a busy job (or one of unknown demand) a card with no busy job, then
+   the least loaded (`_least_contended`); `contention_wait` says whether a busy job
+   should rather wait for a quieter card.
 4. A multi-GPU job's set: the tightest by topology (lowest common ancestor level of
    `nvmlDeviceGetTopologyCommonAncestor`; cards on different nodes never mix).
 5. The most available memory first (`placement: most-free`, the default) or the least
@@ -29,10 +31,6 @@ if TYPE_CHECKING:
 
 PLACEMENTS = ("most-free", "best-fit")
 PACKS = ("contention", "memory")
-
-# Rule 3's bound: a busy job waits for a quieter card at most this long (seconds since it
-# could first start), then starts beside the busy ones: contention never starves it.
-CONTENTION_WAIT_S = 600.0
 
 # Rule 4: NVML's common-ancestor levels (0 the same board ... 50 across CPU sockets);
 # cards with no reading count as the farthest.
@@ -105,11 +103,25 @@ def quiet(job: WaitingJob, gpu: PlanGpu) -> bool:
 
 
 def contention_wait(job: WaitingJob, candidates: Sequence[PlanGpu]) -> bool:
-    """Whether a busy job should wait rather than join busy cards: every card it fits on
-    runs busy gpusched jobs (which will end), and it has not yet waited its bound."""
-    if not is_busy_job(job) or job.waited_s >= CONTENTION_WAIT_S:
+    """Whether a busy job should wait rather than join busy cards: fewer of the cards it
+    fits on than it needs run no busy gpusched job (those jobs will end: the plan keeps
+    the first such job's cards, so it starts when they do)."""
+    if not is_busy_job(job):
         return False
-    return all(gpu.busy_with for gpu in candidates)
+    return sum(1 for gpu in candidates if not gpu.busy_with) < job.gpu_count
+
+
+def _least_contended(job: WaitingJob, cards: list[PlanGpu], count: int) -> list[PlanGpu]:
+    """No card stays quiet with this job: a busy job, or one whose demand is unknown
+    (counted busy), takes a card with no busy job if there is one (two busy jobs each run
+    at half speed); then any job takes the least loaded cards (a job that waits on data
+    beside a busy one has its bursts stretched: FIELD.md's C+S row)."""
+    if job.share or (job.demand is not None and job.demand < BUSY_DEMAND):
+        calm = cards
+    else:
+        calm = _narrow(cards, [g for g in cards if not g.busy_with], count)
+    least = sorted(g.demand for g in calm)[count - 1]
+    return [g for g in calm if g.demand <= least + 1e-9]
 
 
 def _narrow(cards: list[PlanGpu], keep: list[PlanGpu], count: int) -> list[PlanGpu]:
@@ -143,12 +155,13 @@ def choose_gpus(
     in_order = ordered and placement == "most-free"
     if pack == "contention":  # rule 3 (`quiet`, inlined: it runs for every card)
         room_for = 1.0 + 1e-9 - job_demand(job.demand, job.share)
-        if count == 1 and in_order:
-            first_quiet = next((g for g in cards if g.demand <= room_for), None)
-            if first_quiet is not None:
-                return [first_quiet]
+        quiet_cards = [g for g in cards if g.demand <= room_for]
+        if len(quiet_cards) >= count:
+            # Among quiet cards, those with no busy job first: a job that waits on data
+            # beside a busy one has its bursts stretched (FIELD.md's C+S row).
+            cards = _narrow(quiet_cards, [g for g in quiet_cards if not g.busy_with], count)
         else:
-            cards = _narrow(cards, [g for g in cards if g.demand <= room_for], count)
+            cards = _least_contended(job, cards, count)
     if placement == "best-fit":  # rule 5's order
         cards.sort(key=lambda g: (g.available, g.slot.index))
     elif not in_order:

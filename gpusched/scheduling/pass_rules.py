@@ -11,6 +11,7 @@ acts on the plan; this function writes nothing but the doomed jobs' ends.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 
@@ -24,6 +25,7 @@ from gpusched.scheduling.gpu_budget import GpuSlot, RunningClaim
 from gpusched.scheduling.interactive import hold_back_interactive
 from gpusched.scheduling.policy import Plan, UserCap, WaitingJob, plan
 from gpusched.scheduling.policy_inputs import StoredHeadClaim, waiting_job
+from gpusched.scheduling.quieter_waits import QuieterWaits
 from gpusched.store import Queued
 
 # A queued job as the plan sees it (at this pass's time), or why it may go nowhere in it.
@@ -47,6 +49,7 @@ def decide(
     claims: list[RunningClaim],
     holding: Sequence[Job],
     gpus: Sequence[GpuState],
+    waits: QuieterWaits,
     restrict: Restriction = anywhere,
     held_back: str | None = None,
     topology: Mapping[str, Mapping[str, int]] | None = None,
@@ -57,7 +60,10 @@ def decide(
     administrator's drain, said to every job that could otherwise be planned.
     `topology`: NVML's common-ancestor levels between the GPUs (by slot uuid), if known.
     The head's claim (policy rule 1) is read from the store and written back when the
-    plan moves it, so it is kept across passes, placers and restarts."""
+    plan moves it, so it is kept across passes, placers and restarts. `waits`: when each
+    job was first held for a quieter card (rule 3's bound), the placer's, kept in memory.
+    Under `pack: contention` each waiting job's demand is what its history says
+    (`UsageMonitor.expected_demand`: the same sweep, else --name, else command)."""
     config, store = context.config, context.store
     now = context.clock()
     admitted = admit(store.queued(), store.latest_attempts)
@@ -71,11 +77,23 @@ def decide(
         reasons.update({job.id: held_back for job in admitted.eligible})
         return Plan([], reasons, {})
     waiting = []
+    # Under `pack: contention`, each job's expected demand (its history: one read a minute).
+    history = context.monitor.demand_history() if config.pack == "contention" else None
+    now_s = now.timestamp()
     for job in admitted.eligible:
         wanted, why = restrict(job, now)
         if wanted is None:
             reasons[job.id] = why or "it may run nowhere"
             continue
+        if history is not None:
+            demand = (
+                history.expected(job.id, job.uid, job.array_id, job.name, job.command_json)
+                if history
+                else None
+            )
+            waited = waits.waited_s(job.id, now_s) if waits else 0.0
+            if demand is not None or waited:
+                wanted = dataclasses.replace(wanted, demand=demand, waited_s=waited)
         waiting.append(wanted)
     users = {j.user for j in holding} | {j.user for j in admitted.eligible}
     head = StoredHeadClaim(store)
@@ -94,4 +112,6 @@ def decide(
         pack=config.pack,
     )
     head.keep(result.head_claim)
+    if result.quieter or waits:
+        waits.note(result.quieter, {job.id for job in admitted.eligible}, now_s)
     return Plan(result.placements, {**reasons, **result.waiting_reasons}, result.budgets)

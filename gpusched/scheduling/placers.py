@@ -22,7 +22,13 @@ from gpusched.scheduling.observe import Observation
 from gpusched.scheduling.ownership import LocalNode
 from gpusched.scheduling.pass_rules import decide
 from gpusched.scheduling.policy import Plan
-from gpusched.scheduling.policy_inputs import gpu_slot, gpu_topology, running_claims
+from gpusched.scheduling.policy_inputs import (
+    gpu_slot,
+    gpu_topology,
+    running_claims,
+    running_demand,
+)
+from gpusched.scheduling.quieter_waits import QuieterWaits
 from gpusched.scheduling.reading import LatestReading
 from gpusched.scheduling.starting import JobStarter
 
@@ -88,6 +94,7 @@ class LocalPlacer:
         self.node = node
         self.reading = reading
         self.drain = drain
+        self.waits = QuieterWaits()
 
     def place(self, seen: Observation) -> Plan:
         monitor = self.context.monitor
@@ -97,10 +104,16 @@ class LocalPlacer:
             self.endings,
             slots=[gpu_slot(g, monitor.gpu_util(g.uuid)) for g in seen.gpus],
             claims=running_claims(
-                seen.running, seen.usage, monitor.job_util, self.context.clock(), monitor.peak
+                seen.running,
+                seen.usage,
+                monitor.job_util,
+                self.context.clock(),
+                peak_of=monitor.peak,
+                demand_of=lambda job: running_demand(monitor, job),
             ),
             holding=seen.running,
             gpus=seen.gpus,
+            waits=self.waits,
             held_back=None if drain is None else f"{drain.describe()}: no new job starts",
             topology=gpu_topology(self.context.probe),
         )

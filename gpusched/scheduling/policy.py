@@ -31,12 +31,23 @@ How a card is chosen (one ordered rule; docs/operations.md "How a card is chosen
    backfill). A job that could not fit even on empty GPUs claims nothing.
 2. A job does not take the only cards a waiting larger job could use (prefers the cards
    fewer larger waiting jobs could ever fit on).
-3. Contention (`pack: contention`, the default; `pack: memory` skips it): prefer a card
-   whose jobs' demands plus this job's stay within 100 % of its busy time (a job's
-   demand is the share of a card's time it needs; unknown counts as busy, `--share` as
-   light). A job known to be busy (demand >= 50 %) does not join cards that all run
-   busy gpusched jobs: it waits for a quieter card, at most CONTENTION_WAIT_S (10 min)
-   after it could first start, then joins them. An unknown demand never waits.
+3. Contention (`pack: contention`, the default; `pack: memory` skips it). A job's
+   demand is the share of a card's busy time it needs alone (measured while it runs,
+   else its history: the same sweep, --name or command); unknown counts as busy when
+   choosing, `--share` as light. Each choice below was tuned on benchmarks/packing.py
+   against the sharing measured on an H200 (docs/benchmarks.md):
+   a. Quiet first: a card whose jobs' demands plus this job's stay within 100 %; among
+      quiet cards, one with no busy job (a job that waits on data beside a busy one has
+      its bursts stretched about 2x: FIELD.md's C+S row).
+   b. No quiet card: a busy job, or one of unknown demand, takes a card with no busy job
+      (two busy jobs each run at half speed: C+C, M+M), then any job the least loaded.
+   c. A job known to be busy (demand >= 50 %) that fits only on cards busy with other
+      gpusched jobs waits for a quieter card, whatever its wait so far (a time limit
+      made every busy job of a long queue share, and cost 5x in slowdown). Its bound:
+      the first such job in the order keeps the card(s) whose busy jobs end soonest
+      (by --time, else the fewest busy jobs, then the most room); no job behind it
+      starts there, so it starts once those jobs end, as the memory head does (rule
+      1). The others wait behind it. An unknown demand never waits for this (issue 25).
    `--exclusive`: a card with no other gpusched job, which then takes none.
 4. A multi-GPU job gets the tightest set by NVML topology (common ancestor level).
 5. Among what remains, the most available memory (`placement: most-free`, the default,
@@ -53,7 +64,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from gpusched.core.units import format_size
+from gpusched.core.units import format_duration, format_size
 from gpusched.scheduling.gpu_budget import (
     NEW_JOB_UTIL,
     GpuBudget,
@@ -66,7 +77,6 @@ from gpusched.scheduling.gpu_budget import (
     job_demand,
 )
 from gpusched.scheduling.gpu_choice import (
-    CONTENTION_WAIT_S,
     Needs,
     Topology,
     choose_gpus,
@@ -74,7 +84,7 @@ from gpusched.scheduling.gpu_choice import (
     fits_now,
 )
 from gpusched.scheduling.head_claim import HeadClaim, Kept, keep_for
-from gpusched.scheduling.waiting_reasons import Claims, why_not
+from gpusched.scheduling.waiting_reasons import Claims, gpu_name, why_not
 from gpusched.scheduling.waiting_reasons import need as _need
 
 __all__ = ["HeadClaim", "Placement", "Plan", "UsageSpan", "UserCap", "WaitingJob", "plan"]
@@ -97,7 +107,7 @@ class WaitingJob:
     exclusive: bool = False  # --exclusive: a card to itself
     share: bool = False  # --share: its owner says it is light
     time_limit_s: float | None = None  # --time: it ends by then (time backfill)
-    waited_s: float = 0.0  # how long it has been free to start (rule 3's bound)
+    waited_s: float = 0.0  # how long rule 3 has held it for a quieter card (its reason)
     top: int | None = None  # put first by an administrator (`gpusched top`): lower first
 
 
@@ -121,6 +131,9 @@ class Plan:
     waiting_reasons: dict[int, str]
     budgets: dict[str, GpuBudget]
     head_claim: HeadClaim | None = None  # the cards kept for the blocked head: store it
+    # The jobs rule 3 held for a quieter card in this plan: the placer notes when each
+    # was first held, and says how long it has waited since (`waited_s`).
+    quieter: frozenset[int] = frozenset()
 
 
 def _place(job: WaitingJob) -> int:
@@ -236,6 +249,14 @@ def plan(
     why_by_need: dict[Ask, str] = {}
     no_room: set[Ask] = set()  # asks that found too few cards (reason in why_by_need)
     several_nodes = len({gpu.node for gpu in gpus}) > 1
+    held_for_quieter: set[int] = set()
+    # Rule 3's bound: the cards kept for the first job held for a quieter card (no job
+    # behind it starts there, so they turn quiet as their busy jobs end).
+    quiet_kept: dict[str, int] = {}  # uuid -> the job they are kept for
+    # What other users' jobs took in this plan, per card: (their place in submit order,
+    # user, job id, memory): a job they passed by taking turns is told so (`_passed_by`).
+    passed_on: dict[str, list[tuple[int, str, int, int | None]]] = {}
+    latest_by_user: dict[str, int] = {}  # the latest submit place each user took a card with
 
     def candidates(job: WaitingJob) -> tuple[list[PlanGpu], bool]:
         """The cards `job` fits on now, and whether they are in most-free order."""
@@ -246,6 +267,7 @@ def plan(
                     g
                     for g in state
                     if (kept is None or g.slot.uuid not in kept.cards)
+                    and g.slot.uuid not in quiet_kept
                     and is_open(g, max_jobs_per_gpu, busy_util)
                 ),
                 key=by_room,
@@ -260,6 +282,8 @@ def plan(
         if kept is not None:
             for card in kept.cards.values():
                 gpu = card.gpu
+                if gpu.slot.uuid in quiet_kept:  # kept for a job ahead, held for quiet
+                    continue
                 if not is_open(gpu, max_jobs_per_gpu, busy_util) or not fits_now(job, gpu):
                     continue
                 if job is kept.job or kept.backfill(job, gpu) is not None:
@@ -272,6 +296,11 @@ def plan(
         user_running[job.user] = user_running.get(job.user, 0) + 1
         user_bytes[job.user] = user_bytes.get(job.user, 0) + _claimed_bytes(job.mem_bytes, chosen)
         for gpu in chosen:
+            if job.top is None:  # an administrator's `top` is no fair share
+                passed_on.setdefault(gpu.slot.uuid, []).append(
+                    (_place(job), job.user, job.job_id, job.mem_bytes)
+                )
+                latest_by_user[job.user] = max(latest_by_user.get(job.user, 0), _place(job))
             if kept is not None and gpu.slot.uuid in kept.cards and job is not kept.job:
                 kept.took(job, gpu, kept.backfill(job, gpu) or "")
             if room is not None and gpu in room:
@@ -291,7 +320,9 @@ def plan(
             else:
                 gpu.available -= job.mem_bytes
             # Only the chosen GPUs changed: each goes back to its new place, if any.
-            unclaimed = kept is None or gpu.slot.uuid not in kept.cards
+            unclaimed = (
+                kept is None or gpu.slot.uuid not in kept.cards
+            ) and gpu.slot.uuid not in quiet_kept
             if room is not None and unclaimed and is_open(gpu, max_jobs_per_gpu, busy_util):
                 bisect.insort(room, gpu, key=by_room)
         if job.array_id is not None:
@@ -328,7 +359,14 @@ def plan(
         if len(found) >= job.gpu_count:
             held = None
             if pack == "contention" and contention_wait(job, found):
-                held = _quieter(job, found)
+                held_for_quieter.add(job.job_id)
+                if not quiet_kept:
+                    for gpu in _soonest_quiet(found, job.gpu_count):
+                        quiet_kept[gpu.slot.uuid] = job.job_id
+                    room = None
+                    why_by_need.clear()
+                    no_room.clear()
+                held = _quieter(job, found, quiet_kept, by_uuid, several_nodes)
             chosen = held is None and choose_gpus(
                 job,
                 found,
@@ -352,16 +390,26 @@ def plan(
             if claims is None:
                 claims = Claims.of(state, kept, max_jobs_per_gpu, several_nodes)
             why_by_need[key] = why_not(job, claims, busy_util, several_nodes)
+            if quiet_kept:
+                why_by_need[key] += _kept_quiet(job, quiet_kept, by_uuid, several_nodes)
         reasons[job.job_id] = why_by_need[key]
+        passed = None
+        if any(u != job.user and p > _place(job) for u, p in latest_by_user.items()):
+            passed = _passed_by(job, passed_on, by_uuid)
         if kept is None:
-            claim = keep_for(job, state, head_claim, several_nodes)
+            # Not on a card kept for a job held for a quieter card (rule 3): that job
+            # takes it first, and the head would wait behind it there.
+            claimable = [g for g in state if g.slot.uuid not in quiet_kept] if quiet_kept else state
+            claim = keep_for(job, claimable, head_claim, several_nodes)
             chosen_cards = [c.gpu for c in claim.cards.values()] if claim else []
             # A job its owner's cap holds back would not start on drained cards either.
             over = _over_mem_cap(job, cap, user_bytes.get(job.user, 0), chosen_cards)
             if over is not None:
                 reasons[job.job_id] = over
             elif claim is None:
-                reasons[job.job_id] += " (no GPU can hold it even when gpusched's jobs end)"
+                # (Else it could fit only where a job held for a quieter card goes first.)
+                if len(claimable) == len(state):
+                    reasons[job.job_id] += " (no GPU can hold it even when gpusched's jobs end)"
             else:
                 kept = claim
                 # Waiting for jobs to end: the claim says where and for which, in words
@@ -373,6 +421,8 @@ def plan(
                 claims = None
                 why_by_need.clear()
                 no_room.clear()
+        if passed is not None:
+            reasons[job.job_id] += f"; {passed}"
         return False
 
     topped, queues = in_turns(waiting, usage)
@@ -390,17 +440,103 @@ def plan(
                 if turn > turns[0]:
                     heapq.heappush(turns, turn)
                     break
-    return Plan(placements, reasons, budgets, kept.claim if kept is not None else None)
+    return Plan(
+        placements,
+        reasons,
+        budgets,
+        kept.claim if kept is not None else None,
+        frozenset(held_for_quieter),
+    )
 
 
-def _quieter(job: WaitingJob, found: Sequence[PlanGpu]) -> str:
+def _passed_by(
+    job: WaitingJob,
+    taken: Mapping[str, Sequence[tuple[int, str, int, int | None]]],
+    by_uuid: Mapping[str, PlanGpu],
+) -> str | None:
+    """When other users' jobs submitted after `job` took, in this plan, room it would have
+    fitted in (fair share: users take turns, the least recent user first), say whose."""
+    if job.mem_bytes is None:
+        return None
+    fitted = 0
+    passed: list[tuple[str, int, int]] = []  # (user, job id, GPU index)
+    for uuid, took in taken.items():
+        later = [t for t in took if t[1] != job.user and t[0] > _place(job)]
+        if not later:
+            continue
+        gpu = by_uuid[uuid]
+        if job.gpu_keys is not None and uuid not in job.gpu_keys:
+            continue
+        freed = sum(mem for _, _, _, mem in later if mem is not None)
+        if any(mem is None for _, _, _, mem in later) or gpu.available + freed >= job.mem_bytes:
+            fitted += 1
+            passed.extend((user, other, gpu.slot.index) for _, user, other, _ in later)
+    if fitted < job.gpu_count or not passed:
+        return None
+    named = ", ".join(
+        f"{user}'s job {other} on GPU {index}" for user, other, index in sorted(set(passed))[:3]
+    )
+    return f"fair share went first: {named} (users take turns, less recent GPU use first)"
+
+
+def _soonest_quiet(found: Sequence[PlanGpu], count: int) -> list[PlanGpu]:
+    """The cards a job held for a quieter card keeps: those whose busy jobs end soonest
+    (by their --time; none: last), then the fewest busy jobs, then the most room."""
+    ends = {}
+    for gpu in found:
+        left = [end for job_id, _, end in gpu.holds if job_id in gpu.busy_with]
+        ends[id(gpu)] = max((math.inf if e is None else e for e in left), default=math.inf)
+    ordered = sorted(
+        found, key=lambda g: (ends[id(g)], len(g.busy_with), -g.available, g.slot.index)
+    )
+    return ordered[:count]
+
+
+def _quieter(
+    job: WaitingJob,
+    found: Sequence[PlanGpu],
+    quiet_kept: Mapping[str, int],
+    by_uuid: Mapping[str, PlanGpu],
+    several_nodes: bool,
+) -> str:
     busy = "; ".join(
-        f"GPU {g.slot.index} runs busy job{'s' if len(g.busy_with) > 1 else ''}"
+        f"{gpu_name(g, several_nodes)} runs busy job{'s' if len(g.busy_with) > 1 else ''}"
         f" {', '.join(map(str, g.busy_with))}"
         for g in sorted(found, key=lambda g: g.slot.index)
     )
-    left = CONTENTION_WAIT_S - job.waited_s
+    said = f"waits for a quieter card (it keeps a card {job.demand or 0:.0%} busy; {busy})"
+    if job.waited_s >= 60:
+        said += f", for {job.waited_s // 60:.0f} min so far"
+    mine = sorted((by_uuid[u] for u, j in quiet_kept.items() if j == job.job_id), key=_index)
+    if not mine:
+        ahead = next(iter(quiet_kept.values()))
+        return f"{said}; behind job {ahead}, held for one too (pack: contention)"
+    names = ", ".join(gpu_name(g, several_nodes) for g in mine)
+    ending = sorted({j for g in mine for j in g.busy_with})
+    left = [end for g in mine for j, _, end in g.holds if j in g.busy_with]
+    when = ""
+    if left and all(end is not None for end in left):
+        when = f" (by --time, within {format_duration(max(e or 0.0 for e in left))})"
     return (
-        f"waits for a quieter card (it keeps a card {job.demand or 0:.0%} busy; {busy});"
-        f" starts beside them in at most {math.ceil(left / 60)} min (pack: contention)"
+        f"{said}; {names} kept for it: starts when busy job{'s' if len(ending) > 1 else ''}"
+        f" {', '.join(map(str, ending))} end{'' if len(ending) > 1 else 's'}{when}"
+        " (pack: contention)"
     )
+
+
+def _kept_quiet(
+    job: WaitingJob,
+    quiet_kept: Mapping[str, int],
+    by_uuid: Mapping[str, PlanGpu],
+    several_nodes: bool,
+) -> str:
+    """ "; GPU 2 kept for job 7 (held for a quieter card)" where `job` would fit there."""
+    fits = [by_uuid[u] for u in quiet_kept if fits_now(job, by_uuid[u])]
+    if not fits:
+        return ""
+    names = ", ".join(gpu_name(g, several_nodes) for g in sorted(fits, key=_index))
+    return f"; {names} kept for job {quiet_kept[fits[0].slot.uuid]} (held for a quieter card)"
+
+
+def _index(gpu: PlanGpu) -> int:
+    return gpu.slot.index

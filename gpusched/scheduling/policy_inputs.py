@@ -14,6 +14,7 @@ from gpusched.scheduling.gpu_budget import GpuSlot, RunningClaim
 from gpusched.scheduling.head_claim import HeadClaim
 from gpusched.scheduling.policy import WaitingJob
 from gpusched.store import Queued, Store, StoredClaim
+from gpusched.usage.monitor import UsageMonitor
 
 
 def capacity_bytes(gpu: GpuState) -> int:
@@ -71,16 +72,15 @@ def time_left(job: Job, now: datetime | None) -> float | None:
     return max(0.0, job.time_limit_s - ran)
 
 
-def gpu_demand(job: Job, util_percent: float | None, alone: bool) -> float | None:
-    """A running job's GPU demand (0.0-1.0 of a card's busy time) for the policy's rule 3.
-
-    Until a job's own demand is measured apart from its neighbours' (issue 25), its own
-    utilization is its demand only while it is alone on its card(s): sharing a busy card,
-    NVML's per-process figure is its time slice, not what it needs. None: not known.
-    """
-    if util_percent is None or not alone:
-        return None
-    return min(1.0, max(0.0, util_percent / 100.0))
+def running_demand(monitor: UsageMonitor, job: Job) -> float | None:
+    """A running job's GPU demand (0.0-1.0 of a card's busy time) for the policy's rule 3:
+    as measured (gpusched.usage.demand: its own share apart from its neighbours'), by this
+    daemon or, for a job on another node of a cluster, as last stored; until it is known,
+    what its history says (`expected_demand`). None: not known."""
+    measured = monitor.job_demand(job.id)
+    if measured is None:
+        measured = job.demand
+    return measured if measured is not None else monitor.expected_demand(job)
 
 
 def running_claims(
@@ -88,18 +88,15 @@ def running_claims(
     usage: dict[int, dict[str, int]],
     util_of: Callable[[int], float | None],
     now: datetime,
+    *,
     peak_of: Callable[[int], int | None] = lambda job_id: None,
+    demand_of: Callable[[Job], float | None] = lambda job: None,
 ) -> list[RunningClaim]:
-    """The running jobs as the policy sees them, each with its demand (`gpu_demand`)."""
-    per_card: dict[str, int] = {}
-    for job in running:
-        for uuid in job.gpu_uuids:
-            per_card[uuid] = per_card.get(uuid, 0) + 1
+    """The running jobs as the policy sees them, each with its demand (`running_demand`)."""
     claims = []
     for job in running:
         util = util_of(job.id)
-        alone = all(per_card.get(u, 0) == 1 for u in job.gpu_uuids)
-        demand = gpu_demand(job, util, alone)
+        demand = demand_of(job)
         peak = peak_of(job.id)
         claims.append(running_claim(job, usage, util, now=now, demand=demand, peak_bytes=peak))
     return claims
@@ -110,10 +107,9 @@ def epoch_seconds(moment: str | None) -> float:
 
 
 def waiting_job(job: Queued, now: datetime | None = None) -> WaitingJob:
-    """`now`: to know how long it has waited (the bound on waiting for a quieter card)."""
-    waited = 0.0
-    if now is not None and job.submitted_at is not None:
-        waited = max(0.0, now.timestamp() - epoch_seconds(job.submitted_at))
+    """The policy's view of a queued job; its expected demand and how long it has waited
+    for a quieter card are the pass's to add (pass_rules.decide). `now`: unused, kept
+    for the placers' restrictions."""
     return WaitingJob(
         job.id,
         job.mem,
@@ -126,7 +122,6 @@ def waiting_job(job: Queued, now: datetime | None = None) -> WaitingJob:
         exclusive=bool(job.exclusive),
         share=bool(job.share),
         time_limit_s=job.time_limit_s,
-        waited_s=waited,
         top=job.top,
     )
 

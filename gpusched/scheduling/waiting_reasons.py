@@ -8,6 +8,7 @@ card is named with its node.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -23,12 +24,17 @@ if TYPE_CHECKING:
 
 def need(job: WaitingJob) -> str:
     """What a job asks for, in words."""
-    if job.mem_bytes is None:
-        return "a whole GPU" if job.gpu_count == 1 else f"{job.gpu_count} whole GPUs"
-    size = format_size(job.mem_bytes)
-    if job.gpu_count == 1:
+    return _need(job.mem_bytes, job.gpu_count)
+
+
+@functools.lru_cache(maxsize=4096)  # a pass says it for thousands of jobs of few sizes
+def _need(mem_bytes: int | None, gpu_count: int) -> str:
+    if mem_bytes is None:
+        return "a whole GPU" if gpu_count == 1 else f"{gpu_count} whole GPUs"
+    size = format_size(mem_bytes)
+    if gpu_count == 1:
         return f"{size} on 1 GPU"
-    return f"{size} on each of {job.gpu_count} GPUs"
+    return f"{size} on each of {gpu_count} GPUs"
 
 
 def gpu_name(gpu: PlanGpu, several_nodes: bool) -> str:
@@ -45,6 +51,7 @@ class Claims:
     free: list[PlanGpu]  # usable and kept for nobody
     behind: str  # "; GPU 1 kept for job N ahead of it", or ""
     max_jobs_per_gpu: int | None
+    nodes: bool = False  # several nodes: a card is named with its node
 
     @classmethod
     def of(
@@ -65,7 +72,13 @@ class Claims:
             if several_nodes and cards[0].gpu.slot.node:
                 where += f" on {cards[0].gpu.slot.node}"
             behind = f"; {where} kept for job {kept.job.job_id} ahead of it"
-        return cls(len(usable), free, behind, max_jobs_per_gpu)
+        return cls(len(usable), free, behind, max_jobs_per_gpu, several_nodes)
+
+    @functools.cached_property
+    def most_available(self) -> str:
+        """ "most available is 22.0G on GPU 1": the same for every job until a change."""
+        best = _most_available(self.free)
+        return f"most available is {format_size(best.available)} on {gpu_name(best, self.nodes)}"
 
 
 def _index(card: object) -> int:
@@ -102,11 +115,7 @@ def why_not(job: WaitingJob, claims: Claims, busy_util: float | None, several_no
         return _why_not_a_whole_card(job, free, behind, several_nodes)
     if not free:
         return f"needs {need(job)}{behind}"
-    best = _most_available(free)
-    return (
-        f"needs {need(job)}, most available is {format_size(best.available)}"
-        f" on {gpu_name(best, several_nodes)}{behind}"
-    )
+    return f"needs {need(job)}, {claims.most_available}{behind}"
 
 
 def _memory_fits(job: WaitingJob, gpu: PlanGpu) -> bool:

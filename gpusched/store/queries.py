@@ -42,12 +42,19 @@ class Queued:
     exclusive: int | None = None  # 1: --exclusive
     share: int | None = None  # 1: --share
     top: int | None = None  # `gpusched top`'s rank
+    # What its expected GPU demand is looked up by (UsageMonitor.expected_demand): the
+    # command stays JSON text here, decoded only where a pass needs it.
+    uid: int = 0
+    name: str | None = None
+    command_json: str = "[]"
 
 
 _QUEUED_SELECT = select(
     *(
         type_coerce(jobs.c[f.name], Text)
         if f.name in ("after", "allowed_nodes")
+        else type_coerce(jobs.c.command, Text)
+        if f.name == "command_json"
         else jobs.c[f.name]
         for f in dataclasses.fields(Queued)
     )

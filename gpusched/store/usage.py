@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import Text, select, type_coerce, update
 
 from gpusched.core.errors import NotFoundError
 from gpusched.core.models import Job, JobState
@@ -159,30 +159,25 @@ class UsageRecords(JobQueries):
         found = [(row.id, row.peak_mem, row.mem) for row in rows if list(row.command) == wanted]
         return found[:limit]
 
-    def recorded_demands(self, job: Job, limit: int = 5) -> list[float]:
-        """The demands recorded at the end of the owner's latest runs like `job`: of its
-        sweep if it has one, else of its --name, else of its command (the first that has
-        any). For the expected demand of a job that has not run yet."""
-        base = select(jobs.c.id, jobs.c.demand, jobs.c.command).where(
-            jobs.c.uid == job.uid, jobs.c.demand.is_not(None), jobs.c.id != job.id
+    def demand_records(self, limit: int = 5000) -> list[tuple[Any, ...]]:
+        """The latest recorded demands, newest first: (job id, uid, array id, name, command
+        as JSON text (or decoded, on PostgreSQL), demand). One query for a whole pass's
+        expected demands (gpusched.usage.demand_history)."""
+        query = (
+            select(
+                jobs.c.id,
+                jobs.c.uid,
+                jobs.c.array_id,
+                jobs.c.name,
+                type_coerce(jobs.c.command, Text),
+                jobs.c.demand,
+            )
+            .where(jobs.c.demand.is_not(None))
+            .order_by(jobs.c.ended_at.desc(), jobs.c.id.desc())
+            .limit(limit)
         )
-        newest = base.order_by(jobs.c.ended_at.desc(), jobs.c.id.desc())
         with self.read() as conn:
-            if job.array_id is not None:
-                rows = conn.execute(newest.where(jobs.c.array_id == job.array_id).limit(limit))
-                found = [float(row.demand) for row in rows]
-                if found:
-                    return found
-            if job.name:
-                rows = conn.execute(newest.where(jobs.c.name == job.name).limit(limit))
-                found = [float(row.demand) for row in rows]
-                if found:
-                    return found
-            # The command is compared here, not in SQL (a JSON column); the scan is bounded.
-            rows = conn.execute(newest.limit(2000))
-            wanted = list(job.command)
-            found = [float(row.demand) for row in rows if list(row.command) == wanted]
-        return found[:limit]
+            return [tuple(row) for row in conn.execute(query)]
 
     def record_usage(self, job_id: int, peak_mem: int | None) -> None:
         with self.engine.begin() as conn:

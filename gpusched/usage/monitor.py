@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -34,16 +34,16 @@ import psutil
 from gpusched.core.hints import JobFacts, job_hints, over_declared_hint
 from gpusched.core.models import GpuHealth, GpuProcess, GpuState, Job, TimelinePoint
 from gpusched.core.units import format_size
-from gpusched.store import Store, TimelineWrite
+from gpusched.store import Queued, Store, TimelineWrite
 from gpusched.usage import oom
-from gpusched.usage.demand import card_polls, typical_demand
+from gpusched.usage.demand import card_polls
+from gpusched.usage.demand_history import DemandHistory
 from gpusched.usage.joblog import read_tail
 from gpusched.usage.timeline import TimelineBuffer
 from gpusched.usage.tracker import UsageTracker, job_utilization, overrun_limit, smooth
 
 FLUSH_INTERVAL_S = 60.0
 HISTORY_TTL_S = 60.0
-HISTORY_CACHE_SIZE = 10_000
 
 # job id -> GPU uuid -> the job's processes holding memory there
 JobProcesses = Mapping[int, Mapping[str, Sequence[GpuProcess]]]
@@ -89,15 +89,20 @@ class Overrun:
 
 
 class UsageMonitor:
-    def __init__(self, store: Store, flush_interval_s: float = FLUSH_INTERVAL_S) -> None:
+    def __init__(
+        self,
+        store: Store,
+        flush_interval_s: float = FLUSH_INTERVAL_S,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.store = store
         self.flush_interval_s = flush_interval_s
         self._trackers: dict[int, UsageTracker] = {}
         self._timelines: dict[int, TimelineBuffer] = {}
         self._flushed_at_s: dict[int, float] = {}
         self._gpu_util: dict[str, float] = {}  # uuid -> recent utilization of the whole GPU
-        # (uid, array id, name, command) -> (when read, the expected demand of such a job)
-        self._history: dict[tuple[Any, ...], tuple[float, float | None]] = {}
+        self._monotonic = monotonic
+        self._history: tuple[float, DemandHistory] | None = None  # (when read, what)
 
     def tracker(self, job: Job) -> UsageTracker:
         """The job's tracker, picked up from the database the first time (after a restart)."""
@@ -153,24 +158,25 @@ class UsageMonitor:
         tracker = self._trackers.get(job_id)
         return None if tracker is None else tracker.sharing.demand()
 
-    def expected_demand(self, job: Job) -> float | None:
+    def expected_demand(self, job: Job | Queued) -> float | None:
         """What a job is expected to demand: its own figure while it runs, else the median
-        of its past runs' (the same sweep, else --name, else command, of the same owner).
+        of its past runs' (the same sweep, else --name, else command, of the same owner:
+        gpusched.usage.demand_history).
 
-        The history is read at most once a HISTORY_TTL_S per kind of job: a pass may ask
-        for every waiting job, and a sweep's thousand jobs share one answer."""
+        The history is read at most once a HISTORY_TTL_S, in one query: a pass asks for
+        every waiting job."""
         live = self.job_demand(job.id)
         if live is not None:
             return live
-        key = (job.uid, job.array_id, job.name, tuple(job.command))
-        now = time.monotonic()
-        cached = self._history.get(key)
-        if cached is None or now - cached[0] > HISTORY_TTL_S:
-            cached = (now, typical_demand(self.store.recorded_demands(job)))
-            if len(self._history) > HISTORY_CACHE_SIZE:
-                self._history.clear()
-            self._history[key] = cached
-        return cached[1]
+        command = job.command_json if isinstance(job, Queued) else job.command
+        return self.demand_history().expected(job.id, job.uid, job.array_id, job.name, command)
+
+    def demand_history(self) -> DemandHistory:
+        """The recorded demands by kind of job, read at most once a HISTORY_TTL_S."""
+        now = self._monotonic()
+        if self._history is None or now - self._history[0] > HISTORY_TTL_S:
+            self._history = (now, DemandHistory(self.store.demand_records()))
+        return self._history[1]
 
     def gpu_util(self, uuid: str) -> float | None:
         """A GPU's recent utilization (every process on it), None when never read."""

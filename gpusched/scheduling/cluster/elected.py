@@ -30,7 +30,8 @@ from gpusched.scheduling.context import Context
 from gpusched.scheduling.endings import JobEndings
 from gpusched.scheduling.pass_rules import Restriction, decide
 from gpusched.scheduling.policy import Plan, WaitingJob
-from gpusched.scheduling.policy_inputs import waiting_job
+from gpusched.scheduling.policy_inputs import running_demand, waiting_job
+from gpusched.scheduling.quieter_waits import QuieterWaits
 from gpusched.store import NodePlacement, NodeRow, Queued
 from gpusched.store.nodes import NODE_DOWN, NODE_UP
 
@@ -48,6 +49,7 @@ class ElectedScheduler:
         self.trouble = trouble
         self.election_epoch: int | None = None
         self._said: dict[int, str] = {}  # the waiting reasons last written
+        self.waits = QuieterWaits()  # rule 3's bound; lost harmlessly if elected elsewhere
 
     def elected(self) -> bool:
         name, timeout_s = self.node.name, self.node.timeout_s
@@ -111,9 +113,12 @@ class ElectedScheduler:
             self.context,
             self.endings,
             slots=cluster_slots(nodes),
-            claims=cluster_claims(claimed, nodes),
+            claims=cluster_claims(
+                claimed, nodes, lambda job: running_demand(self.context.monitor, job)
+            ),
             holding=claimed,
             gpus=[g for n in nodes for g in n.gpus],
+            waits=self.waits,
             restrict=_on_nodes(nodes),
         )
         index_of = {(n.name, g.uuid): g.index for n in nodes for g in n.gpus}

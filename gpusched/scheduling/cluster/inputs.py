@@ -9,7 +9,7 @@ node reports is made by `node_report` on the agent's side.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -113,8 +113,13 @@ def cluster_slots(nodes: Sequence[NodeView]) -> list[GpuSlot]:
     ]
 
 
-def cluster_claims(jobs: Sequence[Job], nodes: Sequence[NodeView]) -> list[RunningClaim]:
-    """The claims of jobs running or placed on live nodes (placed: nothing used yet)."""
+def cluster_claims(
+    jobs: Sequence[Job],
+    nodes: Sequence[NodeView],
+    demand_of: Callable[[Job], float | None] = lambda job: None,
+) -> list[RunningClaim]:
+    """The claims of jobs running or placed on live nodes (placed: nothing used yet), with
+    each one's GPU demand (`demand_of`: policy rule 3)."""
     by_name = {n.name: n for n in nodes}
     claims = []
     for job in jobs:
@@ -130,6 +135,7 @@ def cluster_claims(jobs: Sequence[Job], nodes: Sequence[NodeView]) -> list[Runni
                 {node_key(node.name, u): b for u, b in used.items()},
                 job.user,
                 job.array_id,
+                demand=demand_of(job),
             )
         )
     return claims
