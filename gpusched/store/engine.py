@@ -4,9 +4,16 @@ SQLite (one server): WAL, a busy timeout and BEGIN IMMEDIATE for every write
 transaction, so concurrent writers queue on the lock instead of failing half way.
 PostgreSQL (a shared queue): psycopg 3, READ COMMITTED, a pool whose connections are
 tested before use (pool_pre_ping), so that after the server restarts the daemon
-reconnects by itself; a short connect timeout, so that a request fails in seconds, not
-minutes, while it is away. Job-state changes are conditional UPDATEs on either
-(gpusched.store.transitions), which READ COMMITTED re-checks after waiting on a row lock.
+reconnects by itself. Every wait for the server is bounded, so that a request fails in
+seconds, not minutes, while the server or the network is away, and a pass never hangs
+with the scheduler's lock: the connection (libpq's connect_timeout), a checkout from the
+pool (pool_timeout), each statement, commit, rollback and ping (gpusched.store.waits),
+and a peer that vanished without a word (TCP keepalives and tcp_user_timeout). The
+server bounds its side too (docs/cluster.md section 1: lock_timeout, statement_timeout,
+idle_in_transaction_session_timeout), so that a node cut off inside a transaction cannot
+hold its row locks against the others. Job-state changes are conditional UPDATEs on
+either (gpusched.store.transitions), which READ COMMITTED re-checks after waiting on a
+row lock.
 
 Whatever is said about a database names it without its password (`describe_url`).
 """
@@ -18,12 +25,29 @@ from urllib.parse import unquote
 
 from sqlalchemy import URL, Engine, create_engine, event, make_url
 from sqlalchemy.engine import Connection
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
 from gpusched.core.errors import GpuschedError
+from gpusched.store.waits import WAIT_BOUND
 
 # Seconds to wait for a PostgreSQL server before a request fails (libpq's connect_timeout).
 CONNECT_TIMEOUT_S = 5
+# Seconds any one statement, commit, rollback or ping may wait for the server's answer;
+# the server's own statement_timeout (docs/cluster.md) is shorter, so a slow statement
+# normally ends there with the server's message, and this is for a silent network.
+WAIT_BOUND_S = 5.0
+# Seconds a request waits for a free connection of the pool (SQLAlchemy's default: 30).
+POOL_TIMEOUT_S = 5.0
+# A peer gone without a word (host down, cable cut): TCP notices within about 11 s of
+# silence (keepalive probes after 5 s idle, 3 more 2 s apart) or of unacknowledged data
+# (tcp_user_timeout, in milliseconds), instead of Linux's two hours.
+TCP_SETTINGS: dict[str, int] = {
+    "keepalives": 1,
+    "keepalives_idle": 5,
+    "keepalives_interval": 2,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 10_000,
+}
 
 
 def describe_url(url: str) -> str:
@@ -46,11 +70,18 @@ def make_engine(url: str) -> Engine:
         engine = create_engine(url)
         _sqlite_setup(engine)
         return engine
-    connect_args: dict[str, Any] = {}
-    if parsed.get_backend_name() == "postgresql":
-        connect_args["connect_timeout"] = CONNECT_TIMEOUT_S
-        connect_args["application_name"] = "gpusched"
-    return create_engine(url, pool_pre_ping=True, connect_args=connect_args)
+    if parsed.get_backend_name() != "postgresql":
+        return create_engine(url, pool_pre_ping=True)
+    connect_args: dict[str, Any] = {
+        "connect_timeout": CONNECT_TIMEOUT_S,
+        "application_name": "gpusched",
+        **TCP_SETTINGS,
+    }
+    engine = create_engine(
+        url, pool_pre_ping=True, pool_timeout=POOL_TIMEOUT_S, connect_args=connect_args
+    )
+    WAIT_BOUND.guard(engine, WAIT_BOUND_S)
+    return engine
 
 
 def unavailable(exc: DBAPIError, where: str) -> GpuschedError:
@@ -60,13 +91,18 @@ def unavailable(exc: DBAPIError, where: str) -> GpuschedError:
 
 
 def is_disconnect(exc: BaseException) -> TypeGuard[DBAPIError]:
-    """Whether `exc` says the database cannot be reached (rather than a bad statement)."""
+    """Whether `exc` says the database cannot be reached or cannot answer now (rather than
+    a bad statement): the connection lost, or any error of the driver's OperationalError
+    or InterfaceError family (refused, timed out, reset, the server shutting down, a
+    statement or lock wait cancelled by the server's timeouts, SQLite's "locked").
+
+    SQLAlchemy wraps each driver error in the class of its nearest DB-API ancestor
+    (psycopg.errors.ConnectionTimeout is an OperationalError), so the family is tested on
+    the wrapper, not by the driver class's name.
+    """
     if not isinstance(exc, DBAPIError):
         return False
-    if exc.connection_invalidated:
-        return True
-    # psycopg raises OperationalError for a refused or lost connection.
-    return type(exc.orig).__name__ in ("OperationalError", "InterfaceError")
+    return exc.connection_invalidated or isinstance(exc, (OperationalError, InterfaceError))
 
 
 def _sqlite_setup(engine: Engine) -> None:
