@@ -15,11 +15,20 @@ hold its row locks against the others. Job-state changes are conditional UPDATEs
 either (gpusched.store.transitions), which READ COMMITTED re-checks after waiting on a
 row lock.
 
-Whatever is said about a database names it without its password (`describe_url`).
+Whatever is said about a database names it without its password (`describe_url`). An
+outage is said once in the daemon's log (`DatabaseOutage`): while the database is away
+every pass, poll and watcher that touches it fails the same way, and each logged its
+traceback (40 in 20 s in issue 26). The first record of an outage that carries a database
+error is turned into one line without its traceback; the next ones are dropped until a
+statement gets an answer again, which is said in one line with how long it was away.
+Requests refused meanwhile keep their own one-line warnings.
 """
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
 from typing import Any, TypeGuard
 from urllib.parse import unquote
 
@@ -29,6 +38,8 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
 from gpusched.core.errors import GpuschedError
 from gpusched.store.waits import WAIT_BOUND
+
+log = logging.getLogger("gpusched.database")
 
 # Seconds to wait for a PostgreSQL server before a request fails (libpq's connect_timeout).
 CONNECT_TIMEOUT_S = 5
@@ -65,6 +76,16 @@ def describe_url(url: str) -> str:
 
 
 def make_engine(url: str) -> Engine:
+    engine = _make_engine(url)
+    event.listen(engine, "after_cursor_execute", _answered)
+    return engine
+
+
+def _answered(*_: Any) -> None:
+    DATABASE_OUTAGE.answered()
+
+
+def _make_engine(url: str) -> Engine:
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
         engine = create_engine(url)
@@ -103,6 +124,51 @@ def is_disconnect(exc: BaseException) -> TypeGuard[DBAPIError]:
     if not isinstance(exc, DBAPIError):
         return False
     return exc.connection_invalidated or isinstance(exc, (OperationalError, InterfaceError))
+
+
+class DatabaseOutage(logging.Filter):
+    """The daemon's records of a database outage: one line when it begins, one at its end."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._lock = threading.Lock()
+        self._since: float | None = None
+        self._dropped = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if exc is None or not is_disconnect(exc):
+            return True
+        with self._lock:
+            if self._since is not None:
+                self._dropped += 1
+                return False
+            self._since = time.monotonic()
+        first = (
+            str(exc.orig).strip().splitlines()[0] if str(exc.orig).strip() else type(exc).__name__
+        )
+        said = record.getMessage()  # before msg and args change
+        record.msg = "%s: the database is unavailable (%s); %s"
+        record.args = (said, first, "tried again every pass, said again when it answers")
+        record.exc_info = None
+        record.exc_text = None
+        record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+    def answered(self) -> None:
+        if self._since is None:  # the usual case: one read, no lock
+            return
+        with self._lock:
+            if self._since is None:
+                return
+            away, dropped = time.monotonic() - self._since, self._dropped
+            self._since, self._dropped = None, 0
+        log.warning(
+            "the database answers again after %.0f s (%d failures not shown)", away, dropped
+        )
+
+
+DATABASE_OUTAGE = DatabaseOutage()  # on the daemon's log handler (gpusched.daemon.logfmt)
 
 
 def _sqlite_setup(engine: Engine) -> None:
