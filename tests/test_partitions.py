@@ -121,6 +121,7 @@ def test_status_fails_in_one_line_within_the_bound_while_the_database_is_silent(
         assert "is unavailable (" in lines[0] and "nothing was changed" in lines[0], lines
         assert "internal error" not in lines[0] and "Traceback" not in result.stderr
         assert took < bound + SLACK_S, f"status took {took:.1f} s"
+        print(f"\nstatus while the database is silent: refused in {took:.1f} s")
     cluster.proxies["a"].heal()
     eventually(lambda: a.cli("status").returncode == 0, 30)
     # One outage: said in a line or a few, not a traceback every pass.
