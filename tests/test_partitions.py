@@ -15,88 +15,14 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from gpusched.store import Store
 from gpusched.store.engine import CONNECT_TIMEOUT_S, WAIT_BOUND_S
-from tests.cluster_harness import NODE_TIMEOUT_S, cluster_config
+from tests.cluster_harness import NODE_TIMEOUT_S
 from tests.daemon_harness import RunningDaemon, eventually
-from tests.faultchecks import History
-from tests.faultproxy import FaultProxy
-from tests.postgres import TEMPLATE, PostgresServer
-
-SLACK_S = 10.0  # a shared, loaded test machine; the faults themselves last far longer
-GIB = 2**30
-CARD = 24 * GIB  # the daemons' simulated GPUs: 2 x 24G each
-
-
-class Cluster:
-    def __init__(self, server: PostgresServer, database: str, factory: Any, root: Path) -> None:
-        self.server = server
-        self.database = database
-        self.factory = factory
-        self.proxies: dict[str, FaultProxy] = {}
-        self.daemons: dict[str, RunningDaemon] = {}
-        self.history = History(root)
-        self.declared: dict[int, float] = {}
-        self.store = Store(server.url(database))  # the test's own view, never through a proxy
-
-    def node(self, name: str, **extra: Any) -> RunningDaemon:
-        proxy = self.proxies.setdefault(name, FaultProxy(self.server.port))
-        url = self.server.tcp_url(self.database, proxy.port)
-        daemon = self.factory(
-            name,
-            config=cluster_config(url, name, **extra),
-            env={"PGPASSWORD": self.server.password},
-        )
-        self.daemons[name] = daemon.start()
-        return daemon
-
-    def submit(self, via: RunningDaemon, seconds: float, mem_g: int = 10, *more: str) -> int:
-        job_id = via.submit("--mem", f"{mem_g}G", *more, "--", *self.history.job(seconds))
-        self.declared[job_id] = mem_g * GIB
-        return job_id
-
-    def scheduler(self) -> str:
-        """The node holding the scheduler's election (as the database says)."""
-        with self.store.read() as conn:
-            row = conn.exec_driver_sql("SELECT holder FROM leases").first()
-        assert row is not None
-        return str(row[0]).split(" ")[0].split("@")[0]
-
-    def states(self, ids: list[int]) -> dict[int, str]:
-        return {job_id: self.store.get(job_id).state.value for job_id in ids}
-
-    def check(self, requeue: set[int] | None = None) -> None:
-        assert self.history.double_starts(requeue or set()) == {}
-        assert self.history.overcommit(self.declared, CARD) == []
-
-    def close(self) -> None:
-        for proxy in self.proxies.values():
-            proxy.heal()
-        self.store.close()
-
-
-@pytest.fixture
-def cluster(
-    postgres_server: PostgresServer, daemon_factory: Any, tmp_path: Path
-) -> Iterator[Cluster]:
-    database = postgres_server.create_database(template=TEMPLATE)
-    made = Cluster(postgres_server, database, daemon_factory, tmp_path)
-    try:
-        yield made
-    finally:
-        made.close()
-        for daemon in made.daemons.values():
-            daemon.stop()
-            daemon.kill_jobs()
-        for proxy in made.proxies.values():
-            proxy.close()
-        postgres_server.drop_database(database)
+from tests.faultcluster import GIB, SLACK_S, Cluster
 
 
 def timed_cli(daemon: RunningDaemon, *args: str) -> tuple[Any, float]:
