@@ -169,7 +169,26 @@ def test_a_silent_database_is_given_up_after_the_bound_and_the_engine_recovers(
     )
     setup.proxy.heal()
     setup.run("SELECT 1")  # new connections, no restart
-    assert WAIT_BOUND_S <= 5
+
+
+def test_both_sides_bound_their_waits(setup: Setup) -> None:
+    with setup.engine.connect() as conn:
+        raw = conn.connection.driver_connection
+        assert raw is not None
+        client = raw.info.get_parameters()
+        server = {
+            name: conn.exec_driver_sql(f"SHOW {name}").scalar()
+            for name in ("idle_in_transaction_session_timeout", "lock_timeout", "statement_timeout")
+        }
+    # The client: libpq's keepalives and tcp_user_timeout, as make_engine sets them.
+    assert client["keepalives_idle"] == "5" and client["tcp_user_timeout"] == "10000", client
+    assert setup.engine.pool.timeout() <= WAIT_BOUND_S  # type: ignore[attr-defined]
+    # The server: the database's settings of docs/cluster.md section 1 (tests' scale).
+    assert server == {
+        "idle_in_transaction_session_timeout": "2s",
+        "lock_timeout": "2s",
+        "statement_timeout": "4s",
+    }
 
 
 def test_bad_statements_and_conflicts_are_not_called_an_outage(setup: Setup) -> None:
