@@ -41,10 +41,15 @@ from gpusched.store.waits import WAIT_BOUND
 
 log = logging.getLogger("gpusched.database")
 
-# Seconds to wait for a PostgreSQL server before a request fails (libpq's connect_timeout).
-CONNECT_TIMEOUT_S = 5
-# Seconds any one statement, commit, rollback or ping may wait for the server's answer;
-# the server's own statement_timeout (docs/cluster.md) is shorter, so a slow statement
+# What a request waiting for a PostgreSQL server that does not answer costs at most: a
+# pooled connection's test (PING_BOUND_S) and a new connection's (CONNECT_TIMEOUT_S), 5 s
+# in all; a server that refuses or is down fails it at once. libpq's connect_timeout is
+# whole seconds, at least 2.
+CONNECT_TIMEOUT_S = 3
+PING_BOUND_S = 2.0
+REQUEST_BOUND_S = CONNECT_TIMEOUT_S + PING_BOUND_S
+# Seconds any one statement, commit or rollback may wait for the server's answer; the
+# server's own statement_timeout (docs/cluster.md) is shorter, so a slow statement
 # normally ends there with the server's message, and this is for a silent network.
 WAIT_BOUND_S = 5.0
 # Seconds a request waits for a free connection of the pool (SQLAlchemy's default: 30).
@@ -101,7 +106,7 @@ def _make_engine(url: str) -> Engine:
     engine = create_engine(
         url, pool_pre_ping=True, pool_timeout=POOL_TIMEOUT_S, connect_args=connect_args
     )
-    WAIT_BOUND.guard(engine, WAIT_BOUND_S)
+    WAIT_BOUND.guard(engine, WAIT_BOUND_S, PING_BOUND_S)
     return engine
 
 

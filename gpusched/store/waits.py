@@ -128,20 +128,23 @@ class WaitBound:
                 _shut_down(self._armed.pop(token))
                 self._fired.add(token)
 
-    def guard(self, engine: Engine, bound_s: float) -> None:
-        """Bound every call of `engine`'s dialect that waits for the server."""
+    def guard(self, engine: Engine, bound_s: float, ping_bound_s: float) -> None:
+        """Bound every call of `engine`'s dialect that waits for the server: the pool's
+        test of a connection (`SELECT 1`) by `ping_bound_s`, the others by `bound_s`."""
         dialect = engine.dialect
         dbapi_error = dialect.loaded_dbapi.OperationalError
 
-        def bounded(call: Callable[..., Any], connection_of: Callable[..., Any]) -> Any:
+        def bounded(
+            call: Callable[..., Any], connection_of: Callable[..., Any], limit_s: float
+        ) -> Any:
             def run(*args: Any, **kwargs: Any) -> Any:
-                with self.waiting(connection_of(*args), bound_s) as token:
+                with self.waiting(connection_of(*args), limit_s) as token:
                     try:
                         return call(*args, **kwargs)
                     except Exception:
                         if self.fired(token):
                             raise dbapi_error(
-                                f"no answer from the database within {bound_s:g} s"
+                                f"no answer from the database within {limit_s:g} s"
                             ) from _TimedOut()
                         raise
 
@@ -153,15 +156,15 @@ class WaitBound:
         def of_connection(connection: Any, *_: Any) -> Any:
             return connection
 
-        for name, connection_of in (
-            ("do_execute", of_cursor),
-            ("do_executemany", of_cursor),
-            ("do_execute_no_params", of_cursor),
-            ("do_commit", of_connection),
-            ("do_rollback", of_connection),
-            ("do_ping", of_connection),
+        for name, connection_of, limit_s in (
+            ("do_execute", of_cursor, bound_s),
+            ("do_executemany", of_cursor, bound_s),
+            ("do_execute_no_params", of_cursor, bound_s),
+            ("do_commit", of_connection, bound_s),
+            ("do_rollback", of_connection, bound_s),
+            ("do_ping", of_connection, ping_bound_s),
         ):
-            setattr(dialect, name, bounded(getattr(dialect, name), connection_of))
+            setattr(dialect, name, bounded(getattr(dialect, name), connection_of, limit_s))
 
         @event.listens_for(engine, "handle_error")
         def _lost(context: ExceptionContext) -> None:
