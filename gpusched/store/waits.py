@@ -95,7 +95,8 @@ class WaitBound:
                     target=self._watch, name="db-wait-bound", daemon=True
                 )
                 self._thread.start()
-            self._cond.notify()
+            if self._heap[0][1] == token:  # the earliest deadline now: wake the watchdog
+                self._cond.notify()
         try:
             yield token
         finally:
@@ -103,13 +104,12 @@ class WaitBound:
             # descriptor, which the driver may close (and the kernel reuse) right after.
             with self._cond:
                 self._armed.pop(token, None)
+                self._fired.discard(token)
 
     def fired(self, token: int) -> bool:
+        """Whether the watchdog shut this call's connection (asked before it is disarmed)."""
         with self._cond:
-            if token in self._fired:
-                self._fired.discard(token)
-                return True
-            return False
+            return token in self._fired
 
     def _watch(self) -> None:
         with self._cond:
