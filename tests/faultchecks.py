@@ -108,7 +108,7 @@ class History:
 
     # -- the checkers -------------------------------------------------------------------------
 
-    def double_starts(self, requeue: set[int] = frozenset()) -> dict[int, int]:  # type: ignore[assignment]
+    def double_starts(self, requeue: frozenset[int] | set[int] = frozenset()) -> dict[int, int]:
         """{job: times started} for each job started more than once without --requeue."""
         counts = Counter(run.job for run in self.runs())
         return {job: n for job, n in counts.items() if n > 1 and job not in requeue}
