@@ -118,11 +118,6 @@ def test_postgresql_restarted_under_a_running_cluster_loses_nothing(cluster: Clu
     cluster.check()
 
 
-@pytest.mark.xfail(
-    reason="issue 26 item 4, needs the cluster roles (onepass): reconcile_at_start skips a"
-    " job ended lost whose supervisor is gone instead of reading its exit record",
-    strict=False,
-)
 def test_a_job_that_ended_while_its_daemon_was_away_past_node_timeout_is_not_left_lost(
     cluster: Cluster,
 ) -> None:

@@ -254,6 +254,19 @@ class Supervisor:
             except OSError as exc:
                 print(f"gpusched supervisor: log not capped: {exc}", file=sys.stderr, flush=True)
         self._prepare_job_sandbox()
+        exec_by = spec.get("exec_by")
+        if exec_by is not None and time.monotonic() >= float(exec_by):
+            # A cluster node's lease ran out before the launch: the cluster may already
+            # have given the job to another node. The command never ran: transient, so
+            # the job goes back to the queue.
+            os.close(log_fd)
+            self._release_job_sandbox()
+            self._record(
+                outcome="failed_to_start",
+                message="not started: this node's lease ran out before the launch",
+                transient=True,
+            )
+            return 1
         try:
             with cgroups.job_fork(self.cgroup):
                 self.child = self._start(log_fd)

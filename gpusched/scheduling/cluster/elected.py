@@ -1,12 +1,12 @@
 """The cluster's scheduler: the one daemon elected through the `leases` row.
 
 Each pass while elected (the agent, cluster.agent, asks): declare down the nodes whose
-lease ran out (one transaction each: epoch bumped, running jobs `lost` or queued again,
-placed ones given back), then run the shared pass rules (scheduling.pass_rules: the same
-as one server's) over every live node's reported GPUs and every node's running and
-placed jobs, and write the placements, each conditioned on the election's epoch
-(store.placements). The waiting reasons go into the jobs' rows, for every daemon's
-`status`.
+lease ran out more than the fence margin ago (one transaction each: epoch bumped,
+running jobs `lost` or queued again, placed ones given back), then run the shared pass
+rules (scheduling.pass_rules: the same as one server's) over every live node's reported
+GPUs and every node's running and placed jobs, and write the placements, each
+conditioned on the election's epoch (store.placements). The waiting reasons go into the
+jobs' rows, for every daemon's `status`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import dataclasses
 import logging
 from datetime import datetime
 
-from gpusched.core.clock import iso
 from gpusched.core.ratelog import RateLimitedLog
 from gpusched.scheduling.cluster.election import Role, may_declare_down, scheduler_role
 from gpusched.scheduling.cluster.inputs import (
@@ -73,21 +72,25 @@ class ElectedScheduler:
         return False
 
     def _declare_down(self, rows: list[NodeRow]) -> list[NodeRow]:
-        """Declare down the nodes whose lease ran out; the rows still live."""
+        """Declare down the nodes whose lease ran out more than the fence margin ago (by
+        then the node has launched nothing for twice that margin: cluster.node); the rows
+        still live."""
         live = []
         me = self.node.name
+        margin_s = self.node.margin_s
         sure = may_declare_down(self.node.steady_for(), self.node.timeout_s)
         for row in rows:
             if row.state == NODE_DOWN:
                 continue
-            if sure and row.expired and row.name != me and self.election_epoch:
+            overdue = row.expired and row.age_s > self.node.timeout_s + margin_s
+            if sure and overdue and row.name != me and self.election_epoch:
                 why = f"node {row.name} was not heard from for {row.age_s:.0f}s"
                 down = self.store.declare_down(
                     row.name,
                     row.epoch,
                     holder=me,
                     election_epoch=self.election_epoch,
-                    now=iso(self.context.clock()),
+                    grace_s=margin_s,
                     why=why,
                 )
                 if down is not None:

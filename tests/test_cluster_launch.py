@@ -1,0 +1,217 @@
+"""Issue 26 at the tick level: fencing at the moment of launch, and the timestamps a
+cluster writes. Two daemons' schedulers on one SQLite file and one fixed clock
+(tests/world.py `make_cluster`); a slow commit is made by moving the clock inside the
+claim's transaction (a SQLAlchemy event on the node's own engine), nothing is mocked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import event
+
+from gpusched.core.models import EndReason, JobState
+from gpusched.processes.launching import Outcome, OutcomeKind
+from gpusched.scheduling.cluster.agent import ClusterAgent
+from tests.fakes import GiB
+from tests.world import World, make_cluster, make_node
+
+NODE_TIMEOUT_S = 30.0  # the default; the fence margin is then 10 s (a third of it)
+MARGIN_S = 10.0
+
+
+def _agent(world: World) -> ClusterAgent:
+    placer = world.scheduler.placer
+    assert isinstance(placer, ClusterAgent)
+    return placer
+
+
+def _pair(tmp_path: Path) -> tuple[World, World]:
+    a, b = make_cluster(tmp_path, ["a", "b"], [24 * GiB])
+    a.tick()  # a is elected
+    b.tick()
+    return a, b
+
+
+def _slow_claim(world: World, seconds: float) -> Callable[[], None]:
+    """Make this node's next claim of a placed job answer `seconds` late (the clock
+    moves on once the claim's UPDATE ran, before its commit returns): how a claim that
+    waited on a partition comes back. Returns how to stop it."""
+    engine = world.scheduler.store.engine
+    armed = [True]
+
+    def late(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        if armed[0] and statement.startswith("UPDATE jobs") and "started_at" in statement:
+            armed[0] = False
+            world.clock.advance(seconds)
+
+    event.listen(engine, "after_cursor_execute", late)
+    return lambda: event.remove(engine, "after_cursor_execute", late)
+
+
+def test_a_claim_that_commits_past_the_launch_deadline_launches_nothing(tmp_path: Path) -> None:
+    a, b = _pair(tmp_path)
+    job = a.submit(GiB, allowed_nodes=("b",))
+    a.tick()  # placed on b
+    assert a.job(job).node == "b"
+    node = _agent(b).node
+    stop = _slow_claim(b, NODE_TIMEOUT_S)  # the claim's answer arrives after the lease
+    b.scheduler.tick()
+    stop()
+    assert node.launch_deadline is not None
+    assert b.clock.monotonic() > node.launch_deadline
+    assert b.launcher.started == []  # never launched past the deadline
+    assert (a.state(job), a.job(job).node) == (JobState.QUEUED, None)  # back to the scheduler
+    # Once b renews again (its deadline moves on), the job starts normally.
+    for _ in range(3):
+        a.tick()
+        b.tick()
+    assert a.state(job) == JobState.RUNNING
+
+
+def test_each_launch_carries_the_node_s_deadline_to_the_supervisor(tmp_path: Path) -> None:
+    a, b = _pair(tmp_path)
+    job = a.submit(GiB, allowed_nodes=("b",))
+    a.tick()
+    b.scheduler.tick()
+    node = _agent(b).node
+    assert b.launcher.started == [job]
+    deadline = b.launcher.exec_by[job]
+    assert deadline == node.launch_deadline
+    # counted from the renewal's sending, a margin short of the lease
+    assert deadline == node.renewed_at + NODE_TIMEOUT_S - MARGIN_S  # type: ignore[operator]
+
+
+def test_the_deadline_counts_from_when_the_renewal_was_sent_not_when_it_returned(
+    tmp_path: Path,
+) -> None:
+    _a, b = _pair(tmp_path)
+    node = _agent(b).node
+    engine = b.scheduler.store.engine
+    sent = b.clock.monotonic()
+
+    def slow_renewal(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
+        if statement.startswith("UPDATE nodes"):
+            b.clock.advance(5)
+
+    event.listen(engine, "after_cursor_execute", slow_renewal)
+    b.scheduler.tick()
+    event.remove(engine, "after_cursor_execute", slow_renewal)
+    assert node.launch_deadline == sent + NODE_TIMEOUT_S - MARGIN_S
+
+
+def test_started_at_is_the_launch_by_the_database_s_clock(tmp_path: Path) -> None:
+    a, b = _pair(tmp_path)
+    job = a.submit(GiB, allowed_nodes=("b",))
+    a.tick()
+    claimed_at = b.clock()
+    stop = _slow_claim(b, 3)  # still well inside the deadline
+    b.scheduler.tick()
+    stop()
+    assert b.launcher.started == [job]
+    started = a.job(job).started_at
+    assert started is not None
+    # the launch (3 s after the claim), by the database's clock, not the claim's time
+    assert (datetime.fromisoformat(started) - claimed_at).total_seconds() == 3
+
+
+def test_a_node_is_declared_down_only_once_its_lease_plus_the_margin_has_passed(
+    tmp_path: Path,
+) -> None:
+    a, b = _pair(tmp_path)
+    job = a.submit(GiB, allowed_nodes=("b",))
+    a.tick()
+    b.tick()
+    assert a.state(job) == JobState.RUNNING
+    heard = b.clock.monotonic()  # b's last renewal; silent from now
+    while a.state(job) == JobState.RUNNING:
+        a.tick()
+        assert b.clock.monotonic() - heard < NODE_TIMEOUT_S + MARGIN_S + 3 * 2
+    waited = b.clock.monotonic() - heard
+    assert waited > NODE_TIMEOUT_S + MARGIN_S, waited
+    assert a.state(job) == JobState.LOST
+
+
+# -- exactly-once ends ----------------------------------------------------------------------
+
+
+def _declared_down_while_away(a: World, b: World, job: int, state: JobState) -> None:
+    """b runs `job`, then is silent (its daemon dead, its supervisors alive) until a
+    declares it down."""
+    a.tick()
+    b.tick()
+    assert a.state(job) == JobState.RUNNING
+    b.launcher.on_exit = lambda _job_id: None  # no daemon left to hear an exit
+    _until(lambda: a.state(job) == state, a)
+
+
+def _restart(tmp_path: Path, old: World) -> World:
+    """b's daemon starts again: its supervisors and exit records are still there."""
+    world = make_node(tmp_path, "b", [24 * GiB], old.clock, pid=5000, launcher=old.launcher)
+    world.scheduler.adopt_running()
+    world.scheduler.placer.reconcile_at_start(lambda: sorted(old.launcher.started))
+    return world
+
+
+def _until(condition: Callable[[], bool], *worlds: World, passes: int = 40) -> None:
+    for _ in range(passes):
+        if condition():
+            return
+        for world in worlds:
+            world.tick()
+    raise AssertionError(f"not after {passes} rounds")
+
+
+def test_a_job_that_ended_while_its_node_was_declared_down_gets_its_real_end_at_restart(
+    tmp_path: Path,
+) -> None:
+    a, b = _pair(tmp_path)
+    job = a.submit(GiB, allowed_nodes=("b",))
+    _declared_down_while_away(a, b, job, JobState.LOST)
+    b.finish(job, Outcome(OutcomeKind.EXIT, exit_code=0))  # its supervisor's exit record
+    _restart(tmp_path, b)
+    ended = a.job(job)
+    assert (ended.state, ended.reason, ended.exit_code) == (JobState.DONE, EndReason.EXIT, 0)
+
+
+def test_a_restarted_node_stops_its_copy_of_a_requeued_job_that_ended_elsewhere(
+    tmp_path: Path,
+) -> None:
+    a, b = _pair(tmp_path)
+    blocker = a.submit(None, allowed_nodes=("a",))  # a's GPU, whole: the job goes to b
+    a.tick()
+    job = a.submit(GiB, requeue=1)
+    _declared_down_while_away(a, b, job, JobState.QUEUED)
+    a.finish(blocker)
+    _until(lambda: a.state(job) == JobState.RUNNING, a)
+    assert a.job(job).node == "a"  # queued again, run on a
+    a.finish(job)
+    assert a.state(job) == JobState.DONE
+    assert job in b.launcher.running  # b's old copy still runs
+    _restart(tmp_path, b)
+    assert b.launcher.stop_requests == [job]
+
+
+def test_a_lost_job_still_running_is_running_again_counted_and_cancellable(
+    tmp_path: Path,
+) -> None:
+    a, b = _pair(tmp_path)
+    job = a.submit(20 * GiB, allowed_nodes=("b",))
+    _declared_down_while_away(a, b, job, JobState.LOST)
+    b = _restart(tmp_path, b)
+    assert a.state(job) == JobState.RUNNING  # heard again: running, not lost
+    b.tick()
+    a.tick()
+    # counted on its card: another 20G job does not fit on b's 24G GPU beside it
+    other = a.submit(20 * GiB, allowed_nodes=("b",))
+    a.tick()
+    b.tick()
+    assert a.state(other) == JobState.QUEUED
+    a.scheduler.cancel(a.job(job), by="alice")  # from the other node
+    b.scheduler.placer.poll()
+    assert b.launcher.stop_requests == [job]
+    b.finish(job, Outcome(OutcomeKind.CANCELLED))
+    assert a.state(job) == JobState.CANCELLED
