@@ -14,6 +14,10 @@ outrun it). When the job's main process exits, any process it left behind is sto
 the same way, so nothing keeps GPU memory after its job has ended. `exit.json` is
 written only then: a job recorded as ended has no process left.
 
+With `exec_by` in the spec (a cluster node's launch deadline, on CLOCK_MONOTONIC, which
+the daemon's clock shares), the supervisor refuses to start the command past it and
+records a transient failure to start: the job goes back to the queue, never run.
+
 With `max_log_bytes` in the spec, the supervisor keeps the log under that size by
 cutting its middle (gpusched.core.logcap), checked every time its loop wakes: at least once
 a second, ten times a second while the log grows fast.
