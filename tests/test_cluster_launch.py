@@ -1,7 +1,9 @@
-"""Issue 26 at the tick level: fencing at the moment of launch, and the timestamps a
-cluster writes. Two daemons' schedulers on one SQLite file and one fixed clock
-(tests/world.py `make_cluster`); a slow commit is made by moving the clock inside the
-claim's transaction (a SQLAlchemy event on the node's own engine), nothing is mocked.
+"""Issue 26 at the tick level: fencing at the moment of launch, the timestamps a cluster
+writes, and exactly-once ends (a node's jobs reconciled from their exit records at its
+restart, lost jobs still running taken back, each run of a requeued job kept). Two
+daemons' schedulers on one SQLite file and one fixed clock (tests/world.py
+`make_cluster`); a slow commit is made by moving the clock inside the claim's
+transaction (a SQLAlchemy event on the node's own engine), nothing is mocked.
 """
 
 from __future__ import annotations
@@ -13,12 +15,17 @@ from typing import Any
 
 from sqlalchemy import event
 
+from gpusched.cli.views import attempt_text
 from gpusched.core.models import EndReason, JobState
+from gpusched.daemon.handlers import dispatch
+from gpusched.daemon.identity import Caller
+from gpusched.daemon.services import Services
 from gpusched.processes.launching import Outcome, OutcomeKind
 from gpusched.scheduling.cluster.agent import ClusterAgent
 from tests.fakes import GiB
 from tests.world import World, make_cluster, make_node
 
+ALICE = Caller(pid=101, uid=1000, gid=1000, user="alice", admin=False)
 NODE_TIMEOUT_S = 30.0  # the default; the fence margin is then 10 s (a third of it)
 MARGIN_S = 10.0
 
@@ -215,3 +222,51 @@ def test_a_lost_job_still_running_is_running_again_counted_and_cancellable(
     assert b.launcher.stop_requests == [job]
     b.finish(job, Outcome(OutcomeKind.CANCELLED))
     assert a.state(job) == JobState.CANCELLED
+
+
+def test_a_requeued_job_whose_first_run_completed_meanwhile_is_not_run_again(
+    tmp_path: Path,
+) -> None:
+    a, b = _pair(tmp_path)
+    blocker = a.submit(None, allowed_nodes=("a",))  # a's GPU, whole: nowhere to rerun it
+    a.tick()
+    job = a.submit(GiB, requeue=1)
+    _declared_down_while_away(a, b, job, JobState.QUEUED)
+    (attempt,) = a.scheduler.store.attempts([job])[job]
+    assert (attempt["attempt"], attempt["node"]) == (1, "b")
+    assert attempt["outcome"].startswith("queued again: node b was not heard from")
+    b.finish(job, Outcome(OutcomeKind.EXIT, exit_code=0))  # its first run completes
+    _restart(tmp_path, b)
+    ended = a.job(job)
+    assert (ended.state, ended.exit_code, ended.node) == (JobState.DONE, 0, "b")
+    (attempt,) = a.scheduler.store.attempts([job])[job]
+    assert attempt["outcome"].endswith("; then exited 0")
+    a.finish(blocker)
+    for _ in range(3):
+        a.tick()
+    assert a.launcher.started == [blocker]  # never run a second time
+    # Each run is visible: `show` and `history` (and the dashboard, which shows `show`).
+    services = Services(a.scheduler, a.scheduler.store, a.scheduler.settings, 0)
+    shown = dispatch(services, ALICE, {"op": "show", "id": job})
+    assert [r["node"] for r in shown["attempts"]] == ["b"]
+    listed = dispatch(services, ALICE, {"op": "history", "limit": 10})
+    assert next(j for j in listed if j["id"] == job)["attempts"] == shown["attempts"]
+    line = attempt_text(shown["attempts"][0])
+    assert line.startswith("node b, 2026-01-05 09:00:")
+    assert "queued again: node b was not heard from" in line and line.endswith("then exited 0")
+
+
+def test_a_requeued_job_already_run_again_keeps_both_runs(tmp_path: Path) -> None:
+    a, b = _pair(tmp_path)
+    blocker = a.submit(None, allowed_nodes=("a",))
+    a.tick()
+    job = a.submit(GiB, requeue=1)
+    _declared_down_while_away(a, b, job, JobState.QUEUED)
+    a.finish(blocker)
+    _until(lambda: a.state(job) == JobState.RUNNING, a)  # its second run, on a
+    b.finish(job, Outcome(OutcomeKind.EXIT, exit_code=0))
+    _restart(tmp_path, b)
+    assert (a.state(job), a.job(job).node) == (JobState.RUNNING, "a")  # its second run goes on
+    (first,) = a.scheduler.store.attempts([job])[job]
+    assert first["node"] == "b"
+    assert first["outcome"].endswith("; then exited 0")

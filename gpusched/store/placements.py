@@ -15,12 +15,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from sqlalchemy import Text, bindparam, select, type_coerce, update
+from sqlalchemy import Text, bindparam, case, select, type_coerce, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import ColumnElement
 
 from gpusched.core.clock import iso
 from gpusched.core.models import EndReason, Job, JobState
+from gpusched.store.attempts import job_attempts, record_real_end, record_requeued
 from gpusched.store.database import Database, decode_json, job_select, jobs, to_job
 from gpusched.store.nodes import NODE_DOWN, db_now, election_is_current, node_is_live, nodes
 
@@ -253,10 +254,15 @@ class PlacementRecords(Database):
                 return None
             running = (jobs.c.node == name) & (jobs.c.state == str(JobState.RUNNING))
             rows = conn.execute(
-                select(jobs.c.id, jobs.c.requeue, type_coerce(jobs.c.notify, Text)).where(running)
+                select(
+                    jobs.c.id, jobs.c.requeue, type_coerce(jobs.c.notify, Text), jobs.c.started_at
+                ).where(running)
             ).all()
             requeued = [int(r[0]) for r in rows if r[1]]
             lost = [(int(r[0]), decode_json(r[2]) is not None) for r in rows if not r[1]]
+            for r in rows:
+                if r[1]:  # the run it ends stays visible (store.attempts)
+                    record_requeued(conn, int(r[0]), node=name, started_at=r[3], now=now, why=why)
             if requeued:
                 conn.execute(
                     update(jobs)
@@ -321,6 +327,49 @@ class PlacementRecords(Database):
                     )
                 )
         return ids
+
+    def requeued_run_ended(
+        self, job_id: int, node: str, words: str, exit_code: int | None
+    ) -> bool | None:
+        """The real end of a run of a requeued job, reported by its node (`node`) once
+        back: said on that run's attempt (store.attempts). If that run exited by itself
+        (`exit_code`) and the job has not started again, that is the job's end: done or
+        failed as the exit code says, so it is not run a second time. None: not ended
+        here; else whether it has notification hooks to run."""
+        with self.engine.begin() as conn:
+            if not record_real_end(conn, job_id, node, words) or exit_code is None:
+                return None
+            started = conn.execute(
+                select(job_attempts.c.started_at)
+                .where(job_attempts.c.job_id == job_id, job_attempts.c.node == node)
+                .order_by(job_attempts.c.attempt.desc())
+            ).first()
+            done = conn.execute(
+                update(jobs)
+                .where(
+                    jobs.c.id == job_id,
+                    jobs.c.state.in_([str(JobState.QUEUED), str(JobState.HELD)]),
+                    jobs.c.requeue.is_not(None),
+                )
+                .values(
+                    state=str(JobState.DONE if exit_code == 0 else JobState.FAILED),
+                    reason=str(EndReason.EXIT),
+                    reason_detail=f"its run on node {node} ended before it was run again",
+                    exit_code=exit_code,
+                    node=node,
+                    node_epoch=None,
+                    started_at=None if started is None else started[0],
+                    ended_at=self._db_iso(conn),
+                    waiting_reason=None,
+                    hooks_due=case((jobs.c.notify.is_not(None), 1), else_=None),
+                )
+            )
+            if done.rowcount != 1:
+                return None
+            notify = conn.execute(
+                select(type_coerce(jobs.c.notify, Text)).where(jobs.c.id == job_id)
+            ).scalar()
+        return decode_json(notify) is not None
 
     def rows_of(self, job_ids: Sequence[int]) -> dict[int, tuple[JobState, str | None, int | None]]:
         """(state, node, node epoch) of each of these jobs: what an agent back from a

@@ -141,8 +141,8 @@ class ClusterAgent:
                     and self.store.get(job_id).reason == EndReason.NODE_LOST
                 )
                 if pid is None or began is None:  # its supervisor is gone
-                    if lost_here:
-                        self._settle_from_record(job_id)
+                    if lost_here or state in (JobState.QUEUED, JobState.HELD, JobState.RUNNING):
+                        self._settle_from_record(job_id)  # lost, or a requeued run's end
                 elif lost_here:
                     log.info("job %s, ended lost with this node, still runs: watched", job_id)
                     self.node.started(job_id, pid, began)
@@ -154,8 +154,9 @@ class ClusterAgent:
         self._revive(revived)
 
     def _settle_from_record(self, job_id: int) -> None:
-        """A job ended `lost` with this node that ended while this daemon was away: its
-        real end, from its supervisor's exit record (none: it stays lost)."""
+        """A job ended `lost` with this node (or queued again from it) whose run ended
+        while this daemon was away: its real end, from its supervisor's exit record
+        (none: nothing to say). JobEndings.settle decides what the end is worth."""
         outcome = self.context.launcher.outcome(job_id)
         if outcome.kind == OutcomeKind.LOST:
             return
