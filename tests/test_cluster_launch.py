@@ -22,6 +22,7 @@ from gpusched.daemon.identity import Caller
 from gpusched.daemon.services import Services
 from gpusched.processes.launching import Outcome, OutcomeKind
 from gpusched.scheduling.cluster.agent import ClusterAgent
+from gpusched.scheduling.cluster.elected import REFRESH_PER_PASS
 from tests.fakes import GiB
 from tests.world import World, make_cluster, make_node
 
@@ -270,3 +271,37 @@ def test_a_requeued_job_already_run_again_keeps_both_runs(tmp_path: Path) -> Non
     (first,) = a.scheduler.store.attempts([job])[job]
     assert first["node"] == "b"
     assert first["outcome"].endswith("; then exited 0")
+
+
+# -- scale: waiting reasons ----------------------------------------------------------------
+
+
+def test_a_draining_queue_does_not_rewrite_every_waiting_reason_each_pass(
+    tmp_path: Path,
+) -> None:
+    a, b = _pair(tmp_path)
+    blocker = a.submit(None, allowed_nodes=("b",))  # b's card, whole, for the whole test
+    waiting = [a.submit(GiB, allowed_nodes=("a",)) for _ in range(600)]
+    written: list[int] = []
+
+    def count(_conn: Any, _cursor: Any, statement: str, params: Any, *_args: Any) -> None:
+        if statement.startswith("UPDATE jobs SET waiting_reason"):
+            written[-1] += len(params) if isinstance(params, list) else 1
+
+    event.listen(a.scheduler.store.engine, "after_cursor_execute", count)
+    for _ in range(6):  # each round frees a's card: the head moves on, every reason with it
+        written.append(0)
+        for job_id in list(a.launcher.running):
+            a.finish(job_id)
+        a.tick()
+        b.tick()
+    event.remove(a.scheduler.store.engine, "after_cursor_execute", count)
+    assert written[0] >= len(waiting) - 24  # the first pass says why each job waits
+    started_per_round = 24  # 1G jobs on a 24G card
+    for rows in written[2:]:  # then only what changed in kind, and a bounded refresh
+        assert rows <= REFRESH_PER_PASS + started_per_round + 2, written
+    # The rows are right in kind, and the elected daemon says the exact reason.
+    queued = [j for j in waiting if a.state(j) == JobState.QUEUED]
+    stored = a.scheduler.store.get(queued[-1]).waiting_reason or ""
+    assert "kept for job" in stored and "ahead of it" in stored
+    assert a.state(blocker) == JobState.RUNNING
