@@ -14,13 +14,13 @@ from tests.test_tick import make_world
 
 
 def test_cancelling_many_running_jobs_wakes_the_scheduler_once(tmp_path: Path) -> None:
-    world = make_world(tmp_path, [24 * GiB])
+    wakes: list[int] = []
+    world = make_world(tmp_path, [24 * GiB], wake=lambda: wakes.append(1))
     jobs = [world.submit(mem=GiB // 16) for _ in range(CANCEL_CHUNK + 50)]
     world.tick()
     assert all(world.state(job) == JobState.RUNNING for job in jobs)
     world.finish(jobs[0], Outcome(OutcomeKind.EXIT, exit_code=0))  # ends meanwhile: skipped
-    wakes: list[int] = []
-    world.scheduler.wake = lambda: wakes.append(1)
+    wakes.clear()
     cancelled = world.scheduler.cancel_many([world.job(j) for j in jobs], by="alice")
     assert cancelled == jobs[1:]
     assert world.launcher.stop_requests == jobs[1:]

@@ -14,6 +14,7 @@ from gpusched.cli.render import render_gpus
 from gpusched.core.errors import UsageError
 from gpusched.core.models import GpuHealth, JobState
 from gpusched.processes.launching import Outcome, OutcomeKind
+from gpusched.scheduling.context import Context
 from gpusched.scheduling.scheduler import Scheduler
 from gpusched.store import Store
 from tests.fakes import FakeProbe, GiB
@@ -75,8 +76,16 @@ def test_the_heads_claim_is_stored_and_survives_a_restart(tmp_path: Path) -> Non
     assert stored.job_id == head
     assert stored.gpu_uuids == (world.probe.uuid(1),)  # 10G to free there, not 20G
     # A new daemon on the same database keeps the same card for the same head.
-    config = world.scheduler.settings
-    again = Scheduler(config, Store(config.current.database_url), world.probe, world.launcher)
+    config = world.scheduler.context.settings
+    again = Scheduler(
+        Context.build(
+            config,
+            Store(config.current.database_url),
+            world.probe,
+            world.launcher,
+            clock=world.clock,
+        )
+    )
     again.adopt_running()
     again.tick()
     assert again.store.head_claim() == stored
@@ -127,8 +136,7 @@ class SwitchedProbe(FakeProbe):
 
 def test_a_two_gpu_job_gets_the_pair_on_one_switch(tmp_path: Path) -> None:
     """Item 4: a small job on GPU 0, a 2-GPU job got [1, 2] while 2 and 3 were free."""
-    world = make_world(tmp_path, [24 * GiB] * 4)
-    world.scheduler.probe = world.probe = SwitchedProbe([24 * GiB] * 4)
+    world = make_world(tmp_path, [24 * GiB] * 4, probe=SwitchedProbe([24 * GiB] * 4))
     small = world.submit(2 * GiB)
     world.tick()
     assert world.gpus_of(small) == [0]

@@ -69,20 +69,35 @@ class World:
 
 
 def make_world(
-    root: Path, sizes: list[int], *, end_listeners: Sequence[EndListener] = (), **config: Any
+    root: Path,
+    sizes: list[int],
+    *,
+    end_listeners: Sequence[EndListener] = (),
+    probe: FakeProbe | None = None,
+    wake: Callable[[], None] | None = None,
+    **config: Any,
 ) -> World:
-    """`end_listeners`: told of each end before the World records it (`heard`)."""
+    """`end_listeners`: told of each end before the World records it (`heard`); `probe`:
+    GPUs of the test's own making instead of `sizes`; `wake`: what a pass's wake-up calls."""
     holder = ConfigHolder(
         load_config(None, {**directory_settings(root, None), "headroom": "0", **config})
     )
     holder.current.state_dir.mkdir(parents=True)  # as the daemon does at start
     launcher = FakeLauncher(holder.current.log_dir)
-    probe = FakeProbe(sizes)
+    probe = probe or FakeProbe(sizes)
     clock = FixedClock()
     store = Store(holder.current.database_url)
     heard: list[tuple[int, bool]] = []
     listeners = [*end_listeners, lambda job_id, hooks: heard.append((job_id, hooks))]
-    context = Context.build(holder, store, probe, launcher, clock=clock, end_listeners=listeners)
+    context = Context.build(
+        holder,
+        store,
+        probe,
+        launcher,
+        clock=clock,
+        end_listeners=listeners,
+        **({} if wake is None else {"wake": wake}),
+    )
     return World(Scheduler(context), launcher, probe, clock, root, heard)
 
 
