@@ -43,6 +43,19 @@ class FixedClock:
         self.elapsed_s += seconds
 
 
+class SkewedClock:
+    """A server's clock `skew_s` off another's (the wall time only: intervals agree)."""
+
+    def __init__(self, clock: FixedClock, skew_s: float) -> None:
+        self.clock, self.skew_s = clock, skew_s
+
+    def __call__(self) -> datetime:
+        return self.clock() + timedelta(seconds=self.skew_s)
+
+    def monotonic(self) -> float:
+        return self.clock.monotonic()
+
+
 class FakeLauncher:
     """Jobs that run until the test finishes them; nothing is forked."""
 

@@ -9,7 +9,7 @@ transaction (a SQLAlchemy event on the node's own engine), nothing is mocked.
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -124,6 +124,29 @@ def test_started_at_is_the_launch_by_the_database_s_clock(tmp_path: Path) -> Non
     assert started is not None
     # the launch (3 s after the claim), by the database's clock, not the claim's time
     assert (datetime.fromisoformat(started) - claimed_at).total_seconds() == 3
+
+
+def test_every_timestamp_in_a_cluster_is_on_the_database_s_clock(tmp_path: Path) -> None:
+    """b's own clock is 2 h ahead: what b writes (submitted, started, ended) still reads
+    on the database's clock, as a's does."""
+    a, b = make_cluster(tmp_path, ["a", "b"], [24 * GiB], skews={"b": 7200.0})
+    a.tick()
+    b.tick()  # b learns its offset from its renewal
+    job = b.submit(GiB, allowed_nodes=("b",))
+    submitted = a.clock()  # the database's clock (the fixed clock: its leases' too)
+    a.tick()
+    b.scheduler.tick()
+    started = a.clock()
+    b.clock.advance(5)
+    b.finish(job)
+    ended = a.job(job)
+    assert ended.state == JobState.DONE
+    stamps = (ended.submitted_at, ended.started_at, ended.ended_at)
+    assert [datetime.fromisoformat(t or "") for t in stamps] == [
+        submitted,
+        started,
+        started + timedelta(seconds=5),
+    ]
 
 
 def test_a_node_is_declared_down_only_once_its_lease_plus_the_margin_has_passed(

@@ -17,12 +17,13 @@ from gpusched.core.config_holder import ConfigHolder
 from gpusched.core.models import Job, JobState
 from gpusched.processes.launching import Outcome, OutcomeKind
 from gpusched.processes.pidref import is_same_process
+from gpusched.scheduling.cluster.clock import ClusterClock
 from gpusched.scheduling.cluster.node import ClusterNode, Identity
 from gpusched.scheduling.context import Context, EndListener
 from gpusched.scheduling.scheduler import Scheduler
 from gpusched.store import NewJob, Store
 from tests.daemon_harness import directory_settings
-from tests.fakes import FakeLauncher, FakeProbe, FixedClock, GiB
+from tests.fakes import FakeLauncher, FakeProbe, FixedClock, GiB, SkewedClock
 
 EXITED_0 = Outcome(OutcomeKind.EXIT, exit_code=0)
 
@@ -112,12 +113,14 @@ def make_cluster(
     *,
     missing: dict[str, set[str]] | None = None,
     client_alive: dict[str, Callable[[int, str | None], bool]] | None = None,
+    skews: dict[str, float] | None = None,
     **config: Any,
 ) -> list[World]:
     """One World per node, all on one SQLite file and one fixed clock (its wall time is
     also the database's, for the leases): the cluster's roles run one pass at a time.
     `missing`: node -> the users that do not exist there. `client_alive`: node -> how it
-    sees interactive clients (a client on another server is no process there)."""
+    sees interactive clients (a client on another server is no process there). `skews`:
+    node -> seconds its own wall clock is off the database's."""
     clock = FixedClock()
     return [
         make_node(
@@ -128,6 +131,7 @@ def make_cluster(
             pid=pid,
             missing=(missing or {}).get(name, set()),
             client_alive=(client_alive or {}).get(name, is_same_process),
+            skew_s=(skews or {}).get(name, 0.0),
             **config,
         )
         for pid, name in enumerate(names, start=4000)
@@ -144,6 +148,7 @@ def make_node(
     missing: set[str] = frozenset(),  # type: ignore[assignment]
     client_alive: Callable[[int, str | None], bool] = is_same_process,
     launcher: FakeLauncher | None = None,
+    skew_s: float = 0.0,
     **config: Any,
 ) -> World:
     """One node of `make_cluster`'s cluster (root/cluster.db). `launcher`: the processes
@@ -160,7 +165,9 @@ def make_node(
     store = Store(database, lease_clock=clock.epoch_s)
     accounts = {user: ids for user, ids in ACCOUNTS.items() if user not in missing}
     identity = Identity(f"host-{name}", pid, alive=lambda _pid: False, account=accounts.get)
-    context = Context.build(holder, store, probe, launcher, clock=clock)
+    # As the daemon's: its own wall clock (`skew_s` off), corrected to the database's.
+    wall = ClusterClock(SkewedClock(clock, skew_s))
+    context = Context.build(holder, store, probe, launcher, clock=wall)
     node = ClusterNode(name, identity, clock, holder)
     scheduler = Scheduler(context, node, client_alive=client_alive)
     scheduler.placer.join()

@@ -36,6 +36,7 @@ from gpusched.core.models import (
 )
 from gpusched.core.ratelog import RateLimitedLog
 from gpusched.processes.launching import OutcomeKind
+from gpusched.scheduling.cluster.clock import ClusterClock
 from gpusched.scheduling.cluster.elected import ElectedScheduler
 from gpusched.scheduling.cluster.inputs import NodeView, node_report
 from gpusched.scheduling.cluster.node import ClusterNode
@@ -232,8 +233,14 @@ class ClusterAgent:
         try:
             # Read before sending: the lease the database grants runs from a later moment.
             sent_at = self.context.clock.monotonic()
-            if self.store.renew_node(self.name, node.epoch, node.timeout_s, report):
+            clock = self.context.clock
+            learning = clock if isinstance(clock, ClusterClock) else None
+            sent = None if learning is None else learning.local()
+            renewed = self.store.renew_node(self.name, node.epoch, node.timeout_s, report)
+            if renewed is not None:
                 node.renewed(node.epoch, sent_at)
+                if learning is not None and sent is not None:  # timestamps on its clock
+                    learning.learn(renewed, sent, learning.local())
                 return
             row = self.store.node_row(self.name)
         except Exception as exc:  # the database is away: fenced once it has been too long
