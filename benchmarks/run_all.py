@@ -36,6 +36,7 @@ BENCHMARKS = (
     "database",
     "timeline_storage",
     "cluster",
+    "cluster_drain",
 )
 
 
