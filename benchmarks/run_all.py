@@ -37,6 +37,7 @@ BENCHMARKS = (
     "database",
     "timeline_storage",
     "cluster",
+    "cluster_drain",
 )
 
 

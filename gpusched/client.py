@@ -26,7 +26,7 @@ from typing import Any, overload
 
 from gpusched import __version__
 from gpusched.core.daemon_socket import choose_socket
-from gpusched.core.errors import DaemonUnreachable, ProtocolError, UsageError
+from gpusched.core.errors import DaemonUnreachable, GpuschedError, ProtocolError, UsageError
 from gpusched.core.models import TERMINAL_STATES, Drain, GpuReport, Job, TimelinePoint
 from gpusched.core.protocol import (
     MAX_REPLY_BYTES,
@@ -46,6 +46,11 @@ from gpusched.core.view_requests import ShowRequest, StatusRequest
 # one: `status` and `show`, the commands people run most, start without creating them.
 
 CONNECT_TIMEOUT_S = 5.0
+# A submit sent whose answer was lost (the daemon stopped answering, or its database did
+# not confirm the commit) is sent again, with its request id, this many times.
+SUBMIT_RETRIES = 2
+SUBMIT_RETRY_AFTER_S = 1.0
+ANSWER_LOST = ("stopped answering", "closed the connection", "is unavailable (")
 REPLY_TIMEOUT_S = 120.0
 # The system service is asked again for this long when its socket is missing or refuses
 # (systemd restarts it within RestartSec=2s plus its start-up).
@@ -287,19 +292,44 @@ class Client:
         argv = _checked_program(argv, workdir, environment.get("PATH"), after, fields)
         if mem == "auto":
             mem = int(self.send(rq.EstimateHistoryRequest(tuple(argv)))["suggested_mem"])
-        return self.send(
-            rq.SubmitRequest(
-                command=tuple(argv),
-                cwd=workdir,
-                env=environment,
-                umask=current_umask(),
-                mem=None if mem is None else parse_job_mem(mem, what="mem"),
-                time=None if time_limit is None else parse_job_time(time_limit, what="time_limit"),
-                after=tuple(after),
-                notify=notify_argv(notify),
-                **fields,
-            )
+        # One id for every try of this submit: the daemon answers a retry with the jobs
+        # the first try made, so a retry after a lost answer never queues twice.
+        request_id = fields.pop("request_id", None) or os.urandom(16).hex()
+        request = rq.SubmitRequest(
+            command=tuple(argv),
+            cwd=workdir,
+            env=environment,
+            umask=current_umask(),
+            mem=None if mem is None else parse_job_mem(mem, what="mem"),
+            time=None if time_limit is None else parse_job_time(time_limit, what="time_limit"),
+            after=tuple(after),
+            notify=notify_argv(notify),
+            request_id=request_id,
+            **fields,
         )
+        retries_left = SUBMIT_RETRIES
+        while True:
+            try:
+                return self.send(request)
+            except GpuschedError as exc:
+                # Sent, and no answer: the jobs may be queued, or not; only a retry with
+                # the same id can tell without risking a second copy.
+                if not any(words in str(exc) for words in ANSWER_LOST):
+                    raise
+                if retries_left == 0:
+                    raise type(exc)(
+                        f"{exc} (submit request {request_id}: it may have been queued;"
+                        " `gpusched status` shows it if so)"
+                    ) from None
+                retries_left -= 1
+                time.sleep(SUBMIT_RETRY_AFTER_S)
+
+    def submitted(self, request_id: str) -> list[Job]:
+        """What became of a submit (its request id, as a failed submit's error says): the
+        jobs it queued; NotFoundError if it queued none."""
+        from gpusched.core import requests as rq
+
+        return [Job.from_json(job) for job in self.send(rq.SubmittedRequest(request_id))]
 
     def estimate_history(
         self,

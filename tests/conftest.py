@@ -24,6 +24,7 @@ from tests.fakenvml.fixtures import (  # noqa: F401
     fake_nvml_no_v2,
     fake_nvml_old,
 )
+from tests.faultcluster import cluster  # noqa: F401
 from tests.postgres import TEMPLATE, PostgresServer, private_server
 
 

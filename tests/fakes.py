@@ -43,6 +43,19 @@ class FixedClock:
         self.elapsed_s += seconds
 
 
+class SkewedClock:
+    """A server's clock `skew_s` off another's (the wall time only: intervals agree)."""
+
+    def __init__(self, clock: FixedClock, skew_s: float) -> None:
+        self.clock, self.skew_s = clock, skew_s
+
+    def __call__(self) -> datetime:
+        return self.clock() + timedelta(seconds=self.skew_s)
+
+    def monotonic(self) -> float:
+        return self.clock.monotonic()
+
+
 class FakeLauncher:
     """Jobs that run until the test finishes them; nothing is forked."""
 
@@ -54,11 +67,15 @@ class FakeLauncher:
         self.stop_requests: list[int] = []  # job ids whose supervisor was asked to stop
         self.refuse: dict[int, str] = {}  # job id -> StartError message
         self.started: list[int] = []
+        self.exec_by: dict[int, float | None] = {}  # job id -> the deadline it was given
 
     def log_path(self, job_id: int) -> Path:
         return self.log_dir / f"{job_id}.log"
 
-    def start(self, job: Job, env: dict[str, str], umask: int, gid: int) -> Started:
+    def start(
+        self, job: Job, env: dict[str, str], umask: int, gid: int, exec_by: float | None = None
+    ) -> Started:
+        self.exec_by[job.id] = exec_by
         if job.id in self.refuse:
             raise StartError(self.refuse[job.id])
         pid = next(_FAKE_PIDS)

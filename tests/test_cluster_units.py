@@ -8,7 +8,6 @@ from gpusched.core.models import GpuHealth, GpuState, Job, JobState
 from gpusched.scheduling.cluster.election import (
     Role,
     fence_margin,
-    fenced,
     may_declare_down,
     scheduler_role,
 )
@@ -39,11 +38,9 @@ def test_the_holder_renews_an_expired_lease_is_taken_another_s_is_followed() -> 
     assert scheduler_role(LeaseRow("b", 4, expired=False), "a", 3) == Role.FOLLOW
 
 
-def test_a_node_fences_itself_before_it_can_be_declared_down() -> None:
-    assert fenced(None, 30, 2)  # never renewed
-    assert not fenced(0.5, 30, 2)
-    assert not fenced(19.9, 30, 2)
-    assert fenced(20.1, 30, 2)  # a third of the timeout before it
+def test_the_fence_margin_is_a_third_of_node_timeout_and_at_least_two_polls() -> None:
+    # (A node's launch deadline and the declare-down wait that use it: test_cluster_tick.)
+    assert fence_margin(30, 2) == 10
     assert fence_margin(4, 1) == 2  # at least two polls
     for timeout, poll in ((30, 2), (4, 0.5), (3, 1), (600, 60)):
         assert 0 < timeout - fence_margin(timeout, poll) < timeout or timeout <= 2 * poll

@@ -38,6 +38,7 @@ def test_a_frame_becomes_its_typed_request_and_back() -> None:
 def test_every_request_kind_survives_the_wire_with_its_defaults() -> None:
     required: dict[str, Any] = {"id": 1, "priority": 2, "array": 3, "on": True}
     required.update(command=("x",), cwd="/", ids=(1,), ended_before_s=86400.0)
+    required.update(request_id="0123456789abcdef")
     for op, kind in rq.REQUESTS.items():
         names = {f.name for f in dataclasses.fields(kind)}  # type: ignore[arg-type]
         request = kind(**{k: v for k, v in required.items() if k in names})

@@ -132,6 +132,26 @@ def run(tmp_path: Path) -> Iterator[Any]:
         each.cleanup()
 
 
+@pytest.mark.parametrize("late", [True, False], ids=["past-the-deadline", "inside-it"])
+def test_the_supervisor_execs_nothing_past_its_cluster_node_s_launch_deadline(
+    run: Any, tmp_path: Path, late: bool
+) -> None:
+    """A cluster node's launch deadline (CLOCK_MONOTONIC, the daemon's and the
+    supervisor's alike): past it the command never runs, and the record says so as a
+    transient failure to start (the job goes back to the queue)."""
+    ran = tmp_path / "ran"
+    exec_by = time.monotonic() + (-0.1 if late else 60)
+    outcome = run(["touch", str(ran)], exec_by=exec_by).outcome()
+    if late:
+        assert outcome["outcome"] == "failed_to_start"
+        assert outcome["transient"] is True
+        assert "lease ran out" in outcome["message"]
+        assert not ran.exists()
+    else:
+        assert (outcome["outcome"], outcome["exit_code"]) == ("exit", 0)
+        assert ran.exists()
+
+
 @pytest.mark.parametrize(
     "argv",
     [["sh", "-c", HOPPING], ["sh", "-c", DAEMONIZER]],

@@ -17,12 +17,13 @@ from gpusched.core.config_holder import ConfigHolder
 from gpusched.core.models import Job, JobState
 from gpusched.processes.launching import Outcome, OutcomeKind
 from gpusched.processes.pidref import is_same_process
+from gpusched.scheduling.cluster.clock import ClusterClock
 from gpusched.scheduling.cluster.node import ClusterNode, Identity
 from gpusched.scheduling.context import Context, EndListener
 from gpusched.scheduling.scheduler import Scheduler
 from gpusched.store import NewJob, Store
 from tests.daemon_harness import directory_settings
-from tests.fakes import FakeLauncher, FakeProbe, FixedClock, GiB
+from tests.fakes import FakeLauncher, FakeProbe, FixedClock, GiB, SkewedClock
 
 EXITED_0 = Outcome(OutcomeKind.EXIT, exit_code=0)
 
@@ -112,30 +113,62 @@ def make_cluster(
     *,
     missing: dict[str, set[str]] | None = None,
     client_alive: dict[str, Callable[[int, str | None], bool]] | None = None,
+    skews: dict[str, float] | None = None,
     **config: Any,
 ) -> list[World]:
     """One World per node, all on one SQLite file and one fixed clock (its wall time is
     also the database's, for the leases): the cluster's roles run one pass at a time.
     `missing`: node -> the users that do not exist there. `client_alive`: node -> how it
-    sees interactive clients (a client on another server is no process there)."""
+    sees interactive clients (a client on another server is no process there). `skews`:
+    node -> seconds its own wall clock is off the database's."""
     clock = FixedClock()
+    return [
+        make_node(
+            root,
+            name,
+            sizes,
+            clock,
+            pid=pid,
+            missing=(missing or {}).get(name, set()),
+            client_alive=(client_alive or {}).get(name, is_same_process),
+            skew_s=(skews or {}).get(name, 0.0),
+            **config,
+        )
+        for pid, name in enumerate(names, start=4000)
+    ]
+
+
+def make_node(
+    root: Path,
+    name: str,
+    sizes: list[int],
+    clock: FixedClock,
+    *,
+    pid: int,
+    missing: set[str] = frozenset(),  # type: ignore[assignment]
+    client_alive: Callable[[int, str | None], bool] = is_same_process,
+    launcher: FakeLauncher | None = None,
+    skew_s: float = 0.0,
+    **config: Any,
+) -> World:
+    """One node of `make_cluster`'s cluster (root/cluster.db). `launcher`: the processes
+    of a daemon that ran before (its supervisors and exit records outlive it): a restart
+    of that node. Joined; adoption and reconciling at start are the caller's."""
     database = f"sqlite:///{root / 'cluster.db'}"
-    worlds = []
-    for pid, name in enumerate(names, start=4000):
-        here = root / name
-        settings = {**directory_settings(here, None), "database": database, "node": name}
-        holder = ConfigHolder(load_config(None, {**settings, "headroom": "0", **config}))
-        holder.current.state_dir.mkdir(parents=True)
+    here = root / name
+    settings = {**directory_settings(here, None), "database": database, "node": name}
+    holder = ConfigHolder(load_config(None, {**settings, "headroom": "0", **config}))
+    holder.current.state_dir.mkdir(parents=True, exist_ok=True)
+    if launcher is None:
         launcher = FakeLauncher(holder.current.log_dir)
-        probe = FakeProbe(sizes)
-        store = Store(database, lease_clock=clock.epoch_s)
-        lacking = (missing or {}).get(name, set())
-        accounts = {user: ids for user, ids in ACCOUNTS.items() if user not in lacking}
-        identity = Identity(f"host-{name}", pid, alive=lambda _pid: False, account=accounts.get)
-        context = Context.build(holder, store, probe, launcher, clock=clock)
-        node = ClusterNode(name, identity, clock, holder)
-        alive = (client_alive or {}).get(name, is_same_process)
-        scheduler = Scheduler(context, node, client_alive=alive)
-        scheduler.placer.join()
-        worlds.append(World(scheduler, launcher, probe, clock, here))
-    return worlds
+    probe = FakeProbe(sizes)
+    store = Store(database, lease_clock=clock.epoch_s)
+    accounts = {user: ids for user, ids in ACCOUNTS.items() if user not in missing}
+    identity = Identity(f"host-{name}", pid, alive=lambda _pid: False, account=accounts.get)
+    # As the daemon's: its own wall clock (`skew_s` off), corrected to the database's.
+    wall = ClusterClock(SkewedClock(clock, skew_s))
+    context = Context.build(holder, store, probe, launcher, clock=wall)
+    node = ClusterNode(name, identity, clock, holder)
+    scheduler = Scheduler(context, node, client_alive=client_alive)
+    scheduler.placer.join()
+    return World(scheduler, launcher, probe, clock, here)

@@ -241,6 +241,8 @@ def show(ctx: click.Context, job_id: int, as_json: bool) -> None:
         rows.append(("notify", shlex.join(job.notify)))  # as it was given: quotes kept
         if job.notify_result is not None:
             rows.append(("notify ran", notify_outcome(job.notify_result)))
+    for attempt in job.attempts or []:
+        rows.append((f"run {attempt['attempt']}", attempt_text(attempt)))
     if job.waiting_reason:
         rows.insert(4, ("waiting", job.waiting_reason))
     for line in labelled(rows):
@@ -344,6 +346,16 @@ def _escaped_writer(out: Any) -> Callable[..., Any]:
     return write
 
 
+def attempt_text(attempt: dict[str, Any]) -> str:
+    """An earlier run of a requeued job, on one line (sanitized: a node's name is an
+    administrator's, the outcome the daemon's words)."""
+    started = (attempt.get("started_at") or "-")[:19].replace("T", " ")
+    ended = (attempt.get("ended_at") or "-")[:19].replace("T", " ")
+    return shown(
+        f"node {attempt.get('node') or '-'}, {started} to {ended}: {attempt.get('outcome')}"
+    )
+
+
 @click.command(cls=ExampleLastCommand)
 @click.option("--json", "as_json", is_flag=True, help="Print the jobs as a JSON list.")
 @click.option("--user", help="Only this user's jobs.")
@@ -404,3 +416,5 @@ def history(
             f"{format_size(job.peak_mem):>8}{util_text(job.mean_util):>6}  {ended:<20}"
             f" {_job_what(job)}"
         )
+        for attempt in job.attempts or []:  # a requeued job's earlier runs
+            click.echo(f"{'':<6}run {attempt['attempt']}: {attempt_text(attempt)}")

@@ -166,6 +166,10 @@ class Job:
     sharing_speed: float | None = None
     # Running: bytes its processes hold on its busiest GPU at the last poll (not stored).
     mem_used: int | None = None
+    # A requeued job's earlier runs, oldest first: {"attempt", "node", "started_at",
+    # "ended_at", "outcome"} each (the job's own fields are its latest run). Given by
+    # `show` and `history`; None elsewhere.
+    attempts: list[dict[str, Any]] | None = None
 
     def to_json(self) -> dict[str, Any]:
         # Every field is a scalar or a flat list: a shallow copy of each list is all that

@@ -45,6 +45,13 @@ __all__ = ["MAX_NAME_CHARS", "REQUESTS", "Request"]
 
 
 _NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")  # as config's `node:`
+# A submit's request id (the client makes one per submit, a uuid4's hex): 8 to 64 of these.
+_REQUEST_ID = re.compile(r"[A-Za-z0-9_-]{8,64}")
+
+
+def check_request_id(value: str | None) -> None:
+    if value is not None and not _REQUEST_ID.fullmatch(value):
+        raise ProtocolError("'request_id' must be 8 to 64 letters, digits, '-' or '_'")
 
 
 @dataclass(frozen=True)
@@ -87,8 +94,12 @@ class SubmitRequest(Request):
     sweep: tuple[tuple[str, tuple[str, ...]], ...] | None = field(
         default=None, metadata=shape("'sweep' must be a list of [name, [values...]]")
     )
+    # The client's id of this submit: sent again with a retry, it answers the job(s) the
+    # first try made instead of making more (a reply lost after the commit).
+    request_id: str | None = None
 
     def __post_init__(self) -> None:
+        check_request_id(self.request_id)
         check_job_spec(
             "submit",
             command=self.command,
@@ -120,6 +131,17 @@ class SubmitRequest(Request):
         ):
             raise UsageError("--notify: expected a command of reasonable length")
         normalise(self, "after", unique_ids("after", self.after))
+
+
+@dataclass(frozen=True)
+class SubmittedRequest(Request):
+    """What became of a submit whose answer was lost: the caller's jobs it made."""
+
+    op: ClassVar[str] = "submitted"
+    request_id: str
+
+    def __post_init__(self) -> None:
+        check_request_id(self.request_id)
 
 
 @dataclass(frozen=True)
@@ -323,6 +345,7 @@ REQUESTS: dict[str, type[Request]] = {
     for kind in (
         PingRequest,
         SubmitRequest,
+        SubmittedRequest,
         StatusRequest,
         ShowRequest,
         LogsRequest,

@@ -38,6 +38,9 @@ def log_handler() -> logging.Handler:
     """The daemon's stderr handler with the one-line formatter."""
     import sys
 
+    from gpusched.store.engine import DATABASE_OUTAGE
+
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(OneLineFormatter(FORMAT))
+    handler.addFilter(DATABASE_OUTAGE)  # an outage: one line, not a traceback a pass
     return handler

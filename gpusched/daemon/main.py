@@ -45,8 +45,9 @@ from gpusched.daemon.services import Services
 from gpusched.daemon.trusted_dirs import untrusted_dirs
 from gpusched.gpus.probe import Probe, SimulatedProbe
 from gpusched.processes.launcher import Launcher
+from gpusched.scheduling.cluster.clock import ClusterClock
 from gpusched.scheduling.cluster.node import ClusterNode, Identity
-from gpusched.scheduling.context import Context
+from gpusched.scheduling.context import Context, SystemClock
 from gpusched.scheduling.ownership import LocalNode
 from gpusched.scheduling.scheduler import Scheduler
 from gpusched.store import Store
@@ -169,6 +170,8 @@ class Daemon:
             self.store,
             self.probe,
             self.launcher,
+            # In a cluster, timestamps on the database's clock (scheduling.cluster.clock).
+            clock=ClusterClock(SystemClock()) if in_cluster(config) else None,
             wake=self.wake,
             end_listeners=[self.hooks.job_ended],
         )

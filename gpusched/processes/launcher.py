@@ -241,7 +241,9 @@ class Launcher:
     def log_path(self, job_id: int) -> Path:
         return self.log_dir / f"{job_id}.log"
 
-    def start(self, job: Job, env: dict[str, str], umask: int, gid: int) -> Started:
+    def start(
+        self, job: Job, env: dict[str, str], umask: int, gid: int, exec_by: float | None = None
+    ) -> Started:
         """Hand the job to a new supervisor. Raises StartError with a message for the owner."""
         try:
             entry = pwd.getpwuid(job.uid)
@@ -282,6 +284,7 @@ class Launcher:
                 "version": self._service.version,
             },
             "private_shm": os.geteuid() == 0,
+            "exec_by": exec_by,  # CLOCK_MONOTONIC: no exec past it (a cluster's fence)
         }
         spec_path = job_dir / "spec.json"
         try:

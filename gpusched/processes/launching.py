@@ -87,8 +87,13 @@ class JobLauncher(Protocol):
 
     def log_path(self, job_id: int) -> Path: ...
 
-    def start(self, job: Job, env: dict[str, str], umask: int, gid: int) -> Started:
-        """Hand the job to a new supervisor; raises StartError (a message for the owner)."""
+    def start(
+        self, job: Job, env: dict[str, str], umask: int, gid: int, exec_by: float | None = None
+    ) -> Started:
+        """Hand the job to a new supervisor; raises StartError (a message for the owner).
+        `exec_by`: a CLOCK_MONOTONIC time past which the supervisor must not start the
+        command (a cluster node's launch deadline); it then records a transient
+        failed_to_start, and the job goes back to the queue."""
         ...
 
     def watch(self, job_id: int, pid: int, start_time: str | None = None) -> None:

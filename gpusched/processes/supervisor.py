@@ -14,6 +14,10 @@ outrun it). When the job's main process exits, any process it left behind is sto
 the same way, so nothing keeps GPU memory after its job has ended. `exit.json` is
 written only then: a job recorded as ended has no process left.
 
+With `exec_by` in the spec (a cluster node's launch deadline, on CLOCK_MONOTONIC, which
+the daemon's clock shares), the supervisor refuses to start the command past it and
+records a transient failure to start: the job goes back to the queue, never run.
+
 With `max_log_bytes` in the spec, the supervisor keeps the log under that size by
 cutting its middle (gpusched.core.logcap), checked every time its loop wakes: at least once
 a second, ten times a second while the log grows fast.
@@ -260,6 +264,19 @@ class Supervisor:
             except OSError as exc:
                 print(f"gpusched supervisor: log not capped: {exc}", file=sys.stderr, flush=True)
         self._prepare_job_sandbox()
+        exec_by = spec.get("exec_by")
+        if exec_by is not None and time.monotonic() >= float(exec_by):
+            # A cluster node's lease ran out before the launch: the cluster may already
+            # have given the job to another node. The command never ran: transient, so
+            # the job goes back to the queue.
+            os.close(log_fd)
+            self._release_job_sandbox()
+            self._record(
+                outcome="failed_to_start",
+                message="not started: this node's lease ran out before the launch",
+                transient=True,
+            )
+            return 1
         try:
             with cgroups.job_fork(self.cgroup):
                 self.child = self._start(log_fd)

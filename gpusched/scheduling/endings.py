@@ -258,6 +258,17 @@ class JobEndings:
                 )
         self._wake()
 
+    def _requeued_run_ended(self, job: Job, outcome: Outcome) -> None:
+        """This node's run of a job the cluster queued again (its node declared down)
+        ended: said on that run's attempt, and, if it exited by itself before the job
+        started again, recorded as the job's end (not run a second time)."""
+        words = outcome_words(outcome)
+        exit_code = outcome.exit_code if outcome.kind == OutcomeKind.EXIT else None
+        hooks = self.store.requeued_run_ended(job.id, self.node.name, words, exit_code)
+        if hooks is not None:
+            log.info("job %s, queued again, had ended on this node: %s", job.id, words)
+            self.announce_ends([(job.id, hooks)])
+
     def settle_unsettled(self) -> None:
         """Record the ends that could not be written when they happened (under the lock)."""
         for job_id in sorted(self.unsettled):
@@ -269,6 +280,11 @@ class JobEndings:
         """End a running job as its supervisor's `outcome` says, read with why it was stopped."""
         job = self.store.get(job_id)
         lost_with_node = job.state == JobState.LOST and job.reason == EndReason.NODE_LOST
+        waiting = job.state in (JobState.QUEUED, JobState.HELD)
+        elsewhere = job.state == JobState.RUNNING and not self.node.owns(job)
+        if job.requeue and self.node.name and (waiting or elsewhere):
+            self._requeued_run_ended(job, outcome)  # (cluster) a run its node lost, requeued
+            return
         if not (job.state == JobState.RUNNING or lost_with_node) or not self.node.owns(job):
             return  # ended already, or (cluster) not this node's: its end is not ours
         intent, detail = self.store.launch_info(job_id).stop_intent, job.reason_detail
@@ -405,3 +421,16 @@ class JobEndings:
         return {
             i for i, state in self.store.states_of(job_ids).items() if state not in TERMINAL_STATES
         }
+
+
+def outcome_words(outcome: Outcome) -> str:
+    """How a run ended, in a few words (a requeued run's attempt)."""
+    if outcome.kind == OutcomeKind.EXIT:
+        return f"exited {outcome.exit_code}"
+    if outcome.kind == OutcomeKind.SIGNAL:
+        return f"was killed by signal {outcome.signal}"
+    if outcome.kind == OutcomeKind.CANCELLED:
+        return "was stopped there"
+    if outcome.kind == OutcomeKind.FAILED_TO_START:
+        return "never started"
+    return str(outcome.kind)

@@ -35,6 +35,11 @@ class Ownership(Protocol):
         """Whether an interactive job's client runs on this server (its pid means
         something only here)."""
 
+    @property
+    def launch_deadline(self) -> float | None:
+        """The monotonic time past which this server may launch nothing (None: no
+        deadline; a cluster node's lease less its margin, scheduling.cluster.node)."""
+
     def started(self, job_id: int, pid: int, start_time: str | None) -> None:
         """A process was started (or adopted, after a restart) for a job."""
 
@@ -48,6 +53,7 @@ class LocalNode:
 
     name: str = ""
     recheck_s: float | None = None
+    launch_deadline: float | None = None
 
     def owns(self, job: Job) -> bool:
         return True

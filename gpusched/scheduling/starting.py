@@ -90,7 +90,7 @@ class JobStarter:
         # a running row with no pid and looks for its supervisor, so nothing starts twice.
         log_path = job_log_path(job, str(self.launcher.log_path(job_id)))  # --output
         if guard is not None:
-            claimed = self.store.mark_running_placed(job_id, guard, log_path, iso(self.clock()))
+            claimed = self.store.mark_running_placed(job_id, guard, log_path)
         else:
             claimed = self.store.mark_running(
                 job_id,
@@ -104,9 +104,17 @@ class JobStarter:
             )
         if not claimed:
             return False
+        deadline = self.node.launch_deadline
+        if guard is not None and self._past(deadline):
+            # The claim's commit came back after this node's launch deadline: the cluster
+            # may declare the node down any moment now and give the job to another node.
+            self.store.unclaim(job_id, guard)
+            self.trouble.warning("fenced", f"job {job_id} not launched: this node's lease ran out")
+            return False
         self.monitor.started(job_id)  # before: its end (even a failed start) forgets it
         try:
-            started = self.launcher.start(job, env, info.umask, gid)
+            # The supervisor checks the deadline again right before exec (same CLOCK_MONOTONIC).
+            started = self.launcher.start(job, env, info.umask, gid, exec_by=deadline)
         except StartError as exc:
             # Out of files, memory or tasks for now: the job keeps its place in the queue
             # and the next pass tries again (said once a minute, not once a pass).
@@ -116,7 +124,10 @@ class JobStarter:
             log.warning("job %s failed to start: %s", job_id, quoted(str(exc), 500))
             self.endings.end(job_id, JobState.FAILED, EndReason.FAILED_TO_START, detail=str(exc))
             return False
-        self.store.set_pid(job_id, started.pid, started.start_time)
+        if guard is not None:  # started_at: the launch, by the database's clock
+            self.store.launched(job_id, guard, started.pid, started.start_time)
+        else:
+            self.store.set_pid(job_id, started.pid, started.start_time)
         self.node.started(job_id, started.pid, started.start_time)
         self.probe.note_job_started(started.pid, uuids, job.mem)
         log.info(
@@ -129,6 +140,9 @@ class JobStarter:
             command_for_log(job.command, self._config.current.show_commands),
         )
         return True
+
+    def _past(self, deadline: float | None) -> bool:
+        return deadline is not None and self.clock.monotonic() >= deadline
 
     def _place_interactive(
         self,
@@ -144,9 +158,7 @@ class JobStarter:
         if job.pid is None:
             return False
         if guard is not None:
-            claimed = self.store.mark_running_placed(
-                job.id, guard, None, iso(self.clock()), pid=(job.pid, start_time)
-            )
+            claimed = self.store.mark_running_placed(job.id, guard, None, pid=(job.pid, start_time))
         else:
             claimed = self.store.mark_running(
                 job.id,

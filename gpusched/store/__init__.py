@@ -16,6 +16,7 @@ here, which re-exports what the rest of gpusched uses:
   `TimelineWrite`; written with the usage flush and the end)
 - gpusched.store.nodes: the cluster's nodes and the scheduler's election (leases)
 - gpusched.store.placements: placements, starts and node deaths, conditioned on epochs
+- gpusched.store.attempts: the earlier runs of requeued jobs (`job_attempts`)
 - gpusched.store.head_claims: the cards kept for the blocked head job, between passes
 - gpusched.store.retention: the `retention:` key, applied by the daemon's retention pass
   (and by `gpusched admin prune`, with `history` set to its age)
@@ -23,6 +24,7 @@ here, which re-exports what the rest of gpusched uses:
 
 from __future__ import annotations
 
+from gpusched.store.attempts import AttemptRecords, job_attempts
 from gpusched.store.database import jobs, metadata, timeline_points
 from gpusched.store.head_claims import HeadClaimRecords, StoredClaim
 from gpusched.store.nodes import LeaseRow, NodeRecords, NodeRow
@@ -47,6 +49,7 @@ __all__ = [
     "StoredClaim",
     "TimelineRow",
     "TimelineWrite",
+    "job_attempts",
     "jobs",
     "metadata",
     "timeline_points",
@@ -60,5 +63,6 @@ class Store(
     NodeRecords,
     PlacementRecords,
     HeadClaimRecords,
+    AttemptRecords,
 ):
     """The database is the truth about jobs: every read and write of it goes through here."""

@@ -32,6 +32,8 @@ from gpusched.core.models import TERMINAL_STATES, JobState
 from gpusched.store import Store
 from gpusched.store.database import envs, jobs, lock_submits, timeline_points
 from gpusched.store.engine import describe_url, is_disconnect, unavailable
+from gpusched.store.schema import lift_server_bounds
+from gpusched.store.waits import unbounded
 
 _BATCH = 500  # rows per INSERT
 
@@ -126,7 +128,10 @@ def copy_database(source_url: str, target_url: str, *, merge: bool = False) -> C
     try:
         if source.where == target.where:
             raise UsageError("the source and the target are the same database")
-        with source.read() as src, target.engine.begin() as dst:
+        # One long transaction by design (all or nothing): no bound on its waits.
+        with unbounded(), source.read() as src, target.engine.begin() as dst:
+            if dst.dialect.name == "postgresql":
+                lift_server_bounds(dst)
             lock_submits(dst)  # no submit lands between our reads and writes
             top = dst.execute(select(func.max(jobs.c.id))).scalar()
             if top is not None and not merge:

@@ -4,26 +4,66 @@ SQLite (one server): WAL, a busy timeout and BEGIN IMMEDIATE for every write
 transaction, so concurrent writers queue on the lock instead of failing half way.
 PostgreSQL (a shared queue): psycopg 3, READ COMMITTED, a pool whose connections are
 tested before use (pool_pre_ping), so that after the server restarts the daemon
-reconnects by itself; a short connect timeout, so that a request fails in seconds, not
-minutes, while it is away. Job-state changes are conditional UPDATEs on either
-(gpusched.store.transitions), which READ COMMITTED re-checks after waiting on a row lock.
+reconnects by itself. Every wait for the server is bounded, so that a request fails in
+seconds, not minutes, while the server or the network is away, and a pass never hangs
+with the scheduler's lock: the connection (libpq's connect_timeout), a checkout from the
+pool (pool_timeout), each statement, commit, rollback and ping (gpusched.store.waits),
+and a peer that vanished without a word (TCP keepalives and tcp_user_timeout). The
+server bounds its side too (docs/cluster.md section 1: lock_timeout, statement_timeout,
+idle_in_transaction_session_timeout), so that a node cut off inside a transaction cannot
+hold its row locks against the others. Job-state changes are conditional UPDATEs on
+either (gpusched.store.transitions), which READ COMMITTED re-checks after waiting on a
+row lock.
 
-Whatever is said about a database names it without its password (`describe_url`).
+Whatever is said about a database names it without its password (`describe_url`). An
+outage is said once in the daemon's log (`DatabaseOutage`): while the database is away
+every pass, poll and watcher that touches it fails the same way, and each logged its
+traceback (40 in 20 s in issue 26). The first record of an outage that carries a database
+error is turned into one line without its traceback; the next ones are dropped until a
+statement gets an answer again, which is said in one line with how long it was away.
+Requests refused meanwhile keep their own one-line warnings.
 """
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
 from typing import Any, TypeGuard
 from urllib.parse import unquote
 
 from sqlalchemy import URL, Engine, create_engine, event, make_url
 from sqlalchemy.engine import Connection
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
 from gpusched.core.errors import GpuschedError
+from gpusched.store.waits import WAIT_BOUND
 
-# Seconds to wait for a PostgreSQL server before a request fails (libpq's connect_timeout).
-CONNECT_TIMEOUT_S = 5
+log = logging.getLogger("gpusched.database")
+
+# What a request waiting for a PostgreSQL server that does not answer costs at most: a
+# pooled connection's test (PING_BOUND_S) and a new connection's (CONNECT_TIMEOUT_S), 5 s
+# in all; a server that refuses or is down fails it at once. libpq's connect_timeout is
+# whole seconds, at least 2.
+CONNECT_TIMEOUT_S = 3
+PING_BOUND_S = 2.0
+REQUEST_BOUND_S = CONNECT_TIMEOUT_S + PING_BOUND_S
+# Seconds any one statement, commit or rollback may wait for the server's answer; the
+# server's own statement_timeout (docs/cluster.md) is shorter, so a slow statement
+# normally ends there with the server's message, and this is for a silent network.
+WAIT_BOUND_S = 5.0
+# Seconds a request waits for a free connection of the pool (SQLAlchemy's default: 30).
+POOL_TIMEOUT_S = 5.0
+# A peer gone without a word (host down, cable cut): TCP notices within about 11 s of
+# silence (keepalive probes after 5 s idle, 3 more 2 s apart) or of unacknowledged data
+# (tcp_user_timeout, in milliseconds), instead of Linux's two hours.
+TCP_SETTINGS: dict[str, int] = {
+    "keepalives": 1,
+    "keepalives_idle": 5,
+    "keepalives_interval": 2,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 10_000,
+}
 
 
 def describe_url(url: str) -> str:
@@ -41,16 +81,33 @@ def describe_url(url: str) -> str:
 
 
 def make_engine(url: str) -> Engine:
+    engine = _make_engine(url)
+    event.listen(engine, "after_cursor_execute", _answered)
+    return engine
+
+
+def _answered(*_: Any) -> None:
+    DATABASE_OUTAGE.answered()
+
+
+def _make_engine(url: str) -> Engine:
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
         engine = create_engine(url)
         _sqlite_setup(engine)
         return engine
-    connect_args: dict[str, Any] = {}
-    if parsed.get_backend_name() == "postgresql":
-        connect_args["connect_timeout"] = CONNECT_TIMEOUT_S
-        connect_args["application_name"] = "gpusched"
-    return create_engine(url, pool_pre_ping=True, connect_args=connect_args)
+    if parsed.get_backend_name() != "postgresql":
+        return create_engine(url, pool_pre_ping=True)
+    connect_args: dict[str, Any] = {
+        "connect_timeout": CONNECT_TIMEOUT_S,
+        "application_name": "gpusched",
+        **TCP_SETTINGS,
+    }
+    engine = create_engine(
+        url, pool_pre_ping=True, pool_timeout=POOL_TIMEOUT_S, connect_args=connect_args
+    )
+    WAIT_BOUND.guard(engine, WAIT_BOUND_S, PING_BOUND_S)
+    return engine
 
 
 def unavailable(exc: DBAPIError, where: str) -> GpuschedError:
@@ -60,13 +117,63 @@ def unavailable(exc: DBAPIError, where: str) -> GpuschedError:
 
 
 def is_disconnect(exc: BaseException) -> TypeGuard[DBAPIError]:
-    """Whether `exc` says the database cannot be reached (rather than a bad statement)."""
+    """Whether `exc` says the database cannot be reached or cannot answer now (rather than
+    a bad statement): the connection lost, or any error of the driver's OperationalError
+    or InterfaceError family (refused, timed out, reset, the server shutting down, a
+    statement or lock wait cancelled by the server's timeouts, SQLite's "locked").
+
+    SQLAlchemy wraps each driver error in the class of its nearest DB-API ancestor
+    (psycopg.errors.ConnectionTimeout is an OperationalError), so the family is tested on
+    the wrapper, not by the driver class's name.
+    """
     if not isinstance(exc, DBAPIError):
         return False
-    if exc.connection_invalidated:
+    return exc.connection_invalidated or isinstance(exc, (OperationalError, InterfaceError))
+
+
+class DatabaseOutage(logging.Filter):
+    """The daemon's records of a database outage: one line when it begins, one at its end."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._lock = threading.Lock()
+        self._since: float | None = None
+        self._dropped = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if exc is None or not is_disconnect(exc):
+            return True
+        with self._lock:
+            if self._since is not None:
+                self._dropped += 1
+                return False
+            self._since = time.monotonic()
+        first = (
+            str(exc.orig).strip().splitlines()[0] if str(exc.orig).strip() else type(exc).__name__
+        )
+        said = record.getMessage()  # before msg and args change
+        record.msg = "%s: the database is unavailable (%s); %s"
+        record.args = (said, first, "tried again every pass, said again when it answers")
+        record.exc_info = None
+        record.exc_text = None
+        record.levelno, record.levelname = logging.WARNING, "WARNING"
         return True
-    # psycopg raises OperationalError for a refused or lost connection.
-    return type(exc.orig).__name__ in ("OperationalError", "InterfaceError")
+
+    def answered(self) -> None:
+        if self._since is None:  # the usual case: one read, no lock
+            return
+        with self._lock:
+            if self._since is None:
+                return
+            away, dropped = time.monotonic() - self._since, self._dropped
+            self._since, self._dropped = None, 0
+        log.warning(
+            "the database answers again after %.0f s (%d failures not shown)", away, dropped
+        )
+
+
+DATABASE_OUTAGE = DatabaseOutage()  # on the daemon's log handler (gpusched.daemon.logfmt)
 
 
 def _sqlite_setup(engine: Engine) -> None:

@@ -152,11 +152,14 @@ class NodeRecords(Database):
             )
         return seen.epoch if done.rowcount == 1 else -1
 
-    def renew_node(self, name: str, epoch: int, timeout_s: float, report: dict[str, Any]) -> bool:
-        """Renew this node's lease and report its GPUs; False: it was declared down."""
+    def renew_node(
+        self, name: str, epoch: int, timeout_s: float, report: dict[str, Any]
+    ) -> float | None:
+        """Renew this node's lease and report its GPUs: the database's time of the renewal
+        (seconds since 1970); None: it was declared down."""
         with self.engine.begin() as conn:
             now = db_now(conn, self.lease_clock)
-            done = conn.execute(
+            renewed = conn.execute(
                 update(nodes)
                 .where(
                     nodes.c.name == name,
@@ -164,8 +167,9 @@ class NodeRecords(Database):
                     nodes.c.state.in_([NODE_UP, NODE_DRAINED]),
                 )
                 .values(lease_expires=now + timeout_s, last_seen=now, report=json.dumps(report))
-            )
-        return done.rowcount == 1
+                .returning(nodes.c.last_seen)
+            ).first()
+        return None if renewed is None else float(renewed[0])
 
     def set_node_state(self, name: str, state: str, reason: str | None) -> bool:
         """Drain (`drained`, with why) or undrain (`up`) a node that is not down."""

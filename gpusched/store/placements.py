@@ -13,11 +13,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime, timezone
 
-from sqlalchemy import Text, bindparam, select, type_coerce, update
+from sqlalchemy import Text, bindparam, case, select, type_coerce, update
+from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import ColumnElement
 
+from gpusched.core.clock import iso
 from gpusched.core.models import EndReason, Job, JobState
+from gpusched.store.attempts import job_attempts, record_real_end, record_requeued
 from gpusched.store.database import Database, decode_json, job_select, jobs, to_job
 from gpusched.store.nodes import NODE_DOWN, db_now, election_is_current, node_is_live, nodes
 
@@ -65,6 +69,11 @@ def guarded_end(guard: NodeGuard) -> ColumnElement[bool]:
 
 
 class PlacementRecords(Database):
+    def _db_iso(self, conn: Connection) -> str:
+        """The database's clock now, as a job's timestamp: one clock for every server."""
+        seconds = float(conn.execute(select(db_now(conn, self.lease_clock))).scalar_one())
+        return iso(datetime.fromtimestamp(seconds, timezone.utc))
+
     def place(
         self, placements: Sequence[NodePlacement], holder: str, election_epoch: int
     ) -> list[int]:
@@ -142,15 +151,17 @@ class PlacementRecords(Database):
         job_id: int,
         guard: NodeGuard,
         log_path: str | None,
-        now: str,
         pid: tuple[int, str | None] | None = None,
     ) -> bool:
         """The claim that a placed job starts here (before its process exists, as
         Store.mark_running): refused unless this node is live at the guard's epoch.
-        `pid`: an interactive job's client (pid, start time), the job's process already."""
+        `pid`: an interactive job's client (pid, start time), the job's process already.
+        `started_at` is the database's time of the claim until `launched` says when the
+        process was started."""
         with self.engine.begin() as conn:
             if not node_is_live(conn, guard.name, guard.epoch, self.lease_clock):
                 return False
+            now = self._db_iso(conn)
             done = conn.execute(
                 update(jobs)
                 .where(
@@ -169,23 +180,73 @@ class PlacementRecords(Database):
             )
         return done.rowcount == 1
 
+    def launched(self, job_id: int, guard: NodeGuard, pid: int, pid_start_time: str) -> bool:
+        """A claimed job's supervisor was started: its pid, and `started_at` the launch's
+        time by the database's clock. False: the row is no longer this node's running one."""
+        with self._write(durable=False) as conn:  # as Store.set_pid: no supervisor survives
+            done = conn.execute(
+                update(jobs)
+                .where(
+                    jobs.c.id == job_id,
+                    jobs.c.state == str(JobState.RUNNING),
+                    jobs.c.node == guard.name,
+                    jobs.c.node_epoch == guard.epoch,
+                )
+                .values(pid=pid, pid_start_time=pid_start_time, started_at=self._db_iso(conn))
+            )
+        return done.rowcount == 1
+
+    def unclaim(self, job_id: int, guard: NodeGuard) -> bool:
+        """Back to the scheduler: a job this node claimed but will not launch (its launch
+        deadline passed while the claim committed). Only this node's claim at its epoch."""
+        with self.engine.begin() as conn:
+            done = conn.execute(
+                update(jobs)
+                .where(
+                    jobs.c.id == job_id,
+                    jobs.c.state == str(JobState.RUNNING),
+                    jobs.c.node == guard.name,
+                    jobs.c.node_epoch == guard.epoch,
+                    jobs.c.pid.is_(None),
+                )
+                .values(
+                    state=str(JobState.QUEUED),
+                    node=None,
+                    node_epoch=None,
+                    gpu_uuids=[],
+                    gpu_indices=[],
+                    log_path=None,
+                    started_at=None,
+                )
+            )
+        return done.rowcount == 1
+
     def declare_down(
-        self, name: str, seen_epoch: int, *, holder: str, election_epoch: int, now: str, why: str
+        self,
+        name: str,
+        seen_epoch: int,
+        *,
+        holder: str,
+        election_epoch: int,
+        grace_s: float,
+        why: str,
     ) -> DownResult | None:
-        """Mark a node whose lease ran out `down` and bump its epoch, then end its running
-        jobs `lost` (reason node_lost) or queue them again (`--requeue`), and give its
-        placed jobs back to the scheduler: one transaction. None: refused (the node
-        renewed meanwhile, or this daemon no longer schedules)."""
+        """Mark a node whose lease ran out more than `grace_s` ago (by the database's
+        clock) `down` and bump its epoch, then end its running jobs `lost` (reason
+        node_lost) or queue them again (`--requeue`), and give its placed jobs back to the
+        scheduler: one transaction. None: refused (the node renewed meanwhile, or this
+        daemon no longer schedules)."""
         with self.engine.begin() as conn:
             if not election_is_current(conn, holder, election_epoch):
                 return None
+            now = self._db_iso(conn)
             done = conn.execute(
                 update(nodes)
                 .where(
                     nodes.c.name == name,
                     nodes.c.epoch == seen_epoch,
                     nodes.c.state != NODE_DOWN,
-                    nodes.c.lease_expires < db_now(conn, self.lease_clock),
+                    nodes.c.lease_expires + grace_s < db_now(conn, self.lease_clock),
                 )
                 .values(state=NODE_DOWN, epoch=seen_epoch + 1)
             )
@@ -193,10 +254,15 @@ class PlacementRecords(Database):
                 return None
             running = (jobs.c.node == name) & (jobs.c.state == str(JobState.RUNNING))
             rows = conn.execute(
-                select(jobs.c.id, jobs.c.requeue, type_coerce(jobs.c.notify, Text)).where(running)
+                select(
+                    jobs.c.id, jobs.c.requeue, type_coerce(jobs.c.notify, Text), jobs.c.started_at
+                ).where(running)
             ).all()
             requeued = [int(r[0]) for r in rows if r[1]]
             lost = [(int(r[0]), decode_json(r[2]) is not None) for r in rows if not r[1]]
+            for r in rows:
+                if r[1]:  # the run it ends stays visible (store.attempts)
+                    record_requeued(conn, int(r[0]), node=name, started_at=r[3], now=now, why=why)
             if requeued:
                 conn.execute(
                     update(jobs)
@@ -232,6 +298,78 @@ class PlacementRecords(Database):
                 .values(node=None, node_epoch=None, gpu_uuids=[], gpu_indices=[])
             )
         return DownResult(lost, requeued)
+
+    def revive_lost(self, name: str, epoch: int, job_ids: Sequence[int]) -> list[int]:
+        """Jobs ended `lost` with node `name` whose processes still run there, `running`
+        again under its current `epoch` (their end is then recorded as any running job's):
+        the ids revived."""
+        lost_here = (
+            jobs.c.id.in_(list(job_ids)),
+            jobs.c.state == str(JobState.LOST),
+            jobs.c.reason == str(EndReason.NODE_LOST),
+            jobs.c.node == name,
+        )
+        with self.engine.begin() as conn:
+            if not node_is_live(conn, name, epoch, self.lease_clock):
+                return []
+            ids = [int(i) for i in conn.execute(select(jobs.c.id).where(*lost_here)).scalars()]
+            if ids:
+                conn.execute(
+                    update(jobs)
+                    .where(*lost_here)
+                    .values(
+                        state=str(JobState.RUNNING),
+                        node_epoch=epoch,
+                        reason=None,
+                        reason_detail=None,
+                        ended_at=None,
+                        hooks_due=None,
+                    )
+                )
+        return ids
+
+    def requeued_run_ended(
+        self, job_id: int, node: str, words: str, exit_code: int | None
+    ) -> bool | None:
+        """The real end of a run of a requeued job, reported by its node (`node`) once
+        back: said on that run's attempt (store.attempts). If that run exited by itself
+        (`exit_code`) and the job has not started again, that is the job's end: done or
+        failed as the exit code says, so it is not run a second time. None: not ended
+        here; else whether it has notification hooks to run."""
+        with self.engine.begin() as conn:
+            if not record_real_end(conn, job_id, node, words) or exit_code is None:
+                return None
+            started = conn.execute(
+                select(job_attempts.c.started_at)
+                .where(job_attempts.c.job_id == job_id, job_attempts.c.node == node)
+                .order_by(job_attempts.c.attempt.desc())
+            ).first()
+            done = conn.execute(
+                update(jobs)
+                .where(
+                    jobs.c.id == job_id,
+                    jobs.c.state.in_([str(JobState.QUEUED), str(JobState.HELD)]),
+                    jobs.c.requeue.is_not(None),
+                )
+                .values(
+                    state=str(JobState.DONE if exit_code == 0 else JobState.FAILED),
+                    reason=str(EndReason.EXIT),
+                    reason_detail=f"its run on node {node} ended before it was run again",
+                    exit_code=exit_code,
+                    node=node,
+                    node_epoch=None,
+                    started_at=None if started is None else started[0],
+                    ended_at=self._db_iso(conn),
+                    waiting_reason=None,
+                    hooks_due=case((jobs.c.notify.is_not(None), 1), else_=None),
+                )
+            )
+            if done.rowcount != 1:
+                return None
+            notify = conn.execute(
+                select(type_coerce(jobs.c.notify, Text)).where(jobs.c.id == job_id)
+            ).scalar()
+        return decode_json(notify) is not None
 
     def rows_of(self, job_ids: Sequence[int]) -> dict[int, tuple[JobState, str | None, int | None]]:
         """(state, node, node epoch) of each of these jobs: what an agent back from a

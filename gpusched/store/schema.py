@@ -26,6 +26,7 @@ from sqlalchemy import Engine, inspect, text
 from sqlalchemy.engine import Connection
 
 from gpusched.core.errors import GpuschedError
+from gpusched.store.waits import unbounded
 
 if TYPE_CHECKING:
     from alembic.config import Config as AlembicConfig
@@ -36,7 +37,7 @@ MIGRATIONS = Path(__file__).with_name("migrations")
 
 # The newest revision in migrations/versions (tests/test_schema.py checks it is Alembic's
 # head): a new revision moves it.
-HEAD = "0013"
+HEAD = "0015"
 
 # pg_advisory_xact_lock's key for "upgrading the schema" (any constant: only we take it).
 _UPGRADE_LOCK = 0x67707573  # "gpus"
@@ -100,10 +101,18 @@ def _alembic_quiet() -> Iterator[None]:
         alembic_log.setLevel(level)
 
 
+def lift_server_bounds(conn: Connection) -> None:
+    """This transaction only: none of the server's timeouts (docs/cluster.md section 1)."""
+    for setting in ("lock_timeout", "statement_timeout", "idle_in_transaction_session_timeout"):
+        conn.exec_driver_sql(f"SET LOCAL {setting} = 0")
+
+
 def upgrade(engine: Engine, where: str) -> None:
     """Bring the database to HEAD, or raise SchemaTooNew (one line)."""
-    with engine.begin() as conn:
+    # Waiting for another daemon's upgrade, or a long migration, is no fault: no bound.
+    with unbounded(), engine.begin() as conn:
         if conn.dialect.name == "postgresql":
+            lift_server_bounds(conn)
             conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _UPGRADE_LOCK})
         before = current_revisions(conn)
         if before == (HEAD,):

@@ -66,6 +66,7 @@ class NewJob:
     exclusive: bool = False  # `--exclusive`: a card to itself
     share: bool = False  # `--share`: light, whatever it measures (policy rule 3)
     output: str | None = None  # `--output`: the log's path template (gpusched.core.output)
+    request_id: str | None = None  # the submit's, unique (the jobs of an array: ".N" added)
 
 
 _CHUNK = 500  # ids per `IN (...)`: SQLite allows 999 variables before 3.32
@@ -130,10 +131,49 @@ def _row(
         "exclusive": 1 if new.exclusive else None,
         "share": 1 if new.share else None,
         "output": new.output,
+        "request_id": new.request_id,
     }
 
 
+def _made_by(conn: Connection, new: NewJob, request_id: str) -> list[Job]:
+    """The jobs a submit with this request id already made (in the submit lock, so two
+    tries of one submit cannot both insert). Another user's id: refused."""
+    first = conn.execute(job_select().where(jobs.c.request_id == request_id)).first()
+    if first is None:
+        return []
+    found = to_job(first)
+    if found.user != new.user:
+        raise ConflictError("this submit's request id was used by another user's submit")
+    if found.array_id is None:
+        return [found]
+    rows = conn.execute(job_select().where(jobs.c.array_id == found.array_id).order_by(jobs.c.id))
+    return [to_job(row) for row in rows.all()]
+
+
+def request_ids(request_id: str, count: int) -> list[str]:
+    """The request id each job of a submit stores: the id itself for the first (a retry
+    looks for it), with ".N" for the others of an array (the column is unique)."""
+    return [request_id] + [f"{request_id}.{i}" for i in range(1, count)]
+
+
 class JobTransitions(Database):
+    def made_by_request(self, user: str, request_id: str) -> list[Job]:
+        """What became of a submit: the jobs `user`'s submit with this id made."""
+        with self.read() as conn:
+            first = conn.execute(
+                select(jobs.c.array_id, jobs.c.id, jobs.c.user).where(
+                    jobs.c.request_id == request_id
+                )
+            ).first()
+            if first is None or first.user != user:
+                return []
+            query = job_select().where(
+                jobs.c.id == first.id
+                if first.array_id is None
+                else jobs.c.array_id == first.array_id
+            )
+            return [to_job(row) for row in conn.execute(query.order_by(jobs.c.id)).all()]
+
     def add(self, new: NewJob, now: str) -> Job:
         return self.add_many([new], now, as_array=False)[0]
 
@@ -153,6 +193,11 @@ class JobTransitions(Database):
         """
         with self.engine.begin() as conn:
             lock_submits(conn)
+            request_id = news[0].request_id
+            if request_id is not None:  # a retried submit: what its first try made
+                made = _made_by(conn, news[0], request_id)
+                if made:
+                    return made
             if max_waiting is not None:
                 _check_waiting(conn, news[0], len(news), max_waiting)
             env_id = _env_id(conn, news[0].env)

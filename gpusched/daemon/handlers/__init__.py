@@ -32,6 +32,7 @@ Handler = Callable[[Services, Caller, Any], Any]
 HANDLERS: dict[str, Handler] = {
     "ping": admin.ping,
     "submit": jobs.submit,
+    "submitted": jobs.submitted,
     "status": views.status,
     "show": views.show,
     "logs": views.logs,

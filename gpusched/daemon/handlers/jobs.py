@@ -19,6 +19,7 @@ from gpusched.core.requests import (
     ReleaseRequest,
     RequeueRequest,
     SubmitRequest,
+    SubmittedRequest,
 )
 from gpusched.core.sweep import expand, swept_name
 from gpusched.daemon.auth import is_theirs
@@ -28,6 +29,7 @@ from gpusched.daemon.handlers.views import job_list
 from gpusched.daemon.identity import Caller, account_gid, can_enter, can_write_in
 from gpusched.daemon.services import Services
 from gpusched.store import NewJob
+from gpusched.store.transitions import request_ids
 
 
 def submit(services: Services, caller: Caller, request: SubmitRequest) -> Any:
@@ -67,6 +69,7 @@ def submit(services: Services, caller: Caller, request: SubmitRequest) -> Any:
         exclusive=request.exclusive,
         share=request.share,
         output=output,
+        request_id=request.request_id,
     )
     command, name = list(request.command), request.name
     if request.sweep is None:
@@ -79,9 +82,21 @@ def submit(services: Services, caller: Caller, request: SubmitRequest) -> Any:
         replace(new, command=argv, name=swept_name(name, text(label), MAX_NAME_CHARS))
         for argv, label in expand(command, pairs, config.max_array_jobs)
     ]
+    if request.request_id is not None:  # unique per row: the first keeps the id itself
+        ids = request_ids(request.request_id, len(news))
+        news = [replace(each, request_id=rid) for each, rid in zip(news, ids, strict=True)]
     _charge(services, caller, new, news)
     jobs = services.scheduler.submit_many(news, as_array=True)
     return [services.visible(caller, job) for job in jobs]
+
+
+def submitted(services: Services, caller: Caller, request: SubmittedRequest) -> Any:
+    """What became of the caller's submit with this request id (its answer was lost): the
+    jobs it made, or NotFoundError if it made none (it never reached the database)."""
+    made = services.store.made_by_request(caller.user, request.request_id)
+    if not made:
+        raise NotFoundError(f"no job was queued by submit request {request.request_id}")
+    return [services.visible(caller, job) for job in made]
 
 
 def _charge(services: Services, caller: Caller, new: NewJob, news: list[NewJob]) -> None:

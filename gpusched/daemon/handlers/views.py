@@ -119,6 +119,8 @@ def show(services: Services, caller: Caller, request: ShowRequest) -> Any:
     """One job; with `timeline`, also its memory and utilization over time (`timeline`)."""
     job = services.store.get(request.id)
     shown = services.visible(caller, job)
+    if job.requeue:
+        shown["attempts"] = services.store.attempts([job.id]).get(job.id, [])
     if request.timeline:
         shown["timeline"] = [p.to_json() for p in services.scheduler.job_timeline(job)]
     return shown
@@ -237,4 +239,9 @@ def history(services: Services, caller: Caller, request: HistoryRequest) -> Any:
     found = services.store.ended_ids(
         min(request.limit, 10000), user=request.user, states=states, since=request.since
     )
-    return job_list(services, caller, found)
+    shown = job_list(services, caller, found)
+    earlier = services.store.attempts([job["id"] for job in shown if job.get("requeue")])
+    for job in shown:
+        if job["id"] in earlier:
+            job["attempts"] = earlier[job["id"]]
+    return shown

@@ -4,13 +4,15 @@ scheduler when elected.
 Every pass (`place`), as AGENT: renew this node's lease (a conditional write on its name
 and epoch, timed by the database's clock) with its GPUs as read now; if the lease was
 refused, the node was declared down while it was away: stop what the cluster gave to
-another node, keep the jobs it ended `lost` (their real end is reported when they end),
-and rejoin. Then ask the node's running jobs that were cancelled from elsewhere to stop;
+another node, keep the jobs it ended `lost` whose processes still run here, and rejoin:
+those are `running` again (counted on their cards, cancellable, their real end
+recorded). Then ask the node's running jobs that were cancelled from elsewhere to stop;
 if elected (one daemon at a time, through the `leases` row), schedule the cluster
 (cluster.elected: the shared pass rules over every node); and start the jobs placed on
-this node, unless fenced (election.fenced). Between passes the daemon calls `poll` every
-half second: placements on this node and cancels of its jobs take effect at once,
-whatever poll_interval is.
+this node, each only while this node is inside its launch deadline (cluster.node; the
+starter checks it again once its claim has committed, and the supervisor before exec).
+Between passes the daemon calls `poll` every half second: placements on this node and
+cancels of its jobs take effect at once, whatever poll_interval is.
 
 The host, pid, liveness of a pid and users' accounts come from the node's `Identity`,
 time from the context's clock: tests run two agents on one store in one process.
@@ -33,6 +35,8 @@ from gpusched.core.models import (
     NodeStatus,
 )
 from gpusched.core.ratelog import RateLimitedLog
+from gpusched.processes.launching import OutcomeKind
+from gpusched.scheduling.cluster.clock import ClusterClock
 from gpusched.scheduling.cluster.elected import ElectedScheduler
 from gpusched.scheduling.cluster.inputs import NodeView, node_report
 from gpusched.scheduling.cluster.node import ClusterNode
@@ -97,9 +101,10 @@ class ClusterAgent:
                         f" {row.owner}, heard {row.age_s:.0f}s ago): give this server"
                         " another `node:` name"
                     )
+            sent_at = self.context.clock.monotonic()
             epoch = self.store.claim_node(self.name, me.owner, self.node.timeout_s, row)
             if epoch > 0:
-                self.node.renewed(epoch)
+                self.node.renewed(epoch, sent_at)
                 log.info("node %s joined the cluster (epoch %s)", self.name, epoch)
                 drain = self.drain()
                 if drain is not None:  # drained before this start: kept across restarts
@@ -114,34 +119,63 @@ class ClusterAgent:
             log.warning("could not release node %s's lease", self.name)
 
     def reconcile_at_start(self, job_ids_here: Callable[[], list[int]]) -> None:
-        """At start, after adoption: of the jobs this server ran (`job_ids_here`: those it
-        keeps a directory for, listed only now), stop the supervisors of jobs the cluster
-        gave back to the queue while this daemon was away, and watch again those of jobs
-        ended `lost` with this node, whose real end is then recorded when they exit."""
+        """At start, after adoption (which settles this node's `running` rows): of the
+        jobs this server ran (`job_ids_here`: those it keeps a directory for, listed only
+        now), a job ended `lost` with this node is settled from its exit record if its
+        supervisor is gone, and watched (and `running` again) if it still runs; a live
+        copy of any other job that is not this node's running one (queued again, ended,
+        running elsewhere) is stopped."""
         launcher = self.context.launcher
         ids = job_ids_here()
+        revived: list[int] = []
         for start in range(0, len(ids), 500):
             rows = self.store.rows_of(ids[start : start + 500])
             for job_id, (state, node, _epoch) in rows.items():
-                lost_here = state == JobState.LOST and node == self.name
-                given_back = state in (JobState.QUEUED, JobState.HELD) or (
-                    state == JobState.RUNNING and node != self.name
-                )
-                if not (lost_here or given_back):
-                    continue
+                mine = node == self.name
+                if state == JobState.RUNNING and mine:
+                    continue  # adopt_running's: watched, or settled from its record
                 pid = launcher.find_supervisor(job_id)
                 began = launcher.start_time(pid) if pid is not None else None
-                if pid is None or began is None:
-                    continue
-                if given_back:
-                    log.warning("job %s was given to the cluster again: stopping it here", job_id)
-                    launcher.cancel(pid, began)
-                    continue
-                job = self.store.get(job_id)
-                if job.reason == EndReason.NODE_LOST:
+                lost_here = (
+                    state == JobState.LOST
+                    and mine
+                    and self.store.get(job_id).reason == EndReason.NODE_LOST
+                )
+                if pid is None or began is None:  # its supervisor is gone
+                    if lost_here or state in (JobState.QUEUED, JobState.HELD, JobState.RUNNING):
+                        self._settle_from_record(job_id)  # lost, or a requeued run's end
+                elif lost_here:
                     log.info("job %s, ended lost with this node, still runs: watched", job_id)
                     self.node.started(job_id, pid, began)
                     launcher.watch(job_id, pid, began)
+                    revived.append(job_id)
+                else:
+                    log.warning("job %s is %s here: stopping its copy", job_id, _elsewhere(state))
+                    launcher.cancel(pid, began)
+        self._revive(revived)
+
+    def _settle_from_record(self, job_id: int) -> None:
+        """A job ended `lost` with this node (or queued again from it) whose run ended
+        while this daemon was away: its real end, from its supervisor's exit record
+        (none: nothing to say). JobEndings.settle decides what the end is worth."""
+        outcome = self.context.launcher.outcome(job_id)
+        if outcome.kind == OutcomeKind.LOST:
+            return
+        log.info("job %s ended while this node was away: its end recorded", job_id)
+        with self.context.lock:
+            self.endings.settle(job_id, outcome)
+
+    def _revive(self, job_ids: list[int]) -> None:
+        """Jobs ended `lost` with this node whose processes still run here: `running` again
+        under the node's current epoch, so their cards count them, `cancel` reaches them
+        and `wait` returns their real end."""
+        if not job_ids:
+            return
+        epoch = self.node.epoch
+        for job_id in self.store.revive_lost(self.name, epoch, job_ids):
+            _old, pid, began = self.node.local[job_id]
+            self.node.local[job_id] = (epoch, pid, began)
+            log.info("job %s, ended lost with this node, runs here: running again", job_id)
 
     # -- views and an administrator's drain --------------------------------------------
 
@@ -188,8 +222,7 @@ class ClusterAgent:
         result = None
         if self.elect.elected():
             result = self.elect.schedule()
-        if not self.node.is_fenced():
-            self._start_placed(seen)
+        self._start_placed(seen)
         return result
 
     def _renew(self, seen: Observation, reports: list[GpuReport]) -> None:
@@ -198,8 +231,16 @@ class ClusterAgent:
         report = node_report(seen.gpus, seen.usage, util, reports, self._missing_users())
         node = self.node
         try:
-            if self.store.renew_node(self.name, node.epoch, node.timeout_s, report):
-                node.renewed(node.epoch)
+            # Read before sending: the lease the database grants runs from a later moment.
+            sent_at = self.context.clock.monotonic()
+            clock = self.context.clock
+            learning = clock if isinstance(clock, ClusterClock) else None
+            sent = None if learning is None else learning.local()
+            renewed = self.store.renew_node(self.name, node.epoch, node.timeout_s, report)
+            if renewed is not None:
+                node.renewed(node.epoch, sent_at)
+                if learning is not None and sent is not None:  # timestamps on its clock
+                    learning.learn(renewed, sent, learning.local())
                 return
             row = self.store.node_row(self.name)
         except Exception as exc:  # the database is away: fenced once it has been too long
@@ -214,10 +255,12 @@ class ClusterAgent:
             row.epoch,
         )
         self._reconcile()
+        sent_at = self.context.clock.monotonic()
         epoch = self.store.claim_node(self.name, node.identity.owner, node.timeout_s, row)
         if epoch > 0:
-            node.renewed(epoch)
+            node.renewed(epoch, sent_at)
             log.info("node %s rejoined the cluster (epoch %s)", self.name, epoch)
+            self._revive(list(node.local))
 
     def _reconcile(self) -> None:
         """Back from being declared down: stop the processes of jobs the cluster queued
@@ -275,9 +318,20 @@ class ClusterAgent:
         by_uuid = {g.uuid: g for g in seen.gpus}
         guard = NodeGuard(self.name, self.node.epoch)
         for job in self.store.placed(self.name):
+            if self.node.is_fenced():  # each start can take a while: checked before each
+                return
             gpus = [by_uuid[u] for u in job.gpu_uuids if u in by_uuid]
             account = self.node.identity.account(job.user)
             if account is None or len(gpus) != len(job.gpu_uuids):
                 self.store.unplace(job.id, self.name)
                 continue
             self.starter.start_placed(job, gpus, guard, account)
+
+
+def _elsewhere(state: JobState) -> str:
+    """Why a copy of a job is not this node's to run, for the log."""
+    if state in (JobState.QUEUED, JobState.HELD):
+        return "queued again"
+    if state == JobState.RUNNING:
+        return "running on another node"
+    return f"{state} already"

@@ -1,21 +1,21 @@
 """The cluster's scheduler: the one daemon elected through the `leases` row.
 
 Each pass while elected (the agent, cluster.agent, asks): declare down the nodes whose
-lease ran out (one transaction each: epoch bumped, running jobs `lost` or queued again,
-placed ones given back), then run the shared pass rules (scheduling.pass_rules: the same
-as one server's) over every live node's reported GPUs and every node's running and
-placed jobs, and write the placements, each conditioned on the election's epoch
-(store.placements). The waiting reasons go into the jobs' rows, for every daemon's
-`status`.
+lease ran out more than the fence margin ago (one transaction each: epoch bumped,
+running jobs `lost` or queued again, placed ones given back), then run the shared pass
+rules (scheduling.pass_rules: the same as one server's) over every live node's reported
+GPUs and every node's running and placed jobs, and write the placements, each
+conditioned on the election's epoch (store.placements). The waiting reasons go into the
+jobs' rows, for every daemon's `status`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 from datetime import datetime
 
-from gpusched.core.clock import iso
 from gpusched.core.ratelog import RateLimitedLog
 from gpusched.scheduling.cluster.election import Role, may_declare_down, scheduler_role
 from gpusched.scheduling.cluster.inputs import (
@@ -50,6 +50,8 @@ class ElectedScheduler:
         self.election_epoch: int | None = None
         self._said: dict[int, str] = {}  # the waiting reasons last written
         self.waits = QuieterWaits()  # rule 3's bound; lost harmlessly if elected elsewhere
+        self._written: dict[int, int] = {}  # job id -> the pass that last wrote its reason
+        self._pass = 0
 
     def elected(self) -> bool:
         name, timeout_s = self.node.name, self.node.timeout_s
@@ -75,21 +77,25 @@ class ElectedScheduler:
         return False
 
     def _declare_down(self, rows: list[NodeRow]) -> list[NodeRow]:
-        """Declare down the nodes whose lease ran out; the rows still live."""
+        """Declare down the nodes whose lease ran out more than the fence margin ago (by
+        then the node has launched nothing for twice that margin: cluster.node); the rows
+        still live."""
         live = []
         me = self.node.name
+        margin_s = self.node.margin_s
         sure = may_declare_down(self.node.steady_for(), self.node.timeout_s)
         for row in rows:
             if row.state == NODE_DOWN:
                 continue
-            if sure and row.expired and row.name != me and self.election_epoch:
+            overdue = row.expired and row.age_s > self.node.timeout_s + margin_s
+            if sure and overdue and row.name != me and self.election_epoch:
                 why = f"node {row.name} was not heard from for {row.age_s:.0f}s"
                 down = self.store.declare_down(
                     row.name,
                     row.epoch,
                     holder=me,
                     election_epoch=self.election_epoch,
-                    now=iso(self.context.clock()),
+                    grace_s=margin_s,
                     why=why,
                 )
                 if down is not None:
@@ -141,16 +147,42 @@ class ElectedScheduler:
         return result
 
     def _publish(self, reasons: dict[int, str]) -> None:
-        """Write the waiting reasons that changed, for every daemon's `status`."""
-        changed: dict[int, str | None] = {
-            i: why for i, why in reasons.items() if self._said.get(i) != why
-        }
+        """Write the waiting reasons that changed, for every daemon's `status`.
+
+        A reason that changed only in the job it names (the head job it waits behind,
+        which moves on with every start while a long queue drains) is rewritten at most
+        REFRESH_PER_PASS rows a pass, the longest unwritten first: rewriting every waiting
+        job's row each pass made a 10,000-job queue drain at 2 jobs a second (issue 26).
+        Any other change is written at once."""
+        self._pass += 1
+        pending = {i: why for i, why in reasons.items() if self._said.get(i) != why}
+        urgent = [i for i in pending if _shape(self._said.get(i)) != _shape(pending[i])]
+        at_once = set(urgent)
+        renamed = sorted(
+            (i for i in pending if i not in at_once), key=lambda i: self._written.get(i, 0)
+        )
+        chosen = urgent + renamed[:REFRESH_PER_PASS]
         try:
-            self.store.set_waiting_reasons(changed)
+            self.store.set_waiting_reasons({i: pending[i] for i in chosen})
         except Exception as exc:  # only words for `status`: the next pass says them again
             self.trouble.warning("reasons", f"cannot record why jobs wait: {exc!r}")
             return
-        self._said = dict(reasons)
+        said = {i: why for i, why in self._said.items() if i in reasons}
+        for i in chosen:
+            said[i] = pending[i]
+            self._written[i] = self._pass
+        self._said = said
+        self._written = {i: n for i, n in self._written.items() if i in reasons}
+
+
+# Rows a pass rewrites whose reason changed only in the job it names (see _publish).
+REFRESH_PER_PASS = 200
+_JOB_ID = re.compile(r"\bjob \d+")
+
+
+def _shape(reason: str | None) -> str | None:
+    """A reason with the job ids it names left out."""
+    return None if reason is None else _JOB_ID.sub("job #", reason)
 
 
 def _on_nodes(nodes: list[NodeView]) -> Restriction:

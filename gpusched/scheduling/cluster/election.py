@@ -1,10 +1,11 @@
 """Who schedules, and whether a node may still start jobs: the pure decisions.
 
 `scheduler_role` decides, from the election's lease row as read, whether this daemon
-renews its lease, tries to take it, or follows. `fenced` decides whether an agent has
-gone too long without renewing its node's lease to start anything: it stops a margin
-before the others may declare it down (node_timeout), so that no job it starts can be
-one the cluster has already given to another node. The database's conditions are the
+renews its lease, tries to take it, or follows. `fence_margin` is the margin on both
+sides of a node's lease: the node launches nothing past its lease less the margin (its
+launch deadline, cluster.node), and the scheduler declares it down only once its lease
+plus the margin has passed, so that no job it starts can be one the cluster has already
+given to another node. The database's conditions are the
 truth (store.placements); these decide only what is worth trying. `may_declare_down`
 keeps a scheduler that has just come back (or just started) from declaring down the
 nodes that are coming back with it.
@@ -34,16 +35,10 @@ def scheduler_role(lease: LeaseRow | None, me: str, my_epoch: int | None) -> Rol
 
 
 def fence_margin(node_timeout_s: float, poll_interval_s: float) -> float:
-    """How long before node_timeout a node stops starting jobs: a third of the timeout,
-    and at least two polls (a renewal that is late by a pass must not be too late)."""
+    """How long before its lease runs out a node stops launching jobs, and how long after
+    it the scheduler waits before declaring the node down: a third of the timeout, and at
+    least two polls (a renewal that is late by a pass must not be too late)."""
     return max(node_timeout_s / 3, 2 * poll_interval_s)
-
-
-def fenced(since_renewal_s: float | None, node_timeout_s: float, poll_interval_s: float) -> bool:
-    """Whether a node must start nothing: never renewed, or not for too long."""
-    if since_renewal_s is None:
-        return True
-    return since_renewal_s > node_timeout_s - fence_margin(node_timeout_s, poll_interval_s)
 
 
 def may_declare_down(steady_for_s: float, node_timeout_s: float) -> bool:

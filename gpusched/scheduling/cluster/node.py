@@ -5,8 +5,11 @@ whether a pid is alive, a user's uid here): injected, so tests run two daemons' 
 in one process. `ClusterNode` is the ownership strategy (scheduling.ownership) that the
 endings and the starter are handed: it owns the jobs of its node, writes their ends
 under the node's epoch, and keeps the processes started here, to stop those the cluster
-gave to another node while this daemon was away. It also keeps when the node's lease was
-last renewed, by the monotonic clock: the agent renews it, the elected scheduler reads it.
+gave to another node while this daemon was away. It also keeps the node's lease by the
+monotonic clock: `launch_deadline`, the moment past which this node launches nothing
+(read BEFORE a renewal is sent, plus node_timeout less election.fence_margin, advanced
+only when that renewal's commit returns), which the starter checks after its claim and
+hands to the job's supervisor, which refuses to exec past it.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from dataclasses import dataclass, field
 
 from gpusched.core.config_holder import ConfigHolder
 from gpusched.core.models import Job, JobState
-from gpusched.scheduling.cluster.election import fenced
+from gpusched.scheduling.cluster.election import fence_margin
 from gpusched.scheduling.context import TickClock
 from gpusched.store import NodeGuard
 
@@ -72,6 +75,8 @@ class ClusterNode:
     # Processes started (or adopted) here: job id -> (epoch, pid, start time).
     local: dict[int, tuple[int, int, str | None]] = field(default_factory=dict)
     renewed_at: float | None = None  # monotonic time of the last renewal
+    # Monotonic time past which this node launches nothing (None: never renewed).
+    launch_deadline: float | None = None
     steady_since: float = 0.0  # renewing without a gap since (monotonic)
     recheck_s: float | None = 1.0  # ends written by other daemons notify nobody here
 
@@ -103,19 +108,30 @@ class ClusterNode:
     def timeout_s(self) -> float:
         return self.settings.current.node_timeout_s
 
-    def renewed(self, epoch: int) -> None:
-        """The lease was taken or renewed at `epoch` just now."""
+    @property
+    def margin_s(self) -> float:
+        """How long before its lease runs out a node stops launching, and how long past it
+        the scheduler waits before declaring the node down (election.fence_margin)."""
+        config = self.settings.current
+        return fence_margin(config.node_timeout_s, config.poll_interval_s)
+
+    def renewed(self, epoch: int, sent_at: float | None = None) -> None:
+        """The lease was taken or renewed at `epoch`, by a write sent at `sent_at` (the
+        monotonic time read before sending it; None: now) whose commit has returned. The
+        database's lease runs from its own clock at the commit, later than `sent_at`: a
+        deadline counted from `sent_at` ends no later than that lease, less the margin."""
         now = self.clock.monotonic()
         if self.is_fenced():  # joined, or back from a gap (the database away, a pause)
             self.steady_since = now
         self.epoch = epoch
         self.renewed_at = now
+        start = now if sent_at is None else sent_at
+        self.launch_deadline = start + self.timeout_s - self.margin_s
 
     def is_fenced(self) -> bool:
-        """Too long since the lease was renewed to start anything (election.fenced)."""
-        now = self.clock.monotonic()
-        since = None if self.renewed_at is None else now - self.renewed_at
-        return fenced(since, self.timeout_s, self.settings.current.poll_interval_s)
+        """Past this node's launch deadline: it must start nothing."""
+        deadline = self.launch_deadline
+        return deadline is None or self.clock.monotonic() >= deadline
 
     def steady_for(self) -> float:
         """Seconds this daemon has renewed its lease without a gap (since it joined, or

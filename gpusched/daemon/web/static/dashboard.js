@@ -435,6 +435,9 @@ function renderJob(data) {
     ["ran for", job.started_at ? fmtDuration(seconds(job.started_at, job.ended_at || data.now)) : "-"],
     ["exit", job.ended_at ? ending(job) : "-"],
     ["notify", job.notify_result ? notifyText(job.notify_result) : null],
+    // A requeued job's earlier runs (its node declared down), oldest first.
+    ...(job.attempts || []).map((a) => ["run " + a.attempt,
+      "node " + (a.node || "-") + ", " + fmtTime(a.started_at) + " to " + fmtTime(a.ended_at) + ": " + a.outcome]),
   ];
   document.getElementById("job-facts").replaceChildren(...facts.filter(([, v]) => v !== null && v !== undefined)
     .flatMap(([k, v]) => [el("dt", { text: k }), el("dd", { "data-fact": k, text: String(v) })]));

@@ -1,0 +1,34 @@
+"""The wall clock of a daemon in a cluster: the database's.
+
+Servers' clocks disagree (the issue found one 2 h ahead: a job "started" 2 h after it was
+submitted). A cluster daemon's context clock is this server's wall clock corrected by its
+offset from the database's clock, learnt at each lease renewal (the database says when it
+renewed; the offset is taken against the middle of the round trip, so it is off by at
+most half of it). So every timestamp a daemon writes (submitted, started, ended) reads on
+one clock, whichever server wrote it. The monotonic clock stays this server's: it times
+intervals (a lease's deadline), which no offset may move.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from gpusched.scheduling.context import TickClock
+
+
+class ClusterClock:
+    def __init__(self, local: TickClock) -> None:
+        self.local = local
+        self.offset_s = 0.0  # the database's clock less this server's (0 until learnt)
+
+    def __call__(self) -> datetime:
+        return self.local() + timedelta(seconds=self.offset_s)
+
+    def monotonic(self) -> float:
+        return self.local.monotonic()
+
+    def learn(self, database_s: float, sent: datetime, answered: datetime) -> None:
+        """The database's time `database_s` (seconds since 1970) was read by a statement
+        sent at `sent` and answered at `answered` (this server's wall clock)."""
+        middle = sent + (answered - sent) / 2
+        self.offset_s = database_s - middle.timestamp()

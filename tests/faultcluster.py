@@ -1,0 +1,124 @@
+"""Several daemons on one PostgreSQL, each behind its own fault proxy, and the faults a
+test can apply to them: the network's (tests/faultproxy.py), the processes' (SIGSTOP and
+SIGCONT, kill -9) and the database's (a restart). The `cluster` fixture (registered in
+tests/conftest.py) makes one on a fresh database of the private server; its jobs record
+their runs (tests/faultchecks.py) for the checkers.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpusched.store import Store
+from tests.cluster_harness import cluster_config
+from tests.daemon_harness import RunningDaemon
+from tests.faultchecks import History
+from tests.faultproxy import FaultProxy
+from tests.postgres import TEMPLATE, PostgresServer
+
+SLACK_S = 10.0  # a shared, loaded test machine; the faults themselves last far longer
+GIB = 2**30
+CARD = 24 * GIB  # the daemons' simulated GPUs: 2 x 24G each
+
+
+class Cluster:
+    def __init__(self, server: PostgresServer, database: str, factory: Any, root: Path) -> None:
+        self.server = server
+        self.database = database
+        self.factory = factory
+        self.proxies: dict[str, FaultProxy] = {}
+        self.daemons: dict[str, RunningDaemon] = {}
+        self.history = History(root)
+        self.declared: dict[int, float] = {}
+        self.store = Store(server.url(database))  # the test's own view, never through a proxy
+
+    def node(self, name: str, **extra: Any) -> RunningDaemon:
+        proxy = self.proxies.setdefault(name, FaultProxy(self.server.port))
+        url = self.server.tcp_url(self.database, proxy.port)
+        daemon = self.factory(
+            name,
+            config=cluster_config(url, name, **extra),
+            env={"PGPASSWORD": self.server.password},
+        )
+        self.daemons[name] = daemon.start()
+        return daemon
+
+    def submit(self, via: RunningDaemon, seconds: float, mem_g: int = 10, *more: str) -> int:
+        job_id = via.submit("--mem", f"{mem_g}G", *more, "--", *self.history.job(seconds))
+        self.declared[job_id] = mem_g * GIB
+        return job_id
+
+    def scheduler(self) -> str:
+        """The node holding the scheduler's election (as the database says)."""
+        with self.store.read() as conn:
+            row = conn.exec_driver_sql("SELECT holder FROM leases").first()
+        assert row is not None
+        return str(row[0]).split(" ")[0].split("@")[0]
+
+    def states(self, ids: list[int]) -> dict[int, str]:
+        return {job_id: self.store.get(job_id).state.value for job_id in ids}
+
+    def check(self, requeue: set[int] | None = None) -> None:
+        assert self.history.double_starts(requeue or set()) == {}
+        assert self.history.overcommit(self.declared, CARD) == []
+
+    # -- the processes' faults ------------------------------------------------------------
+
+    def pid(self, name: str) -> int:
+        process = self.daemons[name].process
+        assert process is not None, f"daemon {name} is not running"
+        return process.pid
+
+    def pause(self, name: str) -> None:
+        """SIGSTOP: a frozen daemon (its connections stay open, its leases run out)."""
+        os.kill(self.pid(name), signal.SIGSTOP)
+
+    def resume(self, name: str) -> None:
+        os.kill(self.pid(name), signal.SIGCONT)
+
+    def kill9(self, name: str) -> None:
+        """kill -9 the daemon only: its supervisors and jobs run on, as after a crash."""
+        daemon = self.daemons[name]
+        assert daemon.process is not None
+        daemon.process.kill()
+        daemon.process.wait()
+        daemon.process = None
+
+    def restart(self, name: str) -> RunningDaemon:
+        """Start the daemon named `name` again (after kill9 or a stop), same node name."""
+        return self.daemons[name].start()
+
+    def restart_database(self, mode: str = "fast") -> None:
+        self.server.restart(mode)
+
+    def close(self) -> None:
+        for proxy in self.proxies.values():
+            proxy.heal()
+        self.store.close()
+
+
+@pytest.fixture
+def cluster(
+    postgres_server: PostgresServer, daemon_factory: Any, tmp_path: Path
+) -> Iterator[Cluster]:
+    """Daemons on a fresh database of the private PostgreSQL, each behind its proxy."""
+    database = postgres_server.create_database(template=TEMPLATE)
+    made = Cluster(postgres_server, database, daemon_factory, tmp_path)
+    try:
+        yield made
+    finally:
+        made.close()
+        for name, daemon in made.daemons.items():
+            if daemon.process is not None and daemon.process.poll() is None:
+                made.resume(name)  # a stopped process would not hear SIGTERM
+            daemon.stop()
+            daemon.kill_jobs()
+        for proxy in made.proxies.values():
+            proxy.close()
+        postgres_server.drop_database(database)

@@ -1,0 +1,198 @@
+"""A TCP proxy that breaks the network between a daemon and PostgreSQL, on demand.
+
+`FaultProxy(target_port)` listens on 127.0.0.1 at a free port and forwards every
+connection to the private PostgreSQL's TCP address (tests/postgres.py). While the daemon
+runs, a test switches what the network does:
+
+- `heal()`: bytes pass (the start).
+- `blackhole()`: connections stay open and bytes are taken and dropped, both ways, on
+  the connections open now and on new ones (accepted, never forwarded): what a partition
+  looks like to both ends, which see no error, only silence.
+- `delay(seconds)`: each chunk waits that long before it is passed on.
+- `reset()`: every open connection is closed with a TCP reset (new ones pass).
+- `cut_inside_transaction(after="UPDATE nodes")`: the next time the server tells a
+  client that a transaction is open (ReadyForQuery, status T) after a statement holding
+  `after`, the proxy turns into a blackhole right after passing that answer on: the client
+  thinks its statement done and waits for its COMMIT's answer forever, while the server
+  holds the transaction's row locks for a client it will not hear from again.
+
+It reads PostgreSQL's framing (a type byte and a length), which is why the daemon's URL
+disables TLS and GSSAPI (tests/postgres.py `tcp_url`). Pure Python, a thread per direction.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+PASS, BLACKHOLE, DELAY = "pass", "blackhole", "delay"
+
+
+class _Frames:
+    """PostgreSQL's messages in a byte stream: (type, body); the first may have no type."""
+
+    def __init__(self, typed: bool) -> None:
+        self._buf = bytearray()
+        self._typed = typed
+
+    def feed(self, data: bytes) -> Iterator[tuple[bytes, bytes]]:
+        self._buf += data
+        while True:
+            head = 5 if self._typed else 4
+            if len(self._buf) < head:
+                return
+            kind = bytes(self._buf[:1]) if self._typed else b""
+            length = int.from_bytes(self._buf[head - 4 : head], "big")
+            total = length + (1 if self._typed else 0)
+            if len(self._buf) < total:
+                return
+            body = bytes(self._buf[head:total])
+            del self._buf[:total]
+            self._typed = True
+            yield kind, body
+
+
+class _Pair:
+    def __init__(self, client: socket.socket, server: socket.socket | None) -> None:
+        self.client = client
+        self.server = server
+        self.after_statement = False  # the last statement held the cut's text
+        self.prepared: dict[bytes, bytes] = {}  # statement name -> its text (psycopg prepares)
+
+    def close(self, reset: bool = False) -> None:
+        for sock in (self.client, self.server):
+            if sock is None:
+                continue
+            with contextlib.suppress(OSError):
+                if reset:  # linger 0: close() sends RST, not FIN
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\0\0\0\0\0\0\0")
+                sock.close()
+
+
+class FaultProxy:
+    def __init__(self, target_port: int, target_host: str = "127.0.0.1") -> None:
+        self.target = (target_host, target_port)
+        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._listener.bind(("127.0.0.1", 0))
+        self._listener.listen(64)
+        self.port = int(self._listener.getsockname()[1])
+        self._lock = threading.Lock()
+        self._mode = PASS
+        self._delay_s = 0.0
+        self._cut_after: str | None = None
+        self.cut = threading.Event()  # set when cut_inside_transaction cut
+        self._pairs: set[_Pair] = set()
+        self._closed = False
+        threading.Thread(target=self._accept, name="faultproxy", daemon=True).start()
+
+    # -- what the network does ----------------------------------------------------------------
+
+    def heal(self) -> None:
+        with self._lock:
+            self._mode, self._cut_after = PASS, None
+
+    def blackhole(self) -> None:
+        with self._lock:
+            self._mode = BLACKHOLE
+
+    def delay(self, seconds: float) -> None:
+        with self._lock:
+            self._mode, self._delay_s = DELAY, seconds
+
+    def reset(self) -> None:
+        with self._lock:
+            pairs, self._pairs = set(self._pairs), set()
+        for pair in pairs:
+            pair.close(reset=True)
+
+    def cut_inside_transaction(self, after: str = "UPDATE nodes") -> threading.Event:
+        with self._lock:
+            self.cut.clear()
+            self._cut_after = after
+        return self.cut
+
+    def close(self) -> None:
+        self._closed = True
+        with contextlib.suppress(OSError):  # shutdown: close() alone leaves accept() waiting
+            self._listener.shutdown(socket.SHUT_RDWR)
+        with contextlib.suppress(OSError):
+            self._listener.close()
+        self.reset()
+
+    # -- forwarding ---------------------------------------------------------------------------
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            with self._lock:
+                mode = self._mode
+            server = None
+            if mode != BLACKHOLE:
+                try:
+                    server = socket.create_connection(self.target, timeout=5)
+                    server.settimeout(None)
+                except OSError:
+                    client.close()  # the server is down: refused, as it would be
+                    continue
+            pair = _Pair(client, server)
+            with self._lock:
+                self._pairs.add(pair)
+            threading.Thread(target=self._pump, args=(pair, True), daemon=True).start()
+            if server is not None:
+                threading.Thread(target=self._pump, args=(pair, False), daemon=True).start()
+
+    def _pump(self, pair: _Pair, upstream: bool) -> None:
+        source = pair.client if upstream else pair.server
+        sink = pair.server if upstream else pair.client
+        assert source is not None
+        frames = _Frames(typed=not upstream)
+        try:
+            while True:
+                data = source.recv(65536)
+                if not data:
+                    break
+                with self._lock:
+                    mode, delay_s, cut_after = self._mode, self._delay_s, self._cut_after
+                # Framing is followed on every byte, so that a cut armed later starts in step.
+                cut_now = self._watch(pair, frames, data, cut_after)
+                if mode == BLACKHOLE or sink is None:
+                    continue  # taken and dropped
+                if mode == DELAY:
+                    time.sleep(delay_s)
+                sink.sendall(data)
+                if cut_now:
+                    with self._lock:
+                        self._mode, self._cut_after = BLACKHOLE, None
+                    self.cut.set()
+        except OSError:
+            pass
+        with self._lock:
+            if self._mode == BLACKHOLE and pair in self._pairs:
+                return  # silence: the other end must not learn that this one closed
+            self._pairs.discard(pair)
+        pair.close()
+
+    @staticmethod
+    def _watch(pair: _Pair, frames: _Frames, data: bytes, after: str | None) -> bool:
+        """Whether this chunk (from the server) says a transaction is open after `after`."""
+        cut = False
+        for kind, body in frames.feed(data):
+            if kind == b"Q":  # a simple query
+                pair.after_statement = after is not None and after.encode() in body
+            elif kind == b"P":  # Parse: statement name, text
+                name, _, rest = body.partition(b"\0")
+                pair.prepared[name] = rest.partition(b"\0")[0]
+            elif kind == b"B":  # Bind: portal name, statement name (its text from Parse)
+                statement = body.split(b"\0", 2)[1]
+                text = pair.prepared.get(statement, b"")
+                pair.after_statement = after is not None and after.encode() in text
+            elif kind == b"Z" and pair.after_statement and body[:1] == b"T":
+                cut = after is not None
+        return cut

@@ -1,0 +1,135 @@
+"""Several daemons on one PostgreSQL under network and database faults (issue 26).
+
+Each daemon reaches the private PostgreSQL through its own fault proxy
+(tests/faultproxy.py: blackhole, delay, reset, a cut in the middle of a transaction);
+the database has the server-side bounds of docs/cluster.md section 1 (tests/postgres.py).
+Every job records when and where it really ran (tests/faultchecks.py), and the checkers
+look for double starts, an overcommitted card and jobs left `lost` that ended.
+
+The times asserted are the documented bounds plus SLACK for a loaded test machine; the
+faults they guard against wait for the whole partition (today's figures are in
+docs/cluster.md: "What was tested").
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from typing import Any
+
+import pytest
+
+from gpusched.store.engine import REQUEST_BOUND_S
+from tests.cluster_harness import NODE_TIMEOUT_S
+from tests.daemon_harness import RunningDaemon, eventually
+from tests.faultcluster import GIB, SLACK_S, Cluster
+
+
+def timed_cli(daemon: RunningDaemon, *args: str) -> tuple[Any, float]:
+    began = time.monotonic()
+    result = daemon.cli(*args, timeout=120)
+    return result, time.monotonic() - began
+
+
+def test_status_fails_in_one_line_within_the_bound_while_the_database_is_silent(
+    cluster: Cluster,
+) -> None:
+    a = cluster.node("a")
+    cluster.submit(a, 0.1)
+    cluster.proxies["a"].blackhole()
+    # Today: status waits for as long as the partition lasts (60 s in the issue).
+    bound = REQUEST_BOUND_S  # a silent pooled connection's test, then a new connection
+    for _ in range(3):
+        result, took = timed_cli(a, "status")
+        assert result.returncode != 0, result.stdout
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1, result.stderr
+        assert "is unavailable (" in lines[0] and "nothing was changed" in lines[0], lines
+        assert "internal error" not in lines[0] and "Traceback" not in result.stderr
+        assert took < bound + SLACK_S, f"status took {took:.1f} s"
+        print(f"\nstatus while the database is silent: refused in {took:.1f} s")
+    cluster.proxies["a"].heal()
+    eventually(lambda: a.cli("status").returncode == 0, 30)
+    # One outage: said in a line or a few, not a traceback every pass.
+    assert a.stderr().count("Traceback") == 0, a.stderr()
+
+
+@pytest.mark.parametrize(
+    ("role", "statement"),
+    [("agent", "UPDATE nodes"), ("scheduler", "UPDATE leases")],
+)
+def test_the_others_resume_when_a_node_is_cut_off_inside_a_transaction(
+    cluster: Cluster, role: str, statement: str
+) -> None:
+    nodes = {name: cluster.node(name) for name in ("a", "b", "c")}
+    holder = eventually(cluster.scheduler, 20)
+    victim = holder if role == "scheduler" else next(n for n in nodes if n != holder)
+    via = next(d for n, d in nodes.items() if n != victim)
+    # Right after its renewal's UPDATE, before its COMMIT: the victim's row stays locked
+    # until the server ends the transaction (idle_in_transaction_session_timeout).
+    assert cluster.proxies[victim].cut_inside_transaction(statement).wait(20)
+    cut_at = time.monotonic()
+    ids = [cluster.submit(via, 1.0) for _ in range(12)]  # 8 fit at once on the other two
+
+    def all_started() -> bool:
+        started = {run.job for run in cluster.history.runs() if run.node != victim}
+        return set(ids) <= started
+
+    # Today the cluster stalls on the victim's row lock for the whole partition.
+    eventually(
+        all_started,
+        NODE_TIMEOUT_S + 5 + SLACK_S,
+        interval=0.2,
+        describe=lambda: (cluster.states(ids), cluster.server.backends(cluster.database)),
+    )
+    resumed = max(run.start for run in cluster.history.runs() if run.job in ids) - cut_at
+    print(f"\n{role} cut in a transaction: the others started all 12 jobs {resumed:.1f} s later")
+    assert cluster.history.starts_between(cut_at, time.monotonic()).get(victim, 0) == 0
+    cluster.proxies[victim].heal()
+    eventually(
+        lambda: set(cluster.states(ids).values()) == {"done"},
+        60,
+        describe=lambda: cluster.states(ids),
+    )
+    cluster.check()
+
+
+def test_postgresql_restarted_under_a_running_cluster_loses_nothing(cluster: Cluster) -> None:
+    a, b = cluster.node("a"), cluster.node("b")
+    acknowledged = [cluster.submit(a if i % 2 else b, 3.0) for i in range(8)]
+    eventually(lambda: len(cluster.history.runs()) >= 4, 30, interval=0.2)
+    cluster.server.restart("fast")  # every session ended, as a restart of the service does
+    for i in range(6):
+        daemon = a if i % 2 else b
+        result = daemon.cli("submit", "--mem", "10G", "--", *cluster.history.job(1.0), timeout=120)
+        if result.returncode == 0:  # refused in one line while it is away: not acknowledged
+            job_id = int(result.stdout.strip())
+            cluster.declared[job_id] = 10 * GIB
+            acknowledged.append(job_id)
+        else:
+            assert "is unavailable (" in result.stderr, result.stderr
+    eventually(
+        lambda: set(cluster.states(acknowledged).values()) == {"done"},
+        90,
+        interval=0.5,
+        describe=lambda: cluster.states(acknowledged),
+    )
+    assert {run.job for run in cluster.history.runs()} == set(acknowledged)
+    cluster.check()
+
+
+def test_a_job_that_ended_while_its_daemon_was_away_past_node_timeout_is_not_left_lost(
+    cluster: Cluster,
+) -> None:
+    a, b = cluster.node("a"), cluster.node("b")
+    job_id = cluster.submit(a, NODE_TIMEOUT_S + 3.0, 10, "--node", "a")
+    eventually(cluster.history.runs, 20, interval=0.2)
+    a.stop(signal.SIGTERM)  # its job runs on under its supervisor
+    eventually(lambda: cluster.states([job_id])[job_id] == "lost", NODE_TIMEOUT_S + 20)
+    eventually(lambda: any(r.end is not None for r in cluster.history.runs()), 20)
+    cluster.node("a")
+    eventually(
+        lambda: cluster.states([job_id])[job_id] == "done", 20, describe=lambda: a.stderr()[-2000:]
+    )
+    assert cluster.history.lost_but_ended(cluster.store) == []
+    del b

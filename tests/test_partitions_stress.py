@@ -1,0 +1,146 @@
+"""Randomized faults under load on a three-daemon cluster (the `stress` marker: minutes).
+
+Jobs are submitted through random nodes all along (some `--requeue`), while rounds of
+faults are drawn from: a node partitioned (shorter or longer than `node_timeout`), cut
+inside a transaction, its database traffic delayed or reset, its daemon frozen
+(SIGSTOP) or killed (kill -9, restarted at once as systemd would), PostgreSQL restarted.
+After the last round everything heals, and the checkers read the jobs' own history
+(tests/faultchecks.py): no job acknowledged by a submit is missing, every job ends,
+none started twice without `--requeue`, no card overcommitted by the jobs the cluster
+counts. The seed is printed; GPUSCHED_FAULT_SEED replays one.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+
+import pytest
+
+from tests.cluster_harness import NODE_TIMEOUT_S
+from tests.daemon_harness import eventually
+from tests.faultcluster import GIB, Cluster
+
+ROUNDS = 10
+TERMINAL = {"done", "failed", "lost", "cancelled"}
+
+
+class Load:
+    """Submits recorded jobs through random live nodes until stopped."""
+
+    def __init__(self, cluster: Cluster, rng: random.Random) -> None:
+        self.cluster = cluster
+        self.rng = rng
+        self.acknowledged: list[int] = []
+        self.requeue: set[int] = set()
+        self.refused = 0
+        self.stop = threading.Event()
+        self.live = set(cluster.daemons)
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def join(self) -> None:
+        self.stop.set()
+        self._thread.join(timeout=180)
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            name = self.rng.choice(sorted(self.live))
+            daemon = self.cluster.daemons[name]
+            mem = self.rng.choice([6, 8, 12])
+            requeue = self.rng.random() < 0.3
+            args = ["submit", "--mem", f"{mem}G", *(["--requeue"] if requeue else [])]
+            seconds = self.rng.uniform(0.5, 3.0)
+            try:
+                result = daemon.cli(*args, "--", *self.cluster.history.job(seconds), timeout=60)
+            except Exception:  # a frozen or killed daemon: not acknowledged
+                self.refused += 1
+                continue
+            if result.returncode != 0:
+                self.refused += 1
+                continue
+            job_id = int(result.stdout.strip())
+            self.cluster.declared[job_id] = mem * GIB
+            self.acknowledged.append(job_id)
+            if requeue:
+                self.requeue.add(job_id)
+            time.sleep(self.rng.uniform(0.1, 0.5))
+
+
+def one_round(cluster: Cluster, load: Load, rng: random.Random) -> str:
+    name = rng.choice(sorted(cluster.daemons))
+    proxy = cluster.proxies[name]
+    fault = rng.choice(
+        ["partition", "long partition", "cut", "delay", "reset", "freeze", "kill", "db restart"]
+    )
+    if fault in ("partition", "long partition"):
+        proxy.blackhole()
+        time.sleep(
+            rng.uniform(1, NODE_TIMEOUT_S - 1) if fault == "partition" else 2 * NODE_TIMEOUT_S
+        )
+        proxy.heal()
+    elif fault == "cut":
+        proxy.cut_inside_transaction(rng.choice(["UPDATE nodes", "UPDATE leases", "UPDATE jobs"]))
+        time.sleep(NODE_TIMEOUT_S + 2)
+        proxy.heal()
+    elif fault == "delay":
+        proxy.delay(rng.uniform(0.05, 0.5))
+        time.sleep(5)
+        proxy.heal()
+    elif fault == "reset":
+        proxy.reset()
+    elif fault == "freeze":
+        load.live.discard(name)
+        cluster.pause(name)
+        time.sleep(rng.uniform(1, NODE_TIMEOUT_S - 1))
+        cluster.resume(name)
+        load.live.add(name)
+    elif fault == "kill":
+        load.live.discard(name)
+        cluster.kill9(name)
+        cluster.restart(name)  # at once, as Restart=on-failure does
+        load.live.add(name)
+    else:
+        cluster.restart_database(rng.choice(["fast", "immediate"]))
+        name = "-"
+    time.sleep(3)  # healed: let the cluster settle before the next fault
+    return f"{fault} {name}"
+
+
+@pytest.mark.stress
+def test_randomized_faults_under_load_lose_nothing_and_start_nothing_twice(
+    cluster: Cluster,
+) -> None:
+    seed = int(os.environ.get("GPUSCHED_FAULT_SEED", random.SystemRandom().randrange(10**6)))
+    if os.environ.get("CI"):
+        seed = int(os.environ.get("GPUSCHED_FAULT_SEED", "26"))  # CI: reproducible
+    print(f"\nseed {seed}")
+    rng = random.Random(seed)
+    for name in ("a", "b", "c"):
+        cluster.node(name)
+    load = Load(cluster, rng)
+    load.start()
+    rounds = [one_round(cluster, load, rng) for _ in range(ROUNDS)]
+    load.join()
+    print("rounds:", "; ".join(rounds))
+    acked = load.acknowledged
+
+    def settled() -> bool:
+        return set(cluster.states(acked).values()) <= TERMINAL
+
+    eventually(settled, 120, interval=1, describe=lambda: cluster.states(acked))
+    states = cluster.states(acked)
+    ran = {run.job for run in cluster.history.runs()}
+    print(
+        f"{len(acked)} acknowledged, {load.refused} refused;",
+        {s: list(states.values()).count(s) for s in TERMINAL},
+        f"lost but ended: {cluster.history.lost_but_ended(cluster.store)}",
+    )
+    assert all(job_id in states for job_id in acked)  # none missing
+    assert {j for j, s in states.items() if s == "done"} <= ran
+    assert cluster.history.double_starts(load.requeue) == {}
+    assert cluster.history.overcommit(cluster.declared, 24 * GIB) == []
