@@ -15,27 +15,20 @@ SQLAlchemy, APScheduler or pynvml.
 from __future__ import annotations
 
 import base64
-import contextlib
 import os
-import socket
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, overload
 
 from gpusched import __version__
-from gpusched.core.daemon_socket import choose_socket
-from gpusched.core.errors import DaemonUnreachable, GpuschedError, ProtocolError, UsageError
+from gpusched.connection import DaemonConnection
+from gpusched.core.errors import GpuschedError, ProtocolError, UsageError
 from gpusched.core.models import TERMINAL_STATES, Drain, GpuReport, Job, TimelinePoint
 from gpusched.core.protocol import (
-    MAX_REPLY_BYTES,
-    VERSION_FIELD,
     compatible_versions,
-    decode,
-    encode,
-    error_from_reply,
-    read_frame,
     version_mismatch,
 )
 from gpusched.core.request_base import Request
@@ -45,17 +38,11 @@ from gpusched.core.view_requests import ShowRequest, StatusRequest
 # Every other request class (gpusched.core.requests) is imported by the method that sends
 # one: `status` and `show`, the commands people run most, start without creating them.
 
-CONNECT_TIMEOUT_S = 5.0
 # A submit sent whose answer was lost (the daemon stopped answering, or its database did
 # not confirm the commit) is sent again, with its request id, this many times.
 SUBMIT_RETRIES = 2
 SUBMIT_RETRY_AFTER_S = 1.0
 ANSWER_LOST = ("stopped answering", "closed the connection", "is unavailable (")
-REPLY_TIMEOUT_S = 120.0
-# The system service is asked again for this long when its socket is missing or refuses
-# (systemd restarts it within RestartSec=2s plus its start-up).
-RESTART_WAIT_S = 10.0
-RESTART_RETRY_INTERVAL_S = 0.25
 
 
 @dataclass
@@ -92,82 +79,28 @@ class Client:
     ) -> None:
         """`timeout_s`: give up on a connect or a reply after this long (default 5 s to
         connect, 120 s for a reply)."""
-        choice = choose_socket(socket_path, config_path)
-        self.socket_path, self._tried = choice.path, choice.tried
-        self.system_service = choice.system
-        self._connect_timeout_s = CONNECT_TIMEOUT_S if timeout_s is None else timeout_s
-        self._reply_timeout_s = REPLY_TIMEOUT_S if timeout_s is None else timeout_s
-        self.restart_wait_s = RESTART_WAIT_S
-        self._said_restarting = False
+        self.connection = DaemonConnection(socket_path, config_path, timeout_s=timeout_s)
+
+    @property
+    def socket_path(self) -> Path:
+        return self.connection.socket_path
+
+    @property
+    def system_service(self) -> bool:
+        """Whether this client talks to the system service (rather than a personal daemon)."""
+        return self.connection.system_service
+
+    @property
+    def restart_wait_s(self) -> float:
+        return self.connection.restart_wait_s
+
+    @restart_wait_s.setter
+    def restart_wait_s(self, seconds: float) -> None:
+        self.connection.restart_wait_s = seconds
 
     def request(self, op: str, **args: Any) -> Any:
         """Send one request and return its result; raise the daemon's error as a GpuschedError."""
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            sock.settimeout(self._connect_timeout_s)
-            self._connect(sock)
-            sock.settimeout(self._reply_timeout_s)
-            # A daemon that refuses a connection (too many, out of files) says why and
-            # closes at once: its reason is still there to read after a broken pipe.
-            with contextlib.suppress(BrokenPipeError):
-                sock.sendall(encode({"op": op, VERSION_FIELD: __version__, **args}))
-            frame = read_frame(sock, bytearray(), limit=MAX_REPLY_BYTES)
-        except (TimeoutError, ConnectionResetError, BrokenPipeError) as exc:
-            raise DaemonUnreachable(
-                f"the gpusched daemon at {self.socket_path} stopped answering ({exc})"
-            ) from None
-        finally:
-            sock.close()
-        if frame is None:
-            raise DaemonUnreachable(
-                f"the gpusched daemon at {self.socket_path} closed the connection"
-            )
-        reply = decode(frame, limit=MAX_REPLY_BYTES)
-        if reply.get("ok") is True:
-            return reply.get("result")
-        if reply.get("ok") is False:
-            raise error_from_reply(reply)
-        raise ProtocolError("the daemon sent a reply without 'ok'")
-
-    def _connect(self, sock: socket.socket) -> None:
-        """Connect; the system service's socket is tried again for `restart_wait_s`, since
-        a service that is restarting answers again within seconds."""
-        deadline = time.monotonic() + (self.restart_wait_s if self.system_service else 0.0)
-        while True:
-            try:
-                sock.connect(str(self.socket_path))
-            except (FileNotFoundError, ConnectionRefusedError) as exc:
-                if time.monotonic() >= deadline:
-                    raise DaemonUnreachable(self._unreachable(exc)) from None
-                if not self._said_restarting:
-                    self._said_restarting = True
-                    print(
-                        f"gpusched: the system service is not answering at {self.socket_path}:"
-                        " it may be restarting; retrying...",
-                        file=sys.stderr,
-                        flush=True,
-                    )
-                time.sleep(RESTART_RETRY_INTERVAL_S)
-            except PermissionError:
-                raise DaemonUnreachable(
-                    f"cannot reach the gpusched daemon at {self.socket_path}: permission denied"
-                ) from None
-            else:
-                return
-
-    def _unreachable(self, exc: OSError) -> str:
-        if self.system_service:
-            return (
-                f"the system gpusched service is not answering at {self.socket_path}"
-                f" ({exc.strerror}), not even after {self.restart_wait_s:g}s: it is stopped or"
-                " failing; ask your administrator (systemctl status gpusched). Do not start"
-                " a personal `gpusched daemon`: the server's limits would not apply to it"
-            )
-        tried = " or ".join(str(p) for p in self._tried)
-        return (
-            f"cannot reach the gpusched daemon at {tried} ({exc.strerror}):"
-            " is it running? Start it with `gpusched daemon`, or point --socket at it"
-        )
+        return self.connection.request(op, **args)
 
     def send(self, request: Request) -> Any:
         """Send a request object (gpusched.core.requests, checked as it was built)."""
