@@ -25,7 +25,7 @@ from typing import Any, overload
 
 from gpusched import __version__
 from gpusched.connection import DaemonConnection
-from gpusched.core.errors import GpuschedError, ProtocolError, UsageError
+from gpusched.core.errors import DaemonUnreachable, GpuschedError, ProtocolError, UsageError
 from gpusched.core.models import TERMINAL_STATES, Drain, GpuReport, Job, TimelinePoint
 from gpusched.core.protocol import (
     compatible_versions,
@@ -241,19 +241,28 @@ class Client:
             **fields,
         )
         retries_left = SUBMIT_RETRIES
+        answer_lost = False  # a try was sent and not answered: it may have been queued
         while True:
             try:
                 return self.send(request)
             except GpuschedError as exc:
                 # Sent, and no answer: the jobs may be queued, or not; only a retry with
                 # the same id can tell without risking a second copy.
-                if not any(words in str(exc) for words in ANSWER_LOST):
+                lost = any(words in str(exc) for words in ANSWER_LOST)
+                if not lost and not (answer_lost and isinstance(exc, DaemonUnreachable)):
                     raise
+                if not lost:  # the retry could not even connect: the first try's fate is open
+                    raise DaemonUnreachable(
+                        f"the gpusched daemon at {self.socket_path} stopped answering a submit,"
+                        f" and then: {exc.message} (submit request {request_id}: it may have"
+                        " been queued; `gpusched status` shows it if so)"
+                    ) from None
                 if retries_left == 0:
                     raise type(exc)(
                         f"{exc} (submit request {request_id}: it may have been queued;"
                         " `gpusched status` shows it if so)"
                     ) from None
+                answer_lost = True
                 retries_left -= 1
                 time.sleep(SUBMIT_RETRY_AFTER_S)
 

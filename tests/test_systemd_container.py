@@ -259,7 +259,11 @@ def test_the_documented_install_under_systemd(container: Container) -> None:
     # reload with a bad config: the old one stays, the daemon too.
     pid = _main_pid(box)
     box.sh("cp /etc/gpusched/config.yaml /root/good.yaml")
-    box.sh("echo 'headroom: [1G' >> /etc/gpusched/config.yaml && systemctl reload gpusched")
+    box.sh("echo 'headroom: [1G' >> /etc/gpusched/config.yaml")
+    # ExecReload (`gpusched admin reload`) waits for the daemon's answer: a rejected config
+    # fails the reload, as systemctl shows the administrator.
+    rejected = box.sh("systemctl reload gpusched", check=False)
+    assert rejected.returncode != 0, (rejected.stdout, rejected.stderr)
     deadline = time.monotonic() + 30
     said = "config reload failed, keeping the old config: /etc/gpusched/config.yaml"
     while said not in box.sh("journalctl -u gpusched -n 20 --no-pager").stdout:

@@ -30,7 +30,7 @@ def test_unit_keeps_jobs_alive_and_notifies_readiness() -> None:
     assert settings["RuntimeDirectoryPreserve"] == ["yes"]
     assert "gpusched daemon --config /etc/gpusched/config.yaml" in settings["ExecStart"][0]
     # A reload that waits for the daemon's answer, so a rejected config fails it.
-    assert settings["ExecReload"][0].endswith("--config /etc/gpusched/config.yaml admin reload")
+    assert settings["ExecReload"][0].endswith("--socket /run/gpusched/gpusched.sock admin reload")
     # gpusched's own docs, where scripts/install.sh puts them.
     assert settings["Documentation"] == ["file:/opt/gpusched/share/doc/gpusched/operations.md"]
     for key in ("StateDirectory", "LogsDirectory", "RuntimeDirectory"):

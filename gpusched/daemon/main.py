@@ -361,18 +361,20 @@ class Daemon:
         signal.signal(signal.SIGHUP, reload)
 
     def _reload(self) -> None:
-        """SIGHUP: reload, or log why not and keep the old config."""
-        try:
+        """SIGHUP: reload, or keep the old config (reload_config logs why)."""
+        with contextlib.suppress(GpuschedError):
             self.reload_config()
-        except GpuschedError as exc:
-            log.error("config reload failed, keeping the old config: %s", exc.message)
 
     def reload_config(self) -> list[str]:
         """Read the config file again and apply it (`gpusched admin reload`, SIGHUP); what
         was kept because it needs a restart. A bad file raises its ConfigError, the old
         config staying in force."""
         with self._reload_lock:  # a request and a SIGHUP at once apply one after the other
-            return self._apply_reload()
+            try:
+                return self._apply_reload()
+            except GpuschedError as exc:  # said in the journal too, whoever asked
+                log.error("config reload failed, keeping the old config: %s", exc.message)
+                raise
 
     def _apply_reload(self) -> list[str]:
         new = load_config(self.config_path, self.overrides)

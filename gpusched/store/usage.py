@@ -56,6 +56,8 @@ _PER_RUN_COLUMNS = frozenset(
         "log_path",
         "retried_as",
         "hooks_due",  # the hooks of this run's end, not of the retry's
+        "notify_result",  # how this run's --notify hook ended
+        "request_id",  # the submit's: unique, it names the first attempt (a retry has none)
         *USAGE_COLUMNS,
     }
 )
