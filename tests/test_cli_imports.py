@@ -35,6 +35,7 @@ NOT_FOR_STATUS_OR_SHOW = {
     "gpusched.interactive.foreground",
     "gpusched.interactive.reservation",
     "gpusched.cli.jobs",
+    "gpusched.cli.submit",
     "gpusched.cli.run",
     "gpusched.cli.admin",
 }
@@ -69,7 +70,7 @@ def test_status_show_and_submit_import_only_what_they_use(tmp_path: Path) -> Non
     finally:
         daemon.stop()
     # A submit needs its own request and helpers, still not the other commands' modules.
-    assert {"gpusched.cli.jobs", "gpusched.core.requests", "gpusched.core.submitter"} <= submitted
+    assert {"gpusched.cli.submit", "gpusched.core.requests", "gpusched.core.submitter"} <= submitted
     assert not submitted & {
         "yaml",
         "gpusched.core.config",

@@ -5,10 +5,10 @@ A thin client: every command except `daemon` is one or a few requests through
 `gpusched.client.Client`. Errors become one line on stderr and the contract's exit
 code (0 ok, 1 failed, 2 bad usage, 3 daemon unreachable, 124 wait timed out).
 
-The commands on jobs live in cli/jobs.py, the views in cli/views.py, `estimate` in
-cli/estimate.py, `run` in cli/run.py, the administrator's in cli/admin.py; this module
-names them all for the group, which imports a command's module only when that command
-is used (or listed by `--help`). None of them imports
+`submit` lives in cli/submit.py, the other commands on jobs in cli/jobs.py, the views in
+cli/views.py, `estimate` in cli/estimate.py, `run` in cli/run.py, the administrator's in
+cli/admin.py; this module names them all for the group, which imports a command's module
+only when that command is used (or listed by `--help`). None of them imports
 SQLAlchemy, APScheduler, pynvml, prometheus_client, YAML or psutil at import time:
 `gpusched status` must start fast.
 """
@@ -27,7 +27,7 @@ from gpusched.core.errors import EXIT_FAILED, EXIT_OK, GpuschedError, UsageError
 # all): `gpusched status` loads the status command's module and what it needs, not
 # submit's, run's or the administrator's.
 _LAZY_COMMANDS: dict[str, tuple[str, str]] = {
-    "submit": ("gpusched.cli.jobs", "submit"),
+    "submit": ("gpusched.cli.submit", "submit"),
     "run": ("gpusched.cli.run", "run"),
     "status": ("gpusched.cli.views", "status"),
     "show": ("gpusched.cli.views", "show"),

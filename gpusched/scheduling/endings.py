@@ -7,12 +7,13 @@ restart: a `running` row is a claim to verify, not a fact. Built once on the pas
 context (scheduling.context) and an ownership strategy (scheduling.ownership: which
 rows are this daemon's, and the guard its end writes carry); it reaches processes only
 through the launcher's interface (gpusched.processes.launching), so tests drive it in memory.
+Which state and reason each outcome means is scheduling.outcome_states's; how running
+rows are verified after a restart, scheduling.adoption's.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections import deque
@@ -32,8 +33,16 @@ from gpusched.core.models import (
 from gpusched.core.ratelog import RateLimitedLog
 from gpusched.core.sanitize import quoted
 from gpusched.processes.launching import Outcome, OutcomeKind
+from gpusched.scheduling.adoption import adopt
 from gpusched.scheduling.boot import rebooted_since_last_run
 from gpusched.scheduling.context import Context
+from gpusched.scheduling.outcome_states import (
+    ENDINGS,
+    LOGGED_DETAILS,
+    STOPPED_FOR,
+    legacy_stop_intent,
+    outcome_words,
+)
 from gpusched.scheduling.ownership import Ownership
 from gpusched.scheduling.policy_inputs import capacity_bytes
 from gpusched.store import TimelineWrite
@@ -42,50 +51,8 @@ from gpusched.usage.oom import retry_mem
 
 log = logging.getLogger("gpusched.scheduler")
 
-# How a supervisor's outcome (other than a plain exit) ends a job; anything else is lost.
-_ENDINGS: dict[OutcomeKind, tuple[JobState, EndReason]] = {
-    OutcomeKind.SIGNAL: (JobState.FAILED, EndReason.SIGNAL),
-    OutcomeKind.CANCELLED: (JobState.CANCELLED, EndReason.CANCELLED),
-    OutcomeKind.TIMEOUT: (JobState.FAILED, EndReason.TIMEOUT),
-    OutcomeKind.FAILED_TO_START: (JobState.FAILED, EndReason.FAILED_TO_START),
-    OutcomeKind.HOST_OOM: (JobState.FAILED, EndReason.HOST_OOM),
-}
-
-# How a job stopped by the daemon for a reason of its own ends (a plain cancel: cancelled).
-_STOPPED_FOR: dict[StopIntent, tuple[JobState, EndReason]] = {
-    StopIntent.OVERRUN: (JobState.FAILED, EndReason.OVERRUN),
-    StopIntent.TIMEOUT: (JobState.FAILED, EndReason.TIMEOUT),  # interactive jobs
-    StopIntent.IDLE: (JobState.CANCELLED, EndReason.IDLE),  # interactive jobs
-}
-
-# Ends whose detail is gpusched's own words about public facts, logged whatever
-# `show_commands` says (as gpusched.daemon.auth.PUBLIC_DETAILS shows them to everyone).
-_LOGGED_DETAILS = frozenset(
-    {
-        EndReason.SIGNAL,
-        EndReason.CANCELLED,
-        EndReason.DEPENDENCY_FAILED,
-        EndReason.OVERRUN,
-        EndReason.TIMEOUT,
-        EndReason.HOST_OOM,
-        EndReason.IDLE,
-    }
-)
-
 # How many of the latest ended job ids a waiter can catch up from without a read.
 RECENT_ENDS = 1024
-
-
-def legacy_stop_intent(detail: str | None) -> tuple[StopIntent | None, str | None]:
-    """The intent of a stop asked by a version that kept it as a prefix of `reason_detail`.
-
-    Only for a job stopping across an upgrade (no `stop_intent` recorded yet).
-    """
-    if detail and detail.startswith("overrun: "):
-        return StopIntent.OVERRUN, detail.removeprefix("overrun: ")
-    if detail and detail.startswith("cancelled"):
-        return StopIntent.CANCEL, detail
-    return None, detail
 
 
 class JobEndings:
@@ -157,7 +124,7 @@ class JobEndings:
         if ended:
             # A failed start names the program's path, an OOM end quotes the job's output
             # (secrets included): only gpusched's own words are logged unless show_commands.
-            shown = detail if self.config.show_commands or reason in _LOGGED_DETAILS else None
+            shown = detail if self.config.show_commands or reason in LOGGED_DETAILS else None
             why = f": {quoted(shown, 500)}" if shown else ""  # may quote a user's path
             log.info("job %s %s (%s)%s", job_id, state, reason, why)
             self.announce_ends([(job_id, hooks_due)])
@@ -307,8 +274,8 @@ class JobEndings:
             # killed it outright; it sets the handler before starting the job, so the job
             # never started: the cancel simply won.
             outcome = Outcome(OutcomeKind.CANCELLED)
-        if outcome.kind == OutcomeKind.CANCELLED and intent in _STOPPED_FOR:
-            state, reason = _STOPPED_FOR[intent]
+        if outcome.kind == OutcomeKind.CANCELLED and intent in STOPPED_FOR:
+            state, reason = STOPPED_FOR[intent]
             self.end(
                 job_id,
                 state,
@@ -333,7 +300,7 @@ class JobEndings:
                 job_id, state, EndReason.EXIT, exit_code=outcome.exit_code, durable=durable, job=job
             )
             return
-        state, reason = _ENDINGS.get(outcome.kind, (JobState.LOST, EndReason.LOST))
+        state, reason = ENDINGS.get(outcome.kind, (JobState.LOST, EndReason.LOST))
         message = outcome.message
         if reason == EndReason.CANCELLED:
             message = detail or "cancelled"  # who cancelled it, noted at the request
@@ -351,46 +318,7 @@ class JobEndings:
         """After a (re)start: a `running` row is a claim to verify, not a fact."""
         rebooted = rebooted_since_last_run(self.config.state_dir)
         with self._lock:
-            for job in self.store.active():
-                if job.state != JobState.RUNNING or not self.node.owns(job):
-                    continue
-                if job.interactive:  # its client is checked at every pass (interactive.py)
-                    continue
-                pid, start_time = job.pid, self.store.launch_info(job.id).pid_start_time
-                if pid is None:
-                    # The previous daemon died between marking and recording the pid.
-                    pid = self.launcher.find_supervisor(job.id)
-                    start_time = self.launcher.start_time(pid) if pid is not None else None
-                    if pid is not None and start_time is not None:
-                        self.store.set_pid(job.id, pid, start_time)
-                if pid is not None and self.launcher.is_running(pid, start_time):
-                    log.info("job %s still running (pid %s): re-adopted", job.id, pid)
-                    self.launcher.watch(job.id, pid, start_time)
-                    self.node.started(job.id, pid, start_time)
-                    self.probe.note_job_started(pid, job.gpu_uuids, job.mem)
-                else:
-                    outcome = self.launcher.outcome(job.id)
-                    # Died between marking the job running and its supervisor opening the
-                    # log (no pid, no supervisor, no exit record, no log): the command never
-                    # ran, so running it now cannot run it twice. Not after a reboot: the
-                    # log's creation (and the pid, see Store) may have been lost with the
-                    # page cache, so its absence proves nothing.
-                    if (
-                        outcome.kind == OutcomeKind.LOST
-                        and pid is None
-                        and not rebooted
-                        and not (job.log_path and os.path.lexists(job.log_path))
-                        and self.store.unmark_running(job.id)
-                    ):
-                        log.info("job %s never started before the restart: queued again", job.id)
-                        continue
-                    if outcome.kind == OutcomeKind.LOST:
-                        outcome = Outcome(
-                            OutcomeKind.LOST,
-                            message="its supervisor was gone when the daemon"
-                            " restarted, with no exit status recorded",
-                        )
-                    self.settle(job.id, outcome)
+            adopt(self, rebooted)
 
     def wait_ended(self, job_ids: list[int], timeout_s: float) -> list[Job]:
         """Block until every job has ended or the timeout passes; return their current rows."""
@@ -421,16 +349,3 @@ class JobEndings:
         return {
             i for i, state in self.store.states_of(job_ids).items() if state not in TERMINAL_STATES
         }
-
-
-def outcome_words(outcome: Outcome) -> str:
-    """How a run ended, in a few words (a requeued run's attempt)."""
-    if outcome.kind == OutcomeKind.EXIT:
-        return f"exited {outcome.exit_code}"
-    if outcome.kind == OutcomeKind.SIGNAL:
-        return f"was killed by signal {outcome.signal}"
-    if outcome.kind == OutcomeKind.CANCELLED:
-        return "was stopped there"
-    if outcome.kind == OutcomeKind.FAILED_TO_START:
-        return "never started"
-    return str(outcome.kind)

@@ -60,11 +60,9 @@ from __future__ import annotations
 
 import bisect
 import heapq
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from gpusched.core.units import format_duration, format_size
 from gpusched.scheduling.gpu_budget import (
     NEW_JOB_UTIL,
     GpuBudget,
@@ -84,10 +82,22 @@ from gpusched.scheduling.gpu_choice import (
     fits_now,
 )
 from gpusched.scheduling.head_claim import HeadClaim, Kept, keep_for
-from gpusched.scheduling.waiting_reasons import Claims, gpu_name, why_not
+from gpusched.scheduling.quieter_cards import kept_quiet, quieter, soonest_quiet
+from gpusched.scheduling.turns import UsageSpan, decayed_usage, in_turns, passed_by, submit_place
+from gpusched.scheduling.waiting_reasons import Claims, claimed_bytes, over_mem_cap, why_not
 from gpusched.scheduling.waiting_reasons import need as _need
 
-__all__ = ["HeadClaim", "Placement", "Plan", "UsageSpan", "UserCap", "WaitingJob", "plan"]
+__all__ = [
+    "HeadClaim",
+    "Placement",
+    "Plan",
+    "UsageSpan",
+    "UserCap",
+    "WaitingJob",
+    "decayed_usage",
+    "in_turns",
+    "plan",
+]
 
 
 @dataclass(frozen=True)
@@ -101,7 +111,9 @@ class WaitingJob:
     user: str = ""
     array_id: int | None = None
     array_cap: int | None = None  # --max-concurrent of its array
-    queue_order: int | None = None  # its place in submit order; None: job_id (see _place)
+    queue_order: int | None = (
+        None  # its place in submit order; None: job_id (see turns.submit_place)
+    )
     gpu_keys: frozenset[str] | None = None  # the GPUs (slot uuids) it may use; None: any
     demand: float | None = None  # share of a card's busy time it needs, 0.0-1.0; None: unknown
     exclusive: bool = False  # --exclusive: a card to itself
@@ -136,75 +148,6 @@ class Plan:
     quieter: frozenset[int] = frozenset()
 
 
-def _place(job: WaitingJob) -> int:
-    """A job's place in submit order: its id, except that an OOM retry (a new job) keeps
-    the place of its first attempt (`queue_order`), so retrying never sends it to the back."""
-    return job.job_id if job.queue_order is None else job.queue_order
-
-
-def _own_order(job: WaitingJob) -> tuple[int, int]:
-    return (-job.priority, _place(job))
-
-
-def in_turns(
-    waiting: Sequence[WaitingJob], usage: Mapping[str, float]
-) -> tuple[list[WaitingJob], dict[str, list[WaitingJob]]]:
-    """The jobs an administrator put first (in that order), and each user's own queue."""
-    topped = sorted((j for j in waiting if j.top is not None), key=lambda j: (j.top, _place(j)))
-    queues: dict[str, list[WaitingJob]] = {}
-    for job in waiting:
-        if job.top is None:
-            queues.setdefault(job.user, []).append(job)
-    for queue in queues.values():
-        queue.sort(key=_own_order, reverse=True)  # popped from the end: best last
-    return topped, queues
-
-
-def _claimed_bytes(mem_bytes: int | None, gpus: Sequence[PlanGpu]) -> int:
-    """Declared memory a job holds over its GPUs; a whole GPU counts as its total."""
-    return sum(g.slot.total_bytes if mem_bytes is None else mem_bytes for g in gpus)
-
-
-def _over_mem_cap(
-    job: WaitingJob, cap: UserCap | None, held_bytes: int, chosen: Sequence[PlanGpu]
-) -> str | None:
-    if cap is None or cap.max_mem_bytes is None:
-        return None
-    wanted = _claimed_bytes(job.mem_bytes, chosen)
-    if held_bytes + wanted <= cap.max_mem_bytes:
-        return None
-    return (
-        f"user limit: {job.user} holds {format_size(held_bytes)} of GPU memory and this job"
-        f" needs {format_size(wanted)} (max_mem {format_size(cap.max_mem_bytes)})"
-    )
-
-
-@dataclass(frozen=True)
-class UsageSpan:
-    """A job's hold on GPU memory over time, for fair share (seconds since any epoch)."""
-
-    user: str
-    bytes_held: int  # declared memory summed over its GPUs
-    start_s: float
-    end_s: float | None  # None: still running
-
-
-def decayed_usage(spans: Sequence[UsageSpan], now_s: float, half_life_s: float) -> dict[str, float]:
-    """Each user's GPU memory-time, every instant weighted by 2^-(age / half_life).
-
-    The integral of bytes * 2^-((now - t)/h) from start to end, in closed form, so the
-    figure is derived from the job rows alone and survives a daemon restart.
-    """
-    scale = half_life_s / math.log(2)
-    usage: dict[str, float] = {}
-    for span in spans:
-        end = now_s if span.end_s is None else min(span.end_s, now_s)
-        start = min(span.start_s, end)
-        weight = 2 ** (-(now_s - end) / half_life_s) - 2 ** (-(now_s - start) / half_life_s)
-        usage[span.user] = usage.get(span.user, 0.0) + span.bytes_held * scale * weight
-    return usage
-
-
 def plan(
     gpus: Sequence[GpuSlot],
     running: Sequence[RunningClaim],
@@ -235,7 +178,7 @@ def plan(
     for claim in running:
         user_running[claim.user] = user_running.get(claim.user, 0) + 1
         on = [by_uuid[u] for u in claim.gpu_uuids if u in by_uuid]
-        user_bytes[claim.user] = user_bytes.get(claim.user, 0) + _claimed_bytes(claim.mem_bytes, on)
+        user_bytes[claim.user] = user_bytes.get(claim.user, 0) + claimed_bytes(claim.mem_bytes, on)
         if claim.array_id is not None:
             array_running[claim.array_id] = array_running.get(claim.array_id, 0) + 1
     usage = user_usage or {}
@@ -294,13 +237,13 @@ def plan(
     def place(job: WaitingJob, chosen: list[PlanGpu]) -> None:
         nonlocal room, claims
         user_running[job.user] = user_running.get(job.user, 0) + 1
-        user_bytes[job.user] = user_bytes.get(job.user, 0) + _claimed_bytes(job.mem_bytes, chosen)
+        user_bytes[job.user] = user_bytes.get(job.user, 0) + claimed_bytes(job.mem_bytes, chosen)
         for gpu in chosen:
             if job.top is None:  # an administrator's `top` is no fair share
                 passed_on.setdefault(gpu.slot.uuid, []).append(
-                    (_place(job), job.user, job.job_id, job.mem_bytes)
+                    (submit_place(job), job.user, job.job_id, job.mem_bytes)
                 )
-                latest_by_user[job.user] = max(latest_by_user.get(job.user, 0), _place(job))
+                latest_by_user[job.user] = max(latest_by_user.get(job.user, 0), submit_place(job))
             if kept is not None and gpu.slot.uuid in kept.cards and job is not kept.job:
                 kept.took(job, gpu, kept.backfill(job, gpu) or "")
             if room is not None and gpu in room:
@@ -361,12 +304,12 @@ def plan(
             if pack == "contention" and contention_wait(job, found):
                 held_for_quieter.add(job.job_id)
                 if not quiet_kept:
-                    for gpu in _soonest_quiet(found, job.gpu_count):
+                    for gpu in soonest_quiet(found, job.gpu_count):
                         quiet_kept[gpu.slot.uuid] = job.job_id
                     room = None
                     why_by_need.clear()
                     no_room.clear()
-                held = _quieter(job, found, quiet_kept, by_uuid, several_nodes)
+                held = quieter(job, found, quiet_kept, by_uuid, several_nodes)
             chosen = held is None and choose_gpus(
                 job,
                 found,
@@ -377,7 +320,7 @@ def plan(
                 ordered=ordered,
             )
             if chosen:
-                held = _over_mem_cap(job, cap, user_bytes.get(job.user, 0), chosen)
+                held = over_mem_cap(job, cap, user_bytes.get(job.user, 0), chosen)
                 if held is None:
                     place(job, chosen)
                     return True
@@ -391,11 +334,11 @@ def plan(
                 claims = Claims.of(state, kept, max_jobs_per_gpu, several_nodes)
             why_by_need[key] = why_not(job, claims, busy_util, several_nodes)
             if quiet_kept:
-                why_by_need[key] += _kept_quiet(job, quiet_kept, by_uuid, several_nodes)
+                why_by_need[key] += kept_quiet(job, quiet_kept, by_uuid, several_nodes)
         reasons[job.job_id] = why_by_need[key]
         passed = None
-        if any(u != job.user and p > _place(job) for u, p in latest_by_user.items()):
-            passed = _passed_by(job, passed_on, by_uuid)
+        if any(u != job.user and p > submit_place(job) for u, p in latest_by_user.items()):
+            passed = passed_by(job, passed_on, by_uuid)
         if kept is None:
             # Not on a card kept for a job held for a quieter card (rule 3): that job
             # takes it first, and the head would wait behind it there.
@@ -403,7 +346,7 @@ def plan(
             claim = keep_for(job, claimable, head_claim, several_nodes)
             chosen_cards = [c.gpu for c in claim.cards.values()] if claim else []
             # A job its owner's cap holds back would not start on drained cards either.
-            over = _over_mem_cap(job, cap, user_bytes.get(job.user, 0), chosen_cards)
+            over = over_mem_cap(job, cap, user_bytes.get(job.user, 0), chosen_cards)
             if over is not None:
                 reasons[job.job_id] = over
             elif claim is None:
@@ -428,7 +371,9 @@ def plan(
     topped, queues = in_turns(waiting, usage)
     for job in topped:
         consider(job)
-    turns = [(0, usage.get(user, 0.0), _place(queue[-1]), user) for user, queue in queues.items()]
+    turns = [
+        (0, usage.get(user, 0.0), submit_place(queue[-1]), user) for user, queue in queues.items()
+    ]
     heapq.heapify(turns)
     while turns:
         taken, used, _, user = heapq.heappop(turns)
@@ -436,7 +381,7 @@ def plan(
         while queue:  # this user's jobs for as long as the user stays first
             taken += consider(queue.pop())
             if queue and turns:
-                turn = (taken, used, _place(queue[-1]), user)
+                turn = (taken, used, submit_place(queue[-1]), user)
                 if turn > turns[0]:
                     heapq.heappush(turns, turn)
                     break
@@ -447,96 +392,3 @@ def plan(
         kept.claim if kept is not None else None,
         frozenset(held_for_quieter),
     )
-
-
-def _passed_by(
-    job: WaitingJob,
-    taken: Mapping[str, Sequence[tuple[int, str, int, int | None]]],
-    by_uuid: Mapping[str, PlanGpu],
-) -> str | None:
-    """When other users' jobs submitted after `job` took, in this plan, room it would have
-    fitted in (fair share: users take turns, the least recent user first), say whose."""
-    if job.mem_bytes is None:
-        return None
-    fitted = 0
-    passed: list[tuple[str, int, int]] = []  # (user, job id, GPU index)
-    for uuid, took in taken.items():
-        later = [t for t in took if t[1] != job.user and t[0] > _place(job)]
-        if not later:
-            continue
-        gpu = by_uuid[uuid]
-        if job.gpu_keys is not None and uuid not in job.gpu_keys:
-            continue
-        freed = sum(mem for _, _, _, mem in later if mem is not None)
-        if any(mem is None for _, _, _, mem in later) or gpu.available + freed >= job.mem_bytes:
-            fitted += 1
-            passed.extend((user, other, gpu.slot.index) for _, user, other, _ in later)
-    if fitted < job.gpu_count or not passed:
-        return None
-    named = ", ".join(
-        f"{user}'s job {other} on GPU {index}" for user, other, index in sorted(set(passed))[:3]
-    )
-    return f"fair share went first: {named} (users take turns, less recent GPU use first)"
-
-
-def _soonest_quiet(found: Sequence[PlanGpu], count: int) -> list[PlanGpu]:
-    """The cards a job held for a quieter card keeps: those whose busy jobs end soonest
-    (by their --time; none: last), then the fewest busy jobs, then the most room."""
-    ends = {}
-    for gpu in found:
-        left = [end for job_id, _, end in gpu.holds if job_id in gpu.busy_with]
-        ends[id(gpu)] = max((math.inf if e is None else e for e in left), default=math.inf)
-    ordered = sorted(
-        found, key=lambda g: (ends[id(g)], len(g.busy_with), -g.available, g.slot.index)
-    )
-    return ordered[:count]
-
-
-def _quieter(
-    job: WaitingJob,
-    found: Sequence[PlanGpu],
-    quiet_kept: Mapping[str, int],
-    by_uuid: Mapping[str, PlanGpu],
-    several_nodes: bool,
-) -> str:
-    busy = "; ".join(
-        f"{gpu_name(g, several_nodes)} runs busy job{'s' if len(g.busy_with) > 1 else ''}"
-        f" {', '.join(map(str, g.busy_with))}"
-        for g in sorted(found, key=lambda g: g.slot.index)
-    )
-    said = f"waits for a quieter card (it keeps a card {job.demand or 0:.0%} busy; {busy})"
-    if job.waited_s >= 60:
-        said += f", for {job.waited_s // 60:.0f} min so far"
-    mine = sorted((by_uuid[u] for u, j in quiet_kept.items() if j == job.job_id), key=_index)
-    if not mine:
-        ahead = next(iter(quiet_kept.values()))
-        return f"{said}; behind job {ahead}, held for one too (pack: contention)"
-    names = ", ".join(gpu_name(g, several_nodes) for g in mine)
-    ending = sorted({j for g in mine for j in g.busy_with})
-    left = [end for g in mine for j, _, end in g.holds if j in g.busy_with]
-    when = ""
-    if left and all(end is not None for end in left):
-        when = f" (by --time, within {format_duration(max(e or 0.0 for e in left))})"
-    return (
-        f"{said}; {names} kept for it: starts when busy job{'s' if len(ending) > 1 else ''}"
-        f" {', '.join(map(str, ending))} end{'' if len(ending) > 1 else 's'}{when}"
-        " (pack: contention)"
-    )
-
-
-def _kept_quiet(
-    job: WaitingJob,
-    quiet_kept: Mapping[str, int],
-    by_uuid: Mapping[str, PlanGpu],
-    several_nodes: bool,
-) -> str:
-    """ "; GPU 2 kept for job 7 (held for a quieter card)" where `job` would fit there."""
-    fits = [by_uuid[u] for u in quiet_kept if fits_now(job, by_uuid[u])]
-    if not fits:
-        return ""
-    names = ", ".join(gpu_name(g, several_nodes) for g in sorted(fits, key=_index))
-    return f"; {names} kept for job {quiet_kept[fits[0].slot.uuid]} (held for a quieter card)"
-
-
-def _index(gpu: PlanGpu) -> int:
-    return gpu.slot.index

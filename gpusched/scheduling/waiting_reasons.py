@@ -3,7 +3,8 @@
 Pure, split from policy.py. A reason names what holds the job back: too few usable GPUs,
 the compute cap, `max_jobs_per_gpu`, other processes on a card a whole-GPU job needs,
 a card kept for the head (rule 1), or the most memory any card has; in a cluster each
-card is named with its node.
+card is named with its node. Also the per-user memory cap (`limits:` max_mem): what a
+job's GPUs count against it (`claimed_bytes`) and the reason when it would pass it.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from gpusched.scheduling.gpu_choice import WHOLE_GPU_OTHERS_MAX
 
 if TYPE_CHECKING:
     from gpusched.scheduling.head_claim import Kept
-    from gpusched.scheduling.policy import WaitingJob
+    from gpusched.scheduling.policy import UserCap, WaitingJob
 
 
 def need(job: WaitingJob) -> str:
@@ -151,4 +152,23 @@ def _why_not_a_whole_card(
         f"needs {what}; the GPUs with no gpusched job are in use by other processes: {held};"
         f" a whole-GPU job needs one nearly free"
         f" (others at most {WHOLE_GPU_OTHERS_MAX:.0%}){behind}"
+    )
+
+
+def claimed_bytes(mem_bytes: int | None, gpus: Sequence[PlanGpu]) -> int:
+    """Declared memory a job holds over its GPUs; a whole GPU counts as its total."""
+    return sum(g.slot.total_bytes if mem_bytes is None else mem_bytes for g in gpus)
+
+
+def over_mem_cap(
+    job: WaitingJob, cap: UserCap | None, held_bytes: int, chosen: Sequence[PlanGpu]
+) -> str | None:
+    if cap is None or cap.max_mem_bytes is None:
+        return None
+    wanted = claimed_bytes(job.mem_bytes, chosen)
+    if held_bytes + wanted <= cap.max_mem_bytes:
+        return None
+    return (
+        f"user limit: {job.user} holds {format_size(held_bytes)} of GPU memory and this job"
+        f" needs {format_size(wanted)} (max_mem {format_size(cap.max_mem_bytes)})"
     )

@@ -10,7 +10,8 @@ here, which re-exports what the rest of gpusched uses:
   gpusched/store/migrations), a newer one refused
 - gpusched.store.copy: one database's jobs into another (its own entry point)
 - gpusched.store.queries: reads (`Queued`, `LaunchInfo`, `JobFigures` for the metrics)
-- gpusched.store.transitions: submits and state changes, one transaction each (`NewJob`)
+- gpusched.store.transitions: submits and state changes, one transaction each
+- gpusched.store.submits: what a submit inserts, once per request id (`NewJob`)
 - gpusched.store.usage: measured usage and OOM retries (`USAGE_COLUMNS`)
 - gpusched.store.timeline: each job's memory and utilization over time (`TimelineRow`,
   `TimelineWrite`; written with the usage flush and the end)
@@ -30,8 +31,9 @@ from gpusched.store.head_claims import HeadClaimRecords, StoredClaim
 from gpusched.store.nodes import LeaseRow, NodeRecords, NodeRow
 from gpusched.store.placements import DownResult, NodeGuard, NodePlacement, PlacementRecords
 from gpusched.store.queries import JobFigures, LaunchInfo, Queued
+from gpusched.store.submits import NewJob
 from gpusched.store.timeline import TimelineRecords, TimelineRow, TimelineWrite
-from gpusched.store.transitions import JobTransitions, NewJob
+from gpusched.store.transitions import JobTransitions
 from gpusched.store.usage import USAGE_COLUMNS, UsageRecords
 
 __all__ = [

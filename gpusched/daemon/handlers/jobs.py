@@ -29,7 +29,7 @@ from gpusched.daemon.handlers.views import job_list
 from gpusched.daemon.identity import Caller, account_gid, can_enter, can_write_in
 from gpusched.daemon.services import Services
 from gpusched.store import NewJob
-from gpusched.store.transitions import request_ids
+from gpusched.store.submits import request_ids
 
 
 def submit(services: Services, caller: Caller, request: SubmitRequest) -> Any:

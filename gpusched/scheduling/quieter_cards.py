@@ -1,0 +1,84 @@
+"""Policy rule 3's bound: the cards kept for a busy job held for a quieter card, in words.
+
+Pure, split from policy.py. The first job in the order held for a quieter card keeps the
+card(s) whose busy jobs end soonest (`soonest_quiet`); its reason says which and until
+when (`quieter`), and a job that would fit on such a card is told it is kept
+(`kept_quiet`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from gpusched.core.units import format_duration
+from gpusched.scheduling.gpu_budget import PlanGpu
+from gpusched.scheduling.gpu_choice import fits_now
+from gpusched.scheduling.waiting_reasons import gpu_name
+
+if TYPE_CHECKING:
+    from gpusched.scheduling.policy import WaitingJob
+
+
+def soonest_quiet(found: Sequence[PlanGpu], count: int) -> list[PlanGpu]:
+    """The cards a job held for a quieter card keeps: those whose busy jobs end soonest
+    (by their --time; none: last), then the fewest busy jobs, then the most room."""
+    ends = {}
+    for gpu in found:
+        left = [end for job_id, _, end in gpu.holds if job_id in gpu.busy_with]
+        ends[id(gpu)] = max((math.inf if e is None else e for e in left), default=math.inf)
+    ordered = sorted(
+        found, key=lambda g: (ends[id(g)], len(g.busy_with), -g.available, g.slot.index)
+    )
+    return ordered[:count]
+
+
+def quieter(
+    job: WaitingJob,
+    found: Sequence[PlanGpu],
+    quiet_kept: Mapping[str, int],
+    by_uuid: Mapping[str, PlanGpu],
+    several_nodes: bool,
+) -> str:
+    busy = "; ".join(
+        f"{gpu_name(g, several_nodes)} runs busy job{'s' if len(g.busy_with) > 1 else ''}"
+        f" {', '.join(map(str, g.busy_with))}"
+        for g in sorted(found, key=lambda g: g.slot.index)
+    )
+    said = f"waits for a quieter card (it keeps a card {job.demand or 0:.0%} busy; {busy})"
+    if job.waited_s >= 60:
+        said += f", for {job.waited_s // 60:.0f} min so far"
+    mine = sorted((by_uuid[u] for u, j in quiet_kept.items() if j == job.job_id), key=_index)
+    if not mine:
+        ahead = next(iter(quiet_kept.values()))
+        return f"{said}; behind job {ahead}, held for one too (pack: contention)"
+    names = ", ".join(gpu_name(g, several_nodes) for g in mine)
+    ending = sorted({j for g in mine for j in g.busy_with})
+    left = [end for g in mine for j, _, end in g.holds if j in g.busy_with]
+    when = ""
+    if left and all(end is not None for end in left):
+        when = f" (by --time, within {format_duration(max(e or 0.0 for e in left))})"
+    return (
+        f"{said}; {names} kept for it: starts when busy job{'s' if len(ending) > 1 else ''}"
+        f" {', '.join(map(str, ending))} end{'' if len(ending) > 1 else 's'}{when}"
+        " (pack: contention)"
+    )
+
+
+def kept_quiet(
+    job: WaitingJob,
+    quiet_kept: Mapping[str, int],
+    by_uuid: Mapping[str, PlanGpu],
+    several_nodes: bool,
+) -> str:
+    """ "; GPU 2 kept for job 7 (held for a quieter card)" where `job` would fit there."""
+    fits = [by_uuid[u] for u in quiet_kept if fits_now(job, by_uuid[u])]
+    if not fits:
+        return ""
+    names = ", ".join(gpu_name(g, several_nodes) for g in sorted(fits, key=_index))
+    return f"; {names} kept for job {quiet_kept[fits[0].slot.uuid]} (held for a quieter card)"
+
+
+def _index(gpu: PlanGpu) -> int:
+    return gpu.slot.index

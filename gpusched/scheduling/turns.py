@@ -1,0 +1,101 @@
+"""Fair share in the policy: the order users take turns in, and how it is told.
+
+Pure, split from policy.py. Each user's recent use (`decayed_usage`: GPU memory-time,
+decayed by a half-life, from `UsageSpan`s) orders the turns; `in_turns` gives the jobs an
+administrator put first and each user's own queue (priority, then submit order); a job
+that other users' later jobs passed in this plan is told whose (`passed_by`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from gpusched.scheduling.gpu_budget import PlanGpu
+
+if TYPE_CHECKING:
+    from gpusched.scheduling.policy import WaitingJob
+
+
+def submit_place(job: WaitingJob) -> int:
+    """A job's place in submit order: its id, except that an OOM retry (a new job) keeps
+    the place of its first attempt (`queue_order`), so retrying never sends it to the back."""
+    return job.job_id if job.queue_order is None else job.queue_order
+
+
+def _own_order(job: WaitingJob) -> tuple[int, int]:
+    return (-job.priority, submit_place(job))
+
+
+def in_turns(
+    waiting: Sequence[WaitingJob], usage: Mapping[str, float]
+) -> tuple[list[WaitingJob], dict[str, list[WaitingJob]]]:
+    """The jobs an administrator put first (in that order), and each user's own queue."""
+    topped = sorted(
+        (j for j in waiting if j.top is not None), key=lambda j: (j.top, submit_place(j))
+    )
+    queues: dict[str, list[WaitingJob]] = {}
+    for job in waiting:
+        if job.top is None:
+            queues.setdefault(job.user, []).append(job)
+    for queue in queues.values():
+        queue.sort(key=_own_order, reverse=True)  # popped from the end: best last
+    return topped, queues
+
+
+@dataclass(frozen=True)
+class UsageSpan:
+    """A job's hold on GPU memory over time, for fair share (seconds since any epoch)."""
+
+    user: str
+    bytes_held: int  # declared memory summed over its GPUs
+    start_s: float
+    end_s: float | None  # None: still running
+
+
+def decayed_usage(spans: Sequence[UsageSpan], now_s: float, half_life_s: float) -> dict[str, float]:
+    """Each user's GPU memory-time, every instant weighted by 2^-(age / half_life).
+
+    The integral of bytes * 2^-((now - t)/h) from start to end, in closed form, so the
+    figure is derived from the job rows alone and survives a daemon restart.
+    """
+    scale = half_life_s / math.log(2)
+    usage: dict[str, float] = {}
+    for span in spans:
+        end = now_s if span.end_s is None else min(span.end_s, now_s)
+        start = min(span.start_s, end)
+        weight = 2 ** (-(now_s - end) / half_life_s) - 2 ** (-(now_s - start) / half_life_s)
+        usage[span.user] = usage.get(span.user, 0.0) + span.bytes_held * scale * weight
+    return usage
+
+
+def passed_by(
+    job: WaitingJob,
+    taken: Mapping[str, Sequence[tuple[int, str, int, int | None]]],
+    by_uuid: Mapping[str, PlanGpu],
+) -> str | None:
+    """When other users' jobs submitted after `job` took, in this plan, room it would have
+    fitted in (fair share: users take turns, the least recent user first), say whose."""
+    if job.mem_bytes is None:
+        return None
+    fitted = 0
+    passed: list[tuple[str, int, int]] = []  # (user, job id, GPU index)
+    for uuid, took in taken.items():
+        later = [t for t in took if t[1] != job.user and t[0] > submit_place(job)]
+        if not later:
+            continue
+        gpu = by_uuid[uuid]
+        if job.gpu_keys is not None and uuid not in job.gpu_keys:
+            continue
+        freed = sum(mem for _, _, _, mem in later if mem is not None)
+        if any(mem is None for _, _, _, mem in later) or gpu.available + freed >= job.mem_bytes:
+            fitted += 1
+            passed.extend((user, other, gpu.slot.index) for _, user, other, _ in later)
+    if fitted < job.gpu_count or not passed:
+        return None
+    named = ", ".join(
+        f"{user}'s job {other} on GPU {index}" for user, other, index in sorted(set(passed))[:3]
+    )
+    return f"fair share went first: {named} (users take turns, less recent GPU use first)"
