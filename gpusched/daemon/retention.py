@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from gpusched.config.holder import ConfigHolder
+from gpusched.config.retention import RetentionSettings
 from gpusched.core.clock import iso
-from gpusched.core.config_holder import ConfigHolder
 from gpusched.core.models import TERMINAL_STATES, EndReason
-from gpusched.core.retention_config import RetentionSettings
 from gpusched.processes.launcher import Launcher
 from gpusched.store import Store
 from gpusched.store.retention import Pruned, checkpoint, prune

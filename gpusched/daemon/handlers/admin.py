@@ -13,7 +13,7 @@ from gpusched import __version__
 from gpusched.core.clock import iso, utc_now
 from gpusched.core.errors import GpuschedError, NotFoundError, PermissionDenied
 from gpusched.core.models import Drain
-from gpusched.core.requests import (
+from gpusched.core.requests.catalog import (
     DrainRequest,
     PingRequest,
     PruneRequest,

@@ -14,7 +14,7 @@ from typing import Any
 
 from gpusched.core.errors import ConflictError, PermissionDenied, UsageError
 from gpusched.core.models import Job, JobState
-from gpusched.core.requests import PlacementRequest, RunEndedRequest, RunRequest
+from gpusched.core.requests.catalog import PlacementRequest, RunEndedRequest, RunRequest
 from gpusched.core.units import format_duration
 from gpusched.daemon.bounds import check_submit
 from gpusched.daemon.identity import Caller, account_gid

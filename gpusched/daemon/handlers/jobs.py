@@ -10,8 +10,7 @@ from typing import Any
 
 from gpusched.core.errors import ConflictError, NotFoundError, ProtocolError, UsageError
 from gpusched.core.models import TERMINAL_STATES, Job, JobState
-from gpusched.core.output import output_directory, output_template
-from gpusched.core.requests import (
+from gpusched.core.requests.catalog import (
     MAX_NAME_CHARS,
     CancelRequest,
     HoldRequest,
@@ -21,13 +20,14 @@ from gpusched.core.requests import (
     SubmitRequest,
     SubmittedRequest,
 )
-from gpusched.core.sweep import expand, swept_name
+from gpusched.core.requests.sweep import expand, swept_name
 from gpusched.daemon.auth import is_theirs
 from gpusched.daemon.bounds import check_env, check_submit
 from gpusched.daemon.handlers.args import text
 from gpusched.daemon.handlers.views import job_list
 from gpusched.daemon.identity import Caller, account_gid, can_enter, can_write_in
 from gpusched.daemon.services import Services
+from gpusched.processes.output import output_directory, output_template
 from gpusched.store import NewJob
 from gpusched.store.submits import request_ids
 

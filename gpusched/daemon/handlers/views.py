@@ -12,10 +12,8 @@ from typing import Any
 
 from gpusched.core.errors import GpuschedError, NotFoundError, UsageError
 from gpusched.core.hints import suggest_mem
-from gpusched.core.logcap import read_log
 from gpusched.core.models import ACTIVE_STATES, TERMINAL_STATES, Job, JobState
-from gpusched.core.protocol import WIRE_REPLY_BYTES
-from gpusched.core.requests import (
+from gpusched.core.requests.catalog import (
     ArrayRequest,
     EstimateHistoryRequest,
     HistoryRequest,
@@ -24,10 +22,12 @@ from gpusched.core.requests import (
     StatusRequest,
     WaitRequest,
 )
+from gpusched.core.requests.protocol import WIRE_REPLY_BYTES
 from gpusched.daemon.bounds import REPLY_BUDGET, reply_weight
 from gpusched.daemon.handlers.admin import drain_json
 from gpusched.daemon.identity import Caller
 from gpusched.daemon.services import Services
+from gpusched.processes.logcap import read_log
 from gpusched.usage.joblog import owned_log
 
 MAX_WAIT_S = 30.0

@@ -13,7 +13,7 @@ import socket
 from typing import Any
 
 from gpusched.core.clock import iso
-from gpusched.core.requests import HistoryRequest, ShowRequest, StatusRequest
+from gpusched.core.requests.catalog import HistoryRequest, ShowRequest, StatusRequest
 from gpusched.daemon.handlers import views
 from gpusched.daemon.identity import Caller
 from gpusched.daemon.services import Services

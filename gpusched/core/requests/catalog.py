@@ -3,28 +3,27 @@ its fields that need no daemon state.
 
 One definition serves three readers: the client builds a request object (so a bad value
 fails before any socket is opened, with the same words the daemon would use), the
-daemon's handlers receive one parsed from the wire by gpusched.core.request_wire.parse
+daemon's handlers receive one parsed from the wire by gpusched.core.requests.wire.parse
 (wrong types refused as a ProtocolError, impossible values as a UsageError, never a
 crash), and the protocol fuzz test walks REQUESTS to know every operation and field.
 Checks that need the daemon (the configured bounds, whether the caller may enter a
-directory) stay in the handlers. The base class and shared checks: request_base; the
-interactive requests (`gpusched run`, claim()): interactive_requests; `status` and
-`show`, which the client sends without importing this module: view_requests.
+directory) stay in the handlers. The base class and shared checks: requests.base; the
+interactive requests (`gpusched run`, claim()): requests.interactive; `status` and
+`show`, which the client sends without importing this module: requests.views.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping  # at run time: request_wire resolves the annotations
+from collections.abc import Mapping  # at run time: requests.wire resolves the annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import ClassVar
 
 from gpusched.core.clock import iso
 from gpusched.core.errors import ProtocolError, UsageError
-from gpusched.core.interactive_requests import PlacementRequest, RunEndedRequest, RunRequest
 from gpusched.core.models import TERMINAL_STATES
-from gpusched.core.request_base import (
+from gpusched.core.requests.base import (
     MAX_NAME_CHARS,
     MAX_NOTIFY_ARGS,
     MAX_NOTIFY_BYTES,
@@ -38,8 +37,9 @@ from gpusched.core.request_base import (
     shape,
     unique_ids,
 )
+from gpusched.core.requests.interactive import PlacementRequest, RunEndedRequest, RunRequest
+from gpusched.core.requests.views import ShowRequest, StatusRequest
 from gpusched.core.sanitize import shown
-from gpusched.core.view_requests import ShowRequest, StatusRequest
 
 __all__ = ["MAX_NAME_CHARS", "REQUESTS", "Request"]
 
@@ -90,7 +90,7 @@ class SubmitRequest(Request):
     requeue: bool = False  # `--requeue`: queued again if its server dies while it runs
     exclusive: bool = False  # `--exclusive`: a card to itself
     share: bool = False  # `--share`: light, shares a busy card (the policy's rule 3)
-    output: str | None = None  # `--output`: the log's path (gpusched.core.output)
+    output: str | None = None  # `--output`: the log's path (gpusched.processes.output)
     sweep: tuple[tuple[str, tuple[str, ...]], ...] | None = field(
         default=None, metadata=shape("'sweep' must be a list of [name, [values...]]")
     )

@@ -1,4 +1,4 @@
-"""The requests of `gpusched status` and `gpusched show`, apart from gpusched.core.requests
+"""The requests of `gpusched status` and `gpusched show`, apart from requests.catalog
 (which lists them with every other operation in REQUESTS) so that the client sends them
 without creating every request class first: the commands people run most start faster.
 """
@@ -10,7 +10,7 @@ from typing import ClassVar
 
 from gpusched.core.errors import UsageError
 from gpusched.core.models import ACTIVE_STATES
-from gpusched.core.request_base import Request, job_id
+from gpusched.core.requests.base import Request, job_id
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,10 @@
-"""What every request type shares (gpusched.core.requests, interactive_requests): the
-`Request` base with its wire form, the bounds a request may not pass whatever the daemon's
+"""What every request type shares (requests.catalog, .views, .interactive): the `Request`
+base with its wire form, the bounds a request may not pass whatever the daemon's
 config, and the small checks several requests make (a job id, a list of ids).
 
 Each field's annotation is its wire type: `tuple[X, ...]` is a JSON list, `Mapping` a
 JSON object, `X | None` may be null or absent. A field without a default is required.
-gpusched.core.request_wire reads them to parse a frame.
+gpusched.core.requests.wire reads them to parse a frame.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from gpusched.core.errors import UsageError
-from gpusched.core.request_base import Request, check_job_spec, check_sharing, job_id, shape
+from gpusched.core.requests.base import Request, check_job_spec, check_sharing, job_id, shape
 
 
 @dataclass(frozen=True)
