@@ -21,7 +21,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, overload
+from typing import TYPE_CHECKING, Any, overload
 
 from gpusched import __version__
 from gpusched.connection import DaemonConnection
@@ -34,6 +34,9 @@ from gpusched.core.requests.protocol import (
 )
 from gpusched.core.requests.views import ShowRequest, StatusRequest
 from gpusched.core.sanitize import shown
+
+if TYPE_CHECKING:  # the reply types, for mypy only: a reply is a plain dict at run time
+    from gpusched.core.requests.replies import EstimateHistoryReply, PingReply, PruneReply
 
 # Every other request class (gpusched.core.requests.catalog) is imported by the method that sends
 # one: `status` and `show`, the commands people run most, start without creating them.
@@ -107,14 +110,15 @@ class Client:
         wire = request.to_wire()
         return self.request(wire.pop("op"), **wire)
 
-    def ping(self) -> dict[str, Any]:
+    def ping(self) -> PingReply:
         """{"version", "pid", "daemon_user", "daemon_uid", "user", "uid"}: who answers, and
         who the daemon thinks is asking."""
         from gpusched.core.requests import catalog as rq
 
-        return dict(self.send(rq.PingRequest()))
+        reply: PingReply = self.send(rq.PingRequest())
+        return reply
 
-    def check_version(self) -> dict[str, Any]:
+    def check_version(self) -> PingReply:
         """Ping, and refuse (ProtocolError) a daemon whose version this client cannot talk to
         (gpusched.core.requests.protocol.compatible_versions); the ping's answer otherwise."""
         info = self.ping()
@@ -279,7 +283,7 @@ class Client:
         *,
         cwd: str | os.PathLike[str] | None = None,
         env: dict[str, str] | None = None,
-    ) -> dict[str, Any]:
+    ) -> EstimateHistoryReply:
         """A --mem for `command` from the peaks of your earlier successful runs of it:
         {"command", "jobs": [{"id", "peak_mem", "mem"}...], "peak_mem", "suggested_mem"}.
 
@@ -292,7 +296,8 @@ class Client:
         workdir = os.path.abspath(cwd if cwd is not None else os.getcwd())
         environment = dict(os.environ if env is None else env)
         argv = resolve_command(command, workdir, environment.get("PATH"))
-        return dict(self.send(rq.EstimateHistoryRequest(tuple(argv))))
+        reply: EstimateHistoryReply = self.send(rq.EstimateHistoryRequest(tuple(argv)))
+        return reply
 
     def status(self, all: bool = False) -> Status:
         """GPUs and active jobs (`all`: recently ended jobs too), every page of them."""
@@ -410,12 +415,12 @@ class Client:
         result = self.send(rq.DrainRequest(on=True, reason=reason, node=node))
         return Drain.from_json(result)
 
-    def prune(self, ended_before_s: float, dry_run: bool = False) -> dict[str, Any]:
+    def prune(self, ended_before_s: float, dry_run: bool = False) -> PruneReply:
         """Forget jobs that ended more than `ended_before_s` ago (administrators only): one
         batch per call; {"jobs", "log_bytes", "more", "cutoff"}."""
         from gpusched.core.requests import catalog as rq
 
-        result: dict[str, Any] = self.send(
+        result: PruneReply = self.send(
             rq.PruneRequest(ended_before_s=ended_before_s, dry_run=dry_run)
         )
         return result

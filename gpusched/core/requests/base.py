@@ -57,6 +57,16 @@ def job_id(value: int) -> None:
         raise NotFoundError(f"no job {value}")
 
 
+@dataclasses.dataclass(frozen=True)
+class JobRequest(Request):
+    """A request about one job, named by `id` (its first field: `ShowRequest(7)`)."""
+
+    id: int
+
+    def __post_init__(self) -> None:
+        job_id(self.id)
+
+
 def unique_ids(key: str, ids: tuple[int, ...]) -> tuple[int, ...]:
     """At most MAX_IDS ids, each once, in the order first given."""
     if len(ids) > MAX_IDS:

@@ -29,6 +29,7 @@ from gpusched.core.requests.base import (
     MAX_NOTIFY_BYTES,
     MAX_REASON_CHARS,
     MAX_RETRY_OOM,
+    JobRequest,
     Request,
     check_job_spec,
     check_sharing,
@@ -145,16 +146,12 @@ class SubmittedRequest(Request):
 
 
 @dataclass(frozen=True)
-class LogsRequest(Request):
+class LogsRequest(JobRequest):
     """At most `max_bytes` (the daemon caps it) of a job's log from `offset`."""
 
     op: ClassVar[str] = "logs"
-    id: int
     offset: int = 0
     max_bytes: int | None = None
-
-    def __post_init__(self) -> None:
-        job_id(self.id)
 
 
 @dataclass(frozen=True)
@@ -179,51 +176,31 @@ class CancelRequest(Request):
 
 
 @dataclass(frozen=True)
-class HoldRequest(Request):
+class HoldRequest(JobRequest):
     op: ClassVar[str] = "hold"
-    id: int
-
-    def __post_init__(self) -> None:
-        job_id(self.id)
 
 
 @dataclass(frozen=True)
-class ReleaseRequest(Request):
+class ReleaseRequest(JobRequest):
     op: ClassVar[str] = "release"
-    id: int
-
-    def __post_init__(self) -> None:
-        job_id(self.id)
 
 
 @dataclass(frozen=True)
-class RequeueRequest(Request):
+class RequeueRequest(JobRequest):
     op: ClassVar[str] = "requeue"
-    id: int
-
-    def __post_init__(self) -> None:
-        job_id(self.id)
 
 
 @dataclass(frozen=True)
-class PriorityRequest(Request):
+class PriorityRequest(JobRequest):
     op: ClassVar[str] = "priority"
-    id: int
     priority: int
 
-    def __post_init__(self) -> None:
-        job_id(self.id)
-
 
 @dataclass(frozen=True)
-class TopRequest(Request):
+class TopRequest(JobRequest):
     """An administrator puts a waiting job ahead of every user's (`gpusched top`)."""
 
     op: ClassVar[str] = "top"
-    id: int
-
-    def __post_init__(self) -> None:
-        job_id(self.id)
 
 
 @dataclass(frozen=True)

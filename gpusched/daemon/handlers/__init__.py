@@ -19,15 +19,17 @@ from typing import Any
 from gpusched import __version__
 from gpusched.core.errors import ProtocolError
 from gpusched.core.requests.protocol import VERSION_FIELD, compatible_versions, version_mismatch
+from gpusched.core.requests.replies import Reply
 from gpusched.core.requests.wire import parse
 from gpusched.daemon.auth import check_served
 from gpusched.daemon.handlers import admin, interactive, jobs, views
 from gpusched.daemon.identity import Caller
 from gpusched.daemon.services import Services
 
-# Each handler takes its operation's request type (gpusched.core.requests.catalog); the table is
-# keyed by `op`, so the one a handler gets is always the one it declares.
-Handler = Callable[[Services, Caller, Any], Any]
+# Each handler takes its operation's request type (gpusched.core.requests.catalog) and
+# returns its reply type (gpusched.core.requests.replies.REPLIES); the table is keyed by
+# `op`, so the request a handler gets is always the one it declares.
+Handler = Callable[[Services, Caller, Any], Reply]
 
 HANDLERS: dict[str, Handler] = {
     "ping": admin.ping,
