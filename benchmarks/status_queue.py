@@ -14,7 +14,7 @@ memory than any GPU has, so nothing starts and every tick explains why each wait
   the rest) as a fresh process, median of RUNS.
 
 Issue 30's goals: `status` with 10,000 queued at most 2x the same with 100; every wire
-reply bounded (1 MiB, gpusched.core.protocol.WIRE_REPLY_BYTES).
+reply bounded (1 MiB, gpusched.core.requests.protocol.WIRE_REPLY_BYTES).
 
     python benchmarks/status_queue.py [--runs 10] [--long 10000] [--short 100]
 """
@@ -35,7 +35,13 @@ from _common import Figure, GiB, median_time, print_conditions, report
 
 from gpusched import __version__
 from gpusched.client import Client
-from gpusched.core.protocol import VERSION_FIELD, WIRE_REPLY_BYTES, decode, encode, read_frame
+from gpusched.core.requests.protocol import (
+    VERSION_FIELD,
+    WIRE_REPLY_BYTES,
+    decode,
+    encode,
+    read_frame,
+)
 from gpusched.store import Store, jobs
 from tests.daemon_harness import RunningDaemon
 

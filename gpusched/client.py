@@ -21,21 +21,24 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, overload
+from typing import TYPE_CHECKING, Any, overload
 
 from gpusched import __version__
 from gpusched.connection import DaemonConnection
 from gpusched.core.errors import DaemonUnreachable, GpuschedError, ProtocolError, UsageError
 from gpusched.core.models import TERMINAL_STATES, Drain, GpuReport, Job, TimelinePoint
-from gpusched.core.protocol import (
+from gpusched.core.requests.base import Request
+from gpusched.core.requests.protocol import (
     compatible_versions,
     version_mismatch,
 )
-from gpusched.core.request_base import Request
+from gpusched.core.requests.views import ShowRequest, StatusRequest
 from gpusched.core.sanitize import shown
-from gpusched.core.view_requests import ShowRequest, StatusRequest
 
-# Every other request class (gpusched.core.requests) is imported by the method that sends
+if TYPE_CHECKING:  # the reply types, for mypy only: a reply is a plain dict at run time
+    from gpusched.core.requests.replies import EstimateHistoryReply, PingReply, PruneReply
+
+# Every other request class (gpusched.core.requests.catalog) is imported by the method that sends
 # one: `status` and `show`, the commands people run most, start without creating them.
 
 # A submit sent whose answer was lost (the daemon stopped answering, or its database did
@@ -67,7 +70,7 @@ class Client:
     the config file (`config_path`, $GPUSCHED_CONFIG, /etc/gpusched/config.yaml as root),
     else the system service's whenever one is installed (even while it restarts: it is
     asked again for `restart_wait_s`), else the user's own daemon's
-    (gpusched.core.daemon_socket).
+    (gpusched.daemon_socket).
     """
 
     def __init__(
@@ -103,20 +106,21 @@ class Client:
         return self.connection.request(op, **args)
 
     def send(self, request: Request) -> Any:
-        """Send a request object (gpusched.core.requests, checked as it was built)."""
+        """Send a request object (gpusched.core.requests.catalog, checked as it was built)."""
         wire = request.to_wire()
         return self.request(wire.pop("op"), **wire)
 
-    def ping(self) -> dict[str, Any]:
+    def ping(self) -> PingReply:
         """{"version", "pid", "daemon_user", "daemon_uid", "user", "uid"}: who answers, and
         who the daemon thinks is asking."""
-        from gpusched.core import requests as rq
+        from gpusched.core.requests import catalog as rq
 
-        return dict(self.send(rq.PingRequest()))
+        reply: PingReply = self.send(rq.PingRequest())
+        return reply
 
-    def check_version(self) -> dict[str, Any]:
+    def check_version(self) -> PingReply:
         """Ping, and refuse (ProtocolError) a daemon whose version this client cannot talk to
-        (gpusched.core.protocol.compatible_versions); the ping's answer otherwise."""
+        (gpusched.core.requests.protocol.compatible_versions); the ping's answer otherwise."""
         info = self.ping()
         daemon = str(info.get("version") or "")
         if daemon and not compatible_versions(__version__, daemon):
@@ -215,9 +219,9 @@ class Client:
         **fields: Any,
     ) -> Any:
         # Only submitting needs these: `status` and `show` start without them.
-        from gpusched.core import requests as rq
-        from gpusched.core.submitter import current_umask, notify_argv, resolve_command
+        from gpusched.core.requests import catalog as rq
         from gpusched.core.units import parse_job_mem, parse_job_time
+        from gpusched.submitter import current_umask, notify_argv, resolve_command
 
         workdir = os.path.abspath(cwd if cwd is not None else os.getcwd())
         environment = dict(os.environ if env is None else env)
@@ -269,7 +273,7 @@ class Client:
     def submitted(self, request_id: str) -> list[Job]:
         """What became of a submit (its request id, as a failed submit's error says): the
         jobs it queued; NotFoundError if it queued none."""
-        from gpusched.core import requests as rq
+        from gpusched.core.requests import catalog as rq
 
         return [Job.from_json(job) for job in self.send(rq.SubmittedRequest(request_id))]
 
@@ -279,20 +283,21 @@ class Client:
         *,
         cwd: str | os.PathLike[str] | None = None,
         env: dict[str, str] | None = None,
-    ) -> dict[str, Any]:
+    ) -> EstimateHistoryReply:
         """A --mem for `command` from the peaks of your earlier successful runs of it:
         {"command", "jobs": [{"id", "peak_mem", "mem"}...], "peak_mem", "suggested_mem"}.
 
         The command is resolved as `submit` resolves it (so `train.py` matches the runs
         submitted as `train.py`). NotFoundError when there is no such run.
         """
-        from gpusched.core import requests as rq
-        from gpusched.core.submitter import resolve_command
+        from gpusched.core.requests import catalog as rq
+        from gpusched.submitter import resolve_command
 
         workdir = os.path.abspath(cwd if cwd is not None else os.getcwd())
         environment = dict(os.environ if env is None else env)
         argv = resolve_command(command, workdir, environment.get("PATH"))
-        return dict(self.send(rq.EstimateHistoryRequest(tuple(argv))))
+        reply: EstimateHistoryReply = self.send(rq.EstimateHistoryRequest(tuple(argv)))
+        return reply
 
     def status(self, all: bool = False) -> Status:
         """GPUs and active jobs (`all`: recently ended jobs too), every page of them."""
@@ -353,69 +358,69 @@ class Client:
     def cancel(self, job_id: int) -> Job:
         """Cancel a job; returns it as it is right after the request (it may still be
         running for up to `kill_grace` while it stops)."""
-        from gpusched.core import requests as rq
+        from gpusched.core.requests import catalog as rq
 
         return Job.from_json(self.send(rq.CancelRequest(id=job_id)))
 
     def set_priority(self, job_id: int, priority: int) -> Job:
-        from gpusched.core import requests as rq
+        from gpusched.core.requests import catalog as rq
 
         return Job.from_json(self.send(rq.PriorityRequest(job_id, priority)))
 
     def put_first(self, job_id: int) -> Job:
         """An administrator puts a waiting job ahead of every user's (`gpusched top`)."""
-        from gpusched.core import requests as rq
+        from gpusched.core.requests import catalog as rq
 
         return Job.from_json(self.send(rq.TopRequest(job_id)))
 
     def requeue(self, job_id: int) -> Job:
         """Queue a new job with the spec of an ended one."""
-        from gpusched.core import requests as rq
+        from gpusched.core.requests import catalog as rq
 
         return Job.from_json(self.send(rq.RequeueRequest(job_id)))
 
     def array(self, array_id: int) -> list[Job]:
         """The jobs of one sweep array, in order."""
-        from gpusched.core import requests as rq
+        from gpusched.core.requests import catalog as rq
 
         return [Job.from_json(j) for j in self.send(rq.ArrayRequest(array_id))]
 
     def cancel_array(self, array_id: int) -> list[Job]:
-        from gpusched.core import requests as rq
+        from gpusched.core.requests import catalog as rq
 
         return [Job.from_json(j) for j in self.send(rq.CancelRequest(array=array_id))]
 
     def cancel_mine(self, waiting_only: bool = False) -> list[Job]:
         """Cancel every active job of the caller's (`waiting_only`: those not started yet)."""
-        from gpusched.core import requests as rq
+        from gpusched.core.requests import catalog as rq
 
         jobs = self.send(rq.CancelRequest(mine=True, waiting_only=waiting_only))
         return [Job.from_json(j) for j in jobs]
 
     def hold(self, job_id: int) -> Job:
-        from gpusched.core import requests as rq
+        from gpusched.core.requests import catalog as rq
 
         return Job.from_json(self.send(rq.HoldRequest(job_id)))
 
     def release(self, job_id: int) -> Job:
-        from gpusched.core import requests as rq
+        from gpusched.core.requests import catalog as rq
 
         return Job.from_json(self.send(rq.ReleaseRequest(job_id)))
 
     def drain(self, reason: str | None = None, node: str | None = None) -> Drain:
         """Start no new job (administrators only); running jobs go on, the queue waits.
         `node`: that server of the cluster (None: the daemon's own)."""
-        from gpusched.core import requests as rq
+        from gpusched.core.requests import catalog as rq
 
         result = self.send(rq.DrainRequest(on=True, reason=reason, node=node))
         return Drain.from_json(result)
 
-    def prune(self, ended_before_s: float, dry_run: bool = False) -> dict[str, Any]:
+    def prune(self, ended_before_s: float, dry_run: bool = False) -> PruneReply:
         """Forget jobs that ended more than `ended_before_s` ago (administrators only): one
         batch per call; {"jobs", "log_bytes", "more", "cutoff"}."""
-        from gpusched.core import requests as rq
+        from gpusched.core.requests import catalog as rq
 
-        result: dict[str, Any] = self.send(
+        result: PruneReply = self.send(
             rq.PruneRequest(ended_before_s=ended_before_s, dry_run=dry_run)
         )
         return result
@@ -423,14 +428,14 @@ class Client:
     def reload(self) -> list[str]:
         """Have the daemon apply its config file now (administrators only); what it kept
         because it needs a restart. A rejected config raises its error."""
-        from gpusched.core import requests as rq
+        from gpusched.core.requests import catalog as rq
 
         result: dict[str, Any] = self.send(rq.ReloadRequest())
         return [str(note) for note in result.get("kept", [])]
 
     def undrain(self, node: str | None = None) -> None:
         """Let jobs start again (administrators only), on `node` or the daemon's own."""
-        from gpusched.core import requests as rq
+        from gpusched.core.requests import catalog as rq
 
         self.send(rq.DrainRequest(on=False, node=node))
 
@@ -443,14 +448,14 @@ class Client:
     ) -> list[Job]:
         """Ended jobs, most recent first. `states`: e.g. ["failed", "lost"]; `since`: an
         ISO timestamp with a time zone (jobs that ended at or after it)."""
-        from gpusched.core import requests as rq
+        from gpusched.core.requests import catalog as rq
 
         states = None if states is None else tuple(states)
         ask = rq.HistoryRequest(limit=limit, user=user, states=states, since=since)
         return [Job.from_json(j) for j in self.send(ask)]
 
     def logs(self, job_id: int, offset: int = 0) -> LogChunk:
-        from gpusched.core import requests as rq
+        from gpusched.core.requests import catalog as rq
 
         result = self.send(rq.LogsRequest(job_id, offset))
         return LogChunk(
@@ -472,7 +477,7 @@ class Client:
         return self._wait(list(job_ids), timeout)
 
     def _wait(self, job_ids: list[int], timeout: float | None) -> list[Job]:
-        from gpusched.core import requests as rq
+        from gpusched.core.requests import catalog as rq
 
         deadline = None if timeout is None else time.monotonic() + timeout
         unique = list(dict.fromkeys(job_ids))  # the daemon answers each id once
@@ -497,7 +502,7 @@ def _checked_program(
     built meanwhile. A sweep's placeholder in the program's name is filled in later."""
     if fields.get("sweep") and "{" in argv[0]:
         return argv
-    from gpusched.core.submitter import runnable_command
+    from gpusched.submitter import runnable_command
 
     runnable, problem = runnable_command(argv, cwd, path_env)
     if problem is None:

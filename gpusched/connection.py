@@ -1,7 +1,7 @@
 """The client's connection to the daemon: which socket, one request and its reply.
 
 `DaemonConnection.request(op, **args)` opens the Unix socket, sends one newline-delimited
-JSON frame (with the client's version: gpusched.core.protocol), reads the reply within
+JSON frame (with the client's version: gpusched.core.requests.protocol), reads the reply within
 its bounds and turns an error reply into its GpuschedError. The system service's socket
 is tried again for a few seconds while it restarts, saying so once on stderr; the error
 when nothing answers names the socket(s) tried and what to do. `gpusched.client.Client`
@@ -19,9 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from gpusched import __version__
-from gpusched.core.daemon_socket import choose_socket
 from gpusched.core.errors import DaemonUnreachable, ProtocolError
-from gpusched.core.protocol import (
+from gpusched.core.requests.protocol import (
     MAX_REPLY_BYTES,
     VERSION_FIELD,
     decode,
@@ -29,6 +28,7 @@ from gpusched.core.protocol import (
     error_from_reply,
     read_frame,
 )
+from gpusched.daemon_socket import choose_socket
 
 CONNECT_TIMEOUT_S = 5.0
 REPLY_TIMEOUT_S = 120.0
@@ -39,7 +39,7 @@ RESTART_RETRY_INTERVAL_S = 0.25
 
 
 class DaemonConnection:
-    """How to reach one daemon (gpusched.core.daemon_socket chooses the socket); each
+    """How to reach one daemon (gpusched.daemon_socket chooses the socket); each
     request opens and closes the socket."""
 
     def __init__(

@@ -22,8 +22,8 @@ import psutil
 import yaml
 
 from gpusched.client import Client
-from gpusched.core.config import load_config
-from gpusched.core.config_holder import ConfigHolder
+from gpusched.config.holder import ConfigHolder
+from gpusched.config.settings import load_config
 from gpusched.gpus.probe import SimulatedProbe
 from gpusched.processes.launcher import Launcher
 from gpusched.scheduling.context import Context

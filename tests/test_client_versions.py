@@ -10,7 +10,7 @@ import pytest
 
 from gpusched import __version__
 from gpusched.core.errors import ProtocolError
-from gpusched.core.protocol import compatible_versions
+from gpusched.core.requests.protocol import compatible_versions
 
 
 def other_minor(version: str) -> str:

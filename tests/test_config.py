@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gpusched.core.config import (
+from gpusched.config.settings import (
     SYSTEM_SOCKET_PATH,
     Config,
     config_path_from_env,
@@ -193,7 +193,7 @@ def test_defaults_of_a_real_non_root_process() -> None:
     """The same as above without monkeypatching: a subprocess that really is not root."""
     if os.geteuid() != 0:
         pytest.skip("needs root to start a process as another user")
-    code = "from gpusched.core.config import load_config; c = load_config(None); "
+    code = "from gpusched.config.settings import load_config; c = load_config(None); "
     code += "print(c.socket_path); print(c.database_url)"
     env = {  # the paths need not exist: the defaults are only computed here
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),

@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 
 from gpusched.client import Client
-from gpusched.core.daemon_socket import refuse_personal_daemon
 from gpusched.core.errors import DaemonUnreachable
+from gpusched.daemon_socket import refuse_personal_daemon
 from tests.daemon_harness import RunningDaemon
 from tests.users import User, as_user, throwaway_users
 

@@ -1,5 +1,5 @@
 """The `database:` URL's password: found wherever the URL carries it, never shown, and
-refused in a config file that others can read (gpusched.core.database_url, store.engine)."""
+refused in a config file that others can read (gpusched.daemon.database_url, store.engine)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from gpusched.core.database_url import check_password_private, has_password
 from gpusched.core.errors import ConfigError
+from gpusched.daemon.database_url import check_password_private, has_password
 from gpusched.store.engine import describe_url
 
 WITH_PASSWORD = [

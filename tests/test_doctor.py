@@ -95,7 +95,7 @@ def test_a_daemon_started_before_the_code_changed_is_a_warning(daemon: RunningDa
 
 def test_doctor_run_by_a_user_checks_the_config_of_the_service_their_client_uses() -> None:
     """A user whose client talks to the system service (one is installed: its socket's
-    directory exists, core.daemon_socket) gets the service's config checked, not the
+    directory exists, gpusched.daemon_socket) gets the service's config checked, not the
     defaults of a personal daemon they do not run."""
     import shutil
     import tempfile

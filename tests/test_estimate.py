@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gpusched.cli.sizing import estimate, parse_params
 from gpusched.core.errors import UsageError
-from gpusched.core.sizing import estimate, parse_params
 
 GiB = 2**30
 MiB = 2**20

@@ -24,8 +24,8 @@ from gpusched.core.errors import (
     UsageError,
 )
 from gpusched.core.models import JobState
-from gpusched.core.protocol import WIRE_REPLY_BYTES, encode
-from gpusched.core.requests import REQUESTS
+from gpusched.core.requests.catalog import REQUESTS
+from gpusched.core.requests.protocol import WIRE_REPLY_BYTES, encode
 from gpusched.daemon.auth import HIDDEN_COMMAND
 from gpusched.daemon.handlers import HANDLERS, dispatch
 from gpusched.daemon.identity import Caller

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from gpusched.client import Client
-from gpusched.core.config import load_config
+from gpusched.config.settings import load_config
 from gpusched.core.errors import UsageError
 from gpusched.daemon.hookrun import HookResultKind
 from gpusched.daemon.hooks import run_hook

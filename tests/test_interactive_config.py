@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpusched.core.config import load_config
+from gpusched.config.interactive import InteractiveSettings
+from gpusched.config.settings import load_config
 from gpusched.core.errors import ConfigError
-from gpusched.core.interactive_config import InteractiveSettings
 
 SHIPPED = Path(__file__).resolve().parents[1] / "config" / "gpusched.yaml"
 

@@ -6,8 +6,8 @@ import subprocess
 import threading
 from pathlib import Path
 
-from gpusched.core.config import load_config
-from gpusched.core.config_holder import ConfigHolder
+from gpusched.config.holder import ConfigHolder
+from gpusched.config.settings import load_config
 from gpusched.processes.launcher import Launcher
 from tests.daemon_harness import directory_settings
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from gpusched.core.config import load_config
+from gpusched.config.settings import load_config
 from gpusched.core.errors import UsageError
 from tests.daemon_harness import eventually
 from tests.http_helpers import free_port, scrape

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from gpusched import Client
-from gpusched.core.config import load_config
+from gpusched.config.settings import load_config
 from gpusched.core.errors import ConfigError, UsageError
 from gpusched.interactive.reservation import queue
 from tests.daemon_harness import RunningDaemon

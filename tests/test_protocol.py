@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpusched.core.errors import ERROR_KINDS, GpuschedError, ProtocolError
-from gpusched.core.protocol import (
+from gpusched.core.requests.protocol import (
     MAX_FRAME_BYTES,
     MAX_JSON_DEPTH,
     decode,

@@ -27,9 +27,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpusched.client import Client
-from gpusched.core.protocol import MAX_FRAME_BYTES
-from gpusched.core.request_wire import fields_of
-from gpusched.core.requests import REQUESTS
+from gpusched.core.requests.catalog import REQUESTS
+from gpusched.core.requests.protocol import MAX_FRAME_BYTES
+from gpusched.core.requests.wire import fields_of
 from tests.daemon_harness import RunningDaemon
 
 pytestmark = pytest.mark.fuzz  # skipped locally with -m "not fuzz"; CI runs it
@@ -39,7 +39,7 @@ NOWHERE = "/nonexistent/gpusched-fuzz"
 MIN_FRAMES = 10_000
 
 
-# The fields each request may carry, read from its dataclass (gpusched.core.requests): a
+# The fields each request may carry, read from its dataclass (gpusched.core.requests.catalog): a
 # new request or field is fuzzed as soon as it is declared there.
 FIELDS = {op: fields_of(kind) for op, kind in REQUESTS.items()}
 ALL_FIELDS = sorted(set().union(*FIELDS.values()))

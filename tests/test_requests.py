@@ -1,4 +1,4 @@
-"""The request types (gpusched.core.requests, read by gpusched.core.request_wire): what the
+"""The request types (gpusched.core.requests.catalog, read by gpusched.core.requests.wire): what the
 wire may carry, what each request refuses on its own, and that the client and the daemon
 read them the same way.
 
@@ -17,9 +17,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpusched.client import Client
-from gpusched.core import requests as rq
 from gpusched.core.errors import NotFoundError, ProtocolError, UsageError
-from gpusched.core.request_wire import fields_of, parse
+from gpusched.core.requests import catalog as rq
+from gpusched.core.requests.wire import fields_of, parse
 
 SUBMIT = {"op": "submit", "command": ["python", "train.py"], "cwd": "/work"}
 

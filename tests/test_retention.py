@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from gpusched.config.retention import DAY_S, RetentionSettings, parse_retention
+from gpusched.config.settings import load_config
 from gpusched.core.clock import iso
-from gpusched.core.config import load_config
 from gpusched.core.errors import ConfigError
 from gpusched.core.models import JobState
-from gpusched.core.retention_config import DAY_S, RetentionSettings, parse_retention
 from gpusched.store import NewJob, Store, TimelineRow, TimelineWrite
 from gpusched.store.retention import prune
 

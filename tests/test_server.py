@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from gpusched.core.protocol import MAX_FRAME_BYTES
+from gpusched.core.requests.protocol import MAX_FRAME_BYTES
 from gpusched.daemon import server as server_module
 from gpusched.daemon.server import MAX_CONNECTIONS_PER_USER, Server
 from tests.daemon_harness import eventually

@@ -23,7 +23,7 @@ from typing import Any
 import psutil
 import pytest
 
-from gpusched.core.logcap import MARKER_BYTES, cap_log, head_bytes, read_log
+from gpusched.processes.logcap import MARKER_BYTES, cap_log, head_bytes, read_log
 from tests.daemon_harness import eventually
 
 # Each ignores SIGTERM (so do its children: an ignored signal stays ignored across exec),

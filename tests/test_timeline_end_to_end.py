@@ -103,7 +103,7 @@ def test_a_stopped_daemon_writes_the_points_it_held_in_memory(
 ) -> None:
     """SIGTERM (a restart) loses no buffered point: the store holds every point `show`
     saw just before, though no periodic flush (every 60 s) has come yet."""
-    from gpusched.core.config import load_config
+    from gpusched.config.settings import load_config
     from gpusched.store import Store
 
     fake_nvml.set_gpus([24 * GiB])

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpusched.core.config import load_config
+from gpusched.config.settings import load_config
 from gpusched.core.errors import UsageError
 from gpusched.core.models import GpuProcess, GpuState, JobState
 from gpusched.processes.environment import sharing_environment

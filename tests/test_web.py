@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from gpusched.client import Client
-from gpusched.core.config import load_config
+from gpusched.config.settings import load_config
 from gpusched.daemon.httpserve import Response, host_allowed
 from gpusched.daemon.web import api
 from gpusched.daemon.web.site import RecentReplies

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpusched.core.config import load_config
-from gpusched.core.config_holder import ConfigHolder
+from gpusched.config.holder import ConfigHolder
+from gpusched.config.settings import load_config
 from gpusched.core.models import Job, JobState
 from gpusched.processes.launching import Outcome, OutcomeKind
 from gpusched.processes.pidref import is_same_process

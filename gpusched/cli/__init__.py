@@ -165,7 +165,7 @@ def daemon(ctx: click.Context, simulate: str | None) -> None:
     """
     from pathlib import Path
 
-    from gpusched.core.daemon_socket import refuse_personal_daemon
+    from gpusched.daemon_socket import refuse_personal_daemon
 
     given = ctx.find_root().obj
     config = Path(given["config"]) if given.get("config") else None

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from gpusched import __version__
-from gpusched.core.config import (
+from gpusched.config.settings import (
     SYSTEM_CONFIG_PATH,
     SYSTEM_SOCKET_PATH,
     Config,
@@ -26,8 +26,8 @@ from gpusched.core.config import (
     default_config,
     load_config,
 )
-from gpusched.core.daemon_socket import resolve_socket, system_service_installed
 from gpusched.core.errors import GpuschedError
+from gpusched.daemon_socket import resolve_socket, system_service_installed
 
 OK = "ok"
 WARN = "warn"
@@ -101,7 +101,7 @@ def _config_check(ctx: _Context) -> Check:
 
 def _client_uses_the_system_service(ctx: _Context) -> bool:
     """Whether this user's client, given no socket, goes to the system service: one is
-    installed (the client then never prefers a personal daemon: core.daemon_socket)."""
+    installed (the client then never prefers a personal daemon: gpusched.daemon_socket)."""
     if ctx.socket_arg or os.environ.get("GPUSCHED_SOCKET"):
         return False
     return system_service_installed()

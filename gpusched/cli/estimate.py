@@ -1,7 +1,7 @@
 """The command line's view of what jobs use: `estimate`, `--mem auto`, usage rows of `show`.
 
 Kept apart from cli/__init__.py so that module stays a list of commands; like it, this imports
-no SQLAlchemy, APScheduler or pynvml (the estimate is `gpusched.core.sizing`, pure).
+no SQLAlchemy, APScheduler or pynvml (the estimate is `gpusched.cli.sizing`, pure).
 """
 
 from __future__ import annotations
@@ -164,9 +164,9 @@ def estimate(  # noqa: PLR0917 - click passes one positional argument per option
       gpusched estimate --history -- python train.py --epochs 5
     """
     # Imported here, not at the top: every other command would pay for them at start-up.
+    from gpusched.cli.sizing import estimate as estimate_memory
+    from gpusched.cli.sizing import parse_params
     from gpusched.core.hints import mem_option
-    from gpusched.core.sizing import estimate as estimate_memory
-    from gpusched.core.sizing import parse_params
 
     if history:
         if params is not None or not command:

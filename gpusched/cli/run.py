@@ -23,7 +23,6 @@ from gpusched.client import Client
 from gpusched.core.errors import EXIT_FAILED
 from gpusched.core.models import Job
 from gpusched.core.sanitize import shown
-from gpusched.core.submitter import resolve_command
 from gpusched.core.units import format_duration, parse_job_mem, parse_job_time
 from gpusched.interactive.foreground import Attached
 from gpusched.interactive.reservation import (
@@ -34,6 +33,7 @@ from gpusched.interactive.reservation import (
     report_end,
     wait_placed,
 )
+from gpusched.submitter import resolve_command
 
 
 class _Withdrawn(Exception):

@@ -174,7 +174,7 @@ def submit(
     if options["mem"] == "auto" and not sweep:
         options["mem"] = auto_mem(client, list(command), cwd)
     if sweep:
-        from gpusched.core.sweep import parse_sweep_option  # only --sweep needs it
+        from gpusched.core.requests.sweep import parse_sweep_option  # only --sweep needs it
 
         pairs = [parse_sweep_option(item) for item in sweep]
         jobs = client.submit_sweep(list(command), pairs, max_concurrent=max_concurrent, **options)

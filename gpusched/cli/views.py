@@ -119,19 +119,25 @@ def status(
         if targets:
             result = client.status_reply(states=["running"], first=1)
             job_ids, arrays = parse_targets(targets)
-            chosen = [client.request("show", id=job_id) for job_id in job_ids]
-            for array_id in arrays:
-                chosen.extend(client.request("array", array=array_id))
+            from gpusched.core.requests.views import ShowRequest
+
+            chosen = [client.send(ShowRequest(job_id)) for job_id in job_ids]
+            if arrays:
+                from gpusched.core.requests.catalog import ArrayRequest
+
+                for array_id in arrays:
+                    chosen.extend(client.send(ArrayRequest(array_id)))
             result["jobs"] = chosen
         elif as_json or waiting_shown == 0:
             result = client.status_reply(all=show_all, user=user, ended=ended)
         else:  # every running job, the first `limit` waiting ones, and how many more wait
             result = client.status_reply(all=show_all, states=["running"], user=user, ended=ended)
             waiting = client.status_reply(states=["queued", "held"], first=waiting_shown, user=user)
-            counts = waiting.get("counts") or {}
-            total = counts.get("queued", 0) + counts.get("held", 0)
-            result["jobs"] = waiting["jobs"] + result["jobs"]
-            result["more_waiting"] = max(0, total - len(waiting["jobs"]))
+            from gpusched.core.requests.replies import merge_status_pages
+
+            view = merge_status_pages(result, waiting)
+            result["jobs"] = view["waiting"] + view["running"]
+            result["more_waiting"] = view["more_waiting"]
         return result
 
     if watch:

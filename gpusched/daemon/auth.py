@@ -13,7 +13,7 @@ import os
 import pwd
 from typing import Any
 
-from gpusched.core.config import Config
+from gpusched.config.settings import Config
 from gpusched.core.errors import PermissionDenied
 from gpusched.core.models import Job
 from gpusched.daemon.identity import Caller, user_name

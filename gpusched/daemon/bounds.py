@@ -1,6 +1,6 @@
 """Bounds on what one request may make the daemon build or store, checked before building.
 
-A request is small (gpusched.core.protocol caps a frame at 4 MiB) but what it asks for need
+A request is small (gpusched.core.requests.protocol caps a frame at 4 MiB) but what it asks for need
 not be: a sweep multiplies its command by the product of its value lists, an environment
 is stored with the jobs, a list of ids is looked up id by id. Each check here computes
 the cost from the request alone and refuses, with one line naming the limit and its
@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from gpusched.core.config import Config
+from gpusched.config.settings import Config
 from gpusched.core.errors import UsageError
-from gpusched.core.sweep import ARG_OVERHEAD_BYTES, measure
+from gpusched.core.requests.sweep import ARG_OVERHEAD_BYTES, measure
 from gpusched.core.units import format_size
 
 # What the daemon builds of one reply that lists jobs (their JSON, estimated): below the

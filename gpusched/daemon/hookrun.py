@@ -38,7 +38,7 @@ from typing import Any, BinaryIO, cast
 
 from gpusched.core.models import _StrEnum
 from gpusched.processes import cgroups
-from gpusched.processes.supervisor import owner_credentials
+from gpusched.processes.credentials import owner_credentials
 
 _HOOK_NUMBERS = itertools.count(1)  # names each hook's cgroup within this daemon
 OUTPUT_TAIL_BYTES = 2000  # the end of a hook's output quoted in the daemon's log

@@ -40,7 +40,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from gpusched.core.config import Config
+from gpusched.config.settings import Config
 from gpusched.core.errors import GpuschedError
 from gpusched.core.models import Job
 from gpusched.core.sanitize import command_for_log, quoted

@@ -27,9 +27,9 @@ from typing import Any
 from urllib.parse import parse_qsl
 
 from gpusched.core.errors import GpuschedError
-from gpusched.core.ratelog import RateLimitedLog
 from gpusched.daemon.listening import DeadlineReader, Listener, Slots
 from gpusched.daemon.tcp_peers import http_client
+from gpusched.scheduling.ratelog import RateLimitedLog
 
 log = logging.getLogger("gpusched.http")
 

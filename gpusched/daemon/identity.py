@@ -19,7 +19,7 @@ import subprocess
 from dataclasses import dataclass
 from typing import Any
 
-from gpusched.processes.supervisor import owner_credentials
+from gpusched.processes.credentials import owner_credentials
 
 log = logging.getLogger("gpusched.identity")
 

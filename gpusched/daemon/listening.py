@@ -35,8 +35,8 @@ import time
 from collections.abc import Hashable
 from typing import Any
 
-from gpusched.core.ratelog import RateLimitedLog
 from gpusched.processes.fdbudget import FD_RESERVE, FdReserve
+from gpusched.scheduling.ratelog import RateLimitedLog
 
 log = logging.getLogger("gpusched.listening")
 

@@ -32,11 +32,10 @@ from pathlib import Path
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from gpusched.core.config import Config, load_config
-from gpusched.core.config_holder import ConfigHolder
-from gpusched.core.database_url import check_password_private
+from gpusched.config.holder import ConfigHolder
+from gpusched.config.settings import Config, load_config
 from gpusched.core.errors import ConfigError, GpuschedError
-from gpusched.core.ratelog import RateLimitedLog
+from gpusched.daemon.database_url import check_password_private
 from gpusched.daemon.hooks import HookRunner
 from gpusched.daemon.httpserve import HttpServer, Route
 from gpusched.daemon.retention import RetentionPass
@@ -49,6 +48,7 @@ from gpusched.scheduling.cluster.clock import ClusterClock
 from gpusched.scheduling.cluster.node import ClusterNode, Identity
 from gpusched.scheduling.context import Context, SystemClock
 from gpusched.scheduling.ownership import LocalNode
+from gpusched.scheduling.ratelog import RateLimitedLog
 from gpusched.scheduling.scheduler import Scheduler
 from gpusched.store import Store
 

@@ -25,10 +25,11 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+from gpusched.config.holder import ConfigHolder
+from gpusched.config.retention import RetentionSettings
 from gpusched.core.clock import iso
-from gpusched.core.config_holder import ConfigHolder
 from gpusched.core.models import TERMINAL_STATES, EndReason
-from gpusched.core.retention_config import RetentionSettings
+from gpusched.core.requests.replies import PruneReply
 from gpusched.processes.launcher import Launcher
 from gpusched.store import Store
 from gpusched.store.retention import Pruned, checkpoint, prune
@@ -47,7 +48,7 @@ class PruneReport:
     log_bytes: int  # the size of the logs removed (or that would be)
     cutoff: str  # jobs that ended before this time (ISO, UTC)
 
-    def to_json(self) -> dict[str, object]:
+    def to_json(self) -> PruneReply:
         # `more`: always false now (the pass works through every batch); older clients
         # ask again while it is true.
         return {

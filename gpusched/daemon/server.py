@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from gpusched.core.errors import GpuschedError, ProtocolError
-from gpusched.core.protocol import (
+from gpusched.core.requests.protocol import (
     MAX_REPLY_BYTES,
     decode,
     encode,

@@ -12,8 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpusched.core.config import Config
-from gpusched.core.config_holder import ConfigHolder
+from gpusched.config.holder import ConfigHolder
+from gpusched.config.settings import Config
 from gpusched.core.models import Job
 from gpusched.daemon import auth
 from gpusched.daemon.identity import Caller

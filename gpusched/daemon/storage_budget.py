@@ -18,8 +18,8 @@ import threading
 from collections import OrderedDict, deque
 from collections.abc import Mapping
 
+from gpusched.config.retention import RetentionSettings
 from gpusched.core.errors import ConflictError
-from gpusched.core.retention_config import RetentionSettings
 from gpusched.core.units import format_size
 from gpusched.daemon.bounds import env_bytes
 

@@ -20,7 +20,12 @@ from typing import Any
 from gpusched.client import Client
 from gpusched.core.errors import ConflictError, DaemonUnreachable, GpuschedError
 from gpusched.core.models import TERMINAL_STATES, Job, JobState
-from gpusched.core.requests import CancelRequest, PlacementRequest, RunEndedRequest, RunRequest
+from gpusched.core.requests.catalog import (
+    CancelRequest,
+    PlacementRequest,
+    RunEndedRequest,
+    RunRequest,
+)
 from gpusched.core.units import parse_job_mem, parse_job_time
 
 PLACEMENT_POLL_S = 2.0  # each `placement` request waits this long, then the reason is shown

@@ -30,12 +30,12 @@ from typing import Any
 
 import psutil
 
-from gpusched.core.config_holder import ConfigHolder
+from gpusched.config.holder import ConfigHolder
 from gpusched.core.models import Job
-from gpusched.core.output import job_log_path
 from gpusched.processes import cgroups
 from gpusched.processes.exit_watcher import ExitWatcher
 from gpusched.processes.launching import Outcome, OutcomeKind, Started, StartError, start_error
+from gpusched.processes.output import job_log_path
 from gpusched.processes.pidref import is_same_process, process_start_time
 from gpusched.processes.supervisor import write_json_atomically
 from gpusched.processes.zygote import recorded_pid, recorded_supervisor
@@ -270,7 +270,7 @@ class Launcher:
             "groups": groups,
             "umask": umask,
             "log_path": log_path,
-            # `--output`: a path of the user's, opened as them (gpusched.core.output).
+            # `--output`: a path of the user's, opened as them (gpusched.processes.output).
             "log_as_owner": bool(job.output),
             "kill_grace_s": self._config.current.kill_grace_s,
             # the supervisor keeps the job's log under it (read at start, as kill_grace)

@@ -19,7 +19,7 @@ the daemon's clock shares), the supervisor refuses to start the command past it 
 records a transient failure to start: the job goes back to the queue, never run.
 
 With `max_log_bytes` in the spec, the supervisor keeps the log under that size by
-cutting its middle (gpusched.core.logcap), checked every time its loop wakes: at least once
+cutting its middle (gpusched.processes.logcap), checked every time its loop wakes: at least once
 a second, ten times a second while the log grows fast.
 
 Stdlib only (psutil only on a kernel without /proc/PID/task/TID/children, and only
@@ -43,9 +43,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gpusched.core.logcap import cap_log
 from gpusched.core.units import format_duration
 from gpusched.processes import cgroups, shm, treekill
+from gpusched.processes.credentials import owner_credentials
+from gpusched.processes.logcap import cap_log
 from gpusched.processes.user_log import open_user_log
 
 PR_SET_CHILD_SUBREAPER = 36
@@ -101,17 +102,6 @@ def _has_children() -> bool:
     """Whether any process is left under us (as a subreaper, any descendant left implies
     a direct child of ours: orphans are re-parented to us)."""
     return bool(treekill.children_of(os.getpid()))
-
-
-def owner_credentials(uid: int, gid: int, groups: list[int]) -> dict[str, Any]:
-    """Popen arguments that run a child as its owner: uid, gid and supplementary groups.
-
-    Only root can switch; a single-user daemon runs everything as itself. Also used for
-    notification hooks (gpusched.daemon.hooks), so both drop privileges the same way.
-    """
-    if os.geteuid() != 0 or uid == 0:
-        return {}
-    return {"user": uid, "group": gid, "extra_groups": groups}
 
 
 class Supervisor:

@@ -1,4 +1,4 @@
-"""Opening a job's log at a path its owner chose (`submit --output`, gpusched.core.output).
+"""Opening a job's log at a path its owner chose (`submit --output`, gpusched.processes.output).
 
 The supervisor runs as root, and the path is the user's: every directory on the way,
 and the name itself, may be a link they planted, to another user's file or /etc/shadow.

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
+from gpusched.config.holder import ConfigHolder
+from gpusched.config.settings import Config
 from gpusched.core.clock import utc_now
-from gpusched.core.config import Config
-from gpusched.core.config_holder import ConfigHolder
 from gpusched.gpus.probe import Probe
 from gpusched.processes.launching import JobLauncher
 from gpusched.store import Store

@@ -19,8 +19,8 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 
+from gpusched.config.settings import Config
 from gpusched.core.clock import iso
-from gpusched.core.config import Config
 from gpusched.core.models import (
     TERMINAL_STATES,
     EndReason,
@@ -30,7 +30,6 @@ from gpusched.core.models import (
     JobState,
     StopIntent,
 )
-from gpusched.core.ratelog import RateLimitedLog
 from gpusched.core.sanitize import quoted
 from gpusched.processes.launching import Outcome, OutcomeKind
 from gpusched.scheduling.adoption import adopt
@@ -45,6 +44,7 @@ from gpusched.scheduling.outcome_states import (
 )
 from gpusched.scheduling.ownership import Ownership
 from gpusched.scheduling.policy_inputs import capacity_bytes
+from gpusched.scheduling.ratelog import RateLimitedLog
 from gpusched.store import TimelineWrite
 from gpusched.usage.monitor import final_usage, oom_cause
 from gpusched.usage.oom import retry_mem

@@ -28,7 +28,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 
-from gpusched.core.config import Config
+from gpusched.config.settings import Config
 from gpusched.core.errors import ConflictError
 from gpusched.core.models import TERMINAL_STATES, EndReason, Job, JobState, StopIntent
 from gpusched.core.sanitize import quoted

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from gpusched.config.settings import Config
 from gpusched.core.clock import iso
-from gpusched.core.config import Config
 from gpusched.core.errors import GpuError
 from gpusched.core.models import GpuHealth, GpuState, Job
 from gpusched.gpus.probe import Probe, apply_selection

@@ -15,7 +15,7 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 
-from gpusched.core.config import Config
+from gpusched.config.settings import Config
 from gpusched.core.models import EndReason, GpuState, Job, JobState
 from gpusched.scheduling.admission import admit
 from gpusched.scheduling.context import Context

@@ -22,9 +22,9 @@ import threading
 from collections.abc import Callable
 from datetime import datetime
 
+from gpusched.config.holder import ConfigHolder
+from gpusched.config.settings import Config
 from gpusched.core.clock import iso
-from gpusched.core.config import Config
-from gpusched.core.config_holder import ConfigHolder
 from gpusched.core.errors import ConflictError, UsageError
 from gpusched.core.models import (
     TERMINAL_STATES,

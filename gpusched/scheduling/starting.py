@@ -13,15 +13,15 @@ import logging
 
 from gpusched.core.clock import iso
 from gpusched.core.models import EndReason, GpuState, Job, JobState
-from gpusched.core.output import job_log_path
-from gpusched.core.ratelog import RateLimitedLog
 from gpusched.core.sanitize import command_for_log, quoted
 from gpusched.processes.environment import job_environment
 from gpusched.processes.launching import StartError
+from gpusched.processes.output import job_log_path
 from gpusched.scheduling.context import Context
 from gpusched.scheduling.endings import JobEndings
 from gpusched.scheduling.ownership import Ownership
 from gpusched.scheduling.policy import Placement
+from gpusched.scheduling.ratelog import RateLimitedLog
 from gpusched.store import NodeGuard
 
 log = logging.getLogger("gpusched.scheduler")

@@ -124,7 +124,7 @@ jobs = Table(
     # How that hook ended: {"kind", "exit_code", "output" (its last words)}; NULL until then.
     Column("notify_result", JSON, nullable=True),
     # `submit --output PATH`: where the job's log goes (a template: {id}, {array},
-    # {index}), opened by the job's owner; NULL: log_dir/ID.log (gpusched.core.output).
+    # {index}), opened by the job's owner; NULL: log_dir/ID.log (gpusched.processes.output).
     Column("output", Text, nullable=True),
     # 1 from a job's end until its notification hooks start: they survive a restart.
     Column("hooks_due", Integer, nullable=True),

@@ -1,6 +1,6 @@
 """Retention in the database: what ended jobs leave is deleted once it is old enough.
 
-`prune(db, settings, now)` applies the `retention:` config (gpusched.core.retention_config)
+`prune(db, settings, now)` applies the `retention:` config (gpusched.config.retention)
 to the database and returns what it did (`Pruned`), including the log files of the jobs
 it deleted or whose logs expired, for the caller to unlink (the daemon's retention pass,
 gpusched.daemon.retention; `gpusched admin prune`). It touches only ended jobs:
@@ -28,9 +28,9 @@ from datetime import datetime, timezone
 
 from sqlalchemy import ColumnElement, Connection, and_, delete, exists, func, select, update
 
+from gpusched.config.retention import RetentionSettings
 from gpusched.core.clock import iso
 from gpusched.core.models import ACTIVE_STATES, TERMINAL_STATES
-from gpusched.core.retention_config import RetentionSettings
 from gpusched.store.database import Database, envs, jobs, lock_submits, timeline_points
 
 BATCH = 2000

@@ -4,7 +4,7 @@ Both open the file the supervisor created with O_NOFOLLOW, as `logs` does: the d
 (root) never follows a link planted at the log's name. Neither ever raises: a log that
 cannot be read or written costs the OOM diagnosis or the note, never the tick.
 
-A log at a path of the user's choice (`submit --output`, gpusched.core.output) is read
+A log at a path of the user's choice (`submit --output`, gpusched.processes.output) is read
 only if it is a regular file that the job's owner owns (`owned_log`): the user chose the
 directories on the way, so a file there may be anyone's (another user's, /etc/shadow's
 through a directory swapped for a link) and root must not read it for them.

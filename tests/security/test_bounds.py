@@ -33,9 +33,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpusched.client import Client
-from gpusched.core.config import DEFAULT_MAX_QUEUED, load_config
+from gpusched.config.settings import DEFAULT_MAX_QUEUED, load_config
 from gpusched.core.errors import ConflictError, GpuschedError
-from gpusched.core.sweep import ARG_OVERHEAD_BYTES, expand, measure
+from gpusched.core.requests.sweep import ARG_OVERHEAD_BYTES, expand, measure
 from tests.daemon_harness import RunningDaemon
 from tests.users import User, as_user
 

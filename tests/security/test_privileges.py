@@ -22,7 +22,7 @@ import pytest
 
 from gpusched.client import Client
 from gpusched.core.errors import UsageError
-from gpusched.processes.supervisor import owner_credentials
+from gpusched.processes.credentials import owner_credentials
 from tests.daemon_harness import RunningDaemon, eventually
 from tests.users import User, as_user
 

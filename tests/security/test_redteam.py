@@ -20,8 +20,8 @@ from typing import Any
 import psutil
 
 from gpusched.client import Client
-from gpusched.core.config import load_config
-from gpusched.core.config_holder import ConfigHolder
+from gpusched.config.holder import ConfigHolder
+from gpusched.config.settings import load_config
 from gpusched.core.errors import GpuschedError
 from gpusched.processes.launcher import Launcher, find_supervisor
 from gpusched.processes.pidref import process_start_time

@@ -2,7 +2,7 @@
 them (HANDLERS), and `dispatch`, the server's one call into them.
 
 A handler gets the `Services` (scheduler, store, current config, authorisation rules),
-the caller and its request, parsed and checked as gpusched.core.requests declares it; it
+the caller and its request, parsed and checked as gpusched.core.requests.catalog declares it; it
 adds the checks that need the daemon (configured bounds, the caller's rights), returns a
 JSON-able value or raises a GpuschedError, and never touches the socket: server.py reads
 the frame, identifies the caller, calls `dispatch` and writes the reply.
@@ -18,16 +18,18 @@ from typing import Any
 
 from gpusched import __version__
 from gpusched.core.errors import ProtocolError
-from gpusched.core.protocol import VERSION_FIELD, compatible_versions, version_mismatch
-from gpusched.core.request_wire import parse
+from gpusched.core.requests.protocol import VERSION_FIELD, compatible_versions, version_mismatch
+from gpusched.core.requests.replies import Reply
+from gpusched.core.requests.wire import parse
 from gpusched.daemon.auth import check_served
 from gpusched.daemon.handlers import admin, interactive, jobs, views
 from gpusched.daemon.identity import Caller
 from gpusched.daemon.services import Services
 
-# Each handler takes its operation's request type (gpusched.core.requests); the table is
-# keyed by `op`, so the one a handler gets is always the one it declares.
-Handler = Callable[[Services, Caller, Any], Any]
+# Each handler takes its operation's request type (gpusched.core.requests.catalog) and
+# returns its reply type (gpusched.core.requests.replies.REPLIES); the table is keyed by
+# `op`, so the request a handler gets is always the one it declares.
+Handler = Callable[[Services, Caller, Any], Reply]
 
 HANDLERS: dict[str, Handler] = {
     "ping": admin.ping,

@@ -13,13 +13,14 @@ from gpusched import __version__
 from gpusched.core.clock import iso, utc_now
 from gpusched.core.errors import GpuschedError, NotFoundError, PermissionDenied
 from gpusched.core.models import Drain
-from gpusched.core.requests import (
+from gpusched.core.requests.catalog import (
     DrainRequest,
     PingRequest,
     PruneRequest,
     ReloadRequest,
     TopRequest,
 )
+from gpusched.core.requests.replies import DrainReply, JobJson, PingReply, PruneReply, ReloadReply
 from gpusched.daemon.handlers.args import text
 from gpusched.daemon.identity import Caller, user_name
 from gpusched.daemon.services import Services
@@ -29,7 +30,7 @@ from gpusched.daemon.services import Services
 STARTED_AT = time.time()
 
 
-def ping(services: Services, caller: Caller, _request: PingRequest) -> Any:
+def ping(services: Services, caller: Caller, _request: PingRequest) -> PingReply:
     return {
         "version": __version__,
         "pid": os.getpid(),
@@ -42,7 +43,7 @@ def ping(services: Services, caller: Caller, _request: PingRequest) -> Any:
     }
 
 
-def drain(services: Services, caller: Caller, request: DrainRequest) -> Any:
+def drain(services: Services, caller: Caller, request: DrainRequest) -> DrainReply:
     """An administrator stops new jobs from starting (on=true) or lets them start again."""
     if not caller.admin:
         raise PermissionDenied(
@@ -72,7 +73,7 @@ def drain_json(services: Services) -> dict[str, Any] | None:
     return None if state is None else state.to_json()
 
 
-def top(services: Services, caller: Caller, request: TopRequest) -> Any:
+def top(services: Services, caller: Caller, request: TopRequest) -> JobJson:
     """An administrator puts a waiting job ahead of every user's jobs (fair share and
     priorities order the rest); jobs put first keep the order they were put there in."""
     if not caller.admin:
@@ -84,7 +85,7 @@ def top(services: Services, caller: Caller, request: TopRequest) -> Any:
     return services.visible(caller, services.scheduler.waiting.put_first(job))
 
 
-def prune(services: Services, caller: Caller, request: PruneRequest) -> Any:
+def prune(services: Services, caller: Caller, request: PruneRequest) -> PruneReply:
     """Forget jobs that ended long ago: the daemon's retention pass, with `history` set to
     the request's age (gpusched.daemon.retention)."""
     if not caller.admin:
@@ -98,7 +99,7 @@ def prune(services: Services, caller: Caller, request: PruneRequest) -> Any:
     return done.to_json()
 
 
-def reload(services: Services, caller: Caller, _request: ReloadRequest) -> Any:
+def reload(services: Services, caller: Caller, _request: ReloadRequest) -> ReloadReply:
     """Apply the config file now and say how it went (systemd's ExecReload waits for it)."""
     if not caller.admin:
         raise PermissionDenied(

@@ -1,5 +1,5 @@
 """What the handlers make of a request's strings before storing them. The requests' own
-checks (types, values) are gpusched.core.requests'; this is only about the database."""
+checks (types, values) are gpusched.core.requests.catalog'; this is only about the database."""
 
 from __future__ import annotations
 

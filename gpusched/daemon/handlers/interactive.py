@@ -10,11 +10,11 @@ for the placement and report the end; anyone else acts on it as on any job (`can
 from __future__ import annotations
 
 import os
-from typing import Any
 
 from gpusched.core.errors import ConflictError, PermissionDenied, UsageError
 from gpusched.core.models import Job, JobState
-from gpusched.core.requests import PlacementRequest, RunEndedRequest, RunRequest
+from gpusched.core.requests.catalog import PlacementRequest, RunEndedRequest, RunRequest
+from gpusched.core.requests.replies import JobJson, PlacementReply
 from gpusched.core.units import format_duration
 from gpusched.daemon.bounds import check_submit
 from gpusched.daemon.identity import Caller, account_gid
@@ -26,7 +26,7 @@ from gpusched.store import NewJob
 MAX_PLACEMENT_WAIT_S = 30.0  # one `placement` request; the client asks again
 
 
-def run(services: Services, caller: Caller, request: RunRequest) -> Any:
+def run(services: Services, caller: Caller, request: RunRequest) -> JobJson:
     settings = services.config.interactive
     if settings.max_per_user == 0:
         raise UsageError("interactive jobs are switched off here (interactive.max_per_user 0)")
@@ -63,7 +63,7 @@ def run(services: Services, caller: Caller, request: RunRequest) -> Any:
     return services.visible(caller, services.scheduler.submit(new))
 
 
-def placement(services: Services, caller: Caller, request: PlacementRequest) -> Any:
+def placement(services: Services, caller: Caller, request: PlacementRequest) -> PlacementReply:
     """{"job": JOB, "env": ..., "env_defaults": ..., "kill_grace_s": ...} once it runs; until
     then (or after `timeout` seconds) {"job": JOB} with its waiting reason."""
     job = _clients_job(services, caller, request.id)
@@ -71,7 +71,7 @@ def placement(services: Services, caller: Caller, request: PlacementRequest) -> 
     job = services.scheduler.interactive.wait_placed(
         job.id, min(max(timeout, 0.0), MAX_PLACEMENT_WAIT_S)
     )
-    reply: dict[str, Any] = {"job": services.visible(caller, job)}
+    reply: PlacementReply = {"job": services.visible(caller, job)}
     if job.state == JobState.RUNNING:
         config = services.config
         gpus = services.scheduler.current_gpus()
@@ -84,7 +84,7 @@ def placement(services: Services, caller: Caller, request: PlacementRequest) -> 
     return reply
 
 
-def run_ended(services: Services, caller: Caller, request: RunEndedRequest) -> Any:
+def run_ended(services: Services, caller: Caller, request: RunEndedRequest) -> JobJson:
     """The client's command ended: killed by `signal`, else with `exit_code`."""
     job = _clients_job(services, caller, request.id)
     exit_code = None if request.signal is not None else request.exit_code

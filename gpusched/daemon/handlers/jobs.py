@@ -10,8 +10,7 @@ from typing import Any
 
 from gpusched.core.errors import ConflictError, NotFoundError, ProtocolError, UsageError
 from gpusched.core.models import TERMINAL_STATES, Job, JobState
-from gpusched.core.output import output_directory, output_template
-from gpusched.core.requests import (
+from gpusched.core.requests.catalog import (
     MAX_NAME_CHARS,
     CancelRequest,
     HoldRequest,
@@ -21,18 +20,20 @@ from gpusched.core.requests import (
     SubmitRequest,
     SubmittedRequest,
 )
-from gpusched.core.sweep import expand, swept_name
+from gpusched.core.requests.replies import JobJson, JobsReply, OneOrManyJobs
+from gpusched.core.requests.sweep import expand, swept_name
 from gpusched.daemon.auth import is_theirs
 from gpusched.daemon.bounds import check_env, check_submit
 from gpusched.daemon.handlers.args import text
 from gpusched.daemon.handlers.views import job_list
 from gpusched.daemon.identity import Caller, account_gid, can_enter, can_write_in
 from gpusched.daemon.services import Services
+from gpusched.processes.output import output_directory, output_template
 from gpusched.store import NewJob
 from gpusched.store.submits import request_ids
 
 
-def submit(services: Services, caller: Caller, request: SubmitRequest) -> Any:
+def submit(services: Services, caller: Caller, request: SubmitRequest) -> OneOrManyJobs:
     config = services.config
     if caller.uid != 0:
         problem = can_enter(caller.uid, account_gid(caller), request.cwd)
@@ -90,7 +91,7 @@ def submit(services: Services, caller: Caller, request: SubmitRequest) -> Any:
     return [services.visible(caller, job) for job in jobs]
 
 
-def submitted(services: Services, caller: Caller, request: SubmittedRequest) -> Any:
+def submitted(services: Services, caller: Caller, request: SubmittedRequest) -> JobsReply:
     """What became of the caller's submit with this request id (its answer was lost): the
     jobs it made, or NotFoundError if it made none (it never reached the database)."""
     made = services.store.made_by_request(caller.user, request.request_id)
@@ -113,12 +114,12 @@ def _charge(services: Services, caller: Caller, new: NewJob, news: list[NewJob])
     )
 
 
-def priority(services: Services, caller: Caller, request: PriorityRequest) -> Any:
+def priority(services: Services, caller: Caller, request: PriorityRequest) -> JobJson:
     job = services.owned_job(caller, request.id)
     return services.visible(caller, services.scheduler.waiting.set_priority(job, request.priority))
 
 
-def requeue(services: Services, caller: Caller, request: RequeueRequest) -> Any:
+def requeue(services: Services, caller: Caller, request: RequeueRequest) -> JobJson:
     """A new job with the same spec as an ended one (its dependencies are not carried over).
 
     An OOM retry's memory is the grown one, and `--retry-oom` is the count the user first
@@ -164,17 +165,17 @@ def requeue(services: Services, caller: Caller, request: RequeueRequest) -> Any:
     return services.visible(caller, services.scheduler.submit(new))
 
 
-def hold(services: Services, caller: Caller, request: HoldRequest) -> Any:
+def hold(services: Services, caller: Caller, request: HoldRequest) -> JobJson:
     job = services.owned_job(caller, request.id)
     return services.visible(caller, services.scheduler.waiting.hold(job))
 
 
-def release(services: Services, caller: Caller, request: ReleaseRequest) -> Any:
+def release(services: Services, caller: Caller, request: ReleaseRequest) -> JobJson:
     job = services.owned_job(caller, request.id)
     return services.visible(caller, services.scheduler.waiting.release(job))
 
 
-def cancel(services: Services, caller: Caller, request: CancelRequest) -> Any:
+def cancel(services: Services, caller: Caller, request: CancelRequest) -> OneOrManyJobs:
     if request.mine:
         return _cancel_mine(services, caller, request.waiting_only)
     if request.array is not None:
@@ -189,7 +190,7 @@ def cancel(services: Services, caller: Caller, request: CancelRequest) -> Any:
 WITHDRAWN = "withdrawn: its process (claim() or gpusched run) stopped waiting before it started"
 
 
-def _cancel_mine(services: Services, caller: Caller, waiting_only: bool) -> Any:
+def _cancel_mine(services: Services, caller: Caller, waiting_only: bool) -> JobsReply:
     """Every active job of the caller's own (root's and admins' too: others' only by id)."""
     by_name = services.scheduler.in_cluster  # a uid means nothing on another server
     name = caller.user if by_name else None
@@ -199,7 +200,7 @@ def _cancel_mine(services: Services, caller: Caller, waiting_only: bool) -> Any:
     return _cancelled(services, caller, ids, running, waiting_only)
 
 
-def _cancel_array(services: Services, caller: Caller, array_id: int) -> Any:
+def _cancel_array(services: Services, caller: Caller, array_id: int) -> JobsReply:
     """The array's waiting jobs in one transaction, then its running ones one by one."""
     everything = services.store.array_jobs(array_id)
     if not everything:

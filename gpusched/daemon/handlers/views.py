@@ -12,10 +12,8 @@ from typing import Any
 
 from gpusched.core.errors import GpuschedError, NotFoundError, UsageError
 from gpusched.core.hints import suggest_mem
-from gpusched.core.logcap import read_log
 from gpusched.core.models import ACTIVE_STATES, TERMINAL_STATES, Job, JobState
-from gpusched.core.protocol import WIRE_REPLY_BYTES
-from gpusched.core.requests import (
+from gpusched.core.requests.catalog import (
     ArrayRequest,
     EstimateHistoryRequest,
     HistoryRequest,
@@ -24,10 +22,19 @@ from gpusched.core.requests import (
     StatusRequest,
     WaitRequest,
 )
+from gpusched.core.requests.protocol import WIRE_REPLY_BYTES
+from gpusched.core.requests.replies import (
+    EstimateHistoryReply,
+    JobJson,
+    JobsReply,
+    LogsReply,
+    StatusPage,
+)
 from gpusched.daemon.bounds import REPLY_BUDGET, reply_weight
 from gpusched.daemon.handlers.admin import drain_json
 from gpusched.daemon.identity import Caller
 from gpusched.daemon.services import Services
+from gpusched.processes.logcap import read_log
 from gpusched.usage.joblog import owned_log
 
 MAX_WAIT_S = 30.0
@@ -59,14 +66,14 @@ def job_list(
     return shown
 
 
-def array(services: Services, caller: Caller, request: ArrayRequest) -> Any:
+def array(services: Services, caller: Caller, request: ArrayRequest) -> JobsReply:
     ids = services.store.array_ids(request.array)
     if not ids:
         raise NotFoundError(f"no array a{request.array}")
     return job_list(services, caller, ids)
 
 
-def status(services: Services, caller: Caller, request: StatusRequest) -> Any:
+def status(services: Services, caller: Caller, request: StatusRequest) -> StatusPage:
     """GPUs and one page of active jobs in id order, whatever the queue's length.
 
     `cursor`: the page after this id (the previous reply's `next`; null at the last
@@ -115,7 +122,7 @@ def status(services: Services, caller: Caller, request: StatusRequest) -> Any:
     }
 
 
-def show(services: Services, caller: Caller, request: ShowRequest) -> Any:
+def show(services: Services, caller: Caller, request: ShowRequest) -> JobJson:
     """One job; with `timeline`, also its memory and utilization over time (`timeline`)."""
     job = services.store.get(request.id)
     shown = services.visible(caller, job)
@@ -126,7 +133,7 @@ def show(services: Services, caller: Caller, request: ShowRequest) -> Any:
     return shown
 
 
-def logs(services: Services, caller: Caller, request: LogsRequest) -> Any:
+def logs(services: Services, caller: Caller, request: LogsRequest) -> LogsReply:
     job = services.owned_job(caller, request.id)
     offset = max(0, request.offset)
     wanted = MAX_LOG_CHUNK if request.max_bytes is None else request.max_bytes
@@ -202,7 +209,7 @@ def elsewhere(job: Job, fd: int, log_dir: Path) -> int:
     )
 
 
-def wait(services: Services, caller: Caller, request: WaitRequest) -> Any:
+def wait(services: Services, caller: Caller, request: WaitRequest) -> JobsReply:
     ids = list(request.ids)
     found = services.store.states_of(ids)
     for each in ids:
@@ -214,7 +221,9 @@ def wait(services: Services, caller: Caller, request: WaitRequest) -> Any:
     return job_list(services, caller, ids)
 
 
-def estimate_history(services: Services, caller: Caller, request: EstimateHistoryRequest) -> Any:
+def estimate_history(
+    services: Services, caller: Caller, request: EstimateHistoryRequest
+) -> EstimateHistoryReply:
     """A --mem for a command from the peaks of the caller's own earlier runs of it."""
     command = list(request.command)
     runs = services.store.peaks_for_command(caller.uid, command)
@@ -232,7 +241,7 @@ def estimate_history(services: Services, caller: Caller, request: EstimateHistor
     }
 
 
-def history(services: Services, caller: Caller, request: HistoryRequest) -> Any:
+def history(services: Services, caller: Caller, request: HistoryRequest) -> JobsReply:
     states = TERMINAL_STATES
     if request.states is not None:
         states = frozenset(JobState(name) for name in request.states)

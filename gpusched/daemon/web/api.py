@@ -13,7 +13,8 @@ import socket
 from typing import Any
 
 from gpusched.core.clock import iso
-from gpusched.core.requests import HistoryRequest, ShowRequest, StatusRequest
+from gpusched.core.requests.catalog import HistoryRequest, ShowRequest, StatusRequest
+from gpusched.core.requests.replies import merge_status_pages
 from gpusched.daemon.handlers import views
 from gpusched.daemon.identity import Caller
 from gpusched.daemon.services import Services
@@ -37,15 +38,16 @@ def status(services: Services) -> dict[str, Any]:
         services, ANONYMOUS, StatusRequest(states=("queued", "held"), limit=WAITING_SHOWN)
     )
     ended = views.history(services, ANONYMOUS, HistoryRequest(limit=RECENT_ENDS))
+    view = merge_status_pages(running, waiting)
     return {
         "host": socket.gethostname(),
         "now": iso(services.scheduler.clock()),
-        "gpus": running["gpus"],  # in a cluster, every node's that is not down
-        "nodes": running["nodes"],
-        "drain": running["drain"],
-        "counts": waiting["counts"],
-        "running": running["jobs"],
-        "waiting": waiting["jobs"],
+        "gpus": view["gpus"],  # in a cluster, every node's that is not down
+        "nodes": view["nodes"],
+        "drain": view["drain"],
+        "counts": view["counts"],
+        "running": view["running"],
+        "waiting": view["waiting"],
         "ended": ended,
     }
 

@@ -34,7 +34,6 @@ from gpusched.core.models import (
     JobState,
     NodeStatus,
 )
-from gpusched.core.ratelog import RateLimitedLog
 from gpusched.processes.launching import OutcomeKind
 from gpusched.scheduling.cluster.clock import ClusterClock
 from gpusched.scheduling.cluster.elected import ElectedScheduler
@@ -45,6 +44,7 @@ from gpusched.scheduling.endings import JobEndings
 from gpusched.scheduling.gpu_reports import gpu_reports
 from gpusched.scheduling.observe import Observation
 from gpusched.scheduling.policy import Plan
+from gpusched.scheduling.ratelog import RateLimitedLog
 from gpusched.scheduling.reading import LatestReading
 from gpusched.scheduling.starting import JobStarter
 from gpusched.scheduling.stopping import stop_local

@@ -16,7 +16,6 @@ import logging
 import re
 from datetime import datetime
 
-from gpusched.core.ratelog import RateLimitedLog
 from gpusched.scheduling.cluster.election import Role, may_declare_down, scheduler_role
 from gpusched.scheduling.cluster.inputs import (
     NodeView,
@@ -32,6 +31,7 @@ from gpusched.scheduling.pass_rules import Restriction, decide
 from gpusched.scheduling.policy import Plan, WaitingJob
 from gpusched.scheduling.policy_inputs import running_demand, waiting_job
 from gpusched.scheduling.quieter_waits import QuieterWaits
+from gpusched.scheduling.ratelog import RateLimitedLog
 from gpusched.store import NodePlacement, NodeRow, Queued
 from gpusched.store.nodes import NODE_DOWN, NODE_UP
 

@@ -20,7 +20,7 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from gpusched.core.config_holder import ConfigHolder
+from gpusched.config.holder import ConfigHolder
 from gpusched.core.models import Job, JobState
 from gpusched.scheduling.cluster.election import fence_margin
 from gpusched.scheduling.context import TickClock

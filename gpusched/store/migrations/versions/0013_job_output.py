@@ -1,5 +1,5 @@
 """`submit --output PATH`: `jobs.output`, the template of the path the job's log goes to
-({id}, {array}, {index}), opened by the job's owner (gpusched.core.output). Nullable:
+({id}, {array}, {index}), opened by the job's owner (gpusched.processes.output). Nullable:
 older rows and jobs without it log to log_dir/ID.log.
 
 Revision ID: 0013

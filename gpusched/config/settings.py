@@ -1,5 +1,5 @@
 """Configuration: YAML file -> frozen `Config`, with defaults, validation and discovery
-(of the config file; a client's choice of daemon socket is core/daemon_socket.py).
+(of the config file; a client's choice of daemon socket is gpusched/daemon_socket.py).
 
 Every key is optional. Defaults depend on who runs the daemon: as root, system paths
 under /run, /var/lib and /var/log; as anyone else, paths in the user's own runtime and
@@ -15,7 +15,16 @@ from dataclasses import astuple, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from gpusched.core.config_values import (
+from gpusched.config.interactive import InteractiveSettings, parse_interactive
+from gpusched.config.paths import (
+    SYSTEM_CONFIG_PATH,
+    SYSTEM_SOCKET_PATH,
+    config_path_from_env,  # noqa: F401  (doctor imports it from here)
+    user_socket_path,
+)
+from gpusched.config.paths import user_state_dir as _user_state_dir
+from gpusched.config.retention import RetentionSettings, parse_retention
+from gpusched.config.values import (
     HOOK_BOUNDS,
     parse_address,
     parse_bound,
@@ -29,15 +38,6 @@ from gpusched.core.config_values import (
     parse_percent,
 )
 from gpusched.core.errors import ConfigError, UsageError
-from gpusched.core.interactive_config import InteractiveSettings, parse_interactive
-from gpusched.core.paths import (
-    SYSTEM_CONFIG_PATH,
-    SYSTEM_SOCKET_PATH,
-    config_path_from_env,  # noqa: F401  (doctor imports it from here)
-    user_socket_path,
-)
-from gpusched.core.paths import user_state_dir as _user_state_dir
-from gpusched.core.retention_config import RetentionSettings, parse_retention
 from gpusched.core.units import parse_duration, parse_size
 
 

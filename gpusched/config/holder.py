@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 
-from gpusched.core.config import Config
+from gpusched.config.settings import Config
 
 
 class ConfigHolder:

@@ -31,7 +31,6 @@ import time
 
 HEAD_MAX_BYTES = 64 * 1024
 MARKER_BYTES = 100  # every marker, final or "trimming", is this long (space padded)
-MIN_LOG_CAP_BYTES = 64 * 1024  # below this, head + marker + tail would not fit sensibly
 _COPY_CHUNK = 1 << 20
 _MARKER_RE = re.compile(rb"\n\[gpusched: (?:(\d{1,20}) bytes of output dropped|trimming)")
 _TRIMMING = b"\n[gpusched: trimming"

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from gpusched.core.errors import UsageError
-from gpusched.core.request_base import Request, check_job_spec, check_sharing, job_id, shape
+from gpusched.core.requests.base import JobRequest, Request, check_job_spec, check_sharing, shape
 
 
 @dataclass(frozen=True)
@@ -41,28 +41,23 @@ class RunRequest(Request):
 
 
 @dataclass(frozen=True)
-class PlacementRequest(Request):
+class PlacementRequest(JobRequest):
     """The caller's interactive job once placed, or after `timeout` s (the daemon caps it)."""
 
     op: ClassVar[str] = "placement"
-    id: int
     timeout: float | None = None
-
-    def __post_init__(self) -> None:
-        job_id(self.id)
 
 
 @dataclass(frozen=True)
-class RunEndedRequest(Request):
+class RunEndedRequest(JobRequest):
     """The caller's interactive command ended: killed by `signal`, else with `exit_code`."""
 
     op: ClassVar[str] = "run_ended"
-    id: int
     exit_code: int = 0
     signal: int | None = None
 
     def __post_init__(self) -> None:
-        job_id(self.id)
+        super().__post_init__()
         if not 0 <= self.exit_code <= 255:
             raise UsageError("exit_code must be between 0 and 255")
         if self.signal is not None and not 1 <= self.signal <= 64:

@@ -20,13 +20,13 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpusched.core.errors import UsageError
-from gpusched.core.paths import (
+from gpusched.config.paths import (
     SYSTEM_CONFIG_PATH,
     SYSTEM_SOCKET_PATH,
     config_path_from_env,
     user_socket_path,
 )
+from gpusched.core.errors import UsageError
 
 SYSTEM_SOCKET_ENV = "GPUSCHED_SYSTEM_SOCKET"
 
@@ -65,7 +65,7 @@ def choose_socket(
         return SocketChoice(Path(env), [Path(env)], system=False)
     named = config_path_from_env(str(config_path) if config_path else None)
     if named is not None or (os.geteuid() == 0 and SYSTEM_CONFIG_PATH.exists()):
-        from gpusched.core.config import load_config  # the parser and YAML: only when needed
+        from gpusched.config.settings import load_config  # the parser and YAML: only when needed
 
         path = load_config(named).socket_path  # reads YAML only when a config is in play
         return SocketChoice(path, [path], system=named is None)
@@ -96,7 +96,7 @@ def refuse_personal_daemon(
     daemon is someone's deliberate choice and no client finds it by default."""
     if os.geteuid() == 0 or simulate or socket or not system_service_installed():
         return
-    from gpusched.core.config import load_config
+    from gpusched.config.settings import load_config
 
     config = load_config(config_path)
     if config.simulate or config.socket_path != user_socket_path():

@@ -1,10 +1,10 @@
-"""What every request type shares (gpusched.core.requests, interactive_requests): the
-`Request` base with its wire form, the bounds a request may not pass whatever the daemon's
+"""What every request type shares (requests.catalog, .views, .interactive): the `Request`
+base with its wire form, the bounds a request may not pass whatever the daemon's
 config, and the small checks several requests make (a job id, a list of ids).
 
 Each field's annotation is its wire type: `tuple[X, ...]` is a JSON list, `Mapping` a
 JSON object, `X | None` may be null or absent. A field without a default is required.
-gpusched.core.request_wire reads them to parse a frame.
+gpusched.core.requests.wire reads them to parse a frame.
 """
 
 from __future__ import annotations
@@ -55,6 +55,16 @@ def shape(message: str) -> dict[str, str]:
 def job_id(value: int) -> None:
     if value < 1:
         raise NotFoundError(f"no job {value}")
+
+
+@dataclasses.dataclass(frozen=True)
+class JobRequest(Request):
+    """A request about one job, named by `id` (its first field: `ShowRequest(7)`)."""
+
+    id: int
+
+    def __post_init__(self) -> None:
+        job_id(self.id)
 
 
 def unique_ids(key: str, ids: tuple[int, ...]) -> tuple[int, ...]:

@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from gpusched.core.errors import ProtocolError, UsageError
-from gpusched.core.request_base import Request
-from gpusched.core.requests import REQUESTS
+from gpusched.core.requests.base import Request
+from gpusched.core.requests.catalog import REQUESTS
 
 # Each field's wire type, resolved once (the annotations are strings here).
 _HINTS = {op: get_type_hints(kind) for op, kind in REQUESTS.items()}

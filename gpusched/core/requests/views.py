@@ -1,4 +1,4 @@
-"""The requests of `gpusched status` and `gpusched show`, apart from gpusched.core.requests
+"""The requests of `gpusched status` and `gpusched show`, apart from requests.catalog
 (which lists them with every other operation in REQUESTS) so that the client sends them
 without creating every request class first: the commands people run most start faster.
 """
@@ -10,7 +10,7 @@ from typing import ClassVar
 
 from gpusched.core.errors import UsageError
 from gpusched.core.models import ACTIVE_STATES
-from gpusched.core.request_base import Request, job_id
+from gpusched.core.requests.base import JobRequest, Request
 
 
 @dataclass(frozen=True)
@@ -35,12 +35,8 @@ class StatusRequest(Request):
 
 
 @dataclass(frozen=True)
-class ShowRequest(Request):
+class ShowRequest(JobRequest):
     """One job; with `timeline`, also its memory and utilization over time."""
 
     op: ClassVar[str] = "show"
-    id: int
     timeline: bool = False
-
-    def __post_init__(self) -> None:
-        job_id(self.id)

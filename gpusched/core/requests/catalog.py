@@ -3,33 +3,33 @@ its fields that need no daemon state.
 
 One definition serves three readers: the client builds a request object (so a bad value
 fails before any socket is opened, with the same words the daemon would use), the
-daemon's handlers receive one parsed from the wire by gpusched.core.request_wire.parse
+daemon's handlers receive one parsed from the wire by gpusched.core.requests.wire.parse
 (wrong types refused as a ProtocolError, impossible values as a UsageError, never a
 crash), and the protocol fuzz test walks REQUESTS to know every operation and field.
 Checks that need the daemon (the configured bounds, whether the caller may enter a
-directory) stay in the handlers. The base class and shared checks: request_base; the
-interactive requests (`gpusched run`, claim()): interactive_requests; `status` and
-`show`, which the client sends without importing this module: view_requests.
+directory) stay in the handlers. The base class and shared checks: requests.base; the
+interactive requests (`gpusched run`, claim()): requests.interactive; `status` and
+`show`, which the client sends without importing this module: requests.views.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping  # at run time: request_wire resolves the annotations
+from collections.abc import Mapping  # at run time: requests.wire resolves the annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import ClassVar
 
 from gpusched.core.clock import iso
 from gpusched.core.errors import ProtocolError, UsageError
-from gpusched.core.interactive_requests import PlacementRequest, RunEndedRequest, RunRequest
 from gpusched.core.models import TERMINAL_STATES
-from gpusched.core.request_base import (
+from gpusched.core.requests.base import (
     MAX_NAME_CHARS,
     MAX_NOTIFY_ARGS,
     MAX_NOTIFY_BYTES,
     MAX_REASON_CHARS,
     MAX_RETRY_OOM,
+    JobRequest,
     Request,
     check_job_spec,
     check_sharing,
@@ -38,8 +38,9 @@ from gpusched.core.request_base import (
     shape,
     unique_ids,
 )
+from gpusched.core.requests.interactive import PlacementRequest, RunEndedRequest, RunRequest
+from gpusched.core.requests.views import ShowRequest, StatusRequest
 from gpusched.core.sanitize import shown
-from gpusched.core.view_requests import ShowRequest, StatusRequest
 
 __all__ = ["MAX_NAME_CHARS", "REQUESTS", "Request"]
 
@@ -90,7 +91,7 @@ class SubmitRequest(Request):
     requeue: bool = False  # `--requeue`: queued again if its server dies while it runs
     exclusive: bool = False  # `--exclusive`: a card to itself
     share: bool = False  # `--share`: light, shares a busy card (the policy's rule 3)
-    output: str | None = None  # `--output`: the log's path (gpusched.core.output)
+    output: str | None = None  # `--output`: the log's path (gpusched.processes.output)
     sweep: tuple[tuple[str, tuple[str, ...]], ...] | None = field(
         default=None, metadata=shape("'sweep' must be a list of [name, [values...]]")
     )
@@ -145,16 +146,12 @@ class SubmittedRequest(Request):
 
 
 @dataclass(frozen=True)
-class LogsRequest(Request):
+class LogsRequest(JobRequest):
     """At most `max_bytes` (the daemon caps it) of a job's log from `offset`."""
 
     op: ClassVar[str] = "logs"
-    id: int
     offset: int = 0
     max_bytes: int | None = None
-
-    def __post_init__(self) -> None:
-        job_id(self.id)
 
 
 @dataclass(frozen=True)
@@ -179,51 +176,31 @@ class CancelRequest(Request):
 
 
 @dataclass(frozen=True)
-class HoldRequest(Request):
+class HoldRequest(JobRequest):
     op: ClassVar[str] = "hold"
-    id: int
-
-    def __post_init__(self) -> None:
-        job_id(self.id)
 
 
 @dataclass(frozen=True)
-class ReleaseRequest(Request):
+class ReleaseRequest(JobRequest):
     op: ClassVar[str] = "release"
-    id: int
-
-    def __post_init__(self) -> None:
-        job_id(self.id)
 
 
 @dataclass(frozen=True)
-class RequeueRequest(Request):
+class RequeueRequest(JobRequest):
     op: ClassVar[str] = "requeue"
-    id: int
-
-    def __post_init__(self) -> None:
-        job_id(self.id)
 
 
 @dataclass(frozen=True)
-class PriorityRequest(Request):
+class PriorityRequest(JobRequest):
     op: ClassVar[str] = "priority"
-    id: int
     priority: int
 
-    def __post_init__(self) -> None:
-        job_id(self.id)
-
 
 @dataclass(frozen=True)
-class TopRequest(Request):
+class TopRequest(JobRequest):
     """An administrator puts a waiting job ahead of every user's (`gpusched top`)."""
 
     op: ClassVar[str] = "top"
-    id: int
-
-    def __post_init__(self) -> None:
-        job_id(self.id)
 
 
 @dataclass(frozen=True)

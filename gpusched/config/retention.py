@@ -13,16 +13,22 @@ are seconds and sizes bytes inside `RetentionSettings`; null: kept forever / no 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gpusched.core.errors import UsageError
 from gpusched.core.units import parse_duration, parse_size
 
 DAY_S = 86400.0
-_DURATIONS = ("history", "environments", "timelines", "logs")
-_SIZES = ("user_bytes_per_minute", "user_bytes_per_day")
-_KEYS = (*_DURATIONS, "every", *_SIZES)
+_KEYS = (
+    "history",
+    "environments",
+    "timelines",
+    "logs",
+    "every",
+    "user_bytes_per_minute",
+    "user_bytes_per_day",
+)  # as the error lists them
 
 
 @dataclass(frozen=True)
@@ -38,22 +44,31 @@ class RetentionSettings:
     user_bytes_per_day: int | None = 2 * 2**30
 
 
-def _duration(key: str, value: Any) -> float | None:
-    if value is None:
-        return None
-    seconds = parse_duration(value)
-    if seconds <= 0:
-        raise UsageError(f"{key}: expected a duration above zero, or null (keep forever)")
-    return seconds
+# Each key: the field it sets, what it is, and what null means (None: null is refused).
+# In the order they are checked, so the first bad key is the one named.
+_FIELDS: dict[str, tuple[str, str, str | None]] = {
+    "history": ("history_s", "duration", "keep forever"),
+    "environments": ("environments_s", "duration", "keep forever"),
+    "timelines": ("timelines_s", "duration", "keep forever"),
+    "logs": ("logs_s", "duration", "keep forever"),
+    "user_bytes_per_minute": ("user_bytes_per_minute", "size", "no cap"),
+    "user_bytes_per_day": ("user_bytes_per_day", "size", "no cap"),
+    "every": ("every_s", "duration", None),
+}
 
 
-def _size(key: str, value: Any) -> int | None:
-    if value is None:
+def _above_zero(key: str, value: Any) -> float | int | None:
+    """`value` as seconds (a duration) or bytes (a size), above zero; None for a null the
+    key allows."""
+    _field, kind, null_means = _FIELDS[key]
+    if value is None and null_means is not None:
         return None
-    size = parse_size(value)
-    if size <= 0:
-        raise UsageError(f"{key}: expected a size above zero, or null (no cap)")
-    return size
+    parse = parse_duration if kind == "duration" else parse_size
+    amount = parse(value) if value is not None else 0
+    if amount <= 0:
+        allowed = f", or null ({null_means})" if null_means is not None else ""
+        raise UsageError(f"{key}: expected a {kind} above zero{allowed}")
+    return amount
 
 
 def parse_retention(value: Any) -> RetentionSettings:
@@ -66,17 +81,7 @@ def parse_retention(value: Any) -> RetentionSettings:
     unknown = sorted(set(map(str, value)) - set(_KEYS))
     if unknown:
         raise UsageError(f"unknown key {unknown[0]!r} (expected {', '.join(_KEYS)})")
-    base = RetentionSettings()
-    fields: dict[str, Any] = {}
-    for key in _DURATIONS:
-        if key in value:
-            fields[f"{key}_s"] = _duration(key, value[key])
-    for key in _SIZES:
-        if key in value:
-            fields[key] = _size(key, value[key])
-    if "every" in value:
-        every = _duration("every", value["every"])
-        if every is None:
-            raise UsageError("every: expected a duration above zero")
-        fields["every_s"] = every
-    return RetentionSettings(**{**base.__dict__, **fields})
+    fields: dict[str, Any] = {
+        _FIELDS[key][0]: _above_zero(key, value[key]) for key in _FIELDS if key in value
+    }
+    return replace(RetentionSettings(), **fields)

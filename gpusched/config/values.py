@@ -34,6 +34,10 @@ def parse_margin(value: Any) -> dict[str, Any]:
     return {"overrun_margin_fraction": 0.0, "overrun_margin_bytes": parse_size(value)}
 
 
+# Below this, the cut log's head, marker and tail (gpusched.processes.logcap) would not
+# fit sensibly.
+MIN_LOG_CAP_BYTES = 64 * 1024
+
 HOOK_BOUNDS = {"hooks_per_user", "hooks_total", "hook_output_max"}
 
 
@@ -50,8 +54,6 @@ def parse_log_cap(value: Any) -> int | None:
     """`max_log_size`: a size of at least 64K, or 0 / null for no cap."""
     if value in (0, "0", None):
         return None
-    from gpusched.core.logcap import MIN_LOG_CAP_BYTES
-
     size = parse_size(value)
     if size < MIN_LOG_CAP_BYTES:
         raise UsageError("expected a size of at least 64K, or 0 for no cap")

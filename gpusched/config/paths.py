@@ -1,7 +1,7 @@
 """Where gpusched's files are by default: the system service's config and socket, a
 user's own daemon's state directory and socket, and the config named by the caller.
 
-Apart from gpusched.core.config so that a client finding its daemon's socket (every CLI
+Apart from gpusched.config.settings so that a client finding its daemon's socket (every CLI
 command) reads these without importing the config parser and its YAML.
 """
 
