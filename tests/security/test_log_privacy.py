@@ -20,7 +20,7 @@ def test_a_failed_starts_program_path_stays_out_of_the_log(
     marker = "tok-3f9a1c"
     program = f"{mallory.home}/{marker}/train"
     # Held, then released: a program missing at submit is refused unless the job waits
-    # (core.submitter), and it is the failed start at the daemon that this test is about.
+    # (gpusched.submitter), and it is the failed start at the daemon that this test is about.
     job = as_user(mallory, lambda: Client(sock).submit([program], mem="1G", hold=True).to_json())
     as_user(mallory, lambda: Client(sock).release(job["id"]).to_json())
     ended = daemon.wait_state(job["id"], {"failed"})
