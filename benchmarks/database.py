@@ -77,7 +77,7 @@ def _status_and_submits(url: str, args: argparse.Namespace, root: Path) -> dict[
         daemon.kill_jobs()
     store = Store(url)
     try:
-        figures["submits_recorded"] = store.count() - args.ended - 1  # less the blocker
+        figures["submits_recorded"] = store.jobs.count() - args.ended - 1  # less the blocker
         figures["submits_acknowledged"] = len(acked)
     finally:
         store.close()
@@ -91,7 +91,7 @@ def _claimer(url: str, ids: list[int], seed: int, barrier: Any, out: Any) -> Non
     won: list[int] = []
     barrier.wait()
     for job_id in order:
-        if store.mark_running(
+        if store.jobs.mark_running(
             job_id,
             gpu_indices=[0],
             gpu_uuids=["GPU-0"],
@@ -108,7 +108,7 @@ def _claimer(url: str, ids: list[int], seed: int, barrier: Any, out: Any) -> Non
 def _claims(url: str, n_jobs: int) -> dict[str, float]:
     store = Store(url)
     new = NewJob(user="bench", uid=1, gid=1, command=["true"], cwd="/", env={}, umask=18, mem=1)
-    ids = [job.id for job in store.add_many([new] * n_jobs, NOW)]
+    ids = [job.id for job in store.jobs.add_many([new] * n_jobs, NOW)]
     store.close()
     ctx = multiprocessing.get_context("fork")
     barrier, out = ctx.Barrier(CLAIMERS + 1), ctx.Queue()
@@ -126,7 +126,7 @@ def _claims(url: str, n_jobs: int) -> dict[str, float]:
         proc.join(timeout=60)
     claimed = [job_id for won in wins for job_id in won]
     store = Store(url)
-    running = len(store.running())
+    running = len(store.jobs.running())
     store.close()
     return {
         "claims_per_s": len(claimed) / wall,

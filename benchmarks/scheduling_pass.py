@@ -113,7 +113,7 @@ def time_tick(n_waiting: int, n_gpus: int, root: Path) -> tuple[float, int]:
         }
         for j in trace
     ]
-    with store.engine.begin() as conn:  # one statement per row shape
+    with store.database.engine.begin() as conn:  # one statement per row shape
         conn.execute(jobs.insert(), rows)
         conn.execute(jobs.insert(), queued)
 

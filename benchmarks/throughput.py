@@ -127,8 +127,8 @@ def main() -> None:
             daemon.stop()
             daemon.kill_jobs()
         store = Store(f"sqlite:///{root / 'gpusched.db'}")
-        in_db = store.count() - 1  # less the blocker
-        queued = sum(1 for job in store.active() if job.state == "queued")
+        in_db = store.jobs.count() - 1  # less the blocker
+        queued = sum(1 for job in store.jobs.active() if job.state == "queued")
         store.close()
     acked = len(submits)
     print(f"{args.clients} clients x {args.submits} requests each, at most {args.budget:.0f} s")

@@ -70,7 +70,7 @@ def is_theirs(job: Job, caller: Caller, by_name: bool = False) -> bool:
 
 def owned_job(store: Store, caller: Caller, job_id: int, by_name: bool = False) -> Job:
     """The job, if the caller may act on it (theirs, or the caller is an administrator)."""
-    job = store.get(job_id)
+    job = store.jobs.get(job_id)
     if not is_theirs(job, caller, by_name) and not caller.admin:
         raise PermissionDenied(
             f"job {job_id} belongs to {job.user}: you can act only on your own jobs"

@@ -92,7 +92,7 @@ class RetentionPass:
         """Prune the database by `settings`, then the files: what the database lost and
         the bytes of logs removed (with `dry_run`: counted, nothing removed)."""
         log_dir = self._settings.current.log_dir
-        done = prune(self.store, settings, now, dry_run=dry_run)
+        done = prune(self.store.database, settings, now, dry_run=dry_run)
         if dry_run:
             return done, sum(_own_log_size(Path(path), log_dir) for path in done.logs)
         sizes = [_unlink_log(Path(path), log_dir) for path in done.logs]
@@ -116,8 +116,8 @@ class RetentionPass:
         ids = self.launcher.job_ids()
         if not ids:
             return 0
-        checkpoint(self.store)
-        found = self.store.get_many(ids)
+        checkpoint(self.store.database)
+        found = self.store.jobs.get_many(ids)
         removed = 0
         for job_id in ids:
             job = found.get(job_id)

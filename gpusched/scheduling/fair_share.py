@@ -55,7 +55,7 @@ def usage_by_user(
             epoch_seconds(job.started_at),
             None if job.ended_at is None else epoch_seconds(job.ended_at),
         )
-        for job in store.usage_since(since)
+        for job in store.jobs.usage_since(since)
         if job.started_at is not None
     ]
     return decayed_usage(spans, now.timestamp(), half_life_s)

@@ -66,7 +66,7 @@ def decide(
     (`UsageMonitor.expected_demand`: the same sweep, else --name, else command)."""
     config, store = context.config, context.store
     now = context.clock()
-    admitted = admit(store.queued(), store.latest_attempts)
+    admitted = admit(store.jobs.queued(), store.jobs.latest_attempts)
     hold_back_interactive(admitted, holding, config.interactive.max_per_user)
     for doomed in admitted.doomed:
         endings.end(

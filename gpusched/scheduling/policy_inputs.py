@@ -137,7 +137,7 @@ class StoredHeadClaim:
 
     def get(self) -> HeadClaim | None:
         if not self._read:
-            stored = self._store.head_claim()
+            stored = self._store.head_claims.current()
             if stored is not None:
                 self._claim = HeadClaim(stored.job_id, stored.gpu_uuids, stored.mem)
             self._read = True
@@ -149,7 +149,7 @@ class StoredHeadClaim:
         stored = (
             None if claim is None else StoredClaim(claim.job_id, claim.gpu_uuids, claim.mem_bytes)
         )
-        self._store.keep_head_claim(stored)
+        self._store.head_claims.keep(stored)
         self._claim = claim
 
 

@@ -25,32 +25,42 @@ here, which re-exports what the rest of gpusched uses:
 
 from __future__ import annotations
 
-from gpusched.store.attempts import AttemptRecords, job_attempts
-from gpusched.store.database import jobs, metadata, timeline_points
-from gpusched.store.head_claims import HeadClaimRecords, StoredClaim
-from gpusched.store.nodes import LeaseRow, NodeRecords, NodeRow
-from gpusched.store.placements import DownResult, NodeGuard, NodePlacement, PlacementRecords
+from collections.abc import Callable
+
+from gpusched.store.attempts import Attempts, job_attempts
+from gpusched.store.database import Database, jobs, metadata, timeline_points
+from gpusched.store.head_claims import HeadClaims, StoredClaim
+from gpusched.store.nodes import LeaseRow, NodeRow, Nodes
+from gpusched.store.placements import DownResult, NodeGuard, NodePlacement, Placements
 from gpusched.store.queries import JobFigures, LaunchInfo, Queued
 from gpusched.store.submits import NewJob
-from gpusched.store.timeline import TimelineRecords, TimelineRow, TimelineWrite
-from gpusched.store.transitions import JobTransitions
-from gpusched.store.usage import USAGE_COLUMNS, UsageRecords
+from gpusched.store.timeline import Timeline, TimelineRow, TimelineWrite
+from gpusched.store.transitions import Jobs
+from gpusched.store.usage import USAGE_COLUMNS, Usage
 
 __all__ = [
     "USAGE_COLUMNS",
+    "Attempts",
+    "Database",
     "DownResult",
+    "HeadClaims",
     "JobFigures",
+    "Jobs",
     "LaunchInfo",
     "LeaseRow",
     "NewJob",
     "NodeGuard",
     "NodePlacement",
     "NodeRow",
+    "Nodes",
+    "Placements",
     "Queued",
     "Store",
     "StoredClaim",
+    "Timeline",
     "TimelineRow",
     "TimelineWrite",
+    "Usage",
     "job_attempts",
     "jobs",
     "metadata",
@@ -58,13 +68,27 @@ __all__ = [
 ]
 
 
-class Store(
-    JobTransitions,
-    UsageRecords,
-    TimelineRecords,
-    NodeRecords,
-    PlacementRecords,
-    HeadClaimRecords,
-    AttemptRecords,
-):
-    """The database is the truth about jobs: every read and write of it goes through here."""
+class Store:
+    """The database is the truth about jobs: every read and write of it goes through one
+    of these parts, each given the one `Database` (its engine and transactions)."""
+
+    def __init__(self, url: str, lease_clock: Callable[[], float] | None = None) -> None:
+        """Open (and bring to this version's schema) the database at `url`. `lease_clock`:
+        seconds since 1970 for the cluster's leases, in place of the database's own
+        clock (store.nodes): a test's fixed clock."""
+        self.database = Database(url, lease_clock)
+        self.jobs = Jobs(self.database)
+        self.usage = Usage(self.database)
+        self.timeline = Timeline(self.database)
+        self.nodes = Nodes(self.database)
+        self.placements = Placements(self.database)
+        self.head_claims = HeadClaims(self.database)
+        self.attempts = Attempts(self.database)
+
+    @property
+    def where(self) -> str:
+        """The database's URL, without its password."""
+        return self.database.where
+
+    def close(self) -> None:
+        self.database.close()

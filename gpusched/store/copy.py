@@ -129,7 +129,7 @@ def copy_database(source_url: str, target_url: str, *, merge: bool = False) -> C
         if source.where == target.where:
             raise UsageError("the source and the target are the same database")
         # One long transaction by design (all or nothing): no bound on its waits.
-        with unbounded(), source.read() as src, target.engine.begin() as dst:
+        with unbounded(), source.database.read() as src, target.database.engine.begin() as dst:
             if dst.dialect.name == "postgresql":
                 lift_server_bounds(dst)
             lock_submits(dst)  # no submit lands between our reads and writes

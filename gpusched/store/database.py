@@ -286,7 +286,8 @@ def make_private(path: Path) -> None:
 
 
 class Database:
-    """The engine and its two kinds of transaction; the base of every part of `Store`."""
+    """The engine and its two kinds of transaction, shared by every part of `Store` (each
+    part is given this object at its construction)."""
 
     def __init__(self, url: str, lease_clock: Callable[[], float] | None = None) -> None:
         """`lease_clock`: seconds since 1970 for the cluster's leases, in place of the
@@ -319,7 +320,7 @@ class Database:
         return self.engine.connect().execution_options(gpusched_read=True)
 
     @contextlib.contextmanager
-    def _write(self, durable: bool = True) -> Iterator[Connection]:
+    def write(self, durable: bool = True) -> Iterator[Connection]:
         """One write transaction; `durable=False`: synchronous=NORMAL (module docstring)."""
         if durable:
             with self.engine.begin() as conn:

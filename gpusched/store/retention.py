@@ -132,7 +132,7 @@ def _holding_env() -> ColumnElement[bool]:
 
 def _expire_logs(db: Database, cutoff: str, done: Pruned) -> None:
     while True:
-        with db._write() as conn:
+        with db.write() as conn:
             rows = conn.execute(
                 select(jobs.c.id, jobs.c.log_path)
                 .where(_ended_before(cutoff), jobs.c.log_path.is_not(None))
@@ -148,7 +148,7 @@ def _expire_logs(db: Database, cutoff: str, done: Pruned) -> None:
 
 def _delete_jobs(db: Database, cutoff: str, done: Pruned) -> None:
     while True:
-        with db._write() as conn:
+        with db.write() as conn:
             rows = conn.execute(
                 select(jobs.c.id, jobs.c.log_path)
                 .where(_deletable(cutoff, _waited_for(conn)))
@@ -166,7 +166,7 @@ def _delete_jobs(db: Database, cutoff: str, done: Pruned) -> None:
 
 def _delete_timelines(db: Database, cutoff: str, done: Pruned) -> None:
     while True:
-        with db._write() as conn:
+        with db.write() as conn:
             ids = list(
                 conn.execute(
                     select(jobs.c.id)
@@ -186,7 +186,7 @@ def _delete_timelines(db: Database, cutoff: str, done: Pruned) -> None:
 def _drop_environments(db: Database, cutoff: str, done: Pruned) -> None:
     holding = _holding_env()
     while True:
-        with db._write() as conn:
+        with db.write() as conn:
             ids = list(
                 conn.execute(select(jobs.c.id).where(_ended_before(cutoff), holding).limit(BATCH))
                 .scalars()
@@ -202,7 +202,7 @@ def _drop_environments(db: Database, cutoff: str, done: Pruned) -> None:
 
 
 def _delete_unused_environments(db: Database, done: Pruned) -> None:
-    with db._write() as conn:
+    with db.write() as conn:
         # A submit finds an existing environment, then adds jobs that use it, in one
         # transaction: on PostgreSQL this delete must not run between the two.
         lock_submits(conn)

@@ -62,7 +62,12 @@ def write_timeline(conn: Connection, job_id: int, write: TimelineWrite | None) -
         )
 
 
-class TimelineRecords(Database):
+class Timeline:
+    """`store.timeline`: the stored points of each job's series."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
     def job_timeline(self, job_id: int) -> list[TimelinePoint]:
         """The job's stored points, oldest first ([] for none, or no such job).
 
@@ -83,5 +88,5 @@ class TimelineRecords(Database):
             .where(timeline_points.c.job_id == job_id)
             .order_by(timeline_points.c.t)
         )
-        with self.read() as conn:
+        with self.db.read() as conn:
             return [TimelineRow(*row) for row in conn.execute(query)]

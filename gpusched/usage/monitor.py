@@ -108,7 +108,7 @@ class UsageMonitor:
         """The job's tracker, picked up from the database the first time (after a restart)."""
         tracker = self._trackers.get(job.id)
         if tracker is None:
-            tracker = UsageTracker.from_state(self.store.usage_state(job.id))
+            tracker = UsageTracker.from_state(self.store.usage.usage_state(job.id))
             tracker.peak_mem = max(tracker.peak_mem, job.peak_mem or 0)
             self._trackers[job.id] = tracker
         return tracker
@@ -117,8 +117,10 @@ class UsageMonitor:
         """The job's time series, picked up from the database the first time (after a restart)."""
         buffer = self._timelines.get(job.id)
         if buffer is None:
-            state = self.store.usage_state(job.id) or {}
-            buffer = TimelineBuffer.restore(state.get("timeline"), self.store.timeline_rows(job.id))
+            state = self.store.usage.usage_state(job.id) or {}
+            buffer = TimelineBuffer.restore(
+                state.get("timeline"), self.store.timeline.timeline_rows(job.id)
+            )
             self._timelines[job.id] = buffer
         return buffer
 
@@ -175,7 +177,7 @@ class UsageMonitor:
         """The recorded demands by kind of job, read at most once a HISTORY_TTL_S."""
         now = self._monotonic()
         if self._history is None or now - self._history[0] > HISTORY_TTL_S:
-            self._history = (now, DemandHistory(self.store.demand_records()))
+            self._history = (now, DemandHistory(self.store.usage.demand_records()))
         return self._history[1]
 
     def gpu_util(self, uuid: str) -> float | None:
@@ -221,7 +223,7 @@ class UsageMonitor:
             tracker = self.tracker(job)
             held = {uuid: sum(p.used_bytes or 0 for p in procs) for uuid, procs in per_gpu.items()}
             if tracker.observe_memory(held, _fullest_card(held, by_uuid)):
-                self.store.record_usage(job.id, tracker.peak_mem)
+                self.store.usage.record_usage(job.id, tracker.peak_mem)
             # Utilization is sampled after the memory: a process that exited in between
             # is missing from the samples, which would read as 0 % busy. Leave it out.
             live_pids = {
@@ -284,7 +286,7 @@ class UsageMonitor:
         if buffer is not None:
             values["usage_state"] = {**tracker.to_state(), "timeline": buffer.to_state()}
             write = buffer.pending(final=final)
-        self.store.set_usage(job_id, timeline=write, **values)
+        self.store.usage.set_usage(job_id, timeline=write, **values)
         if buffer is not None and write is not None:
             buffer.committed(write)
 
@@ -302,7 +304,7 @@ class UsageMonitor:
         self._flushed_at_s.pop(job.id, None)
         tracker = self._trackers.pop(job.id, None)
         if tracker is None:
-            tracker = UsageTracker.from_state(self.store.usage_state(job.id))
+            tracker = UsageTracker.from_state(self.store.usage.usage_state(job.id))
         tracker.peak_mem = max(tracker.peak_mem, job.peak_mem or 0)
         return tracker
 

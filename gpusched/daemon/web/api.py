@@ -66,7 +66,7 @@ def usage(services: Services) -> dict[str, Any]:
     now = services.scheduler.clock()
     totals = {g.uuid: g.total for g in services.scheduler.gpu_reports([])}
     used = usage_by_user(services.store, totals, now, half_life_s)
-    counts = services.store.count_active_by_user()
+    counts = services.store.jobs.count_active_by_user()
     everyone = sum(used.values())
     users = sorted(set(used) | set(counts), key=lambda user: (used.get(user, 0.0), user))
     return {
