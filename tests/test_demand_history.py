@@ -45,7 +45,7 @@ def _ran(
 
 
 def test_a_job_that_never_ran_expects_what_its_past_runs_used(store: Store) -> None:
-    monitor = UsageMonitor(store)
+    monitor = UsageMonitor(store.usage, store.timeline)
     for demand in (0.9, 0.95, 0.1):
         _ran(store, demand, name="train")
     _ran(store, 0.05, name="eval", command=("python", "eval.py"))
@@ -59,7 +59,7 @@ def test_a_job_that_never_ran_expects_what_its_past_runs_used(store: Store) -> N
 
 
 def test_a_sweeps_jobs_expect_what_the_sweeps_finished_jobs_used(store: Store) -> None:
-    monitor = UsageMonitor(store)
+    monitor = UsageMonitor(store.usage, store.timeline)
     _ran(store, 0.2, name="sweep")
     first, second = (store.jobs.add(_new(name="sweep"), NOW) for _ in range(2))
     with (

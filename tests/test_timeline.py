@@ -175,7 +175,7 @@ def test_the_monitor_writes_points_with_its_flush_and_the_end_and_survives_a_res
             margin_bytes=2 * GiB,
         )
 
-    monitor = UsageMonitor(store, flush_interval_s=60)
+    monitor = UsageMonitor(store.usage, store.timeline, flush_interval_s=60)
     monitor.started(job.id)
     for age in range(0, 120, 2):
         poll(monitor, age, 3 * GiB, 40)
@@ -188,7 +188,7 @@ def test_the_monitor_writes_points_with_its_flush_and_the_end_and_survives_a_res
     assert live is not None
     assert len(live) == 60
     # A new daemon picks the series up where the store has it and carries on.
-    restarted = UsageMonitor(store, flush_interval_s=60)
+    restarted = UsageMonitor(store.usage, store.timeline, flush_interval_s=60)
     for age in range(420, 480, 2):  # past the first five minutes: one point a minute
         poll(restarted, age, 4 * GiB, 80)
     final = restarted.final_timeline(job.id)

@@ -222,7 +222,7 @@ def test_the_monitor_samples_flushes_once_a_minute_and_survives_a_restart(store:
             margin_bytes=0,
         )
 
-    monitor = UsageMonitor(store, flush_interval_s=60)
+    monitor = UsageMonitor(store.usage, store.timeline, flush_interval_s=60)
     assert poll(monitor, 0, 3 * GiB, 20) == []
     assert poll(monitor, 30, 3 * GiB, 40) == []
     assert store.usage.usage_state(job.id) is None  # no write per poll
@@ -235,7 +235,7 @@ def test_the_monitor_samples_flushes_once_a_minute_and_survives_a_restart(store:
     assert poll(monitor, 62, 5 * GiB, 60) == []  # told once
     assert store.jobs.get(job.id).mean_util == 40
     # A new daemon picks the figures up from the last flush and carries on.
-    restarted = UsageMonitor(store)
+    restarted = UsageMonitor(store.usage, store.timeline)
     poll(restarted, 100, 2 * GiB, 100)
     tracker = restarted.finish(job)
     assert (tracker.util_samples, tracker.util_min, tracker.util_max) == (4, 20, 100)

@@ -49,7 +49,7 @@ class Services:
         return self.owner_uid != 0
 
     def owned_job(self, caller: Caller, job_id: int) -> Job:
-        return auth.owned_job(self.store, caller, job_id, self.scheduler.in_cluster)
+        return auth.owned_job(self.store.jobs, caller, job_id, self.scheduler.in_cluster)
 
     def visible(self, caller: Caller, job: Job) -> dict[str, Any]:
         return auth.visible(self.scheduler, self.config, caller, job)

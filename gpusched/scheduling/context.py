@@ -88,7 +88,7 @@ class Context:
             store,
             probe,
             launcher,
-            UsageMonitor(store, monotonic=clock.monotonic),
+            UsageMonitor(store.usage, store.timeline, monotonic=clock.monotonic),
             clock,
             threading.RLock(),
             wake,
