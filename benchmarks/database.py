@@ -15,7 +15,7 @@ the same run, one after the other, and reported as PostgreSQL / SQLite.
    acknowledged submit must be in the database afterwards.
 3. Claims per second. In this process's children, on a fresh database: --claim-jobs queued
    jobs, and 3 processes, each with its own Store (its own connections), racing to claim
-   them with `Store.mark_running` (the conditional UPDATE ... WHERE state='queued' a start
+   them with `store.jobs.mark_running` (the conditional UPDATE ... WHERE state='queued' a start
    is), each going through the queue in its own order. Every job must be claimed exactly
    once. (Three daemons on one PostgreSQL are what issue 15's cluster will run; the
    database's part of a claim is this.)

@@ -1,7 +1,7 @@
 """A waiting job's expected demand, from its owner's past runs (gpusched.usage.monitor's
 `expected_demand`, over the store's `demand_records`): the same sweep first, else the
 same --name, else the same command. A real SQLite store; demands are written as a job's
-end writes them (Store.set_usage)."""
+end writes them (store.usage.set_usage)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from gpusched.store import NewJob, Store
-from gpusched.store.database import jobs
+from gpusched.store.schema import jobs
 from gpusched.usage.monitor import UsageMonitor
 
 NOW = "2026-01-05T09:00:00+00:00"

@@ -1,4 +1,4 @@
-"""Schema upgrades (gpusched.store.schema, Alembic) on SQLite and PostgreSQL alike.
+"""Schema upgrades (gpusched.store.migrations, Alembic) on SQLite and PostgreSQL alike.
 
 A database made by the code of earlier releases (create_all of their `jobs` table, no
 alembic_version) is adopted with its queue; a new one is at the head revision and matches
@@ -33,7 +33,7 @@ from sqlalchemy import (
 
 from gpusched.core.models import JobState
 from gpusched.store import Store, metadata, timeline_points
-from gpusched.store.schema import HEAD, SchemaTooNew, head_revision
+from gpusched.store.migrations import HEAD, SchemaTooNew, head_revision
 from tests.daemon_harness import RunningDaemon, directory_settings
 from tests.postgres import PostgresServer
 from tests.test_store import NOW, new_job, start
@@ -157,7 +157,7 @@ def _revisions(store: Store) -> list[str]:
 
 
 def test_head_is_the_newest_revision_shipped() -> None:
-    assert head_revision() == HEAD  # a new revision in versions/ moves schema.HEAD too
+    assert head_revision() == HEAD  # a new revision in versions/ moves migrations.HEAD too
 
 
 def test_a_new_database_is_at_the_head_and_matches_the_code(empty_url: str) -> None:
@@ -166,7 +166,7 @@ def test_a_new_database_is_at_the_head_and_matches_the_code(empty_url: str) -> N
         assert _revisions(store) == [head_revision()]
         with store.database.engine.connect() as conn:
             drift = compare_metadata(MigrationContext.configure(conn), metadata)
-        assert drift == [], "the tables the migrations make differ from store.database's"
+        assert drift == [], "the tables the migrations make differ from gpusched.store.schema's"
     finally:
         store.close()
 

@@ -1,4 +1,4 @@
-"""Store.job_figures on a real SQLite file and a real PostgreSQL server: the counts and
+"""store.jobs.job_figures on a real SQLite file and a real PostgreSQL server: the counts and
 queue waits the metrics report."""
 
 from __future__ import annotations

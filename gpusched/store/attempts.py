@@ -16,11 +16,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import (
-    Column,
-    ForeignKey,
-    Integer,
-    String,
-    Table,
     Text,
     case,
     func,
@@ -31,19 +26,10 @@ from sqlalchemy import (
 from sqlalchemy.engine import Connection
 
 from gpusched.core.models import EndReason, JobState
-from gpusched.store.database import Database, decode_json, jobs, metadata
+from gpusched.store.database import Database
 from gpusched.store.nodes import db_iso
-
-job_attempts = Table(
-    "job_attempts",
-    metadata,
-    Column("job_id", Integer, ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True),
-    Column("attempt", Integer, primary_key=True),  # 1 for the first run
-    Column("node", String, nullable=True),
-    Column("started_at", String, nullable=True),
-    Column("ended_at", String, nullable=True),  # when it was put back in the queue
-    Column("outcome", Text, nullable=False),  # what ended it, in words
-)
+from gpusched.store.rows import decode_json
+from gpusched.store.schema import job_attempts, jobs
 
 
 def record_requeued(

@@ -30,9 +30,10 @@ from sqlalchemy.exc import DBAPIError
 from gpusched.core.errors import ConflictError, GpuschedError, UsageError
 from gpusched.core.models import TERMINAL_STATES, JobState
 from gpusched.store import Store
-from gpusched.store.database import envs, jobs, lock_submits, timeline_points
 from gpusched.store.engine import describe_url, is_disconnect, unavailable
-from gpusched.store.schema import lift_server_bounds
+from gpusched.store.migrations import lift_server_bounds
+from gpusched.store.rows import lock_submits
+from gpusched.store.schema import envs, jobs, timeline_points
 from gpusched.store.waits import unbounded
 
 _BATCH = 500  # rows per INSERT

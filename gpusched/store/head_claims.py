@@ -1,4 +1,5 @@
-"""The head's claim between passes (the `head_claims` table): the cards kept for the
+"""`store.head_claims` (`HeadClaims`): the head's claim between passes (the `head_claims`
+table): the cards kept for the
 blocked first job of the queue, so the next pass, and the next daemon after a restart,
 keeps them instead of choosing again (docs/operations.md, "How a card is chosen").
 
@@ -9,17 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import JSON, BigInteger, Column, Integer, Table, delete, select
+from sqlalchemy import delete, select
 
-from gpusched.store.database import Database, decode_json, metadata
-
-head_claims = Table(
-    "head_claims",
-    metadata,
-    Column("job_id", Integer, primary_key=True),
-    Column("gpu_uuids", JSON, nullable=False),
-    Column("mem", BigInteger, nullable=True),  # the head's --mem per GPU; NULL: a whole GPU
-)
+from gpusched.store.database import Database
+from gpusched.store.rows import decode_json
+from gpusched.store.schema import head_claims
 
 
 @dataclass(frozen=True)

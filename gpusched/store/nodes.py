@@ -1,5 +1,7 @@
-"""The cluster's tables: `nodes` (one row per server, its lease and its GPUs as last
-reported) and `leases` (the scheduler's election), and their conditional writes.
+"""`store.nodes` (`Nodes`): the cluster's tables `nodes` (one row per server, its lease and
+its GPUs as last reported) and `leases` (the scheduler's election), their reads and
+conditional writes; and the checks that other parts run inside their own transactions
+(`election_is_current`, `node_is_live`, the database's clock `db_now` / `db_iso`).
 
 Every lease is timed by the DATABASE's clock (`db_now`; a test injects its own as the
 store's `lease_clock`): servers' clocks may disagree, the database's is one. A lease is
@@ -18,12 +20,6 @@ from datetime import datetime, timezone
 from typing import Any
 
 from sqlalchemy import (
-    Column,
-    Float,
-    Integer,
-    String,
-    Table,
-    Text,
     func,
     insert,
     literal,
@@ -35,33 +31,12 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.sql.elements import ColumnElement
 
 from gpusched.core.clock import iso
-from gpusched.store.database import Database, metadata
+from gpusched.store.database import Database
+from gpusched.store.schema import leases, nodes
 
 NODE_UP = "up"
 NODE_DOWN = "down"
 NODE_DRAINED = "drained"
-
-nodes = Table(
-    "nodes",
-    metadata,
-    Column("name", String, primary_key=True),
-    Column("epoch", Integer, nullable=False),  # bumped when the node is declared down
-    Column("lease_expires", Float, nullable=False),  # database clock, seconds since 1970
-    Column("last_seen", Float, nullable=False),  # database clock
-    Column("state", String, nullable=False),  # up, down or drained
-    Column("drain_reason", Text, nullable=True),
-    Column("owner", String, nullable=True),  # host:pid of the daemon holding the name
-    Column("report", Text, nullable=True),  # JSON: its GPUs, usage, users it lacks
-)
-
-leases = Table(
-    "leases",
-    metadata,
-    Column("role", String, primary_key=True),  # "scheduler"
-    Column("holder", String, nullable=False),
-    Column("epoch", Integer, nullable=False),  # bumped at each change of holder
-    Column("expires", Float, nullable=False),  # database clock
-)
 
 SCHEDULER_ROLE = "scheduler"
 

@@ -1,5 +1,6 @@
-"""The cluster's writes of a job's life: placed on a node by the elected scheduler,
-started by that node's agent, ended lost (or queued again) when its node is declared down.
+"""`store.placements` (`Placements`): the cluster's writes of a job's life: placed on a
+node by the elected scheduler, started by that node's agent, ended lost (or queued again)
+when its node is declared down.
 
 Each is one transaction whose condition is checked in the database, row count and all:
 a placement holds only if the job is still queued and unplaced AND the scheduler's
@@ -7,6 +8,8 @@ election epoch is still current; a start only if the job is still placed on this
 AND the node is at the agent's epoch with an unexpired lease. So of two daemons that
 both believe they schedule, the stale one's writes are refused, and a node declared
 down cannot start anything more under its old epoch (docs/cluster.md).
+`unplaced()` / `back_to_queued()`: the columns a job gives back when it returns to the
+scheduler (also used by store.jobs' hold and unmark_running).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from gpusched.core.models import EndReason, Job, JobState
 from gpusched.store.attempts import record_requeued
-from gpusched.store.database import Database, decode_json, job_select, jobs, to_job
+from gpusched.store.database import Database
 from gpusched.store.nodes import (
     NODE_DOWN,
     db_iso,
@@ -29,6 +32,8 @@ from gpusched.store.nodes import (
     node_is_live,
     nodes,
 )
+from gpusched.store.rows import decode_json, job_select, to_job
+from gpusched.store.schema import jobs
 
 
 @dataclass(frozen=True)
@@ -177,7 +182,7 @@ class Placements:
         pid: tuple[int, str | None] | None = None,
     ) -> bool:
         """The claim that a placed job starts here (before its process exists, as
-        Store.mark_running): refused unless this node is live at the guard's epoch.
+        store.jobs.mark_running): refused unless this node is live at the guard's epoch.
         `pid`: an interactive job's client (pid, start time), the job's process already.
         `started_at` is the database's time of the claim until `launched` says when the
         process was started."""
@@ -206,7 +211,7 @@ class Placements:
     def launched(self, job_id: int, guard: NodeGuard, pid: int, pid_start_time: str) -> bool:
         """A claimed job's supervisor was started: its pid, and `started_at` the launch's
         time by the database's clock. False: the row is no longer this node's running one."""
-        with self.db.write(durable=False) as conn:  # as Store.set_pid: no supervisor survives
+        with self.db.write(durable=False) as conn:  # as store.jobs.set_pid: no supervisor survives
             done = conn.execute(
                 update(jobs)
                 .where(

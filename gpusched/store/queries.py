@@ -1,7 +1,8 @@
-"""The store's reads: jobs by id, by state, by array, for fair share, for notifications
-and for the Prometheus metrics (counts and queue waits as plain data).
+"""The reads of `store.jobs` (`JobReads`, the base of gpusched.store.transitions' `Jobs`):
+jobs by id, by state, by array, for fair share, for notifications and for the Prometheus
+metrics (counts and queue waits as plain data).
 
-Every read runs on `Database.read()`, which takes no write lock, so a slow status or
+Every read runs on the Database's `read()`, which takes no write lock, so a slow status or
 history cannot make a submit wait.
 """
 
@@ -16,14 +17,16 @@ from sqlalchemy import ColumnElement, Text, func, select, type_coerce
 
 from gpusched.core.errors import NotFoundError
 from gpusched.core.models import ACTIVE_STATES, TERMINAL_STATES, Job, JobState, StopIntent
-from gpusched.store.database import Database, decode_json, envs, job_select, jobs, to_job
+from gpusched.store.database import Database
+from gpusched.store.rows import decode_json, job_select, to_job
+from gpusched.store.schema import envs, jobs
 
 _CHUNK = 200  # ids per read: within SQLite's variable limit, and 200 x 128K of commands
 
 
 @dataclass(frozen=True)
 class Queued:
-    """What a scheduling pass needs of a queued job (Store.queued): a pass reads every
+    """What a scheduling pass needs of a queued job (store.jobs.queued): a pass reads every
     queued job, so it reads these columns only, not the whole Job."""
 
     id: int
@@ -76,7 +79,7 @@ class LaunchInfo:
 
 @dataclass(frozen=True)
 class JobFigures:
-    """What the Prometheus metrics report of the jobs (Store.job_figures), over the whole
+    """What the Prometheus metrics report of the jobs (store.jobs.job_figures), over the whole
     database: it is the history, so the figures survive a daemon restart."""
 
     by_state_and_user: dict[tuple[JobState, str], int]  # only the pairs that have jobs

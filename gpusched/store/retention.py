@@ -31,7 +31,9 @@ from sqlalchemy import ColumnElement, Connection, and_, delete, exists, func, se
 from gpusched.core.clock import iso
 from gpusched.core.models import ACTIVE_STATES, TERMINAL_STATES
 from gpusched.core.retention_config import RetentionSettings
-from gpusched.store.database import Database, envs, jobs, lock_submits, timeline_points
+from gpusched.store.database import Database
+from gpusched.store.rows import lock_submits
+from gpusched.store.schema import envs, jobs, timeline_points
 
 BATCH = 2000
 # env_id of an ended job whose environment retention dropped (ids start at 1).

@@ -1,4 +1,6 @@
-"""The store's writes of a job's life: submit, start, end, hold, release, priority.
+"""`store.jobs` (`Jobs`): the writes of a job's life here (submit, start, end, hold,
+release, priority), its reads inherited from gpusched.store.queries' `JobReads` (one base,
+not another part: together they are the one part that owns the `jobs` rows).
 
 One transaction each. A state change is a compare-and-set (`_transition`): it applies
 only if the job is still in a state it may leave, so of two racing changes the first
@@ -20,9 +22,10 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import ColumnElement
 
 from gpusched.core.models import ACTIVE_STATES, EndReason, Job, JobState, StopIntent
-from gpusched.store.database import decode_json, jobs
 from gpusched.store.placements import NodeGuard, back_to_queued, guarded_end, unplaced
 from gpusched.store.queries import JobReads
+from gpusched.store.rows import decode_json
+from gpusched.store.schema import jobs
 from gpusched.store.submits import NewJob, insert_jobs, made_by_request
 from gpusched.store.timeline import TimelineWrite, write_timeline
 from gpusched.store.usage import usage_values

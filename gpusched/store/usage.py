@@ -1,4 +1,4 @@
-"""The store's measured usage and OOM retries (for gpusched.usage.monitor and
+"""`store.usage` (`Usage`): measured usage and OOM retries (for gpusched.usage.monitor and
 scheduling.endings' `JobEndings.settle`).
 
 What measuring a job may write (USAGE_COLUMNS), the daemon's usage tracker kept between
@@ -15,10 +15,12 @@ from sqlalchemy import Text, select, type_coerce, update
 
 from gpusched.core.errors import NotFoundError
 from gpusched.core.models import Job, JobState
-from gpusched.store.database import Database, inserted_id, job_select, jobs, to_job
+from gpusched.store.database import Database
+from gpusched.store.rows import inserted_id, job_select, to_job
+from gpusched.store.schema import jobs
 from gpusched.store.timeline import TimelineWrite, write_timeline
 
-# What measuring a job may write (Store.set_usage, mark_ended's `usage`).
+# What measuring a job may write (Usage.set_usage, Jobs.mark_ended's `usage`).
 USAGE_COLUMNS = frozenset(
     {
         "peak_mem",

@@ -13,7 +13,7 @@ running job and writes to the database only:
 Each job's time series (gpusched.usage.timeline) is fed at every poll too, and its new
 points ride on the same writes: the flush and the end (`final_timeline()`).
 
-The peak is written whenever it rises (`Store.record_usage`), so `show` and the OOM
+The peak is written whenever it rises (`store.usage.record_usage`), so `show` and the OOM
 retry see it at once; it is the tracker's, never a second copy kept elsewhere.
 A job is sampled only while it holds GPU memory: before its first allocation it is still
 starting (loading data, building the model), and counting those polls as 0 % busy would
