@@ -30,6 +30,8 @@ class Services:
     service, serving everyone; any other uid: a user's own daemon, serving only them)."""
 
     scheduler: Scheduler
+    # The whole Store: between them the handlers read store.jobs, store.attempts (show,
+    # history) and store.usage (estimates); each handler names the part it reads.
     store: Store
     settings: ConfigHolder
     owner_uid: int
