@@ -119,9 +119,9 @@ def fill_history(database_url: str, n_ended: int, cwd: str) -> None:
                 "hints": [],
             }
         )
-    with store.engine.begin() as conn:
+    with store.database.engine.begin() as conn:
         conn.execute(jobs.insert(), rows)
-    assert store.count() == n_ended
+    assert store.jobs.count() == n_ended
     store.close()
 
 
@@ -219,7 +219,7 @@ def main() -> None:
             daemon.stop()
             daemon.kill_jobs()
         store = Store(f"sqlite:///{root / 'gpusched.db'}")
-        history = store.count()
+        history = store.jobs.count()
         store.close()
     base = medians["python -c pass"]
     print(f"medians of {args.runs} runs ({'hyperfine' if shutil.which('hyperfine') else 'loop'}):")

@@ -41,12 +41,12 @@ def _run_jobs(daemons: list[RunningDaemon], url: str, count: int) -> float:
     store = Store(url)
     try:
         eventually(
-            lambda: store.count_active() == {"held": 0, "queued": 0, "running": 0},
+            lambda: store.jobs.count_active() == {"held": 0, "queued": 0, "running": 0},
             600,
             interval=0.05,
         )
         took = time.monotonic() - began
-        states = {j.state for j in store.iter_jobs(list(range(1, count + 1)))}
+        states = {j.state for j in store.jobs.iter_jobs(list(range(1, count + 1)))}
     finally:
         store.close()
     if states != {"done"}:

@@ -42,7 +42,7 @@ def _queue(world: World, count: int) -> None:
         umask=0o022,
         mem=GiB,
     )
-    world.scheduler.store.add_many([new] * count, "2026-01-05T09:00:00+00:00", as_array=True)
+    world.scheduler.store.jobs.add_many([new] * count, "2026-01-05T09:00:00+00:00", as_array=True)
 
 
 def measure(queued: int, rounds: int) -> tuple[float, float, int]:
@@ -60,7 +60,7 @@ def measure(queued: int, rounds: int) -> tuple[float, float, int]:
                 reason_rows[0] += len(params) if isinstance(params, list) else 1
 
         for world in (a, b):
-            event.listen(world.scheduler.store.engine, "after_cursor_execute", count)
+            event.listen(world.scheduler.store.database.engine, "after_cursor_execute", count)
         a.tick()  # the first pass says why every job waits
         b.tick()
         reason_rows[0] = 0
@@ -76,7 +76,7 @@ def measure(queued: int, rounds: int) -> tuple[float, float, int]:
             b.tick()
             passing += time.perf_counter() - began
             started += len(a.launcher.started) + len(b.launcher.started) - before
-        assert a.scheduler.store.get(a.launcher.started[-1]).state == JobState.RUNNING
+        assert a.scheduler.store.jobs.get(a.launcher.started[-1]).state == JobState.RUNNING
         return started / passing, reason_rows[0] / rounds, started
 
 

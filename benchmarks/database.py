@@ -15,7 +15,7 @@ the same run, one after the other, and reported as PostgreSQL / SQLite.
    acknowledged submit must be in the database afterwards.
 3. Claims per second. In this process's children, on a fresh database: --claim-jobs queued
    jobs, and 3 processes, each with its own Store (its own connections), racing to claim
-   them with `Store.mark_running` (the conditional UPDATE ... WHERE state='queued' a start
+   them with `store.jobs.mark_running` (the conditional UPDATE ... WHERE state='queued' a start
    is), each going through the queue in its own order. Every job must be claimed exactly
    once. (Three daemons on one PostgreSQL are what issue 15's cluster will run; the
    database's part of a claim is this.)
@@ -77,7 +77,7 @@ def _status_and_submits(url: str, args: argparse.Namespace, root: Path) -> dict[
         daemon.kill_jobs()
     store = Store(url)
     try:
-        figures["submits_recorded"] = store.count() - args.ended - 1  # less the blocker
+        figures["submits_recorded"] = store.jobs.count() - args.ended - 1  # less the blocker
         figures["submits_acknowledged"] = len(acked)
     finally:
         store.close()
@@ -91,7 +91,7 @@ def _claimer(url: str, ids: list[int], seed: int, barrier: Any, out: Any) -> Non
     won: list[int] = []
     barrier.wait()
     for job_id in order:
-        if store.mark_running(
+        if store.jobs.mark_running(
             job_id,
             gpu_indices=[0],
             gpu_uuids=["GPU-0"],
@@ -108,7 +108,7 @@ def _claimer(url: str, ids: list[int], seed: int, barrier: Any, out: Any) -> Non
 def _claims(url: str, n_jobs: int) -> dict[str, float]:
     store = Store(url)
     new = NewJob(user="bench", uid=1, gid=1, command=["true"], cwd="/", env={}, umask=18, mem=1)
-    ids = [job.id for job in store.add_many([new] * n_jobs, NOW)]
+    ids = [job.id for job in store.jobs.add_many([new] * n_jobs, NOW)]
     store.close()
     ctx = multiprocessing.get_context("fork")
     barrier, out = ctx.Barrier(CLAIMERS + 1), ctx.Queue()
@@ -126,7 +126,7 @@ def _claims(url: str, n_jobs: int) -> dict[str, float]:
         proc.join(timeout=60)
     claimed = [job_id for won in wins for job_id in won]
     store = Store(url)
-    running = len(store.running())
+    running = len(store.jobs.running())
     store.close()
     return {
         "claims_per_s": len(claimed) / wall,

@@ -75,7 +75,7 @@ def time_tick(n_waiting: int, n_gpus: int, root: Path) -> tuple[float, int]:
     trace = sized_trace(7, n_waiting, 3600.0)
     env = dict(os.environ)
     base = {"user": "bench", "uid": os.getuid(), "gid": os.getgid(), "cwd": str(root)}
-    # Bulk load in one transaction (Store.add commits one row at a time, with fsync).
+    # Bulk load in one transaction (store.jobs.add commits one row at a time, with fsync).
     rows = [
         {
             **base,
@@ -113,7 +113,7 @@ def time_tick(n_waiting: int, n_gpus: int, root: Path) -> tuple[float, int]:
         }
         for j in trace
     ]
-    with store.engine.begin() as conn:  # one statement per row shape
+    with store.database.engine.begin() as conn:  # one statement per row shape
         conn.execute(jobs.insert(), rows)
         conn.execute(jobs.insert(), queued)
 

@@ -73,7 +73,7 @@ def fill_queue(database_url: str, n_queued: int, cwd: str) -> None:
         }
         for i in range(n_queued)
     ]
-    with store.engine.begin() as conn:
+    with store.database.engine.begin() as conn:
         conn.execute(jobs.insert(), rows)
     store.close()
 

@@ -8,7 +8,7 @@ each send 250 submits through the Python API `gpusched.client.Client`, starting
 together. Baseline in the same run: the same 16 x 250 requests as `ping` (the socket,
 the server's thread per connection and the peer-credential check, no database).
 
-Every acknowledged submit must be in the database (`Store.count()` once the daemon has
+Every acknowledged submit must be in the database (`store.jobs.count()` once the daemon has
 stopped) and every submit should be acknowledged; failed submits are counted with
 their messages. The clients stop after --budget seconds (default 120), so that the
 whole benchmark run stays short even when submits are slow; submits not sent by then
@@ -127,8 +127,8 @@ def main() -> None:
             daemon.stop()
             daemon.kill_jobs()
         store = Store(f"sqlite:///{root / 'gpusched.db'}")
-        in_db = store.count() - 1  # less the blocker
-        queued = sum(1 for job in store.active() if job.state == "queued")
+        in_db = store.jobs.count() - 1  # less the blocker
+        queued = sum(1 for job in store.jobs.active() if job.state == "queued")
         store.close()
     acked = len(submits)
     print(f"{args.clients} clients x {args.submits} requests each, at most {args.budget:.0f} s")

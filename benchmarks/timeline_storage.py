@@ -58,12 +58,12 @@ class Writer:
 
     def run_job(self, minutes: int, rng: random.Random) -> int:
         """One job from submit to end; returns how many points it stored."""
-        job = self.store.add(
+        job = self.store.jobs.add(
             NewJob(user="alice", uid=1000, gid=1000, command=["python", "train.py"],
                    cwd="/home/alice", env={"PATH": "/usr/bin"}, umask=0o022, mem=20 * GiB),
             NOW,
         )  # fmt: skip
-        self.store.mark_running(
+        self.store.jobs.mark_running(
             job.id, gpu_indices=[0], gpu_uuids=["GPU-0"], pid=1, pid_start_time="1",
             log_path="/var/log/gpusched/jobs/1.log", now=NOW,
         )  # fmt: skip
@@ -91,19 +91,21 @@ class Writer:
             raw.clear()
         state = {"util_samples": 1, "timeline": buffer.to_state()}  # as the monitor's flush
         if final:
-            self.store.mark_ended(
+            self.store.jobs.mark_ended(
                 job_id, state=JobState.DONE, reason="exit", now=NOW, exit_code=0,
                 usage={"peak_mem": 12 * GiB, "mean_util": 60, "usage_state": state},
                 timeline=write,
             )  # fmt: skip
-            return len(self.store.timeline_rows(job_id))
-        self.store.set_usage(job_id, timeline=write, usage_state=state)
+            return len(self.store.timeline.timeline_rows(job_id))
+        self.store.usage.set_usage(job_id, timeline=write, usage_state=state)
         if write is not None and self.kind == "timeline":
             buffer.committed(write)
         return 0
 
     def size(self) -> int:
-        raw = self.store.engine.raw_connection()  # no transaction open: a checkpoint may run
+        raw = (
+            self.store.database.engine.raw_connection()
+        )  # no transaction open: a checkpoint may run
         try:
             raw.cursor().execute("PRAGMA wal_checkpoint(TRUNCATE)")
         finally:

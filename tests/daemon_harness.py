@@ -259,8 +259,8 @@ class RunningDaemon:
         supervisor's pid leaves in the database (call with the daemon stopped)."""
         store = Store(f"sqlite:///{self.root / 'gpusched.db'}")
         try:
-            assert store.release(job_id)
-            assert store.mark_running(
+            assert store.jobs.release(job_id)
+            assert store.jobs.mark_running(
                 job_id,
                 gpu_indices=[0],
                 gpu_uuids=[],

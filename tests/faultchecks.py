@@ -134,7 +134,7 @@ class History:
     def lost_but_ended(self, store: Store) -> list[int]:
         """Jobs that ran to their end (and were not started again) but the database says lost."""
         ended = {run.job for run in self.runs() if run.end is not None}
-        return sorted(job for job in ended if store.get(job).state.value == "lost")
+        return sorted(job for job in ended if store.jobs.get(job).state.value == "lost")
 
     def starts_between(self, since: float, until: float) -> dict[str, int]:
         """{node: starts} of the runs that began in [since, until)."""

@@ -56,13 +56,13 @@ class Cluster:
 
     def scheduler(self) -> str:
         """The node holding the scheduler's election (as the database says)."""
-        with self.store.read() as conn:
+        with self.store.database.read() as conn:
             row = conn.exec_driver_sql("SELECT holder FROM leases").first()
         assert row is not None
         return str(row[0]).split(" ")[0].split("@")[0]
 
     def states(self, ids: list[int]) -> dict[int, str]:
-        return {job_id: self.store.get(job_id).state.value for job_id in ids}
+        return {job_id: self.store.jobs.get(job_id).state.value for job_id in ids}
 
     def check(self, requeue: set[int] | None = None) -> None:
         assert self.history.double_starts(requeue or set()) == {}

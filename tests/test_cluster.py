@@ -62,18 +62,18 @@ def test_a_stale_schedulers_placements_are_refused(shared_db: str) -> None:
     was taken over writes nothing, however late its write arrives."""
     old, new = Store(shared_db), Store(shared_db)
     try:
-        assert old.claim_node("n", "h:1", 30, None) == 1
-        job = old.add(_new_job(), "2026-01-01T00:00:00+00:00")
-        epoch = old.take_scheduler("old", None, timeout_s=0.001)
+        assert old.nodes.claim_node("n", "h:1", 30, None) == 1
+        job = old.jobs.add(_new_job(), "2026-01-01T00:00:00+00:00")
+        epoch = old.nodes.take_scheduler("old", None, timeout_s=0.001)
         assert epoch == 1
         time.sleep(0.05)  # its lease runs out, by the database's clock
-        taken = new.take_scheduler("new", new.scheduler_lease(), timeout_s=30)
+        taken = new.nodes.take_scheduler("new", new.nodes.scheduler_lease(), timeout_s=30)
         assert taken == 2
         placement = NodePlacement(job.id, "n", ("GPU-0",), (0,))
-        assert old.place([placement], "old", epoch) == []
-        assert old.get(job.id).node is None
-        assert new.place([placement], "new", taken) == [job.id]
-        assert new.get(job.id).node == "n"
+        assert old.placements.place([placement], "old", epoch) == []
+        assert old.jobs.get(job.id).node is None
+        assert new.placements.place([placement], "new", taken) == [job.id]
+        assert new.jobs.get(job.id).node == "n"
     finally:
         old.close()
         new.close()
@@ -247,7 +247,7 @@ def test_cancel_all_takes_the_callers_jobs_by_name_whatever_their_uid(
     elsewhere = a.submit("--hold", "--", *sleeper())
     store = Store(shared)
     try:
-        with store.engine.begin() as conn:  # as if queued where root's uid were 4242
+        with store.database.engine.begin() as conn:  # as if queued where root's uid were 4242
             conn.execute(update(jobs).where(jobs.c.id == elsewhere).values(uid=4242))
     finally:
         store.close()

@@ -48,7 +48,7 @@ def _slow_claim(world: World, seconds: float) -> Callable[[], None]:
     """Make this node's next claim of a placed job answer `seconds` late (the clock
     moves on once the claim's UPDATE ran, before its commit returns): how a claim that
     waited on a partition comes back. Returns how to stop it."""
-    engine = world.scheduler.store.engine
+    engine = world.scheduler.store.database.engine
     armed = [True]
 
     def late(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
@@ -98,7 +98,7 @@ def test_the_deadline_counts_from_when_the_renewal_was_sent_not_when_it_returned
 ) -> None:
     _a, b = _pair(tmp_path)
     node = _agent(b).node
-    engine = b.scheduler.store.engine
+    engine = b.scheduler.store.database.engine
     sent = b.clock.monotonic()
 
     def slow_renewal(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
@@ -256,14 +256,14 @@ def test_a_requeued_job_whose_first_run_completed_meanwhile_is_not_run_again(
     a.tick()
     job = a.submit(GiB, requeue=1)
     _declared_down_while_away(a, b, job, JobState.QUEUED)
-    (attempt,) = a.scheduler.store.attempts([job])[job]
+    (attempt,) = a.scheduler.store.attempts.earlier_runs([job])[job]
     assert (attempt["attempt"], attempt["node"]) == (1, "b")
     assert attempt["outcome"].startswith("queued again: node b was not heard from")
     b.finish(job, Outcome(OutcomeKind.EXIT, exit_code=0))  # its first run completes
     _restart(tmp_path, b)
     ended = a.job(job)
     assert (ended.state, ended.exit_code, ended.node) == (JobState.DONE, 0, "b")
-    (attempt,) = a.scheduler.store.attempts([job])[job]
+    (attempt,) = a.scheduler.store.attempts.earlier_runs([job])[job]
     assert attempt["outcome"].endswith("; then exited 0")
     a.finish(blocker)
     for _ in range(3):
@@ -291,7 +291,7 @@ def test_a_requeued_job_already_run_again_keeps_both_runs(tmp_path: Path) -> Non
     b.finish(job, Outcome(OutcomeKind.EXIT, exit_code=0))
     _restart(tmp_path, b)
     assert (a.state(job), a.job(job).node) == (JobState.RUNNING, "a")  # its second run goes on
-    (first,) = a.scheduler.store.attempts([job])[job]
+    (first,) = a.scheduler.store.attempts.earlier_runs([job])[job]
     assert first["node"] == "b"
     assert first["outcome"].endswith("; then exited 0")
 
@@ -311,20 +311,20 @@ def test_a_draining_queue_does_not_rewrite_every_waiting_reason_each_pass(
         if statement.startswith("UPDATE jobs SET waiting_reason"):
             written[-1] += len(params) if isinstance(params, list) else 1
 
-    event.listen(a.scheduler.store.engine, "after_cursor_execute", count)
+    event.listen(a.scheduler.store.database.engine, "after_cursor_execute", count)
     for _ in range(6):  # each round frees a's card: the head moves on, every reason with it
         written.append(0)
         for job_id in list(a.launcher.running):
             a.finish(job_id)
         a.tick()
         b.tick()
-    event.remove(a.scheduler.store.engine, "after_cursor_execute", count)
+    event.remove(a.scheduler.store.database.engine, "after_cursor_execute", count)
     assert written[0] >= len(waiting) - 24  # the first pass says why each job waits
     started_per_round = 24  # 1G jobs on a 24G card
     for rows in written[2:]:  # then only what changed in kind, and a bounded refresh
         assert rows <= REFRESH_PER_PASS + started_per_round + 2, written
     # The rows are right in kind, and the elected daemon says the exact reason.
     queued = [j for j in waiting if a.state(j) == JobState.QUEUED]
-    stored = a.scheduler.store.get(queued[-1]).waiting_reason or ""
+    stored = a.scheduler.store.jobs.get(queued[-1]).waiting_reason or ""
     assert "kept for job" in stored and "ahead of it" in stored
     assert a.state(blocker) == JobState.RUNNING

@@ -62,11 +62,11 @@ def race(node: Callable[..., RunningDaemon], tmp_path: Path, count: int, shared:
     try:
 
         def all_done() -> bool:
-            return store.count_active() == {"held": 0, "queued": 0, "running": 0}
+            return store.jobs.count_active() == {"held": 0, "queued": 0, "running": 0}
 
-        eventually(all_done, 60 + count * 0.5, interval=0.5, describe=store.count_active)
+        eventually(all_done, 60 + count * 0.5, interval=0.5, describe=store.jobs.count_active)
         took = time.monotonic() - began
-        jobs = list(store.iter_jobs(ids))
+        jobs = list(store.jobs.iter_jobs(ids))
     finally:
         store.close()
     assert [j.state for j in jobs] == ["done"] * count, [

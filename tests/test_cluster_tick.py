@@ -116,7 +116,7 @@ def _pair(tmp_path: Path, **config: Any) -> tuple[World, World]:
 
 
 def _row_state(world: World, name: str) -> str | None:
-    row = world.scheduler.store.node_row(name)
+    row = world.scheduler.store.nodes.node_row(name)
     return None if row is None else row.state
 
 
@@ -198,12 +198,12 @@ def test_a_node_back_after_being_declared_down_stops_the_requeued_and_keeps_the_
     again = a.submit(GiB, allowed_nodes=("b",), requeue=1)
     a.tick()
     b.tick()
-    epoch = a.scheduler.store.node_row("b").epoch  # type: ignore[union-attr]
+    epoch = a.scheduler.store.nodes.node_row("b").epoch  # type: ignore[union-attr]
     _until(lambda: a.state(lost) == JobState.LOST, a)
     b.tick()  # back: its renewal is refused, it reconciles and rejoins
     assert b.launcher.stop_requests == [again]  # given to the cluster again: stopped here
     assert lost in b.launcher.running  # ended lost with b: runs on, watched
-    row = a.scheduler.store.node_row("b")
+    row = a.scheduler.store.nodes.node_row("b")
     assert row is not None
     assert (row.state, row.epoch) == ("up", epoch + 1)  # rejoined at the epoch of its down
     b.finish(lost, Outcome(OutcomeKind.EXIT, exit_code=3))  # its real end, reported by b
@@ -215,7 +215,7 @@ def test_a_node_declared_down_cannot_start_what_was_placed_under_its_old_epoch(
     tmp_path: Path,
 ) -> None:
     a, b = _pair(tmp_path)
-    old = b.scheduler.store.node_row("b")
+    old = b.scheduler.store.nodes.node_row("b")
     assert old is not None
     job = a.submit(GiB, allowed_nodes=("b",))
     a.tick()  # placed on b; b does not pass to start it
@@ -260,7 +260,7 @@ def test_a_paused_scheduler_is_replaced_and_its_stale_placements_are_refused(
     # a, back, writes a placement under its old election: refused by the database.
     other = b.submit(None)
     placement = NodePlacement(other, "a", (a.probe.uuid(0),), (0,))
-    assert a.scheduler.store.place([placement], "a", stale_epoch) == []
+    assert a.scheduler.store.placements.place([placement], "a", stale_epoch) == []
     assert a.job(other).node is None
     a.tick()  # and it learns it no longer schedules
     assert _agent(a).elect.election_epoch is None

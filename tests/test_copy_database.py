@@ -31,23 +31,23 @@ def _one_server(path: Path) -> tuple[str, dict[str, int]]:
     store = Store(url)
     try:
         ids = {
-            "done": store.add(new_job(name="done"), NOW).id,
-            "running": store.add(new_job(name="running", env={"A": "1"}), NOW).id,
-            "held": store.add(new_job(name="held", held=True), NOW).id,
+            "done": store.jobs.add(new_job(name="done"), NOW).id,
+            "running": store.jobs.add(new_job(name="running", env={"A": "1"}), NOW).id,
+            "held": store.jobs.add(new_job(name="held", held=True), NOW).id,
         }
-        ids["after"] = store.add(new_job(name="after", after=(ids["running"],)), NOW).id
-        array = store.add_many([new_job(name=f"sweep-{i}") for i in range(3)], NOW)
+        ids["after"] = store.jobs.add(new_job(name="after", after=(ids["running"],)), NOW).id
+        array = store.jobs.add_many([new_job(name=f"sweep-{i}") for i in range(3)], NOW)
         ids["array"] = array[0].id
         assert start(store, ids["done"])
         assert end(store, ids["done"], exit_code=0)
         assert start(store, ids["running"])
         points = tuple(TimelineRow(1000.0 + i, i * 2**30, 50.0, 1) for i in range(3))
-        store.set_usage(ids["running"], timeline=TimelineWrite(points), peak_mem=2 * 2**30)
-        oom = store.add(new_job(name="oom", retry_oom=1), NOW).id
+        store.usage.set_usage(ids["running"], timeline=TimelineWrite(points), peak_mem=2 * 2**30)
+        oom = store.jobs.add(new_job(name="oom", retry_oom=1), NOW).id
         assert start(store, oom)
         assert end(store, oom, state=JobState.FAILED, reason=str(EndReason.OOM))
         ids["oom"] = oom
-        ids["retry"] = store.add_retry(oom, 16 * 2**30).id
+        ids["retry"] = store.usage.add_retry(oom, 16 * 2**30).id
     finally:
         store.close()
     return url, ids
@@ -56,8 +56,11 @@ def _one_server(path: Path) -> tuple[str, dict[str, int]]:
 def _everything(url: str) -> dict[int, tuple[Job, LaunchInfo, list[TimelineRow]]]:
     store = Store(url)
     try:
-        found = store.get_many(range(1, store.count() + 100))
-        return {i: (job, store.launch_info(i), store.timeline_rows(i)) for i, job in found.items()}
+        found = store.jobs.get_many(range(1, store.jobs.count() + 100))
+        return {
+            i: (job, store.jobs.launch_info(i), store.timeline.timeline_rows(i))
+            for i, job in found.items()
+        }
     finally:
         store.close()
 
@@ -77,10 +80,10 @@ def test_ids_states_environments_and_history_are_copied(tmp_path: Path, database
     target = Store(database_url)
     try:
         active = [i for i, (job, *_) in sorted(before.items()) if job.state in ACTIVE_STATES]
-        assert [j.id for j in target.active()] == active
-        assert target.get(ids["retry"]).retry_of == ids["oom"]
-        assert target.add(new_job(), NOW).id > max(before)  # the target's ids carry on
-        assert target.add_many([new_job()], NOW)[0].array_id == 2  # so do array ids
+        assert [j.id for j in target.jobs.active()] == active
+        assert target.jobs.get(ids["retry"]).retry_of == ids["oom"]
+        assert target.jobs.add(new_job(), NOW).id > max(before)  # the target's ids carry on
+        assert target.jobs.add_many([new_job()], NOW)[0].array_id == 2  # so do array ids
     finally:
         target.close()
 
@@ -89,7 +92,7 @@ def test_a_target_with_jobs_is_refused_unless_merging(tmp_path: Path, database_u
     source, ids = _one_server(tmp_path / "one-server.db")
     theirs = Store(database_url)
     try:
-        theirs.add_many([new_job(user="bob") for _ in range(10)], NOW)  # array 1
+        theirs.jobs.add_many([new_job(user="bob") for _ in range(10)], NOW)  # array 1
     finally:
         theirs.close()
 
@@ -117,13 +120,17 @@ def test_a_target_with_jobs_is_refused_unless_merging(tmp_path: Path, database_u
     assert "ids shifted by +10" in merged.stdout
     target = Store(database_url)
     try:
-        assert target.get(ids["after"] + 10).after == [ids["running"] + 10]
-        assert target.get(ids["retry"] + 10).retry_of == ids["oom"] + 10
-        assert target.get(ids["oom"] + 10).retried_as == ids["retry"] + 10
-        assert target.get(ids["array"] + 10).array_id == 2  # after bob's
-        assert target.launch_info(ids["running"] + 10).env == {"A": "1"}
-        assert [p.t for p in target.timeline_rows(ids["running"] + 10)] == [1000, 1001, 1002]
-        assert target.get(5).user == "bob"
+        assert target.jobs.get(ids["after"] + 10).after == [ids["running"] + 10]
+        assert target.jobs.get(ids["retry"] + 10).retry_of == ids["oom"] + 10
+        assert target.jobs.get(ids["oom"] + 10).retried_as == ids["retry"] + 10
+        assert target.jobs.get(ids["array"] + 10).array_id == 2  # after bob's
+        assert target.jobs.launch_info(ids["running"] + 10).env == {"A": "1"}
+        assert [p.t for p in target.timeline.timeline_rows(ids["running"] + 10)] == [
+            1000,
+            1001,
+            1002,
+        ]
+        assert target.jobs.get(5).user == "bob"
     finally:
         target.close()
 

@@ -215,7 +215,7 @@ def test_a_cancel_that_killed_the_supervisor_before_it_started_wins(world: World
 
 def test_a_job_stopped_for_overrunning_ends_failed_overrun(world: World) -> None:
     job = _running(world)
-    world.scheduler.store.set_stop_intent(job, StopIntent.OVERRUN, "used 30 GiB of 8 GiB")
+    world.scheduler.store.jobs.set_stop_intent(job, StopIntent.OVERRUN, "used 30 GiB of 8 GiB")
     world.finish(job, Outcome(OutcomeKind.CANCELLED))
     row = world.job(job)
     assert (row.state, row.reason, row.reason_detail) == (
@@ -305,7 +305,7 @@ def _marked_running_without_pid(world: World) -> int:
     """A job the previous daemon marked running, dying before its supervisor existed."""
     job = world.submit(8 * GiB)
     store = world.scheduler.store
-    assert store.mark_running(
+    assert store.jobs.mark_running(
         job,
         gpu_indices=[0],
         gpu_uuids=[world.probe.uuid(0)],

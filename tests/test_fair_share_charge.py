@@ -44,7 +44,7 @@ def test_a_user_who_declared_little_and_used_much_is_charged_what_was_used(
     _run_for(world, {light_declared: 12 * GiB, honest: 10 * GiB}, 600)
 
     usage = usage_by_user(
-        world.scheduler.store, {world.probe.uuid(0): 24 * GiB}, world.clock(), 3600.0
+        world.scheduler.store.jobs, {world.probe.uuid(0): 24 * GiB}, world.clock(), 3600.0
     )
     assert usage["alice"] > usage["bob"]  # 12G for 10 minutes against 10G for 10 minutes
     assert usage["alice"] / usage["bob"] > 1.19
@@ -68,7 +68,7 @@ def test_an_honest_job_that_used_less_than_it_declared_pays_for_what_it_kept(
     world.tick()
     _run_for(world, {used: 16 * GiB}, 600)
     usage = usage_by_user(
-        world.scheduler.store, {world.probe.uuid(0): 24 * GiB}, world.clock(), 3600.0
+        world.scheduler.store.jobs, {world.probe.uuid(0): 24 * GiB}, world.clock(), 3600.0
     )
     # The same 16G for the same 10 minutes each; alice's are ten minutes older: 2^(-1/6).
     assert usage["alice"] / usage["bob"] == pytest.approx(2 ** (-600 / 3600), rel=0.02)

@@ -225,7 +225,7 @@ def test_a_zygote_forked_supervisor_whose_pid_was_never_recorded_is_readopted(
     daemon.stop(signal.SIGKILL)
     store = _db(daemon)
     try:  # what the database holds when set_pid never committed
-        with store.engine.begin() as conn:
+        with store.database.engine.begin() as conn:
             conn.exec_driver_sql(
                 "UPDATE jobs SET pid = NULL, pid_start_time = NULL WHERE id = ?", (job_id,)
             )

@@ -318,7 +318,7 @@ def test_show_gives_the_timeline_only_when_asked_and_to_anyone_who_may_see_the_j
 ) -> None:
     job = daemon.queue(ALICE)
     rows = (TimelineRow(1_735_689_600.0, 3 * GiB, 40.0), TimelineRow(1_735_689_660.5, None, None))
-    daemon.services.store.set_usage(job, timeline=TimelineWrite(rows))
+    daemon.services.store.usage.set_usage(job, timeline=TimelineWrite(rows))
     assert "timeline" not in daemon.ask(ALICE, "show", id=job)
     expected = [
         {"t": "2025-01-01T00:00:00.000+00:00", "memory": 3 * GiB, "util": 40.0},

@@ -36,7 +36,7 @@ def daemon(tmp_path: Path) -> Iterator[Daemon]:
 def test_run_queues_a_job_whose_process_is_the_caller(daemon: Daemon) -> None:
     job = daemon.ask(ME, "run", **RUN)
     assert (job["interactive"], job["pid"], job["uid"]) == (True, os.getpid(), os.getuid())
-    assert daemon.world.scheduler.store.launch_info(job["id"]).env == {}  # nothing stored
+    assert daemon.world.scheduler.store.jobs.launch_info(job["id"]).env == {}  # nothing stored
     daemon.world.tick()
     placed = daemon.ask(ME, "placement", id=job["id"], timeout=0)
     assert placed["job"]["state"] == "running"
@@ -56,7 +56,7 @@ def test_the_caller_must_be_a_live_process_of_its_own(daemon: Daemon) -> None:
     someone_else = Caller(pid=os.getpid(), uid=ME.uid + 4242, gid=0, user="x", admin=False)
     with pytest.raises(ConflictError, match="is gone"):  # our pid is not theirs
         daemon.ask(someone_else, "run", **RUN)
-    assert daemon.world.scheduler.store.active() == []
+    assert daemon.world.scheduler.store.jobs.active() == []
 
 
 def test_only_the_queuing_process_waits_for_it_or_ends_it(daemon: Daemon) -> None:

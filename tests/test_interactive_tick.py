@@ -187,7 +187,7 @@ def test_time_limit_asks_the_client_to_stop_then_ends_the_job_timeout(
     assert client.poll() is None
     world.clock.advance(30)
     world.tick()
-    assert world.scheduler.store.launch_info(job).stop_intent == StopIntent.TIMEOUT
+    assert world.scheduler.store.jobs.launch_info(job).stop_intent == StopIntent.TIMEOUT
     assert client.wait(timeout=10) == -signal.SIGTERM  # the client got SIGTERM
     world.tick()
     ended = world.job(job)

@@ -124,7 +124,7 @@ def test_an_oom_retry_is_capped_at_the_owners_max_mem(tmp_path: Path) -> None:
     )
     (job,) = _pack(world, [16 * GiB])
     _fail(world, job, LIBRARY_MESSAGES["pytorch"] + "\n")
-    retry = world.scheduler.store.latest_attempts([job])[job]
+    retry = world.scheduler.store.jobs.latest_attempts([job])[job]
     assert retry.id != job
     assert retry.mem == 20 * GiB  # not 24G, which max_mem would never let start
 

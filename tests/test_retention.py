@@ -30,7 +30,7 @@ def _job(
     log: str | None,
     hooks_due: bool = False,
 ) -> int:
-    job = store.add(
+    job = store.jobs.add(
         NewJob(
             user="alice",
             uid=1000,
@@ -46,7 +46,7 @@ def _job(
         _at((ended_ago or 0) + 60),
     )
     if ended_ago is not None:
-        assert store.mark_ended(
+        assert store.jobs.mark_ended(
             job.id,
             state=JobState.DONE,
             reason="exit",
@@ -67,27 +67,27 @@ def test_each_kind_goes_at_its_own_age_and_active_jobs_are_never_touched(store: 
     week = _job(store, {"C": "3"}, 7 * DAY_S, "/logs/3.log")
     recent = _job(store, {"D": "4"}, 60.0, "/logs/4.log")
     waiting = _job(store, {"A": "1"}, None, None)  # shares the ancient job's environment
-    done = prune(store, settings, NOW)
+    done = prune(store.database, settings, NOW)
     assert done.jobs == 1 and sorted(done.logs) == ["/logs/1.log", "/logs/2.log", "/logs/3.log"]
-    assert set(store.get_many([ancient, old, week, recent, waiting])) == {
+    assert set(store.jobs.get_many([ancient, old, week, recent, waiting])) == {
         old,
         week,
         recent,
         waiting,
     }
-    assert store.job_timeline(old) == [] and store.job_timeline(week) != []
-    assert store.launch_info(old).env_dropped and store.launch_info(old).env == {}
-    assert store.launch_info(recent).env == {"D": "4"}
-    assert store.launch_info(waiting).env == {"A": "1"}  # still used: kept
+    assert store.timeline.job_timeline(old) == [] and store.timeline.job_timeline(week) != []
+    assert store.jobs.launch_info(old).env_dropped and store.jobs.launch_info(old).env == {}
+    assert store.jobs.launch_info(recent).env == {"D": "4"}
+    assert store.jobs.launch_info(waiting).env == {"A": "1"}  # still used: kept
     assert done.environments == 2 and done.stored_environments == 2  # B and C
-    again = prune(store, settings, NOW)
+    again = prune(store.database, settings, NOW)
     assert not again  # idempotent: nothing left to do
 
 
 def test_null_keeps_forever(store: Store) -> None:
     _job(store, {"A": "1"}, 10_000 * DAY_S, "/logs/1.log")
     none = RetentionSettings(history_s=None, environments_s=None, timelines_s=None, logs_s=None)
-    assert not prune(store, none, NOW)
+    assert not prune(store.database, none, NOW)
 
 
 def test_the_key_parses_with_units_and_refuses_nonsense(tmp_path: Path) -> None:
@@ -103,7 +103,7 @@ def test_the_key_parses_with_units_and_refuses_nonsense(tmp_path: Path) -> None:
 
 
 def _waiting_for(store: Store, job_id: int) -> int:
-    job = store.add(
+    job = store.jobs.add(
         NewJob(
             user="bob",
             uid=1001,
@@ -133,17 +133,17 @@ def test_history_keeps_what_an_active_job_waits_for_and_a_dry_run_changes_nothin
     gone = _job(store, {"B": "2"}, 10 * DAY_S, "/logs/2.log")
     hooked = _job(store, {"C": "3"}, 10 * DAY_S, "/logs/3.log", hooks_due=True)
     dependent = _waiting_for(store, waited_for)
-    dry = prune(store, history, NOW, dry_run=True)
+    dry = prune(store.database, history, NOW, dry_run=True)
     assert (dry.jobs, dry.logs) == (1, ["/logs/2.log"])
-    assert set(store.get_many([waited_for, gone, hooked, dependent])) == {
+    assert set(store.jobs.get_many([waited_for, gone, hooked, dependent])) == {
         waited_for,
         gone,
         hooked,
         dependent,
     }
-    done = prune(store, history, NOW)
+    done = prune(store.database, history, NOW)
     assert (done.jobs, sorted(done.logs)) == (dry.jobs, dry.logs)
-    assert set(store.get_many([waited_for, gone, hooked, dependent])) == {
+    assert set(store.jobs.get_many([waited_for, gone, hooked, dependent])) == {
         waited_for,
         hooked,
         dependent,

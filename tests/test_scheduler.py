@@ -32,7 +32,7 @@ def _queue(scheduler: Scheduler, n: int) -> list[int]:
     new = NewJob(
         user="alice", uid=1000, gid=1000, command=["true"], cwd="/", env={}, umask=18, mem=None
     )
-    return [job.id for job in scheduler.store.add_many([new] * n, "t", as_array=False)]
+    return [job.id for job in scheduler.store.jobs.add_many([new] * n, "t", as_array=False)]
 
 
 @pytest.mark.parametrize("others", [10, 3000])  # fewer, and more, than it remembers

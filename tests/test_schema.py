@@ -1,4 +1,4 @@
-"""Schema upgrades (gpusched.store.schema, Alembic) on SQLite and PostgreSQL alike.
+"""Schema upgrades (gpusched.store.migrations, Alembic) on SQLite and PostgreSQL alike.
 
 A database made by the code of earlier releases (create_all of their `jobs` table, no
 alembic_version) is adopted with its queue; a new one is at the head revision and matches
@@ -33,7 +33,7 @@ from sqlalchemy import (
 
 from gpusched.core.models import JobState
 from gpusched.store import Store, metadata, timeline_points
-from gpusched.store.schema import HEAD, SchemaTooNew, head_revision
+from gpusched.store.migrations import HEAD, SchemaTooNew, head_revision
 from tests.daemon_harness import RunningDaemon, directory_settings
 from tests.postgres import PostgresServer
 from tests.test_store import NOW, new_job, start
@@ -152,21 +152,21 @@ def _old_database(
 
 
 def _revisions(store: Store) -> list[str]:
-    with store.engine.connect() as conn:
+    with store.database.engine.connect() as conn:
         return list(conn.execute(text("SELECT version_num FROM alembic_version")).scalars())
 
 
 def test_head_is_the_newest_revision_shipped() -> None:
-    assert head_revision() == HEAD  # a new revision in versions/ moves schema.HEAD too
+    assert head_revision() == HEAD  # a new revision in versions/ moves migrations.HEAD too
 
 
 def test_a_new_database_is_at_the_head_and_matches_the_code(empty_url: str) -> None:
     store = Store(empty_url)
     try:
         assert _revisions(store) == [head_revision()]
-        with store.engine.connect() as conn:
+        with store.database.engine.connect() as conn:
             drift = compare_metadata(MigrationContext.configure(conn), metadata)
-        assert drift == [], "the tables the migrations make differ from store.database's"
+        assert drift == [], "the tables the migrations make differ from gpusched.store.schema's"
     finally:
         store.close()
 
@@ -179,23 +179,23 @@ def test_a_database_of_an_earlier_release_keeps_its_queue(
     store = Store(empty_url)
     try:
         assert _revisions(store) == [head_revision()]
-        assert [j.id for j in store.active()] == [queued]
-        assert store.get(queued).name == "q"
-        assert store.get(queued).state is JobState.QUEUED
-        assert store.launch_info(queued).env == {"PATH": "/usr/bin"}  # inline, as then
-        assert [j.id for j in store.ended(10)] == [ended]
-        assert store.get(ended).retry_oom is None  # a column the old rows lacked: NULL
+        assert [j.id for j in store.jobs.active()] == [queued]
+        assert store.jobs.get(queued).name == "q"
+        assert store.jobs.get(queued).state is JobState.QUEUED
+        assert store.jobs.launch_info(queued).env == {"PATH": "/usr/bin"}  # inline, as then
+        assert [j.id for j in store.jobs.ended(10)] == [ended]
+        assert store.jobs.get(ended).retry_oom is None  # a column the old rows lacked: NULL
         # The old queue goes on: its job starts, and new jobs follow it.
         assert start(store, queued)
-        added = store.add(new_job(mem=80 * 2**30), NOW)
+        added = store.jobs.add(new_job(mem=80 * 2**30), NOW)
         assert added.id > ended
-        assert store.get(added.id).mem == 80 * 2**30
+        assert store.jobs.get(added.id).mem == 80 * 2**30
     finally:
         store.close()
     again = Store(empty_url)  # a second start has nothing to do
     try:
         assert _revisions(again) == [head_revision()]
-        assert again.count() == 3
+        assert again.jobs.count() == 3
     finally:
         again.close()
 
@@ -218,8 +218,8 @@ def test_a_database_made_by_create_all_of_the_last_release_is_adopted(empty_url:
     store = Store(empty_url)
     try:
         assert _revisions(store) == [head_revision()]
-        assert [j.id for j in store.active()] == [queued]
-        assert [(p.t, p.memory_bytes) for p in store.timeline_rows(queued)] == [(1.0, 5)]
+        assert [j.id for j in store.jobs.active()] == [queued]
+        assert [(p.t, p.memory_bytes) for p in store.timeline.timeline_rows(queued)] == [(1.0, 5)]
     finally:
         store.close()
 

@@ -37,7 +37,7 @@ def new_job(**overrides: object) -> NewJob:
 
 
 def start(store: Store, job_id: int, now: str = NOW) -> bool:
-    return store.mark_running(
+    return store.jobs.mark_running(
         job_id,
         gpu_indices=[1],
         gpu_uuids=["GPU-1"],
@@ -51,14 +51,14 @@ def start(store: Store, job_id: int, now: str = NOW) -> bool:
 def end(store: Store, job_id: int, now: str = NOW, **kw: object) -> bool:
     values: dict[str, object] = {"state": JobState.DONE, "reason": str(EndReason.EXIT)}
     values.update(kw)
-    return store.mark_ended(job_id, now=now, **values)  # type: ignore[arg-type]
+    return store.jobs.mark_ended(job_id, now=now, **values)  # type: ignore[arg-type]
 
 
 # -- add and read ----------------------------------------------------------------------------
 
 
 def test_add_stores_every_field(store: Store) -> None:
-    job = store.add(
+    job = store.jobs.add(
         new_job(name="train", priority=5, after=(7, 9), gpus=2, mem=None), "2025-01-01T00:00:01Z"
     )
     assert job.id >= 1
@@ -77,75 +77,75 @@ def test_add_stores_every_field(store: Store) -> None:
     assert job.gpu_uuids == []
     assert job.hints == []
     assert (job.started_at, job.ended_at, job.pid, job.exit_code, job.reason) == (None,) * 5
-    assert store.get(job.id) == job
+    assert store.jobs.get(job.id) == job
 
 
 def test_add_held(store: Store) -> None:
-    job = store.add(new_job(held=True), NOW)
+    job = store.jobs.add(new_job(held=True), NOW)
     assert job.state is JobState.HELD
-    assert store.get(job.id).state is JobState.HELD
+    assert store.jobs.get(job.id).state is JobState.HELD
 
 
 def test_ids_increase(store: Store) -> None:
-    ids = [store.add(new_job(), NOW).id for _ in range(5)]
+    ids = [store.jobs.add(new_job(), NOW).id for _ in range(5)]
     assert ids == sorted(ids)
     assert len(set(ids)) == 5
-    assert store.count() == 5
+    assert store.jobs.count() == 5
 
 
 def test_large_sizes_survive(store: Store) -> None:
-    job = store.add(new_job(mem=80 * 2**30), NOW)
-    assert store.get(job.id).mem == 80 * 2**30
+    job = store.jobs.add(new_job(mem=80 * 2**30), NOW)
+    assert store.jobs.get(job.id).mem == 80 * 2**30
 
 
 def test_unknown_id(store: Store) -> None:
     with pytest.raises(NotFoundError, match="no job 99"):
-        store.get(99)
+        store.jobs.get(99)
     with pytest.raises(NotFoundError):
-        store.launch_info(99)
+        store.jobs.launch_info(99)
 
 
 def test_get_many(store: Store) -> None:
-    a = store.add(new_job(name="a"), NOW)
-    b = store.add(new_job(name="b"), NOW)
-    got = store.get_many([b.id, a.id, 1234])
+    a = store.jobs.add(new_job(name="a"), NOW)
+    b = store.jobs.add(new_job(name="b"), NOW)
+    got = store.jobs.get_many([b.id, a.id, 1234])
     assert set(got) == {a.id, b.id}
     assert got[a.id].name == "a"
     assert got[b.id].name == "b"
-    assert store.get_many([]) == {}
+    assert store.jobs.get_many([]) == {}
 
 
 def test_active_in_submit_order(store: Store) -> None:
-    queued = store.add(new_job(), NOW).id
-    held = store.add(new_job(held=True), NOW).id
-    running = store.add(new_job(), NOW).id
-    done = store.add(new_job(), NOW).id
+    queued = store.jobs.add(new_job(), NOW).id
+    held = store.jobs.add(new_job(held=True), NOW).id
+    running = store.jobs.add(new_job(), NOW).id
+    done = store.jobs.add(new_job(), NOW).id
     assert start(store, running)
     assert start(store, done)
     assert end(store, done)
-    active = store.active()
+    active = store.jobs.active()
     assert [j.id for j in active] == [queued, held, running]
     assert [j.state for j in active] == [JobState.QUEUED, JobState.HELD, JobState.RUNNING]
 
 
 def test_ended_most_recent_first_with_limit_and_user(store: Store) -> None:
-    ids = [store.add(new_job(user="bob" if i % 2 else "alice"), NOW).id for i in range(4)]
+    ids = [store.jobs.add(new_job(user="bob" if i % 2 else "alice"), NOW).id for i in range(4)]
     end(store, ids[0], now="2025-01-01T00:00:03Z")
     end(store, ids[1], now="2025-01-01T00:00:01Z")
     end(store, ids[2], now="2025-01-01T00:00:02Z", state=JobState.CANCELLED, reason="cancelled")
     end(store, ids[3], now="2025-01-01T00:00:02Z", state=JobState.FAILED, exit_code=1)
-    store.add(new_job(), NOW)  # still queued: never in ended()
-    assert [j.id for j in store.ended(10)] == [ids[0], ids[3], ids[2], ids[1]]
-    assert [j.id for j in store.ended(2)] == [ids[0], ids[3]]
-    assert [j.id for j in store.ended(10, user="bob")] == [ids[3], ids[1]]
-    assert store.ended(10, user="carol") == []
+    store.jobs.add(new_job(), NOW)  # still queued: never in ended()
+    assert [j.id for j in store.jobs.ended(10)] == [ids[0], ids[3], ids[2], ids[1]]
+    assert [j.id for j in store.jobs.ended(2)] == [ids[0], ids[3]]
+    assert [j.id for j in store.jobs.ended(10, user="bob")] == [ids[3], ids[1]]
+    assert store.jobs.ended(10, user="carol") == []
 
 
 # -- transitions -----------------------------------------------------------------------------
 
 
 def test_ended_by_state_and_since(store: Store) -> None:
-    ids = [store.add(new_job(), NOW).id for _ in range(4)]
+    ids = [store.jobs.add(new_job(), NOW).id for _ in range(4)]
     endings = [
         (JobState.DONE, "2026-11-21T10:00:00.000+00:00"),
         (JobState.FAILED, "2026-11-21T11:00:00.000+00:00"),
@@ -155,45 +155,45 @@ def test_ended_by_state_and_since(store: Store) -> None:
     for job_id, (state, when) in zip(ids, endings, strict=True):
         start(store, job_id)
         end(store, job_id, now=when, state=state)
-    failed = store.ended(10, states=[JobState.FAILED])
+    failed = store.jobs.ended(10, states=[JobState.FAILED])
     assert [j.id for j in failed] == [ids[2], ids[1]]
-    since = store.ended(10, since="2026-11-21T11:00:00.000+00:00")  # at or after
+    since = store.jobs.ended(10, since="2026-11-21T11:00:00.000+00:00")  # at or after
     assert [j.id for j in since] == [ids[2], ids[3], ids[1]]
-    both = store.ended(
+    both = store.jobs.ended(
         10, states=[JobState.FAILED, JobState.LOST], since="2026-11-21T12:00:00.000+00:00"
     )
     assert [j.id for j in both] == [ids[2], ids[3]]
     # Active states are never "ended", whatever is asked.
-    assert store.ended(10, states=[JobState.QUEUED, JobState.RUNNING]) == []
+    assert store.jobs.ended(10, states=[JobState.QUEUED, JobState.RUNNING]) == []
 
 
 def test_mark_running_records_the_launch(store: Store) -> None:
-    job_id = store.add(new_job(), NOW).id
+    job_id = store.jobs.add(new_job(), NOW).id
     assert start(store, job_id, now="2025-01-01T00:00:05Z")
-    job = store.get(job_id)
+    job = store.jobs.get(job_id)
     assert job.state is JobState.RUNNING
     assert job.gpu_indices == [1]
     assert job.gpu_uuids == ["GPU-1"]
     assert job.pid == 4242
     assert job.log_path == f"/logs/{job_id}.log"
     assert job.started_at == "2025-01-01T00:00:05Z"
-    assert store.launch_info(job_id).pid_start_time == "12345"
+    assert store.jobs.launch_info(job_id).pid_start_time == "12345"
 
 
 def test_mark_running_is_compare_and_set(store: Store) -> None:
-    job_id = store.add(new_job(), NOW).id
+    job_id = store.jobs.add(new_job(), NOW).id
     assert start(store, job_id, now="first")
     assert not start(store, job_id, now="second")  # already running
-    assert store.get(job_id).started_at == "first"
+    assert store.jobs.get(job_id).started_at == "first"
 
 
 @pytest.mark.parametrize("state", [JobState.HELD, JobState.DONE, JobState.CANCELLED])
 def test_mark_running_only_from_queued(store: Store, state: JobState) -> None:
-    job_id = store.add(new_job(held=True), NOW).id
+    job_id = store.jobs.add(new_job(held=True), NOW).id
     if state is not JobState.HELD:
         end(store, job_id, state=state)
     assert not start(store, job_id)
-    job = store.get(job_id)
+    job = store.jobs.get(job_id)
     assert job.state is state
     assert job.pid is None
     assert job.started_at is None
@@ -205,10 +205,10 @@ def test_mark_running_unknown_id(store: Store) -> None:
 
 @pytest.mark.parametrize("how", ["queued", "held", "running"])
 def test_mark_ended_from_every_active_state(store: Store, how: str) -> None:
-    job_id = store.add(new_job(held=how == "held"), NOW).id
+    job_id = store.jobs.add(new_job(held=how == "held"), NOW).id
     if how == "running":
         start(store, job_id)
-    assert store.mark_ended(
+    assert store.jobs.mark_ended(
         job_id,
         state=JobState.FAILED,
         reason=str(EndReason.SIGNAL),
@@ -217,7 +217,7 @@ def test_mark_ended_from_every_active_state(store: Store, how: str) -> None:
         detail="killed by SIGKILL",
         log_path="/logs/new.log",
     )
-    job = store.get(job_id)
+    job = store.jobs.get(job_id)
     assert job.state is JobState.FAILED
     assert job.reason == "signal"
     assert job.exit_code == -9
@@ -227,11 +227,11 @@ def test_mark_ended_from_every_active_state(store: Store, how: str) -> None:
 
 
 def test_first_ending_wins(store: Store) -> None:
-    job_id = store.add(new_job(), NOW).id
+    job_id = store.jobs.add(new_job(), NOW).id
     start(store, job_id)
     assert end(store, job_id, now="t1", exit_code=0)
     assert not end(store, job_id, now="t2", state=JobState.CANCELLED, reason="cancelled")
-    job = store.get(job_id)
+    job = store.jobs.get(job_id)
     assert job.state is JobState.DONE
     assert job.reason == "exit"
     assert job.exit_code == 0
@@ -240,18 +240,18 @@ def test_first_ending_wins(store: Store) -> None:
 
 
 def test_mark_ended_without_log_path_keeps_it(store: Store) -> None:
-    job_id = store.add(new_job(), NOW).id
+    job_id = store.jobs.add(new_job(), NOW).id
     start(store, job_id)
     end(store, job_id)
-    assert store.get(job_id).log_path == f"/logs/{job_id}.log"
+    assert store.jobs.get(job_id).log_path == f"/logs/{job_id}.log"
 
 
 def test_hooks_due_from_the_end_until_they_start(store: Store) -> None:
-    with_hooks = store.add(new_job(notify=("mail", "alice@lab.org")), NOW).id
-    without = store.add(new_job(), NOW).id
-    later = store.add(new_job(), NOW).id
-    assert store.get(with_hooks).notify == ["mail", "alice@lab.org"]
-    assert store.get(without).notify is None
+    with_hooks = store.jobs.add(new_job(notify=("mail", "alice@lab.org")), NOW).id
+    without = store.jobs.add(new_job(), NOW).id
+    later = store.jobs.add(new_job(), NOW).id
+    assert store.jobs.get(with_hooks).notify == ["mail", "alice@lab.org"]
+    assert store.jobs.get(without).notify is None
     for job_id, hooks_due, now in (
         (later, True, "t2"),
         (with_hooks, True, "t1"),
@@ -259,78 +259,78 @@ def test_hooks_due_from_the_end_until_they_start(store: Store) -> None:
     ):
         start(store, job_id)
         end(store, job_id, now=now, hooks_due=hooks_due)
-    assert store.hooks_due() == [with_hooks, later]  # in the order they ended
-    store.hooks_started(with_hooks)
-    assert store.hooks_due() == [later]
+    assert store.jobs.hooks_due() == [with_hooks, later]  # in the order they ended
+    store.jobs.hooks_started(with_hooks)
+    assert store.jobs.hooks_due() == [later]
     # A second ending is refused, and cannot mark the hooks due again.
     assert not end(store, with_hooks, hooks_due=True)
-    assert store.hooks_due() == [later]
+    assert store.jobs.hooks_due() == [later]
 
 
 def test_hold_and_release(store: Store) -> None:
-    job_id = store.add(new_job(), NOW).id
-    assert store.hold(job_id)
-    assert store.get(job_id).state is JobState.HELD
-    assert not store.hold(job_id)
-    assert store.release(job_id)
-    assert store.get(job_id).state is JobState.QUEUED
-    assert not store.release(job_id)
+    job_id = store.jobs.add(new_job(), NOW).id
+    assert store.jobs.hold(job_id)
+    assert store.jobs.get(job_id).state is JobState.HELD
+    assert not store.jobs.hold(job_id)
+    assert store.jobs.release(job_id)
+    assert store.jobs.get(job_id).state is JobState.QUEUED
+    assert not store.jobs.release(job_id)
 
 
 def test_hold_and_release_do_not_touch_running_or_ended_jobs(store: Store) -> None:
-    running = store.add(new_job(), NOW).id
+    running = store.jobs.add(new_job(), NOW).id
     start(store, running)
-    ended = store.add(new_job(), NOW).id
+    ended = store.jobs.add(new_job(), NOW).id
     end(store, ended)
     for job_id, state in ((running, JobState.RUNNING), (ended, JobState.DONE)):
-        assert not store.hold(job_id)
-        assert not store.release(job_id)
-        assert store.get(job_id).state is state
+        assert not store.jobs.hold(job_id)
+        assert not store.jobs.release(job_id)
+        assert store.jobs.get(job_id).state is state
 
 
 def test_launch_info(store: Store) -> None:
     env = {"PATH": "/opt/conda/bin:/usr/bin", "ODD": "é ü \u2603", "EMPTY": ""}
-    job_id = store.add(new_job(gid=2000, env=env, umask=0o077), NOW).id
-    assert store.launch_info(job_id) == LaunchInfo(2000, env, 0o077, None)
-    assert "env" not in store.get(job_id).to_json()  # never sent to clients
+    job_id = store.jobs.add(new_job(gid=2000, env=env, umask=0o077), NOW).id
+    assert store.jobs.launch_info(job_id) == LaunchInfo(2000, env, 0o077, None)
+    assert "env" not in store.jobs.get(job_id).to_json()  # never sent to clients
 
 
 def test_set_pid(store: Store) -> None:
-    job_id = store.add(new_job(), NOW).id
+    job_id = store.jobs.add(new_job(), NOW).id
     start(store, job_id)
-    assert store.set_pid(job_id, 777, "999.5")
-    assert store.get(job_id).pid == 777
-    assert store.launch_info(job_id).pid_start_time == "999.5"
+    assert store.jobs.set_pid(job_id, 777, "999.5")
+    assert store.jobs.get(job_id).pid == 777
+    assert store.jobs.launch_info(job_id).pid_start_time == "999.5"
 
 
 def test_writes_about_a_running_job_are_refused_once_it_has_ended(store: Store) -> None:
     """pid, stop intent and detail are conditional writes, like every state change: a
     late one (another daemon's, or a thread's that lost a race) changes nothing."""
-    job_id = store.add(new_job(), NOW).id
-    assert not store.set_pid(job_id, 1, "1.0")  # queued: no supervisor to record
-    assert not store.set_stop_intent(job_id, StopIntent.CANCEL, "too early")
+    job_id = store.jobs.add(new_job(), NOW).id
+    assert not store.jobs.set_pid(job_id, 1, "1.0")  # queued: no supervisor to record
+    assert not store.jobs.set_stop_intent(job_id, StopIntent.CANCEL, "too early")
     start(store, job_id)
-    assert store.set_stop_intent(job_id, StopIntent.CANCEL, "cancelled by alice")
+    assert store.jobs.set_stop_intent(job_id, StopIntent.CANCEL, "cancelled by alice")
     end(store, job_id, state=JobState.CANCELLED, reason="cancelled", detail="cancelled by alice")
-    assert not store.set_pid(job_id, 777, "999.5")
-    assert not store.set_stop_intent(job_id, StopIntent.OVERRUN, "late")
-    assert not store.set_detail(job_id, "late")
-    job = store.get(job_id)
+    assert not store.jobs.set_pid(job_id, 777, "999.5")
+    assert not store.jobs.set_stop_intent(job_id, StopIntent.OVERRUN, "late")
+    assert not store.jobs.set_detail(job_id, "late")
+    job = store.jobs.get(job_id)
     assert (job.pid, job.reason_detail) == (4242, "cancelled by alice")
-    assert store.launch_info(job_id).stop_intent is StopIntent.CANCEL
+    assert store.jobs.launch_info(job_id).stop_intent is StopIntent.CANCEL
 
 
 def test_set_detail_then_end(store: Store) -> None:
-    job_id = store.add(new_job(), NOW).id
-    assert store.set_detail(job_id, "cancelled by bob")
-    assert store.get(job_id).reason_detail == "cancelled by bob"
-    assert store.get(job_id).state is JobState.QUEUED
+    job_id = store.jobs.add(new_job(), NOW).id
+    assert store.jobs.set_detail(job_id, "cancelled by bob")
+    assert store.jobs.get(job_id).reason_detail == "cancelled by bob"
+    assert store.jobs.get(job_id).state is JobState.QUEUED
 
 
 def test_record_usage(store: Store) -> None:
-    job_id = store.add(new_job(), NOW).id
-    store.record_usage(job_id, 3 * 2**30)
-    assert store.get(job_id).peak_mem == 3 * 2**30
+    job_id = store.jobs.add(new_job(), NOW).id
+    store.usage.record_usage(job_id, 3 * 2**30)
+    assert store.jobs.get(job_id).peak_mem == 3 * 2**30
 
 
 # -- the file ---------------------------------------------------------------------------------
@@ -338,7 +338,7 @@ def test_record_usage(store: Store) -> None:
 
 def test_wal_mode_on_the_file(db_path: Path) -> None:
     store = Store(f"sqlite:///{db_path}")
-    store.add(new_job(), NOW)
+    store.jobs.add(new_job(), NOW)
     raw = sqlite3.connect(db_path)
     try:
         assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
@@ -360,24 +360,24 @@ def test_creates_parent_directory_and_private_file(db_path: Path) -> None:
 def test_reopened_store_sees_everything(database_url: str) -> None:
     url = database_url
     first = Store(url)
-    queued = first.add(new_job(name="q", priority=3), NOW).id
-    held = first.add(new_job(name="h", held=True), NOW).id
-    running = first.add(new_job(name="r"), NOW).id
+    queued = first.jobs.add(new_job(name="q", priority=3), NOW).id
+    held = first.jobs.add(new_job(name="h", held=True), NOW).id
+    running = first.jobs.add(new_job(name="r"), NOW).id
     start(first, running)
-    done = first.add(new_job(name="d"), NOW).id
+    done = first.jobs.add(new_job(name="d"), NOW).id
     end(first, done, exit_code=0)
-    before = {j.id: j for j in first.active()}
+    before = {j.id: j for j in first.jobs.active()}
     first.close()
 
     second = Store(url)
     try:
-        after = {j.id: j for j in second.active()}
+        after = {j.id: j for j in second.jobs.active()}
         assert after == before
-        assert [j.id for j in second.active()] == [queued, held, running]
-        assert second.get(queued).priority == 3
-        assert second.get(running).pid == 4242
-        assert [j.id for j in second.ended(10)] == [done]
-        assert second.add(new_job(), NOW).id > done  # ids carry on
+        assert [j.id for j in second.jobs.active()] == [queued, held, running]
+        assert second.jobs.get(queued).priority == 3
+        assert second.jobs.get(running).pid == 4242
+        assert [j.id for j in second.jobs.ended(10)] == [done]
+        assert second.jobs.add(new_job(), NOW).id > done  # ids carry on
     finally:
         second.close()
 
@@ -396,7 +396,7 @@ def test_concurrent_adds_from_threads_and_a_second_store(database_url: str) -> N
         try:
             barrier.wait()
             for i in range(50):
-                job_id = s.add(new_job(name=f"{tag}-{i}"), NOW).id
+                job_id = s.jobs.add(new_job(name=f"{tag}-{i}"), NOW).id
                 with lock:
                     ids.append(job_id)
         except BaseException as exc:  # reported by the assertion below
@@ -414,8 +414,8 @@ def test_concurrent_adds_from_threads_and_a_second_store(database_url: str) -> N
             t.join(timeout=60)
         assert not errors, errors
         assert len(set(ids)) == len(ids) == 800
-        assert one.count() == 800
-        names = {j.name for j in two.active()}
+        assert one.jobs.count() == 800
+        names = {j.name for j in two.jobs.active()}
         assert names == {f"{p}{n}-{i}" for p in "ab" for n in range(8) for i in range(50)}
     finally:
         one.close()
@@ -425,7 +425,7 @@ def test_concurrent_adds_from_threads_and_a_second_store(database_url: str) -> N
 def test_concurrent_compare_and_set_has_one_winner(database_url: str) -> None:
     url = database_url
     stores = [Store(url) for _ in range(4)]
-    job_id = stores[0].add(new_job(), NOW).id
+    job_id = stores[0].jobs.add(new_job(), NOW).id
     results: list[bool] = []
     barrier = threading.Barrier(len(stores))
 
@@ -440,7 +440,7 @@ def test_concurrent_compare_and_set_has_one_winner(database_url: str) -> None:
         for t in threads:
             t.join(timeout=30)
         assert sorted(results) == [False, False, False, True]
-        assert (stores[1].get(job_id).started_at or "").startswith("winner-")
+        assert (stores[1].jobs.get(job_id).started_at or "").startswith("winner-")
     finally:
         for s in stores:
             s.close()
@@ -453,18 +453,18 @@ from gpusched.store import NewJob, Store
 
 store = Store(f"sqlite:///{sys.argv[1]}")
 new = NewJob(user="a", uid=1, gid=1, command=["true"], cwd="/", env={}, umask=18, mem=None)
-job_id = store.add(new, "t").id
+job_id = store.jobs.add(new, "t").id
 print("MARK", flush=True)
-store.mark_running(job_id, gpu_indices=[0], gpu_uuids=["u"], pid=None, pid_start_time=None,
+store.jobs.mark_running(job_id, gpu_indices=[0], gpu_uuids=["u"], pid=None, pid_start_time=None,
                    log_path="l", now="t")
 print("SETPID", flush=True)
-store.set_pid(job_id, 42, "1.0")
+store.jobs.set_pid(job_id, 42, "1.0")
 print("ENDED", flush=True)
-store.mark_ended(job_id, state=JobState.DONE, reason="exit", now="t", durable=False)
+store.jobs.mark_ended(job_id, state=JobState.DONE, reason="exit", now="t", durable=False)
 print("CANCEL", flush=True)
-other = store.add(new, "t").id
+other = store.jobs.add(new, "t").id
 print("CANCEL2", flush=True)
-store.mark_ended(other, state=JobState.CANCELLED, reason="cancelled", now="t")
+store.jobs.mark_ended(other, state=JobState.CANCELLED, reason="cancelled", now="t")
 print("END", flush=True)
 """
 

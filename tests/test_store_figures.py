@@ -1,4 +1,4 @@
-"""Store.job_figures on a real SQLite file and a real PostgreSQL server: the counts and
+"""store.jobs.job_figures on a real SQLite file and a real PostgreSQL server: the counts and
 queue waits the metrics report."""
 
 from __future__ import annotations
@@ -17,21 +17,21 @@ def at(seconds: int) -> str:
 
 
 def test_an_empty_database_has_no_figures(store: Store) -> None:
-    assert store.job_figures() == JobFigures({}, {}, [])
+    assert store.jobs.job_figures() == JobFigures({}, {}, [])
 
 
 def test_counts_by_state_and_user_and_ended_by_reason(store: Store) -> None:
-    alice = [store.add(new_job(), T0).id for _ in range(4)]
-    bob = [store.add(new_job(user="bob", uid=1001), T0).id for _ in range(2)]
+    alice = [store.jobs.add(new_job(), T0).id for _ in range(4)]
+    bob = [store.jobs.add(new_job(user="bob", uid=1001), T0).id for _ in range(2)]
     assert start(store, alice[0], now=at(30))
     assert start(store, alice[1], now=at(60))
-    store.mark_ended(alice[1], state=JobState.DONE, reason=str(EndReason.EXIT), now=at(90))
-    assert store.hold(alice[2])
-    store.mark_ended(bob[0], state=JobState.CANCELLED, reason=str(EndReason.CANCELLED), now=T0)
+    store.jobs.mark_ended(alice[1], state=JobState.DONE, reason=str(EndReason.EXIT), now=at(90))
+    assert store.jobs.hold(alice[2])
+    store.jobs.mark_ended(bob[0], state=JobState.CANCELLED, reason=str(EndReason.CANCELLED), now=T0)
     assert start(store, bob[1], now=at(3600))
-    store.mark_ended(bob[1], state=JobState.FAILED, reason=str(EndReason.OOM), now=at(3700))
+    store.jobs.mark_ended(bob[1], state=JobState.FAILED, reason=str(EndReason.OOM), now=at(3700))
 
-    figures = store.job_figures()
+    figures = store.jobs.job_figures()
 
     assert figures.by_state_and_user == {
         (JobState.RUNNING, "alice"): 1,
@@ -50,28 +50,28 @@ def test_counts_by_state_and_user_and_ended_by_reason(store: Store) -> None:
 
 
 def test_figures_survive_a_reopen(store: Store, database_url: str) -> None:
-    job = store.add(new_job(), T0).id
+    job = store.jobs.add(new_job(), T0).id
     assert start(store, job, now=at(5))
-    store.mark_ended(job, state=JobState.DONE, reason=str(EndReason.EXIT), now=at(9))
-    before = store.job_figures()
+    store.jobs.mark_ended(job, state=JobState.DONE, reason=str(EndReason.EXIT), now=at(9))
+    before = store.jobs.job_figures()
     store.close()
     again = Store(database_url)
     try:
-        assert again.job_figures() == before
+        assert again.jobs.job_figures() == before
         assert before.queue_waits_s == [5.0]
     finally:
         again.close()
 
 
 def test_a_row_whose_times_do_not_parse_is_left_out_of_the_waits(store: Store) -> None:
-    good, bad = store.add(new_job(), T0).id, store.add(new_job(), T0).id
+    good, bad = store.jobs.add(new_job(), T0).id, store.jobs.add(new_job(), T0).id
     assert start(store, good, now=at(12))
     assert start(store, bad, now=at(12))
     # A row written by hand (or by an older version) with a time that is not ISO 8601.
-    with store.engine.begin() as conn:
+    with store.database.engine.begin() as conn:
         conn.execute(text("UPDATE jobs SET submitted_at = 'yesterday' WHERE id = :id"), {"id": bad})
 
-    figures = store.job_figures()
+    figures = store.jobs.job_figures()
 
     assert figures.queue_waits_s == [12.0]
     assert figures.by_state_and_user == {(JobState.RUNNING, "alice"): 2}

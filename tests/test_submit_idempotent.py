@@ -52,7 +52,7 @@ def _submit(world: World, caller: Caller, **args: Any) -> Any:
 
 
 def _count(world: World) -> int:
-    return len(world.scheduler.store.active())
+    return len(world.scheduler.store.jobs.active())
 
 
 def test_a_retried_submit_answers_the_job_its_first_try_made(world: World) -> None:

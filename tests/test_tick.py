@@ -262,12 +262,12 @@ def test_a_job_whose_supervisor_is_gone_after_a_restart_is_lost(world: World) ->
         )
     )
     again.adopt_running()
-    lost = again.store.get(gone)
+    lost = again.store.jobs.get(gone)
     assert (lost.state, lost.reason) == (JobState.LOST, EndReason.LOST)
     assert "supervisor was gone" in (lost.reason_detail or "")
-    assert again.store.get(alive).state == JobState.RUNNING  # re-adopted
+    assert again.store.jobs.get(alive).state == JobState.RUNNING  # re-adopted
     world.launcher.finish(alive, EXITED_0)  # its end now reaches the new scheduler
-    assert again.store.get(alive).state == JobState.DONE
+    assert again.store.jobs.get(alive).state == JobState.DONE
 
 
 def test_a_job_out_of_gpu_memory_is_retried_with_more(tmp_path: Path) -> None:
@@ -278,7 +278,7 @@ def test_a_job_out_of_gpu_memory_is_retried_with_more(tmp_path: Path) -> None:
     world.finish(job, Outcome(OutcomeKind.EXIT, exit_code=1))
     ended = world.job(job)
     assert (ended.state, ended.reason) == (JobState.FAILED, EndReason.OOM)
-    retry = world.scheduler.store.latest_attempts([job])[job]
+    retry = world.scheduler.store.jobs.latest_attempts([job])[job]
     assert retry.id != job
     assert retry.mem == 12 * GiB
     world.tick()

@@ -41,7 +41,7 @@ def past_run(world: World, name: str, demand: float) -> None:
     world.finish(earlier)
     world.tick()
     assert world.state(earlier) == JobState.DONE
-    world.scheduler.store.set_usage(earlier, demand=demand)
+    world.scheduler.store.usage.set_usage(earlier, demand=demand)
     world.clock.advance(HISTORY_TTL_S + 1)  # the daemon reads the history once a minute
 
 
@@ -90,10 +90,10 @@ def test_a_busy_job_waits_for_a_quieter_card_counted_from_when_it_was_first_held
     world.tick()
     assert sorted(g for job in running for g in world.gpus_of(job)) == [0, 1]
     late = world.submit(20 * GiB, name="busy")
-    assert world.scheduler.store.hold(late)
+    assert world.scheduler.store.jobs.hold(late)
     world.clock.advance(3 * 3600)  # long queued
     world.tick()
-    assert world.scheduler.store.release(late)
+    assert world.scheduler.store.jobs.release(late)
     world.tick()
     assert world.state(late) == JobState.QUEUED
     why = world.job(late).waiting_reason or ""
@@ -150,7 +150,7 @@ def test_both_placers_feed_the_demand_and_hold_a_busy_job(tmp_path: Path, placer
     world.tick()
     assert sorted(g for job in running for g in world.gpus_of(job)) == [0, 1]
     for job in running:  # as the usage monitor's flush writes a running job's figures
-        world.scheduler.store.set_usage(job, demand=BUSY)
+        world.scheduler.store.usage.set_usage(job, demand=BUSY)
     world.clock.advance(HISTORY_TTL_S + 1)
     late = world.submit(20 * GiB, name="busy")
     world.tick()

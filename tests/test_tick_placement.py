@@ -71,7 +71,7 @@ def test_the_heads_claim_is_stored_and_survives_a_restart(tmp_path: Path) -> Non
     world.tick()
     head = world.submit(20 * GiB)
     world.tick()
-    stored = world.scheduler.store.head_claim()
+    stored = world.scheduler.store.head_claims.current()
     assert stored is not None
     assert stored.job_id == head
     assert stored.gpu_uuids == (world.probe.uuid(1),)  # 10G to free there, not 20G
@@ -88,13 +88,13 @@ def test_the_heads_claim_is_stored_and_survives_a_restart(tmp_path: Path) -> Non
     )
     again.adopt_running()
     again.tick()
-    assert again.store.head_claim() == stored
-    assert "GPU 1 kept for it" in (again.decorate(again.store.get(head)).waiting_reason or "")
+    assert again.store.head_claims.current() == stored
+    assert "GPU 1 kept for it" in (again.decorate(again.store.jobs.get(head)).waiting_reason or "")
     again.store.close()
     world.finish(second)
     world.tick()
     assert world.gpus_of(head) == [1]
-    assert world.scheduler.store.head_claim() is None
+    assert world.scheduler.store.head_claims.current() is None
     assert world.state(first) == JobState.RUNNING
 
 
@@ -202,7 +202,7 @@ def test_after_an_oom_retried_job_names_the_retry(tmp_path: Path) -> None:
     after = world.submit(2 * GiB, after=(first,))
     world.launcher.log_path(first).write_text("torch.OutOfMemoryError: CUDA out of memory.\n")
     world.finish(first, Outcome(OutcomeKind.EXIT, exit_code=1))
-    retry = world.scheduler.store.latest_attempts([first])[first].id
+    retry = world.scheduler.store.jobs.latest_attempts([first])[first].id
     world.tick()
     reason = world.job(after).waiting_reason or ""
     assert f"retried as job {retry}" in reason
@@ -237,7 +237,7 @@ def test_memory_on_a_gpu_the_job_was_not_given_is_an_overrun(tmp_path: Path) -> 
     world.probe.hold(world.launcher.running[job], 1, 2 * GiB)
     world.tick()
     assert world.launcher.stop_requests == [job]
-    report = world.scheduler.gpu_reports(world.scheduler.store.running())[1]
+    report = world.scheduler.gpu_reports(world.scheduler.store.jobs.running())[1]
     assert report.jobs == [job]
     world.finish(job, Outcome(OutcomeKind.CANCELLED))
     ended = world.job(job)
@@ -271,7 +271,7 @@ def test_a_card_short_of_its_reservations_says_so_in_status(tmp_path: Path) -> N
     world.tick()  # launched, not allocated yet: 16G reserved
     world.probe.hold(4242, 0, 12 * GiB)  # another process takes 12G meanwhile
     world.tick()
-    report = world.scheduler.gpu_reports(world.scheduler.store.running())[0]
+    report = world.scheduler.gpu_reports(world.scheduler.store.jobs.running())[0]
     assert report.jobs == [job]
     assert report.short == 4 * GiB
     lines = render_gpus([report])

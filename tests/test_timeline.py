@@ -33,12 +33,12 @@ def running_job(store: Store, **spec: Any) -> Job:
         "user": "alice", "uid": 1000, "gid": 1000, "command": ["python", "train.py"],
         "cwd": "/home/alice", "env": {}, "umask": 0o022, "mem": 16 * GiB, **spec,
     }  # fmt: skip
-    job = store.add(NewJob(**values), NOW)
-    assert store.mark_running(
+    job = store.jobs.add(NewJob(**values), NOW)
+    assert store.jobs.mark_running(
         job.id, gpu_indices=[0], gpu_uuids=["GPU-0"], pid=os.getpid(), pid_start_time="1",
         log_path="/nonexistent.log", now=NOW,
     )  # fmt: skip
-    return store.get(job.id)
+    return store.jobs.get(job.id)
 
 
 def memory_at(age_s: float) -> int:
@@ -63,17 +63,17 @@ def test_a_72_hour_job_keeps_at_most_1000_points_its_peak_and_its_shape(store: S
         if age % 60 == 0:
             write = buffer.pending()
             if write is not None:
-                store.set_usage(job.id, timeline=write)
+                store.usage.set_usage(job.id, timeline=write)
                 buffer.committed(write)
                 flushes += 1
         if age % 3600 == 0:
-            most_stored = max(most_stored, len(store.timeline_rows(job.id)))
+            most_stored = max(most_stored, len(store.timeline.timeline_rows(job.id)))
         assert len(buffer.points) <= MAX_POINTS
         age += 2
-    assert store.mark_ended(
+    assert store.jobs.mark_ended(
         job.id, state=JobState.DONE, reason="exit", now=NOW, timeline=buffer.pending(final=True)
     )
-    points = store.job_timeline(job.id)
+    points = store.timeline.job_timeline(job.id)
     assert most_stored <= MAX_POINTS
     assert 250 <= len(points) <= MAX_POINTS
     assert points == buffer.snapshot()  # the store holds all of it, the last point too
@@ -131,7 +131,7 @@ def test_writes_append_closed_points_and_replace_once_after_thinning(store: Stor
     write = buffer.pending()
     assert write is not None
     assert (len(write.points), write.replace) == (5, False)  # the last is still filling
-    store.set_usage(job.id, timeline=write)
+    store.usage.set_usage(job.id, timeline=write)
     buffer.committed(write)
     assert buffer.pending() is None  # nothing new
     for age in range(6, 20):  # past 10 points: thinned, the stored ones are stale
@@ -139,15 +139,15 @@ def test_writes_append_closed_points_and_replace_once_after_thinning(store: Stor
     write = buffer.pending()
     assert write is not None
     assert write.replace
-    store.set_usage(job.id, timeline=write)
+    store.usage.set_usage(job.id, timeline=write)
     buffer.committed(write)
     final = buffer.pending(final=True)
     assert final is not None
     assert not final.replace
-    store.set_usage(job.id, timeline=final)
+    store.usage.set_usage(job.id, timeline=final)
     buffer.committed(final)
-    assert store.job_timeline(job.id) == buffer.snapshot()
-    assert max(p.memory_bytes or 0 for p in store.job_timeline(job.id)) == 19 * GiB
+    assert store.timeline.job_timeline(job.id) == buffer.snapshot()
+    assert max(p.memory_bytes or 0 for p in store.timeline.job_timeline(job.id)) == 19 * GiB
 
 
 def test_the_monitor_writes_points_with_its_flush_and_the_end_and_survives_a_restart(
@@ -156,7 +156,7 @@ def test_the_monitor_writes_points_with_its_flush_and_the_end_and_survives_a_res
     job = running_job(store, mem=4 * GiB, gpus=2)
     me = os.getpid()
     commits: list[int] = []
-    event.listen(store.engine, "commit", lambda _conn: commits.append(1))
+    event.listen(store.database.engine, "commit", lambda _conn: commits.append(1))
 
     def poll(monitor: UsageMonitor, age: float, used: int, util: int) -> None:
         gpus = [
@@ -175,25 +175,27 @@ def test_the_monitor_writes_points_with_its_flush_and_the_end_and_survives_a_res
             margin_bytes=2 * GiB,
         )
 
-    monitor = UsageMonitor(store, flush_interval_s=60)
+    monitor = UsageMonitor(store.usage, store.timeline, flush_interval_s=60)
     monitor.started(job.id)
     for age in range(0, 120, 2):
         poll(monitor, age, 3 * GiB, 40)
     # 60 polls, two writes: the peak when it rose (at the first), the flush a minute in.
     assert len(commits) == 2
-    stored = store.job_timeline(job.id)
+    stored = store.timeline.job_timeline(job.id)
     assert len(stored) == 30  # the polls before the flush; the flush's own is still open
     assert stored[0] == TimelinePoint(START_S, 6 * GiB, 40.0)  # summed over both GPUs
     live = monitor.live_timeline(job.id)
     assert live is not None
     assert len(live) == 60
     # A new daemon picks the series up where the store has it and carries on.
-    restarted = UsageMonitor(store, flush_interval_s=60)
+    restarted = UsageMonitor(store.usage, store.timeline, flush_interval_s=60)
     for age in range(420, 480, 2):  # past the first five minutes: one point a minute
         poll(restarted, age, 4 * GiB, 80)
     final = restarted.final_timeline(job.id)
-    assert store.mark_ended(job.id, state=JobState.DONE, reason="exit", now=NOW, timeline=final)
-    points = store.job_timeline(job.id)
+    assert store.jobs.mark_ended(
+        job.id, state=JobState.DONE, reason="exit", now=NOW, timeline=final
+    )
+    points = store.timeline.job_timeline(job.id)
     assert points[:30] == stored
     assert points[30:] == [TimelinePoint(START_S + 420, 8 * GiB, 80.0)]
     assert [p.t for p in points] == sorted({p.t for p in points})
@@ -209,24 +211,24 @@ def test_points_go_with_their_job_and_the_table_is_added_to_an_older_database(
         for age in range(5):
             buffer.add(START_S + age, GiB, 1.0)
         for job in (kept, dropped):
-            store.set_usage(job.id, timeline=buffer.pending(final=True))
-        with store.engine.begin() as conn:  # history pruned: the job's row deleted
+            store.usage.set_usage(job.id, timeline=buffer.pending(final=True))
+        with store.database.engine.begin() as conn:  # history pruned: the job's row deleted
             conn.execute(delete(jobs).where(jobs.c.id == dropped.id))
             left = conn.execute(
                 select(timeline_points.c.job_id, func.count()).group_by("job_id")
             ).all()
         assert [tuple(row) for row in left] == [(kept.id, 5)]
-        assert store.job_timeline(dropped.id) == []
-        with store.engine.begin() as conn:  # a database from before the timeline (and
+        assert store.timeline.job_timeline(dropped.id) == []
+        with store.database.engine.begin() as conn:  # a database from before the timeline (and
             conn.exec_driver_sql("DROP TABLE timeline_points")  # before schema revisions)
             conn.exec_driver_sql("DROP TABLE alembic_version")
     finally:
         store.close()
     reopened = Store(f"sqlite:///{db_path}")
     try:
-        assert reopened.job_timeline(kept.id) == []
-        reopened.set_usage(kept.id, timeline=buffer.pending(final=True))
-        assert len(reopened.job_timeline(kept.id)) == 5
+        assert reopened.timeline.job_timeline(kept.id) == []
+        reopened.usage.set_usage(kept.id, timeline=buffer.pending(final=True))
+        assert len(reopened.timeline.job_timeline(kept.id)) == 5
     finally:
         reopened.close()
 

@@ -121,7 +121,7 @@ def test_a_stopped_daemon_writes_the_points_it_held_in_memory(
     daemon.stop()
     stored = Store(load_config(daemon.config_path).database_url)
     try:
-        points = stored.job_timeline(job_id)
+        points = stored.timeline.job_timeline(job_id)
     finally:
         stored.close()
         daemon.kill_jobs()

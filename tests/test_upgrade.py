@@ -74,7 +74,7 @@ def test_a_supervisor_started_under_the_old_module_path_is_readopted(
     )
     store = Store(f"sqlite:///{daemon.root / 'gpusched.db'}")
     try:
-        with store.engine.begin() as conn:
+        with store.database.engine.begin() as conn:
             conn.exec_driver_sql(
                 "UPDATE jobs SET pid = NULL, pid_start_time = NULL WHERE id = ?", (job_id,)
             )

@@ -48,7 +48,7 @@ def store(tmp_path: Path) -> Iterator[Store]:
 
 
 def run_and_end(store: Store, job_id: int, state: JobState = JobState.DONE, **kw: object) -> None:
-    assert store.mark_running(
+    assert store.jobs.mark_running(
         job_id,
         gpu_indices=[0],
         gpu_uuids=["GPU-0"],
@@ -57,14 +57,14 @@ def run_and_end(store: Store, job_id: int, state: JobState = JobState.DONE, **kw
         log_path="/logs/x.log",
         now=NOW,
     )
-    assert store.mark_ended(job_id, state=state, reason="exit", now=LATER, **kw)  # type: ignore[arg-type]
+    assert store.jobs.mark_ended(job_id, state=state, reason="exit", now=LATER, **kw)  # type: ignore[arg-type]
 
 
 def test_an_oom_retry_copies_the_spec_keeps_the_place_and_starts_a_new_run(store: Store) -> None:
-    first = store.add(new_job(), NOW)
-    store.record_usage(first.id, 9 * GiB)
-    store.set_usage(first.id, mean_util=50, hints=["x"], usage_state={"peak_mem": 1})
-    retry = store.add_retry(first.id, 12 * GiB)
+    first = store.jobs.add(new_job(), NOW)
+    store.usage.record_usage(first.id, 9 * GiB)
+    store.usage.set_usage(first.id, mean_util=50, hints=["x"], usage_state={"peak_mem": 1})
+    retry = store.usage.add_retry(first.id, 12 * GiB)
     assert (retry.state, retry.mem, retry.retry_of, retry.retry_oom) == (
         JobState.QUEUED,
         12 * GiB,
@@ -77,44 +77,44 @@ def test_an_oom_retry_copies_the_spec_keeps_the_place_and_starts_a_new_run(store
         first.priority,
         first.submitted_at,
     )
-    assert store.launch_info(retry.id).env == {"PATH": "/usr/bin"}
+    assert store.jobs.launch_info(retry.id).env == {"PATH": "/usr/bin"}
     assert (retry.peak_mem, retry.mean_util, retry.hints, retry.started_at) == (
         None,
         None,
         [],
         None,
     )
-    assert store.usage_state(retry.id) is None
-    assert store.get(first.id).retried_as == retry.id
+    assert store.usage.usage_state(retry.id) is None
+    assert store.jobs.get(first.id).retried_as == retry.id
     # Asking again returns the same retry (a daemon restarted half way does not make two).
-    assert store.add_retry(first.id, 12 * GiB).id == retry.id
-    assert store.count() == 2
+    assert store.usage.add_retry(first.id, 12 * GiB).id == retry.id
+    assert store.jobs.count() == 2
     # A retry of the retry still points at the first attempt: that is its place.
-    assert store.add_retry(retry.id, 18 * GiB).retry_of == first.id
-    assert store.latest_attempts([first.id])[first.id].mem == 18 * GiB
+    assert store.usage.add_retry(retry.id, 18 * GiB).retry_of == first.id
+    assert store.jobs.latest_attempts([first.id])[first.id].mem == 18 * GiB
 
 
 def test_usage_is_written_with_the_end_and_only_usage_columns(store: Store) -> None:
-    job = store.add(new_job(), NOW)
+    job = store.jobs.add(new_job(), NOW)
     run_and_end(
         store,
         job.id,
         usage={"peak_mem": 5 * GiB, "mean_util": 40, "util_min": 0, "util_max": 90,
                "util_stddev": 30.5, "hints": ["h"], "overrun_at": NOW},
     )  # fmt: skip
-    ended = store.get(job.id)
+    ended = store.jobs.get(job.id)
     assert (ended.peak_mem, ended.mean_util, ended.util_min, ended.util_max) == (5 * GiB, 40, 0, 90)
     assert (ended.util_stddev, ended.hints, ended.overrun_at) == (30.5, ["h"], NOW)
     with pytest.raises(ValueError, match="not a usage column"):
-        store.set_usage(job.id, state="done")
+        store.usage.set_usage(job.id, state="done")
 
 
 def test_peaks_for_command_counts_the_owners_successful_runs_of_that_command(
     store: Store,
 ) -> None:
     def job(peak: int, state: JobState = JobState.DONE, **kw: object) -> int:
-        job_id = store.add(new_job(**kw), NOW).id
-        store.record_usage(job_id, peak)
+        job_id = store.jobs.add(new_job(**kw), NOW).id
+        store.usage.record_usage(job_id, peak)
         run_and_end(store, job_id, state)
         return job_id
 
@@ -122,10 +122,10 @@ def test_peaks_for_command_counts_the_owners_successful_runs_of_that_command(
     job(20 * GiB, JobState.FAILED)
     job(30 * GiB, command=["python", "other.py"])
     job(40 * GiB, uid=1001)
-    runs = store.peaks_for_command(1000, ["python", "train.py"])
+    runs = store.usage.peaks_for_command(1000, ["python", "train.py"])
     assert sorted(run[0] for run in runs) == good
     assert max(run[1] for run in runs) == 6 * GiB
-    assert store.peaks_for_command(1000, ["python"]) == []
+    assert store.usage.peaks_for_command(1000, ["python"]) == []
 
 
 def test_an_oom_retry_goes_before_jobs_submitted_after_its_first_attempt() -> None:
@@ -200,12 +200,12 @@ def test_frameworks_are_told_the_share_of_a_shared_card_unless_the_user_said() -
 
 
 def test_the_monitor_samples_flushes_once_a_minute_and_survives_a_restart(store: Store) -> None:
-    job = store.add(new_job(mem=4 * GiB), NOW)
-    assert store.mark_running(
+    job = store.jobs.add(new_job(mem=4 * GiB), NOW)
+    assert store.jobs.mark_running(
         job.id, gpu_indices=[0], gpu_uuids=["GPU-0"], pid=os.getpid(), pid_start_time="1",
         log_path="/nonexistent.log", now=NOW,
     )  # fmt: skip
-    job = store.get(job.id)
+    job = store.jobs.get(job.id)
     me = os.getpid()
 
     def poll(monitor: UsageMonitor, at_s: float, used: int, util: int) -> list[Overrun]:
@@ -222,10 +222,10 @@ def test_the_monitor_samples_flushes_once_a_minute_and_survives_a_restart(store:
             margin_bytes=0,
         )
 
-    monitor = UsageMonitor(store, flush_interval_s=60)
+    monitor = UsageMonitor(store.usage, store.timeline, flush_interval_s=60)
     assert poll(monitor, 0, 3 * GiB, 20) == []
     assert poll(monitor, 30, 3 * GiB, 40) == []
-    assert store.usage_state(job.id) is None  # no write per poll
+    assert store.usage.usage_state(job.id) is None  # no write per poll
     [over] = poll(monitor, 61, 5 * GiB, 60)  # over 4G + 10%, and a minute on: flushed
     assert (over.job.id, over.used_bytes, over.limit_bytes) == (
         job.id,
@@ -233,9 +233,9 @@ def test_the_monitor_samples_flushes_once_a_minute_and_survives_a_restart(store:
         4 * GiB + 429496729,
     )
     assert poll(monitor, 62, 5 * GiB, 60) == []  # told once
-    assert store.get(job.id).mean_util == 40
+    assert store.jobs.get(job.id).mean_util == 40
     # A new daemon picks the figures up from the last flush and carries on.
-    restarted = UsageMonitor(store)
+    restarted = UsageMonitor(store.usage, store.timeline)
     poll(restarted, 100, 2 * GiB, 100)
     tracker = restarted.finish(job)
     assert (tracker.util_samples, tracker.util_min, tracker.util_max) == (4, 20, 100)

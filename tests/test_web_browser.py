@@ -258,7 +258,7 @@ def lab_history(database_url: str, now: datetime) -> None:
                 "hints": [],
             }
         )
-    with store.engine.begin() as conn:
+    with store.database.engine.begin() as conn:
         conn.execute(jobs.insert(), rows)
     store.close()
 

@@ -40,7 +40,7 @@ def ended_job_with_a_gap(database_url: str, start: datetime) -> int:
         "notify": ["mail", "-s", "done", "me@lab.org"],
         "notify_result": {"kind": "exit", "exit_code": 127, "output": "sh: 1: mail: not found"},
     }  # fmt: skip
-    with store.engine.begin() as conn:
+    with store.database.engine.begin() as conn:
         inserted = conn.execute(jobs.insert(), [row]).inserted_primary_key
         assert inserted is not None
         job_id = int(inserted[0])

@@ -53,7 +53,7 @@ class World:
         return self.scheduler.submit(new).id
 
     def job(self, job_id: int) -> Job:
-        return self.scheduler.decorate(self.scheduler.store.get(job_id))
+        return self.scheduler.decorate(self.scheduler.store.jobs.get(job_id))
 
     def state(self, job_id: int) -> JobState:
         return self.job(job_id).state

@@ -18,7 +18,7 @@ from gpusched.core.errors import PermissionDenied
 from gpusched.core.models import Job
 from gpusched.daemon.identity import Caller, user_name
 from gpusched.scheduling.scheduler import Scheduler
-from gpusched.store import Store
+from gpusched.store import Jobs
 
 HIDDEN_COMMAND = ["(hidden)"]
 # Ends whose detail is gpusched's own words about public facts (a signal's name, who
@@ -68,9 +68,9 @@ def is_theirs(job: Job, caller: Caller, by_name: bool = False) -> bool:
     return job.user == caller.user if by_name else job.uid == caller.uid
 
 
-def owned_job(store: Store, caller: Caller, job_id: int, by_name: bool = False) -> Job:
+def owned_job(jobs: Jobs, caller: Caller, job_id: int, by_name: bool = False) -> Job:
     """The job, if the caller may act on it (theirs, or the caller is an administrator)."""
-    job = store.get(job_id)
+    job = jobs.get(job_id)
     if not is_theirs(job, caller, by_name) and not caller.admin:
         raise PermissionDenied(
             f"job {job_id} belongs to {job.user}: you can act only on your own jobs"

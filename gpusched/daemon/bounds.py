@@ -70,7 +70,7 @@ def check_submit(
     name (with the sweep's label, before sweep.swept_name cuts it), dependency list; one
     job's command and dependency list are bounded apart (max_job_bytes), so that a
     user's rows are at most about max_queued x max_job_bytes on disk. The
-    environment is stored once per submit (gpusched.store.database `envs`) and checked apart
+    environment is stored once per submit (gpusched.store.schema `envs`) and checked apart
     (check_env).
     """
     if sweep is None:

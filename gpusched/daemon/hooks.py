@@ -46,7 +46,7 @@ from gpusched.core.models import Job
 from gpusched.core.sanitize import command_for_log, quoted
 from gpusched.daemon.hookrun import HookResult, HookResultKind, admin_environment, run_hook
 from gpusched.processes.environment import job_environment
-from gpusched.store import Store
+from gpusched.store import Jobs
 
 __all__ = ["HookRunner", "run_hook"]
 
@@ -66,8 +66,8 @@ class HookRunner:
     daemon lets the running hooks finish (each ends at `hook_timeout` at the latest).
     """
 
-    def __init__(self, store: Store, config: Callable[[], Config]) -> None:
-        self.store = store
+    def __init__(self, jobs: Jobs, config: Callable[[], Config]) -> None:
+        self.jobs = jobs
         self._config = config  # read at each decision: a SIGHUP reload applies to the next
         self._cond = threading.Condition()
         self._intake: deque[int] = deque()  # ended jobs whose owner is not looked up yet
@@ -87,7 +87,7 @@ class HookRunner:
 
     def resume(self) -> None:
         """Queue the hooks that were due when the daemon last stopped (call at start-up)."""
-        due = self.store.hooks_due()
+        due = self.jobs.hooks_due()
         if due:
             log.info("running the notification hooks of %d job(s) that ended before", len(due))
         self._queue(due)
@@ -118,7 +118,7 @@ class HookRunner:
 
     def _owner(self, job_id: int) -> int:
         try:
-            return self.store.get(job_id).uid
+            return self.jobs.get(job_id).uid
         except Exception:  # its hooks' own run says what is wrong with the job
             return UNKNOWN_OWNER
 
@@ -161,12 +161,12 @@ class HookRunner:
     def _run_all(self, job_id: int) -> None:
         try:
             config = self._config()
-            self.store.hooks_started(job_id)
-            job = self.store.get(job_id)
+            self.jobs.hooks_started(job_id)
+            job = self.jobs.get(job_id)
             commands = [("on_finish", config.on_finish), ("notify", job.notify)]
             if not any(argv for _, argv in commands):
                 return  # on_finish was removed from the config since the job ended
-            info = self.store.launch_info(job_id)
+            info = self.jobs.launch_info(job_id)
             ending = {
                 "GPUSCHED_JOB_STATE": str(job.state),
                 "GPUSCHED_JOB_REASON": job.reason or "",
@@ -195,7 +195,7 @@ class HookRunner:
                 )
                 _log_result(job, source, argv, result, config)
                 if source == "notify":  # the owner's hook: how it ended is theirs to see
-                    self.store.set_notify_result(job_id, notify_result(result))
+                    self.jobs.set_notify_result(job_id, notify_result(result))
         except GpuschedError as exc:
             log.warning("hooks of job %s not run: %s", job_id, exc.message)
         except Exception:  # a bug here must cost one notification, never a thread

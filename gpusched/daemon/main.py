@@ -164,7 +164,7 @@ class Daemon:
         self._ticks = BackgroundScheduler(
             executors={"default": ThreadPoolExecutor(3)}, timezone=timezone.utc
         )
-        self.hooks = HookRunner(self.store, lambda: self.config)
+        self.hooks = HookRunner(self.store.jobs, lambda: self.config)
         context = Context.build(
             self.settings,
             self.store,
@@ -185,7 +185,9 @@ class Daemon:
         # Whose daemon this is: root's serves everyone, a user's serves only that user.
         self._reload_lock = threading.Lock()
         # One retention pass: the periodic one and `admin prune`'s.
-        self.retention = RetentionPass(self.settings, self.store, self.launcher)
+        self.retention = RetentionPass(
+            self.settings, self.store.database, self.store.jobs, self.launcher
+        )
         self.services = Services(
             self.scheduler,
             self.store,

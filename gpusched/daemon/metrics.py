@@ -83,7 +83,7 @@ class GpuschedCollector(Collector):
         yield info
 
     def _gpus(self) -> Iterator[Metric]:
-        running = [j for j in self.scheduler.store.active() if j.state == JobState.RUNNING]
+        running = [j for j in self.scheduler.store.jobs.active() if j.state == JobState.RUNNING]
         here = self.scheduler.node_name  # every daemon exports its own server's GPUs
         reports = [g for g in self.scheduler.gpu_reports(running) if g.node == here]
         memory = {
@@ -123,7 +123,7 @@ class GpuschedCollector(Collector):
         yield from (util, state, count)
 
     def _jobs(self) -> Iterator[Metric]:
-        figures = self.scheduler.store.job_figures()
+        figures = self.scheduler.store.jobs.job_figures()
         jobs = GaugeMetricFamily(
             "gpusched_jobs", "gpusched jobs by state and user", labels=["state", "user"]
         )

@@ -31,7 +31,7 @@ from gpusched.core.clock import iso
 from gpusched.core.models import TERMINAL_STATES, EndReason
 from gpusched.core.requests.replies import PruneReply
 from gpusched.processes.launcher import Launcher
-from gpusched.store import Store
+from gpusched.store import Database, Jobs
 from gpusched.store.retention import Pruned, checkpoint, prune
 
 log = logging.getLogger("gpusched.retention")
@@ -60,9 +60,11 @@ class PruneReport:
 
 
 class RetentionPass:
-    def __init__(self, settings: ConfigHolder, store: Store, launcher: Launcher) -> None:
+    def __init__(
+        self, settings: ConfigHolder, database: Database, jobs: Jobs, launcher: Launcher
+    ) -> None:
         self._settings = settings
-        self.store = store
+        self.database, self.jobs = database, jobs
         self.launcher = launcher
 
     def retention_pass(self) -> None:
@@ -93,7 +95,7 @@ class RetentionPass:
         """Prune the database by `settings`, then the files: what the database lost and
         the bytes of logs removed (with `dry_run`: counted, nothing removed)."""
         log_dir = self._settings.current.log_dir
-        done = prune(self.store, settings, now, dry_run=dry_run)
+        done = prune(self.database, settings, now, dry_run=dry_run)
         if dry_run:
             return done, sum(_own_log_size(Path(path), log_dir) for path in done.logs)
         sizes = [_unlink_log(Path(path), log_dir) for path in done.logs]
@@ -117,8 +119,8 @@ class RetentionPass:
         ids = self.launcher.job_ids()
         if not ids:
             return 0
-        checkpoint(self.store)
-        found = self.store.get_many(ids)
+        checkpoint(self.database)
+        found = self.jobs.get_many(ids)
         removed = 0
         for job_id in ids:
             job = found.get(job_id)

@@ -30,6 +30,8 @@ class Services:
     service, serving everyone; any other uid: a user's own daemon, serving only them)."""
 
     scheduler: Scheduler
+    # The whole Store: between them the handlers read store.jobs, store.attempts (show,
+    # history) and store.usage (estimates); each handler names the part it reads.
     store: Store
     settings: ConfigHolder
     owner_uid: int
@@ -49,7 +51,7 @@ class Services:
         return self.owner_uid != 0
 
     def owned_job(self, caller: Caller, job_id: int) -> Job:
-        return auth.owned_job(self.store, caller, job_id, self.scheduler.in_cluster)
+        return auth.owned_job(self.store.jobs, caller, job_id, self.scheduler.in_cluster)
 
     def visible(self, caller: Caller, job: Job) -> dict[str, Any]:
         return auth.visible(self.scheduler, self.config, caller, job)

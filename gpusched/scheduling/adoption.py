@@ -23,18 +23,18 @@ log = logging.getLogger("gpusched.scheduler")
 
 def adopt(endings: JobEndings, rebooted: bool) -> None:
     """Verify each of this daemon's running rows (`rebooted`: since the last run)."""
-    for job in endings.store.active():
+    for job in endings.jobs.active():
         if job.state != JobState.RUNNING or not endings.node.owns(job):
             continue
         if job.interactive:  # its client is checked at every pass (interactive.py)
             continue
-        pid, start_time = job.pid, endings.store.launch_info(job.id).pid_start_time
+        pid, start_time = job.pid, endings.jobs.launch_info(job.id).pid_start_time
         if pid is None:
             # The previous daemon died between marking and recording the pid.
             pid = endings.launcher.find_supervisor(job.id)
             start_time = endings.launcher.start_time(pid) if pid is not None else None
             if pid is not None and start_time is not None:
-                endings.store.set_pid(job.id, pid, start_time)
+                endings.jobs.set_pid(job.id, pid, start_time)
         if pid is not None and endings.launcher.is_running(pid, start_time):
             log.info("job %s still running (pid %s): re-adopted", job.id, pid)
             endings.launcher.watch(job.id, pid, start_time)
@@ -52,7 +52,7 @@ def adopt(endings: JobEndings, rebooted: bool) -> None:
                 and pid is None
                 and not rebooted
                 and not (job.log_path and os.path.lexists(job.log_path))
-                and endings.store.unmark_running(job.id)
+                and endings.jobs.unmark_running(job.id)
             ):
                 log.info("job %s never started before the restart: queued again", job.id)
                 continue

@@ -4,6 +4,12 @@ launcher for processes), the usage monitor, the clock (wall and monotonic), the 
 holder, the lock that serialises passes, endings and job operations, how to ask for a
 pass now (`wake`) and who is told of each job's end (`end_listeners`).
 
+The store is passed whole here, and each part takes from it at its construction only
+the parts it uses (`self.jobs = context.store.jobs`, ...): the endings jobs, usage and
+attempts; the starter jobs and placements; the cluster's agent jobs, nodes and
+placements; the elected scheduler nodes and placements; the usage monitor, built here,
+usage and timeline.
+
 Nothing is assigned onto a part after it is built: the daemon builds what a part calls
 back (its wake-up, its hook runner) before the context, and tests build theirs with
 test doubles (tests/world.py).
@@ -88,7 +94,7 @@ class Context:
             store,
             probe,
             launcher,
-            UsageMonitor(store, monotonic=clock.monotonic),
+            UsageMonitor(store.usage, store.timeline, monotonic=clock.monotonic),
             clock,
             threading.RLock(),
             wake,

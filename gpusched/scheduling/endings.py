@@ -63,7 +63,8 @@ class JobEndings:
         the latest GPU reading. The context's lock is taken for an ending that comes
         from the launcher's thread; its end listeners are told of each end."""
         self._config = context.settings
-        self.store = context.store
+        self.jobs, self.usage = context.store.jobs, context.store.usage
+        self.attempts = context.store.attempts  # the end of a requeued run
         self.probe = context.probe
         self.launcher = context.launcher
         self.monitor = context.monitor
@@ -106,9 +107,9 @@ class JobEndings:
         `job`: its row if the caller has just read it (under the lock), else it is read.
         """
         now = iso(self.clock())
-        job = job or self.store.get(job_id)
+        job = job or self.jobs.get(job_id)
         hooks_due = bool(self.config.on_finish or job.notify)
-        ended = self.store.mark_ended(
+        ended = self.jobs.mark_ended(
             job_id,
             state=state,
             reason=str(reason),
@@ -193,7 +194,7 @@ class JobEndings:
         usable = [capacity_bytes(g) for g in self._gpus() if g.health != GpuHealth.EXCLUDED]
         limit = self.config.limits_for(job.user).max_mem_bytes
         mem, why_not = retry_mem(job.mem, job.gpus, usable, self.config.headroom_bytes, limit)
-        retry = self.store.add_retry(job.id, mem) if mem is not None and job.retry_oom else None
+        retry = self.usage.add_retry(job.id, mem) if mem is not None and job.retry_oom else None
         if retry is None and job.retry_oom:
             cause = f"{cause}; not retried: {why_not}"
         if retry is not None:
@@ -231,7 +232,7 @@ class JobEndings:
         started again, recorded as the job's end (not run a second time)."""
         words = outcome_words(outcome)
         exit_code = outcome.exit_code if outcome.kind == OutcomeKind.EXIT else None
-        hooks = self.store.requeued_run_ended(job.id, self.node.name, words, exit_code)
+        hooks = self.attempts.requeued_run_ended(job.id, self.node.name, words, exit_code)
         if hooks is not None:
             log.info("job %s, queued again, had ended on this node: %s", job.id, words)
             self.announce_ends([(job.id, hooks)])
@@ -245,7 +246,7 @@ class JobEndings:
 
     def settle(self, job_id: int, outcome: Outcome, *, durable: bool = True) -> None:
         """End a running job as its supervisor's `outcome` says, read with why it was stopped."""
-        job = self.store.get(job_id)
+        job = self.jobs.get(job_id)
         lost_with_node = job.state == JobState.LOST and job.reason == EndReason.NODE_LOST
         waiting = job.state in (JobState.QUEUED, JobState.HELD)
         elsewhere = job.state == JobState.RUNNING and not self.node.owns(job)
@@ -254,14 +255,14 @@ class JobEndings:
             return
         if not (job.state == JobState.RUNNING or lost_with_node) or not self.node.owns(job):
             return  # ended already, or (cluster) not this node's: its end is not ours
-        intent, detail = self.store.launch_info(job_id).stop_intent, job.reason_detail
+        intent, detail = self.jobs.launch_info(job_id).stop_intent, job.reason_detail
         if intent is None:
             intent, detail = legacy_stop_intent(detail)
         if (
             outcome.kind == OutcomeKind.FAILED_TO_START
             and outcome.transient
             and intent is None
-            and self.store.unmark_running(job_id)
+            and self.jobs.unmark_running(job_id)
         ):
             # Its supervisor could not fork the command for want of tasks or memory (one
             # user's job filled the service's limits): another user's job must not fail of
@@ -323,7 +324,7 @@ class JobEndings:
     def wait_ended(self, job_ids: list[int], timeout_s: float) -> list[Job]:
         """Block until every job has ended or the timeout passes; return their current rows."""
         self.wait_until_ended(job_ids, timeout_s)
-        found = self.store.get_many(job_ids)
+        found = self.jobs.get_many(job_ids)
         return [found[i] for i in job_ids if i in found]
 
     def wait_until_ended(self, job_ids: list[int], timeout_s: float) -> None:
@@ -347,5 +348,5 @@ class JobEndings:
 
     def _active(self, job_ids: Iterable[int]) -> set[int]:
         return {
-            i for i, state in self.store.states_of(job_ids).items() if state not in TERMINAL_STATES
+            i for i, state in self.jobs.states_of(job_ids).items() if state not in TERMINAL_STATES
         }

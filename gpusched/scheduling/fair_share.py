@@ -20,11 +20,11 @@ from gpusched.core.clock import iso
 from gpusched.core.models import GpuState, Job
 from gpusched.scheduling.policy import UsageSpan, decayed_usage
 from gpusched.scheduling.policy_inputs import epoch_seconds
-from gpusched.store import Queued, Store
+from gpusched.store import Jobs, Queued
 
 
 def recent_usage(
-    store: Store,
+    jobs: Jobs,
     waiting: Sequence[Queued],
     gpus: Sequence[GpuState],
     now: datetime,
@@ -33,7 +33,7 @@ def recent_usage(
     """Recent decayed GPU memory-time per user; empty when fewer than two users wait."""
     if len({j.user for j in waiting}) < 2:
         return {}
-    return usage_by_user(store, {g.uuid: g.total_bytes for g in gpus}, now, half_life_s)
+    return usage_by_user(jobs, {g.uuid: g.total_bytes for g in gpus}, now, half_life_s)
 
 
 # Past ten half-lives a job weighs under 0.1 % of what it did: it is left out.
@@ -41,7 +41,7 @@ WINDOW_HALF_LIVES = 10
 
 
 def usage_by_user(
-    store: Store, totals: Mapping[str, int], now: datetime, half_life_s: float
+    jobs: Jobs, totals: Mapping[str, int], now: datetime, half_life_s: float
 ) -> dict[str, float]:
     """Each user's decayed GPU memory-time (byte-seconds) over the fair-share window.
 
@@ -55,7 +55,7 @@ def usage_by_user(
             epoch_seconds(job.started_at),
             None if job.ended_at is None else epoch_seconds(job.ended_at),
         )
-        for job in store.usage_since(since)
+        for job in jobs.usage_since(since)
         if job.started_at is not None
     ]
     return decayed_usage(spans, now.timestamp(), half_life_s)

@@ -68,7 +68,7 @@ class InteractiveJobs:
     ) -> None:
         """The context's lock is taken by the requests (`finish`); its `wake`: a new pass."""
         self._config = context.settings
-        self.store = context.store
+        self.jobs = context.store.jobs
         self.monitor = context.monitor
         self.endings = endings
         self.clock = context.clock
@@ -94,9 +94,9 @@ class InteractiveJobs:
         """End the jobs whose client is gone; stop those past their time; back stops up."""
         now = self.clock()
         # In a cluster, another server's client is no process here: its node checks it.
-        active = [j for j in self.store.interactive_active() if self.endings.node.client_here(j)]
+        active = [j for j in self.jobs.interactive_active() if self.endings.node.client_here(j)]
         for job in active:
-            info = self.store.launch_info(job.id)
+            info = self.jobs.launch_info(job.id)
             if job.pid is None or not self.alive(job.pid, info.pid_start_time):
                 self._client_gone(job, info.stop_intent)
             elif job.state == JobState.RUNNING:
@@ -148,9 +148,9 @@ class InteractiveJobs:
 
     def stop(self, job: Job, intent: StopIntent, detail: str) -> None:
         """Ask the client to stop its command (SIGTERM; it reports the end itself)."""
-        self.store.set_stop_intent(job.id, intent, detail)
+        self.jobs.set_stop_intent(job.id, intent, detail)
         self._stop_sent_at[job.id] = self.clock()
-        start_time = self.store.launch_info(job.id).pid_start_time
+        start_time = self.jobs.launch_info(job.id).pid_start_time
         log.info("job %s: asking its client (pid %s) to stop: %s", job.id, job.pid, quoted(detail))
         if not signal_client(job.pid, start_time, signal.SIGTERM):
             self.endings.settle(job.id, Outcome(OutcomeKind.CANCELLED))
@@ -181,7 +181,7 @@ class InteractiveJobs:
             self.warnings[job.id] = (
                 f"idle: no GPU use for {format_duration(idle_s)} (interactive.idle_timeout {limit})"
             )
-            if settings.on_idle == "end" and self.store.launch_info(job.id).stop_intent is None:
+            if settings.on_idle == "end" and self.jobs.launch_info(job.id).stop_intent is None:
                 self.stop(job, StopIntent.IDLE, f"idle for {limit} (interactive.idle_timeout)")
 
     def notify_placed(self) -> None:
@@ -198,7 +198,7 @@ class InteractiveJobs:
         return ended
 
     def _finish(self, job: Job, exit_code: int | None, signum: int | None) -> Job:
-        current = self.store.get(job.id)
+        current = self.jobs.get(job.id)
         if current.state in TERMINAL_STATES:
             return current  # already ended (e.g. the daemon gave up waiting for the report)
         if current.state != JobState.RUNNING:
@@ -210,18 +210,18 @@ class InteractiveJobs:
             )
         else:
             outcome = Outcome(OutcomeKind.EXIT, exit_code=exit_code)
-        if self.store.launch_info(job.id).stop_intent is not None:
+        if self.jobs.launch_info(job.id).stop_intent is not None:
             outcome = Outcome(OutcomeKind.CANCELLED, exit_code=outcome.exit_code)
         self.endings.settle(job.id, outcome)
-        return self.store.get(job.id)
+        return self.jobs.get(job.id)
 
     def wait_placed(self, job_id: int, timeout_s: float) -> Job:
         """The job once it has started or ended, or as it is after `timeout_s`."""
         with self.placed:
             self.placed.wait_for(
-                lambda: not self.store.get(job_id).state.is_waiting, timeout=timeout_s
+                lambda: not self.jobs.get(job_id).state.is_waiting, timeout=timeout_s
             )
-        return self.store.get(job_id)
+        return self.jobs.get(job_id)
 
 
 def hold_back_interactive(admitted: Admission, holding: Sequence[Job], cap: int | None) -> None:

@@ -64,9 +64,9 @@ def decide(
     job was first held for a quieter card (rule 3's bound), the placer's, kept in memory.
     Under `pack: contention` each waiting job's demand is what its history says
     (`UsageMonitor.expected_demand`: the same sweep, else --name, else command)."""
-    config, store = context.config, context.store
+    config, jobs = context.config, context.store.jobs
     now = context.clock()
-    admitted = admit(store.queued(), store.latest_attempts)
+    admitted = admit(jobs.queued(), jobs.latest_attempts)
     hold_back_interactive(admitted, holding, config.interactive.max_per_user)
     for doomed in admitted.doomed:
         endings.end(
@@ -96,7 +96,7 @@ def decide(
                 wanted = dataclasses.replace(wanted, demand=demand, waited_s=waited)
         waiting.append(wanted)
     users = {j.user for j in holding} | {j.user for j in admitted.eligible}
-    head = StoredHeadClaim(store)
+    head = StoredHeadClaim(context.store.head_claims)
     result = plan(
         slots,
         claims,
@@ -104,7 +104,7 @@ def decide(
         config.headroom_bytes,
         config.max_jobs_per_gpu,
         user_caps={user: user_cap(config, user) for user in users},
-        user_usage=recent_usage(store, admitted.eligible, gpus, now, config.fair_share_half_life_s),
+        user_usage=recent_usage(jobs, admitted.eligible, gpus, now, config.fair_share_half_life_s),
         busy_util=config.busy_util,
         head_claim=head.get(),
         topology=topology,

@@ -79,7 +79,7 @@ def observe_gpus_and_jobs(parts: Parts, this: Pass) -> None:
         context.probe,
         context.monitor,
         context.config,
-        running=[j for j in context.store.running() if parts.node.owns(j)],
+        running=[j for j in context.store.jobs.running() if parts.node.owns(j)],
         last=parts.reading.latest.gpus,
         now=context.clock(),
     )

@@ -13,7 +13,7 @@ from gpusched.core.models import GpuHealth, GpuState, Job
 from gpusched.scheduling.gpu_budget import GpuSlot, RunningClaim
 from gpusched.scheduling.head_claim import HeadClaim
 from gpusched.scheduling.policy import WaitingJob
-from gpusched.store import Queued, Store, StoredClaim
+from gpusched.store import HeadClaims, Queued, StoredClaim
 from gpusched.usage.monitor import UsageMonitor
 
 
@@ -130,14 +130,14 @@ class StoredHeadClaim:
     """The head's claim between passes: read from the store once, written when it changes
     (so it survives a restart, and a pass that keeps it writes nothing)."""
 
-    def __init__(self, store: Store) -> None:
-        self._store = store
+    def __init__(self, claims: HeadClaims) -> None:
+        self._claims = claims
         self._claim: HeadClaim | None = None
         self._read = False
 
     def get(self) -> HeadClaim | None:
         if not self._read:
-            stored = self._store.head_claim()
+            stored = self._claims.current()
             if stored is not None:
                 self._claim = HeadClaim(stored.job_id, stored.gpu_uuids, stored.mem)
             self._read = True
@@ -149,7 +149,7 @@ class StoredHeadClaim:
         stored = (
             None if claim is None else StoredClaim(claim.job_id, claim.gpu_uuids, claim.mem_bytes)
         )
-        self._store.keep_head_claim(stored)
+        self._claims.keep(stored)
         self._claim = claim
 
 

@@ -186,13 +186,13 @@ class Scheduler:
         """Check and queue jobs in one transaction (an array shares one array id)."""
         new = news[0]  # the jobs of one submit differ only in their command
         check_fits(new, self.placer.gpus_by_node(), self.config.headroom_bytes)
-        found = self.store.get_many(new.after)
+        found = self.store.jobs.get_many(new.after)
         for dep in new.after:
             if dep not in found:
                 raise UsageError(f"--after {dep}: no job {dep}")
         # `max_queued` is counted and applied in the insert's own transaction (Store).
         max_queued = self.config.limits_for(new.user).max_queued
-        jobs = self.store.add_many(
+        jobs = self.store.jobs.add_many(
             news, iso(self.clock()), as_array=as_array, max_waiting=max_queued
         )
         log.info(
@@ -214,7 +214,7 @@ class Scheduler:
         with self.lock:
             self._cancel_locked(job, detail or f"cancelled by {by}", waiting_only)
             self.context.wake()
-            return self.store.get(job.id)
+            return self.store.jobs.get(job.id)
 
     def cancel_many(self, jobs: list[Job], by: str, waiting_only: bool = False) -> list[int]:
         """Cancel jobs (running ones, of `cancel --all` or of an array) a chunk per hold of
@@ -235,7 +235,7 @@ class Scheduler:
         return cancelled
 
     def _cancel_locked(self, job: Job, detail: str, waiting_only: bool) -> None:
-        job = self.store.get(job.id)
+        job = self.store.jobs.get(job.id)
         if job.state in TERMINAL_STATES:
             raise ConflictError(f"job {job.id} has already ended ({job.state})")
         if waiting_only and job.state == JobState.RUNNING:
@@ -299,7 +299,7 @@ class Scheduler:
             live = self.monitor.live_timeline(job.id)
             if live:
                 return live
-        return self.store.job_timeline(job.id)
+        return self.store.timeline.job_timeline(job.id)
 
     def gpu_reports(self, running: list[Job]) -> list[GpuReport]:
         """This server's GPUs; in a cluster, every node's that is not down."""

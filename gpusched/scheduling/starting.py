@@ -35,7 +35,7 @@ class JobStarter:
         started (the cluster's keeps them, to stop those the cluster gave to another
         node while this daemon was away)."""
         self._config = context.settings
-        self.store = context.store
+        self.jobs, self.placements = context.store.jobs, context.store.placements
         self.probe = context.probe
         self.launcher = context.launcher
         self.monitor = context.monitor
@@ -49,7 +49,7 @@ class JobStarter:
         by_uuid = {g.uuid: g for g in gpus}
         for placement in placements:
             chosen = [by_uuid[u] for u in placement.gpu_uuids]
-            self._launch(self.store.get(placement.job_id), chosen)
+            self._launch(self.jobs.get(placement.job_id), chosen)
 
     def start_placed(
         self, job: Job, gpus: list[GpuState], guard: NodeGuard, account: tuple[int, int]
@@ -72,7 +72,7 @@ class JobStarter:
     ) -> bool:
         """Start a queued job on `gpus`."""
         job_id = job.id
-        info = self.store.launch_info(job_id)
+        info = self.jobs.launch_info(job_id)
         gid = info.gid if local_gid is None else local_gid
         indices = [g.index for g in gpus]
         uuids = [g.uuid for g in gpus]
@@ -90,9 +90,9 @@ class JobStarter:
         # a running row with no pid and looks for its supervisor, so nothing starts twice.
         log_path = job_log_path(job, str(self.launcher.log_path(job_id)))  # --output
         if guard is not None:
-            claimed = self.store.mark_running_placed(job_id, guard, log_path)
+            claimed = self.placements.mark_running_placed(job_id, guard, log_path)
         else:
-            claimed = self.store.mark_running(
+            claimed = self.jobs.mark_running(
                 job_id,
                 gpu_indices=indices,
                 gpu_uuids=uuids,
@@ -108,7 +108,7 @@ class JobStarter:
         if guard is not None and self._past(deadline):
             # The claim's commit came back after this node's launch deadline: the cluster
             # may declare the node down any moment now and give the job to another node.
-            self.store.unclaim(job_id, guard)
+            self.placements.unclaim(job_id, guard)
             self.trouble.warning("fenced", f"job {job_id} not launched: this node's lease ran out")
             return False
         self.monitor.started(job_id)  # before: its end (even a failed start) forgets it
@@ -118,16 +118,16 @@ class JobStarter:
         except StartError as exc:
             # Out of files, memory or tasks for now: the job keeps its place in the queue
             # and the next pass tries again (said once a minute, not once a pass).
-            if exc.transient and self.store.unmark_running(job_id):
+            if exc.transient and self.jobs.unmark_running(job_id):
                 self.trouble.warning("start", f"job {job_id} cannot start yet: {exc}: queued")
                 return False
             log.warning("job %s failed to start: %s", job_id, quoted(str(exc), 500))
             self.endings.end(job_id, JobState.FAILED, EndReason.FAILED_TO_START, detail=str(exc))
             return False
         if guard is not None:  # started_at: the launch, by the database's clock
-            self.store.launched(job_id, guard, started.pid, started.start_time)
+            self.placements.launched(job_id, guard, started.pid, started.start_time)
         else:
-            self.store.set_pid(job_id, started.pid, started.start_time)
+            self.jobs.set_pid(job_id, started.pid, started.start_time)
         self.node.started(job_id, started.pid, started.start_time)
         self.probe.note_job_started(started.pid, uuids, job.mem)
         log.info(
@@ -158,9 +158,11 @@ class JobStarter:
         if job.pid is None:
             return False
         if guard is not None:
-            claimed = self.store.mark_running_placed(job.id, guard, None, pid=(job.pid, start_time))
+            claimed = self.placements.mark_running_placed(
+                job.id, guard, None, pid=(job.pid, start_time)
+            )
         else:
-            claimed = self.store.mark_running(
+            claimed = self.jobs.mark_running(
                 job.id,
                 gpu_indices=indices,
                 gpu_uuids=uuids,

@@ -23,7 +23,7 @@ log = logging.getLogger("gpusched.scheduler")
 
 def stop_local(context: Context, endings: JobEndings, job: Job) -> None:
     """Ask this server's supervisor of a running job to stop it (its intent is set)."""
-    start_time = context.store.launch_info(job.id).pid_start_time
+    start_time = context.store.jobs.launch_info(job.id).pid_start_time
     if job.pid is None or not context.launcher.cancel(job.pid, start_time):
         endings.settle(job.id, Outcome(OutcomeKind.CANCELLED))
 
@@ -41,7 +41,7 @@ def stop_job(
     if job.interactive:  # no supervisor: its client stops its command
         interactive.stop(job, intent, detail)
         return
-    context.store.set_stop_intent(job.id, intent, detail)
+    context.store.jobs.set_stop_intent(job.id, intent, detail)
     if endings.node.owns(job):
         stop_local(context, endings, job)
 
@@ -57,7 +57,7 @@ def act_on_overruns(
     for overrun in overruns:
         job = overrun.job
         hint = overrun.hint()
-        context.store.set_usage(job.id, overrun_at=now, hints=[hint] if hint else [])
+        context.store.usage.set_usage(job.id, overrun_at=now, hints=[hint] if hint else [])
         what = overrun.describe()
         action = ": stopping it (overrun: kill)" if kill else ": it puts its neighbours at risk"
         log.warning("%s%s", what, action)

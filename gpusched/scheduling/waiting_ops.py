@@ -19,7 +19,7 @@ log = logging.getLogger("gpusched.scheduler")
 
 class WaitingJobOperations:
     def __init__(self, context: Context, endings: JobEndings) -> None:
-        self.store = context.store
+        self.jobs = context.store.jobs
         self._lock = context.lock  # one lock for passes, endings and operations
         self.settings = context.settings
         self.clock = context.clock
@@ -28,45 +28,45 @@ class WaitingJobOperations:
 
     def set_priority(self, job: Job, priority: int) -> Job:
         with self._lock:
-            if not self.store.set_priority(job.id, priority):
-                current = self.store.get(job.id)
+            if not self.jobs.set_priority(job.id, priority):
+                current = self.jobs.get(job.id)
                 raise ConflictError(
                     f"job {job.id} is {current.state}: only a waiting job's priority can change"
                 )
         self.wake()
-        return self.store.get(job.id)
+        return self.jobs.get(job.id)
 
     def put_first(self, job: Job) -> Job:
         """An administrator's `gpusched top`: ahead of every user's jobs."""
         with self._lock:
-            if not self.store.put_first(job.id):
-                current = self.store.get(job.id)
+            if not self.jobs.put_first(job.id):
+                current = self.jobs.get(job.id)
                 raise ConflictError(
                     f"job {job.id} is {current.state}: only a waiting job can be put first"
                 )
         self.wake()
-        return self.store.get(job.id)
+        return self.jobs.get(job.id)
 
     def hold(self, job: Job) -> Job:
         with self._lock:
-            if not self.store.hold(job.id):
-                current = self.store.get(job.id)
+            if not self.jobs.hold(job.id):
+                current = self.jobs.get(job.id)
                 if current.state != JobState.HELD:
                     raise ConflictError(
                         f"job {job.id} is {current.state}: only a queued job can be held"
                     )
-            return self.store.get(job.id)
+            return self.jobs.get(job.id)
 
     def release(self, job: Job) -> Job:
         with self._lock:
-            if not self.store.release(job.id):
-                current = self.store.get(job.id)
+            if not self.jobs.release(job.id):
+                current = self.jobs.get(job.id)
                 if current.state != JobState.QUEUED:
                     raise ConflictError(
                         f"job {job.id} is {current.state}: only a held job can be released"
                     )
         self.wake()
-        return self.store.get(job.id)
+        return self.jobs.get(job.id)
 
     def cancel_waiting(
         self, uid: int, by: str, array_id: int | None = None, user: str | None = None
@@ -78,7 +78,7 @@ class WaitingJobOperations:
         are announced as `_end` announces one.
         """
         with self._lock:
-            ended = self.store.cancel_waiting(
+            ended = self.jobs.cancel_waiting(
                 uid,
                 array_id,
                 f"cancelled by {by}",

@@ -3,7 +3,11 @@ declared down): the `job_attempts` table. The job's row is always its latest run
 requeue first copies the run it ends here (node, started, ended, outcome), so `show`,
 `history` and the dashboard list every run, and the run's real end, reported later by
 its node, is written here too (or becomes the job's end, if it completed before the job
-was run again: store.placements `end_requeued`).
+was run again: `Attempts.requeued_run_ended`).
+
+`store.attempts` (`Attempts`) owns this table's reads and the end of a requeued run; the
+requeue itself (`record_requeued`) runs inside store.placements' `declare_down`, whose
+transaction it is given.
 """
 
 from __future__ import annotations
@@ -11,21 +15,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Column, ForeignKey, Integer, String, Table, Text, func, select, update
+from sqlalchemy import (
+    Text,
+    case,
+    func,
+    select,
+    type_coerce,
+    update,
+)
 from sqlalchemy.engine import Connection
 
-from gpusched.store.database import Database, metadata
-
-job_attempts = Table(
-    "job_attempts",
-    metadata,
-    Column("job_id", Integer, ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True),
-    Column("attempt", Integer, primary_key=True),  # 1 for the first run
-    Column("node", String, nullable=True),
-    Column("started_at", String, nullable=True),
-    Column("ended_at", String, nullable=True),  # when it was put back in the queue
-    Column("outcome", Text, nullable=False),  # what ended it, in words
-)
+from gpusched.core.models import EndReason, JobState
+from gpusched.store.database import Database
+from gpusched.store.nodes import db_iso
+from gpusched.store.rows import decode_json
+from gpusched.store.schema import job_attempts, jobs
 
 
 def record_requeued(
@@ -69,13 +73,18 @@ def record_real_end(conn: Connection, job_id: int, node: str, outcome: str) -> b
     return True
 
 
-class AttemptRecords(Database):
-    def attempts(self, job_ids: Sequence[int]) -> dict[int, list[dict[str, Any]]]:
+class Attempts:
+    """`store.attempts`: the earlier runs of requeued jobs, as `show` and `history` list them."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    def earlier_runs(self, job_ids: Sequence[int]) -> dict[int, list[dict[str, Any]]]:
         """The earlier runs of these jobs, oldest first (jobs never requeued: absent)."""
         found: dict[int, list[dict[str, Any]]] = {}
         if not job_ids:
             return found
-        with self.read() as conn:
+        with self.db.read() as conn:
             rows = conn.execute(
                 select(job_attempts)
                 .where(job_attempts.c.job_id.in_(list(job_ids)))
@@ -92,3 +101,46 @@ class AttemptRecords(Database):
                 }
             )
         return found
+
+    def requeued_run_ended(
+        self, job_id: int, node: str, words: str, exit_code: int | None
+    ) -> bool | None:
+        """The real end of a run of a requeued job, reported by its node (`node`) once
+        back: said on that run's attempt. If that run exited by itself
+        (`exit_code`) and the job has not started again, that is the job's end: done or
+        failed as the exit code says, so it is not run a second time. None: not ended
+        here; else whether it has notification hooks to run."""
+        with self.db.write() as conn:
+            if not record_real_end(conn, job_id, node, words) or exit_code is None:
+                return None
+            started = conn.execute(
+                select(job_attempts.c.started_at)
+                .where(job_attempts.c.job_id == job_id, job_attempts.c.node == node)
+                .order_by(job_attempts.c.attempt.desc())
+            ).first()
+            done = conn.execute(
+                update(jobs)
+                .where(
+                    jobs.c.id == job_id,
+                    jobs.c.state.in_([str(JobState.QUEUED), str(JobState.HELD)]),
+                    jobs.c.requeue.is_not(None),
+                )
+                .values(
+                    state=str(JobState.DONE if exit_code == 0 else JobState.FAILED),
+                    reason=str(EndReason.EXIT),
+                    reason_detail=f"its run on node {node} ended before it was run again",
+                    exit_code=exit_code,
+                    node=node,
+                    node_epoch=None,
+                    started_at=None if started is None else started[0],
+                    ended_at=db_iso(conn, self.db.lease_clock),
+                    waiting_reason=None,
+                    hooks_due=case((jobs.c.notify.is_not(None), 1), else_=None),
+                )
+            )
+            if done.rowcount != 1:
+                return None
+            notify = conn.execute(
+                select(type_coerce(jobs.c.notify, Text)).where(jobs.c.id == job_id)
+            ).scalar()
+        return decode_json(notify) is not None

@@ -30,9 +30,10 @@ from sqlalchemy.exc import DBAPIError
 from gpusched.core.errors import ConflictError, GpuschedError, UsageError
 from gpusched.core.models import TERMINAL_STATES, JobState
 from gpusched.store import Store
-from gpusched.store.database import envs, jobs, lock_submits, timeline_points
 from gpusched.store.engine import describe_url, is_disconnect, unavailable
-from gpusched.store.schema import lift_server_bounds
+from gpusched.store.migrations import lift_server_bounds
+from gpusched.store.rows import lock_submits
+from gpusched.store.schema import envs, jobs, timeline_points
 from gpusched.store.waits import unbounded
 
 _BATCH = 500  # rows per INSERT
@@ -129,7 +130,7 @@ def copy_database(source_url: str, target_url: str, *, merge: bool = False) -> C
         if source.where == target.where:
             raise UsageError("the source and the target are the same database")
         # One long transaction by design (all or nothing): no bound on its waits.
-        with unbounded(), source.read() as src, target.engine.begin() as dst:
+        with unbounded(), source.database.read() as src, target.database.engine.begin() as dst:
             if dst.dialect.name == "postgresql":
                 lift_server_bounds(dst)
             lock_submits(dst)  # no submit lands between our reads and writes

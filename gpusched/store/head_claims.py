@@ -1,4 +1,5 @@
-"""The head's claim between passes (the `head_claims` table): the cards kept for the
+"""`store.head_claims` (`HeadClaims`): the head's claim between passes (the `head_claims`
+table): the cards kept for the
 blocked first job of the queue, so the next pass, and the next daemon after a restart,
 keeps them instead of choosing again (docs/operations.md, "How a card is chosen").
 
@@ -9,17 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import JSON, BigInteger, Column, Integer, Table, delete, select
+from sqlalchemy import delete, select
 
-from gpusched.store.database import Database, decode_json, metadata
-
-head_claims = Table(
-    "head_claims",
-    metadata,
-    Column("job_id", Integer, primary_key=True),
-    Column("gpu_uuids", JSON, nullable=False),
-    Column("mem", BigInteger, nullable=True),  # the head's --mem per GPU; NULL: a whole GPU
-)
+from gpusched.store.database import Database
+from gpusched.store.rows import decode_json
+from gpusched.store.schema import head_claims
 
 
 @dataclass(frozen=True)
@@ -29,10 +24,15 @@ class StoredClaim:
     mem: int | None
 
 
-class HeadClaimRecords(Database):
-    def head_claim(self) -> StoredClaim | None:
+class HeadClaims:
+    """`store.head_claims`: the one stored claim, read and replaced."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    def current(self) -> StoredClaim | None:
         """The claim the last pass stored, if any."""
-        with self.read() as conn:
+        with self.db.read() as conn:
             row = conn.execute(
                 select(head_claims.c.job_id, head_claims.c.gpu_uuids, head_claims.c.mem)
             ).first()
@@ -41,10 +41,10 @@ class HeadClaimRecords(Database):
         uuids = row.gpu_uuids if isinstance(row.gpu_uuids, list) else decode_json(row.gpu_uuids)
         return StoredClaim(row.job_id, tuple(uuids), row.mem)
 
-    def keep_head_claim(self, claim: StoredClaim | None) -> None:
+    def keep(self, claim: StoredClaim | None) -> None:
         """Replace the stored claim (None: no job is kept cards for)."""
         # Not fsynced: a claim lost to a power cut is chosen again by the next pass.
-        with self._write(durable=False) as conn:
+        with self.db.write(durable=False) as conn:
             conn.execute(delete(head_claims))
             if claim is not None:
                 conn.execute(

@@ -1,5 +1,7 @@
-"""The cluster's tables: `nodes` (one row per server, its lease and its GPUs as last
-reported) and `leases` (the scheduler's election), and their conditional writes.
+"""`store.nodes` (`Nodes`): the cluster's tables `nodes` (one row per server, its lease and
+its GPUs as last reported) and `leases` (the scheduler's election), their reads and
+conditional writes; and the checks that other parts run inside their own transactions
+(`election_is_current`, `node_is_live`, the database's clock `db_now` / `db_iso`).
 
 Every lease is timed by the DATABASE's clock (`db_now`; a test injects its own as the
 store's `lease_clock`): servers' clocks may disagree, the database's is one. A lease is
@@ -14,15 +16,10 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any
 
 from sqlalchemy import (
-    Column,
-    Float,
-    Integer,
-    String,
-    Table,
-    Text,
     func,
     insert,
     literal,
@@ -33,33 +30,13 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.sql.elements import ColumnElement
 
-from gpusched.store.database import Database, metadata
+from gpusched.core.clock import iso
+from gpusched.store.database import Database
+from gpusched.store.schema import leases, nodes
 
 NODE_UP = "up"
 NODE_DOWN = "down"
 NODE_DRAINED = "drained"
-
-nodes = Table(
-    "nodes",
-    metadata,
-    Column("name", String, primary_key=True),
-    Column("epoch", Integer, nullable=False),  # bumped when the node is declared down
-    Column("lease_expires", Float, nullable=False),  # database clock, seconds since 1970
-    Column("last_seen", Float, nullable=False),  # database clock
-    Column("state", String, nullable=False),  # up, down or drained
-    Column("drain_reason", Text, nullable=True),
-    Column("owner", String, nullable=True),  # host:pid of the daemon holding the name
-    Column("report", Text, nullable=True),  # JSON: its GPUs, usage, users it lacks
-)
-
-leases = Table(
-    "leases",
-    metadata,
-    Column("role", String, primary_key=True),  # "scheduler"
-    Column("holder", String, nullable=False),
-    Column("epoch", Integer, nullable=False),  # bumped at each change of holder
-    Column("expires", Float, nullable=False),  # database clock
-)
 
 SCHEDULER_ROLE = "scheduler"
 
@@ -72,6 +49,12 @@ def db_now(conn: Connection, fixed: Callable[[], float] | None = None) -> Column
     if conn.dialect.name == "sqlite":
         return (func.julianday("now") - literal(2440587.5)) * literal(86400.0)
     return func.extract("epoch", func.clock_timestamp())  # type: ignore[return-value]
+
+
+def db_iso(conn: Connection, fixed: Callable[[], float] | None = None) -> str:
+    """The database's clock now, as a job's timestamp: one clock for every server."""
+    seconds = float(conn.execute(select(db_now(conn, fixed))).scalar_one())
+    return iso(datetime.fromtimestamp(seconds, timezone.utc))
 
 
 @dataclass(frozen=True)
@@ -93,12 +76,15 @@ class LeaseRow:
     expired: bool
 
 
-class NodeRecords(Database):
-    """Reads and conditional writes of `nodes` and `leases`."""
+class Nodes:
+    """`store.nodes`: reads and conditional writes of `nodes` and `leases`."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
 
     def node_rows(self) -> list[NodeRow]:
-        with self.read() as conn:
-            now = db_now(conn, self.lease_clock)
+        with self.db.read() as conn:
+            now = db_now(conn, self.db.lease_clock)
             rows = conn.execute(
                 select(
                     nodes,
@@ -126,8 +112,8 @@ class NodeRecords(Database):
     def claim_node(self, name: str, owner: str, timeout_s: float, seen: NodeRow | None) -> int:
         """Take the name `name` for this daemon: its epoch, or -1 if someone else took the
         row meanwhile. A row that was down comes back up with the epoch it was given."""
-        with self.engine.begin() as conn:
-            now = db_now(conn, self.lease_clock)
+        with self.db.write() as conn:
+            now = db_now(conn, self.db.lease_clock)
             if seen is None:
                 try:
                     with conn.begin_nested():
@@ -157,8 +143,8 @@ class NodeRecords(Database):
     ) -> float | None:
         """Renew this node's lease and report its GPUs: the database's time of the renewal
         (seconds since 1970); None: it was declared down."""
-        with self.engine.begin() as conn:
-            now = db_now(conn, self.lease_clock)
+        with self.db.write() as conn:
+            now = db_now(conn, self.db.lease_clock)
             renewed = conn.execute(
                 update(nodes)
                 .where(
@@ -173,7 +159,7 @@ class NodeRecords(Database):
 
     def set_node_state(self, name: str, state: str, reason: str | None) -> bool:
         """Drain (`drained`, with why) or undrain (`up`) a node that is not down."""
-        with self.engine.begin() as conn:
+        with self.db.write() as conn:
             done = conn.execute(
                 update(nodes)
                 .where(nodes.c.name == name, nodes.c.state.in_([NODE_UP, NODE_DRAINED]))
@@ -184,7 +170,7 @@ class NodeRecords(Database):
     def release_node(self, name: str, epoch: int) -> None:
         """A daemon stopping cleanly: its lease ends now (its jobs run on, re-adopted by
         its next start; declared down only if it stays away past node_timeout)."""
-        with self.engine.begin() as conn:
+        with self.db.write() as conn:
             conn.execute(
                 update(nodes).where(nodes.c.name == name, nodes.c.epoch == epoch).values(owner=None)
             )
@@ -192,16 +178,16 @@ class NodeRecords(Database):
     # -- the scheduler's election ---------------------------------------------------------
 
     def scheduler_lease(self) -> LeaseRow | None:
-        with self.read() as conn:
+        with self.db.read() as conn:
             row = conn.execute(
                 select(
-                    leases, (leases.c.expires < db_now(conn, self.lease_clock)).label("expired")
+                    leases, (leases.c.expires < db_now(conn, self.db.lease_clock)).label("expired")
                 ).where(leases.c.role == SCHEDULER_ROLE)
             ).first()
         return None if row is None else LeaseRow(row.holder, int(row.epoch), bool(row.expired))
 
     def renew_scheduler(self, holder: str, epoch: int, timeout_s: float) -> bool:
-        with self.engine.begin() as conn:
+        with self.db.write() as conn:
             done = conn.execute(
                 update(leases)
                 .where(
@@ -209,15 +195,15 @@ class NodeRecords(Database):
                     leases.c.holder == holder,
                     leases.c.epoch == epoch,
                 )
-                .values(expires=db_now(conn, self.lease_clock) + timeout_s)
+                .values(expires=db_now(conn, self.db.lease_clock) + timeout_s)
             )
         return done.rowcount == 1
 
     def take_scheduler(self, holder: str, seen: LeaseRow | None, timeout_s: float) -> int | None:
         """Become the scheduler if the lease seen is still the current one and expired (or
         there is none): the new epoch, or None if another daemon was quicker."""
-        with self.engine.begin() as conn:
-            now = db_now(conn, self.lease_clock)
+        with self.db.write() as conn:
+            now = db_now(conn, self.db.lease_clock)
             if seen is None:
                 try:
                     with conn.begin_nested():

@@ -1,5 +1,6 @@
-"""The cluster's writes of a job's life: placed on a node by the elected scheduler,
-started by that node's agent, ended lost (or queued again) when its node is declared down.
+"""`store.placements` (`Placements`): the cluster's writes of a job's life: placed on a
+node by the elected scheduler, started by that node's agent, ended lost (or queued again)
+when its node is declared down.
 
 Each is one transaction whose condition is checked in the database, row count and all:
 a placement holds only if the job is still queued and unplaced AND the scheduler's
@@ -7,23 +8,32 @@ election epoch is still current; a start only if the job is still placed on this
 AND the node is at the agent's epoch with an unexpired lease. So of two daemons that
 both believe they schedule, the stale one's writes are refused, and a node declared
 down cannot start anything more under its old epoch (docs/cluster.md).
+`unplaced()` / `back_to_queued()`: the columns a job gives back when it returns to the
+scheduler (also used by store.jobs' hold and unmark_running).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from typing import Any
 
-from sqlalchemy import Text, bindparam, case, select, type_coerce, update
-from sqlalchemy.engine import Connection
+from sqlalchemy import Text, bindparam, select, type_coerce, update
 from sqlalchemy.sql.elements import ColumnElement
 
-from gpusched.core.clock import iso
 from gpusched.core.models import EndReason, Job, JobState
-from gpusched.store.attempts import job_attempts, record_real_end, record_requeued
-from gpusched.store.database import Database, decode_json, job_select, jobs, to_job
-from gpusched.store.nodes import NODE_DOWN, db_now, election_is_current, node_is_live, nodes
+from gpusched.store.attempts import record_requeued
+from gpusched.store.database import Database
+from gpusched.store.nodes import (
+    NODE_DOWN,
+    db_iso,
+    db_now,
+    election_is_current,
+    node_is_live,
+    nodes,
+)
+from gpusched.store.rows import decode_json, job_select, to_job
+from gpusched.store.schema import jobs
 
 
 @dataclass(frozen=True)
@@ -50,6 +60,24 @@ class DownResult:
     requeued: list[int]
 
 
+def unplaced() -> dict[str, Any]:
+    """A job given back to the scheduler: on no node, holding no cards."""
+    return {"node": None, "node_epoch": None, "gpu_uuids": [], "gpu_indices": []}
+
+
+def back_to_queued() -> dict[str, Any]:
+    """A `running` row put back in the queue (its run never started, or is requeued):
+    unplaced, and no trace of the run (pid, log, start)."""
+    return {
+        "state": str(JobState.QUEUED),
+        **unplaced(),
+        "pid": None,
+        "pid_start_time": None,
+        "log_path": None,
+        "started_at": None,
+    }
+
+
 def guarded_end(guard: NodeGuard) -> ColumnElement[bool]:
     """Which active rows a node may end: waiting ones, its own running ones of its epoch,
     and those lost with it (their real end, reported when it comes back)."""
@@ -68,11 +96,11 @@ def guarded_end(guard: NodeGuard) -> ColumnElement[bool]:
     )
 
 
-class PlacementRecords(Database):
-    def _db_iso(self, conn: Connection) -> str:
-        """The database's clock now, as a job's timestamp: one clock for every server."""
-        seconds = float(conn.execute(select(db_now(conn, self.lease_clock))).scalar_one())
-        return iso(datetime.fromtimestamp(seconds, timezone.utc))
+class Placements:
+    """`store.placements`: the cluster's writes of a job's life, conditioned on epochs."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
 
     def place(
         self, placements: Sequence[NodePlacement], holder: str, election_epoch: int
@@ -80,7 +108,7 @@ class PlacementRecords(Database):
         """Place jobs on nodes in one transaction: the ids placed (none if the election
         moved on; a job that was meanwhile cancelled, held or placed is left out)."""
         placed: list[int] = []
-        with self.engine.begin() as conn:
+        with self.db.write() as conn:
             if not election_is_current(conn, holder, election_epoch):
                 return []
             for p in placements:
@@ -113,7 +141,7 @@ class PlacementRecords(Database):
         query = job_select().where(jobs.c.state == str(JobState.QUEUED), jobs.c.node.is_not(None))
         if node is not None:
             query = query.where(jobs.c.node == node)
-        with self.read() as conn:
+        with self.db.read() as conn:
             return [to_job(row) for row in conn.execute(query.order_by(jobs.c.id)).all()]
 
     def claims(self) -> list[Job]:
@@ -123,18 +151,18 @@ class PlacementRecords(Database):
             jobs.c.node.is_not(None),
             jobs.c.state.in_([str(JobState.RUNNING), str(JobState.QUEUED)]),
         )
-        with self.read() as conn:
+        with self.db.read() as conn:
             return [to_job(row) for row in conn.execute(query.order_by(jobs.c.id)).all()]
 
     def placed_ids(self, node: str) -> list[int]:
         """The ids of the jobs placed on `node` and not started yet."""
         query = select(jobs.c.id).where(jobs.c.node == node, jobs.c.state == str(JobState.QUEUED))
-        with self.read() as conn:
+        with self.db.read() as conn:
             return [int(i) for i in conn.execute(query).scalars()]
 
     def unplace(self, job_id: int, node: str) -> bool:
         """Back to the scheduler: a placed job its node will not start (e.g. no such user)."""
-        with self.engine.begin() as conn:
+        with self.db.write() as conn:
             done = conn.execute(
                 update(jobs)
                 .where(
@@ -142,7 +170,7 @@ class PlacementRecords(Database):
                     jobs.c.state == str(JobState.QUEUED),
                     jobs.c.node == node,
                 )
-                .values(node=None, node_epoch=None, gpu_uuids=[], gpu_indices=[])
+                .values(**unplaced())
             )
         return done.rowcount == 1
 
@@ -154,14 +182,14 @@ class PlacementRecords(Database):
         pid: tuple[int, str | None] | None = None,
     ) -> bool:
         """The claim that a placed job starts here (before its process exists, as
-        Store.mark_running): refused unless this node is live at the guard's epoch.
+        store.jobs.mark_running): refused unless this node is live at the guard's epoch.
         `pid`: an interactive job's client (pid, start time), the job's process already.
         `started_at` is the database's time of the claim until `launched` says when the
         process was started."""
-        with self.engine.begin() as conn:
-            if not node_is_live(conn, guard.name, guard.epoch, self.lease_clock):
+        with self.db.write() as conn:
+            if not node_is_live(conn, guard.name, guard.epoch, self.db.lease_clock):
                 return False
-            now = self._db_iso(conn)
+            now = db_iso(conn, self.db.lease_clock)
             done = conn.execute(
                 update(jobs)
                 .where(
@@ -183,7 +211,7 @@ class PlacementRecords(Database):
     def launched(self, job_id: int, guard: NodeGuard, pid: int, pid_start_time: str) -> bool:
         """A claimed job's supervisor was started: its pid, and `started_at` the launch's
         time by the database's clock. False: the row is no longer this node's running one."""
-        with self._write(durable=False) as conn:  # as Store.set_pid: no supervisor survives
+        with self.db.write(durable=False) as conn:  # as store.jobs.set_pid: no supervisor survives
             done = conn.execute(
                 update(jobs)
                 .where(
@@ -192,14 +220,18 @@ class PlacementRecords(Database):
                     jobs.c.node == guard.name,
                     jobs.c.node_epoch == guard.epoch,
                 )
-                .values(pid=pid, pid_start_time=pid_start_time, started_at=self._db_iso(conn))
+                .values(
+                    pid=pid,
+                    pid_start_time=pid_start_time,
+                    started_at=db_iso(conn, self.db.lease_clock),
+                )
             )
         return done.rowcount == 1
 
     def unclaim(self, job_id: int, guard: NodeGuard) -> bool:
         """Back to the scheduler: a job this node claimed but will not launch (its launch
         deadline passed while the claim committed). Only this node's claim at its epoch."""
-        with self.engine.begin() as conn:
+        with self.db.write() as conn:
             done = conn.execute(
                 update(jobs)
                 .where(
@@ -209,15 +241,7 @@ class PlacementRecords(Database):
                     jobs.c.node_epoch == guard.epoch,
                     jobs.c.pid.is_(None),
                 )
-                .values(
-                    state=str(JobState.QUEUED),
-                    node=None,
-                    node_epoch=None,
-                    gpu_uuids=[],
-                    gpu_indices=[],
-                    log_path=None,
-                    started_at=None,
-                )
+                .values(**back_to_queued())
             )
         return done.rowcount == 1
 
@@ -236,17 +260,17 @@ class PlacementRecords(Database):
         node_lost) or queue them again (`--requeue`), and give its placed jobs back to the
         scheduler: one transaction. None: refused (the node renewed meanwhile, or this
         daemon no longer schedules)."""
-        with self.engine.begin() as conn:
+        with self.db.write() as conn:
             if not election_is_current(conn, holder, election_epoch):
                 return None
-            now = self._db_iso(conn)
+            now = db_iso(conn, self.db.lease_clock)
             done = conn.execute(
                 update(nodes)
                 .where(
                     nodes.c.name == name,
                     nodes.c.epoch == seen_epoch,
                     nodes.c.state != NODE_DOWN,
-                    nodes.c.lease_expires + grace_s < db_now(conn, self.lease_clock),
+                    nodes.c.lease_expires + grace_s < db_now(conn, self.db.lease_clock),
                 )
                 .values(state=NODE_DOWN, epoch=seen_epoch + 1)
             )
@@ -267,18 +291,7 @@ class PlacementRecords(Database):
                 conn.execute(
                     update(jobs)
                     .where(jobs.c.id.in_(requeued), running)
-                    .values(
-                        state=str(JobState.QUEUED),
-                        node=None,
-                        node_epoch=None,
-                        gpu_uuids=[],
-                        gpu_indices=[],
-                        pid=None,
-                        pid_start_time=None,
-                        started_at=None,
-                        log_path=None,
-                        stop_intent=None,
-                    )
+                    .values(**back_to_queued(), stop_intent=None)
                 )
             for job_id, hooks in lost:
                 conn.execute(
@@ -295,7 +308,7 @@ class PlacementRecords(Database):
             conn.execute(
                 update(jobs)
                 .where(jobs.c.node == name, jobs.c.state == str(JobState.QUEUED))
-                .values(node=None, node_epoch=None, gpu_uuids=[], gpu_indices=[])
+                .values(**unplaced())
             )
         return DownResult(lost, requeued)
 
@@ -309,8 +322,8 @@ class PlacementRecords(Database):
             jobs.c.reason == str(EndReason.NODE_LOST),
             jobs.c.node == name,
         )
-        with self.engine.begin() as conn:
-            if not node_is_live(conn, name, epoch, self.lease_clock):
+        with self.db.write() as conn:
+            if not node_is_live(conn, name, epoch, self.db.lease_clock):
                 return []
             ids = [int(i) for i in conn.execute(select(jobs.c.id).where(*lost_here)).scalars()]
             if ids:
@@ -328,53 +341,10 @@ class PlacementRecords(Database):
                 )
         return ids
 
-    def requeued_run_ended(
-        self, job_id: int, node: str, words: str, exit_code: int | None
-    ) -> bool | None:
-        """The real end of a run of a requeued job, reported by its node (`node`) once
-        back: said on that run's attempt (store.attempts). If that run exited by itself
-        (`exit_code`) and the job has not started again, that is the job's end: done or
-        failed as the exit code says, so it is not run a second time. None: not ended
-        here; else whether it has notification hooks to run."""
-        with self.engine.begin() as conn:
-            if not record_real_end(conn, job_id, node, words) or exit_code is None:
-                return None
-            started = conn.execute(
-                select(job_attempts.c.started_at)
-                .where(job_attempts.c.job_id == job_id, job_attempts.c.node == node)
-                .order_by(job_attempts.c.attempt.desc())
-            ).first()
-            done = conn.execute(
-                update(jobs)
-                .where(
-                    jobs.c.id == job_id,
-                    jobs.c.state.in_([str(JobState.QUEUED), str(JobState.HELD)]),
-                    jobs.c.requeue.is_not(None),
-                )
-                .values(
-                    state=str(JobState.DONE if exit_code == 0 else JobState.FAILED),
-                    reason=str(EndReason.EXIT),
-                    reason_detail=f"its run on node {node} ended before it was run again",
-                    exit_code=exit_code,
-                    node=node,
-                    node_epoch=None,
-                    started_at=None if started is None else started[0],
-                    ended_at=self._db_iso(conn),
-                    waiting_reason=None,
-                    hooks_due=case((jobs.c.notify.is_not(None), 1), else_=None),
-                )
-            )
-            if done.rowcount != 1:
-                return None
-            notify = conn.execute(
-                select(type_coerce(jobs.c.notify, Text)).where(jobs.c.id == job_id)
-            ).scalar()
-        return decode_json(notify) is not None
-
     def rows_of(self, job_ids: Sequence[int]) -> dict[int, tuple[JobState, str | None, int | None]]:
         """(state, node, node epoch) of each of these jobs: what an agent back from a
         partition compares with what it runs."""
-        with self.read() as conn:
+        with self.db.read() as conn:
             rows = conn.execute(
                 select(jobs.c.id, jobs.c.state, jobs.c.node, jobs.c.node_epoch).where(
                     jobs.c.id.in_(list(job_ids))
@@ -384,7 +354,7 @@ class PlacementRecords(Database):
 
     def stop_requested(self, node: str) -> list[int]:
         """Running jobs on `node` that a daemon asked to stop (a cancel, from any node)."""
-        with self.read() as conn:
+        with self.db.read() as conn:
             return [
                 int(i)
                 for i in conn.execute(
@@ -401,7 +371,7 @@ class PlacementRecords(Database):
         if not reasons:
             return
         rows = [{"job_id": i, "why": why} for i, why in reasons.items()]
-        with self._write(durable=False) as conn:  # lost in a power cut: said again next pass
+        with self.db.write(durable=False) as conn:  # lost in a power cut: said again next pass
             conn.execute(
                 update(jobs)
                 .where(jobs.c.id == bindparam("job_id"), jobs.c.state == str(JobState.QUEUED))

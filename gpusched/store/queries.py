@@ -1,7 +1,8 @@
-"""The store's reads: jobs by id, by state, by array, for fair share, for notifications
-and for the Prometheus metrics (counts and queue waits as plain data).
+"""The reads of `store.jobs` (`JobReads`, the base of gpusched.store.transitions' `Jobs`):
+jobs by id, by state, by array, for fair share, for notifications and for the Prometheus
+metrics (counts and queue waits as plain data).
 
-Every read runs on `Database.read()`, which takes no write lock, so a slow status or
+Every read runs on the Database's `read()`, which takes no write lock, so a slow status or
 history cannot make a submit wait.
 """
 
@@ -16,14 +17,16 @@ from sqlalchemy import ColumnElement, Text, func, select, type_coerce
 
 from gpusched.core.errors import NotFoundError
 from gpusched.core.models import ACTIVE_STATES, TERMINAL_STATES, Job, JobState, StopIntent
-from gpusched.store.database import Database, decode_json, envs, job_select, jobs, to_job
+from gpusched.store.database import Database
+from gpusched.store.rows import decode_json, job_select, to_job
+from gpusched.store.schema import envs, jobs
 
 _CHUNK = 200  # ids per read: within SQLite's variable limit, and 200 x 128K of commands
 
 
 @dataclass(frozen=True)
 class Queued:
-    """What a scheduling pass needs of a queued job (Store.queued): a pass reads every
+    """What a scheduling pass needs of a queued job (store.jobs.queued): a pass reads every
     queued job, so it reads these columns only, not the whole Job."""
 
     id: int
@@ -76,7 +79,7 @@ class LaunchInfo:
 
 @dataclass(frozen=True)
 class JobFigures:
-    """What the Prometheus metrics report of the jobs (Store.job_figures), over the whole
+    """What the Prometheus metrics report of the jobs (store.jobs.job_figures), over the whole
     database: it is the history, so the figures survive a daemon restart."""
 
     by_state_and_user: dict[tuple[JobState, str], int]  # only the pairs that have jobs
@@ -84,9 +87,14 @@ class JobFigures:
     queue_waits_s: list[float]  # submit to start, every job that started (id order)
 
 
-class JobQueries(Database):
+class JobReads:
+    """The reads of `store.jobs` (gpusched.store.transitions.Jobs adds its writes)."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
     def get(self, job_id: int) -> Job:
-        with self.read() as conn:
+        with self.db.read() as conn:
             row = conn.execute(job_select().where(jobs.c.id == job_id)).first()
         if row is None:
             raise NotFoundError(f"no job {job_id}")
@@ -94,12 +102,12 @@ class JobQueries(Database):
 
     def get_many(self, job_ids: Iterable[int]) -> dict[int, Job]:
         ids = list(job_ids)
-        with self.read() as conn:
+        with self.db.read() as conn:
             rows = conn.execute(job_select().where(jobs.c.id.in_(ids))).all()
         return {row.id: to_job(row) for row in rows}
 
     def launch_info(self, job_id: int) -> LaunchInfo:
-        with self.read() as conn:
+        with self.db.read() as conn:
             row = conn.execute(
                 select(
                     jobs.c.gid,
@@ -123,7 +131,7 @@ class JobQueries(Database):
     def active(self) -> list[Job]:
         """Queued, held and running jobs, in submit order."""
         states = [str(s) for s in ACTIVE_STATES]
-        with self.read() as conn:
+        with self.db.read() as conn:
             rows = conn.execute(
                 job_select().where(jobs.c.state.in_(states)).order_by(jobs.c.id)
             ).all()
@@ -144,7 +152,7 @@ class JobQueries(Database):
         if user is not None:
             query = query.where(jobs.c.user == user)
         query = query.order_by(jobs.c.id).limit(limit)
-        with self.read() as conn:
+        with self.db.read() as conn:
             return [int(job_id) for job_id in conn.execute(query).scalars()]
 
     def iter_jobs(self, job_ids: Sequence[int]) -> Iterator[Job]:
@@ -155,11 +163,26 @@ class JobQueries(Database):
             found = self.get_many(chunk)
             yield from (found[i] for i in chunk if i in found)
 
+    def latest_attempts(self, job_ids: Iterable[int]) -> dict[int, Job]:
+        """Each job by id, or its latest OOM retry in its place."""
+        latest = self.get_many(job_ids)
+        for _ in range(100):  # retries form short chains; the bound is only a guard
+            chase = {i: j.retried_as for i, j in latest.items() if j.retried_as is not None}
+            if not chase:
+                break
+            retries = self.get_many(chase.values())
+            for job_id, retry_id in chase.items():
+                if retry_id in retries:
+                    latest[job_id] = retries[retry_id]
+                else:
+                    latest[job_id].retried_as = None  # a missing row: stop chasing it
+        return latest
+
     def states_of(self, job_ids: Iterable[int]) -> dict[int, JobState]:
         """The state of each of these jobs that exists (no other column is read)."""
         ids = list(job_ids)
         states: dict[int, JobState] = {}
-        with self.read() as conn:
+        with self.db.read() as conn:
             for start in range(0, len(ids), _CHUNK):
                 query = select(jobs.c.id, jobs.c.state).where(
                     jobs.c.id.in_(ids[start : start + _CHUNK])
@@ -175,7 +198,7 @@ class JobQueries(Database):
         if user is not None:
             query = query.where(jobs.c.user == user)
         query = query.group_by(jobs.c.state)
-        with self.read() as conn:
+        with self.db.read() as conn:
             found = {str(state): int(n) for state, n in conn.execute(query).all()}
         return {state: found.get(state, 0) for state in sorted(states)}
 
@@ -188,13 +211,13 @@ class JobQueries(Database):
             .group_by(jobs.c.user, jobs.c.state)
         )
         counts: dict[str, dict[str, int]] = {}
-        with self.read() as conn:
+        with self.db.read() as conn:
             for user, state, n in conn.execute(query).all():
                 counts.setdefault(str(user), {})[str(state)] = int(n)
         return counts
 
     def running(self) -> list[Job]:
-        with self.read() as conn:
+        with self.db.read() as conn:
             rows = conn.execute(
                 job_select().where(jobs.c.state == str(JobState.RUNNING)).order_by(jobs.c.id)
             ).all()
@@ -203,7 +226,7 @@ class JobQueries(Database):
     def interactive_active(self) -> list[Job]:
         """Active interactive jobs (`gpusched run`, claim()): each pass checks their clients."""
         states = [str(s) for s in ACTIVE_STATES]
-        with self.read() as conn:
+        with self.db.read() as conn:
             rows = conn.execute(
                 job_select()
                 .where(jobs.c.interactive == 1, jobs.c.state.in_(states))
@@ -213,7 +236,7 @@ class JobQueries(Database):
 
     def queued(self) -> list[Queued]:
         """Queued jobs (not held), in submit order, with what a scheduling pass needs."""
-        with self.read() as conn:
+        with self.db.read() as conn:
             rows = conn.execute(_QUEUED_SELECT.order_by(jobs.c.id)).all()
         return [
             Queued(i, u, m, g, p, decode_json(a), ai, mc, ro, it, decode_json(an), *rest)
@@ -256,20 +279,20 @@ class JobQueries(Database):
         if since is not None:
             query = query.where(jobs.c.ended_at >= since)
         query = query.order_by(jobs.c.ended_at.desc(), jobs.c.id.desc()).limit(limit)
-        with self.read() as conn:
+        with self.db.read() as conn:
             return [int(job_id) for job_id in conn.execute(query).scalars()]
 
     def count(self) -> int:
-        with self.read() as conn:
+        with self.db.read() as conn:
             return int(conn.execute(select(func.count()).select_from(jobs)).scalar_one())
 
     def array_ids(self, array_id: int) -> list[int]:
         query = select(jobs.c.id).where(jobs.c.array_id == array_id).order_by(jobs.c.id)
-        with self.read() as conn:
+        with self.db.read() as conn:
             return [int(job_id) for job_id in conn.execute(query).scalars()]
 
     def array_jobs(self, array_id: int) -> list[Job]:
-        with self.read() as conn:
+        with self.db.read() as conn:
             rows = conn.execute(
                 job_select().where(jobs.c.array_id == array_id).order_by(jobs.c.id)
             ).all()
@@ -277,7 +300,7 @@ class JobQueries(Database):
 
     def usage_since(self, since: str) -> list[Job]:
         """Jobs that held GPUs at some point after `since`: for fair share."""
-        with self.read() as conn:
+        with self.db.read() as conn:
             rows = conn.execute(
                 job_select().where(
                     jobs.c.started_at.is_not(None),
@@ -289,7 +312,7 @@ class JobQueries(Database):
     def hooks_due(self) -> list[int]:
         """Ended jobs whose notification hooks have not started, in the order they ended."""
         query = select(jobs.c.id).where(jobs.c.hooks_due == 1).order_by(jobs.c.ended_at, jobs.c.id)
-        with self.read() as conn:
+        with self.db.read() as conn:
             return [int(job_id) for job_id in conn.execute(query).scalars()]
 
     def job_figures(self) -> JobFigures:
@@ -311,7 +334,7 @@ class JobQueries(Database):
             .where(jobs.c.started_at.is_not(None))
             .order_by(jobs.c.id)
         )
-        with self.read() as conn:
+        with self.db.read() as conn:
             state_rows = conn.execute(by_state).all()
             reason_rows = conn.execute(by_reason).all()
             start_rows = conn.execute(starts).all()

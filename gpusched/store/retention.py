@@ -31,7 +31,9 @@ from sqlalchemy import ColumnElement, Connection, and_, delete, exists, func, se
 from gpusched.config.retention import RetentionSettings
 from gpusched.core.clock import iso
 from gpusched.core.models import ACTIVE_STATES, TERMINAL_STATES
-from gpusched.store.database import Database, envs, jobs, lock_submits, timeline_points
+from gpusched.store.database import Database
+from gpusched.store.rows import lock_submits
+from gpusched.store.schema import envs, jobs, timeline_points
 
 BATCH = 2000
 # env_id of an ended job whose environment retention dropped (ids start at 1).
@@ -132,7 +134,7 @@ def _holding_env() -> ColumnElement[bool]:
 
 def _expire_logs(db: Database, cutoff: str, done: Pruned) -> None:
     while True:
-        with db._write() as conn:
+        with db.write() as conn:
             rows = conn.execute(
                 select(jobs.c.id, jobs.c.log_path)
                 .where(_ended_before(cutoff), jobs.c.log_path.is_not(None))
@@ -148,7 +150,7 @@ def _expire_logs(db: Database, cutoff: str, done: Pruned) -> None:
 
 def _delete_jobs(db: Database, cutoff: str, done: Pruned) -> None:
     while True:
-        with db._write() as conn:
+        with db.write() as conn:
             rows = conn.execute(
                 select(jobs.c.id, jobs.c.log_path)
                 .where(_deletable(cutoff, _waited_for(conn)))
@@ -166,7 +168,7 @@ def _delete_jobs(db: Database, cutoff: str, done: Pruned) -> None:
 
 def _delete_timelines(db: Database, cutoff: str, done: Pruned) -> None:
     while True:
-        with db._write() as conn:
+        with db.write() as conn:
             ids = list(
                 conn.execute(
                     select(jobs.c.id)
@@ -186,7 +188,7 @@ def _delete_timelines(db: Database, cutoff: str, done: Pruned) -> None:
 def _drop_environments(db: Database, cutoff: str, done: Pruned) -> None:
     holding = _holding_env()
     while True:
-        with db._write() as conn:
+        with db.write() as conn:
             ids = list(
                 conn.execute(select(jobs.c.id).where(_ended_before(cutoff), holding).limit(BATCH))
                 .scalars()
@@ -202,7 +204,7 @@ def _drop_environments(db: Database, cutoff: str, done: Pruned) -> None:
 
 
 def _delete_unused_environments(db: Database, done: Pruned) -> None:
-    with db._write() as conn:
+    with db.write() as conn:
         # A submit finds an existing environment, then adds jobs that use it, in one
         # transaction: on PostgreSQL this delete must not run between the two.
         lock_submits(conn)

@@ -1,130 +1,179 @@
-"""The schema's version: the database is brought to this gpusched's schema at open.
+"""Every table of the store, in one place: the head revision's columns, which the Alembic
+revisions in gpusched/store/migrations build (tests/test_schema.py checks that they
+match). A change of schema is a new revision there and its change here.
 
-The revisions are Alembic's, shipped in gpusched/store/migrations (no alembic.ini at run
-time). At each start the daemon runs every revision its database lacks, in one
-transaction: on SQLite under BEGIN IMMEDIATE, on PostgreSQL under a transaction-level
-advisory lock, so that daemons starting together on one database upgrade it once. A
-database of a version before Alembic (no alembic_version table) is adopted by the first
-revision, which adds only what it lacks (see its docstring). A database whose revision
-this gpusched does not know, written by a newer one, is refused: an older daemon
-writing rows that a newer schema reads differently could lose jobs.
-
-The usual start finds the database at HEAD with one plain query, without importing
-Alembic (a quarter of a second of a daemon's start on a slow machine); Alembic is loaded
-only to upgrade or to explain a revision it does not know.
+- `jobs`: one row per job, its latest run (store.jobs writes and reads it; store.usage,
+  store.placements and store.attempts write their columns of it)
+- `envs`: the submitters' environments, stored once each (gpusched.store.submits)
+- `timeline_points`: each job's memory and utilization over time (store.timeline)
+- `nodes`, `leases`: the cluster's nodes and the scheduler's election (store.nodes)
+- `head_claims`: the cards kept for the blocked head job (store.head_claims)
+- `job_attempts`: the earlier runs of requeued jobs (store.attempts)
 """
 
 from __future__ import annotations
 
-import contextlib
-import logging
-from collections.abc import Iterator
-from pathlib import Path
-from typing import TYPE_CHECKING
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Column,
+    Float,
+    ForeignKey,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+)
 
-from sqlalchemy import Engine, inspect, text
-from sqlalchemy.engine import Connection
+metadata = MetaData()
 
-from gpusched.core.errors import GpuschedError
-from gpusched.store.waits import unbounded
+jobs = Table(
+    "jobs",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("name", String, nullable=True),
+    Column("user", String, nullable=False),
+    Column("uid", Integer, nullable=False),
+    Column("gid", Integer, nullable=False),
+    Column("state", String, nullable=False, index=True),
+    Column("command", JSON, nullable=False),
+    Column("cwd", Text, nullable=False),
+    Column("env", JSON, nullable=False),
+    Column("umask", Integer, nullable=False),
+    Column("mem", BigInteger, nullable=True),  # bytes: past 2**31 (PostgreSQL's INTEGER)
+    Column("gpus", Integer, nullable=False),
+    Column("gpu_indices", JSON, nullable=False, default=list),
+    Column("gpu_uuids", JSON, nullable=False, default=list),
+    Column("priority", Integer, nullable=False, default=0),
+    Column("after", JSON, nullable=False, default=list),
+    Column("submitted_at", String, nullable=False),
+    Column("started_at", String, nullable=True),
+    Column("ended_at", String, nullable=True, index=True),
+    Column("pid", Integer, nullable=True),
+    Column("pid_start_time", String, nullable=True),  # guards against pid reuse
+    Column("exit_code", Integer, nullable=True),
+    Column("reason", String, nullable=True),
+    Column("reason_detail", Text, nullable=True),
+    Column("stop_intent", String, nullable=True),  # a StopIntent, while a running job stops
+    Column("log_path", Text, nullable=True),
+    Column("peak_mem", BigInteger, nullable=True),
+    Column("mean_util", Integer, nullable=True),
+    Column("hints", JSON, nullable=False, default=list),
+    Column("util_min", Integer, nullable=True),
+    Column("util_max", Integer, nullable=True),
+    Column("util_stddev", Float, nullable=True),
+    Column("overrun_at", String, nullable=True),
+    Column("retry_oom", Integer, nullable=True),  # OOM retries left
+    Column("retry_of", Integer, nullable=True),  # an OOM retry: the first attempt's id
+    Column("retried_as", Integer, nullable=True),
+    Column("usage_state", JSON, nullable=True),  # the daemon's UsageTracker, between restarts
+    Column("array_id", Integer, nullable=True, index=True),  # jobs of one --sweep share it
+    Column("array_index", Integer, nullable=True),
+    Column("max_concurrent", Integer, nullable=True),  # per array
+    Column("time_limit_s", Float, nullable=True),
+    Column("notify", JSON, nullable=True),  # argv run as the owner when the job ends
+    # How that hook ended: {"kind", "exit_code", "output" (its last words)}; NULL until then.
+    Column("notify_result", JSON, nullable=True),
+    # `submit --output PATH`: where the job's log goes (a template: {id}, {array},
+    # {index}), opened by the job's owner; NULL: log_dir/ID.log (gpusched.processes.output).
+    Column("output", Text, nullable=True),
+    # 1 from a job's end until its notification hooks start: they survive a restart.
+    Column("hooks_due", Integer, nullable=True),
+    # The job's environment in `envs` (then `env` is {}); NULL for rows written before.
+    Column("env_id", Integer, nullable=True),
+    # The cluster (store.nodes): the node it is placed on, that node's epoch when it was
+    # placed (a write from an older epoch is refused), where it may go, and whether a
+    # dead node's job goes back to the queue.
+    Column("node", String, nullable=True, index=True),
+    Column("node_epoch", Integer, nullable=True),
+    Column("allowed_nodes", JSON, nullable=True),
+    Column("requeue", Integer, nullable=True),
+    # Why a queued job waits, as the cluster's scheduler last said (others read it here).
+    Column("waiting_reason", Text, nullable=True),
+    # 1: `gpusched run` / claim(); its pid and pid_start_time are its client's, from the
+    # socket's peer credentials at the request, set while it waits too.
+    Column("interactive", Integer, nullable=True),
+    # Placement (policy rule 3 and the order): 1: --exclusive (a card to itself); 1:
+    # --share (light, whatever it measures); `gpusched top`'s rank (lower first).
+    Column("exclusive", Integer, nullable=True),
+    Column("share", Integer, nullable=True),
+    Column("top", Integer, nullable=True),
+    # Measured (gpusched.usage.demand): its share of a card's busy time (0.0-1.0), the busy
+    # jobs it took turns with on a saturated card, and its speed then against alone.
+    Column("demand", Float, nullable=True),
+    Column("shared_with", JSON, nullable=True),
+    Column("sharing_speed", Float, nullable=True),
+    # The client's id of the submit that made it (issue 26): a submit retried after its
+    # answer was lost finds this job instead of making a second. NULL: none was sent.
+    Column("request_id", String, nullable=True, index=True, unique=True),
+)
 
-if TYPE_CHECKING:
-    from alembic.config import Config as AlembicConfig
+# Environments, stored once each and shared by every job submitted with the same one:
+# a 10,000-job sweep stores its submitter's environment once, not 10,000 times, and a
+# user's successive submits from one shell share a row. Keyed by a digest of the content.
+envs = Table(
+    "envs",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("digest", String, nullable=False, unique=True),
+    Column("env", JSON, nullable=False),
+)
 
-log = logging.getLogger("gpusched.store")
+# Each job's memory and utilization over time, downsampled by the daemon as the job runs
+# (gpusched.usage.timeline: at most about 1,000 points a job). `t`: epoch seconds of the
+# point's first poll; `samples`: how many polls it stands for. Deleted with the job's row.
+# WITHOUT ROWID on SQLite: the rows live in the primary key's b-tree, no second index.
+timeline_points = Table(
+    "timeline_points",
+    metadata,
+    Column("job_id", Integer, ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True),
+    Column("t", Float, primary_key=True),
+    Column("memory", BigInteger, nullable=True),  # bytes, over all the job's GPUs
+    Column("util", Float, nullable=True),  # 0-100
+    Column("samples", Integer, nullable=False),
+    sqlite_with_rowid=False,
+)
 
-MIGRATIONS = Path(__file__).with_name("migrations")
+nodes = Table(
+    "nodes",
+    metadata,
+    Column("name", String, primary_key=True),
+    Column("epoch", Integer, nullable=False),  # bumped when the node is declared down
+    Column("lease_expires", Float, nullable=False),  # database clock, seconds since 1970
+    Column("last_seen", Float, nullable=False),  # database clock
+    Column("state", String, nullable=False),  # up, down or drained
+    Column("drain_reason", Text, nullable=True),
+    Column("owner", String, nullable=True),  # host:pid of the daemon holding the name
+    Column("report", Text, nullable=True),  # JSON: its GPUs, usage, users it lacks
+)
 
-# The newest revision in migrations/versions (tests/test_schema.py checks it is Alembic's
-# head): a new revision moves it.
-HEAD = "0015"
+leases = Table(
+    "leases",
+    metadata,
+    Column("role", String, primary_key=True),  # "scheduler"
+    Column("holder", String, nullable=False),
+    Column("epoch", Integer, nullable=False),  # bumped at each change of holder
+    Column("expires", Float, nullable=False),  # database clock
+)
 
-# pg_advisory_xact_lock's key for "upgrading the schema" (any constant: only we take it).
-_UPGRADE_LOCK = 0x67707573  # "gpus"
+# The head's claim between passes (store.head_claims): one row at most.
+head_claims = Table(
+    "head_claims",
+    metadata,
+    Column("job_id", Integer, primary_key=True),
+    Column("gpu_uuids", JSON, nullable=False),
+    Column("mem", BigInteger, nullable=True),  # the head's --mem per GPU; NULL: a whole GPU
+)
 
-
-class SchemaTooNew(GpuschedError):
-    """The database was upgraded by a newer gpusched than this one."""
-
-
-def _alembic_config(conn: Connection) -> AlembicConfig:
-    from alembic.config import Config as AlembicConfig
-
-    config = AlembicConfig()
-    config.set_main_option("script_location", str(MIGRATIONS))
-    config.attributes["connection"] = conn
-    return config
-
-
-def head_revision() -> str:
-    """The newest revision of the migrations shipped (read by Alembic)."""
-    from alembic.script import ScriptDirectory
-
-    head = ScriptDirectory(str(MIGRATIONS)).get_current_head()
-    if head is None:  # only if the package lost its migrations
-        raise RuntimeError(f"no schema revision in {MIGRATIONS}")
-    return head
-
-
-def current_revisions(conn: Connection) -> tuple[str, ...]:
-    """The revisions the database says it is at; () for a new or pre-Alembic database."""
-    if not inspect(conn).has_table("alembic_version"):
-        return ()
-    rows = conn.execute(text("SELECT version_num FROM alembic_version")).scalars()
-    return tuple(sorted(str(revision) for revision in rows))
-
-
-def _check_known(revisions: tuple[str, ...], where: str) -> None:
-    from alembic.script import ScriptDirectory
-    from alembic.util.exc import CommandError
-
-    script = ScriptDirectory(str(MIGRATIONS))
-    for revision in revisions:
-        try:
-            script.get_revision(revision)
-        except CommandError:
-            raise SchemaTooNew(
-                f"the database {where} has schema revision {revision}, newer than this"
-                f" gpusched knows ({HEAD}): upgrade gpusched on this server"
-            ) from None
-
-
-@contextlib.contextmanager
-def _alembic_quiet() -> Iterator[None]:
-    """Alembic says a few lines at INFO each time it looks at a database; we say one."""
-    alembic_log = logging.getLogger("alembic")
-    level = alembic_log.level
-    alembic_log.setLevel(logging.WARNING)
-    try:
-        yield
-    finally:
-        alembic_log.setLevel(level)
-
-
-def lift_server_bounds(conn: Connection) -> None:
-    """This transaction only: none of the server's timeouts (docs/cluster.md section 1)."""
-    for setting in ("lock_timeout", "statement_timeout", "idle_in_transaction_session_timeout"):
-        conn.exec_driver_sql(f"SET LOCAL {setting} = 0")
-
-
-def upgrade(engine: Engine, where: str) -> None:
-    """Bring the database to HEAD, or raise SchemaTooNew (one line)."""
-    # Waiting for another daemon's upgrade, or a long migration, is no fault: no bound.
-    with unbounded(), engine.begin() as conn:
-        if conn.dialect.name == "postgresql":
-            lift_server_bounds(conn)
-            conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _UPGRADE_LOCK})
-        before = current_revisions(conn)
-        if before == (HEAD,):
-            return  # the usual start: nothing to do
-        with _alembic_quiet():
-            _check_known(before, where)
-            from alembic import command
-
-            command.upgrade(_alembic_config(conn), "head")
-    log.info(
-        "database %s: schema %s -> %s",
-        where,
-        ",".join(before) or "(none: new, or made before schema revisions)",
-        HEAD,
-    )
+# The earlier runs of requeued jobs (store.attempts): one row per run put back in the queue.
+job_attempts = Table(
+    "job_attempts",
+    metadata,
+    Column("job_id", Integer, ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True),
+    Column("attempt", Integer, primary_key=True),  # 1 for the first run
+    Column("node", String, nullable=True),
+    Column("started_at", String, nullable=True),
+    Column("ended_at", String, nullable=True),  # when it was put back in the queue
+    Column("outcome", Text, nullable=False),  # what ended it, in words
+)

@@ -1,6 +1,6 @@
 """What a submit writes: the new jobs' rows, once, whichever try of the submit it is.
 
-Split from transitions.py, whose `JobTransitions.add_many` runs it in one transaction.
+Split from transitions.py, whose `Jobs.add_many` runs it in one transaction.
 `NewJob` is a submit's spec; its rows are inserted as one array or one by one; the
 environment is stored once per distinct environment (`envs`); the owner's cap on waiting
 jobs (`max_queued`) is counted in the same transaction; a retried submit (the same
@@ -20,7 +20,8 @@ from sqlalchemy.engine import Connection
 
 from gpusched.core.errors import ConflictError
 from gpusched.core.models import Job, JobState
-from gpusched.store.database import envs, inserted_id, job_select, jobs, lock_submits, to_job
+from gpusched.store.rows import inserted_id, job_select, lock_submits, to_job
+from gpusched.store.schema import envs, jobs
 
 
 @dataclass(frozen=True)
@@ -159,7 +160,7 @@ def insert_jobs(
     as_array: bool,
     max_waiting: int | None,
 ) -> list[Job]:
-    """`JobTransitions.add_many`'s transaction (its docstring), on `conn`."""
+    """`Jobs.add_many`'s transaction (its docstring), on `conn`."""
     lock_submits(conn)
     request_id = news[0].request_id
     if request_id is not None:  # a retried submit: what its first try made

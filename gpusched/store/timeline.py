@@ -1,11 +1,12 @@
 """The store's time series of each job's memory and utilization (the `timeline_points` table).
 
-The daemon downsamples a running job's polls in memory (gpusched.usage.timeline) and
-writes what changed with the usage flush it already makes about once a minute
-(`UsageRecords.set_usage`) and with the job's end (`JobTransitions.mark_ended`), in the
-same transaction: `write_timeline` is the part of both that touches this table. Points
-are appended; only when the daemon thins a long job's series are they replaced.
-The rows go with their job's row (ON DELETE CASCADE).
+`store.timeline` (`Timeline`) reads a job's stored points. The daemon downsamples a
+running job's polls in memory (gpusched.usage.timeline) and writes what changed with the
+usage flush it already makes about once a minute (`store.usage.set_usage`) and with the
+job's end (`store.jobs.mark_ended`), in the same transaction: `write_timeline`, given that
+transaction's connection, is the part of both that touches this table. Points are
+appended; only when the daemon thins a long job's series are they replaced. The rows go
+with their job's row (ON DELETE CASCADE).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from sqlalchemy import delete, select
 from sqlalchemy.engine import Connection
 
 from gpusched.core.models import TimelinePoint
-from gpusched.store.database import Database, timeline_points
+from gpusched.store.database import Database
+from gpusched.store.schema import timeline_points
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +64,12 @@ def write_timeline(conn: Connection, job_id: int, write: TimelineWrite | None) -
         )
 
 
-class TimelineRecords(Database):
+class Timeline:
+    """`store.timeline`: the stored points of each job's series."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
     def job_timeline(self, job_id: int) -> list[TimelinePoint]:
         """The job's stored points, oldest first ([] for none, or no such job).
 
@@ -83,5 +90,5 @@ class TimelineRecords(Database):
             .where(timeline_points.c.job_id == job_id)
             .order_by(timeline_points.c.t)
         )
-        with self.read() as conn:
+        with self.db.read() as conn:
             return [TimelineRow(*row) for row in conn.execute(query)]

@@ -1,4 +1,6 @@
-"""The store's writes of a job's life: submit, start, end, hold, release, priority.
+"""`store.jobs` (`Jobs`): the writes of a job's life here (submit, start, end, hold,
+release, priority), its reads inherited from gpusched.store.queries' `JobReads` (one base,
+not another part: together they are the one part that owns the `jobs` rows).
 
 One transaction each. A state change is a compare-and-set (`_transition`): it applies
 only if the job is still in a state it may leave, so of two racing changes the first
@@ -20,8 +22,10 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import ColumnElement
 
 from gpusched.core.models import ACTIVE_STATES, EndReason, Job, JobState, StopIntent
-from gpusched.store.database import Database, decode_json, jobs
-from gpusched.store.placements import NodeGuard, guarded_end
+from gpusched.store.placements import NodeGuard, back_to_queued, guarded_end, unplaced
+from gpusched.store.queries import JobReads
+from gpusched.store.rows import decode_json
+from gpusched.store.schema import jobs
 from gpusched.store.submits import NewJob, insert_jobs, made_by_request
 from gpusched.store.timeline import TimelineWrite, write_timeline
 from gpusched.store.usage import usage_values
@@ -29,10 +33,12 @@ from gpusched.store.usage import usage_values
 _CHUNK = 500  # ids per `IN (...)`: SQLite allows 999 variables before 3.32
 
 
-class JobTransitions(Database):
+class Jobs(JobReads):
+    """`store.jobs`: a job's submit and state changes (here), and its reads (JobReads)."""
+
     def made_by_request(self, user: str, request_id: str) -> list[Job]:
         """What became of a submit: the jobs `user`'s submit with this id made."""
-        with self.read() as conn:
+        with self.db.read() as conn:
             return made_by_request(conn, user, request_id)
 
     def add(self, new: NewJob, now: str) -> Job:
@@ -52,7 +58,7 @@ class JobTransitions(Database):
         write lock from the start), so parallel submits cannot each see room for theirs.
         The jobs of one call have one owner and one environment (stored once).
         """
-        with self.engine.begin() as conn:
+        with self.db.write() as conn:
             return insert_jobs(conn, news, now, as_array, max_waiting)
 
     def cancel_waiting(
@@ -85,7 +91,7 @@ class JobTransitions(Database):
             "reason_detail": detail,
             "hooks_due": 1 if on_finish else None,
         }
-        with self.engine.begin() as conn:
+        with self.db.write() as conn:
             # One conditional UPDATE that says which rows it changed (RETURNING): a job
             # started by another daemon between a read and this write is not in the list.
             notify = type_coerce(jobs.c.notify, Text)
@@ -111,7 +117,7 @@ class JobTransitions(Database):
     ) -> bool:
         """Apply `values` only if the job is still in one of `from_states` (compare-and-set)
         and meets `condition` if any."""
-        with self._write(durable) as conn:
+        with self.db.write(durable) as conn:
             return self._transition_in(conn, job_id, from_states, values, condition)
 
     @staticmethod
@@ -163,17 +169,7 @@ class JobTransitions(Database):
         return self._transition(
             job_id,
             [JobState.RUNNING],
-            {
-                "state": str(JobState.QUEUED),
-                "gpu_indices": [],
-                "gpu_uuids": [],
-                "pid": None,
-                "pid_start_time": None,
-                "log_path": None,
-                "started_at": None,
-                "node": None,
-                "node_epoch": None,
-            },
+            back_to_queued(),
         )
 
     def mark_ended(
@@ -219,7 +215,7 @@ class JobTransitions(Database):
             states, condition = [*ACTIVE_STATES, JobState.LOST], guarded_end(guard)
         if timeline is None:
             return self._transition(job_id, states, values, durable, condition)
-        with self._write(durable) as conn:
+        with self.db.write(durable) as conn:
             if not self._transition_in(conn, job_id, states, values, condition):
                 return False
             write_timeline(conn, job_id, timeline)
@@ -242,12 +238,12 @@ class JobTransitions(Database):
 
         Not durable (NORMAL): lost in a power cut, the hooks run a second time.
         """
-        with self._write(durable=False) as conn:
+        with self.db.write(durable=False) as conn:
             conn.execute(update(jobs).where(jobs.c.id == job_id).values(hooks_due=None))
 
     def set_notify_result(self, job_id: int, result: dict[str, Any]) -> None:
         """Record how the job's `--notify` hook ended (shown to its owner)."""
-        with self._write(durable=False) as conn:
+        with self.db.write(durable=False) as conn:
             conn.execute(update(jobs).where(jobs.c.id == job_id).values(notify_result=result))
 
     def set_detail(self, job_id: int, detail: str) -> bool:
@@ -268,7 +264,7 @@ class JobTransitions(Database):
     def put_first(self, job_id: int) -> bool:
         """`gpusched top`: the waiting job goes before every job not put first, after those
         put first before it (its rank: one past the highest of the active jobs')."""
-        with self._write() as conn:
+        with self.db.write() as conn:
             highest = conn.execute(
                 select(func.max(jobs.c.top)).where(
                     jobs.c.state.in_([str(s) for s in ACTIVE_STATES])
@@ -281,14 +277,8 @@ class JobTransitions(Database):
 
     def hold(self, job_id: int) -> bool:
         # A job placed on a node (cluster) and held goes back to the scheduler when released.
-        unplaced: dict[str, Any] = {
-            "node": None,
-            "node_epoch": None,
-            "gpu_uuids": [],
-            "gpu_indices": [],
-        }
         return self._transition(
-            job_id, [JobState.QUEUED], {"state": str(JobState.HELD), **unplaced}
+            job_id, [JobState.QUEUED], {"state": str(JobState.HELD), **unplaced()}
         )
 
     def release(self, job_id: int) -> bool:

@@ -1,4 +1,4 @@
-"""The store's measured usage and OOM retries (for gpusched.usage.monitor and
+"""`store.usage` (`Usage`): measured usage and OOM retries (for gpusched.usage.monitor and
 scheduling.endings' `JobEndings.settle`).
 
 What measuring a job may write (USAGE_COLUMNS), the daemon's usage tracker kept between
@@ -8,18 +8,19 @@ runs of a command (for estimates).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import Text, select, type_coerce, update
 
 from gpusched.core.errors import NotFoundError
 from gpusched.core.models import Job, JobState
-from gpusched.store.database import inserted_id, job_select, jobs, to_job
-from gpusched.store.queries import JobQueries
+from gpusched.store.database import Database
+from gpusched.store.rows import inserted_id, job_select, to_job
+from gpusched.store.schema import jobs
 from gpusched.store.timeline import TimelineWrite, write_timeline
 
-# What measuring a job may write (Store.set_usage, mark_ended's `usage`).
+# What measuring a job may write (Usage.set_usage, Jobs.mark_ended's `usage`).
 USAGE_COLUMNS = frozenset(
     {
         "peak_mem",
@@ -70,17 +71,22 @@ def usage_values(values: dict[str, Any]) -> dict[str, Any]:
     return dict(values)
 
 
-class UsageRecords(JobQueries):
+class Usage:
+    """`store.usage`: a job's measured figures, its OOM retry, and past runs' figures."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
     def set_usage(self, job_id: int, timeline: TimelineWrite | None = None, **values: Any) -> None:
         """Write some of a job's measured figures (see USAGE_COLUMNS) and, in the same
         transaction, the new points of its time series (`timeline`)."""
-        with self.engine.begin() as conn:
+        with self.db.write() as conn:
             if values:
                 conn.execute(update(jobs).where(jobs.c.id == job_id).values(**usage_values(values)))
             write_timeline(conn, job_id, timeline)
 
     def usage_state(self, job_id: int) -> dict[str, Any] | None:
-        with self.read() as conn:
+        with self.db.read() as conn:
             state = conn.execute(
                 select(jobs.c.usage_state).where(jobs.c.id == job_id)
             ).scalar_one_or_none()
@@ -94,7 +100,7 @@ class UsageRecords(JobQueries):
         that describe one run. The retry keeps the original's `submitted_at`, and its
         `retry_of` (the first attempt's id) is its place in the queue.
         """
-        with self.engine.begin() as conn:
+        with self.db.write() as conn:
             # Every column, the row locked (PostgreSQL; SQLite's BEGIN IMMEDIATE locks all)
             # so that two endings of one job cannot both queue a retry.
             row = conn.execute(select(jobs).where(jobs.c.id == job_id).with_for_update()).first()
@@ -122,21 +128,6 @@ class UsageRecords(JobQueries):
             retry = conn.execute(job_select().where(jobs.c.id == new_id)).one()
         return to_job(retry)
 
-    def latest_attempts(self, job_ids: Iterable[int]) -> dict[int, Job]:
-        """Each job by id, or its latest OOM retry in its place."""
-        latest = self.get_many(job_ids)
-        for _ in range(100):  # retries form short chains; the bound is only a guard
-            chase = {i: j.retried_as for i, j in latest.items() if j.retried_as is not None}
-            if not chase:
-                break
-            retries = self.get_many(chase.values())
-            for job_id, retry_id in chase.items():
-                if retry_id in retries:
-                    latest[job_id] = retries[retry_id]
-                else:
-                    latest[job_id].retried_as = None  # a missing row: stop chasing it
-        return latest
-
     def peaks_for_command(
         self, uid: int, command: Sequence[str], limit: int = 20
     ) -> list[tuple[int, int, int | None]]:
@@ -156,7 +147,7 @@ class UsageRecords(JobQueries):
             .order_by(jobs.c.ended_at.desc(), jobs.c.id.desc())
             .limit(5000)  # a bound on the scan; the command is compared here, not in SQL
         )
-        with self.read() as conn:
+        with self.db.read() as conn:
             rows = conn.execute(query).all()
         found = [(row.id, row.peak_mem, row.mem) for row in rows if list(row.command) == wanted]
         return found[:limit]
@@ -178,9 +169,9 @@ class UsageRecords(JobQueries):
             .order_by(jobs.c.ended_at.desc(), jobs.c.id.desc())
             .limit(limit)
         )
-        with self.read() as conn:
+        with self.db.read() as conn:
             return [tuple(row) for row in conn.execute(query)]
 
     def record_usage(self, job_id: int, peak_mem: int | None) -> None:
-        with self.engine.begin() as conn:
+        with self.db.write() as conn:
             conn.execute(update(jobs).where(jobs.c.id == job_id).values(peak_mem=peak_mem))

@@ -3,7 +3,7 @@
 `UsageMonitor.expected_demand` looks a job up here: the median (`typical_demand`) of the
 latest recorded demands (at most PER_KIND) of the owner's runs of the same sweep, else
 of the same --name, else of the same command. The records are the store's latest
-(`Store.demand_records`, one query, newest first), read at most once a HISTORY_TTL_S by
+(`store.usage.demand_records`, one query, newest first), read at most once a HISTORY_TTL_S by
 the monitor: a pass over 10,000 queued jobs with 10,000 different commands is then 10,000
 dictionary look-ups, not 10,000 queries.
 """

@@ -13,7 +13,7 @@ running job and writes to the database only:
 Each job's time series (gpusched.usage.timeline) is fed at every poll too, and its new
 points ride on the same writes: the flush and the end (`final_timeline()`).
 
-The peak is written whenever it rises (`Store.record_usage`), so `show` and the OOM
+The peak is written whenever it rises (`store.usage.record_usage`), so `show` and the OOM
 retry see it at once; it is the tracker's, never a second copy kept elsewhere.
 A job is sampled only while it holds GPU memory: before its first allocation it is still
 starting (loading data, building the model), and counting those polls as 0 % busy would
@@ -34,7 +34,7 @@ import psutil
 from gpusched.core.hints import JobFacts, job_hints, over_declared_hint
 from gpusched.core.models import GpuHealth, GpuProcess, GpuState, Job, TimelinePoint
 from gpusched.core.units import format_size
-from gpusched.store import Queued, Store, TimelineWrite
+from gpusched.store import Queued, Timeline, TimelineWrite, Usage
 from gpusched.usage import oom
 from gpusched.usage.demand import card_polls
 from gpusched.usage.demand_history import DemandHistory
@@ -91,11 +91,13 @@ class Overrun:
 class UsageMonitor:
     def __init__(
         self,
-        store: Store,
+        usage: Usage,
+        timelines: Timeline,
         flush_interval_s: float = FLUSH_INTERVAL_S,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.store = store
+        self.usage = usage
+        self.stored_timelines = timelines
         self.flush_interval_s = flush_interval_s
         self._trackers: dict[int, UsageTracker] = {}
         self._timelines: dict[int, TimelineBuffer] = {}
@@ -108,7 +110,7 @@ class UsageMonitor:
         """The job's tracker, picked up from the database the first time (after a restart)."""
         tracker = self._trackers.get(job.id)
         if tracker is None:
-            tracker = UsageTracker.from_state(self.store.usage_state(job.id))
+            tracker = UsageTracker.from_state(self.usage.usage_state(job.id))
             tracker.peak_mem = max(tracker.peak_mem, job.peak_mem or 0)
             self._trackers[job.id] = tracker
         return tracker
@@ -117,8 +119,10 @@ class UsageMonitor:
         """The job's time series, picked up from the database the first time (after a restart)."""
         buffer = self._timelines.get(job.id)
         if buffer is None:
-            state = self.store.usage_state(job.id) or {}
-            buffer = TimelineBuffer.restore(state.get("timeline"), self.store.timeline_rows(job.id))
+            state = self.usage.usage_state(job.id) or {}
+            buffer = TimelineBuffer.restore(
+                state.get("timeline"), self.stored_timelines.timeline_rows(job.id)
+            )
             self._timelines[job.id] = buffer
         return buffer
 
@@ -175,7 +179,7 @@ class UsageMonitor:
         """The recorded demands by kind of job, read at most once a HISTORY_TTL_S."""
         now = self._monotonic()
         if self._history is None or now - self._history[0] > HISTORY_TTL_S:
-            self._history = (now, DemandHistory(self.store.demand_records()))
+            self._history = (now, DemandHistory(self.usage.demand_records()))
         return self._history[1]
 
     def gpu_util(self, uuid: str) -> float | None:
@@ -221,7 +225,7 @@ class UsageMonitor:
             tracker = self.tracker(job)
             held = {uuid: sum(p.used_bytes or 0 for p in procs) for uuid, procs in per_gpu.items()}
             if tracker.observe_memory(held, _fullest_card(held, by_uuid)):
-                self.store.record_usage(job.id, tracker.peak_mem)
+                self.usage.record_usage(job.id, tracker.peak_mem)
             # Utilization is sampled after the memory: a process that exited in between
             # is missing from the samples, which would read as 0 % busy. Leave it out.
             live_pids = {
@@ -284,7 +288,7 @@ class UsageMonitor:
         if buffer is not None:
             values["usage_state"] = {**tracker.to_state(), "timeline": buffer.to_state()}
             write = buffer.pending(final=final)
-        self.store.set_usage(job_id, timeline=write, **values)
+        self.usage.set_usage(job_id, timeline=write, **values)
         if buffer is not None and write is not None:
             buffer.committed(write)
 
@@ -302,7 +306,7 @@ class UsageMonitor:
         self._flushed_at_s.pop(job.id, None)
         tracker = self._trackers.pop(job.id, None)
         if tracker is None:
-            tracker = UsageTracker.from_state(self.store.usage_state(job.id))
+            tracker = UsageTracker.from_state(self.usage.usage_state(job.id))
         tracker.peak_mem = max(tracker.peak_mem, job.peak_mem or 0)
         return tracker
 

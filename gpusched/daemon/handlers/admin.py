@@ -81,7 +81,7 @@ def top(services: Services, caller: Caller, request: TopRequest) -> JobJson:
             f"only an administrator (root or one listed in `admins`) may put a job first;"
             f" {caller.user} is not one (`gpusched priority` orders your own jobs)"
         )
-    job = services.store.get(request.id)
+    job = services.store.jobs.get(request.id)
     return services.visible(caller, services.scheduler.waiting.put_first(job))
 
 

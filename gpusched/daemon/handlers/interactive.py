@@ -111,7 +111,7 @@ def _clients_job(services: Services, caller: Caller, ident: int) -> Job:
     job = services.owned_job(caller, ident)
     if not job.interactive:
         raise UsageError(f"job {ident} is not an interactive job (gpusched run, claim())")
-    info = services.store.launch_info(job.id)
+    info = services.store.jobs.launch_info(job.id)
     if (
         job.uid != caller.uid
         or job.pid != caller.pid

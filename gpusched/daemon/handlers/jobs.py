@@ -94,7 +94,7 @@ def submit(services: Services, caller: Caller, request: SubmitRequest) -> OneOrM
 def submitted(services: Services, caller: Caller, request: SubmittedRequest) -> JobsReply:
     """What became of the caller's submit with this request id (its answer was lost): the
     jobs it made, or NotFoundError if it made none (it never reached the database)."""
-    made = services.store.made_by_request(caller.user, request.request_id)
+    made = services.store.jobs.made_by_request(caller.user, request.request_id)
     if not made:
         raise NotFoundError(f"no job was queued by submit request {request.request_id}")
     return [services.visible(caller, job) for job in made]
@@ -132,13 +132,13 @@ def requeue(services: Services, caller: Caller, request: RequeueRequest) -> JobJ
         raise ConflictError(
             f"job {old.id} was interactive (gpusched run, claim()): run it again the same way"
         )
-    info = services.store.launch_info(old.id)
+    info = services.store.jobs.launch_info(old.id)
     if info.env_dropped:
         raise ConflictError(
             f"job {old.id}'s environment was deleted (retention.environments):"
             " submit the command again"
         )
-    first = old if old.retry_of is None else services.store.get(old.retry_of)
+    first = old if old.retry_of is None else services.store.jobs.get(old.retry_of)
     new = NewJob(
         user=old.user,
         uid=old.uid,
@@ -195,14 +195,14 @@ def _cancel_mine(services: Services, caller: Caller, waiting_only: bool) -> Jobs
     by_name = services.scheduler.in_cluster  # a uid means nothing on another server
     name = caller.user if by_name else None
     ids = services.scheduler.waiting.cancel_waiting(caller.uid, caller.user, user=name)
-    running = [] if waiting_only else services.store.running()
+    running = [] if waiting_only else services.store.jobs.running()
     running = [j for j in running if is_theirs(j, caller, by_name)]
     return _cancelled(services, caller, ids, running, waiting_only)
 
 
 def _cancel_array(services: Services, caller: Caller, array_id: int) -> JobsReply:
     """The array's waiting jobs in one transaction, then its running ones one by one."""
-    everything = services.store.array_jobs(array_id)
+    everything = services.store.jobs.array_jobs(array_id)
     if not everything:
         raise NotFoundError(f"no array a{array_id}")
     owner = services.owned_job(caller, everything[0].id)  # one submit: one owner

@@ -54,7 +54,7 @@ def job_list(
     the daemon never holds more of a reply than a client could read. `done`: what the
     request did anyway (the error says so)."""
     shown, size = [], 0
-    for job in services.store.iter_jobs(ids):
+    for job in services.store.jobs.iter_jobs(ids):
         data = services.visible(caller, job)
         size += reply_weight(data)
         if size > REPLY_BUDGET:
@@ -67,7 +67,7 @@ def job_list(
 
 
 def array(services: Services, caller: Caller, request: ArrayRequest) -> JobsReply:
-    ids = services.store.array_ids(request.array)
+    ids = services.store.jobs.array_ids(request.array)
     if not ids:
         raise NotFoundError(f"no array a{request.array}")
     return job_list(services, caller, ids)
@@ -91,11 +91,11 @@ def status(services: Services, caller: Caller, request: StatusRequest) -> Status
     states = ACTIVE_STATES
     if request.states is not None:
         states = frozenset(JobState(name) for name in request.states)
-    page = store.active_page(cursor, limit + 1, states, user=request.user)
+    page = store.jobs.active_page(cursor, limit + 1, states, user=request.user)
     more = len(page) > limit
     jobs: list[dict[str, Any]] = []
     size, last = 0, cursor
-    for job in store.iter_jobs(page[:limit]):
+    for job in store.jobs.iter_jobs(page[:limit]):
         shown = services.visible(caller, job)
         weight = reply_weight(shown)
         if jobs and size + weight > STATUS_PAGE_JOB_BYTES:  # a page of long commands ends early
@@ -106,28 +106,28 @@ def status(services: Services, caller: Caller, request: StatusRequest) -> Status
         last = job.id
     if not more and request.all:
         ended = min(ENDED_SHOWN_MAX, request.ended or ENDED_SHOWN)
-        for job in store.ended(ended, user=request.user):
+        for job in store.jobs.ended(ended, user=request.user):
             shown = services.visible(caller, job)
             size += reply_weight(shown)
             if size > STATUS_PAGE_JOB_BYTES:  # the oldest of the recent ends are left off
                 break
             jobs.append(shown)
     return {
-        "gpus": [g.to_json() for g in services.scheduler.gpu_reports(store.running())],
+        "gpus": [g.to_json() for g in services.scheduler.gpu_reports(store.jobs.running())],
         "nodes": [n.to_json() for n in services.scheduler.nodes()],
         "jobs": jobs,
         "drain": drain_json(services),
         "next": last if more else None,
-        "counts": store.count_active(request.user),
+        "counts": store.jobs.count_active(request.user),
     }
 
 
 def show(services: Services, caller: Caller, request: ShowRequest) -> JobJson:
     """One job; with `timeline`, also its memory and utilization over time (`timeline`)."""
-    job = services.store.get(request.id)
+    job = services.store.jobs.get(request.id)
     shown = services.visible(caller, job)
     if job.requeue:
-        shown["attempts"] = services.store.attempts([job.id]).get(job.id, [])
+        shown["attempts"] = services.store.attempts.earlier_runs([job.id]).get(job.id, [])
     if request.timeline:
         shown["timeline"] = [p.to_json() for p in services.scheduler.job_timeline(job)]
     return shown
@@ -211,7 +211,7 @@ def elsewhere(job: Job, fd: int, log_dir: Path) -> int:
 
 def wait(services: Services, caller: Caller, request: WaitRequest) -> JobsReply:
     ids = list(request.ids)
-    found = services.store.states_of(ids)
+    found = services.store.jobs.states_of(ids)
     for each in ids:
         if each not in found:  # unknown ids fail now, not after the timeout
             raise NotFoundError(f"no job {each}")
@@ -226,7 +226,7 @@ def estimate_history(
 ) -> EstimateHistoryReply:
     """A --mem for a command from the peaks of the caller's own earlier runs of it."""
     command = list(request.command)
-    runs = services.store.peaks_for_command(caller.uid, command)
+    runs = services.store.usage.peaks_for_command(caller.uid, command)
     if not runs:
         raise NotFoundError(
             "no earlier run of this exact command by you ended with a measured peak: run it"
@@ -245,11 +245,13 @@ def history(services: Services, caller: Caller, request: HistoryRequest) -> Jobs
     states = TERMINAL_STATES
     if request.states is not None:
         states = frozenset(JobState(name) for name in request.states)
-    found = services.store.ended_ids(
+    found = services.store.jobs.ended_ids(
         min(request.limit, 10000), user=request.user, states=states, since=request.since
     )
     shown = job_list(services, caller, found)
-    earlier = services.store.attempts([job["id"] for job in shown if job.get("requeue")])
+    earlier = services.store.attempts.earlier_runs(
+        [job["id"] for job in shown if job.get("requeue")]
+    )
     for job in shown:
         if job["id"] in earlier:
             job["attempts"] = earlier[job["id"]]

@@ -67,8 +67,8 @@ def usage(services: Services) -> dict[str, Any]:
     half_life_s = services.config.fair_share_half_life_s
     now = services.scheduler.clock()
     totals = {g.uuid: g.total for g in services.scheduler.gpu_reports([])}
-    used = usage_by_user(services.store, totals, now, half_life_s)
-    counts = services.store.count_active_by_user()
+    used = usage_by_user(services.store.jobs, totals, now, half_life_s)
+    counts = services.store.jobs.count_active_by_user()
     everyone = sum(used.values())
     users = sorted(set(used) | set(counts), key=lambda user: (used.get(user, 0.0), user))
     return {

@@ -69,7 +69,8 @@ class ClusterAgent:
         drain: Callable[[], Drain | None],
     ) -> None:
         self.context = context
-        self.store = context.store
+        self.jobs, self.placements = context.store.jobs, context.store.placements
+        self.node_records = context.store.nodes
         self.endings = endings
         self.starter = starter
         self.node = node
@@ -91,7 +92,7 @@ class ClusterAgent:
         holds it."""
         me = self.node.identity
         for _ in range(3):
-            row = self.store.node_row(self.name)
+            row = self.node_records.node_row(self.name)
             if row is not None and row.owner and row.state != NODE_DOWN and not row.expired:
                 host, _, pid = row.owner.rpartition(":")
                 mine = host == me.host and pid.isdigit()
@@ -102,19 +103,19 @@ class ClusterAgent:
                         " another `node:` name"
                     )
             sent_at = self.context.clock.monotonic()
-            epoch = self.store.claim_node(self.name, me.owner, self.node.timeout_s, row)
+            epoch = self.node_records.claim_node(self.name, me.owner, self.node.timeout_s, row)
             if epoch > 0:
                 self.node.renewed(epoch, sent_at)
                 log.info("node %s joined the cluster (epoch %s)", self.name, epoch)
                 drain = self.drain()
                 if drain is not None:  # drained before this start: kept across restarts
-                    self.store.set_node_state(self.name, NODE_DRAINED, drain.describe())
+                    self.node_records.set_node_state(self.name, NODE_DRAINED, drain.describe())
                 return
         raise ConfigError(f"node {self.name}: another daemon keeps taking this name")
 
     def leave(self) -> None:
         try:
-            self.store.release_node(self.name, self.node.epoch)
+            self.node_records.release_node(self.name, self.node.epoch)
         except Exception:  # a database gone at shutdown: the lease runs out by itself
             log.warning("could not release node %s's lease", self.name)
 
@@ -129,7 +130,7 @@ class ClusterAgent:
         ids = job_ids_here()
         revived: list[int] = []
         for start in range(0, len(ids), 500):
-            rows = self.store.rows_of(ids[start : start + 500])
+            rows = self.placements.rows_of(ids[start : start + 500])
             for job_id, (state, node, _epoch) in rows.items():
                 mine = node == self.name
                 if state == JobState.RUNNING and mine:
@@ -139,7 +140,7 @@ class ClusterAgent:
                 lost_here = (
                     state == JobState.LOST
                     and mine
-                    and self.store.get(job_id).reason == EndReason.NODE_LOST
+                    and self.jobs.get(job_id).reason == EndReason.NODE_LOST
                 )
                 if pid is None or began is None:  # its supervisor is gone
                     if lost_here or state in (JobState.QUEUED, JobState.HELD, JobState.RUNNING):
@@ -172,7 +173,7 @@ class ClusterAgent:
         if not job_ids:
             return
         epoch = self.node.epoch
-        for job_id in self.store.revive_lost(self.name, epoch, job_ids):
+        for job_id in self.placements.revive_lost(self.name, epoch, job_ids):
             _old, pid, began = self.node.local[job_id]
             self.node.local[job_id] = (epoch, pid, began)
             log.info("job %s, ended lost with this node, runs here: running again", job_id)
@@ -182,7 +183,7 @@ class ClusterAgent:
     def nodes(self) -> list[NodeStatus]:
         """Every node of the cluster; one whose lease ran out shows `down` already."""
         shown = []
-        for row in self.store.node_rows():
+        for row in self.node_records.node_rows():
             state = NODE_DOWN if row.expired and row.state != NODE_DRAINED else row.state
             gpus = [
                 dataclasses.replace(GpuReport.from_json(g), node=row.name)
@@ -198,7 +199,7 @@ class ClusterAgent:
     def gpus_by_node(self) -> dict[str, list[GpuState]]:
         """Each live node's GPUs as last reported (this node's as read now)."""
         found: dict[str, list[GpuState]] = {}
-        for row in self.store.node_rows():
+        for row in self.node_records.node_rows():
             if row.state != NODE_DOWN and not row.expired:
                 found[row.name] = list(NodeView.from_report(row.name, True, row.report).gpus)
         found[self.name] = self.reading.read_gpus()
@@ -206,7 +207,9 @@ class ClusterAgent:
 
     def drain_node(self, name: str, drain: Drain | None) -> bool:
         state = NODE_UP if drain is None else NODE_DRAINED
-        done = self.store.set_node_state(name, state, None if drain is None else drain.describe())
+        done = self.node_records.set_node_state(
+            name, state, None if drain is None else drain.describe()
+        )
         if done:
             log.warning("node %s %s", name, "undrained" if drain is None else drain.describe())
         return done
@@ -236,13 +239,13 @@ class ClusterAgent:
             clock = self.context.clock
             learning = clock if isinstance(clock, ClusterClock) else None
             sent = None if learning is None else learning.local()
-            renewed = self.store.renew_node(self.name, node.epoch, node.timeout_s, report)
+            renewed = self.node_records.renew_node(self.name, node.epoch, node.timeout_s, report)
             if renewed is not None:
                 node.renewed(node.epoch, sent_at)
                 if learning is not None and sent is not None:  # timestamps on its clock
                     learning.learn(renewed, sent, learning.local())
                 return
-            row = self.store.node_row(self.name)
+            row = self.node_records.node_row(self.name)
         except Exception as exc:  # the database is away: fenced once it has been too long
             self.trouble.warning("renew", f"cannot renew node {self.name}'s lease: {exc!r}")
             return
@@ -256,7 +259,7 @@ class ClusterAgent:
         )
         self._reconcile()
         sent_at = self.context.clock.monotonic()
-        epoch = self.store.claim_node(self.name, node.identity.owner, node.timeout_s, row)
+        epoch = self.node_records.claim_node(self.name, node.identity.owner, node.timeout_s, row)
         if epoch > 0:
             node.renewed(epoch, sent_at)
             log.info("node %s rejoined the cluster (epoch %s)", self.name, epoch)
@@ -267,7 +270,7 @@ class ClusterAgent:
         again or ended otherwise; those it ended `lost` run on, their end reported later."""
         launcher = self.context.launcher
         local = self.node.local
-        rows = self.store.rows_of(list(local))
+        rows = self.placements.rows_of(list(local))
         for job_id, (_epoch, pid, start_time) in list(local.items()):
             state, node, _ = rows.get(job_id, (JobState.LOST, None, None))
             if state == JobState.LOST and node == self.name:
@@ -279,13 +282,13 @@ class ClusterAgent:
 
     def _missing_users(self) -> set[str]:
         account = self.node.identity.account
-        return {user for user in {job.user for job in self.store.queued()} if account(user) is None}
+        return {user for user in {job.user for job in self.jobs.queued()} if account(user) is None}
 
     def poll(self) -> None:
         """Between passes (the daemon calls it every half second): a pass at once when the
         scheduler placed new jobs here, and the cancels from other servers (poll_cancels).
         Two indexed reads when there is nothing to do."""
-        placed = set(self.store.placed_ids(self.name))
+        placed = set(self.placements.placed_ids(self.name))
         if placed - self._seen_placed:
             self.context.wake()
         self._seen_placed = placed
@@ -294,18 +297,18 @@ class ClusterAgent:
     def poll_cancels(self) -> None:
         """Stop this node's jobs cancelled from another server, so that a cancel takes
         effect within two seconds whatever poll_interval is."""
-        wanted = [i for i in self.store.stop_requested(self.name) if i not in self._signalled]
+        wanted = [i for i in self.placements.stop_requested(self.name) if i not in self._signalled]
         if not wanted:
             return
         with self.context.lock:
-            for job in self.store.get_many(wanted).values():
+            for job in self.jobs.get_many(wanted).values():
                 if job.state == JobState.RUNNING and self.node.owns(job):
                     self._signalled.add(job.id)
                     stop_local(self.context, self.endings, job)
 
     def _stop_cancelled(self, running: list[Job]) -> None:
         """Running jobs of this node that a daemon elsewhere asked to stop (the poll)."""
-        for job_id in self.store.stop_requested(self.name):
+        for job_id in self.placements.stop_requested(self.name):
             if job_id in self._signalled:
                 continue
             self._signalled.add(job_id)
@@ -317,13 +320,13 @@ class ClusterAgent:
     def _start_placed(self, seen: Observation) -> None:
         by_uuid = {g.uuid: g for g in seen.gpus}
         guard = NodeGuard(self.name, self.node.epoch)
-        for job in self.store.placed(self.name):
+        for job in self.placements.placed(self.name):
             if self.node.is_fenced():  # each start can take a while: checked before each
                 return
             gpus = [by_uuid[u] for u in job.gpu_uuids if u in by_uuid]
             account = self.node.identity.account(job.user)
             if account is None or len(gpus) != len(job.gpu_uuids):
-                self.store.unplace(job.id, self.name)
+                self.placements.unplace(job.id, self.name)
                 continue
             self.starter.start_placed(job, gpus, guard, account)
 

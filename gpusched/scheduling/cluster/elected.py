@@ -43,7 +43,7 @@ class ElectedScheduler:
         self, context: Context, endings: JobEndings, node: ClusterNode, trouble: RateLimitedLog
     ) -> None:
         self.context = context
-        self.store = context.store
+        self.node_records, self.placements = context.store.nodes, context.store.placements
         self.endings = endings
         self.node = node
         self.trouble = trouble
@@ -56,15 +56,15 @@ class ElectedScheduler:
     def elected(self) -> bool:
         name, timeout_s = self.node.name, self.node.timeout_s
         try:
-            lease = self.store.scheduler_lease()
+            lease = self.node_records.scheduler_lease()
             role = scheduler_role(lease, name, self.election_epoch)
             if role == Role.RENEW:
-                if self.store.renew_scheduler(name, self.election_epoch or 0, timeout_s):
+                if self.node_records.renew_scheduler(name, self.election_epoch or 0, timeout_s):
                     return not self.node.is_fenced()
                 self.election_epoch = None
                 return False
             if role == Role.TAKE:
-                epoch = self.store.take_scheduler(name, lease, timeout_s)
+                epoch = self.node_records.take_scheduler(name, lease, timeout_s)
                 if epoch is not None:
                     log.info("node %s schedules the cluster (election epoch %s)", name, epoch)
                     self.election_epoch = epoch
@@ -90,7 +90,7 @@ class ElectedScheduler:
             overdue = row.expired and row.age_s > self.node.timeout_s + margin_s
             if sure and overdue and row.name != me and self.election_epoch:
                 why = f"node {row.name} was not heard from for {row.age_s:.0f}s"
-                down = self.store.declare_down(
+                down = self.placements.declare_down(
                     row.name,
                     row.epoch,
                     holder=me,
@@ -112,9 +112,9 @@ class ElectedScheduler:
         return live
 
     def schedule(self) -> Plan:
-        live = self._declare_down(self.store.node_rows())
+        live = self._declare_down(self.node_records.node_rows())
         nodes = [NodeView.from_report(r.name, r.state == NODE_UP, r.report) for r in live]
-        claimed = self.store.claims()
+        claimed = self.placements.claims()
         result = decide(
             self.context,
             self.endings,
@@ -136,7 +136,7 @@ class ElectedScheduler:
             indices = tuple(index_of[(node, u)] for u in uuids)
             placements.append(NodePlacement(p.job_id, node, uuids, indices))
         if placements and self.election_epoch is not None:
-            placed = self.store.place(placements, self.node.name, self.election_epoch)
+            placed = self.placements.place(placements, self.node.name, self.election_epoch)
             if len(placed) < len(placements):
                 log.warning(
                     "%d of %d placements refused (the election moved on, or the jobs changed)",
@@ -163,7 +163,7 @@ class ElectedScheduler:
         )
         chosen = urgent + renamed[:REFRESH_PER_PASS]
         try:
-            self.store.set_waiting_reasons({i: pending[i] for i in chosen})
+            self.placements.set_waiting_reasons({i: pending[i] for i in chosen})
         except Exception as exc:  # only words for `status`: the next pass says them again
             self.trouble.warning("reasons", f"cannot record why jobs wait: {exc!r}")
             return

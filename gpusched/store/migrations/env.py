@@ -1,8 +1,8 @@
 """Alembic's environment script: runs the revisions on the connection gpusched hands it.
 
-gpusched.store.schema opens the transaction (and, on PostgreSQL, takes the upgrade lock)
-and passes its connection in `config.attributes["connection"]`; nothing is read from an
-alembic.ini or the environment.
+gpusched.store.migrations (this package) opens the transaction (and, on PostgreSQL, takes
+the upgrade lock) and passes its connection in `config.attributes["connection"]`; nothing
+is read from an alembic.ini or the environment.
 """
 
 from __future__ import annotations
