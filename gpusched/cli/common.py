@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
@@ -126,11 +125,6 @@ def exit_status(job: Job) -> int:
 
 def print_json(value: Any) -> None:
     click.echo(json.dumps(value, indent=2, sort_keys=False))
-
-
-def use_color() -> bool:
-    """Colour on a terminal only, and never with NO_COLOR set (https://no-color.org)."""
-    return sys.stdout.isatty() and not os.environ.get("NO_COLOR")
 
 
 def parse_ids(values: Sequence[str]) -> list[int]:

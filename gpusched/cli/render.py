@@ -11,7 +11,11 @@ reason) is passed through `sanitize.shown` first, and the columns are measured o
 returns: a user's ESC, newline or bidi override is drawn as a visible escape, never
 interpreted by the terminal, and cannot forge a row.
 
-Imports only the shared vocabulary and click (for `click.style`): the CLI imports this.
+It reads jobs, GPUs, drains and nodes by attribute: the models' dataclasses (tests, the
+API) or the views that cli/status_view.py makes of a reply, so that `gpusched status`
+draws without creating the dataclasses. A job's state is compared as its string. Imports
+only the standard library, units and sanitize at start; click (for `click.style`) only
+when colouring, the models only to type-check.
 """
 
 from __future__ import annotations
@@ -20,11 +24,18 @@ import textwrap
 from collections.abc import Sequence
 from datetime import datetime, timezone
 
-import click
-
-from gpusched.core.models import TERMINAL_STATES, Drain, GpuReport, Job, JobState, NodeStatus
 from gpusched.core.sanitize import shown, shown_fields
 from gpusched.core.units import format_duration, format_size
+
+TYPE_CHECKING = False  # typing's own costs every `gpusched status` its import
+if TYPE_CHECKING:
+    from typing import TypeAlias
+
+    from gpusched.cli.status_view import ReplyView
+    from gpusched.core.models import Drain, GpuReport, Job, NodeStatus
+
+    JobLike: TypeAlias = Job | ReplyView
+    GpuLike: TypeAlias = GpuReport | ReplyView
 
 MIN_WIDTH = 60
 MIN_BAR = 8
@@ -44,14 +55,21 @@ _SEGMENT_COLORS = {
     BAR_FREE: None,
 }
 
+# The states by their JSON names (core/models.py's JobState; tests/test_render.py checks
+# that these agree with it): a JobState's hash is not its string's, so states are
+# looked up as str(job.state).
+RUNNING = "running"
+WAITING_STATES = frozenset({"queued", "held"})
+ENDED_STATES = frozenset({"done", "failed", "cancelled", "lost"})
+
 _STATE_COLORS = {
-    JobState.RUNNING: "green",
-    JobState.QUEUED: "yellow",
-    JobState.HELD: "cyan",
-    JobState.DONE: "green",
-    JobState.FAILED: "red",
-    JobState.CANCELLED: "yellow",
-    JobState.LOST: "red",
+    "running": "green",
+    "queued": "yellow",
+    "held": "cyan",
+    "done": "green",
+    "failed": "red",
+    "cancelled": "yellow",
+    "lost": "red",
 }
 
 
@@ -64,6 +82,8 @@ class _Painter:
     def __call__(self, text: str, fg: str | None = None, **styles: bool) -> str:
         if not self.color or (fg is None and not styles):
             return text
+        import click  # on a terminal only: a pipe's `status` starts without it
+
         return click.style(text, fg=fg, **styles)
 
 
@@ -94,7 +114,7 @@ def split_cells(values: Sequence[int], cells: int) -> list[int]:
     return counts
 
 
-def memory_bar(gpu: GpuReport, cells: int, paint: _Painter) -> str:
+def memory_bar(gpu: GpuLike, cells: int, paint: _Painter) -> str:
     """[###%%++......]: gpusched jobs, other processes, reserved for jobs, free."""
     jobs = max(0, gpu.used_by_jobs)
     others = max(0, gpu.used_by_others)
@@ -152,7 +172,7 @@ def _gpu_columns(width: int) -> tuple[int, int]:
     return name, min(MAX_BAR, max(MIN_BAR, bar))
 
 
-def render_gpus(gpus: Sequence[GpuReport], width: int = 80, color: bool = False) -> list[str]:
+def render_gpus(gpus: Sequence[GpuLike], width: int = 80, color: bool = False) -> list[str]:
     paint = _Painter(color)
     gpus = [shown_fields(gpu) for gpu in gpus]
     name_w, cells = _gpu_columns(width)
@@ -217,7 +237,7 @@ def _legend(width: int, indent: int, paint: _Painter) -> str:
     return " " * indent + "  ".join(items)
 
 
-def _job_what(job: Job) -> list[str]:
+def _job_what(job: JobLike) -> list[str]:
     """Its name, else its command's words; an array's job and an interactive job say so,
     which is all another user sees of them when commands are hidden."""
     if job.name:
@@ -250,17 +270,17 @@ def fit_words(words: Sequence[str], width: int) -> str:
     return _clip(text, width)
 
 
-def _job_mem(job: Job) -> str:
+def _job_mem(job: JobLike) -> str:
     """Declared memory; for a running job what it holds now before it ("10.8G/4.0G": an
     overrun shows at a glance)."""
     mem = format_size(job.mem) if job.mem is not None else "whole"
     declared = mem if job.gpus == 1 else f"{job.gpus}x{mem}"
-    if job.state == JobState.RUNNING and job.mem_used is not None:
+    if str(job.state) == RUNNING and job.mem_used is not None:
         return f"{format_size(job.mem_used)}/{declared}"
     return declared
 
 
-def ended_label(job: Job) -> str:
+def ended_label(job: JobLike) -> str:
     """How it ended, in a few words: "done exit 0", "failed exit 7", "cancelled",
     "failed (SIGKILL)", "failed (oom)"."""
     if job.reason in (None, "exit"):
@@ -272,12 +292,13 @@ def ended_label(job: Job) -> str:
 
 
 def _job_lines(
-    job: Job, now: datetime, width: int, paint: _Painter, mem_width: int = 7
+    job: JobLike, now: datetime, width: int, paint: _Painter, mem_width: int = 7
 ) -> list[str]:
     # TIME: running for, waiting for, or (ended) ran for.
-    if job.state == JobState.RUNNING:
+    state = str(job.state)
+    if state == RUNNING:
         since = _seconds_since(job.started_at, now)
-    elif job.state in TERMINAL_STATES:
+    elif state in ENDED_STATES:
         ended = _seconds_since(job.ended_at, now)
         started = _seconds_since(job.started_at, now)
         since = None if ended is None or started is None else started - ended
@@ -290,8 +311,8 @@ def _job_lines(
     )
     room = max(10, width - len(head))
     words = _job_what(job)
-    color = _STATE_COLORS.get(job.state)
-    if job.state in TERMINAL_STATES:
+    color = _STATE_COLORS.get(state)
+    if state in ENDED_STATES:
         label = ended_label(job)
         what = fit_words([f"{label}:", *words], room)
         what = paint(what[: len(label)], color) + what[len(label) :]
@@ -300,7 +321,7 @@ def _job_lines(
     lines = [head + what]
     # Why it waits; or, running, what it should be told (an idle interactive job). Wrapped,
     # not cut: its end names the limit or the fix ("(max_mem 40G)").
-    note = job.waiting_reason if job.state.is_waiting else job.warning
+    note = job.waiting_reason if state in WAITING_STATES else job.warning
     if note:
         indent = " " * 8
         wrapped = textwrap.wrap(note, width - len(indent)) or [""]
@@ -314,7 +335,7 @@ def _job_lines(
 
 
 def render_jobs(
-    jobs: Sequence[Job],
+    jobs: Sequence[JobLike],
     now: datetime,
     width: int = 80,
     color: bool = False,
@@ -326,9 +347,9 @@ def render_jobs(
     last line of the waiting group (status lists the first few of a long queue)."""
     paint = _Painter(color)
     jobs = [shown_fields(job) for job in jobs]
-    running = [j for j in jobs if j.state == JobState.RUNNING]
-    waiting = [j for j in jobs if j.state.is_waiting]
-    ended = [j for j in jobs if j.state in TERMINAL_STATES]
+    running = [j for j in jobs if str(j.state) == RUNNING]
+    waiting = [j for j in jobs if str(j.state) in WAITING_STATES]
+    ended = [j for j in jobs if str(j.state) in ENDED_STATES]
     if not jobs:
         return ["no jobs" + ("" if show_all else " (--all shows recently ended ones)")]
     # As wide as its longest entry: "used/declared" only when a running job has a reading.
@@ -340,7 +361,7 @@ def render_jobs(
             bold=True,
         )
     ]
-    groups: list[tuple[str, list[Job], str | None]] = [
+    groups: list[tuple[str, list[JobLike], str | None]] = [
         ("running", running, "green"),
         ("waiting", waiting, "yellow"),
     ]
@@ -359,8 +380,8 @@ def render_jobs(
 
 
 def render_status(
-    gpus: Sequence[GpuReport],
-    jobs: Sequence[Job],
+    gpus: Sequence[GpuLike],
+    jobs: Sequence[JobLike],
     *,
     width: int = 80,
     color: bool = False,
