@@ -11,6 +11,7 @@ import dataclasses
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import ColumnElement, Text, func, select, type_coerce
 
@@ -60,6 +61,26 @@ _QUEUED_SELECT = select(
     )
     # A job placed on a node (cluster) waits there for its agent: planned already.
 ).where(jobs.c.state == str(JobState.QUEUED), jobs.c.node.is_(None))
+
+
+def queued_of(
+    rows: Iterable[Iterable[Any]], known: dict[tuple[Any, ...], Queued]
+) -> tuple[list[Queued], dict[tuple[Any, ...], Queued]]:
+    """Each row's `Queued`, and the rows' memo for the next read: a row identical to one
+    read last time gives the same (frozen) `Queued` again, undecoded. Every pass reads
+    every queued job and few change between two passes (issue 30: 10,000 queued); the
+    memo holds only the last read's rows, and nothing is reused unless its row is equal."""
+    made: dict[tuple[Any, ...], Queued] = {}
+    found = []
+    for row in rows:
+        values = tuple(row)  # a plain tuple: C's hash and ==, not the Row's Python ones
+        job = known.get(values)
+        if job is None:
+            i, u, m, g, p, a, ai, mc, ro, it, an, *rest = values
+            job = Queued(i, u, m, g, p, decode_json(a), ai, mc, ro, it, decode_json(an), *rest)
+        made[values] = job
+        found.append(job)
+    return found, made
 
 
 @dataclass(frozen=True)
@@ -215,10 +236,8 @@ class JobQueries(Database):
         """Queued jobs (not held), in submit order, with what a scheduling pass needs."""
         with self.read() as conn:
             rows = conn.execute(_QUEUED_SELECT.order_by(jobs.c.id)).all()
-        return [
-            Queued(i, u, m, g, p, decode_json(a), ai, mc, ro, it, decode_json(an), *rest)
-            for i, u, m, g, p, a, ai, mc, ro, it, an, *rest in rows
-        ]
+        found, self._queued_known = queued_of(rows, getattr(self, "_queued_known", {}))
+        return found
 
     def ended(
         self,
