@@ -234,3 +234,17 @@ def test_status_reads_no_click_no_client_and_no_dataclasses(
     )
     loaded = set(eval(done.stderr.strip().splitlines()[-1]))  # noqa: S307 - our own repr
     assert not loaded & {"click", "gpusched.client", "gpusched.core.models", "dataclasses"}
+
+
+@pytest.mark.parametrize("columns", [None, "120", "x", "0", "-5"])
+def test_the_status_width_is_shutils(columns: str | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`status` reads its width without importing shutil: the same width."""
+    import shutil
+
+    from gpusched.cli.status_view import terminal_columns
+
+    if columns is None:
+        monkeypatch.delenv("COLUMNS", raising=False)
+    else:
+        monkeypatch.setenv("COLUMNS", columns)
+    assert terminal_columns() == shutil.get_terminal_size((80, 24)).columns

@@ -1,7 +1,7 @@
 """The command line's view of what jobs use: `estimate` and `--mem auto` (the usage rows of
 `show` are cli/show_view.py's).
 
-Kept apart from cli/__init__.py so that module stays a list of commands; like it, this imports
+Kept apart from cli/group.py so that module stays a list of commands; like it, this imports
 no SQLAlchemy, APScheduler or pynvml (the estimate is `gpusched.core.sizing`, pure).
 """
 

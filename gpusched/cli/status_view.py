@@ -165,6 +165,21 @@ def fetch_status(
     return result
 
 
+def terminal_columns() -> int:
+    """`shutil.get_terminal_size((80, 24)).columns` without importing shutil (its import
+    is a few ms of every `gpusched status`): $COLUMNS, else stdout's terminal, else 80."""
+    try:
+        columns = int(os.environ["COLUMNS"])
+    except (KeyError, ValueError):
+        columns = 0
+    if columns > 0:
+        return columns
+    try:
+        return os.get_terminal_size(sys.__stdout__.fileno()).columns or 80  # type: ignore[union-attr]
+    except (AttributeError, ValueError, OSError):
+        return 80
+
+
 def status_json(result: dict[str, Any]) -> str:
     """`status --json`: the interface contract's shape (DESIGN.md), no paging fields."""
     shape = ("gpus", "jobs", "drain", "nodes")
@@ -178,8 +193,6 @@ def json_text(value: Any) -> str:
 
 def status_text(result: dict[str, Any], show_all: bool, color: bool) -> str:
     """The status screen for this terminal's width."""
-    import shutil
-
     from gpusched.cli.render import render_status
 
     drain = nodes = None
@@ -191,7 +204,7 @@ def status_text(result: dict[str, Any], show_all: bool, color: bool) -> str:
     return render_status(
         [gpu_view(g) for g in result["gpus"]],
         [job_view(j) for j in result["jobs"]],
-        width=shutil.get_terminal_size((80, 24)).columns,
+        width=terminal_columns(),
         color=color,
         show_all=show_all,
         drain=drain,

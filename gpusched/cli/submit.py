@@ -2,14 +2,15 @@
 
 Its options become one request through the client (`Client.submit`, `submit_sweep`);
 `--mem auto` asks the daemon's history first (cli/estimate.py). Split from cli/jobs.py,
-which has the commands that act on existing jobs; cli/__init__.py registers it lazily.
+which has the commands that act on existing jobs; cli/group.py registers it lazily (and
+cli/fast.py answers its commonest form without click, through cli/submit_view.py).
 """
 
 from __future__ import annotations
 
 import click
 
-from gpusched.cli.common import client_of, print_json
+from gpusched.cli.common import client_of, placement_options, print_json
 from gpusched.cli.estimate import auto_mem
 from gpusched.cli.help import ExampleLastCommand
 from gpusched.cli.submit_view import job_options, submitted_text
@@ -90,17 +91,7 @@ from gpusched.core.errors import UsageError
     is_flag=True,
     help="In a cluster, if the server running the job dies, queue it again (default: lost).",
 )
-@click.option(
-    "--exclusive",
-    is_flag=True,
-    help="A GPU to itself: no other gpusched job joins its card (for jobs that use all"
-    " of a card's compute).",
-)
-@click.option(
-    "--share",
-    is_flag=True,
-    help="The job is light (waits on data or a user): it may share a busy card.",
-)
+@placement_options
 @click.option("--json", "as_json", is_flag=True, help="Print the job as JSON instead of its id.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.pass_context

@@ -1,7 +1,9 @@
 """Commands that only look: status (with --watch), show, logs and history.
 
 They read through the client and format for people (or print the JSON as the daemon
-sent it); the status screen itself is drawn by render.py, imported only when drawn.
+sent it); what `status` asks and prints is cli/status_view.py's (the screen drawn by
+render.py), what `show` prints cli/show_view.py's: the fast path (cli/fast.py) runs the
+same code for their commonest forms without click.
 What they print for people passes through `sanitize` (users' strings shown escaped);
 the JSON is exact (JSON escapes every control character).
 """
