@@ -23,14 +23,17 @@ library, imported lazily: the CLI imports this module at every start.
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+TYPE_CHECKING = False  # typing's import costs every client command its start-up
+if TYPE_CHECKING:
+    from typing import Any, TypeVar
+
+    T = TypeVar("T")
 
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 _ESCAPED_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs", "Cn"})
 # What shown_output() keeps in a job's output besides its lines: indentation.
 _OUTPUT_KEPT = frozenset("\t")
 
-T = TypeVar("T")
 _FIELD_NAMES: dict[type, tuple[tuple[str, ...], tuple[str, ...]]] = {}
 # Annotations of fields that cannot hold a user's text (a JobState is checked when read).
 _NOT_TEXT = frozenset(
