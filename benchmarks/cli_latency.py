@@ -18,9 +18,13 @@ The CLI finds the daemon through GPUSCHED_SOCKET, as a user's shell would with t
 socket in its default place (no config file to parse); `status` with GPUSCHED_CONFIG
 instead (YAML parsed on every call) is reported beside it.
 
+Each command is also timed through the click group alone (gpusched/cli/group.py, the
+path before cli/fast.py and still the path of every form it leaves to click), in the same
+rounds: the before and after of the fast path in one run.
+
 Where the time goes is printed too: `python -X importtime` of one `gpusched status`
-(the imports that took longest, cumulative) and `import gpusched.cli` alone, best of 3
-(the shared before-stop hook warns over 25 ms). Whether this interpreter's gpusched is an
+(the imports that took longest, cumulative) and `import gpusched.cli.fast` beside
+`import gpusched.cli.group`, best of 3. Whether this interpreter's gpusched is an
 editable install is said, since the editable finder adds its own start-up to both sides.
 
     python benchmarks/cli_latency.py [--runs 30] [--ended 10000]
