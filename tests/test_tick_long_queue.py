@@ -65,3 +65,19 @@ def test_a_change_between_passes_reaches_the_plan(tmp_path: Path) -> None:
     assert world.state(high) == JobState.RUNNING
     assert world.state(low) == JobState.QUEUED
     assert world.state(held) == JobState.HELD
+
+
+def test_rows_whose_json_the_driver_decoded_are_kept_too() -> None:
+    """psycopg hands PostgreSQL's json columns back as lists (unhashable): still one
+    `Queued` per unchanged row, and a new one for a changed row."""
+    from gpusched.store.queries import queued_of
+
+    def row(job_id: int, after: list[int]) -> tuple[object, ...]:
+        return (job_id, "alice", 2**30, 1, 0, after, None, None, None, 0, ["a", "b"])
+
+    first, known = queued_of([row(1, []), row(2, [1])], {})
+    again, known = queued_of([row(1, []), row(2, [1])], known)
+    assert again[0] is first[0] and again[1] is first[1] and again[1].after == [1]
+    changed, _ = queued_of([row(1, []), row(2, [1, 3])], known)
+    assert changed[0] is first[0] and changed[1] is not first[1]
+    assert changed[1].after == [1, 3] and changed[1].allowed_nodes == ["a", "b"]

@@ -73,12 +73,16 @@ def queued_of(
     made: dict[tuple[Any, ...], Queued] = {}
     found = []
     for row in rows:
-        values = tuple(row)  # a plain tuple: C's hash and ==, not the Row's Python ones
-        job = known.get(values)
+        key = tuple(row)  # a plain tuple: C's hash and ==, not the Row's Python ones
+        try:
+            job = known.get(key)
+        except TypeError:  # psycopg decodes the JSON columns itself: lists, not text
+            key = tuple(tuple(v) if isinstance(v, list) else v for v in key)
+            job = known.get(key)
         if job is None:
-            i, u, m, g, p, a, ai, mc, ro, it, an, *rest = values
+            i, u, m, g, p, a, ai, mc, ro, it, an, *rest = row
             job = Queued(i, u, m, g, p, decode_json(a), ai, mc, ro, it, decode_json(an), *rest)
-        made[values] = job
+        made[key] = job
         found.append(job)
     return found, made
 
