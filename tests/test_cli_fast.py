@@ -135,7 +135,7 @@ def served(
     daemon.submit("--mem", "20G", "--", "sleep", "600")
     daemon.submit("--mem", "20G", "--", "sleep", "600")
     daemon.submit("--mem", "20G", "--", "sleep", "600")  # waits: both cards are taken
-    held = daemon.submit("--mem", "1G", "--hold", "--", "true")
+    held = daemon.submit("--mem", "1G", "--hold", "--name", "h\u00e9ld \u4f5c\u696d", "--", "true")
     env["_ENDED"], env["_HELD"] = str(ended), str(held)
     yield daemon, env
     daemon.stop()
@@ -167,6 +167,12 @@ def test_the_global_socket_option_and_no_daemon(
     gone = {**env, "GPUSCHED_SOCKET": str(tmp_path / "gone.sock")}
     for argv in (["status"], ["show", "1"], ["submit", "--mem", "1G", "--", "true"]):
         _agree(argv, gone, tmp_path, fast=True)  # exit 3, the same words
+    # An ASCII stdout (PYTHONIOENCODING=ascii, a broken locale): click writes UTF-8 with
+    # errors replaced, and so must the fast path, for output and errors alike.
+    ascii_out = {**env, "PYTHONIOENCODING": "ascii"}
+    _agree(["status"], ascii_out, tmp_path, fast=True)
+    _agree(["show", env["_HELD"]], ascii_out, tmp_path, fast=True)
+    _agree(["submit", "--mem", "1G", "--", "/no/pr\u00f3gram"], ascii_out, tmp_path, fast=True)
     with_config = {**env, "GPUSCHED_CONFIG": str(daemon.config_path)}
     _agree(["status"], with_config, tmp_path, fast=False)
 

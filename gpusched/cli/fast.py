@@ -192,10 +192,24 @@ def _client(socket_path: str | None) -> Client:
     return Client(socket_path, None)
 
 
-def _echo(text: str) -> None:
-    """As click.echo prints a line."""
-    sys.stdout.write(text + "\n")
-    sys.stdout.flush()
+def _echo(text: str, err: bool = False) -> None:
+    """As click.echo prints a line: to a stream whose encoding is ASCII (a misconfigured
+    locale, PYTHONIOENCODING=ascii) as UTF-8 with errors replaced, as click does."""
+    import codecs
+
+    stream = sys.stderr if err else sys.stdout
+    try:
+        ascii_only = codecs.lookup(getattr(stream, "encoding", None) or "ascii").name == "ascii"
+    except LookupError:
+        ascii_only = False
+    binary = getattr(stream, "buffer", None)
+    if ascii_only and binary is not None:
+        stream.flush()
+        binary.write((text + "\n").encode("utf-8", "replace"))
+        binary.flush()
+        return
+    stream.write(text + "\n")
+    stream.flush()
 
 
 def _run(runner: Runner, socket_path: str | bool | None) -> int:
@@ -208,12 +222,12 @@ def _run(runner: Runner, socket_path: str | bool | None) -> int:
         from gpusched.core.sanitize import shown
 
         sys.stdout.flush()
-        print(f"gpusched: {shown(exc.message)}", file=sys.stderr)
+        _echo(f"gpusched: {shown(exc.message)}", err=True)
         return exc.exit_code
     except BrokenPipeError:  # `gpusched status | head -1`: as click, quietly, exit 1
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - the flush at exit goes nowhere
         return 1
     except (EOFError, KeyboardInterrupt):
-        print("\nAborted!", file=sys.stderr)
+        _echo("\nAborted!", err=True)
         return 1
     return 0
