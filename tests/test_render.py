@@ -13,7 +13,8 @@ from pathlib import Path
 import click
 import pytest
 
-from gpusched.cli.render import format_indices, render_status, split_cells
+from gpusched.cli.render import format_indices, render_status
+from gpusched.cli.render_gpus import split_cells
 from gpusched.core.models import GpuReport, Job, JobState
 from gpusched.core.units import format_duration
 

@@ -4,7 +4,8 @@
 time and whether to colour; the CLI decides those (isatty, NO_COLOR, terminal size) and
 prints the result. Colour is only decoration: without it every fact is still in the
 characters (the memory bar uses a different character per segment), so the output reads
-the same in a pipe, a log file or a terminal without colour.
+the same in a pipe, a log file or a terminal without colour. The GPUs' lines (bars,
+figures, other users' processes, legend) are cli/render_gpus.py's; the jobs' are here.
 
 Every text field (a job's name, command, user, reasons; a GPU's name and error; a drain's
 reason) is passed through `sanitize.shown` first, and the columns are measured on what it
@@ -24,6 +25,7 @@ import textwrap
 from collections.abc import Sequence
 from datetime import datetime, timezone
 
+from gpusched.cli.render_gpus import Painter, clip, render_gpus
 from gpusched.core.sanitize import shown, shown_fields
 from gpusched.core.units import format_duration, format_size
 
@@ -38,22 +40,7 @@ if TYPE_CHECKING:
     GpuLike: TypeAlias = GpuReport | ReplyView
 
 MIN_WIDTH = 60
-MIN_BAR = 8
-MAX_BAR = 50
 NOTE_LINES = 3  # a waiting job's reason takes at most this many lines
-
-# One character per memory segment, so the bar reads without colour too.
-BAR_JOBS = "#"
-BAR_OTHERS = "%"
-BAR_RESERVED = "+"
-BAR_FREE = "."
-
-_SEGMENT_COLORS = {
-    BAR_JOBS: "green",
-    BAR_OTHERS: "magenta",
-    BAR_RESERVED: "yellow",
-    BAR_FREE: None,
-}
 
 # The states by their JSON names (core/models.py's JobState; tests/test_render.py checks
 # that these agree with it): a JobState's hash is not its string's, so states are
@@ -73,62 +60,6 @@ _STATE_COLORS = {
 }
 
 
-class _Painter:
-    """click.style when colouring, identity otherwise."""
-
-    def __init__(self, color: bool) -> None:
-        self.color = color
-
-    def __call__(self, text: str, fg: str | None = None, **styles: bool) -> str:
-        if not self.color or (fg is None and not styles):
-            return text
-        import click  # on a terminal only: a pipe's `status` starts without it
-
-        return click.style(text, fg=fg, **styles)
-
-
-def split_cells(values: Sequence[int], cells: int) -> list[int]:
-    """Share `cells` characters among `values` in proportion, every non-zero value getting
-    at least one cell when there are enough cells; the counts always sum to `cells`."""
-    total = sum(max(0, v) for v in values)
-    if cells <= 0:
-        return [0] * len(values)
-    if total <= 0:
-        return [0] * (len(values) - 1) + [cells]
-    # Cumulative rounding: the boundaries fall where the bytes do, and the sum is exact.
-    counts = []
-    running = 0
-    previous = 0
-    for value in values:
-        running += max(0, value)
-        boundary = round(running * cells / total)
-        counts.append(boundary - previous)
-        previous = boundary
-    # A sliver (e.g. 300M of another user's process on an 80G card) must still show.
-    for i, value in enumerate(values):
-        if value > 0 and counts[i] == 0:
-            donor = max(range(len(counts)), key=lambda j: counts[j])
-            if counts[donor] > 1:
-                counts[donor] -= 1
-                counts[i] = 1
-    return counts
-
-
-def memory_bar(gpu: GpuLike, cells: int, paint: _Painter) -> str:
-    """[###%%++......]: gpusched jobs, other processes, reserved for jobs, free."""
-    jobs = max(0, gpu.used_by_jobs)
-    others = max(0, gpu.used_by_others)
-    reserved = max(0, gpu.reserved)
-    free = max(0, gpu.total - jobs - others - reserved)
-    counts = split_cells([jobs, others, reserved, free], cells)
-    parts = [
-        paint(char * count, _SEGMENT_COLORS[char], **({"dim": True} if char == BAR_FREE else {}))
-        for char, count in zip((BAR_JOBS, BAR_OTHERS, BAR_RESERVED, BAR_FREE), counts, strict=True)
-        if count
-    ]
-    return "[" + "".join(parts) + "]"
-
-
 def format_indices(indices: Sequence[int]) -> str:
     """[0, 1, 2, 3] -> "0-3"; [0, 2] -> "0,2"; [] -> "-"."""
     if not indices:
@@ -143,15 +74,6 @@ def format_indices(indices: Sequence[int]) -> str:
     return ",".join(str(a) if a == b else f"{a},{b}" if b == a + 1 else f"{a}-{b}" for a, b in runs)
 
 
-def _clip(text: str, width: int, marker: str = "...") -> str:
-    """`text` cut to `width` characters, ending with `marker` when cut."""
-    if width <= 0:
-        return ""
-    if len(text) <= width:
-        return text
-    return text[: width - len(marker)] + marker if width > len(marker) else text[:width]
-
-
 def _seconds_since(moment: str | None, now: datetime) -> float | None:
     if not moment:
         return None
@@ -162,79 +84,6 @@ def _seconds_since(moment: str | None, now: datetime) -> float | None:
     if then.tzinfo is None:
         then = then.replace(tzinfo=timezone.utc)
     return (now - then).total_seconds()
-
-
-def _gpu_columns(width: int) -> tuple[int, int]:
-    """(name width, bar cells) for a terminal `width` columns wide."""
-    name = 20 if width >= 100 else 14 if width >= 80 else 10
-    # index 3, spaces, name, [bar], used/total 13, available 10, util 5
-    bar = width - (3 + 1 + name + 1 + 2 + 14 + 10 + 5) - 1
-    return name, min(MAX_BAR, max(MIN_BAR, bar))
-
-
-def render_gpus(gpus: Sequence[GpuLike], width: int = 80, color: bool = False) -> list[str]:
-    paint = _Painter(color)
-    gpus = [shown_fields(gpu) for gpu in gpus]
-    name_w, cells = _gpu_columns(width)
-    bar_w = cells + 2
-    lines = [
-        paint(
-            f"{'GPU':>3} {'NAME':<{name_w}} {'MEMORY':<{bar_w}}"
-            f" {'USED/TOTAL':>13} {'AVAILABLE':>9} {'UTIL':>4}",
-            bold=True,
-        )
-    ]
-    for gpu in gpus:
-        # "NVIDIA A100-SXM4-80GB": every card here is NVIDIA's; the model is what tells them apart.
-        name = _clip(gpu.name.removeprefix("NVIDIA "), name_w, "+")
-        if gpu.state == "ok":
-            bar = memory_bar(gpu, cells, paint)
-            used = f"{format_size(gpu.used)}/{format_size(gpu.total)}"
-            util = "-" if gpu.util is None else f"{gpu.util}%"
-            tail = f" {used:>13} {format_size(gpu.available):>9} {util:>4}"
-        else:
-            why = f"{gpu.state}: {gpu.error}" if gpu.error else str(gpu.state)
-            bar = paint(f"{_clip(why, bar_w):<{bar_w}}", "red" if gpu.state == "lost" else None)
-            tail = f" {'-/' + format_size(gpu.total):>13} {'-':>9} {'-':>4}"
-        lines.append(f"{gpu.index:>3} {name:<{name_w}} {bar}{tail}")
-        if gpu.state == "ok" and gpu.short > 0:  # its bar cannot show what is missing
-            lines.append(
-                paint(
-                    f"{'':>3} GPU {gpu.index} is {format_size(gpu.short, tabular=False)} short of"
-                    " its jobs' reservations: a job there may run out of memory",
-                    "red",
-                )
-            )
-        if gpu.others:  # memory outside gpusched, said whose (as gpustat does)
-            indent = " " * (3 + 1 + name_w + 1)
-            listed = ", ".join(outside_process(p) for p in gpu.others)
-            lines.append(indent + _clip(f"others: {listed}", width - len(indent)))
-    if gpus:
-        lines.append(_legend(width, 3 + 1 + name_w + 1, paint))
-    return lines
-
-
-def outside_process(process: dict[str, object]) -> str:
-    """`bob:python3/4242(10G)`: owner, program, pid and memory, as gpustat shows them."""
-    user = shown(str(process.get("user") or "?"))
-    command = shown(str(process.get("command") or "?"))
-    used = process.get("used")
-    size = format_size(used, tabular=False) if isinstance(used, int) else "?"
-    return f"{user}:{command}/{process.get('pid')}({size})"
-
-
-def _legend(width: int, indent: int, paint: _Painter) -> str:
-    """What the bar's characters mean, under the bars (shorter on a narrow terminal)."""
-    words = ("gpusched jobs", "other processes", "reserved", "free")
-    if indent + 54 > width:
-        words = ("jobs", "others", "reserved", "free")
-        indent = min(indent, max(0, width - 34))
-    chars = (BAR_JOBS, BAR_OTHERS, BAR_RESERVED, BAR_FREE)
-    items = [
-        paint(c, _SEGMENT_COLORS[c], **({"dim": True} if c == BAR_FREE else {})) + " " + w
-        for c, w in zip(chars, words, strict=True)
-    ]
-    return " " * indent + "  ".join(items)
 
 
 def _job_what(job: JobLike) -> list[str]:
@@ -267,7 +116,7 @@ def fit_words(words: Sequence[str], width: int) -> str:
         if len(short) < len(words[i]):
             words[i] = short
             text = " ".join(words)
-    return _clip(text, width)
+    return clip(text, width)
 
 
 def _job_mem(job: JobLike) -> str:
@@ -292,7 +141,7 @@ def ended_label(job: JobLike) -> str:
 
 
 def _job_lines(
-    job: JobLike, now: datetime, width: int, paint: _Painter, mem_width: int = 7
+    job: JobLike, now: datetime, width: int, paint: Painter, mem_width: int = 7
 ) -> list[str]:
     # TIME: running for, waiting for, or (ended) ran for.
     state = str(job.state)
@@ -306,7 +155,7 @@ def _job_lines(
         since = _seconds_since(job.submitted_at, now)
     elapsed = "-" if since is None else format_duration(since)
     head = (
-        f"{job.id:>6}  {_clip(job.user, 10, '+'):<10}  {format_indices(job.gpu_indices):<5}"
+        f"{job.id:>6}  {clip(job.user, 10, '+'):<10}  {format_indices(job.gpu_indices):<5}"
         f" {_job_mem(job):>{mem_width}}  {elapsed:>6}  "
     )
     room = max(10, width - len(head))
@@ -328,7 +177,7 @@ def _job_lines(
         if len(wrapped) > NOTE_LINES:
             wrapped = [
                 *wrapped[: NOTE_LINES - 1],
-                _clip(" ".join(wrapped[NOTE_LINES - 1 :]), width - len(indent)),
+                clip(" ".join(wrapped[NOTE_LINES - 1 :]), width - len(indent)),
             ]
         lines += [indent + paint(line, color) for line in wrapped]
     return lines
@@ -345,7 +194,7 @@ def render_jobs(
 ) -> list[str]:
     """`more_waiting`: waiting jobs beyond those in `jobs`, counted in the title and the
     last line of the waiting group (status lists the first few of a long queue)."""
-    paint = _Painter(color)
+    paint = Painter(color)
     jobs = [shown_fields(job) for job in jobs]
     running = [j for j in jobs if str(j.state) == RUNNING]
     waiting = [j for j in jobs if str(j.state) in WAITING_STATES]
@@ -402,7 +251,7 @@ def render_status(
             f"{shown_fields(drain).describe()}: no new job starts until an administrator"
             " lifts it; running jobs go on"
         )
-        lines += [_Painter(color)(line, "yellow", bold=True) for line in textwrap.wrap(text, width)]
+        lines += [Painter(color)(line, "yellow", bold=True) for line in textwrap.wrap(text, width)]
         lines.append("")
     # One server (one node) is not a cluster: its drain is said above, in a server's words.
     if len(nodes) > 1:
