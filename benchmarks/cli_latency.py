@@ -18,9 +18,13 @@ The CLI finds the daemon through GPUSCHED_SOCKET, as a user's shell would with t
 socket in its default place (no config file to parse); `status` with GPUSCHED_CONFIG
 instead (YAML parsed on every call) is reported beside it.
 
+Each command is also timed through the click group alone (gpusched/cli/group.py, the
+path before cli/fast.py and still the path of every form it leaves to click), in the same
+rounds: the before and after of the fast path in one run.
+
 Where the time goes is printed too: `python -X importtime` of one `gpusched status`
-(the imports that took longest, cumulative) and `import gpusched.cli` alone, best of 3
-(the shared before-stop hook warns over 25 ms). Whether this interpreter's gpusched is an
+(the imports that took longest, cumulative) and `import gpusched.cli.fast` beside
+`import gpusched.cli.group`, best of 3. Whether this interpreter's gpusched is an
 editable install is said, since the editable finder adds its own start-up to both sides.
 
     python benchmarks/cli_latency.py [--runs 30] [--ended 10000]
@@ -47,6 +51,9 @@ from tests.daemon_harness import RunningDaemon
 PAUSE_S = 0.5  # between timed runs: a submitted `true` job is launched and over by then
 TARGET_RATIO = 2.0  # issue 30: each command at most 2x `python -c pass`
 IMPORTTIME_LINES = 15
+# The same command line through the click group alone (the path before cli/fast.py, and
+# still the path of every form it leaves to click), on the same interpreter.
+CLICK_ONLY = "import sys; from gpusched.cli.group import cli; cli(prog_name='gpusched')"
 
 
 def import_profile(command: list[str], env: dict[str, str]) -> list[tuple[int, int, str]]:
@@ -67,12 +74,12 @@ def import_profile(command: list[str], env: dict[str, str]) -> list[tuple[int, i
     return rows
 
 
-def import_cli_ms(env: dict[str, str]) -> float:
-    """`import gpusched.cli` alone, best of 3, as -X importtime reports it."""
+def import_ms(module: str, env: dict[str, str]) -> float:
+    """`import MODULE` alone, best of 3, as -X importtime reports it."""
     best = []
     for _ in range(3):
-        rows = import_profile(["-c", "import gpusched.cli"], env)
-        best.append(next(c for _, c, m in rows if m.strip() == "gpusched.cli") / 1e3)
+        rows = import_profile(["-c", f"import {module}"], env)
+        best.append(next(c for _, c, m in rows if m.strip() == module) / 1e3)
     return min(best)
 
 
@@ -154,17 +161,17 @@ def time_commands(
             subprocess.run(argv, env=env, check=True, stdout=subprocess.DEVNULL)
             results = json.loads(out.read_text())["results"]
         return {r["command"]: statistics.median(r["times"]) for r in results}
-    medians = {}
-    for name, command in commands.items():
-        samples = []
-        for i in range(runs + 3):
+    # Interleaved, one run of each command per round: a change in the machine's load
+    # falls on every command alike, so the ratios stay comparable on a shared machine.
+    samples: dict[str, list[float]] = {name: [] for name in commands}
+    for i in range(runs + 3):
+        for name, command in commands.items():
             time.sleep(pause_s)
             start = time.perf_counter()
             subprocess.run(command, env=env, check=True, stdout=subprocess.DEVNULL)
             if i >= 3:
-                samples.append(time.perf_counter() - start)
-        medians[name] = statistics.median(samples)
-    return medians
+                samples[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in samples.items()}
 
 
 def main() -> None:
@@ -194,14 +201,18 @@ def main() -> None:
                 text=True,
                 check=True,
             ).stdout.split()[0]
-            commands = {
-                "python -c pass": [sys.executable, "-c", "pass"],
-                "gpusched status": [str(script), "status"],
-                "gpusched submit": [str(script), "submit", "--mem", "1G", "--", "true"],
-                "gpusched show": [str(script), "show", shown_id],
+            timed = {
+                "status": ["status"],
+                "submit": ["submit", "--mem", "1G", "--", "true"],
+                "show": ["show", shown_id],
             }
+            commands = {"python -c pass": [sys.executable, "-c", "pass"]}
+            for name, args_of in timed.items():
+                commands[f"gpusched {name}"] = [str(script), *args_of]
+                commands[f"gpusched {name} (click)"] = [sys.executable, "-c", CLICK_ONLY, *args_of]
             profile = import_profile([str(script), "status"], env)
-            cli_import_ms = import_cli_ms(env)
+            fast_import_ms = import_ms("gpusched.cli.fast", env)
+            click_import_ms = import_ms("gpusched.cli.group", env)
             medians = time_commands(commands, env, args.runs, pause_s=PAUSE_S)
             medians.update(
                 time_commands(
@@ -222,7 +233,8 @@ def main() -> None:
         history = store.jobs.count()
         store.close()
     base = medians["python -c pass"]
-    print(f"medians of {args.runs} runs ({'hyperfine' if shutil.which('hyperfine') else 'loop'}):")
+    how = "hyperfine" if shutil.which("hyperfine") else "interleaved loop"
+    print(f"medians of {args.runs} runs ({how}):")
     for name, value in medians.items():
         print(f"  {name:<34} {1e3 * value:7.1f} ms  {value / base:5.2f}x python -c pass")
     print(f"  jobs in the database at the end: {history} (the ended ones plus the timed submits)")
@@ -231,11 +243,16 @@ def main() -> None:
     for own, cumulative, module in sorted(profile, key=lambda r: -r[1])[:IMPORTTIME_LINES]:
         print(f"  {own / 1e3:8.1f} {cumulative / 1e3:9.1f}  {module}")
     install = "editable" if editable_install() else "non-editable"
-    print(f"import gpusched.cli alone, best of 3: {cli_import_ms:.1f} ms ({install} install)")
+    print(
+        f"import, best of 3 ({install} install): gpusched.cli.fast {fast_import_ms:.1f} ms,"
+        f" gpusched.cli.group (the click group) {click_import_ms:.1f} ms"
+    )
     figures = [Figure("python -c pass (baseline)", 1e3 * base, "ms")]
     for name in ("gpusched status", "gpusched submit", "gpusched show"):
         ratio = medians[name] / base
+        click_ratio = medians[f"{name} (click)"] / base
         figures += [
+            Figure(f"{name} through click alone / python -c pass", click_ratio, "x"),
             Figure(name, 1e3 * medians[name], "ms"),
             Figure(
                 f"{name} / python -c pass",
@@ -245,7 +262,8 @@ def main() -> None:
                 ratio <= TARGET_RATIO,
             ),
         ]
-    figures.append(Figure(f"import gpusched.cli, best of 3 ({install})", cli_import_ms, "ms"))
+    figures.append(Figure(f"import gpusched.cli.fast, best of 3 ({install})", fast_import_ms, "ms"))
+    figures.append(Figure("import gpusched.cli.group (click), best of 3", click_import_ms, "ms"))
     for name in ("gpusched status (config file)", "gpusched submit, back to back"):
         figures.append(Figure(f"{name} / python -c pass", medians[name] / base, "x"))
     figures.append(Figure("jobs in the database at the end", history, "jobs"))

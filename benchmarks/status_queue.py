@@ -1,9 +1,10 @@
 """`status` over a long queue: 10,000 waiting jobs against 100, each measured in the same run.
 
-For each queue length a real daemon (`simulate: 4x80G`, SQLite) starts over a database
-already holding that many queued jobs (written through `gpusched.store`'s `jobs` table in
-one transaction, each with this process's real environment), every one declaring more
-memory than any GPU has, so nothing starts and every tick explains why each waits. Then:
+For each queue length a real daemon (the two side by side, measured in rounds;
+`simulate: 4x80G`, SQLite) starts over a database already holding that many queued jobs
+(written through `gpusched.store`'s `jobs` table in one transaction, each with this
+process's real environment), every one declaring more memory than any GPU has, so
+nothing starts and every tick explains why each waits. Then:
 
 - the API's `status`, one page (`Client().request("status")`, what the text view and the
   dashboard ask for), median of RUNS calls in this process;
@@ -22,6 +23,8 @@ reply bounded (1 MiB, gpusched.core.requests.protocol.WIRE_REPLY_BYTES).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import os
 import socket
 import statistics
@@ -29,9 +32,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-from _common import Figure, GiB, median_time, print_conditions, report
+from _common import Figure, GiB, print_conditions, report
 
 from gpusched import __version__
 from gpusched.client import Client
@@ -93,35 +97,53 @@ def largest_reply(sock_path: Path) -> int:
             return largest
 
 
-def measure(n_queued: int, runs: int, script: Path) -> dict[str, float]:
-    with tempfile.TemporaryDirectory(prefix="gpusched-bench-") as tmp:
-        root = Path(tmp)
-        daemon = RunningDaemon(root, simulate="4x80G")
-        fill_queue(f"sqlite:///{root / 'gpusched.db'}", n_queued, str(root))
-        daemon.start()
-        try:
-            client = Client(daemon.socket_path)
-            page_s, _ = median_time(lambda: client.request("status"), runs)
-            api_s, _ = median_time(client.status_reply, runs)
-            listed = len(client.status_reply()["jobs"])
+def measure(sizes: list[int], runs: int, script: Path) -> list[dict[str, float]]:
+    """Each queue length's figures. Their daemons run side by side and every figure is
+    taken in rounds, one call to each daemon per round: on a shared machine a change in
+    load then falls on both queue lengths alike (the long queue's passes load the
+    machine for the short one's calls too)."""
+    with contextlib.ExitStack() as stack:
+        daemons = []
+        for n_queued in sizes:
+            root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="gpusched-bench-")))
+            daemon = RunningDaemon(root, simulate="4x80G")
+            fill_queue(f"sqlite:///{root / 'gpusched.db'}", n_queued, str(root))
+            daemons.append(daemon.start())
+            stack.callback(daemon.stop)
+        clients = [Client(daemon.socket_path) for daemon in daemons]
+        envs = []
+        for daemon in daemons:
             env = {k: v for k, v in daemon.env.items() if k != "GPUSCHED_CONFIG"}
             env["GPUSCHED_SOCKET"] = str(daemon.socket_path)
-            samples = []
+            envs.append(env)
+
+        def cli(env: dict[str, str]) -> Callable[[], object]:
+            return lambda: subprocess.run(
+                [str(script), "status"], env=env, check=True, stdout=subprocess.DEVNULL
+            )
+
+        calls: dict[str, list[Callable[[], object]]] = {
+            "page_s": [functools.partial(c.request, "status") for c in clients],
+            "api_s": [c.status_reply for c in clients],
+            "cli_s": [cli(env) for env in envs],
+        }
+        samples: dict[str, list[list[float]]] = {k: [[] for _ in sizes] for k in calls}
+        for key, fns in calls.items():
+            for fn in fns:
+                fn()  # warm-up
             for _ in range(runs):
-                start = time.perf_counter()
-                subprocess.run(
-                    [str(script), "status"], env=env, check=True, stdout=subprocess.DEVNULL
-                )
-                samples.append(time.perf_counter() - start)
-            return {
-                "page_s": page_s,
-                "api_s": api_s,
-                "cli_s": statistics.median(samples),
-                "listed": listed,
-                "largest_reply": largest_reply(daemon.socket_path),
+                for i, fn in enumerate(fns):
+                    start = time.perf_counter()
+                    fn()
+                    samples[key][i].append(time.perf_counter() - start)
+        return [
+            {
+                **{key: statistics.median(samples[key][i]) for key in calls},
+                "listed": len(clients[i].status_reply()["jobs"]),
+                "largest_reply": largest_reply(daemons[i].socket_path),
             }
-        finally:
-            daemon.stop()
+            for i in range(len(sizes))
+        ]
 
 
 def main() -> None:
@@ -132,8 +154,7 @@ def main() -> None:
     args = parser.parse_args()
     print_conditions()
     script = Path(sys.executable).with_name("gpusched")
-    short = measure(args.short, args.runs, script)
-    long = measure(args.long, args.runs, script)
+    short, long = measure([args.short, args.long], args.runs, script)
     figures = []
     for label, result in ((args.short, short), (args.long, long)):
         print(

@@ -7,7 +7,7 @@ APScheduler or pynvml.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+TYPE_CHECKING = False  # typing's import costs every client command its start-up
 
 __version__ = "0.1.0"
 __all__ = [
@@ -21,6 +21,8 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from typing import Any
+
     from gpusched.client import Client
     from gpusched.core.errors import GpuschedError
     from gpusched.interactive.claim import Claim, CudaAlreadyInitialised, NotPlaced, claim

@@ -333,16 +333,14 @@ class Client:
             user=user,
             ended=ended,
         )
-        result: dict[str, Any] = self.send(ask)
-        jobs = list(result["jobs"])
-        while result.get("next") is not None and (first is None or len(jobs) < first):
-            result = {**result, **self.send(replace(ask, cursor=result["next"]))}
-            jobs += result["jobs"]
-        if states is not None:  # an older daemon sends every state
-            wanted = set(states) | ({str(s) for s in TERMINAL_STATES} if all else set())
-            jobs = [j for j in jobs if j.get("state") in wanted]
-        result.pop("next", None)
-        return {**result, "jobs": jobs if first is None else jobs[:first]}
+        from gpusched.core.status_pages import joined_pages
+
+        return joined_pages(
+            lambda cursor: self.send(ask if cursor is None else replace(ask, cursor=cursor)),
+            all=all,
+            states=states,
+            first=first,
+        )
 
     def job(self, job_id: int) -> Job:
         """One job by id (NotFoundError if there is none)."""

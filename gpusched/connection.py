@@ -16,7 +16,6 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 from gpusched import __version__
 from gpusched.core.errors import DaemonUnreachable, ProtocolError
@@ -29,6 +28,10 @@ from gpusched.core.requests.protocol import (
     read_frame,
 )
 from gpusched.daemon_socket import choose_socket
+
+TYPE_CHECKING = False  # typing's import costs every client command its start-up
+if TYPE_CHECKING:
+    from typing import Any
 
 CONNECT_TIMEOUT_S = 5.0
 REPLY_TIMEOUT_S = 120.0

@@ -17,7 +17,6 @@ into a temporary directory); when it is set, /etc/gpusched is not consulted.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 from gpusched.config.paths import (
@@ -31,11 +30,17 @@ from gpusched.core.errors import UsageError
 SYSTEM_SOCKET_ENV = "GPUSCHED_SYSTEM_SOCKET"
 
 
-@dataclass(frozen=True)
 class SocketChoice:
-    path: Path
-    tried: list[Path]
-    system: bool  # the system service's socket, chosen because the service is installed
+    """The socket chosen, the candidates tried, and whether it is the system service's
+    (chosen because the service is installed). A plain class, not a dataclass: every
+    client command makes one, and `dataclasses` costs `gpusched status` its import."""
+
+    __slots__ = ("path", "system", "tried")
+
+    def __init__(self, path: Path, tried: list[Path], system: bool) -> None:
+        self.path = path
+        self.tried = tried
+        self.system = system
 
 
 def system_socket_path() -> Path:

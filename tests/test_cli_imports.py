@@ -63,24 +63,28 @@ def test_status_show_and_submit_import_only_what_they_use(tmp_path: Path) -> Non
         submitted = _modules_of(daemon, "submit", "--mem", "1G", "--hold", "--", "true")
         for args in (["status"], ["status", "--json"], ["show", "1"]):
             loaded = _modules_of(daemon, *args)
-            assert "gpusched.cli.views" in loaded, args
+            # Answered by the fast path (cli/fast.py): neither click nor its commands.
+            assert not loaded & {"click", "gpusched.cli.group", "gpusched.cli.views"}, args
             assert not loaded & NOT_FOR_STATUS_OR_SHOW, (args, loaded & NOT_FOR_STATUS_OR_SHOW)
-            if args[0] == "status":  # `show` reads its usage rows from there
-                assert "gpusched.cli.estimate" not in loaded
-            # The reply types cost nothing at run time: only the screen of `status`, which
-            # merges its running and waiting pages, imports the module (for the merge).
-            assert ("gpusched.core.requests.replies" in loaded) == (args == ["status"]), args
+            assert "gpusched.cli.estimate" not in loaded
+            if args[0] == "status":  # drawn from the reply's JSON: no client, no models
+                assert "gpusched.cli.status_view" in loaded
+                assert not loaded & {"gpusched.client", "gpusched.core.models", "dataclasses"}
+            else:
+                assert "gpusched.cli.show_view" in loaded
+            # The reply types are for type checking: no command imports them to run.
+            assert "gpusched.core.requests.replies" not in loaded, args
     finally:
         daemon.stop()
     # A submit needs its own request and helpers, still not the other commands' modules.
-    assert {
-        "gpusched.cli.submit",
-        "gpusched.core.requests.catalog",
-        "gpusched.submitter",
-    } <= submitted
+    assert {"gpusched.cli.submit_view", "gpusched.core.requests.catalog", "gpusched.submitter"} <= (
+        submitted
+    )
     assert not submitted & {
+        "click",
         "yaml",
         "gpusched.config.settings",
+        "gpusched.cli.submit",
         "gpusched.cli.run",
         "gpusched.cli.admin",
     }

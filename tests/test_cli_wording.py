@@ -8,8 +8,7 @@ import re
 import sys
 from pathlib import Path
 
-from gpusched.cli.estimate import usage_rows
-from gpusched.cli.views import labelled
+from gpusched.cli.show_view import labelled, usage_rows
 from gpusched.core.models import Job, JobState
 from tests.daemon_harness import RunningDaemon
 

@@ -13,7 +13,8 @@ from pathlib import Path
 import click
 import pytest
 
-from gpusched.cli.render import format_indices, render_status, split_cells
+from gpusched.cli.render import format_indices, render_status
+from gpusched.cli.render_gpus import split_cells
 from gpusched.core.models import GpuReport, Job, JobState
 from gpusched.core.units import format_duration
 
@@ -242,3 +243,39 @@ def test_a_drain_on_one_server_speaks_of_the_server_and_not_of_undrain() -> None
     assert "node gpu1" not in text  # one server: no cluster's node lines
     assert "draining since 2026-05-01 08:00 UTC (by root: new fans)" in text
     assert "administrator" in text
+
+
+def test_a_reply_drawn_from_its_json_reads_as_from_the_models() -> None:
+    """`gpusched status` draws from plain views of the reply (cli/status_view.py), not from
+    the dataclasses: the same screen, users' control characters escaped the same way."""
+    from gpusched.cli.status_view import gpu_view, job_view
+
+    hostile = Job(7, "mallory", 1005, ["python", "a\x1b[2Jb.py", "x\ny"], "/h", JobState.QUEUED,
+                  name=None, mem=8 * G, submitted_at=_at("11:00:00"),
+                  waiting_reason="waits\rfor\u202egpu")  # fmt: skip
+    named = Job(8, "eve\x1b]0;", 1006, ["true"], "/h", JobState.HELD, name="n\x9bame",
+                submitted_at=_at("11:00:00"))  # fmt: skip
+    models, views = (
+        [*jobs(), hostile, named],
+        [job_view(j.to_json()) for j in [*jobs(), hostile, named]],
+    )
+    for color in (False, True):
+        from_models = render_status(gpus(), models, width=100, now=NOW, show_all=True, color=color)
+        from_views = render_status(
+            [gpu_view(g.to_json()) for g in gpus()], views, width=100, now=NOW, show_all=True,
+            color=color,
+        )  # fmt: skip
+        assert from_views == from_models
+    assert "a\\x1b[2Jb.py" in from_views and "\x1b[2J" not in from_views
+    assert "eve\\x1b]0;" in from_views and "n\\x9bame" in from_views
+
+
+def test_the_state_names_render_and_status_use_are_the_models() -> None:
+    from gpusched.cli import render
+    from gpusched.core.models import ACTIVE_STATES, TERMINAL_STATES
+    from gpusched.core.status_pages import ENDED_STATE_NAMES
+
+    ended = {str(state) for state in TERMINAL_STATES}
+    assert render.ENDED_STATES == ENDED_STATE_NAMES == ended
+    assert render.WAITING_STATES | {render.RUNNING} == {str(state) for state in ACTIVE_STATES}
+    assert set(render._STATE_COLORS) == ended | {str(state) for state in ACTIVE_STATES}

@@ -1,7 +1,8 @@
 """What every command module shares: the client for this invocation, job and array ids
-from the command line, JSON output and the choice of colour.
+from the command line, JSON output, and the placement options of `submit` and `run`
+(the choice of colour is cli/status_view.py's, which the fast path imports without click).
 
-Its own module (not cli/__init__.py) because that module imports the command modules to
+Its own module (not cli/group.py) because that module imports the command modules to
 register them; helpers there would make each command module import it back.
 """
 
@@ -9,10 +10,9 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
@@ -116,6 +116,25 @@ ACTIVE_JOB_ID = click.argument("job_id", type=int, shell_complete=job_ids_comple
 ANY_JOB_ID = click.argument("job_id", type=int, shell_complete=job_ids_completer(ended_too=True))
 
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def placement_options(command: F) -> F:
+    """`--exclusive` and `--share`, where a job may share a card: the same options, with
+    the same words, for `submit` and `run`."""
+    command = click.option(
+        "--share",
+        is_flag=True,
+        help="The job is light (waits on data or a user): it may share a busy card.",
+    )(command)
+    return click.option(
+        "--exclusive",
+        is_flag=True,
+        help="A GPU to itself: no other gpusched job joins its card (for jobs that use all"
+        " of a card's compute).",
+    )(command)
+
+
 def exit_status(job: Job) -> int:
     """What `wait` and `logs -f` exit with for one ended job: its exit code when it exited,
     else 0 if it is done and 1 (it was cancelled, killed, lost or never started)."""
@@ -126,11 +145,6 @@ def exit_status(job: Job) -> int:
 
 def print_json(value: Any) -> None:
     click.echo(json.dumps(value, indent=2, sort_keys=False))
-
-
-def use_color() -> bool:
-    """Colour on a terminal only, and never with NO_COLOR set (https://no-color.org)."""
-    return sys.stdout.isatty() and not os.environ.get("NO_COLOR")
 
 
 def parse_ids(values: Sequence[str]) -> list[int]:

@@ -1,6 +1,7 @@
-"""The command line's view of what jobs use: `estimate`, `--mem auto`, usage rows of `show`.
+"""The command line's view of what jobs use: `estimate` and `--mem auto` (the usage rows of
+`show` are cli/show_view.py's).
 
-Kept apart from cli/__init__.py so that module stays a list of commands; like it, this imports
+Kept apart from cli/group.py so that module stays a list of commands; like it, this imports
 no SQLAlchemy, APScheduler or pynvml (the estimate is `gpusched.cli.sizing`, pure).
 """
 
@@ -9,7 +10,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
-from typing import Any
 
 import click
 
@@ -21,39 +21,6 @@ from gpusched.core.sanitize import shown
 from gpusched.core.units import format_size, parse_size
 
 LARGEST_CARD_BYTES = 141 * 10**9  # an H200: past this, no single GPU holds the job
-
-
-def util_text(percent: float | None) -> str:
-    return "-" if percent is None else f"{percent:.0f}%"
-
-
-def usage_rows(job: Job) -> list[tuple[str, Any]]:
-    """`show`'s lines about what the job used, beside what it declared."""
-    declared = f"declared {format_size(job.mem)} per GPU" if job.mem else "declared a whole GPU"
-    rows: list[tuple[str, Any]] = [("peak mem", f"{format_size(job.peak_mem)} ({declared})")]
-    if job.mean_util is None:
-        rows.append(("gpu util", "-"))
-    else:
-        spread = f", {util_text(job.util_min)}-{util_text(job.util_max)}"
-        if job.util_stddev is not None:
-            spread += f" (sd {job.util_stddev:.0f})"
-        rows.append(("gpu util", f"{util_text(job.mean_util)} on average{spread}"))
-    if job.demand is not None:
-        rows.append(("gpu demand", f"{job.demand:.2f} of a GPU's busy time (measured)"))
-    from gpusched.core.hints import sharing_note
-
-    note = sharing_note(job.sharing_speed, job.gpu_indices, job.shared_with or ())
-    if note is not None:
-        rows.append(("sharing", note))
-    if job.overrun_at:
-        rows.append(("overrun", f"over its declared memory since {job.overrun_at}"))
-    if job.retry_of is not None:
-        rows.append(("retry of", f"job {job.retry_of} (ran out of GPU memory)"))
-    if job.retried_as is not None:
-        rows.append(("retried as", f"job {job.retried_as}"))
-    if job.retry_oom and job.retried_as is None:  # a retry used is the retry's to count
-        rows.append(("retry-oom", f"{job.retry_oom} more time(s) if it runs out of GPU memory"))
-    return rows
 
 
 def auto_mem(client: Client, command: Sequence[str], cwd: str | None) -> int:

@@ -2,7 +2,7 @@
 
 Each is one or a few requests through the client; what they print is the job's id or a
 line per job (or the JSON of the jobs with --json). The views (status, show, logs,
-history) are in cli/views.py, `submit` in cli/submit.py; cli/__init__.py registers all
+history) are in cli/views.py, `submit` in cli/submit.py; cli/group.py registers all
 of them on the group.
 """
 

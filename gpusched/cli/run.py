@@ -17,7 +17,7 @@ from types import FrameType
 
 import click
 
-from gpusched.cli.common import client_of
+from gpusched.cli.common import client_of, placement_options
 from gpusched.cli.help import ExampleLastCommand
 from gpusched.client import Client
 from gpusched.core.errors import EXIT_FAILED
@@ -98,17 +98,7 @@ class _WaitingLine:
     show_default=True,
     help="Higher starts first, among your own jobs.",
 )
-@click.option(
-    "--exclusive",
-    is_flag=True,
-    help="A GPU to itself: no other gpusched job joins its card (for jobs that use all"
-    " of a card's compute).",
-)
-@click.option(
-    "--share",
-    is_flag=True,
-    help="The job is light (waits on data or a user): it may share a busy card.",
-)
+@placement_options
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.pass_context
 def run(

@@ -2,20 +2,19 @@
 
 Its options become one request through the client (`Client.submit`, `submit_sweep`);
 `--mem auto` asks the daemon's history first (cli/estimate.py). Split from cli/jobs.py,
-which has the commands that act on existing jobs; cli/__init__.py registers it lazily.
+which has the commands that act on existing jobs; cli/group.py registers it lazily (and
+cli/fast.py answers its commonest form without click, through cli/submit_view.py).
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import click
 
-from gpusched.cli.common import client_of, parse_ids, print_json
+from gpusched.cli.common import client_of, placement_options, print_json
 from gpusched.cli.estimate import auto_mem
 from gpusched.cli.help import ExampleLastCommand
+from gpusched.cli.submit_view import job_options, submitted_text
 from gpusched.core.errors import UsageError
-from gpusched.core.units import parse_job_mem, parse_job_time
 
 
 @click.command(cls=ExampleLastCommand, context_settings={"ignore_unknown_options": True})
@@ -92,17 +91,7 @@ from gpusched.core.units import parse_job_mem, parse_job_time
     is_flag=True,
     help="In a cluster, if the server running the job dies, queue it again (default: lost).",
 )
-@click.option(
-    "--exclusive",
-    is_flag=True,
-    help="A GPU to itself: no other gpusched job joins its card (for jobs that use all"
-    " of a card's compute).",
-)
-@click.option(
-    "--share",
-    is_flag=True,
-    help="The job is light (waits on data or a user): it may share a busy card.",
-)
+@placement_options
 @click.option("--json", "as_json", is_flag=True, help="Print the job as JSON instead of its id.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.pass_context
@@ -153,23 +142,23 @@ def submit(
             " each have their own, queued together: give --mem (`gpusched estimate"
             " --history -- CMD` on one of its commands, once it has run, suggests one)"
         )
-    options: dict[str, Any] = {
-        "mem": None if mem is None else "auto" if mem == "auto" else parse_job_mem(mem),
-        "gpus": gpus,
-        "name": name,
-        "priority": priority,
-        "after": parse_ids([after]) if after else (),
-        "hold": hold,
-        "cwd": cwd,
-        "time_limit": parse_job_time(time_limit) if time_limit is not None else None,
-        "notify": notify,
-        "retry_oom": retry_oom,
-        "nodes": None if nodes is None else tuple(n.strip() for n in nodes.split(",")),
-        "requeue": requeue,
-        "exclusive": exclusive,
-        "share": share,
-        "output": output,
-    }
+    options = job_options(
+        mem=mem,
+        gpus=gpus,
+        name=name,
+        priority=priority,
+        after=after,
+        hold=hold,
+        cwd=cwd,
+        time_limit=time_limit,
+        notify=notify,
+        retry_oom=retry_oom,
+        nodes=nodes,
+        requeue=requeue,
+        exclusive=exclusive,
+        share=share,
+        output=output,
+    )
     client = client_of(ctx)
     if options["mem"] == "auto" and not sweep:
         options["mem"] = auto_mem(client, list(command), cwd)
@@ -184,8 +173,4 @@ def submit(
             click.echo("\n".join(str(j.id) for j in jobs))
             click.echo(f"array a{jobs[0].array_id}: {len(jobs)} jobs", err=True)
         return
-    job = client.submit(list(command), **options)
-    if as_json:
-        print_json(job.to_json())
-    else:
-        click.echo(job.id)
+    click.echo(submitted_text(client.submit(list(command), **options), as_json))

@@ -23,15 +23,17 @@ library, imported lazily: the CLI imports this module at every start.
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, TypeVar
+TYPE_CHECKING = False  # typing's import costs every client command its start-up
+if TYPE_CHECKING:
+    from typing import Any, TypeVar
+
+    T = TypeVar("T")
 
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 _ESCAPED_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs", "Cn"})
 # What shown_output() keeps in a job's output besides its lines: indentation.
 _OUTPUT_KEPT = frozenset("\t")
 
-T = TypeVar("T")
 _FIELD_NAMES: dict[type, tuple[tuple[str, ...], tuple[str, ...]]] = {}
 # Annotations of fields that cannot hold a user's text (a JobState is checked when read).
 _NOT_TEXT = frozenset(
@@ -97,6 +99,12 @@ def shown_fields(value: T) -> T:
     """A copy of a dataclass (a Job, a GpuReport, a Drain) with every text field, and every
     text in a list field, passed through shown(): what a view draws from. The value itself
     when nothing needs escaping (the common case: `status` draws thousands of jobs)."""
+    # Not dataclasses.is_dataclass: `gpusched status` draws from plain views of its reply
+    # (escaped as they were made) and must not import dataclasses to learn so.
+    if not hasattr(type(value), "__dataclass_fields__"):
+        return value
+    import dataclasses
+
     if not dataclasses.is_dataclass(value) or isinstance(value, type):
         return value
     texts, lists = _text_fields(type(value))
@@ -125,6 +133,8 @@ def _text_fields(kind: type) -> tuple[tuple[str, ...], tuple[str, ...]]:
     A field annotated with anything but plain numbers, booleans or a str enum is kept."""
     known = _FIELD_NAMES.get(kind)
     if known is None:
+        import dataclasses
+
         texts, lists = [], []
         for field in dataclasses.fields(kind):
             annotation = str(field.type)

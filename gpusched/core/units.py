@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 import re
-from decimal import Decimal
 
 from gpusched.core.errors import ConfigError, UsageError
 
@@ -70,6 +69,8 @@ def parse_size(text: str | int, *, what: str | None = None) -> int:
         if not match:
             raise _size_error(what, text, "expected a number and a unit K, M, G or T, e.g. 8G")
         number, unit, byte_unit = match.groups()
+        from decimal import Decimal  # parsing only: `status` formats sizes
+
         amount = Decimal(number)
         if amount == 0:
             raise _size_error(what, text, "must be more than zero")

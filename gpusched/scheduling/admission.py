@@ -36,6 +36,9 @@ def admit(
     needed = {dep for job in queued for dep in job.after}
     deps = latest_attempts(needed) if needed else {}
     for job in queued:
+        if not job.after:  # most jobs: nothing to look up
+            result.eligible.append(job)
+            continue
         failed = [
             d
             for d in job.after

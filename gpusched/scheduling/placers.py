@@ -23,6 +23,7 @@ from gpusched.scheduling.ownership import LocalNode
 from gpusched.scheduling.pass_rules import decide
 from gpusched.scheduling.policy import Plan
 from gpusched.scheduling.policy_inputs import (
+    WaitingJobs,
     gpu_slot,
     gpu_topology,
     running_claims,
@@ -95,10 +96,12 @@ class LocalPlacer:
         self.reading = reading
         self.drain = drain
         self.waits = QuieterWaits()
+        self.waiting_jobs = WaitingJobs()  # kept between passes (issue 30: a long queue)
 
     def place(self, seen: Observation) -> Plan:
         monitor = self.context.monitor
         drain = self.drain()
+        self.waiting_jobs.new_pass()
         result = decide(
             self.context,
             self.endings,
@@ -114,6 +117,7 @@ class LocalPlacer:
             holding=seen.running,
             gpus=seen.gpus,
             waits=self.waits,
+            restrict=self.waiting_jobs.anywhere,
             held_back=None if drain is None else f"{drain.describe()}: no new job starts",
             topology=gpu_topology(self.context.probe),
         )

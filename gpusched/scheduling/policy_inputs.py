@@ -126,6 +126,29 @@ def waiting_job(job: Queued, now: datetime | None = None) -> WaitingJob:
     )
 
 
+class WaitingJobs:
+    """Each queued job's `WaitingJob`, built once and kept between passes while the store
+    hands back the same `Queued` (it does while the job's row is unchanged: store
+    `queued_of`); a changed row is a new `Queued`, and its view is built again. Kept by
+    a placer; `anywhere` is its restriction for pass_rules.decide (one server: any GPU).
+    Only the views of the jobs the last pass asked for are kept."""
+
+    def __init__(self) -> None:
+        self._last: dict[int, tuple[Queued, WaitingJob]] = {}
+        self._this: dict[int, tuple[Queued, WaitingJob]] = {}
+
+    def new_pass(self) -> None:
+        """Forget the views no pass since the one before has asked for."""
+        self._last, self._this = self._this or self._last, {}
+
+    def anywhere(self, job: Queued, now: datetime) -> tuple[WaitingJob | None, str | None]:
+        known = self._this.get(job.id) or self._last.get(job.id)
+        if known is None or known[0] is not job:
+            known = (job, waiting_job(job, now))
+        self._this[job.id] = known
+        return known[1], None
+
+
 class StoredHeadClaim:
     """The head's claim between passes: read from the store once, written when it changes
     (so it survives a restart, and a pass that keeps it writes nothing)."""

@@ -12,6 +12,7 @@ import dataclasses
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import ColumnElement, Text, func, select, type_coerce
 
@@ -65,6 +66,30 @@ _QUEUED_SELECT = select(
 ).where(jobs.c.state == str(JobState.QUEUED), jobs.c.node.is_(None))
 
 
+def queued_of(
+    rows: Iterable[Iterable[Any]], known: dict[tuple[Any, ...], Queued]
+) -> tuple[list[Queued], dict[tuple[Any, ...], Queued]]:
+    """Each row's `Queued`, and the rows' memo for the next read: a row identical to one
+    read last time gives the same (frozen) `Queued` again, undecoded. Every pass reads
+    every queued job and few change between two passes (issue 30: 10,000 queued); the
+    memo holds only the last read's rows, and nothing is reused unless its row is equal."""
+    made: dict[tuple[Any, ...], Queued] = {}
+    found = []
+    for row in rows:
+        key = tuple(row)  # a plain tuple: C's hash and ==, not the Row's Python ones
+        try:
+            job = known.get(key)
+        except TypeError:  # psycopg decodes the JSON columns itself: lists, not text
+            key = tuple(tuple(v) if isinstance(v, list) else v for v in key)
+            job = known.get(key)
+        if job is None:
+            i, u, m, g, p, a, ai, mc, ro, it, an, *rest = row
+            job = Queued(i, u, m, g, p, decode_json(a), ai, mc, ro, it, decode_json(an), *rest)
+        made[key] = job
+        found.append(job)
+    return found, made
+
+
 @dataclass(frozen=True)
 class LaunchInfo:
     """The parts of a job only the launcher needs (never sent to clients)."""
@@ -92,6 +117,8 @@ class JobReads:
 
     def __init__(self, db: Database) -> None:
         self.db = db
+        # The last queued() read's rows and their `Queued` (queued_of): one memo per store.
+        self._queued_known: dict[tuple[Any, ...], Queued] = {}
 
     def get(self, job_id: int) -> Job:
         with self.db.read() as conn:
@@ -238,10 +265,8 @@ class JobReads:
         """Queued jobs (not held), in submit order, with what a scheduling pass needs."""
         with self.db.read() as conn:
             rows = conn.execute(_QUEUED_SELECT.order_by(jobs.c.id)).all()
-        return [
-            Queued(i, u, m, g, p, decode_json(a), ai, mc, ro, it, decode_json(an), *rest)
-            for i, u, m, g, p, a, ai, mc, ro, it, an, *rest in rows
-        ]
+        found, self._queued_known = queued_of(rows, self._queued_known)
+        return found
 
     def ended(
         self,

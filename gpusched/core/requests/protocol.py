@@ -13,9 +13,12 @@ from __future__ import annotations
 import json
 import socket
 import struct
-from typing import Any, Protocol
 
 from gpusched.core.errors import ERROR_KINDS, GpuschedError, ProtocolError
+
+TYPE_CHECKING = False  # typing's import costs every client command its start-up
+if TYPE_CHECKING:
+    from typing import Any, Protocol
 
 MAX_FRAME_BYTES = 4 * 2**20  # a submit carries the submitter's environment; 4 MiB is ample
 # Replies list jobs: `status` with a 10,000-job sweep queued, or `history --limit 10000`,
@@ -89,10 +92,12 @@ def decode(line: bytes, limit: int = MAX_FRAME_BYTES) -> dict[str, Any]:
     return value
 
 
-class Receiver(Protocol):
-    """A socket, or anything that reads from one (the daemon's reader adds deadlines)."""
+if TYPE_CHECKING:
 
-    def recv(self, size: int, /) -> bytes: ...
+    class Receiver(Protocol):
+        """A socket, or anything that reads from one (the daemon's reader adds deadlines)."""
+
+        def recv(self, size: int, /) -> bytes: ...
 
 
 def read_frame(sock: Receiver, buffer: bytearray, limit: int = MAX_FRAME_BYTES) -> bytes | None:

@@ -1,9 +1,9 @@
-"""The daemon's replies: one type per operation (REPLIES), and the one merge of two
-`status` pages asked apart (`merge_status_pages`).
+"""The daemon's replies: one type per operation (REPLIES), and `StatusView`, two `status`
+pages asked apart as one (merged by gpusched.core.status_pages.merge_status_pages).
 
 Plain dicts on the wire and in memory, typed for mypy: each is a TypedDict or an alias of
 one, so reading a reply builds no object and importing this module costs a few class
-statements (the CLI imports it only where it merges pages). The handlers
+statements (no command imports it to run: tests/test_cli_imports.py). The handlers
 (gpusched.daemon.handlers) declare them as their return types, the client and the
 dashboard (gpusched.daemon.web.api) read them. A job is `JobJson`: models.Job.to_json as
 the caller may see it (gpusched.daemon.auth hides a stranger's command and directory),
@@ -12,7 +12,6 @@ with "attempts" on a requeued job and "timeline" where `show --timeline` asked f
 
 # No `from __future__ import annotations`: a TypedDict compiles each string annotation
 # into a ForwardRef when its class is made, five times the cost of real types here.
-from collections.abc import Mapping
 from typing import Any, TypedDict
 
 JobJson = dict[str, Any]  # models.Job.to_json, as the caller may see it
@@ -147,21 +146,3 @@ class StatusView(TypedDict):
     running: list[JobJson]
     waiting: list[JobJson]
     more_waiting: int  # waiting jobs counted but not listed
-
-
-def merge_status_pages(running: Mapping[str, Any], waiting: Mapping[str, Any]) -> StatusView:
-    """The `status` a person reads (the CLI's screen, the dashboard) from the running jobs
-    and the first waiting ones, asked apart (StatusPages, or Client.status_reply's). GPUs,
-    nodes and drain are the running reply's (an older daemon may send no nodes or drain:
-    none, then)."""
-    counts = waiting.get("counts") or {}
-    listed = len(waiting["jobs"])
-    return {
-        "gpus": running["gpus"],
-        "nodes": running.get("nodes") or [],
-        "drain": running.get("drain"),
-        "counts": counts,
-        "running": running["jobs"],
-        "waiting": waiting["jobs"],
-        "more_waiting": max(0, counts.get("queued", 0) + counts.get("held", 0) - listed),
-    }

@@ -14,7 +14,7 @@ from typing import Any
 
 from gpusched.core.clock import iso
 from gpusched.core.requests.catalog import HistoryRequest, ShowRequest, StatusRequest
-from gpusched.core.requests.replies import merge_status_pages
+from gpusched.core.status_pages import merge_status_pages
 from gpusched.daemon.handlers import views
 from gpusched.daemon.identity import Caller
 from gpusched.daemon.services import Services

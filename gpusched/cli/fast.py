@@ -1,0 +1,233 @@
+"""The commonest command lines, answered without click (issue 30: `gpusched status` at
+interpreter speed).
+
+`answer(argv)` takes only the forms it understands in full and returns their exit code;
+for anything else it returns None and cli/group.py's click group takes the command line,
+as it would have without this module. Understood, and nothing more:
+
+    [--socket PATH] status [--all] [--json] [--limit N]
+    [--socket PATH] show ID [--json]
+    [--socket PATH] submit [--mem SIZE] [--gpus N] [--name NAME] [--time DURATION]
+                           [--hold] [--json] -- COMMAND...
+
+(each option also as --opt=VALUE; a value must not start with "-", N and ID are ASCII
+digits). Any other word, `--help`, a missing value, `--config`, $GPUSCHED_CONFIG set, a
+submit without `--`: click's. What a command sends and prints is the same code the click
+command runs (cli/status_view.py, show_view.py, submit_view.py, the client); errors end
+as the group ends them (cli/group.py `_Group.invoke`): one line on stderr and the
+contract's exit code. tests/test_cli_fast.py runs both on the same command lines and
+compares stdout, stderr and the exit code.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+TYPE_CHECKING = False  # typing's own import costs every command
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from gpusched.client import Client
+
+    Runner = Callable[[str | None], None]
+
+# Each command's options: name -> whether it takes a value.
+_STATUS_OPTIONS = {"--all": False, "--json": False, "--limit": True}
+_SHOW_OPTIONS = {"--json": False}
+_SUBMIT_OPTIONS = {
+    "--mem": True,
+    "--gpus": True,
+    "--name": True,
+    "--time": True,
+    "--hold": False,
+    "--json": False,
+}
+
+
+def answer(argv: list[str]) -> int | None:
+    """Run `gpusched ARGV` and return its exit code, or None: not a form understood here."""
+    if os.environ.get("GPUSCHED_CONFIG"):
+        return None  # its YAML is parsed anyway, and click checks the path first
+    socket_path = None
+    args = list(argv)
+    if args and (args[0] == "--socket" or args[0].startswith("--socket=")):
+        taken = _options(args[:2] if args[0] == "--socket" else args[:1], {"--socket": True})
+        if taken is None:
+            return None
+        socket_path = taken[0]["--socket"]
+        args = args[2:] if args[0] == "--socket" else args[1:]
+    if not args:
+        return None
+    command = _COMMANDS.get(args[0])
+    if command is None:
+        return None
+    runner = command(args[1:])
+    if runner is None:
+        return None
+    return _run(runner, socket_path)
+
+
+def _options(
+    args: list[str], known: dict[str, bool]
+) -> tuple[dict[str, str | bool], list[str]] | None:
+    """The options among `args` and the other words, or None where click must judge."""
+    given: dict[str, str | bool] = {}
+    words: list[str] = []
+    i = 0
+    while i < len(args):
+        word = args[i]
+        name, equals, value = word.partition("=")
+        if not word.startswith("-") or word == "-":
+            words.append(word)
+        elif name not in known or (equals and not known[name]):
+            return None  # unknown, -h, a flag given a value...
+        elif not known[name]:
+            given[name] = True
+        else:
+            if not equals:
+                i += 1
+                if i == len(args):
+                    return None  # click says what is missing
+                value = args[i]
+            if not value or value.startswith("-"):
+                return None
+            given[name] = value
+        i += 1
+    return given, words
+
+
+def _number(text: str | bool | None) -> int | None:
+    return int(text) if isinstance(text, str) and text.isascii() and text.isdigit() else None
+
+
+def _status(args: list[str]) -> Runner | None:
+    parsed = _options(args, _STATUS_OPTIONS)
+    if parsed is None or parsed[1]:
+        return None
+    given, _ = parsed
+    limit = _number(given["--limit"]) if "--limit" in given else None
+    if "--limit" in given and limit is None:
+        return None
+    as_json, show_all = "--json" in given, "--all" in given
+
+    def run(socket_path: str | None) -> None:
+        from gpusched.cli.status_view import (
+            StatusReader,
+            fetch_status,
+            status_json,
+            status_text,
+            use_color,
+        )
+        from gpusched.connection import DaemonConnection
+
+        reader = StatusReader(DaemonConnection(socket_path, None))
+        result = fetch_status(reader, as_json=as_json, show_all=show_all, limit=limit)
+        _echo(status_json(result) if as_json else status_text(result, show_all, use_color()))
+
+    return run
+
+
+def _show(args: list[str]) -> Runner | None:
+    parsed = _options(args, _SHOW_OPTIONS)
+    if parsed is None or len(parsed[1]) != 1:
+        return None
+    job_id = _number(parsed[1][0])
+    if job_id is None:
+        return None
+    as_json = "--json" in parsed[0]
+
+    def run(socket_path: str | None) -> None:
+        import shutil
+
+        from gpusched.cli.show_view import show_json, show_lines
+
+        job, timeline = _client(socket_path).job_and_timeline(job_id)
+        if as_json:
+            _echo(show_json(job, timeline))
+            return
+        for line in show_lines(job, timeline, shutil.get_terminal_size((80, 24)).columns):
+            _echo(line)
+
+    return run
+
+
+def _submit(args: list[str]) -> Runner | None:
+    if "--" not in args:
+        return None  # options after the command's first word: click's parser decides
+    split = args.index("--")
+    command = args[split + 1 :]
+    parsed = _options(args[:split], _SUBMIT_OPTIONS)
+    if parsed is None or parsed[1] or not command:
+        return None
+    given = parsed[0]
+    gpus = _number(given["--gpus"]) if "--gpus" in given else 1
+    if gpus is None or given.get("--mem") == "auto":
+        return None
+    text = {name: value for name, value in given.items() if isinstance(value, str)}
+
+    def run(socket_path: str | None) -> None:
+        from gpusched.cli.submit_view import job_options, submitted_text
+
+        options = job_options(
+            mem=text.get("--mem"),
+            gpus=gpus,
+            name=text.get("--name"),
+            hold="--hold" in given,
+            time_limit=text.get("--time"),
+        )
+        job = _client(socket_path).submit(command, **options)
+        _echo(submitted_text(job, "--json" in given))
+
+    return run
+
+
+_COMMANDS = {"status": _status, "show": _show, "submit": _submit}
+
+
+def _client(socket_path: str | None) -> Client:
+    """The client the click commands use (cli/common.py `client_of`), for this socket."""
+    from gpusched.client import Client
+
+    return Client(socket_path, None)
+
+
+def _echo(text: str, err: bool = False) -> None:
+    """As click.echo prints a line: to a stream whose encoding is ASCII (a misconfigured
+    locale, PYTHONIOENCODING=ascii) as UTF-8 with errors replaced, as click does."""
+    import codecs
+
+    stream = sys.stderr if err else sys.stdout
+    try:
+        ascii_only = codecs.lookup(getattr(stream, "encoding", None) or "ascii").name == "ascii"
+    except LookupError:
+        ascii_only = False
+    binary = getattr(stream, "buffer", None)
+    if ascii_only and binary is not None:
+        stream.flush()
+        binary.write((text + "\n").encode("utf-8", "replace"))
+        binary.flush()
+        return
+    stream.write(text + "\n")
+    stream.flush()
+
+
+def _run(runner: Runner, socket_path: str | bool | None) -> int:
+    """The command's exit code, its errors ended as the click group ends them."""
+    from gpusched.core.errors import GpuschedError
+
+    try:
+        runner(socket_path if isinstance(socket_path, str) else None)
+    except GpuschedError as exc:
+        from gpusched.core.sanitize import shown
+
+        sys.stdout.flush()
+        _echo(f"gpusched: {shown(exc.message)}", err=True)
+        return exc.exit_code
+    except BrokenPipeError:  # `gpusched status | head -1`: as click, quietly, exit 1
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - the flush at exit goes nowhere
+        return 1
+    except (EOFError, KeyboardInterrupt):
+        _echo("\nAborted!", err=True)
+        return 1
+    return 0

@@ -1,0 +1,149 @@
+"""`gpusched show`: what it prints about one job, shared by the click command (cli/views.py)
+and the fast path (cli/fast.py), so both print the same; neither click nor the client here.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from typing import Any
+
+from gpusched.core.models import Job, TimelinePoint
+from gpusched.core.sanitize import shown, shown_fields
+from gpusched.core.units import format_size
+
+LABEL_WIDTH = 11  # `show`'s values start here ("exit code: 0")
+
+
+def show_json(job: Job, timeline: list[TimelinePoint]) -> str:
+    """`show --json`: the job and its timeline."""
+    value = {**job.to_json(), "timeline": [p.to_json() for p in timeline]}
+    return json.dumps(value, indent=2, sort_keys=False)
+
+
+def show_lines(job: Job, timeline: list[TimelinePoint], width: int) -> list[str]:
+    """`show`'s lines for a terminal `width` columns wide (users' text escaped)."""
+    job = shown_fields(job)
+    rows = [
+        ("id", job.id),
+        ("name", job.name or "-"),
+        ("user", f"{job.user} (uid {job.uid})"),
+        ("state", job.state),
+        ("command", " ".join(job.command)),
+        ("cwd", job.cwd),
+        ("mem", f"{format_size(job.mem)} per GPU" if job.mem else "a whole GPU"),
+        ("gpus", f"{job.gpus} (indices {job_where(job)})"),
+        ("priority", job.priority),
+        ("after", ",".join(map(str, job.after)) or "-"),
+        ("submitted", job.submitted_at),
+        ("started", job.started_at or "-"),
+        ("ended", job.ended_at or "-"),
+        ("pid", job.pid or "-"),
+        ("exit code", "-" if job.exit_code is None else job.exit_code),
+        (
+            "reason",
+            f"{job.reason}: {job.reason_detail}" if job.reason_detail else job.reason or "-",
+        ),
+        *usage_rows(job),
+        (
+            "log",
+            job.log_path or ("- (interactive: output to its terminal)" if job.interactive else "-"),
+        ),
+    ]
+    if job.warning:
+        rows.append(("warning", job.warning))
+    if job.notify:
+        rows.append(("notify", shlex.join(job.notify)))  # as it was given: quotes kept
+        if job.notify_result is not None:
+            rows.append(("notify ran", notify_outcome(job.notify_result)))
+    for attempt in job.attempts or []:
+        rows.append((f"run {attempt['attempt']}", attempt_text(attempt)))
+    if job.waiting_reason:
+        rows.insert(4, ("waiting", job.waiting_reason))
+    from gpusched.cli.sparkline import glyphs_for, render_timeline
+
+    return [
+        *labelled(rows),
+        *render_timeline(
+            timeline,
+            declared_bytes=job.mem,
+            gpus=job.gpus,
+            width=width,
+            glyphs=glyphs_for(sys.stdout.encoding),
+        ),
+        *(f"{'hint:':<{LABEL_WIDTH}}{hint}" for hint in job.hints),
+    ]
+
+
+def job_where(job: Job) -> str:
+    if job.gpu_indices:
+        return ",".join(map(str, job.gpu_indices))
+    return "-"
+
+
+def labelled(rows: list[tuple[str, Any]]) -> list[str]:
+    """`show`'s "label: value" lines: values start in column LABEL_WIDTH, as the sparklines'
+    below; a longer label keeps a space after its colon ("retried as: job 32")."""
+    return [
+        f"{key + ':':<{LABEL_WIDTH}}{value}" if len(key) + 2 <= LABEL_WIDTH else f"{key}: {value}"
+        for key, value in rows
+    ]
+
+
+def notify_outcome(result: dict[str, Any]) -> str:
+    """How a --notify hook ended, in one line: "exited 127: sh: 1: mail: not found"."""
+    kind, code = result.get("kind"), result.get("exit_code")
+    if kind == "timeout":
+        said = "killed at hook_timeout"
+    elif kind == "failed_to_start":
+        said = "could not start"
+    elif code == 0:
+        said = "exited 0"
+    else:
+        said = f"exited {code}"
+    output = " | ".join(line for line in str(result.get("output") or "").splitlines() if line)
+    return shown(f"{said}: {output}" if output else said)
+
+
+def attempt_text(attempt: dict[str, Any]) -> str:
+    """An earlier run of a requeued job, on one line (sanitized: a node's name is an
+    administrator's, the outcome the daemon's words)."""
+    started = (attempt.get("started_at") or "-")[:19].replace("T", " ")
+    ended = (attempt.get("ended_at") or "-")[:19].replace("T", " ")
+    return shown(
+        f"node {attempt.get('node') or '-'}, {started} to {ended}: {attempt.get('outcome')}"
+    )
+
+
+def util_text(percent: float | None) -> str:
+    return "-" if percent is None else f"{percent:.0f}%"
+
+
+def usage_rows(job: Job) -> list[tuple[str, Any]]:
+    """`show`'s lines about what the job used, beside what it declared."""
+    declared = f"declared {format_size(job.mem)} per GPU" if job.mem else "declared a whole GPU"
+    rows: list[tuple[str, Any]] = [("peak mem", f"{format_size(job.peak_mem)} ({declared})")]
+    if job.mean_util is None:
+        rows.append(("gpu util", "-"))
+    else:
+        spread = f", {util_text(job.util_min)}-{util_text(job.util_max)}"
+        if job.util_stddev is not None:
+            spread += f" (sd {job.util_stddev:.0f})"
+        rows.append(("gpu util", f"{util_text(job.mean_util)} on average{spread}"))
+    if job.demand is not None:
+        rows.append(("gpu demand", f"{job.demand:.2f} of a GPU's busy time (measured)"))
+    from gpusched.core.hints import sharing_note
+
+    note = sharing_note(job.sharing_speed, job.gpu_indices, job.shared_with or ())
+    if note is not None:
+        rows.append(("sharing", note))
+    if job.overrun_at:
+        rows.append(("overrun", f"over its declared memory since {job.overrun_at}"))
+    if job.retry_of is not None:
+        rows.append(("retry of", f"job {job.retry_of} (ran out of GPU memory)"))
+    if job.retried_as is not None:
+        rows.append(("retried as", f"job {job.retried_as}"))
+    if job.retry_oom and job.retried_as is None:  # a retry used is the retry's to count
+        rows.append(("retry-oom", f"{job.retry_oom} more time(s) if it runs out of GPU memory"))
+    return rows

@@ -1,0 +1,64 @@
+"""`gpusched submit`: its options as `Client.submit` takes them, and what it prints, shared by
+the click command (cli/submit.py) and the fast path (cli/fast.py), so both check the same
+values with the same words and print the same. Imports neither click nor the client.
+"""
+
+from __future__ import annotations
+
+import json
+
+from gpusched.core.units import parse_job_mem, parse_job_time
+
+TYPE_CHECKING = False  # typing's own import costs every `gpusched submit`
+if TYPE_CHECKING:
+    from typing import Any
+
+    from gpusched.core.models import Job
+
+
+def job_options(
+    *,
+    mem: str | None = None,
+    gpus: int = 1,
+    name: str | None = None,
+    priority: int = 0,
+    after: str | None = None,
+    hold: bool = False,
+    cwd: str | None = None,
+    time_limit: str | None = None,
+    notify: str | None = None,
+    retry_oom: int = 0,
+    nodes: str | None = None,
+    requeue: bool = False,
+    exclusive: bool = False,
+    share: bool = False,
+    output: str | None = None,
+) -> dict[str, Any]:
+    """The command line's values checked and converted (UsageError in the user's words)."""
+    parsed_after: tuple[int, ...] | list[int] = ()
+    if after:
+        from gpusched.cli.common import parse_ids  # with click: --after is the slow path's
+
+        parsed_after = parse_ids([after])
+    return {
+        "mem": None if mem is None else "auto" if mem == "auto" else parse_job_mem(mem),
+        "gpus": gpus,
+        "name": name,
+        "priority": priority,
+        "after": parsed_after,
+        "hold": hold,
+        "cwd": cwd,
+        "time_limit": parse_job_time(time_limit) if time_limit is not None else None,
+        "notify": notify,
+        "retry_oom": retry_oom,
+        "nodes": None if nodes is None else tuple(n.strip() for n in nodes.split(",")),
+        "requeue": requeue,
+        "exclusive": exclusive,
+        "share": share,
+        "output": output,
+    }
+
+
+def submitted_text(job: Job, as_json: bool) -> str:
+    """The new job's id, or with --json the job."""
+    return json.dumps(job.to_json(), indent=2, sort_keys=False) if as_json else str(job.id)

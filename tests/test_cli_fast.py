@@ -1,0 +1,256 @@
+"""The fast path (cli/fast.py) and the click commands agree (issue 30: a path that bypasses
+click is allowed only with this test).
+
+Every command line of the table runs twice against one real daemon: through `main()`, as
+the `gpusched` script runs it (the fast path where it understands the form), and through
+the click group alone (cli/group.py, the path before the fast one existed). Their stdout,
+stderr and exit code must be the same: good forms, `--help`, an unknown option, a missing
+value, a bad size, an unknown job id, a form the fast path leaves to click, and no daemon
+at all. Each run also says whether it imported click, so the table also checks which forms
+the fast path takes (a fast path that took none would agree trivially).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpusched.core.requests.views import StatusRequest
+from gpusched.core.status_pages import status_wire
+from tests.daemon_harness import RunningDaemon
+
+# Each runner writes to $TAKEN whether click was imported, once the command has ended.
+_RECORD = (
+    "import atexit, os, sys\n"
+    "atexit.register(lambda: open(os.environ['TAKEN'], 'w').write(str('click' in sys.modules)))\n"
+    "sys.argv[0] = 'gpusched'\n"
+)
+FAST = _RECORD + "from gpusched.cli import main\nmain()\n"
+CLICK = _RECORD + "from gpusched.cli.group import cli\ncli(prog_name='gpusched')\n"
+
+# Elapsed times ("5s", "2m", "1h3m") move between the two runs of a pair.
+_ELAPSED = re.compile(r"\b\d+[smhd](\d+[smhd])*\b")
+
+
+def _run(
+    script: str, argv: list[str], env: dict[str, str], taken: Path
+) -> tuple[int, str, str, bool]:
+    done = subprocess.run(
+        [sys.executable, "-c", script, *argv],
+        env={**env, "TAKEN": str(taken)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    clicked = taken.read_text() == "True"
+    return done.returncode, done.stdout, done.stderr, clicked
+
+
+def _agree(argv: list[str], env: dict[str, str], tmp: Path, *, fast: bool) -> None:
+    """Both paths print the same; `fast`: the fast path answered without click."""
+    for _attempt in range(3):  # a running job's figures may move between the two runs
+        code, out, err, clicked = _run(FAST, argv, env, tmp / "fast")
+        code2, out2, err2, _ = _run(CLICK, argv, env, tmp / "click")
+        assert clicked is not fast, (argv, err)
+        mine = (code, _ELAPSED.sub("T", out), _ELAPSED.sub("T", err))
+        if mine == (code2, _ELAPSED.sub("T", out2), _ELAPSED.sub("T", err2)):
+            return
+    import difflib
+
+    diff = "\n".join(difflib.unified_diff(out2.splitlines(), out.splitlines(), lineterm=""))
+    assert (code, out, err) == (code2, out2, err2), f"{argv}: click, then fast\n{diff}"
+
+
+# (command line, whether the fast path takes it): every form the fast path takes, and
+# beside each the forms it must leave to click.
+READING = [
+    (["status"], True),
+    (["status", "--all"], True),
+    (["status", "--json"], True),
+    (["status", "--json", "--all"], True),
+    (["status", "--limit", "1"], True),
+    (["status", "--limit=0", "--all"], True),
+    (["status", "--all", "--limit", "1", "--json"], True),
+    (["show", "{ended}"], True),
+    (["show", "{held}"], True),
+    (["show", "--json", "{ended}"], True),
+    (["show", "999999"], True),  # unknown job id: the daemon's error, exit 1
+    (["show", "0"], True),
+    (["status", "--help"], False),
+    (["status", "-h"], False),
+    (["status", "--bogus"], False),  # unknown option
+    (["status", "--limit"], False),  # missing value
+    (["status", "--limit", "x"], False),
+    (["status", "--limit", "-1"], False),
+    (["status", "--json=1"], False),
+    (["status", "{ended}"], False),  # ids: click's
+    (["status", "--mine"], False),
+    (["show"], False),
+    (["show", "x"], False),
+    (["show", "-1"], False),
+    (["show", "1", "2"], False),
+    (["show", "--help"], False),
+    (["submit", "--help"], False),
+    (["--help"], False),
+    ([], False),
+    (["statu"], False),
+]
+
+SUBMITTING_BADLY = [
+    (["submit", "--mem", "12Q", "--", "true"], True),  # bad size
+    (["submit", "--mem", "0", "--", "true"], True),
+    (["submit", "--mem", "100M", "--", "true"], True),  # under the least a job may ask
+    (["submit", "--mem", "1G", "--gpus", "0", "--", "true"], True),
+    (["submit", "--mem", "1G", "--time", "soon", "--", "true"], True),
+    (["submit", "--mem", "100G", "--", "true"], True),  # more than any GPU: the daemon says
+    (["submit", "--mem", "1G", "--", "/no/such/program"], True),
+    (["submit", "--mem", "1G", "--"], False),  # no command
+    (["submit", "--mem", "--", "true"], False),  # --mem's value would be "--"
+    (["submit", "--mem"], False),  # missing value
+    (["submit", "--bogus", "--", "true"], False),
+    (["submit", "--mem", "auto", "--", "true"], False),
+    (["submit", "--gpus", "x", "--mem", "1G", "--", "true"], False),
+]
+
+
+@pytest.fixture(scope="module")
+def served(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[RunningDaemon, dict[str, str]]]:
+    root = tmp_path_factory.mktemp("fast")
+    daemon = RunningDaemon(root, simulate="2x24G").start()
+    env = {k: v for k, v in daemon.env.items() if k != "GPUSCHED_CONFIG"}
+    env["GPUSCHED_SOCKET"] = str(daemon.socket_path)
+    env["COLUMNS"] = "100"
+    ended = daemon.submit("--mem", "1G", "--name", "ended\x1b[2J", "--", "true")
+    daemon.wait_state(ended, {"done"})
+    daemon.submit("--mem", "20G", "--", "sleep", "600")
+    daemon.submit("--mem", "20G", "--", "sleep", "600")
+    daemon.submit("--mem", "20G", "--", "sleep", "600")  # waits: both cards are taken
+    held = daemon.submit("--mem", "1G", "--hold", "--name", "h\u00e9ld \u4f5c\u696d", "--", "true")
+    env["_ENDED"], env["_HELD"] = str(ended), str(held)
+    yield daemon, env
+    daemon.stop()
+    daemon.kill_jobs()
+
+
+def _filled(argv: list[str], env: dict[str, str]) -> list[str]:
+    return [word.format(ended=env["_ENDED"], held=env["_HELD"]) for word in argv]
+
+
+@pytest.mark.parametrize(("argv", "fast"), READING + SUBMITTING_BADLY)
+def test_the_fast_path_and_click_agree(
+    served: tuple[RunningDaemon, dict[str, str]], argv: list[str], fast: bool, tmp_path: Path
+) -> None:
+    _agree(_filled(argv, served[1]), served[1], tmp_path, fast=fast)
+
+
+def test_the_global_socket_option_and_no_daemon(
+    served: tuple[RunningDaemon, dict[str, str]], tmp_path: Path
+) -> None:
+    daemon, env = served
+    socket = str(daemon.socket_path)
+    elsewhere = {k: v for k, v in env.items() if k != "GPUSCHED_SOCKET"}
+    elsewhere["GPUSCHED_SYSTEM_SOCKET"] = str(tmp_path / "no-system.sock")
+    elsewhere["XDG_RUNTIME_DIR"] = str(tmp_path)
+    _agree(["--socket", socket, "status"], elsewhere, tmp_path, fast=True)
+    _agree([f"--socket={socket}", "status", "--json"], elsewhere, tmp_path, fast=True)
+    _agree(["status", "--socket", socket], elsewhere, tmp_path, fast=False)
+    gone = {**env, "GPUSCHED_SOCKET": str(tmp_path / "gone.sock")}
+    for argv in (["status"], ["show", "1"], ["submit", "--mem", "1G", "--", "true"]):
+        _agree(argv, gone, tmp_path, fast=True)  # exit 3, the same words
+    # An ASCII stdout (PYTHONIOENCODING=ascii, a broken locale): click writes UTF-8 with
+    # errors replaced, and so must the fast path, for output and errors alike.
+    ascii_out = {**env, "PYTHONIOENCODING": "ascii"}
+    _agree(["status"], ascii_out, tmp_path, fast=True)
+    _agree(["show", env["_HELD"]], ascii_out, tmp_path, fast=True)
+    _agree(["submit", "--mem", "1G", "--", "/no/pr\u00f3gram"], ascii_out, tmp_path, fast=True)
+    with_config = {**env, "GPUSCHED_CONFIG": str(daemon.config_path)}
+    _agree(["status"], with_config, tmp_path, fast=False)
+
+
+def test_a_submit_queues_the_same_job_either_way(
+    served: tuple[RunningDaemon, dict[str, str]], tmp_path: Path
+) -> None:
+    """A good submit: the same job from both paths (ids and times aside), as id and JSON."""
+    env = served[1]
+    argv = ["submit", "--mem", "2G", "--gpus", "1", "--name", "twin", "--time", "1h", "--hold"]
+    results = [
+        _run(script, [*argv, "--json", "--", "sh", "-c", "exit 0"], env, tmp_path / "t")
+        for script in (FAST, CLICK)
+    ]
+    assert [r[0] for r in results] == [0, 0], results
+    assert [r[3] for r in results] == [False, True]
+    first, second = (json.loads(str(r[1])) for r in results)
+    for key in ("id", "submitted_at"):
+        first.pop(key), second.pop(key)
+    assert first == second
+    assert first["name"] == "twin" and first["state"] == "held" and first["time_limit_s"] == 3600
+    ids = [_run(s, ["submit", "--hold", "--", "true"], env, tmp_path / "t") for s in (FAST, CLICK)]
+    assert ids[0][0] == ids[1][0] == 0
+    assert int(str(ids[1][1])) == int(str(ids[0][1])) + 1 and ids[0][2] == ids[1][2] == ""
+
+
+@pytest.mark.parametrize(
+    ("asked", "request_"),
+    [
+        ({}, StatusRequest()),
+        ({"all": True, "ended": 20}, StatusRequest(all=True, ended=20)),
+        ({"states": ["running"], "first": 1}, StatusRequest(states=("running",), limit=1)),
+        (
+            {"states": ["queued", "held"], "first": 200, "user": "alice"},
+            StatusRequest(states=("queued", "held"), limit=200, user="alice"),
+        ),
+        ({"all": True, "ended": 1000}, StatusRequest(all=True, ended=1000)),
+        ({"first": 0}, StatusRequest(limit=1)),
+    ],
+)
+def test_the_fast_status_frame_is_the_requests(
+    asked: dict[str, Any], request_: StatusRequest
+) -> None:
+    """The fast path sends `status` without the request dataclass: the same frame."""
+    assert {"op": "status", **status_wire(**asked)} == request_.to_wire()
+
+
+def test_status_reads_no_click_no_client_and_no_dataclasses(
+    served: tuple[RunningDaemon, dict[str, str]],
+) -> None:
+    """What `gpusched status` costs at start: neither click, the client, the models, nor
+    the dataclasses module they all need."""
+    script = (
+        "import sys\nfrom gpusched.cli import main\nsys.argv = ['gpusched', 'status']\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        "print(sorted(sys.modules), file=sys.stderr)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        env=served[1],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    loaded = set(eval(done.stderr.strip().splitlines()[-1]))  # noqa: S307 - our own repr
+    assert not loaded & {"click", "gpusched.client", "gpusched.core.models", "dataclasses"}
+
+
+@pytest.mark.parametrize("columns", [None, "120", "x", "0", "-5"])
+def test_the_status_width_is_shutils(columns: str | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`status` reads its width without importing shutil: the same width."""
+    import shutil
+
+    from gpusched.cli.status_view import terminal_columns
+
+    if columns is None:
+        monkeypatch.delenv("COLUMNS", raising=False)
+    else:
+        monkeypatch.setenv("COLUMNS", columns)
+    assert terminal_columns() == shutil.get_terminal_size((80, 24)).columns
