@@ -9,9 +9,11 @@ among them, each rule narrowing the choice only while enough cards are left for 
    fits on.
 3. Contention (`pack: contention`): prefer the cards whose jobs' demands plus this
    job's stay within one card's busy time (`quiet`), of those the ones with no busy job;
-   with none quiet, a busy job (or one of unknown demand) a card with no busy job, then
-   the least loaded (`_least_contended`); `contention_wait` says whether a busy job
-   should rather wait for a quieter card.
+   `contention_wait` says whether a job of known demand should rather wait for a quieter
+   card (a busy one when every card it fits is busy already, `is_busy_card`; a light one
+   when none stays quiet with it); with none quiet, a job that does not wait (unknown
+   demand, --share) takes a card not busy yet, then the least loaded
+   (`_least_contended`).
 4. A multi-GPU job's set: the tightest by topology (lowest common ancestor level of
    `nvmlDeviceGetTopologyCommonAncestor`; cards on different nodes never mix).
 5. The most available memory first (`placement: most-free`, the default) or the least
@@ -97,29 +99,41 @@ def is_busy_job(job: WaitingJob) -> bool:
     return not job.share and job.demand is not None and job.demand >= BUSY_DEMAND
 
 
+def is_busy_card(gpu: PlanGpu) -> bool:
+    """Rule 3b: a card already busy: its jobs together keep it at least half busy (one
+    busy job, or light ones that add up; an unknown demand counts as busy)."""
+    return gpu.demand >= BUSY_DEMAND - 1e-9
+
+
 def quiet(job: WaitingJob, gpu: PlanGpu) -> bool:
     """Rule 3: this card's jobs and this one stay within one card's busy time."""
     return gpu.demand + job_demand(job.demand, job.share) <= 1.0 + 1e-9
 
 
 def contention_wait(job: WaitingJob, candidates: Sequence[PlanGpu]) -> bool:
-    """Whether a busy job should wait rather than join busy cards: fewer of the cards it
-    fits on than it needs run no busy gpusched job (those jobs will end: the plan keeps
-    the first such job's cards, so it starts when they do)."""
-    if not is_busy_job(job):
+    """Whether a job of known demand should wait rather than start where it slows others
+    and is slowed (rule 3c; the plan keeps the first such job's cards, so it starts once
+    their jobs end): a busy job when fewer of the cards it fits on than it needs are not
+    busy already (`is_busy_card`); a light one when fewer stay quiet with it (`quiet`).
+    A job of unknown demand, or one its owner marked `--share`, never waits for this."""
+    if job.share or job.demand is None:
         return False
-    return sum(1 for gpu in candidates if not gpu.busy_with) < job.gpu_count
+    if is_busy_job(job):
+        calm = sum(1 for gpu in candidates if not is_busy_card(gpu))
+    else:
+        calm = sum(1 for gpu in candidates if quiet(job, gpu))
+    return calm < job.gpu_count
 
 
 def _least_contended(job: WaitingJob, cards: list[PlanGpu], count: int) -> list[PlanGpu]:
-    """No card stays quiet with this job: a busy job, or one whose demand is unknown
-    (counted busy), takes a card with no busy job if there is one (two busy jobs each run
-    at half speed); then any job takes the least loaded cards (a job that waits on data
-    beside a busy one has its bursts stretched: FIELD.md's C+S row)."""
+    """No card stays quiet with this job (one of unknown demand, counted busy, or one
+    marked --share, which never wait): one of unknown demand takes a card that is not
+    busy yet if there is one (two busy jobs each run at half speed); then either takes the
+    least loaded cards, where it disturbs least."""
     if job.share or (job.demand is not None and job.demand < BUSY_DEMAND):
         calm = cards
     else:
-        calm = _narrow(cards, [g for g in cards if not g.busy_with], count)
+        calm = _narrow(cards, [g for g in cards if not is_busy_card(g)], count)
     least = sorted(g.demand for g in calm)[count - 1]
     return [g for g in calm if g.demand <= least + 1e-9]
 

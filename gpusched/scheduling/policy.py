@@ -39,15 +39,20 @@ How a card is chosen (one ordered rule; docs/operations.md "How a card is chosen
    a. Quiet first: a card whose jobs' demands plus this job's stay within 100 %; among
       quiet cards, one with no busy job (a job that waits on data beside a busy one has
       its bursts stretched about 2x: FIELD.md's C+S row).
-   b. No quiet card: a busy job, or one of unknown demand, takes a card with no busy job
-      (two busy jobs each run at half speed: C+C, M+M), then any job the least loaded.
-   c. A job known to be busy (demand >= 50 %) that fits only on cards busy with other
-      gpusched jobs waits for a quieter card, whatever its wait so far (a time limit
-      made every busy job of a long queue share, and cost 5x in slowdown). Its bound:
-      the first such job in the order keeps the card(s) whose busy jobs end soonest
-      (by --time, else the fewest busy jobs, then the most room); no job behind it
-      starts there, so it starts once those jobs end, as the memory head does (rule
-      1). The others wait behind it. An unknown demand never waits for this (issue 25).
+   b. A card already busy: its jobs together keep it at least 50 % busy (one busy job, or
+      light ones that add up: a job beside three 30 % ones is stretched as beside a
+      busy one). No quiet card: a job of unknown demand (which never waits) takes a card
+      not busy yet, then it or a `--share` job the least loaded card.
+   c. A job of known demand waits for a quieter card, whatever its wait so far (a time
+      limit made every busy job of a long queue share, and cost 5x in slowdown): a busy
+      one (demand >= 50 %) when every card it fits on is busy already; a light one when
+      none stays quiet with it (light jobs piled past 100 % beside a busy one cost both:
+      with b, the lab mix's mean slowdown went from 1.32 to 1.14: docs/benchmarks.md). Its
+      bound: the first such job in the order keeps the card(s) whose busy jobs (else all
+      their jobs) end soonest (by --time, else the fewest such jobs, then the most
+      room); no job behind it starts there, so it starts once those jobs end, as the
+      memory head does (rule 1). The others wait behind it. An unknown demand, or
+      `--share`, never waits for this (issue 25).
    `--exclusive`: a card with no other gpusched job, which then takes none.
 4. A multi-GPU job gets the tightest set by NVML topology (common ancestor level).
 5. Among what remains, the most available memory (`placement: most-free`, the default,
