@@ -19,16 +19,20 @@ headroom); its work starts over.
 
 Policies (_packing_policies.py): the default (`pack: contention`), `pack: memory`, best fit
 (`placement: best-fit`) and one job per GPU, each gpusched's own `plan()` with that
-option. A job's demand is known from its name's history (an earlier job of that name has
-allocated) or, running, once it has allocated; a job plan() held for a quieter card is
-timed from the first plan that held it (`waited_s`, as the daemon's placer does).
+option. A job's demand is known from its name's history (the median of the latest 5
+demands measured for that name, as gpusched's history; before the trace, `--history`:
+warm, each user's projects known but one new per kind, or cold, none: _packing_trace.py)
+or, running, once it has allocated; a job plan() held for a quieter card is timed from
+the first plan that held it (`waited_s`, as the daemon's placer does).
 
 Reported per mix and policy: makespan; slowdown (a job's last run time / its run time
-alone) mean and 95th percentile; mean wait (submit to end, less the last run: queueing and
-lost attempts); OOM kills; makespan and slowdown against one job per GPU.
+alone; an OOM-retried job's lost attempt counts as wait, not slowdown) mean and 95th
+percentile; mean wait (submit to end, less the last run: queueing and lost attempts); OOM
+kills; makespan and slowdown against one job per GPU; and where the default's slowdown
+comes from, by what each job's last run met on its cards (_packing_breakdown.py).
 
     python benchmarks/packing.py [--mix lab|all-busy|all-starved|all] [--seed N]
-                                 [--jobs N] [--gpus N] [--window-h H]
+                                 [--history warm|cold] [--jobs N] [--gpus N] [--window-h H]
 """
 
 from __future__ import annotations
@@ -38,13 +42,12 @@ import math
 import statistics
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from _common import Figure, report
-from _packing_breakdown import BUSY, Exposure, lines
-from _packing_model import FIT_BOUND, Load, fit_errors, speeds
+from _packing_breakdown import BUSY, Exposure
+from _packing_model import FIT_BOUND, Load, speeds
 from _packing_policies import (
-    DEFAULT,
     ONE_PER_GPU,
     POLICIES,
     Carry,
@@ -53,6 +56,7 @@ from _packing_policies import (
     Waiting,
     place,
 )
+from _packing_report import SimResult, goals, print_fit, print_mix
 from _packing_trace import (
     GPU_COUNT,
     GPU_MEM,
@@ -77,9 +81,6 @@ DEFAULT_JOBS = 300
 DEFAULT_WINDOW_H = 8.0
 EPS = 1e-6
 HISTORY_RUNS = 5  # usage/demand_history.py: the median of a name's latest 5 demands
-# The issue's goals for the default policy.
-LAB_MAKESPAN_GAIN = 1.3  # one-per-GPU makespan / the default's, at least
-LAB_MEAN_SLOWDOWN = 1.1  # at most
 
 
 @dataclass
@@ -100,34 +101,6 @@ class _Queued:
     job: TraceJob
     mem: int | None
     submitted_s: float  # this attempt's: a retry is submitted when its first attempt dies
-
-
-@dataclass
-class SimResult:
-    policy: Policy
-    makespan_s: float
-    slowdowns: list[float]
-    waits_s: list[float]
-    oom_kills: int
-    plan_calls: int
-    plan_s: float
-    most_on_a_card: int
-    held_for_quiet: int = 0  # jobs the contention rule kept off busy cards at least once
-    by_kind: dict[str, list[float]] = field(default_factory=dict)  # slowdowns per kind
-    exposures: list[Exposure] = field(default_factory=list)  # per trace job, its last run
-
-    @property
-    def mean_slowdown(self) -> float:
-        return statistics.fmean(self.slowdowns)
-
-    @property
-    def p95_slowdown(self) -> float:
-        ordered = sorted(self.slowdowns)
-        return ordered[min(len(ordered) - 1, math.ceil(0.95 * len(ordered)) - 1)]
-
-    @property
-    def mean_wait_s(self) -> float:
-        return statistics.fmean(self.waits_s)
 
 
 def retry_mem(mem: int, gpu_mem: int) -> int | None:
@@ -305,90 +278,6 @@ def simulate(
         by_kind=by_kind,
         exposures=[last_exposure[j.job_id] for j in trace],
     )
-
-
-# -- reporting ----------------------------------------------------------------------------------
-
-
-def print_fit() -> float:
-    """The sharing model against the measured table; returns the largest error."""
-    print("sharing model vs the H200 table (each job's speed vs alone):")
-    worst = 0.0
-    for row in fit_errors():
-        measured = ", ".join(f"{x:.3f}" for x in row.measured)
-        modelled = ", ".join(f"{x:.3f}" for x in row.modelled)
-        print(f"  {row.row:<8} measured {measured:<30} model {modelled:<30} error {row.error:.4f}")
-        worst = max(worst, row.error)
-    verdict = "PASS" if worst <= FIT_BOUND else "MISS"
-    print(f"  largest error {worst:.4f} (bound {FIT_BOUND}) {verdict}")
-    return worst
-
-
-def print_mix(mix: str, results: list[SimResult]) -> None:
-    whole = next(r for r in results if r.policy == ONE_PER_GPU)
-    print(
-        f"  {'policy':<22}{'makespan h':>11}{'one-per-GPU/it':>15}{'slowdown mean':>14}"
-        f"{'p95':>7}{'vs one-per-GPU':>15}{'mean wait h':>12}{'OOM':>5}{'most/card':>10}"
-        f"{'held':>6}"
-    )
-    for r in results:
-        print(
-            f"  {r.policy.name:<22}{r.makespan_s / 3600:>11.2f}"
-            f"{whole.makespan_s / r.makespan_s:>15.3f}{r.mean_slowdown:>14.3f}"
-            f"{r.p95_slowdown:>7.3f}{r.mean_slowdown / whole.mean_slowdown:>15.3f}"
-            f"{r.mean_wait_s / 3600:>12.2f}{r.oom_kills:>5}{r.most_on_a_card:>10}"
-            f"{r.held_for_quiet:>6}"
-        )
-    default = next(r for r in results if r.policy == DEFAULT)
-    kinds = "  ".join(
-        f"{kind} {statistics.fmean(values):.3f}" for kind, values in sorted(default.by_kind.items())
-    )
-    print(f"  default's mean slowdown by kind: {kinds}")
-    print("  default's slowdown by what each job's last run met on its cards:")
-    for line in lines(zip(default.exposures, default.slowdowns, strict=True)):
-        print(line)
-
-
-def goals(by_mix: dict[str, list[SimResult]]) -> list[Figure]:
-    """The issue's goals for the default policy, where their mix was run."""
-    figures = []
-    if "lab" in by_mix:
-        whole = next(r for r in by_mix["lab"] if r.policy == ONE_PER_GPU)
-        default = next(r for r in by_mix["lab"] if r.policy == DEFAULT)
-        gain = whole.makespan_s / default.makespan_s
-        figures.append(
-            Figure(
-                "lab, default: one-per-GPU makespan / its",
-                gain,
-                "x",
-                f">= {LAB_MAKESPAN_GAIN}",
-                gain >= LAB_MAKESPAN_GAIN,
-            )
-        )
-        slow = default.mean_slowdown
-        figures.append(
-            Figure(
-                "lab, default: mean slowdown",
-                slow,
-                "x",
-                f"<= {LAB_MEAN_SLOWDOWN}",
-                slow <= LAB_MEAN_SLOWDOWN,
-            )
-        )
-    if "all-busy" in by_mix:
-        whole = next(r for r in by_mix["all-busy"] if r.policy == ONE_PER_GPU)
-        default = next(r for r in by_mix["all-busy"] if r.policy == DEFAULT)
-        ratio = default.mean_slowdown / whole.mean_slowdown
-        figures.append(
-            Figure(
-                "all-busy, default: mean slowdown / one-per-GPU's",
-                ratio,
-                "x",
-                "<= 1.0",
-                ratio <= 1.0 + 1e-9,
-            )
-        )
-    return figures
 
 
 def main() -> None:
