@@ -278,7 +278,8 @@ def test_a_light_job_waits_when_no_card_stays_within_a_cards_busy_time() -> None
     assert gpus_of(plan([gpus[0], card(1, 80)], running[:1], [light]), 3) == [1]
 
 
-def test_an_unknown_or_shared_job_never_waits_for_contention() -> None:
+def test_an_unknown_or_shared_job_starts_where_a_light_job_would() -> None:
+    # Issue 25: a job with no history never waits because its demand is unknown.
     gpus = [card(0, 80, used_g=10), card(1, 80, used_g=10)]
     running = [job_on(1, 0, 10, demand=0.9), job_on(2, 1, 10, demand=0.8)]
     for job in (
@@ -289,25 +290,59 @@ def test_an_unknown_or_shared_job_never_waits_for_contention() -> None:
         assert gpus_of(plan(gpus, running, [job]), 3) is not None
 
 
+def test_a_job_of_unknown_demand_waits_only_where_every_card_is_full() -> None:
+    # Both cards past 100 % by measured demands (a busy job and a light one on each): no
+    # job of any demand would start, so neither does one of unknown demand (rule 3c); a
+    # --share job still does.
+    gpus = [card(0, 80, used_g=10), card(1, 80, used_g=10)]
+    running = [
+        job_on(1, 0, 5, demand=0.9),
+        job_on(2, 0, 5, demand=0.3),
+        job_on(3, 1, 5, demand=0.8),
+        job_on(4, 1, 5, demand=0.4),
+    ]
+    unknown = WaitingJob(5, 4 * G)
+    result = plan(gpus, running, [unknown])
+    assert gpus_of(result, 5) is None
+    assert result.quieter == {5}
+    assert "its demand is not known yet, and every card it fits on" in result.waiting_reasons[5]
+    shared = WaitingJob(5, 4 * G, share=True)
+    assert gpus_of(plan(gpus, running, [shared]), 5) is not None
+    # Job 2 ends: GPU 0 runs 90 %, not full: it starts there, beside the busy job.
+    assert gpus_of(plan(gpus, [running[0], *running[2:]], [unknown]), 5) == [0]
+    # A job not measured yet counts for nothing here: with job 3's demand unknown, GPU 1
+    # is not full (where no demand is ever measured, nothing waits for this).
+    unmeasured = [*running[:2], job_on(3, 1, 5), running[3]]
+    assert gpus_of(plan(gpus, unmeasured, [unknown]), 5) == [1]
+
+
 @settings(max_examples=100, deadline=None)
 @given(
-    demands=st.lists(st.none() | st.floats(0, 1), min_size=1, max_size=6),
+    demands=st.lists(
+        st.lists(st.none() | st.floats(0, 1), min_size=1, max_size=2), min_size=1, max_size=6
+    ),
     job_demand=st.none() | st.floats(0, 1),
     behind=st.lists(st.none() | st.floats(0, 1), max_size=5),
 )
 def test_contention_never_starves_a_job(
-    demands: list[float | None], job_demand: float | None, behind: list[float | None]
+    demands: list[list[float | None]], job_demand: float | None, behind: list[float | None]
 ) -> None:
-    """Only a job of known demand waits for a quieter card; it keeps a card that no job
-    behind it takes, and once that card's jobs end it starts."""
+    """A job waits for a quieter card only with a known demand, or (unknown) where every
+    card is full by measured demands; it keeps a card that no job behind it takes, and
+    once that card's jobs end it starts."""
     gpus = [card(i, 24, used_g=4) for i in range(len(demands))]
-    running = [job_on(i + 1, i, 4, demand=d) for i, d in enumerate(demands)]
+    running = [
+        job_on(10 * i + k + 1, i, 2, demand=d)
+        for i, on in enumerate(demands)
+        for k, d in enumerate(on)
+    ]
     job = WaitingJob(100, 4 * G, demand=job_demand)
     others = [WaitingJob(200 + k, 2 * G, demand=d) for k, d in enumerate(behind)]
     result = plan(gpus, running, [job, *others])
     if gpus_of(result, 100) is not None:
         return
-    assert job_demand is not None
+    measured = [sum(d for d in on if d is not None) for on in demands]
+    assert job_demand is not None or all(load > 1.0 for load in measured)
     kept = int(result.waiting_reasons[100].split(" kept for it")[0].rsplit("GPU ", 1)[1])
     assert all(gpus_of(result, o.job_id) != [kept] for o in others)
     freed = [card(i, 24) if i == kept else g for i, g in enumerate(gpus)]

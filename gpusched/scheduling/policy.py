@@ -41,18 +41,21 @@ How a card is chosen (one ordered rule; docs/operations.md "How a card is chosen
       its bursts stretched about 2x: FIELD.md's C+S row).
    b. A card already busy: its jobs together keep it at least 50 % busy (one busy job, or
       light ones that add up: a job beside three 30 % ones is stretched as beside a
-      busy one). No quiet card: a job of unknown demand (which never waits) takes a card
-      not busy yet, then it or a `--share` job the least loaded card.
-   c. A job of known demand waits for a quieter card, whatever its wait so far (a time
-      limit made every busy job of a long queue share, and cost 5x in slowdown): a busy
-      one (demand >= 50 %) when every card it fits on is busy already; a light one when
-      none stays quiet with it (light jobs piled past 100 % beside a busy one cost both:
-      with b, the lab mix's mean slowdown went from 1.32 to 1.14: docs/benchmarks.md). Its
-      bound: the first such job in the order keeps the card(s) whose busy jobs (else all
-      their jobs) end soonest (by --time, else the fewest such jobs, then the most
-      room); no job behind it starts there, so it starts once those jobs end, as the
-      memory head does (rule 1). The others wait behind it. An unknown demand, or
-      `--share`, never waits for this (issue 25).
+      busy one). A card full: its jobs' measured demands pass 100 % (a job not measured
+      yet counts for nothing, one placed in this plan with no history as busy). No
+      quiet card: a job of unknown demand takes a card not full, of those one not busy
+      yet, then it or a `--share` job the least loaded card.
+   c. A job waits for a quieter card, whatever its wait so far (a time limit made every
+      busy job of a long queue share, and cost 5x in slowdown): a busy one (demand >=
+      50 %) when every card it fits on is busy already; a light one when none stays
+      quiet with it; one of unknown demand only when every card it fits on is full,
+      where a job of any demand would wait, so it never waits because its demand is
+      unknown (issue 25); a `--share` job never. Its bound: the first such job in the
+      order keeps the card(s) whose busy jobs (else all their jobs) end soonest (by
+      --time, else the fewest such jobs, then the most room); no job behind it starts
+      there, so it starts once those jobs end, as the memory head does (rule 1). The
+      others wait behind it. What each part gained on benchmarks/packing.py is in
+      docs/benchmarks.md (lab mix, mean slowdown 1.32 before, 1.10 after).
    `--exclusive`: a card with no other gpusched job, which then takes none.
 4. A multi-GPU job gets the tightest set by NVML topology (common ancestor level).
 5. Among what remains, the most available memory (`placement: most-free`, the default,
@@ -257,6 +260,9 @@ def plan(
             gpu.job_ids.append(job.job_id)
             gpu.load += NEW_JOB_UTIL
             gpu.demand += job_demand(job.demand, job.share)
+            # Placed now, an unknown job counts as busy towards "full" until it is measured
+            # (gpu_choice.is_full_card): several new jobs do not pile on one card in a pass.
+            gpu.measured += job_demand(job.demand, job.share)
             if job_demand(job.demand, job.share) >= 0.5:
                 gpu.busy_with.append(job.job_id)
             gpu.exclusive = gpu.exclusive or job.exclusive

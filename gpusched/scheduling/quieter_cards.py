@@ -60,8 +60,13 @@ def quieter(
         f"{gpu_name(g, several_nodes)} runs {_runs(g)}"
         for g in sorted(found, key=lambda g: g.slot.index)
     )
-    over = "" if is_busy_job(job) else ", and no card stays within 100 % with it"
-    said = f"waits for a quieter card (it keeps a card {job.demand or 0:.0%} busy{over}; {busy})"
+    if job.demand is None:
+        own = "its demand is not known yet, and every card it fits on is past 100 % busy"
+    elif is_busy_job(job):
+        own = f"it keeps a card {job.demand:.0%} busy"
+    else:
+        own = f"it keeps a card {job.demand:.0%} busy, and no card stays within 100 % with it"
+    said = f"waits for a quieter card ({own}; {busy})"
     if job.waited_s >= 60:
         said += f", for {job.waited_s // 60:.0f} min so far"
     mine = sorted((by_uuid[u] for u, j in quiet_kept.items() if j == job.job_id), key=_index)
