@@ -306,6 +306,14 @@ def test_a_job_of_unknown_demand_waits_only_where_every_card_is_full() -> None:
     assert gpus_of(result, 5) is None
     assert result.quieter == {5}
     assert "its demand is not known yet, and every card it fits on" in result.waiting_reasons[5]
+    # Jobs of unknown demand behind it with the same ask are held alike, each with its own
+    # wait so far (the plan reuses the reason: a long queue of new jobs stays cheap).
+    behind = [WaitingJob(6, 4 * G), WaitingJob(7, 4 * G, waited_s=720)]
+    result = plan(gpus, running, [unknown, *behind])
+    assert result.quieter == {5, 6, 7}
+    assert "GPU 0 kept for it" in result.waiting_reasons[5]
+    assert result.waiting_reasons[6].endswith("behind job 5, held for one too (pack: contention)")
+    assert "for 12 min so far; behind job 5" in result.waiting_reasons[7]
     shared = WaitingJob(5, 4 * G, share=True)
     assert gpus_of(plan(gpus, running, [shared]), 5) is not None
     # Job 2 ends: GPU 0 runs 90 %, not full: it starts there, beside the busy job.
@@ -348,6 +356,14 @@ def test_contention_never_starves_a_job(
     freed = [card(i, 24) if i == kept else g for i, g in enumerate(gpus)]
     left = [c for c in running if c.gpu_uuids != (f"GPU-{kept}",)]
     assert gpus_of(plan(freed, left, [job, *others]), 100) is not None
+
+
+def test_a_held_jobs_reason_names_a_few_cards_not_all() -> None:
+    gpus = [card(i, 80, used_g=10) for i in range(6)]
+    running = [job_on(i + 1, i, 10, demand=0.9) for i in range(6)]
+    reason = plan(gpus, running, [WaitingJob(9, 4 * G, demand=0.9)]).waiting_reasons[9]
+    assert reason.count(" runs busy job ") == 3
+    assert "; 3 more cards alike" in reason
 
 
 def test_an_exclusive_job_takes_an_empty_card_and_nothing_joins_it() -> None:

@@ -23,7 +23,8 @@ among them, each rule narrowing the choice only while enough cards are left for 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from itertools import islice
 from typing import TYPE_CHECKING
 
 from gpusched.scheduling.gpu_budget import BUSY_DEMAND, PlanGpu, job_demand
@@ -127,13 +128,19 @@ def contention_wait(job: WaitingJob, candidates: Sequence[PlanGpu]) -> bool:
     job its owner marked `--share` never waits for this."""
     if job.share:
         return False
+    # Enough such cards is all it asks: stop at the first `gpu_count` (a long queue of new
+    # jobs asks this of every card of a big server).
+    takes = filter(_calm_for(job), candidates)
+    return len(list(islice(takes, job.gpu_count))) < job.gpu_count
+
+
+def _calm_for(job: WaitingJob) -> Callable[[PlanGpu], bool]:
+    """Rule 3c: the cards `job` may start on rather than wait (see `contention_wait`)."""
     if job.demand is None:
-        calm = sum(1 for gpu in candidates if not is_full_card(gpu))
-    elif is_busy_job(job):
-        calm = sum(1 for gpu in candidates if not is_busy_card(gpu))
-    else:
-        calm = sum(1 for gpu in candidates if quiet(job, gpu))
-    return calm < job.gpu_count
+        return lambda gpu: not is_full_card(gpu)
+    if is_busy_job(job):
+        return lambda gpu: not is_busy_card(gpu)
+    return lambda gpu: quiet(job, gpu)
 
 
 def _least_contended(job: WaitingJob, cards: list[PlanGpu], count: int) -> list[PlanGpu]:

@@ -90,7 +90,7 @@ from gpusched.scheduling.gpu_choice import (
     fits_now,
 )
 from gpusched.scheduling.head_claim import HeadClaim, Kept, keep_for
-from gpusched.scheduling.quieter_cards import kept_quiet, quieter, soonest_quiet
+from gpusched.scheduling.quieter_cards import kept_quiet, quieter_parts, so_far, soonest_quiet
 from gpusched.scheduling.turns import UsageSpan, decayed_usage, in_turns, passed_by, submit_place
 from gpusched.scheduling.waiting_reasons import Claims, claimed_bytes, over_mem_cap, why_not
 from gpusched.scheduling.waiting_reasons import need as _need
@@ -199,6 +199,10 @@ def plan(
     Ask = tuple[int | None, int, frozenset[str] | None, bool, float | None]
     why_by_need: dict[Ask, str] = {}
     no_room: set[Ask] = set()  # asks that found too few cards (reason in why_by_need)
+    # Asks of unknown demand held for a quieter card behind the job the cards are kept
+    # for: every such job after it is held alike until the cards change (a long queue of
+    # new jobs on full cards stays cheap). The reason's parts around "so far".
+    held_unknown: dict[Ask, tuple[str, str]] = {}
     several_nodes = len({gpu.node for gpu in gpus}) > 1
     held_for_quieter: set[int] = set()
     # Rule 3's bound: the cards kept for the first job held for a quieter card (no job
@@ -285,7 +289,19 @@ def plan(
         placements.append(Placement(job.job_id, tuple(g.slot.uuid for g in chosen)))
         claims = None
         why_by_need.clear()
+        held_unknown.clear()
         no_room.clear()
+
+    def remembered(job: WaitingJob, key: Ask, unknown: bool) -> str | None:
+        """The reason a job with the same ask got just before, where it holds for this one
+        too (nothing changed the cards since), else None."""
+        if unknown and key in held_unknown:
+            held_for_quieter.add(job.job_id)
+            said, rest = held_unknown[key]
+            return f"{said}{so_far(job)}{rest}"
+        if kept is not None and key in no_room:
+            return why_by_need[key]
+        return None
 
     def consider(job: WaitingJob) -> bool:
         """Place `job` if it can start now, else say why; True when it was placed."""
@@ -306,8 +322,10 @@ def plan(
             )
             return False
         key = (job.mem_bytes, job.gpu_count, job.gpu_keys, job.exclusive, job.time_limit_s)
-        if kept is not None and key in no_room:
-            reasons[job.job_id] = why_by_need[key]  # as the same ask just before it
+        unknown = job.demand is None and not job.share
+        said_before = remembered(job, key, unknown)
+        if said_before is not None:
+            reasons[job.job_id] = said_before  # as the same ask just before it
             return False
         found, ordered = candidates(job)
         if len(found) >= job.gpu_count:
@@ -319,8 +337,12 @@ def plan(
                         quiet_kept[gpu.slot.uuid] = job.job_id
                     room = None
                     why_by_need.clear()
+                    held_unknown.clear()
                     no_room.clear()
-                held = quieter(job, found, quiet_kept, by_uuid, several_nodes)
+                said, rest = quieter_parts(job, found, quiet_kept, by_uuid, several_nodes)
+                held = f"{said}{so_far(job)}{rest}"
+                if unknown and job.job_id not in quiet_kept.values():
+                    held_unknown[key] = (said, rest)
             chosen = held is None and choose_gpus(
                 job,
                 found,
@@ -374,6 +396,7 @@ def plan(
                 room = None
                 claims = None
                 why_by_need.clear()
+                held_unknown.clear()
                 no_room.clear()
         if passed is not None:
             reasons[job.job_id] += f"; {passed}"

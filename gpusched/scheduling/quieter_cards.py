@@ -20,6 +20,8 @@ from gpusched.scheduling.waiting_reasons import gpu_name
 if TYPE_CHECKING:
     from gpusched.scheduling.policy import WaitingJob
 
+SHOWN_CARDS = 3  # the cards a held job's reason names
+
 
 def waits_on(gpu: PlanGpu) -> list[int]:
     """The jobs whose end makes this card quieter: its busy ones, else all of them (light
@@ -56,10 +58,30 @@ def quieter(
     by_uuid: Mapping[str, PlanGpu],
     several_nodes: bool,
 ) -> str:
-    busy = "; ".join(
-        f"{gpu_name(g, several_nodes)} runs {_runs(g)}"
-        for g in sorted(found, key=lambda g: g.slot.index)
-    )
+    """The reason of a job held for a quieter card (`quieter_parts` around `so_far`)."""
+    said, rest = quieter_parts(job, found, quiet_kept, by_uuid, several_nodes)
+    return f"{said}{so_far(job)}{rest}"
+
+
+def so_far(job: WaitingJob) -> str:
+    return f", for {job.waited_s // 60:.0f} min so far" if job.waited_s >= 60 else ""
+
+
+def quieter_parts(
+    job: WaitingJob,
+    found: Sequence[PlanGpu],
+    quiet_kept: Mapping[str, int],
+    by_uuid: Mapping[str, PlanGpu],
+    several_nodes: bool,
+) -> tuple[str, str]:
+    """A held job's reason before and after how long it has waited: the same for every
+    job of unknown demand with the same ask behind the one the cards are kept for (the
+    plan reuses it for them until a placement changes the cards)."""
+    # A status line, not a table: the first few in the plan's order (the most room first).
+    shown = sorted(found[:SHOWN_CARDS], key=_index)
+    busy = "; ".join(f"{gpu_name(g, several_nodes)} runs {_runs(g)}" for g in shown)
+    if len(found) > len(shown):
+        busy += f"; {len(found) - len(shown)} more cards alike"
     if job.demand is None:
         own = "its demand is not known yet, and every card it fits on is past 100 % busy"
     elif is_busy_job(job):
@@ -67,12 +89,10 @@ def quieter(
     else:
         own = f"it keeps a card {job.demand:.0%} busy, and no card stays within 100 % with it"
     said = f"waits for a quieter card ({own}; {busy})"
-    if job.waited_s >= 60:
-        said += f", for {job.waited_s // 60:.0f} min so far"
     mine = sorted((by_uuid[u] for u, j in quiet_kept.items() if j == job.job_id), key=_index)
     if not mine:
         ahead = next(iter(quiet_kept.values()))
-        return f"{said}; behind job {ahead}, held for one too (pack: contention)"
+        return said, f"; behind job {ahead}, held for one too (pack: contention)"
     names = ", ".join(gpu_name(g, several_nodes) for g in mine)
     ending = sorted({j for g in mine for j in waits_on(g)})
     kind = "busy " if all(g.busy_with for g in mine) else ""
@@ -80,8 +100,8 @@ def quieter(
     when = ""
     if left and all(end is not None for end in left):
         when = f" (by --time, within {format_duration(max(e or 0.0 for e in left))})"
-    return (
-        f"{said}; {names} kept for it: starts when {kind}job{'s' if len(ending) > 1 else ''}"
+    return said, (
+        f"; {names} kept for it: starts when {kind}job{'s' if len(ending) > 1 else ''}"
         f" {', '.join(map(str, ending))} end{'' if len(ending) > 1 else 's'}{when}"
         " (pack: contention)"
     )
