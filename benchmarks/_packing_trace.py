@@ -18,8 +18,17 @@ stream and kinds from another, so the three mixes of one seed are the same jobs,
 same sizes at the same times, differing only in kind.
 
 What the policy knows of a job's demand: its history, i.e. the measured demand of an
-earlier job of the same name. Each user runs 3 names (projects) per kind; a name's first
-job has no history (the policy then counts it as busy until it has run, see policies).
+earlier job of the same name (people rerun their scripts). Each user runs 3 names
+(projects) per kind. Two models of what was measured before the trace begins
+(`prior_history`):
+  warm (the default)  the lab has used gpusched before: of each user's 3 projects per
+                      kind, 2 ran on earlier days (their history is a demand drawn from
+                      the kind's range) and 1 is new today (`NEW_PROJECT`): its first job
+                      has no history until it has allocated
+  cold                gpusched's first day: no name has history, so the first job of
+                      each of the 36 names (4 users x 3 kinds x 3) is unknown
+Either way a job's own demand is drawn per job within its kind's range, so a name's
+history is close to, not equal to, the next job's demand.
 """
 
 from __future__ import annotations
@@ -41,6 +50,9 @@ MIXES: dict[str, tuple[float, float, float]] = {  # share of each of KINDS
     "all-starved": (1.0, 0.0, 0.0),
 }
 NAMES_PER_KIND = 3  # projects per user and kind: a name's first job has no history
+NEW_PROJECT = 0  # the project of each user and kind that is new today (warm history)
+HISTORIES = ("warm", "cold")
+DEMAND_RANGE = {"starved": (0.05, 0.30), "busy": (0.80, 1.00), "memory": (0.80, 1.00)}
 
 
 @dataclass(frozen=True)
@@ -66,10 +78,30 @@ def _kind(rng: random.Random, mix: tuple[float, float, float]) -> tuple[str, flo
     pick = rng.random()
     starved, busy, _ = mix
     if pick < starved:
-        return "starved", rng.uniform(0.05, 0.30), False
+        return "starved", rng.uniform(*DEMAND_RANGE["starved"]), False
     if pick < starved + busy:
-        return "busy", rng.uniform(0.80, 1.00), False
-    return "memory", rng.uniform(0.80, 1.00), True
+        return "busy", rng.uniform(*DEMAND_RANGE["busy"]), False
+    return "memory", rng.uniform(*DEMAND_RANGE["memory"]), True
+
+
+def name_of(user: str, kind: str, project: int) -> str:
+    return f"{user}/{kind}-{project}"
+
+
+def prior_history(seed: int, history: str) -> dict[str, float]:
+    """The demand measured for each name before the trace begins (see the docstring):
+    warm, every project but `NEW_PROJECT` of each user and kind; cold, none. Drawn from a
+    stream of its own, so the trace's jobs are the same under either model."""
+    if history == "cold":
+        return {}
+    rng = random.Random(f"{seed}-history")
+    return {
+        name_of(user, kind, project): rng.uniform(*DEMAND_RANGE[kind])
+        for user, _ in USERS
+        for kind in KINDS
+        for project in range(NAMES_PER_KIND)
+        if project != NEW_PROJECT
+    }
 
 
 def make_trace(
@@ -105,7 +137,7 @@ def make_trace(
             TraceJob(
                 job_id,
                 user,
-                f"{user}/{kind}-{project}",
+                name_of(user, kind, project),
                 t,
                 min(gpus, gpu_count),
                 mem,

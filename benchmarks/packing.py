@@ -19,16 +19,20 @@ headroom); its work starts over.
 
 Policies (_packing_policies.py): the default (`pack: contention`), `pack: memory`, best fit
 (`placement: best-fit`) and one job per GPU, each gpusched's own `plan()` with that
-option. A job's demand is known from its name's history (an earlier job of that name has
-allocated) or, running, once it has allocated; a job plan() held for a quieter card is
-timed from the first plan that held it (`waited_s`, as the daemon's placer does).
+option. A job's demand is known from its name's history (the median of the latest 5
+demands measured for that name, as gpusched's history; before the trace, `--history`:
+warm, each user's projects known but one new per kind, or cold, none: _packing_trace.py)
+or, running, once it has allocated; a job plan() held for a quieter card is timed from
+the first plan that held it (`waited_s`, as the daemon's placer does).
 
 Reported per mix and policy: makespan; slowdown (a job's last run time / its run time
-alone) mean and 95th percentile; mean wait (submit to end, less the last run: queueing and
-lost attempts); OOM kills; makespan and slowdown against one job per GPU.
+alone; an OOM-retried job's lost attempt counts as wait, not slowdown) mean and 95th
+percentile; mean wait (submit to end, less the last run: queueing and lost attempts); OOM
+kills; makespan and slowdown against one job per GPU; and where the default's slowdown
+comes from, by what each job's last run met on its cards (_packing_breakdown.py).
 
     python benchmarks/packing.py [--mix lab|all-busy|all-starved|all] [--seed N]
-                                 [--jobs N] [--gpus N] [--window-h H]
+                                 [--history warm|cold] [--jobs N] [--gpus N] [--window-h H]
 """
 
 from __future__ import annotations
@@ -37,13 +41,13 @@ import argparse
 import math
 import statistics
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 
 from _common import Figure, report
-from _packing_model import FIT_BOUND, Load, fit_errors, speeds
+from _packing_breakdown import BUSY, Exposure
+from _packing_model import FIT_BOUND, Load, speeds
 from _packing_policies import (
-    DEFAULT,
     ONE_PER_GPU,
     POLICIES,
     Carry,
@@ -52,7 +56,18 @@ from _packing_policies import (
     Waiting,
     place,
 )
-from _packing_trace import GPU_COUNT, GPU_MEM, MIXES, GiB, TraceJob, describe, make_trace
+from _packing_report import SimResult, goals, print_fit, print_mix
+from _packing_trace import (
+    GPU_COUNT,
+    GPU_MEM,
+    HISTORIES,
+    MIXES,
+    GiB,
+    TraceJob,
+    describe,
+    make_trace,
+    prior_history,
+)
 
 from gpusched.scheduling.gpu_budget import GpuSlot, RunningClaim
 from gpusched.scheduling.policy import UsageSpan, WaitingJob, decayed_usage
@@ -65,9 +80,7 @@ DEFAULT_SEED = 20261121
 DEFAULT_JOBS = 300
 DEFAULT_WINDOW_H = 8.0
 EPS = 1e-6
-# The issue's goals for the default policy.
-LAB_MAKESPAN_GAIN = 1.3  # one-per-GPU makespan / the default's, at least
-LAB_MEAN_SLOWDOWN = 1.1  # at most
+HISTORY_RUNS = 5  # usage/demand_history.py: the median of a name's latest 5 demands
 
 
 @dataclass
@@ -78,6 +91,7 @@ class _Run:
     cards: tuple[int, ...]
     start_s: float
     remaining_s: float  # work left, in seconds at solo speed
+    exposure: Exposure  # what it met on its cards (the slowdown breakdown)
     allocated: bool = False
 
 
@@ -89,33 +103,6 @@ class _Queued:
     submitted_s: float  # this attempt's: a retry is submitted when its first attempt dies
 
 
-@dataclass
-class SimResult:
-    policy: Policy
-    makespan_s: float
-    slowdowns: list[float]
-    waits_s: list[float]
-    oom_kills: int
-    plan_calls: int
-    plan_s: float
-    most_on_a_card: int
-    held_for_quiet: int = 0  # jobs the contention rule kept off busy cards at least once
-    by_kind: dict[str, list[float]] = field(default_factory=dict)  # slowdowns per kind
-
-    @property
-    def mean_slowdown(self) -> float:
-        return statistics.fmean(self.slowdowns)
-
-    @property
-    def p95_slowdown(self) -> float:
-        ordered = sorted(self.slowdowns)
-        return ordered[min(len(ordered) - 1, math.ceil(0.95 * len(ordered)) - 1)]
-
-    @property
-    def mean_wait_s(self) -> float:
-        return statistics.fmean(self.waits_s)
-
-
 def retry_mem(mem: int, gpu_mem: int) -> int | None:
     """An OOM retry's --mem, as gpusched's retry_mem: 1.5x, capped; None: no larger."""
     grown = min(math.ceil(mem * RETRY_GROWTH / 2**20) * 2**20, gpu_mem - HEADROOM)
@@ -123,18 +110,31 @@ def retry_mem(mem: int, gpu_mem: int) -> int | None:
 
 
 def simulate(
-    trace: Sequence[TraceJob], policy: Policy, gpus: int = GPU_COUNT, gpu_mem: int = GPU_MEM
+    trace: Sequence[TraceJob],
+    policy: Policy,
+    gpus: int = GPU_COUNT,
+    gpu_mem: int = GPU_MEM,
+    prior: Mapping[str, float] | None = None,
 ) -> SimResult:
+    """Replay `trace` under `policy`; `prior`: each name's demand measured before it."""
     uuids = [f"GPU-sim-{i}" for i in range(gpus)]
     arrivals = sorted(trace, key=lambda j: (j.arrival_s, j.job_id))
     next_arrival = 0
     queue: dict[int, _Queued] = {}
     running: dict[int, _Run] = {}
     first_id: dict[int, int] = {}  # sim id -> the job id of its first attempt
-    history: dict[str, float] = {}  # job name -> demand measured when one ran
+    # Job name -> the demands measured when its jobs ran; the policy is told the median of
+    # the latest HISTORY_RUNS, as gpusched's demand history does.
+    runs: dict[str, list[float]] = {name: [d] for name, d in (prior or {}).items()}
+
+    def history(name: str) -> float | None:
+        seen = runs.get(name)
+        return statistics.median(seen[-HISTORY_RUNS:]) if seen else None
+
     spans: list[UsageSpan] = []
     span_of: dict[int, int] = {}
     ended: dict[int, tuple[float, float]] = {}  # job id -> (end, last run time)
+    last_exposure: dict[int, Exposure] = {}  # job id -> what its last run met
     next_sim_id = max(j.job_id for j in trace) + 1
     oom = plan_calls = most = 0
     plan_s = 0.0
@@ -170,7 +170,7 @@ def simulate(
                         {uuids[g]: r.job.peak_bytes if r.allocated else 0 for g in r.cards},
                         user=r.job.user,
                     ),
-                    r.job.demand if r.allocated else history.get(r.job.name),
+                    r.job.demand if r.allocated else history(r.job.name),
                 )
                 for r in running.values()
             ]
@@ -183,7 +183,7 @@ def simulate(
                         user=q.job.user,
                         queue_order=first_id.get(q.sim_id),
                     ),
-                    history.get(q.job.name),
+                    history(q.job.name),
                     t - held_since[q.sim_id] if q.sim_id in held_since else 0.0,
                 )
                 for q in queue.values()
@@ -203,7 +203,16 @@ def simulate(
                 held_since.pop(placement.job_id, None)
                 q = queue.pop(placement.job_id)
                 cards = tuple(uuids.index(u) for u in placement.gpu_uuids)
-                running[q.sim_id] = _Run(q.sim_id, q.job, q.mem, cards, t, q.job.duration_s)
+                exposure = Exposure(q.job.demand >= BUSY, len(cards), q.sim_id in first_id)
+                for other in {r.sim_id: r for g in cards for r in loads(g)}.values():
+                    exposure.met(
+                        other.exposure,
+                        joined_unknown=history(q.job.name) is None,
+                        there_unknown=not other.allocated and history(other.job.name) is None,
+                    )
+                running[q.sim_id] = _Run(
+                    q.sim_id, q.job, q.mem, cards, t, q.job.duration_s, exposure
+                )
                 held_bytes = len(cards) * (gpu_mem if q.mem is None else q.mem)
                 span_of[q.sim_id] = len(spans)
                 spans.append(UsageSpan(q.job.user, held_bytes, t, None))
@@ -229,6 +238,7 @@ def simulate(
         for sim_id in [s for s, r in running.items() if r.remaining_s <= EPS * max(1.0, t)]:
             run = running.pop(sim_id)
             ended[run.job.job_id] = (t, t - run.start_s)
+            last_exposure[run.job.job_id] = run.exposure
             spans[span_of[sim_id]] = replace(spans[span_of[sim_id]], end_s=t)
         for r in sorted(running.values(), key=lambda r: (r.start_s, r.sim_id)):
             if r.allocated or r.start_s + ALLOC_LAG_S > t + EPS:
@@ -245,7 +255,7 @@ def simulate(
                 next_sim_id += 1
             else:
                 r.allocated = True
-                history.setdefault(r.job.name, r.job.demand)
+                runs.setdefault(r.job.name, []).append(r.job.demand)
         while next_arrival < len(arrivals) and arrivals[next_arrival].arrival_s <= t + EPS:
             job = arrivals[next_arrival]
             declared = None if policy.whole_gpu else job.declared_bytes
@@ -266,88 +276,8 @@ def simulate(
         most_on_a_card=most,
         held_for_quiet=len(held),
         by_kind=by_kind,
+        exposures=[last_exposure[j.job_id] for j in trace],
     )
-
-
-# -- reporting ----------------------------------------------------------------------------------
-
-
-def print_fit() -> float:
-    """The sharing model against the measured table; returns the largest error."""
-    print("sharing model vs the H200 table (each job's speed vs alone):")
-    worst = 0.0
-    for row in fit_errors():
-        measured = ", ".join(f"{x:.3f}" for x in row.measured)
-        modelled = ", ".join(f"{x:.3f}" for x in row.modelled)
-        print(f"  {row.row:<8} measured {measured:<30} model {modelled:<30} error {row.error:.4f}")
-        worst = max(worst, row.error)
-    verdict = "PASS" if worst <= FIT_BOUND else "MISS"
-    print(f"  largest error {worst:.4f} (bound {FIT_BOUND}) {verdict}")
-    return worst
-
-
-def print_mix(mix: str, results: list[SimResult]) -> None:
-    whole = next(r for r in results if r.policy == ONE_PER_GPU)
-    print(
-        f"  {'policy':<22}{'makespan h':>11}{'one-per-GPU/it':>15}{'slowdown mean':>14}"
-        f"{'p95':>7}{'vs one-per-GPU':>15}{'mean wait h':>12}{'OOM':>5}{'most/card':>10}"
-        f"{'held':>6}"
-    )
-    for r in results:
-        print(
-            f"  {r.policy.name:<22}{r.makespan_s / 3600:>11.2f}"
-            f"{whole.makespan_s / r.makespan_s:>15.3f}{r.mean_slowdown:>14.3f}"
-            f"{r.p95_slowdown:>7.3f}{r.mean_slowdown / whole.mean_slowdown:>15.3f}"
-            f"{r.mean_wait_s / 3600:>12.2f}{r.oom_kills:>5}{r.most_on_a_card:>10}"
-            f"{r.held_for_quiet:>6}"
-        )
-    default = next(r for r in results if r.policy == DEFAULT)
-    kinds = "  ".join(
-        f"{kind} {statistics.fmean(values):.3f}" for kind, values in sorted(default.by_kind.items())
-    )
-    print(f"  default's mean slowdown by kind: {kinds}")
-
-
-def goals(by_mix: dict[str, list[SimResult]]) -> list[Figure]:
-    """The issue's goals for the default policy, where their mix was run."""
-    figures = []
-    if "lab" in by_mix:
-        whole = next(r for r in by_mix["lab"] if r.policy == ONE_PER_GPU)
-        default = next(r for r in by_mix["lab"] if r.policy == DEFAULT)
-        gain = whole.makespan_s / default.makespan_s
-        figures.append(
-            Figure(
-                "lab, default: one-per-GPU makespan / its",
-                gain,
-                "x",
-                f">= {LAB_MAKESPAN_GAIN}",
-                gain >= LAB_MAKESPAN_GAIN,
-            )
-        )
-        slow = default.mean_slowdown
-        figures.append(
-            Figure(
-                "lab, default: mean slowdown",
-                slow,
-                "x",
-                f"<= {LAB_MEAN_SLOWDOWN}",
-                slow <= LAB_MEAN_SLOWDOWN,
-            )
-        )
-    if "all-busy" in by_mix:
-        whole = next(r for r in by_mix["all-busy"] if r.policy == ONE_PER_GPU)
-        default = next(r for r in by_mix["all-busy"] if r.policy == DEFAULT)
-        ratio = default.mean_slowdown / whole.mean_slowdown
-        figures.append(
-            Figure(
-                "all-busy, default: mean slowdown / one-per-GPU's",
-                ratio,
-                "x",
-                "<= 1.0",
-                ratio <= 1.0 + 1e-9,
-            )
-        )
-    return figures
 
 
 def main() -> None:
@@ -375,6 +305,13 @@ def main() -> None:
         default=DEFAULT_WINDOW_H,
         help="hours over which the jobs arrive (default 8)",
     )
+    parser.add_argument(
+        "--history",
+        choices=HISTORIES,
+        default="warm",
+        help="what gpusched measured before the trace: warm (default), each user's"
+        " projects known but one new per kind; cold, nothing (gpusched's first day)",
+    )
     args = parser.parse_args()
     if args.jobs < 1 or args.gpus < 1 or args.window_h <= 0:
         parser.error("--jobs and --gpus must be at least 1, --window-h above 0")
@@ -382,7 +319,8 @@ def main() -> None:
     worst = print_fit()
     print(
         f"\n{args.gpus} simulated GPUs x {GPU_MEM / GiB:.0f} GB, headroom 512M, allocation lag"
-        f" {ALLOC_LAG_S:.0f} s, seed {args.seed}; slowdown: last run time / run time alone"
+        f" {ALLOC_LAG_S:.0f} s, seed {args.seed}, {args.history} history;"
+        " slowdown: last run time / run time alone"
     )
     mixes = list(MIXES) if args.mix == "all" else [args.mix]
     by_mix: dict[str, list[SimResult]] = {}
@@ -391,7 +329,8 @@ def main() -> None:
     for mix in mixes:
         trace = make_trace(args.seed, args.jobs, args.window_h * 3600, mix, args.gpus)
         print(f"\n-- mix {mix}: {describe(trace)}")
-        by_mix[mix] = [simulate(trace, policy, args.gpus) for policy in POLICIES]
+        prior = prior_history(args.seed, args.history)
+        by_mix[mix] = [simulate(trace, policy, args.gpus, prior=prior) for policy in POLICIES]
         print_mix(mix, by_mix[mix])
         calls += sum(r.plan_calls for r in by_mix[mix])
         plan_s += sum(r.plan_s for r in by_mix[mix])

@@ -105,6 +105,7 @@ def test_the_clients_report_ends_the_job_with_its_exit_code_or_signal(
     world = make_world(tmp_path, [24 * GiB])
     exited, killed, fine = (interactive(world, clients(), mem=GiB) for _ in range(3))
     world.tick()
+    world.tick()  # new jobs of unknown demand start at most two to a card per pass (rule 3c)
     scheduler = world.scheduler
     scheduler.interactive.finish(world.job(exited), 3, None)
     scheduler.interactive.finish(world.job(killed), None, signal.SIGKILL)

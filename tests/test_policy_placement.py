@@ -236,50 +236,134 @@ def test_a_busy_job_waits_for_a_quieter_card_and_keeps_the_one_that_frees_first(
     assert gpus_of(again, 3) == [0]
 
 
-def test_a_busy_job_prefers_a_card_with_no_busy_job_when_none_is_quiet() -> None:
-    # GPU 0: three light jobs (0.3 each); GPU 1: one busy job (0.6). Neither stays within
-    # 100 % with a 0.5 job; the one without a busy job is the better neighbour.
+def test_a_busy_job_counts_light_jobs_that_add_up_as_a_busy_card() -> None:
+    # Rule 3b: GPU 0 runs three light jobs (0.3 each, 90 % together), GPU 1 a busy one.
+    # Neither is quiet with a 0.5 job and both are busy already: it waits (the light jobs
+    # on GPU 0 would stretch it as a busy neighbour does: FIELD.md's C+S+S+S row).
     gpus = [card(0, 80, used_g=6), card(1, 80, used_g=2)]
     running = [job_on(i, 0, 2, demand=0.3) for i in (1, 2, 3)] + [job_on(4, 1, 2, demand=0.6)]
-    assert gpus_of(plan(gpus, running, [WaitingJob(5, 4 * G, demand=0.5)]), 5) == [0]
-    assert gpus_of(plan(gpus, running, [WaitingJob(5, 4 * G)]), 5) == [0]  # unknown: busy
+    busy = WaitingJob(5, 4 * G, demand=0.5)
+    result = plan(gpus, running, [busy])
+    assert gpus_of(result, 5) is None
+    assert "GPU 0 runs jobs 1, 2, 3 (90% busy)" in result.waiting_reasons[5]
+    # Two light jobs (40 % together): the card is not busy yet, the busy job goes there.
+    lighter = [job_on(i, 0, 2, demand=0.2) for i in (1, 2)] + running[3:]
+    assert gpus_of(plan(gpus, lighter, [busy]), 5) == [0]
 
 
-def test_an_unknown_or_light_job_never_waits_for_contention() -> None:
+def test_a_job_of_unknown_demand_goes_where_it_disturbs_least() -> None:
+    # Counted busy, it never waits: a card not busy yet first, else the least loaded.
+    gpus = [card(0, 80, used_g=6), card(1, 80, used_g=2)]
+    unknown = WaitingJob(5, 4 * G)
+    lights = [job_on(i, 0, 2, demand=0.2) for i in (1, 2)]
+    assert gpus_of(plan(gpus, [*lights, job_on(4, 1, 2, demand=0.6)], [unknown]), 5) == [0]
+    heavy = [job_on(i, 0, 2, demand=0.3) for i in (1, 2, 3)]
+    assert gpus_of(plan(gpus, [*heavy, job_on(4, 1, 2, demand=0.6)], [unknown]), 5) == [1]
+
+
+def test_a_light_job_waits_when_no_card_stays_within_a_cards_busy_time() -> None:
+    # Rule 3c for a light job: 0.3 beside 0.9 or 0.8 passes 100 %; a 0.1 job fits beside
+    # 0.8. The held one keeps the card that frees first and starts there once it has.
+    gpus = [card(0, 80, used_g=10), card(1, 80, used_g=10)]
+    running = [job_on(1, 0, 10, demand=0.9), job_on(2, 1, 10, demand=0.8, ends_in_s=300)]
+    light = WaitingJob(3, 4 * G, demand=0.3)
+    lighter = WaitingJob(4, 4 * G, demand=0.1)
+    result = plan(gpus, running, [light, lighter])
+    assert gpus_of(result, 3) is None
+    assert result.quieter == {3}
+    reason = result.waiting_reasons[3]
+    assert "no card stays within 100 % with it" in reason
+    assert "GPU 1 kept for it: starts when busy job 2 ends" in reason
+    assert gpus_of(result, 4) == [0]  # the kept card takes no job behind it
+    assert gpus_of(plan([gpus[0], card(1, 80)], running[:1], [light]), 3) == [1]
+
+
+def test_an_unknown_or_shared_job_starts_where_a_light_job_would() -> None:
+    # Issue 25: a job with no history never waits because its demand is unknown.
     gpus = [card(0, 80, used_g=10), card(1, 80, used_g=10)]
     running = [job_on(1, 0, 10, demand=0.9), job_on(2, 1, 10, demand=0.8)]
     for job in (
         WaitingJob(3, 10 * G),  # no known demand
         WaitingJob(3, 10 * G, demand=0.9, share=True),  # its owner says it is light
-        WaitingJob(3, 10 * G, demand=0.1),
+        WaitingJob(3, 10 * G, demand=0.1),  # light, and quiet beside job 2
     ):
         assert gpus_of(plan(gpus, running, [job]), 3) is not None
 
 
+def test_a_job_of_unknown_demand_waits_only_where_every_card_is_full() -> None:
+    # Both cards past 100 % by measured demands (a busy job and a light one on each): no
+    # job of any demand would start, so neither does one of unknown demand (rule 3c); a
+    # --share job still does.
+    gpus = [card(0, 80, used_g=10), card(1, 80, used_g=10)]
+    running = [
+        job_on(1, 0, 5, demand=0.9),
+        job_on(2, 0, 5, demand=0.3),
+        job_on(3, 1, 5, demand=0.8),
+        job_on(4, 1, 5, demand=0.4),
+    ]
+    unknown = WaitingJob(5, 4 * G)
+    result = plan(gpus, running, [unknown])
+    assert gpus_of(result, 5) is None
+    assert result.quieter == {5}
+    assert "its demand is not known yet, and every card it fits on" in result.waiting_reasons[5]
+    # Jobs of unknown demand behind it with the same ask are held alike, each with its own
+    # wait so far (the plan reuses the reason: a long queue of new jobs stays cheap).
+    behind = [WaitingJob(6, 4 * G), WaitingJob(7, 4 * G, waited_s=720)]
+    result = plan(gpus, running, [unknown, *behind])
+    assert result.quieter == {5, 6, 7}
+    assert "GPU 0 kept for it" in result.waiting_reasons[5]
+    assert result.waiting_reasons[6].endswith("behind job 5, held for one too (pack: contention)")
+    assert "for 12 min so far; behind job 5" in result.waiting_reasons[7]
+    shared = WaitingJob(5, 4 * G, share=True)
+    assert gpus_of(plan(gpus, running, [shared]), 5) is not None
+    # Job 2 ends: GPU 0 runs 90 %, not full: it starts there, beside the busy job.
+    assert gpus_of(plan(gpus, [running[0], *running[2:]], [unknown]), 5) == [0]
+    # A job not measured yet counts for nothing here: with job 3's demand unknown, GPU 1
+    # is not full (where no demand is ever measured, nothing waits for this).
+    unmeasured = [*running[:2], job_on(3, 1, 5), running[3]]
+    assert gpus_of(plan(gpus, unmeasured, [unknown]), 5) == [1]
+
+
 @settings(max_examples=100, deadline=None)
 @given(
-    demands=st.lists(st.none() | st.floats(0, 1), min_size=1, max_size=6),
+    demands=st.lists(
+        st.lists(st.none() | st.floats(0, 1), min_size=1, max_size=2), min_size=1, max_size=6
+    ),
     job_demand=st.none() | st.floats(0, 1),
     behind=st.lists(st.none() | st.floats(0, 1), max_size=5),
 )
 def test_contention_never_starves_a_job(
-    demands: list[float | None], job_demand: float | None, behind: list[float | None]
+    demands: list[list[float | None]], job_demand: float | None, behind: list[float | None]
 ) -> None:
-    """Only a busy job waits for a quieter card; it keeps a card that no job behind it
-    takes, and once that card's busy jobs end it starts."""
+    """A job waits for a quieter card only with a known demand, or (unknown) where every
+    card is full by measured demands; it keeps a card that no job behind it takes, and
+    once that card's jobs end it starts."""
     gpus = [card(i, 24, used_g=4) for i in range(len(demands))]
-    running = [job_on(i + 1, i, 4, demand=d) for i, d in enumerate(demands)]
+    running = [
+        job_on(10 * i + k + 1, i, 2, demand=d)
+        for i, on in enumerate(demands)
+        for k, d in enumerate(on)
+    ]
     job = WaitingJob(100, 4 * G, demand=job_demand)
     others = [WaitingJob(200 + k, 2 * G, demand=d) for k, d in enumerate(behind)]
     result = plan(gpus, running, [job, *others])
     if gpus_of(result, 100) is not None:
         return
-    assert job_demand is not None and job_demand >= 0.5
+    measured = [sum(d for d in on if d is not None) for on in demands]
+    assert job_demand is not None or all(load > 1.0 for load in measured)
     kept = int(result.waiting_reasons[100].split(" kept for it")[0].rsplit("GPU ", 1)[1])
     assert all(gpus_of(result, o.job_id) != [kept] for o in others)
     freed = [card(i, 24) if i == kept else g for i, g in enumerate(gpus)]
     left = [c for c in running if c.gpu_uuids != (f"GPU-{kept}",)]
     assert gpus_of(plan(freed, left, [job, *others]), 100) is not None
+
+
+def test_a_held_jobs_reason_names_a_few_cards_not_all() -> None:
+    gpus = [card(i, 80, used_g=10) for i in range(6)]
+    running = [job_on(i + 1, i, 10, demand=0.9) for i in range(6)]
+    reason = plan(gpus, running, [WaitingJob(9, 4 * G, demand=0.9)]).waiting_reasons[9]
+    assert reason.count(" runs busy job ") == 3
+    assert "; 3 more cards alike" in reason
 
 
 def test_an_exclusive_job_takes_an_empty_card_and_nothing_joins_it() -> None:

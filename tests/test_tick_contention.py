@@ -157,3 +157,37 @@ def test_both_placers_feed_the_demand_and_hold_a_busy_job(tmp_path: Path, placer
     world.tick()
     assert world.state(late) == JobState.QUEUED
     assert "waits for a quieter card" in (world.job(late).waiting_reason or "")
+
+
+def test_a_light_job_waits_for_a_card_that_stays_within_its_busy_time(tmp_path: Path) -> None:
+    """Rule 3c for light jobs (pack25): history 30 %, both cards run a busy job (95 %):
+    beside either it would pass 100 % and stretch both, so it waits, and its reason says
+    so; once one busy job ends it starts on that card."""
+    world = make_world(tmp_path, [80 * GiB, 80 * GiB])
+    past_run(world, "busy", BUSY)
+    past_run(world, "medium", 0.3)
+    busy = [world.submit(20 * GiB, name="busy"), world.submit(20 * GiB, name="busy")]
+    world.tick()
+    assert sorted(world.gpus_of(busy[0]) + world.gpus_of(busy[1])) == [0, 1]
+    light = world.submit(5 * GiB, name="medium")
+    world.tick()
+    assert world.state(light) == JobState.QUEUED
+    assert "no card stays within 100 % with it" in (world.job(light).waiting_reason or "")
+    world.finish(busy[1])
+    world.tick()
+    assert world.gpus_of(light) == world.gpus_of(busy[1])
+
+
+def test_new_jobs_of_unknown_demand_start_at_most_two_to_a_card_per_pass(
+    tmp_path: Path,
+) -> None:
+    """Rule 3c for jobs with no history (pack25): counted busy once placed in a pass, a
+    card with two of them is full for the rest of that pass, so a flood of a new script
+    does not pile on the cards before a poll has measured any of it; the next pass (those
+    running, not measured yet, count for nothing) starts more."""
+    world = make_world(tmp_path, [24 * GiB] * 2)
+    flood = [world.submit(2 * GiB, name="new") for _ in range(10)]
+    world.tick()
+    assert sum(world.state(j) == JobState.RUNNING for j in flood) == 4
+    world.tick()
+    assert sum(world.state(j) == JobState.RUNNING for j in flood) == 8

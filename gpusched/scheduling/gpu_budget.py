@@ -79,6 +79,7 @@ class PlanGpu:
     demand: float = 0.0  # its jobs' summed demand (unknown counts as 1.0): rule 3
     busy_with: list[int] = field(default_factory=list)  # its jobs known or assumed busy
     exclusive: bool = False  # an --exclusive job runs here: nothing joins it
+    measured: float = 0.0  # the part of `demand` that is known (not an unknown's 1.0)
 
 
 def gpu_budgets(
@@ -138,6 +139,7 @@ def budget_table(
             sum(job_demand(c.demand, c.share) for c in on_gpu),
             [c.job_id for c in on_gpu if job_demand(c.demand, c.share) >= BUSY_DEMAND],
             any(c.exclusive for c in on_gpu),
+            sum(known_demand(c.demand, c.share) for c in on_gpu),
         )
         result[slot.uuid] = (budget, gpu)
     return result
@@ -153,6 +155,11 @@ def job_demand(demand: float | None, share: bool) -> float:
     if share:
         return 0.0
     return 1.0 if demand is None else min(1.0, max(0.0, demand))
+
+
+def known_demand(demand: float | None, share: bool) -> float:
+    """A job's demand as far as it is known: an unknown one counts for nothing here."""
+    return 0.0 if demand is None else job_demand(demand, share)
 
 
 def compute_load(slot: GpuSlot, on_gpu: Sequence[RunningClaim]) -> float:

@@ -9,9 +9,11 @@ among them, each rule narrowing the choice only while enough cards are left for 
    fits on.
 3. Contention (`pack: contention`): prefer the cards whose jobs' demands plus this
    job's stay within one card's busy time (`quiet`), of those the ones with no busy job;
-   with none quiet, a busy job (or one of unknown demand) a card with no busy job, then
-   the least loaded (`_least_contended`); `contention_wait` says whether a busy job
-   should rather wait for a quieter card.
+   `contention_wait` says whether a job should rather wait for a quieter card (a busy one
+   when every card it fits is busy already, `is_busy_card`; a light one when none stays
+   quiet with it; one of unknown demand only when every card is full, `is_full_card`);
+   with none quiet, a job that does not wait (unknown demand, --share) takes a card not
+   busy yet, then the least loaded (`_least_contended`).
 4. A multi-GPU job's set: the tightest by topology (lowest common ancestor level of
    `nvmlDeviceGetTopologyCommonAncestor`; cards on different nodes never mix).
 5. The most available memory first (`placement: most-free`, the default) or the least
@@ -21,7 +23,8 @@ among them, each rule narrowing the choice only while enough cards are left for 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from itertools import islice
 from typing import TYPE_CHECKING
 
 from gpusched.scheduling.gpu_budget import BUSY_DEMAND, PlanGpu, job_demand
@@ -93,8 +96,14 @@ class Needs:
 
 
 def is_busy_job(job: WaitingJob) -> bool:
-    """A job known to keep a card busy (an unknown demand never makes a job wait)."""
+    """A job known to keep a card busy (at least BUSY_DEMAND alone, not --share)."""
     return not job.share and job.demand is not None and job.demand >= BUSY_DEMAND
+
+
+def is_busy_card(gpu: PlanGpu) -> bool:
+    """Rule 3b: a card already busy: its jobs together keep it at least half busy (one
+    busy job, or light ones that add up; an unknown demand counts as busy)."""
+    return gpu.demand >= BUSY_DEMAND - 1e-9
 
 
 def quiet(job: WaitingJob, gpu: PlanGpu) -> bool:
@@ -102,24 +111,48 @@ def quiet(job: WaitingJob, gpu: PlanGpu) -> bool:
     return gpu.demand + job_demand(job.demand, job.share) <= 1.0 + 1e-9
 
 
+def is_full_card(gpu: PlanGpu) -> bool:
+    """Rule 3c: its jobs' known demands pass one card's busy time already: no job, however
+    light, stays quiet there. (Jobs of unknown demand count for nothing here: where no
+    demand is measured, as on a driver without utilization readings, nothing is full.)"""
+    return gpu.measured > 1.0 + 1e-9
+
+
 def contention_wait(job: WaitingJob, candidates: Sequence[PlanGpu]) -> bool:
-    """Whether a busy job should wait rather than join busy cards: fewer of the cards it
-    fits on than it needs run no busy gpusched job (those jobs will end: the plan keeps
-    the first such job's cards, so it starts when they do)."""
-    if not is_busy_job(job):
+    """Whether a job should wait rather than start where it slows others and is slowed
+    (rule 3c; the plan keeps the first such job's cards, so it starts once their jobs
+    end), when fewer of the cards it fits on than it needs are: for a busy job, not busy
+    already (`is_busy_card`); for a light one, quiet with it (`quiet`); for one of unknown
+    demand, not full (`is_full_card`): where every card is full a job of any demand would
+    wait, so it does not wait because its demand is unknown (issue 25: it never does). A
+    job its owner marked `--share` never waits for this."""
+    if job.share:
         return False
-    return sum(1 for gpu in candidates if not gpu.busy_with) < job.gpu_count
+    # Enough such cards is all it asks: stop at the first `gpu_count` (a long queue of new
+    # jobs asks this of every card of a big server).
+    takes = filter(_calm_for(job), candidates)
+    return len(list(islice(takes, job.gpu_count))) < job.gpu_count
+
+
+def _calm_for(job: WaitingJob) -> Callable[[PlanGpu], bool]:
+    """Rule 3c: the cards `job` may start on rather than wait (see `contention_wait`)."""
+    if job.demand is None:
+        return lambda gpu: not is_full_card(gpu)
+    if is_busy_job(job):
+        return lambda gpu: not is_busy_card(gpu)
+    return lambda gpu: quiet(job, gpu)
 
 
 def _least_contended(job: WaitingJob, cards: list[PlanGpu], count: int) -> list[PlanGpu]:
-    """No card stays quiet with this job: a busy job, or one whose demand is unknown
-    (counted busy), takes a card with no busy job if there is one (two busy jobs each run
-    at half speed); then any job takes the least loaded cards (a job that waits on data
-    beside a busy one has its bursts stretched: FIELD.md's C+S row)."""
+    """No card stays quiet with this job (one of unknown demand, counted busy, or one
+    marked --share, which never wait): one of unknown demand takes a card that is not
+    full if there is one, of those one not busy yet (two busy jobs each run at half
+    speed); then either takes the least loaded cards, where it disturbs least."""
     if job.share or (job.demand is not None and job.demand < BUSY_DEMAND):
         calm = cards
     else:
-        calm = _narrow(cards, [g for g in cards if not g.busy_with], count)
+        calm = _narrow(cards, [g for g in cards if not is_full_card(g)], count)
+        calm = _narrow(calm, [g for g in calm if not is_busy_card(g)], count)
     least = sorted(g.demand for g in calm)[count - 1]
     return [g for g in calm if g.demand <= least + 1e-9]
 

@@ -39,15 +39,23 @@ How a card is chosen (one ordered rule; docs/operations.md "How a card is chosen
    a. Quiet first: a card whose jobs' demands plus this job's stay within 100 %; among
       quiet cards, one with no busy job (a job that waits on data beside a busy one has
       its bursts stretched about 2x: FIELD.md's C+S row).
-   b. No quiet card: a busy job, or one of unknown demand, takes a card with no busy job
-      (two busy jobs each run at half speed: C+C, M+M), then any job the least loaded.
-   c. A job known to be busy (demand >= 50 %) that fits only on cards busy with other
-      gpusched jobs waits for a quieter card, whatever its wait so far (a time limit
-      made every busy job of a long queue share, and cost 5x in slowdown). Its bound:
-      the first such job in the order keeps the card(s) whose busy jobs end soonest
-      (by --time, else the fewest busy jobs, then the most room); no job behind it
-      starts there, so it starts once those jobs end, as the memory head does (rule
-      1). The others wait behind it. An unknown demand never waits for this (issue 25).
+   b. A card already busy: its jobs together keep it at least 50 % busy (one busy job, or
+      light ones that add up: a job beside three 30 % ones is stretched as beside a
+      busy one). A card full: its jobs' measured demands pass 100 % (a job not measured
+      yet counts for nothing, one placed in this plan with no history as busy). No
+      quiet card: a job of unknown demand takes a card not full, of those one not busy
+      yet, then it or a `--share` job the least loaded card.
+   c. A job waits for a quieter card, whatever its wait so far (a time limit made every
+      busy job of a long queue share, and cost 5x in slowdown): a busy one (demand >=
+      50 %) when every card it fits on is busy already; a light one when none stays
+      quiet with it; one of unknown demand only when every card it fits on is full,
+      where a job of any demand would wait, so it never waits because its demand is
+      unknown (issue 25); a `--share` job never. Its bound: the first such job in the
+      order keeps the card(s) whose busy jobs (else all their jobs) end soonest (by
+      --time, else the fewest such jobs, then the most room); no job behind it starts
+      there, so it starts once those jobs end, as the memory head does (rule 1). The
+      others wait behind it. What each part gained on benchmarks/packing.py is in
+      docs/benchmarks.md (lab mix, mean slowdown 1.32 before, 1.10 after).
    `--exclusive`: a card with no other gpusched job, which then takes none.
 4. A multi-GPU job gets the tightest set by NVML topology (common ancestor level).
 5. Among what remains, the most available memory (`placement: most-free`, the default,
@@ -82,7 +90,7 @@ from gpusched.scheduling.gpu_choice import (
     fits_now,
 )
 from gpusched.scheduling.head_claim import HeadClaim, Kept, keep_for
-from gpusched.scheduling.quieter_cards import kept_quiet, quieter, soonest_quiet
+from gpusched.scheduling.quieter_cards import kept_quiet, quieter_parts, so_far, soonest_quiet
 from gpusched.scheduling.turns import UsageSpan, decayed_usage, in_turns, passed_by, submit_place
 from gpusched.scheduling.waiting_reasons import Claims, claimed_bytes, over_mem_cap, why_not
 from gpusched.scheduling.waiting_reasons import need as _need
@@ -191,6 +199,10 @@ def plan(
     Ask = tuple[int | None, int, frozenset[str] | None, bool, float | None]
     why_by_need: dict[Ask, str] = {}
     no_room: set[Ask] = set()  # asks that found too few cards (reason in why_by_need)
+    # Asks of unknown demand held for a quieter card behind the job the cards are kept
+    # for: every such job after it is held alike until the cards change (a long queue of
+    # new jobs on full cards stays cheap). The reason's parts around "so far".
+    held_unknown: dict[Ask, tuple[str, str]] = {}
     several_nodes = len({gpu.node for gpu in gpus}) > 1
     held_for_quieter: set[int] = set()
     # Rule 3's bound: the cards kept for the first job held for a quieter card (no job
@@ -252,6 +264,9 @@ def plan(
             gpu.job_ids.append(job.job_id)
             gpu.load += NEW_JOB_UTIL
             gpu.demand += job_demand(job.demand, job.share)
+            # Placed now, an unknown job counts as busy towards "full" until it is measured
+            # (gpu_choice.is_full_card): several new jobs do not pile on one card in a pass.
+            gpu.measured += job_demand(job.demand, job.share)
             if job_demand(job.demand, job.share) >= 0.5:
                 gpu.busy_with.append(job.job_id)
             gpu.exclusive = gpu.exclusive or job.exclusive
@@ -274,7 +289,19 @@ def plan(
         placements.append(Placement(job.job_id, tuple(g.slot.uuid for g in chosen)))
         claims = None
         why_by_need.clear()
+        held_unknown.clear()
         no_room.clear()
+
+    def remembered(job: WaitingJob, key: Ask, unknown: bool) -> str | None:
+        """The reason a job with the same ask got just before, where it holds for this one
+        too (nothing changed the cards since), else None."""
+        if unknown and key in held_unknown:
+            held_for_quieter.add(job.job_id)
+            said, rest = held_unknown[key]
+            return f"{said}{so_far(job)}{rest}"
+        if kept is not None and key in no_room:
+            return why_by_need[key]
+        return None
 
     def consider(job: WaitingJob) -> bool:
         """Place `job` if it can start now, else say why; True when it was placed."""
@@ -295,8 +322,10 @@ def plan(
             )
             return False
         key = (job.mem_bytes, job.gpu_count, job.gpu_keys, job.exclusive, job.time_limit_s)
-        if kept is not None and key in no_room:
-            reasons[job.job_id] = why_by_need[key]  # as the same ask just before it
+        unknown = job.demand is None and not job.share
+        said_before = remembered(job, key, unknown)
+        if said_before is not None:
+            reasons[job.job_id] = said_before  # as the same ask just before it
             return False
         found, ordered = candidates(job)
         if len(found) >= job.gpu_count:
@@ -308,8 +337,12 @@ def plan(
                         quiet_kept[gpu.slot.uuid] = job.job_id
                     room = None
                     why_by_need.clear()
+                    held_unknown.clear()
                     no_room.clear()
-                held = quieter(job, found, quiet_kept, by_uuid, several_nodes)
+                said, rest = quieter_parts(job, found, quiet_kept, by_uuid, several_nodes)
+                held = f"{said}{so_far(job)}{rest}"
+                if unknown and job.job_id not in quiet_kept.values():
+                    held_unknown[key] = (said, rest)
             chosen = held is None and choose_gpus(
                 job,
                 found,
@@ -363,6 +396,7 @@ def plan(
                 room = None
                 claims = None
                 why_by_need.clear()
+                held_unknown.clear()
                 no_room.clear()
         if passed is not None:
             reasons[job.job_id] += f"; {passed}"

@@ -1,9 +1,9 @@
-"""Policy rule 3's bound: the cards kept for a busy job held for a quieter card, in words.
+"""Policy rule 3's bound: the cards kept for a job held for a quieter card, in words.
 
 Pure, split from policy.py. The first job in the order held for a quieter card keeps the
-card(s) whose busy jobs end soonest (`soonest_quiet`); its reason says which and until
-when (`quieter`), and a job that would fit on such a card is told it is kept
-(`kept_quiet`).
+card(s) whose busy jobs (else, on a card busy only with light jobs, all its jobs) end
+soonest (`soonest_quiet`); its reason says which and until when (`quieter`), and a job
+that would fit on such a card is told it is kept (`kept_quiet`).
 """
 
 from __future__ import annotations
@@ -14,11 +14,19 @@ from typing import TYPE_CHECKING
 
 from gpusched.core.units import format_duration
 from gpusched.scheduling.gpu_budget import PlanGpu
-from gpusched.scheduling.gpu_choice import fits_now
+from gpusched.scheduling.gpu_choice import fits_now, is_busy_job
 from gpusched.scheduling.waiting_reasons import gpu_name
 
 if TYPE_CHECKING:
     from gpusched.scheduling.policy import WaitingJob
+
+SHOWN_CARDS = 3  # the cards a held job's reason names
+
+
+def waits_on(gpu: PlanGpu) -> list[int]:
+    """The jobs whose end makes this card quieter: its busy ones, else all of them (light
+    jobs that add up)."""
+    return gpu.busy_with or gpu.job_ids
 
 
 def soonest_quiet(found: Sequence[PlanGpu], count: int) -> list[PlanGpu]:
@@ -26,12 +34,21 @@ def soonest_quiet(found: Sequence[PlanGpu], count: int) -> list[PlanGpu]:
     (by their --time; none: last), then the fewest busy jobs, then the most room."""
     ends = {}
     for gpu in found:
-        left = [end for job_id, _, end in gpu.holds if job_id in gpu.busy_with]
+        on = waits_on(gpu)
+        left = [end for job_id, _, end in gpu.holds if job_id in on]
         ends[id(gpu)] = max((math.inf if e is None else e for e in left), default=math.inf)
     ordered = sorted(
-        found, key=lambda g: (ends[id(g)], len(g.busy_with), -g.available, g.slot.index)
+        found, key=lambda g: (ends[id(g)], len(waits_on(g)), -g.available, g.slot.index)
     )
     return ordered[:count]
+
+
+def _runs(gpu: PlanGpu) -> str:
+    if gpu.busy_with:
+        jobs = gpu.busy_with
+        return f"busy job{'s' if len(jobs) > 1 else ''} {', '.join(map(str, jobs))}"
+    jobs = gpu.job_ids
+    return f"job{'s' if len(jobs) > 1 else ''} {', '.join(map(str, jobs))} ({gpu.demand:.0%} busy)"
 
 
 def quieter(
@@ -41,26 +58,50 @@ def quieter(
     by_uuid: Mapping[str, PlanGpu],
     several_nodes: bool,
 ) -> str:
-    busy = "; ".join(
-        f"{gpu_name(g, several_nodes)} runs busy job{'s' if len(g.busy_with) > 1 else ''}"
-        f" {', '.join(map(str, g.busy_with))}"
-        for g in sorted(found, key=lambda g: g.slot.index)
-    )
-    said = f"waits for a quieter card (it keeps a card {job.demand or 0:.0%} busy; {busy})"
-    if job.waited_s >= 60:
-        said += f", for {job.waited_s // 60:.0f} min so far"
+    """The reason of a job held for a quieter card (`quieter_parts` around `so_far`)."""
+    said, rest = quieter_parts(job, found, quiet_kept, by_uuid, several_nodes)
+    return f"{said}{so_far(job)}{rest}"
+
+
+def so_far(job: WaitingJob) -> str:
+    return f", for {job.waited_s // 60:.0f} min so far" if job.waited_s >= 60 else ""
+
+
+def quieter_parts(
+    job: WaitingJob,
+    found: Sequence[PlanGpu],
+    quiet_kept: Mapping[str, int],
+    by_uuid: Mapping[str, PlanGpu],
+    several_nodes: bool,
+) -> tuple[str, str]:
+    """A held job's reason before and after how long it has waited: the same for every
+    job of unknown demand with the same ask behind the one the cards are kept for (the
+    plan reuses it for them until a placement changes the cards)."""
+    # A status line, not a table: the first few in the plan's order (the most room first).
+    shown = sorted(found[:SHOWN_CARDS], key=_index)
+    busy = "; ".join(f"{gpu_name(g, several_nodes)} runs {_runs(g)}" for g in shown)
+    if len(found) > len(shown):
+        busy += f"; {len(found) - len(shown)} more cards alike"
+    if job.demand is None:
+        own = "its demand is not known yet, and every card it fits on is past 100 % busy"
+    elif is_busy_job(job):
+        own = f"it keeps a card {job.demand:.0%} busy"
+    else:
+        own = f"it keeps a card {job.demand:.0%} busy, and no card stays within 100 % with it"
+    said = f"waits for a quieter card ({own}; {busy})"
     mine = sorted((by_uuid[u] for u, j in quiet_kept.items() if j == job.job_id), key=_index)
     if not mine:
         ahead = next(iter(quiet_kept.values()))
-        return f"{said}; behind job {ahead}, held for one too (pack: contention)"
+        return said, f"; behind job {ahead}, held for one too (pack: contention)"
     names = ", ".join(gpu_name(g, several_nodes) for g in mine)
-    ending = sorted({j for g in mine for j in g.busy_with})
-    left = [end for g in mine for j, _, end in g.holds if j in g.busy_with]
+    ending = sorted({j for g in mine for j in waits_on(g)})
+    kind = "busy " if all(g.busy_with for g in mine) else ""
+    left = [end for g in mine for j, _, end in g.holds if j in waits_on(g)]
     when = ""
     if left and all(end is not None for end in left):
         when = f" (by --time, within {format_duration(max(e or 0.0 for e in left))})"
-    return (
-        f"{said}; {names} kept for it: starts when busy job{'s' if len(ending) > 1 else ''}"
+    return said, (
+        f"; {names} kept for it: starts when {kind}job{'s' if len(ending) > 1 else ''}"
         f" {', '.join(map(str, ending))} end{'' if len(ending) > 1 else 's'}{when}"
         " (pack: contention)"
     )
