@@ -69,11 +69,9 @@ from __future__ import annotations
 import bisect
 import heapq
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 from gpusched.scheduling.gpu_budget import (
     NEW_JOB_UTIL,
-    GpuBudget,
     GpuSlot,
     PlanGpu,
     RunningClaim,
@@ -90,6 +88,7 @@ from gpusched.scheduling.gpu_choice import (
     fits_now,
 )
 from gpusched.scheduling.head_claim import HeadClaim, Kept, keep_for
+from gpusched.scheduling.plan_types import Placement, Plan, UserCap, WaitingJob
 from gpusched.scheduling.quieter_cards import kept_quiet, quieter_parts, so_far, soonest_quiet
 from gpusched.scheduling.turns import UsageSpan, decayed_usage, in_turns, passed_by, submit_place
 from gpusched.scheduling.waiting_reasons import Claims, claimed_bytes, over_mem_cap, why_not
@@ -106,54 +105,6 @@ __all__ = [
     "in_turns",
     "plan",
 ]
-
-
-@dataclass(frozen=True)
-class WaitingJob:
-    """A job that may start now (held jobs and unmet dependencies are filtered out before)."""
-
-    job_id: int
-    mem_bytes: int | None  # per GPU; None = a whole GPU
-    gpu_count: int = 1
-    priority: int = 0
-    user: str = ""
-    array_id: int | None = None
-    array_cap: int | None = None  # --max-concurrent of its array
-    queue_order: int | None = (
-        None  # its place in submit order; None: job_id (see turns.submit_place)
-    )
-    gpu_keys: frozenset[str] | None = None  # the GPUs (slot uuids) it may use; None: any
-    demand: float | None = None  # share of a card's busy time it needs, 0.0-1.0; None: unknown
-    exclusive: bool = False  # --exclusive: a card to itself
-    share: bool = False  # --share: its owner says it is light
-    time_limit_s: float | None = None  # --time: it ends by then (time backfill)
-    waited_s: float = 0.0  # how long rule 3 has held it for a quieter card (its reason)
-    top: int | None = None  # put first by an administrator (`gpusched top`): lower first
-
-
-@dataclass(frozen=True)
-class UserCap:
-    """A user's share of the server (None: no limit)."""
-
-    max_running: int | None = None
-    max_mem_bytes: int | None = None  # declared GPU memory in use, summed over GPUs
-
-
-@dataclass(frozen=True)
-class Placement:
-    job_id: int
-    gpu_uuids: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class Plan:
-    placements: list[Placement]
-    waiting_reasons: dict[int, str]
-    budgets: dict[str, GpuBudget]
-    head_claim: HeadClaim | None = None  # the cards kept for the blocked head: store it
-    # The jobs rule 3 held for a quieter card in this plan: the placer notes when each
-    # was first held, and says how long it has waited since (`waited_s`).
-    quieter: frozenset[int] = frozenset()
 
 
 def plan(

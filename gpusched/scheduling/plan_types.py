@@ -1,0 +1,61 @@
+"""The policy's plain data: what a waiting job asks of `plan()` (WaitingJob), a user's
+share of the server (UserCap), and what a plan answers (Placement, Plan).
+
+Apart from scheduling.policy so that the placers, the benchmarks and the tests name the
+policy's inputs and outputs without reading its rules; `policy` re-exports them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpusched.scheduling.gpu_budget import GpuBudget
+from gpusched.scheduling.head_claim import HeadClaim
+
+
+@dataclass(frozen=True)
+class WaitingJob:
+    """A job that may start now (held jobs and unmet dependencies are filtered out before)."""
+
+    job_id: int
+    mem_bytes: int | None  # per GPU; None = a whole GPU
+    gpu_count: int = 1
+    priority: int = 0
+    user: str = ""
+    array_id: int | None = None
+    array_cap: int | None = None  # --max-concurrent of its array
+    queue_order: int | None = (
+        None  # its place in submit order; None: job_id (see turns.submit_place)
+    )
+    gpu_keys: frozenset[str] | None = None  # the GPUs (slot uuids) it may use; None: any
+    demand: float | None = None  # share of a card's busy time it needs, 0.0-1.0; None: unknown
+    exclusive: bool = False  # --exclusive: a card to itself
+    share: bool = False  # --share: its owner says it is light
+    time_limit_s: float | None = None  # --time: it ends by then (time backfill)
+    waited_s: float = 0.0  # how long rule 3 has held it for a quieter card (its reason)
+    top: int | None = None  # put first by an administrator (`gpusched top`): lower first
+
+
+@dataclass(frozen=True)
+class UserCap:
+    """A user's share of the server (None: no limit)."""
+
+    max_running: int | None = None
+    max_mem_bytes: int | None = None  # declared GPU memory in use, summed over GPUs
+
+
+@dataclass(frozen=True)
+class Placement:
+    job_id: int
+    gpu_uuids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Plan:
+    placements: list[Placement]
+    waiting_reasons: dict[int, str]
+    budgets: dict[str, GpuBudget]
+    head_claim: HeadClaim | None = None  # the cards kept for the blocked head: store it
+    # The jobs rule 3 held for a quieter card in this plan: the placer notes when each
+    # was first held, and says how long it has waited since (`waited_s`).
+    quieter: frozenset[int] = frozenset()
