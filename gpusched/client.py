@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import base64
 import os
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -25,7 +24,7 @@ from typing import TYPE_CHECKING, Any, overload
 
 from gpusched import __version__
 from gpusched.connection import DaemonConnection
-from gpusched.core.errors import DaemonUnreachable, GpuschedError, ProtocolError, UsageError
+from gpusched.core.errors import ProtocolError
 from gpusched.core.models import TERMINAL_STATES, Drain, GpuReport, Job, TimelinePoint
 from gpusched.core.requests.base import Request
 from gpusched.core.requests.protocol import (
@@ -33,19 +32,12 @@ from gpusched.core.requests.protocol import (
     version_mismatch,
 )
 from gpusched.core.requests.views import ShowRequest, StatusRequest
-from gpusched.core.sanitize import shown
 
 if TYPE_CHECKING:  # the reply types, for mypy only: a reply is a plain dict at run time
     from gpusched.core.requests.replies import EstimateHistoryReply, PingReply, PruneReply
 
 # Every other request class (gpusched.core.requests.catalog) is imported by the method that sends
 # one: `status` and `show`, the commands people run most, start without creating them.
-
-# A submit sent whose answer was lost (the daemon stopped answering, or its database did
-# not confirm the commit) is sent again, with its request id, this many times.
-SUBMIT_RETRIES = 2
-SUBMIT_RETRY_AFTER_S = 1.0
-ANSWER_LOST = ("stopped answering", "closed the connection", "is unavailable (")
 
 
 @dataclass
@@ -206,69 +198,18 @@ class Client:
         )
         return [Job.from_json(job) for job in result]
 
-    def _submit(
-        self,
-        command: Sequence[str],
-        *,
-        mem: str | int | None = None,
-        cwd: str | os.PathLike[str] | None = None,
-        env: dict[str, str] | None = None,
-        time_limit: str | float | None = None,
-        after: Sequence[int] = (),
-        notify: str | Sequence[str] | None = None,
-        **fields: Any,
-    ) -> Any:
+    def _submit(self, command: Sequence[str], **options: Any) -> Any:
         # Only submitting needs these: `status` and `show` start without them.
-        from gpusched.core.requests import catalog as rq
-        from gpusched.core.units import parse_job_mem, parse_job_time
-        from gpusched.submitter import current_umask, notify_argv, resolve_command
+        from gpusched.submitting import send_submit, submit_request
 
-        workdir = os.path.abspath(cwd if cwd is not None else os.getcwd())
-        environment = dict(os.environ if env is None else env)
-        argv = resolve_command(command, workdir, environment.get("PATH"))
-        argv = _checked_program(argv, workdir, environment.get("PATH"), after, fields)
-        if mem == "auto":
-            mem = int(self.send(rq.EstimateHistoryRequest(tuple(argv)))["suggested_mem"])
-        # One id for every try of this submit: the daemon answers a retry with the jobs
-        # the first try made, so a retry after a lost answer never queues twice.
-        request_id = fields.pop("request_id", None) or os.urandom(16).hex()
-        request = rq.SubmitRequest(
-            command=tuple(argv),
-            cwd=workdir,
-            env=environment,
-            umask=current_umask(),
-            mem=None if mem is None else parse_job_mem(mem, what="mem"),
-            time=None if time_limit is None else parse_job_time(time_limit, what="time_limit"),
-            after=tuple(after),
-            notify=notify_argv(notify),
-            request_id=request_id,
-            **fields,
-        )
-        retries_left = SUBMIT_RETRIES
-        answer_lost = False  # a try was sent and not answered: it may have been queued
-        while True:
-            try:
-                return self.send(request)
-            except GpuschedError as exc:
-                # Sent, and no answer: the jobs may be queued, or not; only a retry with
-                # the same id can tell without risking a second copy.
-                lost = any(words in str(exc) for words in ANSWER_LOST)
-                if not lost and not (answer_lost and isinstance(exc, DaemonUnreachable)):
-                    raise
-                if not lost:  # the retry could not even connect: the first try's fate is open
-                    raise DaemonUnreachable(
-                        f"the gpusched daemon at {self.socket_path} stopped answering a submit,"
-                        f" and then: {exc.message} (submit request {request_id}: it may have"
-                        " been queued; `gpusched status` shows it if so)"
-                    ) from None
-                if retries_left == 0:
-                    raise type(exc)(
-                        f"{exc} (submit request {request_id}: it may have been queued;"
-                        " `gpusched status` shows it if so)"
-                    ) from None
-                answer_lost = True
-                retries_left -= 1
-                time.sleep(SUBMIT_RETRY_AFTER_S)
+        request = submit_request(command, suggested_mem=self._suggested_mem, **options)
+        return send_submit(self.send, request, self.socket_path)
+
+    def _suggested_mem(self, argv: tuple[str, ...]) -> int:
+        """`--mem auto`: estimate_history's suggestion for a command already resolved."""
+        from gpusched.core.requests import catalog as rq
+
+        return int(self.send(rq.EstimateHistoryRequest(argv))["suggested_mem"])
 
     def submitted(self, request_id: str) -> list[Job]:
         """What became of a submit (its request id, as a failed submit's error says): the
@@ -490,23 +431,3 @@ class Client:
                 return jobs
             if deadline is not None and time.monotonic() >= deadline:
                 return jobs
-
-
-def _checked_program(
-    argv: list[str], cwd: str, path_env: str | None, after: Sequence[int], fields: dict[str, Any]
-) -> list[str]:
-    """The command as it will run (`./train.py`), or UsageError if its program can never
-    start. A held job or one that waits for others only gets a warning: its program may be
-    built meanwhile. A sweep's placeholder in the program's name is filled in later."""
-    if fields.get("sweep") and "{" in argv[0]:
-        return argv
-    from gpusched.submitter import runnable_command
-
-    runnable, problem = runnable_command(argv, cwd, path_env)
-    if problem is None:
-        return runnable
-    if fields.get("hold") or after:
-        warning = shown(f"{problem}; queued anyway (held or --after)")
-        print(f"gpusched: warning: {warning}", file=sys.stderr)
-        return argv
-    raise UsageError(problem)
