@@ -200,7 +200,7 @@ class Client:
 
     def _submit(self, command: Sequence[str], **options: Any) -> Any:
         # Only submitting needs these: `status` and `show` start without them.
-        from gpusched.submitting import send_submit, submit_request
+        from gpusched.submitter import send_submit, submit_request
 
         request = submit_request(command, suggested_mem=self._suggested_mem, **options)
         return send_submit(self.send, request, self.socket_path)
