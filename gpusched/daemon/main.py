@@ -1,7 +1,8 @@
 """The daemon process: wires config, store, probe, launcher, scheduler and server.
 
-It also owns the process-level concerns: logging to stderr, the APScheduler interval
-job that drives `tick()`, immediate wake-ups, signals and systemd's sd_notify.
+It also owns the process-level concerns: logging to stderr, the APScheduler interval job
+that drives `tick()`, immediate wake-ups, signals and systemd's sd_notify (the set-up
+before serving, and sd_notify itself, are process_setup.py's).
 
 Signals only set flags or wake the main thread; the main thread acts. SIGTERM and
 SIGINT stop scheduling and close the database; running jobs keep running (each
@@ -20,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import resource
 import signal
 import socket
 import threading
@@ -34,14 +34,14 @@ from apscheduler.schedulers.background import BackgroundScheduler
 
 from gpusched.config.holder import ConfigHolder
 from gpusched.config.settings import Config, load_config
-from gpusched.core.errors import ConfigError, GpuschedError
+from gpusched.core.errors import GpuschedError
 from gpusched.daemon.database_url import check_password_private
 from gpusched.daemon.hooks import HookRunner
 from gpusched.daemon.httpserve import HttpServer, Route
+from gpusched.daemon.process_setup import prepare_dirs, raise_open_file_limit, sd_notify
 from gpusched.daemon.retention import RetentionPass
 from gpusched.daemon.server import Server
 from gpusched.daemon.services import Services
-from gpusched.daemon.trusted_dirs import untrusted_dirs
 from gpusched.gpus.probe import Probe, SimulatedProbe
 from gpusched.processes.launcher import Launcher
 from gpusched.scheduling.cluster.clock import ClusterClock
@@ -58,44 +58,12 @@ TICK_JOB_ID = "tick"
 RETENTION_JOB_ID = "retention"  # gpusched.daemon.retention, every retention.every
 
 
-def sd_notify(message: str) -> None:
-    """Tell systemd (Type=notify) about our state; a no-op outside systemd."""
-    address = os.environ.get("NOTIFY_SOCKET")
-    if not address:
-        return
-    if address.startswith("@"):
-        address = "\0" + address[1:]  # abstract namespace
-    with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
-        sock.connect(address)
-        sock.sendall(message.encode())
-
-
 def make_probe(config: Config) -> Probe:
     if config.simulate:
         return SimulatedProbe.from_spec(config.simulate)
     from gpusched.gpus.nvml import NvmlProbe
 
     return NvmlProbe()
-
-
-def _check_dirs_are_ours(config: Config) -> None:
-    """As root, refuse directories another user could change under us (trusted_dirs)."""
-    if os.geteuid() != 0:
-        return
-    named = {
-        "state_dir": config.state_dir,
-        "log_dir": config.log_dir,
-        "socket": config.socket_path.parent,
-    }
-    if config.database_url.startswith("sqlite:///"):
-        named["database"] = Path(config.database_url.removeprefix("sqlite:///")).parent
-    problems = untrusted_dirs(named)
-    if problems:
-        raise ConfigError(
-            "another user could redirect what the daemon writes as root: "
-            + "; ".join(problems)
-            + " (use directories only root can change)"
-        )
 
 
 def node_name(config: Config) -> str:
@@ -107,34 +75,6 @@ def in_cluster(config: Config) -> bool:
     """Whether this daemon shares its queue with others: a `node:` name is set, or the
     database is a server's (PostgreSQL). Otherwise it is the one server of today."""
     return config.node is not None or not config.database_url.startswith("sqlite")
-
-
-def raise_open_file_limit() -> None:
-    """Soft limit up to the hard one: systemd's soft default (1024) is the whole budget
-    of a daemon holding a pidfd per running job and a socket per client."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft in (hard, resource.RLIM_INFINITY):
-        return
-    try:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    except (OSError, ValueError) as exc:
-        log.warning("cannot raise the open-file limit from %s to %s: %s", soft, hard, exc)
-    else:
-        log.info("open files: soft limit raised from %s to %s", soft, hard)
-
-
-def _prepare_dirs(config: Config) -> None:
-    # Everything the daemon creates is private unless opened up on purpose below; jobs
-    # get their submitter's umask explicitly.
-    os.umask(0o077)
-    _check_dirs_are_ours(config)
-    # Root-only state: job specs hold users' environments.
-    config.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    config.log_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
-    _check_dirs_are_ours(config)  # again: a name made meanwhile is not followed by chmod
-    os.chmod(config.state_dir, 0o700)
-    # Logs: the directory is traversable so owners can tail their own 0600 files.
-    os.chmod(config.log_dir, 0o755)  # noqa: S103 - listing job ids is harmless; files are 0600
 
 
 class Daemon:
@@ -153,7 +93,7 @@ class Daemon:
         self.probe = make_probe(config)
         self.probe.snapshot()  # fail now, with the driver's message, not at the first tick
         log.info("GPUs: %s", self.probe.describe())
-        _prepare_dirs(config)
+        prepare_dirs(config)
         self.store = Store(config.database_url)
         log.info("database %s, socket %s", self.store.where, config.socket_path)
         # The one holder of the config: a reload replaces it once and reaches every reader.
