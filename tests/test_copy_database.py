@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from gpusched.core.models import ACTIVE_STATES, EndReason, Job, JobState
-from gpusched.store import LaunchInfo, Store, TimelineRow, TimelineWrite
+from gpusched.store import LaunchInfo, Store, StoredClaim, TimelineRow, TimelineWrite
+from gpusched.store.attempts import record_requeued
 from tests.test_store import NOW, end, new_job, start
 
 
@@ -48,6 +49,12 @@ def _one_server(path: Path) -> tuple[str, dict[str, int]]:
         assert end(store, oom, state=JobState.FAILED, reason=str(EndReason.OOM))
         ids["oom"] = oom
         ids["retry"] = store.add_retry(oom, 16 * 2**30).id
+        with store.engine.begin() as conn:  # two earlier runs of a requeued job (a cluster's)
+            for node in ("a", "b"):
+                record_requeued(
+                    conn, ids["done"], node=node, started_at=NOW, now=NOW, why=f"{node} down"
+                )
+        store.keep_head_claim(StoredClaim(ids["after"], ("GPU-1", "GPU-2"), 2**30))
     finally:
         store.close()
     return url, ids
@@ -62,18 +69,31 @@ def _everything(url: str) -> dict[int, tuple[Job, LaunchInfo, list[TimelineRow]]
         store.close()
 
 
+def _history(url: str) -> tuple[dict[int, list[dict[str, object]]], StoredClaim | None]:
+    """The earlier runs of every job, and the head's kept cards."""
+    store = Store(url)
+    try:
+        return store.attempts(range(1, store.count() + 100)), store.head_claim()
+    finally:
+        store.close()
+
+
 def test_ids_states_environments_and_history_are_copied(tmp_path: Path, database_url: str) -> None:
     source, ids = _one_server(tmp_path / "one-server.db")
     before = _everything(source)
+    history = _history(source)
+    assert len(history[0][ids["done"]]) == 2 and history[1] is not None
 
     done = _copy(source, database_url)
 
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().startswith(
-        f"copied {len(before)} jobs (7 not ended), 2 environments and 3 time-series points"
+        f"copied {len(before)} jobs (7 not ended), 2 environments, 3 time-series points"
+        " and 2 earlier runs"
     )
     assert "ids kept" in done.stdout
     assert _everything(database_url) == before
+    assert _history(database_url) == history
     target = Store(database_url)
     try:
         active = [i for i, (job, *_) in sorted(before.items()) if job.state in ACTIVE_STATES]
@@ -123,6 +143,10 @@ def test_a_target_with_jobs_is_refused_unless_merging(tmp_path: Path, database_u
         assert target.get(ids["array"] + 10).array_id == 2  # after bob's
         assert target.launch_info(ids["running"] + 10).env == {"A": "1"}
         assert [p.t for p in target.timeline_rows(ids["running"] + 10)] == [1000, 1001, 1002]
+        runs = target.attempts([ids["done"] + 10])[ids["done"] + 10]
+        assert [(r["attempt"], r["node"]) for r in runs] == [(1, "a"), (2, "b")]
+        head = target.head_claim()
+        assert head is not None and head.job_id == ids["after"] + 10
         assert target.get(5).user == "bob"
     finally:
         target.close()

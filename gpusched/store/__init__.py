@@ -25,7 +25,7 @@ here, which re-exports what the rest of gpusched uses:
 
 from __future__ import annotations
 
-from gpusched.store.attempts import AttemptRecords, job_attempts
+from gpusched.store.attempts import AttemptRecords, RunHere, job_attempts
 from gpusched.store.database import jobs, metadata, timeline_points
 from gpusched.store.head_claims import HeadClaimRecords, StoredClaim
 from gpusched.store.nodes import LeaseRow, NodeRecords, NodeRow
@@ -47,6 +47,7 @@ __all__ = [
     "NodePlacement",
     "NodeRow",
     "Queued",
+    "RunHere",
     "Store",
     "StoredClaim",
     "TimelineRow",

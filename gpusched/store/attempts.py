@@ -3,18 +3,23 @@ declared down): the `job_attempts` table. The job's row is always its latest run
 requeue first copies the run it ends here (node, started, ended, outcome), so `show`,
 `history` and the dashboard list every run, and the run's real end, reported later by
 its node, is written here too (or becomes the job's end, if it completed before the job
-was run again: store.placements `end_requeued`).
+was run again: store.placements `requeued_run_ended`), or, if it still runs when its node
+is heard again and the job has not started elsewhere, the run is taken back
+(`take_back_requeued`) and its attempt removed: it never ended.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Column, ForeignKey, Integer, String, Table, Text, func, select, update
 from sqlalchemy.engine import Connection
 
-from gpusched.store.database import Database, metadata
+from gpusched.core.models import JobState
+from gpusched.store.database import Database, jobs, metadata
+from gpusched.store.nodes import node_is_live
 
 job_attempts = Table(
     "job_attempts",
@@ -26,6 +31,19 @@ job_attempts = Table(
     Column("ended_at", String, nullable=True),  # when it was put back in the queue
     Column("outcome", Text, nullable=False),  # what ended it, in words
 )
+
+
+@dataclass(frozen=True)
+class RunHere:
+    """A run of a job still going on a node, as that node last saw its row: what taking
+    it back (`take_back_requeued`) writes again."""
+
+    job_id: int
+    pid: int
+    pid_start_time: str | None
+    gpu_uuids: tuple[str, ...]
+    gpu_indices: tuple[int, ...]
+    log_path: str | None
 
 
 def record_requeued(
@@ -92,3 +110,52 @@ class AttemptRecords(Database):
                 }
             )
         return found
+
+    def take_back_requeued(self, name: str, epoch: int, runs: Sequence[RunHere]) -> list[int]:
+        """Jobs queued again when node `name` was declared down whose runs still go on
+        there: `running` there again under its current `epoch`, as they were (started when
+        that run started), if the job
+        is still queued (not started, ended or held since) and its last run is the one on
+        `name`; that run's attempt is removed, since it never ended. One transaction: the
+        ids taken back (a job claimed elsewhere meanwhile is not)."""
+        taken: list[int] = []
+        with self.engine.begin() as conn:
+            if not node_is_live(conn, name, epoch, self.lease_clock):
+                return []
+            for run in runs:
+                last = conn.execute(
+                    select(job_attempts.c.attempt, job_attempts.c.node, job_attempts.c.started_at)
+                    .where(job_attempts.c.job_id == run.job_id)
+                    .order_by(job_attempts.c.attempt.desc())
+                ).first()
+                if last is None or last[1] != name:
+                    continue  # never requeued from here, or run elsewhere since
+                done = conn.execute(
+                    update(jobs)
+                    .where(
+                        jobs.c.id == run.job_id,
+                        jobs.c.state == str(JobState.QUEUED),
+                        jobs.c.requeue.is_not(None),
+                    )
+                    .values(
+                        state=str(JobState.RUNNING),
+                        node=name,
+                        node_epoch=epoch,
+                        gpu_uuids=list(run.gpu_uuids),
+                        gpu_indices=list(run.gpu_indices),
+                        pid=run.pid,
+                        pid_start_time=run.pid_start_time,
+                        log_path=run.log_path,
+                        started_at=last[2],
+                        waiting_reason=None,
+                    )
+                )
+                if done.rowcount != 1:
+                    continue
+                conn.execute(
+                    job_attempts.delete().where(
+                        job_attempts.c.job_id == run.job_id, job_attempts.c.attempt == last[0]
+                    )
+                )
+                taken.append(run.job_id)
+        return taken

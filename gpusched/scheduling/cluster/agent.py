@@ -34,6 +34,7 @@ from gpusched.core.models import (
     JobState,
     NodeStatus,
 )
+from gpusched.core.output import job_log_path
 from gpusched.core.ratelog import RateLimitedLog
 from gpusched.processes.launching import OutcomeKind
 from gpusched.scheduling.cluster.clock import ClusterClock
@@ -48,7 +49,7 @@ from gpusched.scheduling.policy import Plan
 from gpusched.scheduling.reading import LatestReading
 from gpusched.scheduling.starting import JobStarter
 from gpusched.scheduling.stopping import stop_local
-from gpusched.store import NodeGuard
+from gpusched.store import NodeGuard, RunHere
 from gpusched.store.nodes import NODE_DOWN, NODE_DRAINED, NODE_UP
 
 log = logging.getLogger("gpusched.cluster")
@@ -79,6 +80,9 @@ class ClusterAgent:
         self.elect = ElectedScheduler(context, endings, node, self.trouble)
         self._signalled: set[int] = set()  # running jobs asked to stop (a cancel from elsewhere)
         self._seen_placed: set[int] = set()  # jobs placed here, as the last poll saw them
+        # The cards of the jobs running here (job id -> uuids, indices), as started or last
+        # read: a requeued run taken back is written there again (_take_back).
+        self._cards: dict[int, tuple[tuple[str, ...], tuple[int, ...]]] = {}
 
     @property
     def name(self) -> str:
@@ -217,6 +221,7 @@ class ClusterAgent:
         """The place phase: renew -> stop what was cancelled elsewhere -> if elected, the
         shared pass rules over every node -> start what was placed here."""
         headroom = self.context.config.headroom_bytes
+        self._remember_cards(seen.running)
         self._renew(seen, gpu_reports(seen.gpus, seen.usage, seen.running, headroom))
         self._stop_cancelled(seen.running)
         result = None
@@ -254,28 +259,79 @@ class ClusterAgent:
             node.epoch,
             row.epoch,
         )
-        self._reconcile()
+        back = self._reconcile()
         sent_at = self.context.clock.monotonic()
         epoch = self.store.claim_node(self.name, node.identity.owner, node.timeout_s, row)
         if epoch > 0:
             node.renewed(epoch, sent_at)
             log.info("node %s rejoined the cluster (epoch %s)", self.name, epoch)
-            self._revive(list(node.local))
+            self._take_back(back)
+            self._revive([i for i in node.local if i not in back])
 
-    def _reconcile(self) -> None:
-        """Back from being declared down: stop the processes of jobs the cluster queued
-        again or ended otherwise; those it ended `lost` run on, their end reported later."""
+    def _reconcile(self) -> list[int]:
+        """Back from being declared down: stop the processes of jobs the cluster ended
+        otherwise or started elsewhere; those it ended `lost` run on, their end reported
+        later; the requeued ones still queued, whose runs go on here, are returned, to be
+        taken back once this node has rejoined (_take_back)."""
         launcher = self.context.launcher
         local = self.node.local
         rows = self.store.rows_of(list(local))
+        back: list[int] = []
         for job_id, (_epoch, pid, start_time) in list(local.items()):
             state, node, _ = rows.get(job_id, (JobState.LOST, None, None))
             if state == JobState.LOST and node == self.name:
                 continue  # lost with this node: still ours, its real end will be recorded
+            running = launcher.is_running(pid, start_time)
+            if state == JobState.QUEUED and running and job_id in self._cards:
+                back.append(job_id)  # queued again, not started elsewhere: ours to take back
+                continue
             del local[job_id]
-            if launcher.is_running(pid, start_time):
+            if running:
                 log.warning("job %s was given to the cluster again: stopping it here", job_id)
                 launcher.cancel(pid, start_time)
+        return back
+
+    def _take_back(self, job_ids: list[int]) -> None:
+        """Requeued jobs whose runs still go on here, this node back: `running` here again
+        as they were (store `take_back_requeued`: only if still queued and last run here),
+        so they are not run a second time; any the database refuses (started elsewhere
+        meanwhile) is stopped here."""
+        if not job_ids:
+            return
+        node = self.node
+        launcher = self.context.launcher
+        jobs = self.store.get_many(job_ids)
+        runs = []
+        for job_id in job_ids:
+            _old, pid, began = node.local[job_id]
+            uuids, indices = self._cards[job_id]
+            default = str(launcher.log_path(job_id))
+            job = jobs.get(job_id)
+            log_path = default if job is None else job_log_path(job, default)
+            runs.append(RunHere(job_id, pid, began, uuids, indices, log_path))
+        taken = set(self.store.take_back_requeued(self.name, node.epoch, runs))
+        for job_id in job_ids:
+            _old, pid, began = node.local[job_id]
+            if job_id in taken:
+                node.local[job_id] = (node.epoch, pid, began)
+                log.warning(
+                    "job %s, queued again when node %s was declared down, still runs here:"
+                    " taken back (running here again, not run twice)",
+                    job_id,
+                    self.name,
+                )
+                continue
+            del node.local[job_id]
+            if launcher.is_running(pid, began):
+                log.warning("job %s was given to the cluster again: stopping it here", job_id)
+                launcher.cancel(pid, began)
+
+    def _remember_cards(self, running: list[Job]) -> None:
+        for job in running:
+            if job.node == self.name and job.gpu_uuids:
+                self._cards[job.id] = (tuple(job.gpu_uuids), tuple(job.gpu_indices))
+        for job_id in set(self._cards) - set(self.node.local):
+            del self._cards[job_id]
 
     def _missing_users(self) -> set[str]:
         account = self.node.identity.account
@@ -325,7 +381,8 @@ class ClusterAgent:
             if account is None or len(gpus) != len(job.gpu_uuids):
                 self.store.unplace(job.id, self.name)
                 continue
-            self.starter.start_placed(job, gpus, guard, account)
+            if self.starter.start_placed(job, gpus, guard, account):
+                self._cards[job.id] = (tuple(job.gpu_uuids), tuple(job.gpu_indices))
 
 
 def _elsewhere(state: JobState) -> str:
