@@ -35,8 +35,8 @@ from gpusched.core.models import TERMINAL_STATES, JobState
 from gpusched.store import Store
 from gpusched.store.attempts import job_attempts
 from gpusched.store.database import envs, jobs, lock_submits, timeline_points
-from gpusched.store.head_claims import head_claims
 from gpusched.store.engine import describe_url, is_disconnect, unavailable
+from gpusched.store.head_claims import head_claims
 from gpusched.store.schema import lift_server_bounds
 from gpusched.store.waits import unbounded
 
