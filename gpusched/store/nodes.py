@@ -33,7 +33,8 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.sql.elements import ColumnElement
 
-from gpusched.store.database import Database, metadata
+from gpusched.core.models import JobState
+from gpusched.store.database import Database, jobs, metadata
 
 NODE_UP = "up"
 NODE_DOWN = "down"
@@ -95,6 +96,13 @@ class LeaseRow:
 
 class NodeRecords(Database):
     """Reads and conditional writes of `nodes` and `leases`."""
+
+    def waiting_users(self) -> set[str]:
+        """The user names of the queued jobs: each node says which of them it lacks. One
+        indexed DISTINCT, where reading every queued job cost 0.8 s a pass with 10,000."""
+        query = select(jobs.c.user).where(jobs.c.state == str(JobState.QUEUED)).distinct()
+        with self.read() as conn:
+            return {str(user) for user in conn.execute(query).scalars()}
 
     def node_rows(self) -> list[NodeRow]:
         with self.read() as conn:

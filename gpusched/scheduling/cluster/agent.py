@@ -335,7 +335,7 @@ class ClusterAgent:
 
     def _missing_users(self) -> set[str]:
         account = self.node.identity.account
-        return {user for user in {job.user for job in self.store.queued()} if account(user) is None}
+        return {user for user in self.store.waiting_users() if account(user) is None}
 
     def poll(self) -> None:
         """Between passes (the daemon calls it every half second): a pass at once when the
