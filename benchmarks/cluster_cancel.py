@@ -26,6 +26,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,11 +48,12 @@ def _factory(root: Path) -> Any:
     return make
 
 
-def _disturb(cluster: Cluster, victim: str, stop: threading.Event) -> None:
-    """Faults on `victim`, one after another, until `stop`."""
+def _disturb(cluster: Cluster, victim: str, stop: threading.Event, cuts: list[int]) -> None:
+    """Faults on `victim`, one after another, until `stop`; `cuts` counts the cuts."""
     proxy = cluster.proxies[victim]
     while not stop.is_set():
-        proxy.cut_inside_transaction("UPDATE nodes").wait(10)
+        if proxy.cut_inside_transaction("UPDATE nodes").wait(10):
+            cuts[0] += 1
         stop.wait(3)  # its row locked until the server's idle-in-transaction timeout
         proxy.heal()
         stop.wait(2)
@@ -61,12 +63,17 @@ def _disturb(cluster: Cluster, victim: str, stop: threading.Event) -> None:
         stop.wait(4)
 
 
-def _ended(cluster: Cluster, job_id: int) -> bool:
-    return cluster.states([job_id])[job_id] not in ("queued", "running", "held")
+def _running(cluster: Cluster, job_id: int) -> Callable[[], bool]:
+    return lambda: cluster.states([job_id])[job_id] == "running"
 
 
-def measure(root: Path, cancels: int, faults: bool) -> tuple[list[float], list[float]]:
-    """(seconds to the reply, seconds until the job ended) of each cancel."""
+def _ended(cluster: Cluster, job_id: int) -> Callable[[], bool]:
+    return lambda: cluster.states([job_id])[job_id] not in ("queued", "running", "held")
+
+
+def measure(root: Path, cancels: int, faults: bool) -> tuple[list[float], list[float], int, int]:
+    """(seconds to the reply, seconds until the job ended) of each cancel, the cuts inside
+    a transaction and the times the third node was declared down."""
     root.mkdir(parents=True)
     with private_server(fsync=True) as server:
         database = server.create_database(template=TEMPLATE)
@@ -78,19 +85,22 @@ def measure(root: Path, cancels: int, faults: bool) -> tuple[list[float], list[f
             runner, victim = [n for n in NODES if n != scheduler]
             via = daemons[scheduler]
             client = via.client()
+            cuts = [0]
             if faults:
-                threading.Thread(target=_disturb, args=(cluster, victim, stop)).start()
+                threading.Thread(target=_disturb, args=(cluster, victim, stop, cuts)).start()
             replies: list[float] = []
             ended: list[float] = []
             for _ in range(cancels):
                 job_id = cluster.submit(via, 600.0, 10, "--node", runner)
-                eventually(lambda j=job_id: cluster.states([j])[j] == "running", 60, interval=0.05)
+                eventually(_running(cluster, job_id), 60, interval=0.05)
                 began = time.monotonic()
                 client.cancel(job_id)
                 replies.append(time.monotonic() - began)
-                eventually(lambda j=job_id: _ended(cluster, j), 60, interval=0.02)
+                eventually(_ended(cluster, job_id), 60, interval=0.02)
                 ended.append(time.monotonic() - began)
-            return replies, ended
+            row = cluster.store.node_row(victim)
+            downs = 0 if row is None else row.epoch - 1
+            return replies, ended, cuts[0], downs
         finally:
             stop.set()
             cluster.close()
@@ -114,9 +124,11 @@ def main() -> None:
     args = parser.parse_args()
     print_conditions()
     with tempfile.TemporaryDirectory() as tmp:
-        replies, ended = measure(Path(tmp) / "cluster", args.cancels, args.faults)
+        replies, ended, cuts, downs = measure(Path(tmp) / "cluster", args.cancels, args.faults)
     over = sum(1 for t in ended if t > DOCUMENTED_S)
     label = "with faults on a third node" if args.faults else "no fault"
+    if args.faults:
+        print(f"the third node: cut inside a transaction {cuts} times, declared down {downs}")
     print(
         f"{label}: ended after p50 {statistics.median(ended):.2f} s, p95 {_p(ended, 0.95):.2f}"
         f" s, max {max(ended):.2f} s, {over} of {len(ended)} over {DOCUMENTED_S:g} s; reply"

@@ -57,7 +57,7 @@ def _queue(world: World, count: int) -> None:
 
 
 @contextlib.contextmanager
-def shared_database(kind: str, rtt_ms: float) -> Iterator[dict[str, str]]:
+def shared_database(kind: str, rtt_ms: float) -> Iterator[dict[str, Any]]:
     """The config naming the nodes' shared database ({}: make_cluster's SQLite file)."""
     if kind == "sqlite":
         yield {}
@@ -80,7 +80,7 @@ def shared_database(kind: str, rtt_ms: float) -> Iterator[dict[str, str]]:
 
 
 def measure(
-    queued: int, rounds: int, database: dict[str, str] | None = None
+    queued: int, rounds: int, database: dict[str, Any] | None = None
 ) -> tuple[float, float, int]:
     """(jobs started per second of pass time, waiting-reason rows written per pass after
     the first, jobs started)."""
