@@ -52,7 +52,13 @@ def _one_server(path: Path) -> tuple[str, dict[str, int]]:
         with store.engine.begin() as conn:  # two earlier runs of a requeued job (a cluster's)
             for node in ("a", "b"):
                 record_requeued(
-                    conn, ids["done"], node=node, started_at=NOW, now=NOW, why=f"{node} down"
+                    conn,
+                    ids["done"],
+                    node=node,
+                    started_at=NOW,
+                    cards=(["GPU-1"], [0]),
+                    now=NOW,
+                    why=f"{node} down",
                 )
         store.keep_head_claim(StoredClaim(ids["after"], ("GPU-1", "GPU-2"), 2**30))
     finally:

@@ -14,7 +14,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Column, ForeignKey, Integer, String, Table, Text, func, select, update
+from sqlalchemy import (
+    JSON,
+    Column,
+    ForeignKey,
+    Integer,
+    String,
+    Table,
+    Text,
+    func,
+    select,
+    update,
+)
 from sqlalchemy.engine import Connection
 
 from gpusched.core.models import JobState
@@ -30,26 +41,35 @@ job_attempts = Table(
     Column("started_at", String, nullable=True),
     Column("ended_at", String, nullable=True),  # when it was put back in the queue
     Column("outcome", Text, nullable=False),  # what ended it, in words
+    # The cards the run held (NULL before 0016): a run taken back runs on them again.
+    Column("gpu_uuids", JSON, nullable=True),
+    Column("gpu_indices", JSON, nullable=True),
 )
 
 
 @dataclass(frozen=True)
 class RunHere:
-    """A run of a job still going on a node, as that node last saw its row: what taking
-    it back (`take_back_requeued`) writes again."""
+    """A run of a job still going on a node, as that node finds its process: what taking
+    it back (`take_back_requeued`) writes again, beside what its attempt kept."""
 
     job_id: int
     pid: int
     pid_start_time: str | None
-    gpu_uuids: tuple[str, ...]
-    gpu_indices: tuple[int, ...]
     log_path: str | None
 
 
 def record_requeued(
-    conn: Connection, job_id: int, *, node: str, started_at: str | None, now: str, why: str
+    conn: Connection,
+    job_id: int,
+    *,
+    node: str,
+    started_at: str | None,
+    cards: tuple[list[str], list[int]],
+    now: str,
+    why: str,
 ) -> None:
-    """In the requeue's transaction: the run it ends, as the job's next attempt."""
+    """In the requeue's transaction: the run it ends, as the job's next attempt (`cards`:
+    the uuids and indices of the GPUs it held)."""
     last = conn.execute(
         select(func.max(job_attempts.c.attempt)).where(job_attempts.c.job_id == job_id)
     ).scalar()
@@ -61,6 +81,8 @@ def record_requeued(
             started_at=started_at,
             ended_at=now,
             outcome=f"queued again: {why}",
+            gpu_uuids=cards[0],
+            gpu_indices=cards[1],
         )
     )
 
@@ -113,8 +135,8 @@ class AttemptRecords(Database):
 
     def take_back_requeued(self, name: str, epoch: int, runs: Sequence[RunHere]) -> list[int]:
         """Jobs queued again when node `name` was declared down whose runs still go on
-        there: `running` there again under its current `epoch`, as they were (started when
-        that run started), if the job
+        there: `running` there again under its current `epoch`, as they were (on the cards
+        and from the start their attempt kept), if the job
         is still queued (not started, ended or held since) and its last run is the one on
         `name`; that run's attempt is removed, since it never ended. One transaction: the
         ids taken back (a job claimed elsewhere meanwhile is not)."""
@@ -124,12 +146,12 @@ class AttemptRecords(Database):
                 return []
             for run in runs:
                 last = conn.execute(
-                    select(job_attempts.c.attempt, job_attempts.c.node, job_attempts.c.started_at)
+                    select(job_attempts)
                     .where(job_attempts.c.job_id == run.job_id)
                     .order_by(job_attempts.c.attempt.desc())
                 ).first()
-                if last is None or last[1] != name:
-                    continue  # never requeued from here, or run elsewhere since
+                if last is None or last.node != name or last.gpu_uuids is None:
+                    continue  # never requeued from here, run elsewhere since, or no cards kept
                 done = conn.execute(
                     update(jobs)
                     .where(
@@ -141,12 +163,12 @@ class AttemptRecords(Database):
                         state=str(JobState.RUNNING),
                         node=name,
                         node_epoch=epoch,
-                        gpu_uuids=list(run.gpu_uuids),
-                        gpu_indices=list(run.gpu_indices),
+                        gpu_uuids=list(last.gpu_uuids),
+                        gpu_indices=list(last.gpu_indices or []),
                         pid=run.pid,
                         pid_start_time=run.pid_start_time,
                         log_path=run.log_path,
-                        started_at=last[2],
+                        started_at=last.started_at,
                         waiting_reason=None,
                     )
                 )
@@ -154,7 +176,7 @@ class AttemptRecords(Database):
                     continue
                 conn.execute(
                     job_attempts.delete().where(
-                        job_attempts.c.job_id == run.job_id, job_attempts.c.attempt == last[0]
+                        job_attempts.c.job_id == run.job_id, job_attempts.c.attempt == last.attempt
                     )
                 )
                 taken.append(run.job_id)

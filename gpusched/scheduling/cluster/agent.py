@@ -3,14 +3,16 @@ scheduler when elected.
 
 Every pass (`place`), as AGENT: renew this node's lease (a conditional write on its name
 and epoch, timed by the database's clock) with its GPUs as read now; if the lease was
-refused, the node was declared down while it was away: stop what the cluster gave to
-another node, keep the jobs it ended `lost` whose processes still run here, and rejoin:
-those are `running` again (counted on their cards, cancellable, their real end
-recorded). Then ask the node's running jobs that were cancelled from elsewhere to stop;
-if elected (one daemon at a time, through the `leases` row), schedule the cluster
-(cluster.elected: the shared pass rules over every node); and start the jobs placed on
-this node, each only while this node is inside its launch deadline (cluster.node; the
-starter checks it again once its claim has committed, and the supervisor before exec).
+refused, the node was declared down while it was away: stop what the cluster ended or
+gave to another node, keep the jobs it ended `lost` whose processes still run here, and
+rejoin: those are `running` again (counted on their cards, cancellable, their real end
+recorded), and so are the jobs it queued again (`--requeue`) whose runs still go on here
+and that have not started elsewhere since (taken back, not run twice). Then ask the
+node's running jobs that were cancelled from elsewhere to stop; if elected (one daemon at
+a time, through the `leases` row), schedule the cluster (cluster.elected: the shared
+pass rules over every node); and start the jobs placed on this node, each only while
+this node is inside its launch deadline (cluster.node; the starter checks it again once
+its claim has committed, and the supervisor before exec).
 Between passes the daemon calls `poll` every half second: placements on this node and
 cancels of its jobs take effect at once, whatever poll_interval is.
 
@@ -80,9 +82,6 @@ class ClusterAgent:
         self.elect = ElectedScheduler(context, endings, node, self.trouble)
         self._signalled: set[int] = set()  # running jobs asked to stop (a cancel from elsewhere)
         self._seen_placed: set[int] = set()  # jobs placed here, as the last poll saw them
-        # The cards of the jobs running here (job id -> uuids, indices), as started or last
-        # read: a requeued run taken back is written there again (_take_back).
-        self._cards: dict[int, tuple[tuple[str, ...], tuple[int, ...]]] = {}
 
     @property
     def name(self) -> str:
@@ -126,12 +125,14 @@ class ClusterAgent:
         """At start, after adoption (which settles this node's `running` rows): of the
         jobs this server ran (`job_ids_here`: those it keeps a directory for, listed only
         now), a job ended `lost` with this node is settled from its exit record if its
-        supervisor is gone, and watched (and `running` again) if it still runs; a live
-        copy of any other job that is not this node's running one (queued again, ended,
-        running elsewhere) is stopped."""
+        supervisor is gone, and watched (and `running` again) if it still runs; a job
+        queued again whose run still goes on here is taken back (_take_back) if it has not
+        started elsewhere since; a live copy of any other job that is not this node's
+        running one (held, ended, running elsewhere) is stopped."""
         launcher = self.context.launcher
         ids = job_ids_here()
         revived: list[int] = []
+        back: list[int] = []
         for start in range(0, len(ids), 500):
             rows = self.store.rows_of(ids[start : start + 500])
             for job_id, (state, node, _epoch) in rows.items():
@@ -148,14 +149,15 @@ class ClusterAgent:
                 if pid is None or began is None:  # its supervisor is gone
                     if lost_here or state in (JobState.QUEUED, JobState.HELD, JobState.RUNNING):
                         self._settle_from_record(job_id)  # lost, or a requeued run's end
-                elif lost_here:
-                    log.info("job %s, ended lost with this node, still runs: watched", job_id)
+                elif lost_here or state == JobState.QUEUED:
+                    log.info("job %s, %s with this node, still runs: watched", job_id, state)
                     self.node.started(job_id, pid, began)
                     launcher.watch(job_id, pid, began)
-                    revived.append(job_id)
+                    (revived if lost_here else back).append(job_id)
                 else:
                     log.warning("job %s is %s here: stopping its copy", job_id, _elsewhere(state))
                     launcher.cancel(pid, began)
+        self._take_back(back)  # queued again from here: taken back unless run elsewhere
         self._revive(revived)
 
     def _settle_from_record(self, job_id: int) -> None:
@@ -221,7 +223,6 @@ class ClusterAgent:
         """The place phase: renew -> stop what was cancelled elsewhere -> if elected, the
         shared pass rules over every node -> start what was placed here."""
         headroom = self.context.config.headroom_bytes
-        self._remember_cards(seen.running)
         self._renew(seen, gpu_reports(seen.gpus, seen.usage, seen.running, headroom))
         self._stop_cancelled(seen.running)
         result = None
@@ -282,7 +283,7 @@ class ClusterAgent:
             if state == JobState.LOST and node == self.name:
                 continue  # lost with this node: still ours, its real end will be recorded
             running = launcher.is_running(pid, start_time)
-            if state == JobState.QUEUED and running and job_id in self._cards:
+            if state == JobState.QUEUED and running:
                 back.append(job_id)  # queued again, not started elsewhere: ours to take back
                 continue
             del local[job_id]
@@ -304,11 +305,10 @@ class ClusterAgent:
         runs = []
         for job_id in job_ids:
             _old, pid, began = node.local[job_id]
-            uuids, indices = self._cards[job_id]
             default = str(launcher.log_path(job_id))
             job = jobs.get(job_id)
             log_path = default if job is None else job_log_path(job, default)
-            runs.append(RunHere(job_id, pid, began, uuids, indices, log_path))
+            runs.append(RunHere(job_id, pid, began, log_path))
         taken = set(self.store.take_back_requeued(self.name, node.epoch, runs))
         for job_id in job_ids:
             _old, pid, began = node.local[job_id]
@@ -325,13 +325,6 @@ class ClusterAgent:
             if launcher.is_running(pid, began):
                 log.warning("job %s was given to the cluster again: stopping it here", job_id)
                 launcher.cancel(pid, began)
-
-    def _remember_cards(self, running: list[Job]) -> None:
-        for job in running:
-            if job.node == self.name and job.gpu_uuids:
-                self._cards[job.id] = (tuple(job.gpu_uuids), tuple(job.gpu_indices))
-        for job_id in set(self._cards) - set(self.node.local):
-            del self._cards[job_id]
 
     def _missing_users(self) -> set[str]:
         account = self.node.identity.account
@@ -381,8 +374,7 @@ class ClusterAgent:
             if account is None or len(gpus) != len(job.gpu_uuids):
                 self.store.unplace(job.id, self.name)
                 continue
-            if self.starter.start_placed(job, gpus, guard, account):
-                self._cards[job.id] = (tuple(job.gpu_uuids), tuple(job.gpu_indices))
+            self.starter.start_placed(job, gpus, guard, account)
 
 
 def _elsewhere(state: JobState) -> str:
