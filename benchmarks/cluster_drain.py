@@ -1,6 +1,6 @@
 """How fast a cluster drains a long queue onto a freed card, and what each pass writes.
 
-Two nodes' schedulers on one SQLite file (tests/world.py `make_cluster`: the real store,
+Two nodes' schedulers on one database (tests/world.py `make_cluster`: the real store,
 pass rules, election, placements and starts; the launcher and the GPUs are test doubles,
 so no process is forked and the figure is the scheduler's own cost), one 24G GPU each,
 --queued jobs of 1G waiting (issue 26: 10,000). Each round every running job ends (the
@@ -9,14 +9,23 @@ was placed on it. Reported: jobs started per second of pass time, and the rows o
 `jobs` each pass updated for waiting reasons (before issue 26: every waiting job's,
 every pass).
 
+The database: an SQLite file, or a private PostgreSQL (tests/postgres.py: initdb and
+pg_ctl as `postgres`, fsync on, the server-side bounds of docs/cluster.md section 1)
+over TCP, optionally through a proxy that delays each message by half of --rtt-ms each
+way (tests/faultproxy.py), a lab network's round trip.
+
     python benchmarks/cluster_drain.py [--queued 10000] [--rounds 10]
+        [--database sqlite|postgresql] [--rtt-ms 0]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +35,8 @@ from sqlalchemy import event
 from gpusched.core.models import JobState
 from gpusched.store import NewJob
 from tests.fakes import GiB
+from tests.faultproxy import FaultProxy
+from tests.postgres import SERVER_BOUNDS, TEMPLATE, private_server
 from tests.world import World, make_cluster
 
 TARGET_JOBS_PER_S = 20.0
@@ -45,11 +56,36 @@ def _queue(world: World, count: int) -> None:
     world.scheduler.store.jobs.add_many([new] * count, "2026-01-05T09:00:00+00:00", as_array=True)
 
 
-def measure(queued: int, rounds: int) -> tuple[float, float, int]:
+@contextlib.contextmanager
+def shared_database(kind: str, rtt_ms: float) -> Iterator[dict[str, Any]]:
+    """The config naming the nodes' shared database ({}: make_cluster's SQLite file)."""
+    if kind == "sqlite":
+        yield {}
+        return
+    with private_server(fsync=True) as server:
+        # docs/cluster.md section 1's idle-in-transaction bound for the nodes' default
+        # node_timeout of 30 s (the tests' 2 s is for their 4 s).
+        bounds = {**SERVER_BOUNDS, "idle_in_transaction_session_timeout": "10s"}
+        database = server.create_database(template=TEMPLATE, bounds=bounds)
+        os.environ["PGPASSWORD"] = server.password  # TCP, as a lab's nodes connect
+        proxy = None
+        if rtt_ms > 0:
+            proxy = FaultProxy(server.port)
+            proxy.delay(rtt_ms / 2000)
+        try:
+            yield {"database": server.tcp_url(database, None if proxy is None else proxy.port)}
+        finally:
+            if proxy is not None:
+                proxy.close()
+
+
+def measure(
+    queued: int, rounds: int, database: dict[str, Any] | None = None
+) -> tuple[float, float, int]:
     """(jobs started per second of pass time, waiting-reason rows written per pass after
     the first, jobs started)."""
     with tempfile.TemporaryDirectory() as tmp:
-        a, b = make_cluster(Path(tmp), ["a", "b"], [24 * GiB])
+        a, b = make_cluster(Path(tmp), ["a", "b"], [24 * GiB], **(database or {}))
         a.tick()
         b.tick()
         _queue(a, queued)
@@ -84,11 +120,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--queued", type=int, default=10_000)
     parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--database", choices=["sqlite", "postgresql"], default="sqlite")
+    parser.add_argument("--rtt-ms", type=float, default=0.0, help="PostgreSQL: a network's")
     args = parser.parse_args()
     print_conditions()
-    rate, rows, started = measure(args.queued, args.rounds)
+    with shared_database(args.database, args.rtt_ms) as database:
+        rate, rows, started = measure(args.queued, args.rounds, database)
+    where = args.database if args.database == "sqlite" else f"PostgreSQL, rtt {args.rtt_ms:g} ms"
     report(
-        "cluster drain",
+        f"cluster drain ({where})",
         [
             Figure(
                 f"jobs started per second, {args.queued:,} queued",

@@ -38,6 +38,8 @@ BENCHMARKS = (
     "timeline_storage",
     "cluster",
     "cluster_drain",
+    "cluster_liveness",
+    "cluster_cancel",
 )
 
 

@@ -15,6 +15,9 @@ runs, a test switches what the network does:
   `after`, the proxy turns into a blackhole right after passing that answer on: the client
   thinks its statement done and waits for its COMMIT's answer forever, while the server
   holds the transaction's row locks for a client it will not hear from again.
+- `cut_at_commit(after="UPDATE jobs SET state")`: once a connection has sent a statement
+  holding `after`, the COMMIT it sends next reaches the server, and the proxy turns into a
+  blackhole right after passing it on: the write is applied, its answer never arrives.
 
 It reads PostgreSQL's framing (a type byte and a length), which is why the daemon's URL
 disables TLS and GSSAPI (tests/postgres.py `tcp_url`). Pure Python, a thread per direction.
@@ -61,6 +64,7 @@ class _Pair:
         self.server = server
         self.after_statement = False  # the last statement held the cut's text
         self.prepared: dict[bytes, bytes] = {}  # statement name -> its text (psycopg prepares)
+        self.commit_armed = False  # sent a statement holding cut_at_commit's text
 
     def close(self, reset: bool = False) -> None:
         for sock in (self.client, self.server):
@@ -84,6 +88,7 @@ class FaultProxy:
         self._mode = PASS
         self._delay_s = 0.0
         self._cut_after: str | None = None
+        self._commit_after: str | None = None
         self.cut = threading.Event()  # set when cut_inside_transaction cut
         self._pairs: set[_Pair] = set()
         self._closed = False
@@ -93,7 +98,7 @@ class FaultProxy:
 
     def heal(self) -> None:
         with self._lock:
-            self._mode, self._cut_after = PASS, None
+            self._mode, self._cut_after, self._commit_after = PASS, None, None
 
     def blackhole(self) -> None:
         with self._lock:
@@ -113,6 +118,12 @@ class FaultProxy:
         with self._lock:
             self.cut.clear()
             self._cut_after = after
+        return self.cut
+
+    def cut_at_commit(self, after: str = "UPDATE jobs SET state") -> threading.Event:
+        with self._lock:
+            self.cut.clear()
+            self._commit_after = after
         return self.cut
 
     def close(self) -> None:
@@ -160,8 +171,9 @@ class FaultProxy:
                     break
                 with self._lock:
                     mode, delay_s, cut_after = self._mode, self._delay_s, self._cut_after
+                    commit_after = self._commit_after
                 # Framing is followed on every byte, so that a cut armed later starts in step.
-                cut_now = self._watch(pair, frames, data, cut_after)
+                cut_now = self._watch(pair, frames, data, cut_after, commit_after)
                 if mode == BLACKHOLE or sink is None:
                     continue  # taken and dropped
                 if mode == DELAY:
@@ -169,7 +181,7 @@ class FaultProxy:
                 sink.sendall(data)
                 if cut_now:
                     with self._lock:
-                        self._mode, self._cut_after = BLACKHOLE, None
+                        self._mode, self._cut_after, self._commit_after = BLACKHOLE, None, None
                     self.cut.set()
         except OSError:
             pass
@@ -180,19 +192,31 @@ class FaultProxy:
         pair.close()
 
     @staticmethod
-    def _watch(pair: _Pair, frames: _Frames, data: bytes, after: str | None) -> bool:
-        """Whether this chunk (from the server) says a transaction is open after `after`."""
+    def _watch(
+        pair: _Pair, frames: _Frames, data: bytes, after: str | None, commit_after: str | None
+    ) -> bool:
+        """Whether to cut once this chunk is passed on: it is the server saying a
+        transaction is open after `after`, or the client's COMMIT after `commit_after`."""
         cut = False
         for kind, body in frames.feed(data):
+            text = None
             if kind == b"Q":  # a simple query
-                pair.after_statement = after is not None and after.encode() in body
+                text = body
             elif kind == b"P":  # Parse: statement name, text
                 name, _, rest = body.partition(b"\0")
                 pair.prepared[name] = rest.partition(b"\0")[0]
             elif kind == b"B":  # Bind: portal name, statement name (its text from Parse)
                 statement = body.split(b"\0", 2)[1]
                 text = pair.prepared.get(statement, b"")
-                pair.after_statement = after is not None and after.encode() in text
             elif kind == b"Z" and pair.after_statement and body[:1] == b"T":
-                cut = after is not None
+                cut = cut or after is not None
+            if text is None:
+                continue
+            pair.after_statement = after is not None and after.encode() in text
+            if commit_after is None:
+                pair.commit_armed = False
+            elif commit_after.encode() in text:
+                pair.commit_armed = True
+            elif pair.commit_armed and text.lstrip().upper().startswith(b"COMMIT"):
+                cut = True
         return cut

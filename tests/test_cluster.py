@@ -186,7 +186,7 @@ def test_wait_on_another_server_sees_the_end_within_a_second_or_two(
         waiting.wait()
 
 
-def test_a_daemon_back_after_being_declared_down_stops_the_requeued_and_watches_the_lost(
+def test_a_daemon_back_after_being_declared_down_takes_back_the_requeued_and_watches_the_lost(
     node: Callable[..., RunningDaemon], tmp_path: Path
 ) -> None:
     a = node("a")
@@ -204,8 +204,11 @@ def test_a_daemon_back_after_being_declared_down_stops_the_requeued_and_watches_
     a.wait_reason(again, "none of its nodes (b) is up", timeout=10)
     assert psutil.pid_exists(old_pid)
     b.start()
-    eventually(lambda: not psutil.pid_exists(old_pid), 15)  # stopped: it is queued again
-    assert a.wait_state(again, {"running"}, timeout=15)["node"] == "b"  # and runs once more
+    # Queued again, not started elsewhere, its run still going: taken back, not run twice.
+    assert a.wait_state(again, {"running"}, timeout=15)["node"] == "b"
+    assert a.show(again)["pid"] == old_pid
+    assert psutil.pid_exists(old_pid)
+    assert a.show(again)["attempts"] == []  # its one run never ended
     go.touch()
     ended = a.wait_state(lost, {"failed"}, timeout=15)  # its real end, recorded by b
     assert (ended["reason"], ended["exit_code"]) == ("exit", 3)

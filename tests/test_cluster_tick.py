@@ -190,25 +190,79 @@ def test_the_scheduler_declares_nobody_down_until_it_has_been_steady_for_node_ti
     assert {n.name: n.state for n in a.scheduler.nodes()} == {"a": "up", "b": "up"}
 
 
-def test_a_node_back_after_being_declared_down_stops_the_requeued_and_keeps_the_lost(
+def test_a_node_back_after_being_declared_down_takes_back_the_requeued_and_keeps_the_lost(
     tmp_path: Path,
 ) -> None:
+    """A `--requeue` job queued again when its node was declared down, whose run still
+    runs there when the node is heard again and that has not started elsewhere, is taken
+    back: running there again (not stopped and run a second time), counted on its card,
+    its one end recorded once."""
     a, b = _pair(tmp_path)
     lost = a.submit(GiB, allowed_nodes=("b",))
-    again = a.submit(GiB, allowed_nodes=("b",), requeue=1)
+    again = a.submit(20 * GiB, allowed_nodes=("b",), requeue=1)
     a.tick()
     b.tick()
+    first = a.job(again)
+    assert (first.state, first.node) == (JobState.RUNNING, "b")
     epoch = a.scheduler.store.nodes.node_row("b").epoch  # type: ignore[union-attr]
     _until(lambda: a.state(lost) == JobState.LOST, a)
+    assert (a.state(again), a.job(again).node) == (JobState.QUEUED, None)
     b.tick()  # back: its renewal is refused, it reconciles and rejoins
-    assert b.launcher.stop_requests == [again]  # given to the cluster again: stopped here
+    assert b.launcher.stop_requests == []  # neither is stopped here
     assert lost in b.launcher.running  # ended lost with b: runs on, watched
+    assert again in b.launcher.running
     row = a.scheduler.store.nodes.node_row("b")
     assert row is not None
     assert (row.state, row.epoch) == ("up", epoch + 1)  # rejoined at the epoch of its down
+    taken = a.job(again)
+    assert (taken.state, taken.node) == (JobState.RUNNING, "b")
+    assert (
+        a.scheduler.store.placements.rows_of([again])[again][2] == epoch + 1
+    )  # under its new epoch
+    assert (taken.gpu_uuids, taken.gpu_indices) == (first.gpu_uuids, first.gpu_indices)
+    assert (taken.pid, taken.started_at, taken.log_path) == (
+        first.pid,
+        first.started_at,
+        first.log_path,
+    )
+    assert a.scheduler.store.attempts.earlier_runs([again]) == {}  # its run was never ended
+    # Counted on its card: a second 20G job does not fit beside it on b's 24G card.
+    beside = a.submit(20 * GiB, allowed_nodes=("b",))
+    for _ in range(3):
+        a.tick()
+        b.tick()
+    assert a.state(beside) == JobState.QUEUED
+    assert b.launcher.started.count(again) == 1  # never run a second time
     b.finish(lost, Outcome(OutcomeKind.EXIT, exit_code=3))  # its real end, reported by b
     ended = a.job(lost)
     assert (ended.state, ended.reason, ended.exit_code) == (JobState.FAILED, EndReason.EXIT, 3)
+    b.finish(again)  # the taken-back run's end: the job's, recorded once
+    done = a.job(again)
+    assert (done.state, done.reason, done.exit_code) == (JobState.DONE, EndReason.EXIT, 0)
+    assert (
+        a.scheduler.store.attempts.earlier_runs([again]) == {}
+    )  # one run, ended once: no earlier run
+    _until(lambda: a.state(beside) == JobState.RUNNING, a, b)
+    assert a.job(again) == done
+
+
+def test_a_node_back_after_being_declared_down_stops_a_requeued_run_started_elsewhere(
+    tmp_path: Path,
+) -> None:
+    a, b = _pair(tmp_path)
+    filler = a.submit(20 * GiB, allowed_nodes=("a",))
+    again = a.submit(20 * GiB, requeue=1)  # a's card is taken: it goes to b
+    a.tick()
+    b.tick()
+    assert (a.state(again), a.job(again).node) == (JobState.RUNNING, "b")
+    _until(lambda: a.state(again) == JobState.QUEUED, a)  # b declared down: queued again
+    a.finish(filler)
+    _until(lambda: a.state(again) == JobState.RUNNING, a)  # started again, on a
+    assert a.job(again).node == "a"
+    b.tick()  # back: its copy runs on elsewhere, so it is stopped here
+    assert b.launcher.stop_requests == [again]
+    assert (a.state(again), a.job(again).node) == (JobState.RUNNING, "a")
+    assert len(a.scheduler.store.attempts.earlier_runs([again])[again]) == 1
 
 
 def test_a_node_declared_down_cannot_start_what_was_placed_under_its_old_epoch(

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from gpusched.core.models import ACTIVE_STATES, EndReason, Job, JobState
-from gpusched.store import LaunchInfo, Store, TimelineRow, TimelineWrite
+from gpusched.store import LaunchInfo, Store, StoredClaim, TimelineRow, TimelineWrite
+from gpusched.store.attempts import record_requeued
 from tests.test_store import NOW, end, new_job, start
 
 
@@ -48,6 +49,20 @@ def _one_server(path: Path) -> tuple[str, dict[str, int]]:
         assert end(store, oom, state=JobState.FAILED, reason=str(EndReason.OOM))
         ids["oom"] = oom
         ids["retry"] = store.usage.add_retry(oom, 16 * 2**30).id
+        with (
+            store.database.engine.begin() as conn
+        ):  # two earlier runs of a requeued job (a cluster's)
+            for node in ("a", "b"):
+                record_requeued(
+                    conn,
+                    ids["done"],
+                    node=node,
+                    started_at=NOW,
+                    cards=(["GPU-1"], [0]),
+                    now=NOW,
+                    why=f"{node} down",
+                )
+        store.head_claims.keep(StoredClaim(ids["after"], ("GPU-1", "GPU-2"), 2**30))
     finally:
         store.close()
     return url, ids
@@ -65,18 +80,33 @@ def _everything(url: str) -> dict[int, tuple[Job, LaunchInfo, list[TimelineRow]]
         store.close()
 
 
+def _history(url: str) -> tuple[dict[int, list[dict[str, object]]], StoredClaim | None]:
+    """The earlier runs of every job, and the head's kept cards."""
+    store = Store(url)
+    try:
+        return store.attempts.earlier_runs(
+            range(1, store.jobs.count() + 100)
+        ), store.head_claims.current()
+    finally:
+        store.close()
+
+
 def test_ids_states_environments_and_history_are_copied(tmp_path: Path, database_url: str) -> None:
     source, ids = _one_server(tmp_path / "one-server.db")
     before = _everything(source)
+    history = _history(source)
+    assert len(history[0][ids["done"]]) == 2 and history[1] is not None
 
     done = _copy(source, database_url)
 
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().startswith(
-        f"copied {len(before)} jobs (7 not ended), 2 environments and 3 time-series points"
+        f"copied {len(before)} jobs (7 not ended), 2 environments, 3 time-series points"
+        " and 2 earlier runs"
     )
     assert "ids kept" in done.stdout
     assert _everything(database_url) == before
+    assert _history(database_url) == history
     target = Store(database_url)
     try:
         active = [i for i, (job, *_) in sorted(before.items()) if job.state in ACTIVE_STATES]
@@ -130,6 +160,10 @@ def test_a_target_with_jobs_is_refused_unless_merging(tmp_path: Path, database_u
             1001,
             1002,
         ]
+        runs = target.attempts.earlier_runs([ids["done"] + 10])[ids["done"] + 10]
+        assert [(r["attempt"], r["node"]) for r in runs] == [(1, "a"), (2, "b")]
+        head = target.head_claims.current()
+        assert head is not None and head.job_id == ids["after"] + 10
         assert target.jobs.get(5).user == "bob"
     finally:
         target.close()

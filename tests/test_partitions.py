@@ -54,6 +54,31 @@ def test_status_fails_in_one_line_within_the_bound_while_the_database_is_silent(
     assert a.stderr().count("Traceback") == 0, a.stderr()
 
 
+@pytest.mark.parametrize("command", ["hold", "release", "cancel"])
+def test_a_write_whose_commit_went_unanswered_does_not_say_nothing_was_changed(
+    cluster: Cluster, command: str
+) -> None:
+    """The database applied the write but its answer to the COMMIT was lost: the request
+    fails in one line that says it may have been done, never "nothing was changed"."""
+    a = cluster.node("a")
+    first = cluster.submit(a, 0.1, 10, "--hold")
+    waiting = cluster.submit(a, 0.1, 10, "--after", str(first))  # queued, cannot start
+    job = first if command == "release" else waiting
+    before = cluster.states([job])[job]
+    cut = cluster.proxies["a"].cut_at_commit("UPDATE jobs SET state=")
+    result = a.cli(command, str(job), timeout=120)
+    assert cut.is_set(), (result.stdout, result.stderr)
+    assert result.returncode != 0, result.stdout
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "is unavailable (" in lines[0], lines
+    assert "nothing was changed" not in lines[0] and "may have been done" in lines[0], lines
+    after = cluster.states([job])[job]  # the test's own view: the COMMIT was applied
+    assert after != before, (before, after)
+    cluster.proxies["a"].heal()
+    eventually(lambda: a.cli("status").returncode == 0, 30)
+
+
 @pytest.mark.parametrize(
     ("role", "statement"),
     [("agent", "UPDATE nodes"), ("scheduler", "UPDATE leases")],

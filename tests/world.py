@@ -154,7 +154,8 @@ def make_node(
     """One node of `make_cluster`'s cluster (root/cluster.db). `launcher`: the processes
     of a daemon that ran before (its supervisors and exit records outlive it): a restart
     of that node. Joined; adoption and reconciling at start are the caller's."""
-    database = f"sqlite:///{root / 'cluster.db'}"
+    # `database=URL` among the config: another shared database (a benchmark's PostgreSQL).
+    database = str(config.pop("database", f"sqlite:///{root / 'cluster.db'}"))
     here = root / name
     settings = {**directory_settings(here, None), "database": database, "node": name}
     holder = ConfigHolder(load_config(None, {**settings, "headroom": "0", **config}))

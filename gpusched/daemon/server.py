@@ -37,7 +37,7 @@ from gpusched.daemon.identity import Caller, user_name
 from gpusched.daemon.listening import DeadlineReader, Listener, Slots
 from gpusched.daemon.services import Services
 from gpusched.daemon.trusted_dirs import untrusted_part
-from gpusched.store.engine import is_disconnect, unavailable
+from gpusched.store.engine import commits_sent, is_disconnect, unavailable
 
 log = logging.getLogger("gpusched.server")
 
@@ -161,13 +161,15 @@ class Server:
         return Caller(pid, uid, gid, user, admin)
 
     def handle_frame(self, caller: Caller, frame: bytes) -> dict[str, Any]:
+        commits = commits_sent()
         try:
             return ok_reply(dispatch(self.services, caller, decode(frame)))
         except GpuschedError as exc:
             return error_reply(exc)
         except Exception as exc:  # a bug must cost one request, not the daemon
             if is_disconnect(exc):  # the database is away: say which, not a traceback
-                error = unavailable(exc, self.services.store.where)
+                sent = commits_sent() != commits  # a COMMIT went out: it may have applied
+                error = unavailable(exc, self.services.store.where, committed=sent)
                 log.warning("request refused: %s", error.message)
                 return error_reply(error)
             log.exception("request failed")

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from gpusched.store.attempts import Attempts, job_attempts
+from gpusched.store.attempts import Attempts, RunHere, job_attempts
 from gpusched.store.database import Database
 from gpusched.store.head_claims import HeadClaims, StoredClaim
 from gpusched.store.nodes import LeaseRow, NodeRow, Nodes
@@ -61,6 +61,7 @@ __all__ = [
     "Nodes",
     "Placements",
     "Queued",
+    "RunHere",
     "Store",
     "StoredClaim",
     "Timeline",

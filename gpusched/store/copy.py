@@ -3,8 +3,11 @@ copy-database`), e.g. a one-server SQLite file into a lab's shared PostgreSQL.
 
 Run as root with the daemon stopped (it must not write the source meanwhile). Both
 databases are first brought to this gpusched's schema. Every job row, the environments
-its jobs use and their time series are copied in one transaction on the target: all or
-nothing.
+its jobs use, their time series, the earlier runs of requeued jobs (`job_attempts`) and
+the blocked head's kept cards (`head_claims`, unless the target keeps its own) are copied
+in one transaction on the target: all or nothing. What is not job history is not copied:
+a cluster's `nodes` and `leases` rows are the source servers' liveness, which each daemon
+writes again when it joins the target.
 
 Job ids. Into a database without jobs, ids are kept: running jobs' supervisors, state
 directories and logs are found by id, so the daemon, started again on the target, re-adopts
@@ -23,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import func, select, text
+from sqlalchemy import Table, func, select, text
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 
@@ -33,7 +36,7 @@ from gpusched.store import Store
 from gpusched.store.engine import describe_url, is_disconnect, unavailable
 from gpusched.store.migrations import lift_server_bounds
 from gpusched.store.rows import lock_submits
-from gpusched.store.schema import envs, jobs, timeline_points
+from gpusched.store.schema import envs, head_claims, job_attempts, jobs, timeline_points
 from gpusched.store.waits import unbounded
 
 _BATCH = 500  # rows per INSERT
@@ -46,13 +49,14 @@ class CopyReport:
     environments: int
     id_shift: int  # added to every source id (0: ids kept)
     timeline_points: int
+    attempts: int = 0  # earlier runs of requeued jobs
 
     def describe(self, source: str, target: str) -> str:
         ids = "ids kept" if self.id_shift == 0 else f"ids shifted by +{self.id_shift}"
         return (
             f"copied {self.jobs} jobs ({self.active} not ended), {self.environments}"
-            f" environments and {self.timeline_points} time-series points from {source}"
-            f" to {target}; {ids}"
+            f" environments, {self.timeline_points} time-series points and"
+            f" {self.attempts} earlier runs from {source} to {target}; {ids}"
         )
 
 
@@ -86,19 +90,29 @@ def _copy_envs(source: Connection, target: Connection) -> dict[int, int]:
     return mapping
 
 
-def _copy_timelines(source: Connection, target: Connection, shift: int) -> int:
-    """Every job's time series, after the jobs (its rows name them); how many points."""
+def _copy_by_job(source: Connection, target: Connection, table: Table, shift: int) -> int:
+    """Every row of a table keyed by job (time series, earlier runs), after the jobs
+    (its rows name them), their job ids shifted; how many rows."""
     copied = 0
     batch: list[dict[str, Any]] = []
-    for row in source.execute(select(timeline_points)).mappings():
+    for row in source.execute(select(table)).mappings():
         batch.append({**row, "job_id": row["job_id"] + shift})
         if len(batch) == _BATCH:
-            target.execute(timeline_points.insert(), batch)
+            target.execute(table.insert(), batch)
             copied, batch = copied + len(batch), []
     if batch:
-        target.execute(timeline_points.insert(), batch)
+        target.execute(table.insert(), batch)
         copied += len(batch)
     return copied
+
+
+def _copy_head_claim(source: Connection, target: Connection, shift: int) -> None:
+    """The cards kept for the source's blocked head, unless the target keeps some for its
+    own head (one claim at most: scheduling.head_claim)."""
+    if target.execute(select(func.count()).select_from(head_claims)).scalar_one():
+        return
+    for row in source.execute(select(head_claims)).mappings():
+        target.execute(head_claims.insert().values({**row, "job_id": row["job_id"] + shift}))
 
 
 def _advance_sequences(target: Connection) -> None:
@@ -166,9 +180,11 @@ def copy_database(source_url: str, target_url: str, *, merge: bool = False) -> C
             if batch:
                 dst.execute(jobs.insert(), batch)
                 copied += len(batch)
-            points = _copy_timelines(src, dst, shift)
+            points = _copy_by_job(src, dst, timeline_points, shift)
+            attempts = _copy_by_job(src, dst, job_attempts, shift)
+            _copy_head_claim(src, dst, shift)
             _advance_sequences(dst)
-        return CopyReport(copied, active, len(env_ids), shift, points)
+        return CopyReport(copied, active, len(env_ids), shift, points, attempts)
     finally:
         source.close()
         target.close()

@@ -83,7 +83,22 @@ def describe_url(url: str) -> str:
 def make_engine(url: str) -> Engine:
     engine = _make_engine(url)
     event.listen(engine, "after_cursor_execute", _answered)
+    event.listen(engine, "commit", _committing)
     return engine
+
+
+# COMMITs this thread has sent (whether answered or not): a request that fails once one
+# was sent cannot say "nothing was changed" (`unavailable`).
+_COMMITS = threading.local()
+
+
+def _committing(_conn: Connection) -> None:
+    _COMMITS.sent = commits_sent() + 1
+
+
+def commits_sent() -> int:
+    """How many COMMITs this thread has sent so far: read before and after a request."""
+    return int(getattr(_COMMITS, "sent", 0))
 
 
 def _answered(*_: Any) -> None:
@@ -110,10 +125,17 @@ def _make_engine(url: str) -> Engine:
     return engine
 
 
-def unavailable(exc: DBAPIError, where: str) -> GpuschedError:
-    """One line for a person: the database (no password) and the driver's first line."""
+def unavailable(exc: DBAPIError, where: str, committed: bool = False) -> GpuschedError:
+    """One line for a person: the database (no password) and the driver's first line.
+    `committed`: the failed request had sent a COMMIT (its answer lost, or an earlier
+    write of the same request applied), so what it asked may have been done in part."""
     first = str(exc.orig).strip().splitlines()[0] if str(exc.orig).strip() else type(exc).__name__
-    return GpuschedError(f"the database {where} is unavailable ({first}); nothing was changed")
+    outcome = (
+        "what was asked may have been done, in whole or in part: look before asking again"
+        if committed
+        else "nothing was changed"
+    )
+    return GpuschedError(f"the database {where} is unavailable ({first}); {outcome}")
 
 
 def is_disconnect(exc: BaseException) -> TypeGuard[DBAPIError]:

@@ -279,14 +279,22 @@ class Placements:
             running = (jobs.c.node == name) & (jobs.c.state == str(JobState.RUNNING))
             rows = conn.execute(
                 select(
-                    jobs.c.id, jobs.c.requeue, type_coerce(jobs.c.notify, Text), jobs.c.started_at
+                    jobs.c.id,
+                    jobs.c.requeue,
+                    type_coerce(jobs.c.notify, Text),
+                    jobs.c.started_at,
+                    jobs.c.gpu_uuids,
+                    jobs.c.gpu_indices,
                 ).where(running)
             ).all()
             requeued = [int(r[0]) for r in rows if r[1]]
             lost = [(int(r[0]), decode_json(r[2]) is not None) for r in rows if not r[1]]
             for r in rows:
                 if r[1]:  # the run it ends stays visible (store.attempts)
-                    record_requeued(conn, int(r[0]), node=name, started_at=r[3], now=now, why=why)
+                    cards = (list(r[4] or []), list(r[5] or []))
+                    record_requeued(
+                        conn, int(r[0]), node=name, started_at=r[3], cards=cards, now=now, why=why
+                    )
             if requeued:
                 conn.execute(
                     update(jobs)

@@ -176,4 +176,7 @@ job_attempts = Table(
     Column("started_at", String, nullable=True),
     Column("ended_at", String, nullable=True),  # when it was put back in the queue
     Column("outcome", Text, nullable=False),  # what ended it, in words
+    # The cards the run held (NULL before 0016): a run taken back runs on them again.
+    Column("gpu_uuids", JSON, nullable=True),
+    Column("gpu_indices", JSON, nullable=True),
 )

@@ -3,14 +3,16 @@ scheduler when elected.
 
 Every pass (`place`), as AGENT: renew this node's lease (a conditional write on its name
 and epoch, timed by the database's clock) with its GPUs as read now; if the lease was
-refused, the node was declared down while it was away: stop what the cluster gave to
-another node, keep the jobs it ended `lost` whose processes still run here, and rejoin:
-those are `running` again (counted on their cards, cancellable, their real end
-recorded). Then ask the node's running jobs that were cancelled from elsewhere to stop;
-if elected (one daemon at a time, through the `leases` row), schedule the cluster
-(cluster.elected: the shared pass rules over every node); and start the jobs placed on
-this node, each only while this node is inside its launch deadline (cluster.node; the
-starter checks it again once its claim has committed, and the supervisor before exec).
+refused, the node was declared down while it was away: stop what the cluster ended or
+gave to another node, keep the jobs it ended `lost` whose processes still run here, and
+rejoin: those are `running` again (counted on their cards, cancellable, their real end
+recorded), and so are the jobs it queued again (`--requeue`) whose runs still go on here
+and that have not started elsewhere since (taken back, not run twice). Then ask the
+node's running jobs that were cancelled from elsewhere to stop; if elected (one daemon at
+a time, through the `leases` row), schedule the cluster (cluster.elected: the shared
+pass rules over every node); and start the jobs placed on this node, each only while
+this node is inside its launch deadline (cluster.node; the starter checks it again once
+its claim has committed, and the supervisor before exec).
 Between passes the daemon calls `poll` every half second: placements on this node and
 cancels of its jobs take effect at once, whatever poll_interval is.
 
@@ -35,6 +37,7 @@ from gpusched.core.models import (
     NodeStatus,
 )
 from gpusched.processes.launching import OutcomeKind
+from gpusched.processes.output import job_log_path
 from gpusched.scheduling.cluster.clock import ClusterClock
 from gpusched.scheduling.cluster.elected import ElectedScheduler
 from gpusched.scheduling.cluster.inputs import NodeView, node_report
@@ -48,7 +51,7 @@ from gpusched.scheduling.ratelog import RateLimitedLog
 from gpusched.scheduling.reading import LatestReading
 from gpusched.scheduling.starting import JobStarter
 from gpusched.scheduling.stopping import stop_local
-from gpusched.store import NodeGuard
+from gpusched.store import NodeGuard, RunHere
 from gpusched.store.nodes import NODE_DOWN, NODE_DRAINED, NODE_UP
 
 log = logging.getLogger("gpusched.cluster")
@@ -71,6 +74,7 @@ class ClusterAgent:
         self.context = context
         self.jobs, self.placements = context.store.jobs, context.store.placements
         self.node_records = context.store.nodes
+        self.attempts = context.store.attempts  # a requeued run taken back (_take_back)
         self.endings = endings
         self.starter = starter
         self.node = node
@@ -123,12 +127,14 @@ class ClusterAgent:
         """At start, after adoption (which settles this node's `running` rows): of the
         jobs this server ran (`job_ids_here`: those it keeps a directory for, listed only
         now), a job ended `lost` with this node is settled from its exit record if its
-        supervisor is gone, and watched (and `running` again) if it still runs; a live
-        copy of any other job that is not this node's running one (queued again, ended,
-        running elsewhere) is stopped."""
+        supervisor is gone, and watched (and `running` again) if it still runs; a job
+        queued again whose run still goes on here is taken back (_take_back) if it has not
+        started elsewhere since; a live copy of any other job that is not this node's
+        running one (held, ended, running elsewhere) is stopped."""
         launcher = self.context.launcher
         ids = job_ids_here()
         revived: list[int] = []
+        back: list[int] = []
         for start in range(0, len(ids), 500):
             rows = self.placements.rows_of(ids[start : start + 500])
             for job_id, (state, node, _epoch) in rows.items():
@@ -145,14 +151,15 @@ class ClusterAgent:
                 if pid is None or began is None:  # its supervisor is gone
                     if lost_here or state in (JobState.QUEUED, JobState.HELD, JobState.RUNNING):
                         self._settle_from_record(job_id)  # lost, or a requeued run's end
-                elif lost_here:
-                    log.info("job %s, ended lost with this node, still runs: watched", job_id)
+                elif lost_here or state == JobState.QUEUED:
+                    log.info("job %s, %s with this node, still runs: watched", job_id, state)
                     self.node.started(job_id, pid, began)
                     launcher.watch(job_id, pid, began)
-                    revived.append(job_id)
+                    (revived if lost_here else back).append(job_id)
                 else:
                     log.warning("job %s is %s here: stopping its copy", job_id, _elsewhere(state))
                     launcher.cancel(pid, began)
+        self._take_back(back)  # queued again from here: taken back unless run elsewhere
         self._revive(revived)
 
     def _settle_from_record(self, job_id: int) -> None:
@@ -257,32 +264,75 @@ class ClusterAgent:
             node.epoch,
             row.epoch,
         )
-        self._reconcile()
+        back = self._reconcile()
         sent_at = self.context.clock.monotonic()
         epoch = self.node_records.claim_node(self.name, node.identity.owner, node.timeout_s, row)
         if epoch > 0:
             node.renewed(epoch, sent_at)
             log.info("node %s rejoined the cluster (epoch %s)", self.name, epoch)
-            self._revive(list(node.local))
+            self._take_back(back)
+            self._revive([i for i in node.local if i not in back])
 
-    def _reconcile(self) -> None:
-        """Back from being declared down: stop the processes of jobs the cluster queued
-        again or ended otherwise; those it ended `lost` run on, their end reported later."""
+    def _reconcile(self) -> list[int]:
+        """Back from being declared down: stop the processes of jobs the cluster ended
+        otherwise or started elsewhere; those it ended `lost` run on, their end reported
+        later; the requeued ones still queued, whose runs go on here, are returned, to be
+        taken back once this node has rejoined (_take_back)."""
         launcher = self.context.launcher
         local = self.node.local
         rows = self.placements.rows_of(list(local))
+        back: list[int] = []
         for job_id, (_epoch, pid, start_time) in list(local.items()):
             state, node, _ = rows.get(job_id, (JobState.LOST, None, None))
             if state == JobState.LOST and node == self.name:
                 continue  # lost with this node: still ours, its real end will be recorded
+            running = launcher.is_running(pid, start_time)
+            if state == JobState.QUEUED and running:
+                back.append(job_id)  # queued again, not started elsewhere: ours to take back
+                continue
             del local[job_id]
-            if launcher.is_running(pid, start_time):
+            if running:
                 log.warning("job %s was given to the cluster again: stopping it here", job_id)
                 launcher.cancel(pid, start_time)
+        return back
+
+    def _take_back(self, job_ids: list[int]) -> None:
+        """Requeued jobs whose runs still go on here, this node back: `running` here again
+        as they were (store `take_back_requeued`: only if still queued and last run here),
+        so they are not run a second time; any the database refuses (started elsewhere
+        meanwhile) is stopped here."""
+        if not job_ids:
+            return
+        node = self.node
+        launcher = self.context.launcher
+        jobs = self.jobs.get_many(job_ids)
+        runs = []
+        for job_id in job_ids:
+            _old, pid, began = node.local[job_id]
+            default = str(launcher.log_path(job_id))
+            job = jobs.get(job_id)
+            log_path = default if job is None else job_log_path(job, default)
+            runs.append(RunHere(job_id, pid, began, log_path))
+        taken = set(self.attempts.take_back_requeued(self.name, node.epoch, runs))
+        for job_id in job_ids:
+            _old, pid, began = node.local[job_id]
+            if job_id in taken:
+                node.local[job_id] = (node.epoch, pid, began)
+                log.warning(
+                    "job %s, queued again when node %s was declared down, still runs here:"
+                    " taken back (running here again, not run twice)",
+                    job_id,
+                    self.name,
+                )
+                continue
+            del node.local[job_id]
+            if launcher.is_running(pid, began):
+                log.warning("job %s was given to the cluster again: stopping it here", job_id)
+                launcher.cancel(pid, began)
 
     def _missing_users(self) -> set[str]:
         account = self.node.identity.account
-        return {user for user in {job.user for job in self.jobs.queued()} if account(user) is None}
+        return {user for user in self.node_records.waiting_users() if account(user) is None}
 
     def poll(self) -> None:
         """Between passes (the daemon calls it every half second): a pass at once when the
