@@ -34,6 +34,19 @@ def _tree_bytes(path: Path) -> int:
 
 
 def _db_bytes(daemon: RunningDaemon) -> int:
+    """The database's size on disk once its write-ahead log is folded back: the WAL is
+    working space (SQLite checkpoints it every 1000 pages, and a reader at that instant
+    lets it grow past that for a while), the data kept is the database file."""
+
+    def folded() -> bool:
+        conn = sqlite3.connect(daemon.root / "gpusched.db", timeout=5)
+        try:
+            busy, _log, _done = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        finally:
+            conn.close()
+        return busy == 0
+
+    eventually(folded, timeout=30)
     return sum(p.stat().st_size for p in daemon.root.glob("gpusched.db*") if p.is_file())
 
 
