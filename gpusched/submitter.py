@@ -15,7 +15,6 @@ equal). Neither typing nor the request catalog is imported at run time here."""
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -32,6 +31,35 @@ if TYPE_CHECKING:
     from gpusched.core.requests.catalog import SubmitRequest
 
 
+def which(name: str, path: str | None) -> str | None:
+    """`shutil.which(name, path=path)` as it is on POSIX for text, without importing shutil
+    (whose import loads zlib, bz2 and lzma: milliseconds of every `gpusched submit`);
+    tests/test_cli_fast_frames.py compares the two."""
+    if os.path.dirname(name):
+        return name if _executable(name) else None
+    if path is None:
+        path = os.environ.get("PATH", None)
+        if path is None:
+            try:
+                path = os.confstr("CS_PATH")
+            except (AttributeError, ValueError):
+                path = os.defpath
+    if not path:
+        return None
+    seen = set()
+    for directory in os.fsdecode(path).split(os.pathsep):
+        if directory not in seen:  # os.path.normcase is the identity on POSIX
+            seen.add(directory)
+            candidate = os.path.join(directory, name)
+            if _executable(candidate):
+                return candidate
+    return None
+
+
+def _executable(path: str) -> bool:
+    return os.path.exists(path) and os.access(path, os.X_OK) and not os.path.isdir(path)
+
+
 def resolve_command(command: Sequence[str], cwd: str, path_env: str | None) -> list[str]:
     """`train.py` that is not executable runs with the `python` on the submitter's PATH."""
     argv = list(command)
@@ -41,7 +69,7 @@ def resolve_command(command: Sequence[str], cwd: str, path_env: str | None) -> l
     if first.endswith(".py"):
         script = Path(cwd, first)
         if not (script.is_file() and os.access(script, os.X_OK)):
-            python = shutil.which("python", path=path_env) or shutil.which("python3", path=path_env)
+            python = which("python", path_env) or which("python3", path_env)
             if python is None:
                 raise UsageError(f"cannot run {first}: no python or python3 on your PATH")
             argv.insert(0, python)
@@ -64,7 +92,7 @@ def runnable_command(
         return argv, None  # the request's own check says what an empty command lacks
     if "/" in first:
         return argv, _not_runnable(Path(cwd, first), first)
-    if shutil.which(first, path=path_env) is not None:
+    if which(first, path_env) is not None:
         return argv, None
     here = Path(cwd, first)
     if here.is_file() and os.access(here, os.X_OK):
@@ -93,7 +121,7 @@ def _not_runnable(path: Path, given: str) -> str | None:
 
 def _hint(first: str, here: Path, path_env: str | None) -> str:
     """What the user probably meant."""
-    if shutil.which(f"{first}3", path=path_env) is not None:
+    if which(f"{first}3", path_env) is not None:
         return f"; {first}3 is there: use {first}3 (Debian and Ubuntu have no plain `{first}`)"
     if here.is_file():
         return f"; ./{first} is not executable: chmod +x {first}, or name its interpreter first"

@@ -181,3 +181,37 @@ def test_a_submit_frame_refuses_what_the_request_refuses(options: dict[str, Any]
     with pytest.raises(GpuschedError) as frame:
         submit_frame(dict(fields))
     assert (type(frame.value), str(frame.value)) == (type(request.value), str(request.value))
+
+
+@pytest.mark.parametrize("name", ["sh", "python3", "no-such-program", "/bin/sh", "./x", "bin", "x"])
+@pytest.mark.parametrize("path", [None, "", "{tmp}", "{tmp}:/usr/bin:/bin:{tmp}", "/nowhere"])
+def test_the_submitters_which_is_shutils(name: str, path: str | None, tmp_path: Any) -> None:
+    """The program lookup a submit makes without importing shutil finds what shutil finds:
+    an executable file, never a directory or a file without its x bit."""
+    import os
+    import shutil
+
+    from gpusched.submitter import which
+
+    (tmp_path / "bin").mkdir()  # a directory named like a program
+    (tmp_path / "x").write_text("")  # not executable
+    (tmp_path / "sh").write_text("#!/bin/sh\n")
+    os.chmod(tmp_path / "sh", 0o700)  # found first when tmp comes first
+    search = None if path is None else path.format(tmp=tmp_path)
+    assert which(name, search) == shutil.which(name, path=search)
+
+
+@pytest.mark.parametrize("unit", ["B", "K", "M", "G", "T", "Gi", "GiB"])
+@pytest.mark.parametrize("number", ["1", "007", "512", "8", "0", "2000000000"])
+def test_a_whole_size_parses_as_its_decimal_form(number: str, unit: str) -> None:
+    """A whole number of units is read without the decimal module: the same bytes, or the
+    same refusal, as the number written with a fraction."""
+    from gpusched.core.units import parse_size
+
+    def outcome(text: str) -> Any:
+        try:
+            return parse_size(text, what="--mem")
+        except GpuschedError as exc:
+            return str(exc).replace(f"{number}.0", number)
+
+    assert outcome(f"{number}{unit}") == outcome(f"{number}.0{unit}")

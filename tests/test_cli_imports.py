@@ -50,6 +50,10 @@ NO_DATACLASSES = {
     "gpusched.core.requests.base",
     "gpusched.core.requests.views",
 }
+# Standard modules none of the three needs: shutil (its import loads zlib, bz2 and lzma;
+# `which` and the terminal's width are read without it) and decimal (a whole size such as
+# 1G is parsed without it).
+NOT_NEEDED = {"shutil", "decimal", "_decimal", "bz2", "lzma"}
 
 
 def _modules_of(daemon: RunningDaemon, *args: str) -> set[str]:
@@ -80,6 +84,7 @@ def test_status_show_and_submit_import_only_what_they_use(tmp_path: Path) -> Non
             assert "gpusched.cli.estimate" not in loaded
             # Drawn from the reply's JSON: no client, no models, no dataclass at all.
             assert not loaded & NO_DATACLASSES, (args, loaded & NO_DATACLASSES)
+            assert not loaded & NOT_NEEDED, (args, loaded & NOT_NEEDED)
             assert f"gpusched.cli.{args[0]}_view" in loaded
             # The reply types are for type checking: no command imports them to run.
             assert "gpusched.core.requests.replies" not in loaded, args
@@ -102,4 +107,5 @@ def test_status_show_and_submit_import_only_what_they_use(tmp_path: Path) -> Non
         "gpusched.core.requests.catalog",
         "gpusched.core.requests.base",
         *NO_DATACLASSES,
-    }, submitted & NO_DATACLASSES
+        *NOT_NEEDED,
+    }, submitted & (NO_DATACLASSES | NOT_NEEDED)
