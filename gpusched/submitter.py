@@ -9,8 +9,8 @@ Client side: runs in the user's process, never the daemon's; imported only to su
 
 The request is built as `SubmitRequest` (the Python API's, through the client) or as its
 frame alone (`submit_frame`: the same checks, core/requests/checks.py, without the request
-dataclasses, for the CLI's fast path; tests/test_cli_fast.py checks the two frames are
-equal). Neither typing nor the request catalog is imported at run time here."""
+dataclasses, for the CLI's fast path; tests/test_cli_fast_frames.py checks the two frames
+are equal). Neither typing, shutil nor the request catalog is imported at run time here."""
 
 from __future__ import annotations
 
