@@ -22,12 +22,17 @@ Each command is also timed through the click group alone (gpusched/cli/group.py,
 path before cli/fast.py and still the path of every form it leaves to click), in the same
 rounds: the before and after of the fast path in one run.
 
-Where the time goes is printed too: `python -X importtime` of one `gpusched status`
-(the imports that took longest, cumulative) and `import gpusched.cli.fast` beside
-`import gpusched.cli.group`, best of 3. Whether this interpreter's gpusched is an
-editable install is said, since the editable finder adds its own start-up to both sides.
+With --baseline-tree DIR (a checkout of an earlier commit, e.g. from `git archive`), each
+command is also timed as that tree's `gpusched` runs it (its `main()`, DIR first on
+sys.path), in the same rounds: an earlier fast path's before and after in one run.
 
-    python benchmarks/cli_latency.py [--runs 30] [--ended 10000]
+Where the time goes is printed too: `python -X importtime` of one `gpusched status`,
+`show` and `submit` (the imports that took longest, cumulative) and `import
+gpusched.cli.fast` beside `import gpusched.cli.group`, best of 3. Whether this
+interpreter's gpusched is an editable install is said, since the editable finder adds its
+own start-up to both sides.
+
+    python benchmarks/cli_latency.py [--runs 30] [--ended 10000] [--baseline-tree DIR]
 """
 
 from __future__ import annotations
@@ -54,6 +59,8 @@ IMPORTTIME_LINES = 15
 # The same command line through the click group alone (the path before cli/fast.py, and
 # still the path of every form it leaves to click), on the same interpreter.
 CLICK_ONLY = "import sys; from gpusched.cli.group import cli; cli(prog_name='gpusched')"
+# The `gpusched` script of another tree (--baseline-tree), on the same interpreter.
+TREE_MAIN = "import sys; sys.path.insert(0, {tree!r}); from gpusched.cli import main; main()"
 
 
 def import_profile(command: list[str], env: dict[str, str]) -> list[tuple[int, int, str]]:
@@ -178,7 +185,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=30)
     parser.add_argument("--ended", type=int, default=10_000)
+    parser.add_argument(
+        "--baseline-tree",
+        type=Path,
+        help="also time this tree's gpusched (an earlier commit's checkout) in the same rounds",
+    )
     args = parser.parse_args()
+    tree = None if args.baseline_tree is None else str(args.baseline_tree.resolve())
+    if tree is not None and not Path(tree, "gpusched", "cli", "__init__.py").exists():
+        sys.exit(f"--baseline-tree {tree}: no gpusched package there")
     print_conditions()
     script = Path(sys.executable).with_name("gpusched")
     if not script.exists():
@@ -210,7 +225,18 @@ def main() -> None:
             for name, args_of in timed.items():
                 commands[f"gpusched {name}"] = [str(script), *args_of]
                 commands[f"gpusched {name} (click)"] = [sys.executable, "-c", CLICK_ONLY, *args_of]
-            profile = import_profile([str(script), "status"], env)
+                if tree is not None:
+                    main_of_tree = TREE_MAIN.format(tree=tree)
+                    commands[f"gpusched {name} (baseline)"] = [
+                        sys.executable,
+                        "-c",
+                        main_of_tree,
+                        *args_of,
+                    ]
+            profiles = {
+                name: import_profile([str(script), *args_of], env)
+                for name, args_of in timed.items()
+            }
             fast_import_ms = import_ms("gpusched.cli.fast", env)
             click_import_ms = import_ms("gpusched.cli.group", env)
             medians = time_commands(commands, env, args.runs, pause_s=PAUSE_S)
@@ -238,10 +264,15 @@ def main() -> None:
     for name, value in medians.items():
         print(f"  {name:<34} {1e3 * value:7.1f} ms  {value / base:5.2f}x python -c pass")
     print(f"  jobs in the database at the end: {history} (the ended ones plus the timed submits)")
-    print(f"python -X importtime of one `gpusched status`, the {IMPORTTIME_LINES} longest:")
-    print(f"  {'self ms':>8} {'cumul. ms':>9}  module")
-    for own, cumulative, module in sorted(profile, key=lambda r: -r[1])[:IMPORTTIME_LINES]:
-        print(f"  {own / 1e3:8.1f} {cumulative / 1e3:9.1f}  {module}")
+    for name, profile in profiles.items():
+        total = sum(own for own, _, _ in profile) / 1e3
+        print(
+            f"python -X importtime of one `gpusched {name}`: {len(profile)} imports,"
+            f" {total:.1f} ms in all; the {IMPORTTIME_LINES} longest:"
+        )
+        print(f"  {'self ms':>8} {'cumul. ms':>9}  module")
+        for own, cumulative, module in sorted(profile, key=lambda r: -r[1])[:IMPORTTIME_LINES]:
+            print(f"  {own / 1e3:8.1f} {cumulative / 1e3:9.1f}  {module}")
     install = "editable" if editable_install() else "non-editable"
     print(
         f"import, best of 3 ({install} install): gpusched.cli.fast {fast_import_ms:.1f} ms,"
@@ -251,6 +282,9 @@ def main() -> None:
     for name in ("gpusched status", "gpusched submit", "gpusched show"):
         ratio = medians[name] / base
         click_ratio = medians[f"{name} (click)"] / base
+        if f"{name} (baseline)" in medians:
+            baseline_ratio = medians[f"{name} (baseline)"] / base
+            figures.append(Figure(f"{name}, baseline tree / python -c pass", baseline_ratio, "x"))
         figures += [
             Figure(f"{name} through click alone / python -c pass", click_ratio, "x"),
             Figure(name, 1e3 * medians[name], "ms"),

@@ -203,7 +203,7 @@ class Client:
         from gpusched.submitter import send_submit, submit_request
 
         request = submit_request(command, suggested_mem=self._suggested_mem, **options)
-        return send_submit(self.send, request, self.socket_path)
+        return send_submit(lambda: self.send(request), request.request_id, self.socket_path)
 
     def _suggested_mem(self, argv: tuple[str, ...]) -> int:
         """`--mem auto`: estimate_history's suggestion for a command already resolved."""

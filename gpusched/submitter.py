@@ -5,23 +5,59 @@ environment and umask, a `--notify` string split as a shell would split it (no s
 runs it), sizes and durations parsed into the request (`submit_request`), and the request
 sent so that an answer lost on the way never queues the jobs twice (`send_submit`: one
 request id for every try; the daemon answers a retry with what the first try made).
-Client side: runs in the user's process, never the daemon's; imported only to submit."""
+Client side: runs in the user's process, never the daemon's; imported only to submit.
+
+The request is built as `SubmitRequest` (the Python API's, through the client) or as its
+frame alone (`submit_frame`: the same checks, core/requests/checks.py, without the request
+dataclasses, for the CLI's fast path; tests/test_cli_fast_frames.py checks the two frames
+are equal). Neither typing, shutil nor the request catalog is imported at run time here."""
 
 from __future__ import annotations
 
 import os
-import shlex
-import shutil
 import sys
 import time
-from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 from gpusched.core.errors import DaemonUnreachable, GpuschedError, UsageError
-from gpusched.core.requests import catalog as rq
 from gpusched.core.sanitize import shown
 from gpusched.core.units import parse_job_mem, parse_job_time
+
+TYPE_CHECKING = False  # typing's own import costs every `gpusched submit`
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+    from typing import Any
+
+    from gpusched.core.requests.catalog import SubmitRequest
+
+
+def which(name: str, path: str | None) -> str | None:
+    """`shutil.which(name, path=path)` as it is on POSIX for text, without importing shutil
+    (whose import loads zlib, bz2 and lzma: milliseconds of every `gpusched submit`);
+    tests/test_cli_fast_frames.py compares the two."""
+    if os.path.dirname(name):
+        return name if _executable(name) else None
+    if path is None:
+        path = os.environ.get("PATH", None)
+        if path is None:
+            try:
+                path = os.confstr("CS_PATH")
+            except (AttributeError, ValueError):
+                path = os.defpath
+    if not path:
+        return None
+    seen = set()
+    for directory in os.fsdecode(path).split(os.pathsep):
+        if directory not in seen:  # os.path.normcase is the identity on POSIX
+            seen.add(directory)
+            candidate = os.path.join(directory, name)
+            if _executable(candidate):
+                return candidate
+    return None
+
+
+def _executable(path: str) -> bool:
+    return os.path.exists(path) and os.access(path, os.X_OK) and not os.path.isdir(path)
 
 
 def resolve_command(command: Sequence[str], cwd: str, path_env: str | None) -> list[str]:
@@ -33,7 +69,7 @@ def resolve_command(command: Sequence[str], cwd: str, path_env: str | None) -> l
     if first.endswith(".py"):
         script = Path(cwd, first)
         if not (script.is_file() and os.access(script, os.X_OK)):
-            python = shutil.which("python", path=path_env) or shutil.which("python3", path=path_env)
+            python = which("python", path_env) or which("python3", path_env)
             if python is None:
                 raise UsageError(f"cannot run {first}: no python or python3 on your PATH")
             argv.insert(0, python)
@@ -56,7 +92,7 @@ def runnable_command(
         return argv, None  # the request's own check says what an empty command lacks
     if "/" in first:
         return argv, _not_runnable(Path(cwd, first), first)
-    if shutil.which(first, path=path_env) is not None:
+    if which(first, path_env) is not None:
         return argv, None
     here = Path(cwd, first)
     if here.is_file() and os.access(here, os.X_OK):
@@ -85,7 +121,7 @@ def _not_runnable(path: Path, given: str) -> str | None:
 
 def _hint(first: str, here: Path, path_env: str | None) -> str:
     """What the user probably meant."""
-    if shutil.which(f"{first}3", path=path_env) is not None:
+    if which(f"{first}3", path_env) is not None:
         return f"; {first}3 is there: use {first}3 (Debian and Ubuntu have no plain `{first}`)"
     if here.is_file():
         return f"; ./{first} is not executable: chmod +x {first}, or name its interpreter first"
@@ -96,6 +132,8 @@ def notify_argv(notify: str | Sequence[str] | None) -> tuple[str, ...] | None:
     """`--notify 'notify-send "job done"'` -> ["notify-send", "job done"]; never a shell."""
     if notify is None:
         return None
+    import shlex  # only a --notify needs it
+
     argv = shlex.split(notify) if isinstance(notify, str) else list(notify)
     if not argv or not argv[0]:
         raise UsageError("--notify: empty command")
@@ -116,7 +154,7 @@ SUBMIT_RETRY_AFTER_S = 1.0
 ANSWER_LOST = ("stopped answering", "closed the connection", "is unavailable (")
 
 
-def submit_request(
+def submit_fields(
     command: Sequence[str],
     *,
     suggested_mem: Callable[[tuple[str, ...]], int],
@@ -127,10 +165,10 @@ def submit_request(
     after: Sequence[int] = (),
     notify: str | Sequence[str] | None = None,
     **fields: Any,
-) -> rq.SubmitRequest:
-    """The submit request for `command` from this process. `mem="auto"` asks
-    `suggested_mem(argv)` (the client's estimate from history); a new request id unless
-    `fields` carries one."""
+) -> dict[str, Any]:
+    """The submit request's fields (`SubmitRequest`'s keywords) for `command` from this
+    process. `mem="auto"` asks `suggested_mem(argv)` (the client's estimate from
+    history); a new request id unless `fields` carries one."""
     workdir = os.path.abspath(cwd if cwd is not None else os.getcwd())
     environment = dict(os.environ if env is None else env)
     argv = resolve_command(command, workdir, environment.get("PATH"))
@@ -140,30 +178,102 @@ def submit_request(
     # One id for every try of this submit: the daemon answers a retry with the jobs
     # the first try made, so a retry after a lost answer never queues twice.
     request_id = fields.pop("request_id", None) or os.urandom(16).hex()
-    return rq.SubmitRequest(
-        command=tuple(argv),
-        cwd=workdir,
-        env=environment,
-        umask=current_umask(),
-        mem=None if mem is None else parse_job_mem(mem, what="mem"),
-        time=None if time_limit is None else parse_job_time(time_limit, what="time_limit"),
-        after=tuple(after),
-        notify=notify_argv(notify),
-        request_id=request_id,
+    return {
+        "command": tuple(argv),
+        "cwd": workdir,
+        "env": environment,
+        "umask": current_umask(),
+        "mem": None if mem is None else parse_job_mem(mem, what="mem"),
+        "time": None if time_limit is None else parse_job_time(time_limit, what="time_limit"),
+        "after": tuple(after),
+        "notify": notify_argv(notify),
+        "request_id": request_id,
         **fields,
+    }
+
+
+def submit_request(
+    command: Sequence[str], *, suggested_mem: Callable[[tuple[str, ...]], int], **options: Any
+) -> SubmitRequest:
+    """The submit request for `command` from this process (submit_fields' options)."""
+    from gpusched.core.requests.catalog import SubmitRequest
+
+    return SubmitRequest(**submit_fields(command, suggested_mem=suggested_mem, **options))
+
+
+# SubmitRequest's fields that may be left out of submit_fields, with its defaults
+# (tests/test_cli_fast.py keeps them equal to the dataclass's).
+SUBMIT_DEFAULTS: dict[str, Any] = {
+    "gpus": 1,
+    "name": None,
+    "priority": 0,
+    "hold": False,
+    "max_concurrent": None,
+    "retry_oom": 0,
+    "nodes": None,
+    "requeue": False,
+    "exclusive": False,
+    "share": False,
+    "output": None,
+    "sweep": None,
+}
+
+
+def submit_frame(fields: dict[str, Any]) -> dict[str, Any]:
+    """`SubmitRequest(**fields).to_wire()` without its "op" and without the request
+    dataclasses: the same checks (UsageError in the same words), the same values."""
+    from gpusched.core.requests.checks import check_submit
+
+    values = {**SUBMIT_DEFAULTS, **fields}
+    unknown = set(values) - set(SUBMIT_DEFAULTS) - _SUBMIT_REQUIRED
+    if unknown:  # as the dataclass refuses an unexpected keyword
+        raise TypeError(f"unexpected submit fields: {sorted(unknown)}")
+    values["notify"], values["after"] = check_submit(
+        **{name: values[name] for name in _CHECKED},
     )
+    return {name: _json_value(value) for name, value in values.items()}
 
 
-def send_submit(
-    send: Callable[[rq.SubmitRequest], Any], request: rq.SubmitRequest, socket_path: Path
-) -> Any:
-    """The daemon's answer to `request`, sent again (same id) when an answer was lost."""
-    request_id = request.request_id
+_SUBMIT_REQUIRED = frozenset(
+    {"command", "cwd", "env", "umask", "mem", "time", "after", "notify", "request_id"}
+)
+_CHECKED = (
+    "command",
+    "cwd",
+    "umask",
+    "mem",
+    "gpus",
+    "name",
+    "time",
+    "max_concurrent",
+    "sweep",
+    "nodes",
+    "exclusive",
+    "share",
+    "retry_oom",
+    "notify",
+    "after",
+    "request_id",
+)
+
+
+def _json_value(value: Any) -> Any:
+    """As requests.base.to_json_value: a tuple as a list (nested), a mapping as a dict."""
+    if isinstance(value, tuple):
+        return [_json_value(item) for item in value]
+    if isinstance(value, dict):
+        return dict(value)
+    return value
+
+
+def send_submit(send: Callable[[], Any], request_id: str | None, socket_path: Path) -> Any:
+    """The daemon's answer to `send()` (one submit request, `request_id` its id), sent
+    again (the same request, so the same id) when an answer was lost."""
     retries_left = SUBMIT_RETRIES
     answer_lost = False  # a try was sent and not answered: it may have been queued
     while True:
         try:
-            return send(request)
+            return send()
         except GpuschedError as exc:
             # Sent, and no answer: the jobs may be queued, or not; only a retry with
             # the same id can tell without risking a second copy.

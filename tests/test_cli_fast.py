@@ -82,6 +82,10 @@ READING = [
     (["show", "{ended}"], True),
     (["show", "{held}"], True),
     (["show", "--json", "{ended}"], True),
+    (["show", "{notified}"], True),  # notify, after, priority: every row show draws
+    (["show", "{notified}", "--json"], True),
+    (["show", "{running}"], True),
+    (["show", "--json", "{running}"], True),
     (["show", "999999"], True),  # unknown job id: the daemon's error, exit 1
     (["show", "0"], True),
     (["status", "--help"], False),
@@ -112,6 +116,14 @@ SUBMITTING_BADLY = [
     (["submit", "--mem", "1G", "--time", "soon", "--", "true"], True),
     (["submit", "--mem", "100G", "--", "true"], True),  # more than any GPU: the daemon says
     (["submit", "--mem", "1G", "--", "/no/such/program"], True),
+    (["submit", "--mem", "1G", "--", ""], True),  # an empty program
+    (["submit", "--mem", "1G", "--", "no-such-program-here"], True),
+    (["submit", "--mem", "1G", "--", "."], True),  # a directory
+    (["submit", "--mem", "1G", "--name", "n" * 201, "--", "true"], True),
+    (["submit", "--mem=1G", "--time=0.5s", "--", "true"], True),  # too short
+    (["submit", "--mem", "1G", "--time", "0", "--", "true"], True),
+    (["submit", "--mem", "1G", "--gpus", "3", "--", "true"], True),  # more GPUs than there are
+    (["submit", "--mem", "1G", "--gpus", "-1", "--", "true"], False),
     (["submit", "--mem", "1G", "--"], False),  # no command
     (["submit", "--mem", "--", "true"], False),  # --mem's value would be "--"
     (["submit", "--mem"], False),  # missing value
@@ -136,14 +148,27 @@ def served(
     daemon.submit("--mem", "20G", "--", "sleep", "600")
     daemon.submit("--mem", "20G", "--", "sleep", "600")  # waits: both cards are taken
     held = daemon.submit("--mem", "1G", "--hold", "--name", "h\u00e9ld \u4f5c\u696d", "--", "true")
-    env["_ENDED"], env["_HELD"] = str(ended), str(held)
+    notified = daemon.submit(
+        "--mem", "1G", "--hold", "--priority", "3", "--after", str(ended),
+        "--notify", "echo 'job \x1b[2J done'", "--", "sh", "-c", "exit 0",
+    )  # fmt: skip
+    env["_ENDED"], env["_HELD"], env["_NOTIFIED"] = str(ended), str(held), str(notified)
+    env["_RUNNING"] = str(ended + 1)
     yield daemon, env
     daemon.stop()
     daemon.kill_jobs()
 
 
 def _filled(argv: list[str], env: dict[str, str]) -> list[str]:
-    return [word.format(ended=env["_ENDED"], held=env["_HELD"]) for word in argv]
+    return [
+        word.format(
+            ended=env["_ENDED"],
+            held=env["_HELD"],
+            notified=env["_NOTIFIED"],
+            running=env["_RUNNING"],
+        )
+        for word in argv
+    ]
 
 
 @pytest.mark.parametrize(("argv", "fast"), READING + SUBMITTING_BADLY)
@@ -197,6 +222,61 @@ def test_a_submit_queues_the_same_job_either_way(
     ids = [_run(s, ["submit", "--hold", "--", "true"], env, tmp_path / "t") for s in (FAST, CLICK)]
     assert ids[0][0] == ids[1][0] == 0
     assert int(str(ids[1][1])) == int(str(ids[0][1])) + 1 and ids[0][2] == ids[1][2] == ""
+
+
+GOOD_SUBMITS = [
+    ["submit", "--mem", "1G", "--hold", "--json", "--", "true"],
+    [
+        "submit",
+        "--mem=1536M",
+        "--gpus=2",
+        "--name=tw\u00efn \x1b",
+        "--hold",
+        "--json",
+        "--",
+        "true",
+    ],
+    ["submit", "--time", "90s", "--hold", "--json", "--", "sh", "-c", "echo {x} --mem 2G"],
+    ["submit", "--hold", "--json", "--", "./no-such-script"],  # held: a warning, queued anyway
+]
+
+
+@pytest.mark.parametrize("argv", GOOD_SUBMITS)
+def test_good_submits_agree(
+    served: tuple[RunningDaemon, dict[str, str]], argv: list[str], tmp_path: Path
+) -> None:
+    """The same job from both paths (its id and time aside), the same warning."""
+    env = served[1]
+    results = [_run(script, argv, env, tmp_path / "t") for script in (FAST, CLICK)]
+    assert [(r[0], r[3]) for r in results] == [(0, False), (0, True)], results
+    assert results[0][2] == results[1][2]  # stderr: a warning, or nothing
+    first, second = (json.loads(str(r[1])) for r in results)
+    assert second["id"] == first["id"] + 1
+    for key in ("id", "submitted_at"):
+        first.pop(key), second.pop(key)
+    assert first == second
+
+
+def test_a_fast_submit_whose_answer_was_lost_is_retried_and_queued_once(
+    served: tuple[RunningDaemon, dict[str, str]], tmp_path: Path
+) -> None:
+    """As Client.submit (tests/test_submit_idempotent.py): the fast path's submit sent again
+    with the same request id after a lost answer queues one job, the one it prints."""
+    from tests.test_submit_idempotent import DroppingRelay
+
+    daemon, env = served
+    printed: list[int] = []
+    for script in (FAST, CLICK):
+        relay = DroppingRelay(tmp_path / f"relay{len(printed)}.sock", daemon.socket_path)
+        try:
+            argv = ["--socket", str(relay.path), "submit", "--hold", "--name", "lost"]
+            code, out, err, clicked = _run(script, [*argv, "--", "true"], env, tmp_path / "t")
+        finally:
+            relay.close()
+        assert (code, err, relay.dropped, clicked) == (0, "", 1, script is CLICK)
+        printed.append(int(out))
+    lost = [j["id"] for j in daemon.status()["jobs"] if j["name"] == "lost"]
+    assert lost == printed  # one job each, the one each was told
 
 
 @pytest.mark.parametrize(

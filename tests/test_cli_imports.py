@@ -40,6 +40,21 @@ NOT_FOR_STATUS_OR_SHOW = {
     "gpusched.cli.admin",
 }
 
+# What building the models' or the requests' dataclasses would load.
+NO_DATACLASSES = {
+    "dataclasses",
+    "typing",
+    "gpusched.client",
+    "gpusched.core.models",
+    "gpusched.core.hints",
+    "gpusched.core.requests.base",
+    "gpusched.core.requests.views",
+}
+# Standard modules none of the three needs: shutil (its import loads zlib, bz2 and lzma;
+# `which` and the terminal's width are read without it) and decimal (a whole size such as
+# 1G is parsed without it).
+NOT_NEEDED = {"shutil", "decimal", "_decimal", "bz2", "lzma"}
+
 
 def _modules_of(daemon: RunningDaemon, *args: str) -> set[str]:
     env = {k: v for k, v in daemon.env.items() if k != "GPUSCHED_CONFIG"}
@@ -67,19 +82,21 @@ def test_status_show_and_submit_import_only_what_they_use(tmp_path: Path) -> Non
             assert not loaded & {"click", "gpusched.cli.group", "gpusched.cli.views"}, args
             assert not loaded & NOT_FOR_STATUS_OR_SHOW, (args, loaded & NOT_FOR_STATUS_OR_SHOW)
             assert "gpusched.cli.estimate" not in loaded
-            if args[0] == "status":  # drawn from the reply's JSON: no client, no models
-                assert "gpusched.cli.status_view" in loaded
-                assert not loaded & {"gpusched.client", "gpusched.core.models", "dataclasses"}
-            else:
-                assert "gpusched.cli.show_view" in loaded
+            # Drawn from the reply's JSON: no client, no models, no dataclass at all.
+            assert not loaded & NO_DATACLASSES, (args, loaded & NO_DATACLASSES)
+            assert not loaded & NOT_NEEDED, (args, loaded & NOT_NEEDED)
+            assert f"gpusched.cli.{args[0]}_view" in loaded
             # The reply types are for type checking: no command imports them to run.
             assert "gpusched.core.requests.replies" not in loaded, args
     finally:
         daemon.stop()
-    # A submit needs its own request and helpers, still not the other commands' modules.
-    assert {"gpusched.cli.submit_view", "gpusched.core.requests.catalog", "gpusched.submitter"} <= (
-        submitted
-    )
+    # A submit needs its own helpers and checks, still not the other commands' modules,
+    # and its request is sent as a frame: not the 21 request classes, not the client.
+    assert {
+        "gpusched.cli.submit_view",
+        "gpusched.core.requests.checks",
+        "gpusched.submitter",
+    } <= submitted
     assert not submitted & {
         "click",
         "yaml",
@@ -87,4 +104,8 @@ def test_status_show_and_submit_import_only_what_they_use(tmp_path: Path) -> Non
         "gpusched.cli.submit",
         "gpusched.cli.run",
         "gpusched.cli.admin",
-    }
+        "gpusched.core.requests.catalog",
+        "gpusched.core.requests.base",
+        *NO_DATACLASSES,
+        *NOT_NEEDED,
+    }, submitted & (NO_DATACLASSES | NOT_NEEDED)

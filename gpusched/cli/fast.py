@@ -13,10 +13,12 @@ as it would have without this module. Understood, and nothing more:
 (each option also as --opt=VALUE; a value must not start with "-", N and ID are ASCII
 digits). Any other word, `--help`, a missing value, `--config`, $GPUSCHED_CONFIG set, a
 submit without `--`: click's. What a command sends and prints is the same code the click
-command runs (cli/status_view.py, show_view.py, submit_view.py, the client); errors end
-as the group ends them (cli/group.py `_Group.invoke`): one line on stderr and the
-contract's exit code. tests/test_cli_fast.py runs both on the same command lines and
-compares stdout, stderr and the exit code.
+command runs (cli/status_view.py, show_view.py, submit_view.py, gpusched.submitter), on a
+bare connection: neither click, the client, the models nor any dataclass is imported
+(tests/test_cli_imports.py); the frames are the request classes' (tests/test_cli_fast.py
+compares them). Errors end as the group ends them (cli/group.py `_Group.invoke`): one line
+on stderr and the contract's exit code. tests/test_cli_fast.py runs both on the same
+command lines and compares stdout, stderr and the exit code.
 """
 
 from __future__ import annotations
@@ -27,8 +29,6 @@ import sys
 TYPE_CHECKING = False  # typing's own import costs every command
 if TYPE_CHECKING:
     from collections.abc import Callable
-
-    from gpusched.client import Client
 
     Runner = Callable[[str | None], None]
 
@@ -138,15 +138,15 @@ def _show(args: list[str]) -> Runner | None:
     as_json = "--json" in parsed[0]
 
     def run(socket_path: str | None) -> None:
-        import shutil
+        from gpusched.cli.show_view import show_json, show_lines, show_wire
+        from gpusched.cli.status_view import terminal_columns
+        from gpusched.connection import DaemonConnection
 
-        from gpusched.cli.show_view import show_json, show_lines
-
-        job, timeline = _client(socket_path).job_and_timeline(job_id)
+        reply = DaemonConnection(socket_path, None).request("show", **show_wire(job_id))
         if as_json:
-            _echo(show_json(job, timeline))
+            _echo(show_json(reply))
             return
-        for line in show_lines(job, timeline, shutil.get_terminal_size((80, 24)).columns):
+        for line in show_lines(reply, terminal_columns()):
             _echo(line)
 
     return run
@@ -168,6 +168,8 @@ def _submit(args: list[str]) -> Runner | None:
 
     def run(socket_path: str | None) -> None:
         from gpusched.cli.submit_view import job_options, submitted_text
+        from gpusched.connection import DaemonConnection
+        from gpusched.submitter import send_submit, submit_fields, submit_frame
 
         options = job_options(
             mem=text.get("--mem"),
@@ -176,20 +178,25 @@ def _submit(args: list[str]) -> Runner | None:
             hold="--hold" in given,
             time_limit=text.get("--time"),
         )
-        job = _client(socket_path).submit(command, **options)
-        _echo(submitted_text(job, "--json" in given))
+        # What Client.submit does (its request built by gpusched.submitter, sent again
+        # with the same id after a lost answer), with the request as a frame.
+        connection = DaemonConnection(socket_path, None)
+        frame = submit_frame(submit_fields(command, suggested_mem=_no_estimate, **options))
+        reply = send_submit(
+            lambda: connection.request("submit", **frame),
+            frame["request_id"],
+            connection.socket_path,
+        )
+        _echo(submitted_text(reply, "--json" in given))
 
     return run
 
 
+def _no_estimate(argv: tuple[str, ...]) -> int:
+    raise AssertionError("--mem auto is the click command's")  # answer() leaves it there
+
+
 _COMMANDS = {"status": _status, "show": _show, "submit": _submit}
-
-
-def _client(socket_path: str | None) -> Client:
-    """The client the click commands use (cli/common.py `client_of`), for this socket."""
-    from gpusched.client import Client
-
-    return Client(socket_path, None)
 
 
 def _echo(text: str, err: bool = False) -> None:

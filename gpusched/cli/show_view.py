@@ -1,31 +1,83 @@
-"""`gpusched show`: what it prints about one job, shared by the click command (cli/views.py)
-and the fast path (cli/fast.py), so both print the same; neither click nor the client here.
+"""`gpusched show`: what it asks and what it prints about one job, shared by the click
+command (cli/views.py) and the fast path (cli/fast.py), so both print the same.
+
+Drawn from the daemon's reply as JSON (the job's fields through cli/job_json.py, read by
+attribute through status_view's ReplyView with its text escaped; the timeline's points as
+`TimelineView`), not from the models' dataclasses: `gpusched show` starts without creating
+them (issue 30). Neither click, the client, the models nor typing is imported here at run
+time; tests/test_cli_fast.py checks the frame and the JSON against the models' and the
+request's.
 """
 
 from __future__ import annotations
 
 import json
-import shlex
 import sys
-from typing import Any
 
-from gpusched.core.models import Job, TimelinePoint
-from gpusched.core.sanitize import shown, shown_fields
+from gpusched.cli.job_json import job_json
+from gpusched.cli.status_view import ReplyView
+from gpusched.core.sanitize import shown
 from gpusched.core.units import format_size
+
+TYPE_CHECKING = False  # typing's own import costs every `gpusched show`
+if TYPE_CHECKING:
+    from typing import Any
+
+    from gpusched.core.models import Job
 
 LABEL_WIDTH = 11  # `show`'s values start here ("exit code: 0")
 
 
-def show_json(job: Job, timeline: list[TimelinePoint]) -> str:
-    """`show --json`: the job and its timeline."""
-    value = {**job.to_json(), "timeline": [p.to_json() for p in timeline]}
+def show_wire(job_id: int) -> dict[str, Any]:
+    """The frame `show` sends: `ShowRequest(job_id, timeline=True).to_wire()` without its op,
+    its id checked as ShowRequest checks it (NotFoundError under 1)."""
+    from gpusched.core.requests.checks import job_id as check_job_id
+
+    check_job_id(job_id)
+    return {"id": job_id, "timeline": True}
+
+
+class TimelineView:
+    """One point of a reply's timeline, as core/models.py's TimelinePoint reads it
+    (`from_json`) and writes it (`to_json`), without the dataclass."""
+
+    __slots__ = ("memory_bytes", "t", "utilization_pct")
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        from datetime import datetime
+
+        memory, util = data.get("memory"), data.get("util")
+        self.t = datetime.fromisoformat(str(data["t"])).timestamp()
+        self.memory_bytes = None if memory is None else int(memory)
+        self.utilization_pct = None if util is None else float(util)
+
+    def to_json(self) -> dict[str, Any]:
+        from datetime import datetime, timezone
+
+        from gpusched.core.clock import iso
+
+        return {
+            "t": iso(datetime.fromtimestamp(self.t, timezone.utc)),
+            "memory": self.memory_bytes,
+            "util": self.utilization_pct,
+        }
+
+
+def _timeline(reply: dict[str, Any]) -> list[TimelineView]:
+    return [TimelineView(point) for point in reply.get("timeline") or []]
+
+
+def show_json(reply: dict[str, Any]) -> str:
+    """`show --json`: the job (the JOB object) and its timeline."""
+    value = {**job_json(reply), "timeline": [p.to_json() for p in _timeline(reply)]}
     return json.dumps(value, indent=2, sort_keys=False)
 
 
-def show_lines(job: Job, timeline: list[TimelinePoint], width: int) -> list[str]:
+def show_lines(reply: dict[str, Any], width: int) -> list[str]:
     """`show`'s lines for a terminal `width` columns wide (users' text escaped)."""
-    job = shown_fields(job)
-    rows = [
+    job = ReplyView(job_json(reply), {})
+    timeline = _timeline(reply)
+    rows: list[tuple[str, Any]] = [
         ("id", job.id),
         ("name", job.name or "-"),
         ("user", f"{job.user} (uid {job.uid})"),
@@ -54,6 +106,8 @@ def show_lines(job: Job, timeline: list[TimelinePoint], width: int) -> list[str]
     if job.warning:
         rows.append(("warning", job.warning))
     if job.notify:
+        import shlex
+
         rows.append(("notify", shlex.join(job.notify)))  # as it was given: quotes kept
         if job.notify_result is not None:
             rows.append(("notify ran", notify_outcome(job.notify_result)))
@@ -76,7 +130,7 @@ def show_lines(job: Job, timeline: list[TimelinePoint], width: int) -> list[str]
     ]
 
 
-def job_where(job: Job) -> str:
+def job_where(job: Job | ReplyView) -> str:
     if job.gpu_indices:
         return ",".join(map(str, job.gpu_indices))
     return "-"
@@ -120,7 +174,7 @@ def util_text(percent: float | None) -> str:
     return "-" if percent is None else f"{percent:.0f}%"
 
 
-def usage_rows(job: Job) -> list[tuple[str, Any]]:
+def usage_rows(job: Job | ReplyView) -> list[tuple[str, Any]]:
     """`show`'s lines about what the job used, beside what it declared."""
     declared = f"declared {format_size(job.mem)} per GPU" if job.mem else "declared a whole GPU"
     rows: list[tuple[str, Any]] = [("peak mem", f"{format_size(job.peak_mem)} ({declared})")]
@@ -133,11 +187,12 @@ def usage_rows(job: Job) -> list[tuple[str, Any]]:
         rows.append(("gpu util", f"{util_text(job.mean_util)} on average{spread}"))
     if job.demand is not None:
         rows.append(("gpu demand", f"{job.demand:.2f} of a GPU's busy time (measured)"))
-    from gpusched.core.hints import sharing_note
+    if job.sharing_speed is not None:  # else no note: hints.py (a dataclass) stays unloaded
+        from gpusched.core.hints import sharing_note
 
-    note = sharing_note(job.sharing_speed, job.gpu_indices, job.shared_with or ())
-    if note is not None:
-        rows.append(("sharing", note))
+        note = sharing_note(job.sharing_speed, job.gpu_indices, job.shared_with or ())
+        if note is not None:
+            rows.append(("sharing", note))
     if job.overrun_at:
         rows.append(("overrun", f"over its declared memory since {job.overrun_at}"))
     if job.retry_of is not None:

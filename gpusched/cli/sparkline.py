@@ -18,11 +18,26 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
 from datetime import datetime, timezone
 
-from gpusched.core.models import TimelinePoint
 from gpusched.core.units import format_duration, format_size
+
+TYPE_CHECKING = False  # typing's own import costs every `gpusched show`
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from typing import Protocol
+
+    class TimelinePoint(Protocol):
+        """What is read of a point: core/models.py's TimelinePoint, or show_view's
+        TimelineView (a reply's point without the dataclass)."""
+
+        @property
+        def t(self) -> float: ...
+        @property
+        def memory_bytes(self) -> int | None: ...
+        @property
+        def utilization_pct(self) -> float | None: ...
+
 
 BLOCKS = "▁▂▃▄▅▆▇█"
 ASCII_LEVELS = ".:-=+*#@"

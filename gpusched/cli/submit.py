@@ -173,4 +173,4 @@ def submit(
             click.echo("\n".join(str(j.id) for j in jobs))
             click.echo(f"array a{jobs[0].array_id}: {len(jobs)} jobs", err=True)
         return
-    click.echo(submitted_text(client.submit(list(command), **options), as_json))
+    click.echo(submitted_text(client.submit(list(command), **options).to_json(), as_json))

@@ -1,6 +1,7 @@
 """`gpusched submit`: its options as `Client.submit` takes them, and what it prints, shared by
 the click command (cli/submit.py) and the fast path (cli/fast.py), so both check the same
-values with the same words and print the same. Imports neither click nor the client.
+values with the same words and print the same. Imports neither click, the client nor the
+models (the job printed is the reply's JSON, cli/job_json.py).
 """
 
 from __future__ import annotations
@@ -12,8 +13,6 @@ from gpusched.core.units import parse_job_mem, parse_job_time
 TYPE_CHECKING = False  # typing's own import costs every `gpusched submit`
 if TYPE_CHECKING:
     from typing import Any
-
-    from gpusched.core.models import Job
 
 
 def job_options(
@@ -59,6 +58,11 @@ def job_options(
     }
 
 
-def submitted_text(job: Job, as_json: bool) -> str:
-    """The new job's id, or with --json the job."""
-    return json.dumps(job.to_json(), indent=2, sort_keys=False) if as_json else str(job.id)
+def submitted_text(job: dict[str, Any], as_json: bool) -> str:
+    """The new job's id, or with --json the job (`job`: the daemon's reply, or a
+    `Job.to_json()`: the same JOB object either way)."""
+    if not as_json:
+        return str(job["id"])
+    from gpusched.cli.job_json import job_json
+
+    return json.dumps(job_json(job), indent=2, sort_keys=False)

@@ -165,11 +165,13 @@ def show(ctx: click.Context, job_id: int, as_json: bool) -> None:
     """
     import shutil
 
-    job, timeline = client_of(ctx).job_and_timeline(job_id)
+    from gpusched.core.requests.views import ShowRequest
+
+    reply = client_of(ctx).send(ShowRequest(job_id, timeline=True))
     if as_json:
-        click.echo(show_json(job, timeline))
+        click.echo(show_json(reply))
         return
-    for line in show_lines(job, timeline, shutil.get_terminal_size((80, 24)).columns):
+    for line in show_lines(reply, shutil.get_terminal_size((80, 24)).columns):
         click.echo(line)
 
 

@@ -17,6 +17,10 @@ import re
 
 from gpusched.core.errors import ConfigError, UsageError
 
+TYPE_CHECKING = False  # typing's own import costs every client command
+if TYPE_CHECKING:
+    from decimal import Decimal
+
 _SIZE_UNIT = {"": 1, "B": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 # A number (digits, a fraction, an exponent of at most three digits so that no text can make
 # the arithmetic overflow), then a unit: K, M, G or T, each also written Ki/KiB/KB and the
@@ -69,9 +73,12 @@ def parse_size(text: str | int, *, what: str | None = None) -> int:
         if not match:
             raise _size_error(what, text, "expected a number and a unit K, M, G or T, e.g. 8G")
         number, unit, byte_unit = match.groups()
-        from decimal import Decimal  # parsing only: `status` formats sizes
+        if number.isdigit():  # "8G": exact as an int, without importing decimal
+            amount: int | Decimal = int(number)
+        else:
+            from decimal import Decimal  # parsing only: `status` formats sizes
 
-        amount = Decimal(number)
+            amount = Decimal(number)
         if amount == 0:
             raise _size_error(what, text, "must be more than zero")
         if unit is None and byte_unit is None:

@@ -1,6 +1,7 @@
 """What every request type shares (requests.catalog, .views, .interactive): the `Request`
-base with its wire form, the bounds a request may not pass whatever the daemon's
-config, and the small checks several requests make (a job id, a list of ids).
+base with its wire form; the bounds a request may not pass whatever the daemon's config
+and the small checks several requests make (a job id, a list of ids) are requests.checks',
+re-exported here.
 
 Each field's annotation is its wire type: `tuple[X, ...]` is a JSON list, `Mapping` a
 JSON object, `X | None` may be null or absent. A field without a default is required.
@@ -10,19 +11,39 @@ gpusched.core.requests.wire reads them to parse a frame.
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from gpusched.core.errors import NotFoundError, UsageError
-from gpusched.core.units import MAX_DURATION_S, MIN_JOB_MEM_BYTES, MIN_JOB_TIME_S, format_size
+from gpusched.core.requests.checks import (  # the plain checks, re-exported for the requests
+    MAX_IDS,
+    MAX_NAME_CHARS,
+    MAX_NOTIFY_ARGS,
+    MAX_NOTIFY_BYTES,
+    MAX_REASON_CHARS,
+    MAX_RETRY_OOM,
+    check_job_spec,
+    check_sharing,
+    job_id,
+    unique_ids,
+)
 
-MAX_IDS = 10_000  # job ids in one request: `wait`, `after`
-MAX_NAME_CHARS = 200  # a job's name, a sweep's label included
-MAX_RETRY_OOM = 10
-MAX_REASON_CHARS = 500  # a drain reason is shown on every `status`
-MAX_NOTIFY_ARGS = 256
-MAX_NOTIFY_BYTES = 16384
+__all__ = [
+    "MAX_IDS",
+    "MAX_NAME_CHARS",
+    "MAX_NOTIFY_ARGS",
+    "MAX_NOTIFY_BYTES",
+    "MAX_REASON_CHARS",
+    "MAX_RETRY_OOM",
+    "JobRequest",
+    "Request",
+    "check_job_spec",
+    "check_sharing",
+    "job_id",
+    "normalise",
+    "shape",
+    "to_json_value",
+    "unique_ids",
+]
 
 
 class Request:
@@ -52,11 +73,6 @@ def shape(message: str) -> dict[str, str]:
     return {"shape": message}
 
 
-def job_id(value: int) -> None:
-    if value < 1:
-        raise NotFoundError(f"no job {value}")
-
-
 @dataclasses.dataclass(frozen=True)
 class JobRequest(Request):
     """A request about one job, named by `id` (its first field: `ShowRequest(7)`)."""
@@ -67,54 +83,5 @@ class JobRequest(Request):
         job_id(self.id)
 
 
-def unique_ids(key: str, ids: tuple[int, ...]) -> tuple[int, ...]:
-    """At most MAX_IDS ids, each once, in the order first given."""
-    if len(ids) > MAX_IDS:
-        raise UsageError(f"'{key}': at most {MAX_IDS} job ids in one request, not {len(ids)}")
-    return tuple(dict.fromkeys(ids))
-
-
 def normalise(request: Request, name: str, value: Any) -> None:
     object.__setattr__(request, name, value)  # a frozen dataclass, set once in __post_init__
-
-
-def check_job_spec(
-    verb: str,
-    *,
-    command: tuple[str, ...],
-    cwd: str,
-    mem: int | None,
-    gpus: int,
-    name: str | None,
-    time: float | None,
-) -> None:
-    """What a batch job (`submit`) and an interactive one (`run`) both declare."""
-    if not command or not command[0]:
-        raise UsageError(f"no command given: gpusched {verb} [OPTIONS] -- COMMAND [ARGS...]")
-    if not os.path.isabs(cwd):
-        raise UsageError(f"working directory must be an absolute path, not {cwd!r}")
-    if mem is not None and mem <= 0:
-        raise UsageError("--mem must be more than zero")
-    if mem is not None and mem < MIN_JOB_MEM_BYTES:
-        raise UsageError(
-            f"--mem {mem} bytes: at least {format_size(MIN_JOB_MEM_BYTES, tabular=False)}"
-            " (a CUDA context alone takes a few hundred MB)"
-        )
-    if gpus < 1:
-        raise UsageError("--gpus must be at least 1")
-    if name is not None and len(name) > MAX_NAME_CHARS:
-        raise UsageError(f"--name is limited to {MAX_NAME_CHARS} characters")
-    if time is not None and not time > 0:
-        raise UsageError("--time must be more than zero")
-    if time is not None and time < MIN_JOB_TIME_S:
-        raise UsageError(f"--time {time:g}s: too short (at least {MIN_JOB_TIME_S:g}s)")
-    if time is not None and time >= MAX_DURATION_S:
-        raise UsageError(f"--time {time:g}s: too long (must be under 1e9 seconds, about 31 years)")
-
-
-def check_sharing(exclusive: bool, share: bool) -> None:
-    """`--exclusive` (a card to itself) and `--share` (light: shares a busy card) conflict."""
-    if exclusive and share:
-        raise UsageError(
-            "--exclusive and --share conflict: a job wants a card to itself or shares one"
-        )

@@ -14,7 +14,6 @@ interactive requests (`gpusched run`, claim()): requests.interactive; `status` a
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping  # at run time: requests.wire resolves the annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -25,34 +24,20 @@ from gpusched.core.errors import ProtocolError, UsageError
 from gpusched.core.models import TERMINAL_STATES
 from gpusched.core.requests.base import (
     MAX_NAME_CHARS,
-    MAX_NOTIFY_ARGS,
-    MAX_NOTIFY_BYTES,
     MAX_REASON_CHARS,
-    MAX_RETRY_OOM,
     JobRequest,
     Request,
-    check_job_spec,
-    check_sharing,
     job_id,
     normalise,
     shape,
     unique_ids,
 )
+from gpusched.core.requests.checks import NODE_NAME, check_request_id, check_submit
 from gpusched.core.requests.interactive import PlacementRequest, RunEndedRequest, RunRequest
 from gpusched.core.requests.views import ShowRequest, StatusRequest
 from gpusched.core.sanitize import shown
 
 __all__ = ["MAX_NAME_CHARS", "REQUESTS", "Request"]
-
-
-_NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")  # as config's `node:`
-# A submit's request id (the client makes one per submit, a uuid4's hex): 8 to 64 of these.
-_REQUEST_ID = re.compile(r"[A-Za-z0-9_-]{8,64}")
-
-
-def check_request_id(value: str | None) -> None:
-    if value is not None and not _REQUEST_ID.fullmatch(value):
-        raise ProtocolError("'request_id' must be 8 to 64 letters, digits, '-' or '_'")
 
 
 @dataclass(frozen=True)
@@ -100,38 +85,28 @@ class SubmitRequest(Request):
     request_id: str | None = None
 
     def __post_init__(self) -> None:
-        check_request_id(self.request_id)
-        check_job_spec(
-            "submit",
+        # The checks are a plain function, so that the CLI's fast path runs the same ones
+        # without this class (issue 30).
+        notify, after = check_submit(
             command=self.command,
             cwd=self.cwd,
+            umask=self.umask,
             mem=self.mem,
             gpus=self.gpus,
             name=self.name,
             time=self.time,
+            max_concurrent=self.max_concurrent,
+            sweep=self.sweep,
+            nodes=self.nodes,
+            exclusive=self.exclusive,
+            share=self.share,
+            retry_oom=self.retry_oom,
+            notify=self.notify,
+            after=self.after,
+            request_id=self.request_id,
         )
-        if not 0 <= self.umask <= 0o777:
-            raise ProtocolError("'umask' must be between 0 and 0o777")
-        if self.max_concurrent is not None and self.max_concurrent < 1:
-            raise UsageError("--max-concurrent must be at least 1")
-        if self.max_concurrent is not None and self.sweep is None:
-            raise UsageError("--max-concurrent applies to a --sweep array")
-        if (
-            self.nodes is not None and not all(_NODE_NAME.fullmatch(name) for name in self.nodes)
-        ) or self.nodes == ():
-            raise UsageError("--node takes node names separated by commas, such as gpu1,gpu2")
-        check_sharing(self.exclusive, self.share)
-        if not 0 <= self.retry_oom <= MAX_RETRY_OOM:
-            raise UsageError(f"--retry-oom must be between 0 and {MAX_RETRY_OOM}")
-        if self.notify == ():
-            normalise(self, "notify", None)  # an empty argv: no hook
-        elif self.notify is not None and (
-            not self.notify[0]
-            or len(self.notify) > MAX_NOTIFY_ARGS
-            or sum(map(len, self.notify)) > MAX_NOTIFY_BYTES
-        ):
-            raise UsageError("--notify: expected a command of reasonable length")
-        normalise(self, "after", unique_ids("after", self.after))
+        normalise(self, "notify", notify)
+        normalise(self, "after", after)
 
 
 @dataclass(frozen=True)
@@ -288,7 +263,7 @@ class DrainRequest(Request):
     def __post_init__(self) -> None:
         if self.on and self.reason is not None and not 0 < len(self.reason) <= MAX_REASON_CHARS:
             raise UsageError(f"a drain reason is 1 to {MAX_REASON_CHARS} characters")
-        if self.node is not None and not _NODE_NAME.fullmatch(self.node):
+        if self.node is not None and not NODE_NAME.fullmatch(self.node):
             raise UsageError(f"--node {self.node!r}: not a node name")
 
 
