@@ -33,11 +33,11 @@ import psutil
 from gpusched.config.holder import ConfigHolder
 from gpusched.core.models import Job
 from gpusched.processes import cgroups
+from gpusched.processes.durable import write_json_atomically
 from gpusched.processes.exit_watcher import ExitWatcher
 from gpusched.processes.launching import Outcome, OutcomeKind, Started, StartError, start_error
 from gpusched.processes.output import job_log_path
 from gpusched.processes.pidref import is_same_process, process_start_time
-from gpusched.processes.supervisor import write_json_atomically
 from gpusched.processes.zygote import recorded_pid, recorded_supervisor
 
 log = logging.getLogger("gpusched.launcher")

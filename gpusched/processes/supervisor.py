@@ -46,6 +46,7 @@ from typing import Any
 from gpusched.core.units import format_duration
 from gpusched.processes import cgroups, shm, treekill
 from gpusched.processes.credentials import owner_credentials
+from gpusched.processes.durable import write_json_atomically
 from gpusched.processes.logcap import cap_log
 from gpusched.processes.user_log import open_user_log
 
@@ -56,29 +57,6 @@ def _become_subreaper() -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
-
-
-def write_json_atomically(path: Path, data: dict[str, Any], durable: bool = True) -> None:
-    """Replace `path` with `data` in one rename; `durable` also fsyncs it to disk."""
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        json.dump(data, handle)
-        handle.flush()
-        if durable:
-            os.fsync(handle.fileno())
-    os.replace(tmp, path)
-    if durable:
-        fsync_directory(path.parent)  # so the rename itself survives a power cut
-
-
-def fsync_directory(path: Path) -> None:
-    """Make the names created, renamed or removed in `path` durable."""
-    dir_fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 def _open_log(path: str, uid: int, gid: int) -> int:

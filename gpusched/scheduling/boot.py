@@ -8,7 +8,7 @@ import json
 import logging
 from pathlib import Path
 
-from gpusched.processes.supervisor import write_json_atomically
+from gpusched.processes.durable import write_json_atomically
 
 log = logging.getLogger("gpusched.scheduler")
 

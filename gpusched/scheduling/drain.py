@@ -13,7 +13,7 @@ import logging
 from pathlib import Path
 
 from gpusched.core.models import Drain
-from gpusched.processes.supervisor import fsync_directory, write_json_atomically
+from gpusched.processes.durable import fsync_directory, write_json_atomically
 
 log = logging.getLogger("gpusched.drain")
 
