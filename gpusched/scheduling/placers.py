@@ -57,6 +57,12 @@ class Placer(Protocol):
     def nodes(self) -> list[NodeStatus]:
         """The nodes `status` shows."""
 
+    def status_view(
+        self, running: Callable[[], list[Job]]
+    ) -> tuple[list[GpuReport], list[NodeStatus]]:
+        """`gpu_reports` and `nodes` read once for one reply (`running`: this node's
+        running jobs, read only by a placer that needs them)."""
+
     def drain_node(self, name: str, drain: Drain | None) -> bool:
         """Drain (or undrain) node `name` for the cluster: False if there is none such."""
 
@@ -136,6 +142,11 @@ class LocalPlacer:
     def nodes(self) -> list[NodeStatus]:
         state = "drained" if self.drain() is not None else "up"
         return [NodeStatus(self.node.name, state, 0.0, self.gpu_reports([]))]
+
+    def status_view(
+        self, running: Callable[[], list[Job]]
+    ) -> tuple[list[GpuReport], list[NodeStatus]]:
+        return self.gpu_reports(running()), self.nodes()
 
     def drain_node(self, name: str, drain: Drain | None) -> bool:
         return False  # one server: its own drain is the scheduler's (set_drain)

@@ -308,3 +308,10 @@ class Scheduler:
     def nodes(self) -> list[NodeStatus]:
         """Every node, as `status` shows it: this server alone when it is not in a cluster."""
         return self.placer.nodes()
+
+    def status_view(
+        self, running: Callable[[], list[Job]]
+    ) -> tuple[list[GpuReport], list[NodeStatus]]:
+        """`gpu_reports(running())` and `nodes()` as one reply shows them, each read once
+        (`running` is asked only where the cards are drawn from this server's jobs)."""
+        return self.placer.status_view(lambda: [j for j in running() if self.node.owns(j)])

@@ -40,6 +40,7 @@ import contextlib
 import logging
 import os
 import stat
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -95,6 +96,8 @@ class Database:
         database's own clock (store.nodes): a test's fixed clock."""
         self.where = describe_url(url)
         self.lease_clock = lease_clock
+        # The connection of this thread's `snapshot()`, which its reads share.
+        self._snapshot = threading.local()
         if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
             path = Path(url.removeprefix("sqlite:///"))
             path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -116,9 +119,33 @@ class Database:
     def close(self) -> None:
         self.engine.dispose()
 
-    def read(self) -> Connection:
-        """A connection for reading: no write lock is taken (see _on_begin)."""
-        return self.engine.connect().execution_options(gpusched_read=True)
+    @contextlib.contextmanager
+    def read(self) -> Iterator[Connection]:
+        """A connection for reading: no write lock is taken (see _on_begin). Inside this
+        thread's `snapshot()`, that snapshot's connection."""
+        shared: Connection | None = getattr(self._snapshot, "conn", None)
+        if shared is not None:
+            yield shared
+            return
+        with self.engine.connect().execution_options(gpusched_read=True) as conn:
+            yield conn
+
+    @contextlib.contextmanager
+    def snapshot(self) -> Iterator[None]:
+        """Several reads as one: every `read()` of this thread until the end shares one
+        connection and one transaction, so a reply's figures agree with each other (its
+        page, its counts, its cards) and it costs one pool checkout (with its pre-ping)
+        instead of one per read: on PostgreSQL each is a round trip or more. Nested, the
+        outer one holds; a write inside still takes a connection of its own."""
+        if getattr(self._snapshot, "conn", None) is not None:
+            yield
+            return
+        with self.engine.connect().execution_options(gpusched_read=True) as conn:
+            self._snapshot.conn = conn
+            try:
+                yield
+            finally:
+                self._snapshot.conn = None
 
     @contextlib.contextmanager
     def write(self, durable: bool = True) -> Iterator[Connection]:

@@ -84,6 +84,11 @@ def status(services: Services, caller: Caller, request: StatusRequest) -> Status
     A page holds at most WIRE_REPLY_BYTES of JSON (one job longer than that alone):
     its jobs end early, and with `all` the ended ones that do not fit are left off.
     """
+    with services.store.database.snapshot():  # one connection for the page's reads
+        return _status_page(services, caller, request)
+
+
+def _status_page(services: Services, caller: Caller, request: StatusRequest) -> StatusPage:
     store = services.store
     page_size = services.config.status_page_jobs
     limit = min(page_size, max(1, page_size if request.limit is None else request.limit))
@@ -112,9 +117,10 @@ def status(services: Services, caller: Caller, request: StatusRequest) -> Status
             if size > STATUS_PAGE_JOB_BYTES:  # the oldest of the recent ends are left off
                 break
             jobs.append(shown)
+    gpus, nodes = services.scheduler.status_view(store.jobs.running)
     return {
-        "gpus": [g.to_json() for g in services.scheduler.gpu_reports(store.jobs.running())],
-        "nodes": [n.to_json() for n in services.scheduler.nodes()],
+        "gpus": [g.to_json() for g in gpus],
+        "nodes": [n.to_json() for n in nodes],
         "jobs": jobs,
         "drain": drain_json(services),
         "next": last if more else None,

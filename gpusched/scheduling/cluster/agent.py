@@ -201,7 +201,15 @@ class ClusterAgent:
 
     def gpu_reports(self, running: list[Job]) -> list[GpuReport]:
         """Every node's GPUs that is not down."""
-        return [g for node in self.nodes() for g in node.gpus if node.state != NODE_DOWN]
+        return self.status_view(lambda: running)[0]
+
+    def status_view(
+        self, running: Callable[[], list[Job]]
+    ) -> tuple[list[GpuReport], list[NodeStatus]]:
+        """Both from one read of the nodes' reports (running jobs are not read: each
+        node's report already counts its own)."""
+        nodes = self.nodes()
+        return [g for node in nodes for g in node.gpus if node.state != NODE_DOWN], nodes
 
     def gpus_by_node(self) -> dict[str, list[GpuState]]:
         """Each live node's GPUs as last reported (this node's as read now)."""
