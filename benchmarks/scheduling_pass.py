@@ -85,7 +85,7 @@ def cpu_median(fn: Callable[[], object], runs: int) -> float:
 def time_tick(n_waiting: int, n_gpus: int, root: Path) -> tuple[float, float, int]:
     scheduler = in_process_scheduler(root, f"{n_gpus}x80G")
     store = scheduler.store
-    uuids = [g.uuid for g in scheduler.probe.snapshot()]
+    uuids = [g.uuid for g in scheduler.context.probe.snapshot()]
     trace = sized_trace(7, n_waiting, 3600.0)
     env = dict(os.environ)
     base = {"user": "bench", "uid": os.getuid(), "gid": os.getgid(), "cwd": str(root)}
@@ -139,7 +139,7 @@ def time_tick(n_waiting: int, n_gpus: int, root: Path) -> tuple[float, float, in
         assert not result.placements, "the benchmark must not launch anything"
         return seconds, cpu_s, len(result.waiting_reasons)
     finally:
-        scheduler.launcher.close()
+        scheduler.context.launcher.close()
         store.close()
 
 

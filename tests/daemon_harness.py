@@ -108,7 +108,7 @@ def directory_settings(root: Path, simulate: str | None = "2x24G") -> dict[str, 
 def in_process_scheduler(root: Path, simulate: str, **overrides: Any) -> Scheduler:
     """A real Scheduler (store, simulated GPUs, launcher) in this process, under `root`.
 
-    Close it with `scheduler.launcher.close()` and `scheduler.store.close()`.
+    Close it with `scheduler.context.launcher.close()` and `scheduler.store.close()`.
     """
     holder = ConfigHolder(load_config(None, {**directory_settings(root, simulate), **overrides}))
     context = Context.build(

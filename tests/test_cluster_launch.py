@@ -302,7 +302,7 @@ def test_a_requeued_job_whose_first_run_completed_meanwhile_is_not_run_again(
         a.tick()
     assert a.launcher.started == [blocker]  # never run a second time
     # Each run is visible: `show` and `history` (and the dashboard, which shows `show`).
-    services = Services(a.scheduler, a.scheduler.store, a.scheduler.settings, 0)
+    services = Services(a.scheduler, a.scheduler.store, a.scheduler.context.settings, 0)
     shown = dispatch(services, ALICE, {"op": "show", "id": job})
     assert [r["node"] for r in shown["attempts"]] == ["b"]
     listed = dispatch(services, ALICE, {"op": "history", "limit": 10})

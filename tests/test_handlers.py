@@ -45,7 +45,7 @@ class Daemon:
     def __init__(self, world: World, owner_uid: int = 0) -> None:
         self.world = world
         scheduler = world.scheduler
-        self.services = Services(scheduler, scheduler.store, scheduler.settings, owner_uid)
+        self.services = Services(scheduler, scheduler.store, scheduler.context.settings, owner_uid)
 
     def ask(self, caller: Caller, op: str, **args: Any) -> Any:
         return dispatch(self.services, caller, {"op": op, **args})

@@ -266,8 +266,8 @@ def test_a_daemon_run_by_a_user_serves_only_that_user(people: Any) -> None:
     root = Path(tempfile.mkdtemp(prefix="gpusched-single-", dir="/tmp"))
     root.chmod(0o755)
     scheduler = in_process_scheduler(root, "1x24G", kill_grace="1s")
-    config, store = scheduler.config, scheduler.store
-    services = Services(scheduler, store, scheduler.settings, owner_uid=alice.uid)
+    config, store = scheduler.context.config, scheduler.store
+    services = Services(scheduler, store, scheduler.context.settings, owner_uid=alice.uid)
     server = Server(services, config.socket_path)
     server.bind()
     # A single-user socket is 0600; open it up so that the peer-credential check behind
@@ -281,7 +281,7 @@ def test_a_daemon_run_by_a_user_serves_only_that_user(people: Any) -> None:
             request_as(bob, _at(config.socket_path), "ping")
     finally:
         server.close()
-        scheduler.launcher.close()
+        scheduler.context.launcher.close()
         store.close()
         shutil.rmtree(root, ignore_errors=True)
 

@@ -24,7 +24,7 @@ from tests.daemon_harness import in_process_scheduler
 def scheduler(tmp_path: Path) -> Iterator[Scheduler]:
     made = in_process_scheduler(tmp_path, "1x24G", kill_grace="1s")
     yield made
-    made.launcher.close()
+    made.context.launcher.close()
     made.store.close()
 
 

@@ -42,7 +42,7 @@ def world(tmp_path: Path) -> Iterator[World]:
 
 def _ask(world: World, caller: Caller, op: str, **args: Any) -> Any:
     scheduler = world.scheduler
-    services = Services(scheduler, scheduler.store, scheduler.settings, 0)
+    services = Services(scheduler, scheduler.store, scheduler.context.settings, 0)
     return dispatch(services, caller, {"op": op, **args})
 
 

@@ -254,7 +254,7 @@ def test_a_job_whose_supervisor_is_gone_after_a_restart_is_lost(world: World) ->
     # A restart: a new scheduler on the same database and the same supervisors.
     again = Scheduler(
         Context.build(
-            world.scheduler.settings,
+            world.scheduler.context.settings,
             world.scheduler.store,
             world.probe,
             world.launcher,

@@ -173,7 +173,7 @@ class Daemon:
     def run(self) -> int:
         self.launcher.protect()  # before the zygote: it and the supervisors inherit it
         # Warm up the supervisor zygote while we re-adopt jobs and bind the socket.
-        self.scheduler.launcher.start_zygote()
+        self.scheduler.context.launcher.start_zygote()
         # Before adoption, which may end jobs and queue their hooks: none is queued twice.
         self.hooks.resume()
         self.scheduler.adopt_running()
@@ -239,10 +239,10 @@ class Daemon:
         self.server.close()
         self._ticks.shutdown(wait=True)
         try:  # after the last pass: nothing adds a point any more
-            self.scheduler.monitor.flush_all()
+            self.scheduler.context.monitor.flush_all()
         except Exception as exc:  # the database away: the points are lost, the stop goes on
             log.warning("could not write the running jobs' last usage points: %r", exc)
-        self.scheduler.launcher.close()
+        self.scheduler.context.launcher.close()
         self.hooks.close()
         self._close_http()
         self.scheduler.placer.leave()

@@ -18,12 +18,9 @@ time with a fixed clock and a launcher that spawns nothing (tests/world.py).
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 from datetime import datetime
 
-from gpusched.config.holder import ConfigHolder
-from gpusched.config.settings import Config
 from gpusched.core.clock import iso
 from gpusched.core.errors import ConflictError, UsageError
 from gpusched.core.models import (
@@ -39,8 +36,6 @@ from gpusched.core.models import (
     TimelinePoint,
 )
 from gpusched.core.units import format_size
-from gpusched.gpus.probe import Probe
-from gpusched.processes.launching import JobLauncher
 from gpusched.processes.pidref import is_same_process
 from gpusched.scheduling.cluster.agent import ClusterAgent
 from gpusched.scheduling.cluster.node import ClusterNode
@@ -58,7 +53,6 @@ from gpusched.scheduling.stopping import stop_job
 from gpusched.scheduling.submit_checks import check_fits
 from gpusched.scheduling.waiting_ops import WaitingJobOperations
 from gpusched.store import NewJob, Store
-from gpusched.usage.monitor import UsageMonitor
 
 log = logging.getLogger("gpusched.scheduler")
 
@@ -113,34 +107,8 @@ class Scheduler:
 
     # The parts of the context, under the names the daemon's handlers use.
     @property
-    def settings(self) -> ConfigHolder:
-        return self.context.settings
-
-    @property
-    def config(self) -> Config:
-        """The current config (read at each use, so a reload reaches the next tick)."""
-        return self.context.config
-
-    @property
     def store(self) -> Store:
         return self.context.store
-
-    @property
-    def probe(self) -> Probe:
-        return self.context.probe
-
-    @property
-    def launcher(self) -> JobLauncher:
-        return self.context.launcher
-
-    @property
-    def monitor(self) -> UsageMonitor:
-        return self.context.monitor
-
-    @property
-    def lock(self) -> threading.RLock:
-        """The lock that serialises passes, endings and job operations."""
-        return self.context.lock
 
     @property
     def drain(self) -> Drain | None:
@@ -185,13 +153,13 @@ class Scheduler:
     def submit_many(self, news: list[NewJob], as_array: bool) -> list[Job]:
         """Check and queue jobs in one transaction (an array shares one array id)."""
         new = news[0]  # the jobs of one submit differ only in their command
-        check_fits(new, self.placer.gpus_by_node(), self.config.headroom_bytes)
+        check_fits(new, self.placer.gpus_by_node(), self.context.config.headroom_bytes)
         found = self.store.jobs.get_many(new.after)
         for dep in new.after:
             if dep not in found:
                 raise UsageError(f"--after {dep}: no job {dep}")
         # `max_queued` is counted and applied in the insert's own transaction (Store).
-        max_queued = self.config.limits_for(new.user).max_queued
+        max_queued = self.context.config.limits_for(new.user).max_queued
         jobs = self.store.jobs.add_many(
             news, iso(self.clock()), as_array=as_array, max_waiting=max_queued
         )
@@ -211,7 +179,7 @@ class Scheduler:
     ) -> Job:
         """`waiting_only`: refuse (ConflictError) if it has started, checked under the lock.
         `detail`: the reason's words instead of "cancelled by <by>"."""
-        with self.lock:
+        with self.context.lock:
             self._cancel_locked(job, detail or f"cancelled by {by}", waiting_only)
             self.context.wake()
             return self.store.jobs.get(job.id)
@@ -223,7 +191,7 @@ class Scheduler:
         cancelled (a job that ended, or with `waiting_only` started, meanwhile is not)."""
         cancelled: list[int] = []
         for first in range(0, len(jobs), CANCEL_CHUNK):
-            with self.lock:  # released between chunks: others' requests go on
+            with self.context.lock:  # released between chunks: others' requests go on
                 for job in jobs[first : first + CANCEL_CHUNK]:
                     try:
                         self._cancel_locked(job, f"cancelled by {by}", waiting_only)
@@ -255,7 +223,7 @@ class Scheduler:
     def set_drain(self, drain: Drain | None) -> None:
         """Start nothing new (a Drain), or start again (None); kept across restarts. In a
         cluster, the node's row says so too: the scheduler places nothing on it."""
-        with self.lock:
+        with self.context.lock:
             self._switch.set(drain)
             self.placer.drain_node(self.node_name, drain)
         if drain is None:
@@ -283,7 +251,7 @@ class Scheduler:
             )
         elif job.state == JobState.RUNNING:
             job.warning = self.interactive.warnings.get(job.id)
-            tracker = self.monitor.live(job.id)
+            tracker = self.context.monitor.live(job.id)
             if tracker is not None:  # figures so far, from memory (written at the end)
                 summary = tracker.summary()
                 job.mem_used = tracker.mem_now if tracker.mem_samples else None
@@ -296,7 +264,7 @@ class Scheduler:
         """A job's memory and utilization over time, oldest first: for a running job, what
         this daemon holds in memory (the store lags it by up to a usage flush)."""
         if job.state == JobState.RUNNING:
-            live = self.monitor.live_timeline(job.id)
+            live = self.context.monitor.live_timeline(job.id)
             if live:
                 return live
         return self.store.timeline.job_timeline(job.id)

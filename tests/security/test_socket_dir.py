@@ -28,7 +28,7 @@ def test_a_socket_directory_a_user_made_since_start_up_is_refused_at_bind(
         pytest.skip("plays a user against root's bind")
     mallory, _victim = people
     scheduler = in_process_scheduler(tmp_path, "1x24G")
-    services = Services(scheduler, scheduler.store, scheduler.settings, owner_uid=0)
+    services = Services(scheduler, scheduler.store, scheduler.context.settings, owner_uid=0)
     shared = Path(tempfile.mkdtemp(prefix="gpusched-shared-", dir="/tmp"))
     shared.chmod(0o1777)  # like /tmp: sticky, writable by all
     made_by_mallory = shared / "gpusched"
