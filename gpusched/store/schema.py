@@ -94,8 +94,9 @@ jobs = Table(
     # Why a queued job waits, as the cluster's scheduler last said (others read it here).
     Column("waiting_reason", Text, nullable=True),
     # 1: `gpusched run` / claim(); its pid and pid_start_time are its client's, from the
-    # socket's peer credentials at the request, set while it waits too.
-    Column("interactive", Integer, nullable=True),
+    # socket's peer credentials at the request, set while it waits too. Indexed: each
+    # pass reads the active ones, few among 10,000 queued (revision 0017).
+    Column("interactive", Integer, nullable=True, index=True),
     # Placement (policy rule 3 and the order): 1: --exclusive (a card to itself); 1:
     # --share (light, whatever it measures); `gpusched top`'s rank (lower first).
     Column("exclusive", Integer, nullable=True),

@@ -1,5 +1,7 @@
 """Issue 30: a change marker for the queue (`queue_marks`), so that a pass over 10,000
-queued jobs does not read them all again when none changed.
+queued jobs does not read them all again when none changed; and an index on
+`jobs.interactive`, so that a pass finds the few interactive jobs among them without
+reading every queued row.
 
 Triggers on `jobs` bump a counter in the same transaction as every write that changes a
 row of the queue as a pass reads it (`state = 'queued' AND node IS NULL`, before or after
@@ -87,7 +89,10 @@ def _whens(dialect: str) -> dict[str, tuple[str, str]]:
 def upgrade() -> None:
     bind = op.get_bind()
     dialect = bind.dialect.name
-    if not sa.inspect(bind).has_table("queue_marks"):
+    inspector = sa.inspect(bind)
+    if "ix_jobs_interactive" not in {index["name"] for index in inspector.get_indexes("jobs")}:
+        op.create_index("ix_jobs_interactive", "jobs", ["interactive"])
+    if not inspector.has_table("queue_marks"):
         op.create_table(
             "queue_marks",
             sa.Column("slot", sa.Integer, primary_key=True, autoincrement=False),
@@ -132,3 +137,4 @@ def downgrade() -> None:
     if bind.dialect.name == "postgresql":
         op.execute("DROP FUNCTION IF EXISTS gpusched_queue_mark()")
     op.drop_table("queue_marks")
+    op.drop_index("ix_jobs_interactive", "jobs")
