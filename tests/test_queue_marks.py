@@ -175,19 +175,7 @@ def test_a_placement_and_its_return_move_the_marker(store: Store) -> None:
     back when its node gives it back."""
     job = store.jobs.add(new_job(), NOW).id
     assert _ids(store) == [job]
-    with store.database.engine.begin() as conn:  # a node, and the election, as they stand
-        conn.execute(
-            text(
-                "INSERT INTO nodes (name, epoch, lease_expires, last_seen, state)"
-                " VALUES ('n1', 1, 1e12, 0, 'up')"
-            )
-        )
-        conn.execute(
-            text(
-                "INSERT INTO leases (role, holder, epoch, expires)"
-                " VALUES ('scheduler', 'n1', 1, 1e12)"
-            )
-        )
+    _cluster_of_one(store)
     placement = NodePlacement(job, "n1", ("GPU-1",), (0,))
     assert store.placements.place([placement], "n1", 1) == [job]
     assert _ids(store) == []
@@ -210,3 +198,54 @@ def test_without_its_triggers_the_queue_is_read_in_full_each_time(
         assert [j.priority for j in fresh.jobs.queued()] == [2]
     finally:
         fresh.close()
+
+
+def _cluster_of_one(store: Store) -> None:
+    with store.database.engine.begin() as conn:  # a node, and the election, as they stand
+        conn.execute(
+            text(
+                "INSERT INTO nodes (name, epoch, lease_expires, last_seen, state)"
+                " VALUES ('n1', 1, 1e12, 0, 'up')"
+            )
+        )
+        conn.execute(
+            text(
+                "INSERT INTO leases (role, holder, epoch, expires)"
+                " VALUES ('scheduler', 'n1', 1, 1e12)"
+            )
+        )
+
+
+def _place(store: Store, job_id: int) -> list[int]:
+    return store.placements.place([NodePlacement(job_id, "n1", ("GPU-1",), (0,))], "n1", 1)
+
+
+def test_what_the_scheduler_placed_itself_is_not_read_again(
+    store: Store, other: Store, queue_reads: Callable[[], int]
+) -> None:
+    """The elected scheduler's own placements are the queue's only change while a long
+    queue drains onto free cards: it need not read every queued row for them. Anything
+    else that changed the queue meanwhile, by it or another writer, is read."""
+    _cluster_of_one(store)
+    a, b, c = (store.jobs.add(new_job(), NOW).id for _ in range(3))
+    assert _ids(store) == [a, b, c]
+    reads = queue_reads()
+    placed = _place(store, a)
+    store.jobs.left_queue(placed)
+    assert _ids(store) == [b, c]
+    assert queue_reads() == reads
+    # Another writer's submit between the read and the placement: read in full.
+    late = other.jobs.add(new_job(), NOW).id
+    store.jobs.left_queue(_place(store, b))
+    assert _ids(store) == [c, late]
+    assert queue_reads() == reads + 1
+    # A change of its own besides the placement (a priority): read in full.
+    assert store.jobs.set_priority(c, 3)
+    store.jobs.left_queue(_place(store, late))
+    assert [(j.id, j.priority) for j in store.jobs.queued()] == [(c, 3)]
+    assert queue_reads() == reads + 2
+    # A job it placed that it had not read (submitted after its read): read in full.
+    new = other.jobs.add(new_job(), NOW).id
+    store.jobs.left_queue(_place(store, new))
+    assert _ids(store) == [c]
+    assert queue_reads() == reads + 3

@@ -285,6 +285,18 @@ class JobReads:
         self._queued_mark, self._queued_last = now, found
         return list(found)
 
+    def left_queue(self, job_ids: Collection[int]) -> None:
+        """Jobs this store just took out of the queue, each by one committed write of its
+        row (the cluster's placements): the next queued() need not read the queue again
+        for them. It still does if anything else changed the queue since the last read,
+        this process's other writes included: the marker then moved by more than one per
+        job (each such write moves it by exactly one, gpusched.store.queue_marks)."""
+        gone = set(job_ids)
+        if self._queued_mark is None or not gone:
+            return
+        self._queued_last = [job for job in self._queued_last if job.id not in gone]
+        self._queued_mark += len(gone)
+
     def ended(
         self,
         limit: int,
