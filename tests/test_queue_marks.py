@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from sqlalchemy import event, text
 
-from gpusched.store import NodePlacement, Queued, Store
+from gpusched.store import NodePlacement, Queued, Store, queue_marks
 from tests.test_store import NOW, new_job, start
 
 
@@ -249,3 +249,39 @@ def test_what_the_scheduler_placed_itself_is_not_read_again(
     store.jobs.left_queue(_place(store, new))
     assert _ids(store) == [c]
     assert queue_reads() == reads + 3
+
+
+def test_the_counters_of_many_server_processes_are_folded_into_one(
+    database_url: str, store: Store, queue_reads: Callable[[], int]
+) -> None:
+    """PostgreSQL keeps a counter per server process that changed the queue: past
+    FOLD_ROWS of them a read folds them into one, the marker's value unchanged, so the
+    marker stays one short read and no reader sees a change that did not happen."""
+    if not database_url.startswith("postgresql"):
+        pytest.skip("SQLite keeps one counter")
+    job = store.jobs.add(new_job(), NOW).id
+    with store.database.engine.begin() as conn:  # the rows of processes long gone
+        conn.execute(
+            text("INSERT INTO queue_marks (slot, n) SELECT -g, 1 FROM generate_series(1, :k) g"),
+            {"k": queue_marks.FOLD_ROWS + 5},
+        )
+    assert _ids(store) == [job]  # the marker moved: read in full, then folded
+    with store.database.engine.connect() as conn:
+        value, rows = queue_marks.mark(conn)
+    assert rows <= 3  # slot 0, and this test's own server processes
+    reads = queue_reads()
+    assert _ids(store) == [job]  # folding changed nothing: not read again
+    assert queue_reads() == reads
+    assert other_sees(database_url, value)
+    assert store.jobs.set_priority(job, 4)  # and a change after it still moves it
+    assert [j.priority for j in store.jobs.queued()] == [4]
+
+
+def other_sees(database_url: str, value: int | None) -> bool:
+    """Whether another store reads the same marker value."""
+    second = Store(database_url)
+    try:
+        with second.database.engine.connect() as conn:
+            return queue_marks.mark(conn)[0] == value
+    finally:
+        second.close()

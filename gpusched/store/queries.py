@@ -277,10 +277,13 @@ class JobReads:
         with self.db.read() as conn:
             if self._marked is None:
                 self._marked = queue_marks.triggers_present(conn)
-            now = queue_marks.mark(conn) if self._marked else None
+            now, counters = queue_marks.mark(conn) if self._marked else (None, 0)
             if now is not None and now == self._queued_mark:
                 return list(self._queued_last)
             rows = conn.execute(_QUEUED_SELECT.order_by(jobs.c.id)).all()
+        if counters > queue_marks.FOLD_ROWS:
+            with self.db.write(durable=False) as conn:  # lost, the next read folds again
+                queue_marks.fold(conn)
         found, self._queued_known = queued_of(rows, self._queued_known)
         self._queued_mark, self._queued_last = now, found
         return list(found)

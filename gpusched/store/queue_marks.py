@@ -40,7 +40,30 @@ def triggers_present(conn: Connection) -> bool:
     return int(conn.execute(query, {"names": list(TRIGGERS)}).scalar_one()) == len(TRIGGERS)
 
 
-def mark(conn: Connection) -> int | None:
-    """The queue's change marker now; None: no counter (read the queue in full)."""
-    value = conn.execute(select(func.sum(queue_marks.c.n))).scalar()
-    return None if value is None else int(value)
+def mark(conn: Connection) -> tuple[int | None, int]:
+    """The queue's change marker now (None: no counter, read the queue in full), and how
+    many counter rows it sums (see `fold`)."""
+    value, rows = conn.execute(select(func.sum(queue_marks.c.n), func.count())).one()
+    return (None if value is None else int(value)), int(rows)
+
+
+# On PostgreSQL a row per server process that ever changed the queue: past this many,
+# `fold` sums them into one, so that reading the marker stays one short scan.
+FOLD_ROWS = 1000
+
+
+def fold(conn: Connection) -> None:
+    """In a write transaction on PostgreSQL: fold the counter rows of other server
+    processes into slot 0, the sum unchanged (so no reader sees a change that is not).
+    A row locked by a transaction in progress (one bumping it, maybe a node cut off) is
+    skipped, not waited for; a process whose row was folded starts a new one at its
+    next bump."""
+    conn.execute(
+        text(
+            "WITH gone AS (DELETE FROM queue_marks WHERE slot IN"
+            " (SELECT slot FROM queue_marks WHERE slot <> 0 FOR UPDATE SKIP LOCKED)"
+            " RETURNING n)"
+            " INSERT INTO queue_marks (slot, n) SELECT 0, coalesce(sum(n), 0) FROM gone"
+            " ON CONFLICT (slot) DO UPDATE SET n = queue_marks.n + EXCLUDED.n"
+        )
+    )
