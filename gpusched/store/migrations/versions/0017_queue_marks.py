@@ -13,7 +13,10 @@ order the transactions commit in (gpusched.store.queue_marks reads it).
 
 On PostgreSQL each server process (backend) bumps its own row (`slot` = its pid), so two
 writers never wait on each other's counter: a node cut off inside a transaction holds only
-its own row's lock. On SQLite, where writers take turns anyway, there is one row (slot 0).
+its own row's lock; the triggers run once a statement, bumping by the rows it changed in
+the queue. On SQLite, where writers take turns anyway, there is one row (slot 0), bumped
+once a row. Either way each row of the queue a statement changes moves the marker by one
+(store.jobs.left_queue counts on it).
 
 Revision ID: 0017
 Revises: 0016
@@ -99,22 +102,45 @@ def upgrade() -> None:
             sa.Column("n", sa.BigInteger, nullable=False),
         )
     if dialect == "postgresql":
+        # One trigger a statement, not a row: it counts the rows it changed in the queue
+        # (its transition tables) and bumps by that many, one upsert a statement, so a
+        # 10,000-job cancel is not 10,000 upserts of one row.
+        in_queue = _IN_QUEUE.format(row="r")
+        old = _IN_QUEUE.format(row="o")
+        new = _IN_QUEUE.format(row="n")
+        changed = _changed(dialect).replace("OLD.", "o.").replace("NEW.", "n.")
         op.execute(
-            """
+            f"""
             CREATE OR REPLACE FUNCTION gpusched_queue_mark() RETURNS trigger
             LANGUAGE plpgsql AS $$
+            DECLARE k bigint;
             BEGIN
-                INSERT INTO queue_marks (slot, n) VALUES (pg_backend_pid(), 1)
-                ON CONFLICT (slot) DO UPDATE SET n = queue_marks.n + 1;
+                IF TG_OP = 'INSERT' THEN
+                    SELECT count(*) INTO k FROM new_rows r WHERE {in_queue};
+                ELSIF TG_OP = 'DELETE' THEN
+                    SELECT count(*) INTO k FROM old_rows r WHERE {in_queue};
+                ELSE
+                    SELECT count(*) INTO k FROM old_rows o JOIN new_rows n ON n.id = o.id
+                    WHERE ({old} OR {new}) AND ({changed});
+                END IF;
+                IF k > 0 THEN
+                    INSERT INTO queue_marks (slot, n) VALUES (pg_backend_pid(), k)
+                    ON CONFLICT (slot) DO UPDATE SET n = queue_marks.n + EXCLUDED.n;
+                END IF;
                 RETURN NULL;
             END $$
-            """
+            """  # noqa: S608 (this revision's own constants)
         )
-        for name, (event, when) in _whens(dialect).items():
+        tables = {
+            "INSERT": "NEW TABLE AS new_rows",
+            "UPDATE": "OLD TABLE AS old_rows NEW TABLE AS new_rows",
+            "DELETE": "OLD TABLE AS old_rows",
+        }
+        for name, (event, _) in _whens(dialect).items():
             op.execute(f"DROP TRIGGER IF EXISTS {name} ON jobs")
             op.execute(
-                f"CREATE TRIGGER {name} AFTER {event} ON jobs FOR EACH ROW"
-                f" WHEN ({when}) EXECUTE FUNCTION gpusched_queue_mark()"
+                f"CREATE TRIGGER {name} AFTER {event} ON jobs REFERENCING {tables[event]}"
+                " FOR EACH STATEMENT EXECUTE FUNCTION gpusched_queue_mark()"
             )
         return
     op.execute(
