@@ -362,3 +362,35 @@ def test_a_draining_queue_does_not_rewrite_every_waiting_reason_each_pass(
     stored = a.scheduler.store.jobs.get(queued[-1]).waiting_reason or ""
     assert "kept for job" in stored and "ahead of it" in stored
     assert a.state(blocker) == JobState.RUNNING
+
+
+def test_reasons_that_name_the_busy_jobs_on_a_card_are_not_all_rewritten_each_pass(
+    tmp_path: Path,
+) -> None:
+    """By contention (issue 25) jobs of unknown demand start a few a pass, and every
+    waiting job's reason names the busy jobs on the cards ("runs busy jobs 2, 4"), which
+    move on each round: a change in the jobs named is refreshed a bounded number of rows
+    a pass, as the head's id is (benchmarks/cluster_drain.py: 9,984 rows a pass)."""
+    a, b = _pair(tmp_path, pack="contention")
+    waiting = [a.submit(GiB) for _ in range(600)]
+    written: list[int] = []
+
+    def count(_conn: Any, _cursor: Any, statement: str, params: Any, *_args: Any) -> None:
+        if statement.startswith("UPDATE jobs SET waiting_reason"):
+            written[-1] += len(params) if isinstance(params, list) else 1
+
+    event.listen(a.scheduler.store.database.engine, "after_cursor_execute", count)
+    for _ in range(6):
+        written.append(0)
+        for world in (a, b):
+            for job_id in list(world.launcher.running):
+                world.finish(job_id)
+        a.tick()
+        b.tick()
+    event.remove(a.scheduler.store.database.engine, "after_cursor_execute", count)
+    assert written[0] >= len(waiting) - 24
+    for rows in written[2:]:
+        assert rows <= REFRESH_PER_PASS + 24 + 2, written
+    queued = [j for j in waiting if a.state(j) == JobState.QUEUED]
+    stored = a.scheduler.store.jobs.get(queued[-1]).waiting_reason or ""
+    assert "quieter card" in stored and "busy job" in stored

@@ -80,18 +80,21 @@ def decide(
     # Under `pack: contention`, each job's expected demand (its history: one read a minute).
     history = context.monitor.demand_history() if config.pack == "contention" else None
     now_s = now.timestamp()
+    # Neither changes during the loop: asked once, not once per job of a long queue.
+    known = history if history else None
+    held = bool(waits)
     for job in admitted.eligible:
         wanted, why = restrict(job, now)
         if wanted is None:
             reasons[job.id] = why or "it may run nowhere"
             continue
-        if history is not None:
+        if history is not None and (known is not None or held):
             demand = (
-                history.expected(job.id, job.uid, job.array_id, job.name, job.command_json)
-                if history
+                known.expected(job.id, job.uid, job.array_id, job.name, job.command_json)
+                if known is not None
                 else None
             )
-            waited = waits.waited_s(job.id, now_s) if waits else 0.0
+            waited = waits.waited_s(job.id, now_s) if held else 0.0
             if demand is not None or waited:
                 wanted = dataclasses.replace(wanted, demand=demand, waited_s=waited)
         waiting.append(wanted)

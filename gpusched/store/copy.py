@@ -7,7 +7,8 @@ its jobs use, their time series, the earlier runs of requeued jobs (`job_attempt
 the blocked head's kept cards (`head_claims`, unless the target keeps its own) are copied
 in one transaction on the target: all or nothing. What is not job history is not copied:
 a cluster's `nodes` and `leases` rows are the source servers' liveness, which each daemon
-writes again when it joins the target.
+writes again when it joins the target; nor is `queue_marks`, the target's own change
+marker, which its triggers move as the copied queued rows go in.
 
 Job ids. Into a database without jobs, ids are kept: running jobs' supervisors, state
 directories and logs are found by id, so the daemon, started again on the target, re-adopts

@@ -29,6 +29,7 @@ from gpusched.store.nodes import (
     db_iso,
     db_now,
     election_is_current,
+    live_at,
     node_is_live,
     nodes,
 )
@@ -187,9 +188,9 @@ class Placements:
         `started_at` is the database's time of the claim until `launched` says when the
         process was started."""
         with self.db.write() as conn:
-            if not node_is_live(conn, guard.name, guard.epoch, self.db.lease_clock):
+            now = live_at(conn, guard.name, guard.epoch, self.db.lease_clock)
+            if now is None:
                 return False
-            now = db_iso(conn, self.db.lease_clock)
             done = conn.execute(
                 update(jobs)
                 .where(

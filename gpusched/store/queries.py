@@ -18,6 +18,7 @@ from sqlalchemy import ColumnElement, Text, func, select, type_coerce
 
 from gpusched.core.errors import NotFoundError
 from gpusched.core.models import ACTIVE_STATES, TERMINAL_STATES, Job, JobState, StopIntent
+from gpusched.store import queue_marks
 from gpusched.store.database import Database
 from gpusched.store.rows import decode_json, job_select, to_job
 from gpusched.store.schema import envs, jobs
@@ -119,6 +120,11 @@ class JobReads:
         self.db = db
         # The last queued() read's rows and their `Queued` (queued_of): one memo per store.
         self._queued_known: dict[tuple[Any, ...], Queued] = {}
+        # The queue's change marker at the last queued() read, and what it read then
+        # (gpusched.store.queue_marks); None: read in full (no marker, or none yet).
+        self._queued_mark: int | None = None
+        self._queued_last: list[Queued] = []
+        self._marked: bool | None = None  # whether the marker's triggers are there
 
     def get(self, job_id: int) -> Job:
         with self.db.read() as conn:
@@ -262,11 +268,37 @@ class JobReads:
         return [to_job(row) for row in rows]
 
     def queued(self) -> list[Queued]:
-        """Queued jobs (not held), in submit order, with what a scheduling pass needs."""
+        """Queued jobs (not held), in submit order, with what a scheduling pass needs.
+
+        The queue is read again only if its change marker moved since the last read
+        (gpusched.store.queue_marks): a pass over a long queue that did not change reads
+        one number. The marker is read first, so a write committed during the read moves
+        the next one."""
         with self.db.read() as conn:
+            if self._marked is None:
+                self._marked = queue_marks.triggers_present(conn)
+            now, counters = queue_marks.mark(conn) if self._marked else (None, 0)
+            if now is not None and now == self._queued_mark:
+                return list(self._queued_last)
             rows = conn.execute(_QUEUED_SELECT.order_by(jobs.c.id)).all()
+        if counters > queue_marks.FOLD_ROWS:
+            with self.db.write(durable=False) as conn:  # lost, the next read folds again
+                queue_marks.fold(conn)
         found, self._queued_known = queued_of(rows, self._queued_known)
-        return found
+        self._queued_mark, self._queued_last = now, found
+        return list(found)
+
+    def left_queue(self, job_ids: Collection[int]) -> None:
+        """Jobs this store just took out of the queue, each by one committed write of its
+        row (the cluster's placements): the next queued() need not read the queue again
+        for them. It still does if anything else changed the queue since the last read,
+        this process's other writes included: the marker then moved by more than one per
+        job (each such write moves it by exactly one, gpusched.store.queue_marks)."""
+        gone = set(job_ids)
+        if self._queued_mark is None or not gone:
+            return
+        self._queued_last = [job for job in self._queued_last if job.id not in gone]
+        self._queued_mark += len(gone)
 
     def ended(
         self,

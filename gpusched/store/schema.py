@@ -9,6 +9,8 @@ match). A change of schema is a new revision there and its change here.
 - `nodes`, `leases`: the cluster's nodes and the scheduler's election (store.nodes)
 - `head_claims`: the cards kept for the blocked head job (store.head_claims)
 - `job_attempts`: the earlier runs of requeued jobs (store.attempts)
+- `queue_marks`: counters bumped by triggers on `jobs` whenever the queue as a pass reads
+  it changes (gpusched.store.queue_marks; the triggers are revision 0017's)
 """
 
 from __future__ import annotations
@@ -92,8 +94,9 @@ jobs = Table(
     # Why a queued job waits, as the cluster's scheduler last said (others read it here).
     Column("waiting_reason", Text, nullable=True),
     # 1: `gpusched run` / claim(); its pid and pid_start_time are its client's, from the
-    # socket's peer credentials at the request, set while it waits too.
-    Column("interactive", Integer, nullable=True),
+    # socket's peer credentials at the request, set while it waits too. Indexed: each
+    # pass reads the active ones, few among 10,000 queued (revision 0017).
+    Column("interactive", Integer, nullable=True, index=True),
     # Placement (policy rule 3 and the order): 1: --exclusive (a card to itself); 1:
     # --share (light, whatever it measures); `gpusched top`'s rank (lower first).
     Column("exclusive", Integer, nullable=True),
@@ -179,4 +182,15 @@ job_attempts = Table(
     # The cards the run held (NULL before 0016): a run taken back runs on them again.
     Column("gpu_uuids", JSON, nullable=True),
     Column("gpu_indices", JSON, nullable=True),
+)
+
+# The queue's change marker (gpusched.store.queue_marks): triggers on `jobs` (revision
+# 0017) bump a row's `n` in every transaction that changes a queued row as a pass reads it;
+# the rows are never deleted, so the sum of `n` moves at each such commit. `slot`: the
+# PostgreSQL backend's pid (each writer its own row, no lock shared); 0 on SQLite.
+queue_marks = Table(
+    "queue_marks",
+    metadata,
+    Column("slot", Integer, primary_key=True, autoincrement=False),
+    Column("n", BigInteger, nullable=False),
 )

@@ -137,6 +137,8 @@ class ElectedScheduler:
             placements.append(NodePlacement(p.job_id, node, uuids, indices))
         if placements and self.election_epoch is not None:
             placed = self.placements.place(placements, self.node.name, self.election_epoch)
+            # Placed, they left the queue: the next pass need not read 10,000 rows for it.
+            self.context.store.jobs.left_queue(placed)
             if len(placed) < len(placements):
                 log.warning(
                     "%d of %d placements refused (the election moved on, or the jobs changed)",
@@ -149,8 +151,9 @@ class ElectedScheduler:
     def _publish(self, reasons: dict[int, str]) -> None:
         """Write the waiting reasons that changed, for every daemon's `status`.
 
-        A reason that changed only in the job it names (the head job it waits behind,
-        which moves on with every start while a long queue drains) is rewritten at most
+        A reason that changed only in the jobs it names (the head job it waits behind,
+        which moves on with every start while a long queue drains, the busy jobs on a
+        card) or in how long it has been held is rewritten at most
         REFRESH_PER_PASS rows a pass, the longest unwritten first: rewriting every waiting
         job's row each pass made a 10,000-job queue drain at 2 jobs a second (issue 26).
         Any other change is written at once."""
@@ -177,12 +180,15 @@ class ElectedScheduler:
 
 # Rows a pass rewrites whose reason changed only in the job it names (see _publish).
 REFRESH_PER_PASS = 200
-_JOB_ID = re.compile(r"\bjob \d+")
+# What in a reason moves on by itself while a long queue drains: the jobs it names (the
+# head it waits behind, the busy jobs on a card: "job 5", "jobs 2, 4") and how long rule 3
+# has held it ("for 3 min so far").
+_MOVING = re.compile(r"\bjobs? \d+(?:, \d+)*|\bfor \d+ min so far")
 
 
 def _shape(reason: str | None) -> str | None:
-    """A reason with the job ids it names left out."""
-    return None if reason is None else _JOB_ID.sub("job #", reason)
+    """A reason with what moves on by itself left out (see _MOVING)."""
+    return None if reason is None else _MOVING.sub("#", reason)
 
 
 def _on_nodes(nodes: list[NodeView]) -> Restriction:
