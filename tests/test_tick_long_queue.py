@@ -70,7 +70,7 @@ def test_a_change_between_passes_reaches_the_plan(tmp_path: Path) -> None:
 def test_rows_whose_json_the_driver_decoded_are_kept_too() -> None:
     """psycopg hands PostgreSQL's json columns back as lists (unhashable): still one
     `Queued` per unchanged row, and a new one for a changed row."""
-    from gpusched.store.queries import queued_of
+    from gpusched.store.queued import queued_of
 
     def row(job_id: int, after: list[int]) -> tuple[object, ...]:
         return (job_id, "alice", 2**30, 1, 0, after, None, None, None, 0, ["a", "b"])

@@ -37,7 +37,8 @@ from gpusched.store.database import Database
 from gpusched.store.head_claims import HeadClaims, StoredClaim
 from gpusched.store.nodes import LeaseRow, NodeRow, Nodes
 from gpusched.store.placements import DownResult, NodeGuard, NodePlacement, Placements
-from gpusched.store.queries import JobFigures, LaunchInfo, Queued
+from gpusched.store.queries import JobFigures, LaunchInfo
+from gpusched.store.queued import Queued
 from gpusched.store.schema import jobs, metadata, timeline_points
 from gpusched.store.submits import NewJob
 from gpusched.store.timeline import Timeline, TimelineRow, TimelineWrite

@@ -8,87 +8,22 @@ history cannot make a submit wait.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, Text, func, select, type_coerce
+from sqlalchemy import ColumnElement, func, select
 
 from gpusched.core.errors import NotFoundError
 from gpusched.core.models import ACTIVE_STATES, TERMINAL_STATES, Job, JobState, StopIntent
 from gpusched.store import queue_marks
 from gpusched.store.database import Database
-from gpusched.store.rows import decode_json, job_select, to_job
+from gpusched.store.queued import QUEUED_SELECT, Queued, queued_of
+from gpusched.store.rows import job_select, to_job
 from gpusched.store.schema import envs, jobs
 
 _CHUNK = 200  # ids per read: within SQLite's variable limit, and 200 x 128K of commands
-
-
-@dataclass(frozen=True)
-class Queued:
-    """What a scheduling pass needs of a queued job (store.jobs.queued): a pass reads every
-    queued job, so it reads these columns only, not the whole Job."""
-
-    id: int
-    user: str
-    mem: int | None
-    gpus: int
-    priority: int
-    after: list[int]
-    array_id: int | None
-    max_concurrent: int | None
-    retry_of: int | None
-    interactive: int | None  # 1: `gpusched run` / claim() (capped by interactive.max_per_user)
-    allowed_nodes: list[str] | None = None  # `submit --node`; None: any node
-    time_limit_s: float | None = None  # --time (the policy's time backfill)
-    submitted_at: str | None = None
-    exclusive: int | None = None  # 1: --exclusive
-    share: int | None = None  # 1: --share
-    top: int | None = None  # `gpusched top`'s rank
-    # What its expected GPU demand is looked up by (UsageMonitor.expected_demand): the
-    # command stays JSON text here, decoded only where a pass needs it.
-    uid: int = 0
-    name: str | None = None
-    command_json: str = "[]"
-
-
-_QUEUED_SELECT = select(
-    *(
-        type_coerce(jobs.c[f.name], Text)
-        if f.name in ("after", "allowed_nodes")
-        else type_coerce(jobs.c.command, Text)
-        if f.name == "command_json"
-        else jobs.c[f.name]
-        for f in dataclasses.fields(Queued)
-    )
-    # A job placed on a node (cluster) waits there for its agent: planned already.
-).where(jobs.c.state == str(JobState.QUEUED), jobs.c.node.is_(None))
-
-
-def queued_of(
-    rows: Iterable[Iterable[Any]], known: dict[tuple[Any, ...], Queued]
-) -> tuple[list[Queued], dict[tuple[Any, ...], Queued]]:
-    """Each row's `Queued`, and the rows' memo for the next read: a row identical to one
-    read last time gives the same (frozen) `Queued` again, undecoded. Every pass reads
-    every queued job and few change between two passes (issue 30: 10,000 queued); the
-    memo holds only the last read's rows, and nothing is reused unless its row is equal."""
-    made: dict[tuple[Any, ...], Queued] = {}
-    found = []
-    for row in rows:
-        key = tuple(row)  # a plain tuple: C's hash and ==, not the Row's Python ones
-        try:
-            job = known.get(key)
-        except TypeError:  # psycopg decodes the JSON columns itself: lists, not text
-            key = tuple(tuple(v) if isinstance(v, list) else v for v in key)
-            job = known.get(key)
-        if job is None:
-            i, u, m, g, p, a, ai, mc, ro, it, an, *rest = row
-            job = Queued(i, u, m, g, p, decode_json(a), ai, mc, ro, it, decode_json(an), *rest)
-        made[key] = job
-        found.append(job)
-    return found, made
 
 
 @dataclass(frozen=True)
@@ -280,7 +215,7 @@ class JobReads:
             now, counters = queue_marks.mark(conn) if self._marked else (None, 0)
             if now is not None and now == self._queued_mark:
                 return list(self._queued_last)
-            rows = conn.execute(_QUEUED_SELECT.order_by(jobs.c.id)).all()
+            rows = conn.execute(QUEUED_SELECT.order_by(jobs.c.id)).all()
         if counters > queue_marks.FOLD_ROWS:
             with self.db.write(durable=False) as conn:  # lost, the next read folds again
                 queue_marks.fold(conn)

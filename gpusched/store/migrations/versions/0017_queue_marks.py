@@ -32,8 +32,8 @@ down_revision = "0016"
 branch_labels = None
 depends_on = None
 
-# The queue as a pass reads it (store.queries' _QUEUED_SELECT), and the columns it reads
-# (store.queries.Queued's fields; `command` for command_json): tests/test_queue_marks.py
+# The queue as a pass reads it (store.queued.QUEUED_SELECT), and the columns it reads
+# (store.queued.Queued's fields; `command` for command_json): tests/test_queue_marks.py
 # checks that these cover them.
 _IN_QUEUE = "({row}.state = 'queued' AND {row}.node IS NULL)"
 QUEUE_COLUMNS = (
