@@ -14,18 +14,24 @@ SQLAlchemy, APScheduler or pynvml.
 
 from __future__ import annotations
 
-import base64
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, overload
 
 from gpusched import __version__
 from gpusched.connection import DaemonConnection
 from gpusched.core.errors import ProtocolError
-from gpusched.core.models import TERMINAL_STATES, Drain, GpuReport, Job, TimelinePoint
+from gpusched.core.models import (
+    TERMINAL_STATES,
+    Drain,
+    Job,
+    LogChunk,
+    Status,
+    TimelinePoint,
+)
 from gpusched.core.requests.base import Request
 from gpusched.core.requests.protocol import (
     compatible_versions,
@@ -38,21 +44,6 @@ if TYPE_CHECKING:  # the reply types, for mypy only: a reply is a plain dict at 
 
 # Every other request class (gpusched.core.requests.catalog) is imported by the method that sends
 # one: `status` and `show`, the commands people run most, start without creating them.
-
-
-@dataclass
-class Status:
-    gpus: list[GpuReport]
-    jobs: list[Job]
-    drain: Drain | None = None  # an administrator's "start nothing new", if in force
-
-
-@dataclass
-class LogChunk:
-    data: bytes
-    offset: int
-    ended: bool
-    state: str
 
 
 class Client:
@@ -155,27 +146,10 @@ class Client:
         `output`: the job's log goes to this file, opened as you ({id}, {array}, {index}
         in its name; relative to `cwd`), instead of the daemon's log_dir.
         """
-        return Job.from_json(
-            self._submit(
-                command,
-                mem=mem,
-                gpus=gpus,
-                name=name,
-                priority=priority,
-                after=after,
-                hold=hold,
-                cwd=cwd,
-                env=env,
-                time_limit=time_limit,
-                notify=notify,
-                retry_oom=retry_oom,
-                nodes=None if nodes is None else tuple(nodes),
-                requeue=requeue,
-                exclusive=exclusive,
-                share=share,
-                output=output,
-            )
-        )
+        options = dict(locals())  # every option as given, by name: the parameters above
+        del options["self"], options["command"]
+        options["nodes"] = None if nodes is None else tuple(nodes)
+        return Job.from_json(self._submit(command, **options))
 
     def submit_sweep(
         self,
@@ -242,13 +216,7 @@ class Client:
 
     def status(self, all: bool = False) -> Status:
         """GPUs and active jobs (`all`: recently ended jobs too), every page of them."""
-        result = self.status_reply(all=all)
-        drain = result.get("drain")  # absent from older daemons
-        return Status(
-            [GpuReport.from_json(g) for g in result["gpus"]],
-            [Job.from_json(j) for j in result["jobs"]],
-            None if drain is None else Drain.from_json(drain),
-        )
+        return Status.from_json(self.status_reply(all=all))
 
     def status_reply(
         self,
@@ -396,10 +364,7 @@ class Client:
     def logs(self, job_id: int, offset: int = 0) -> LogChunk:
         from gpusched.core.requests import catalog as rq
 
-        result = self.send(rq.LogsRequest(job_id, offset))
-        return LogChunk(
-            base64.b64decode(result["data"]), result["offset"], result["ended"], result["state"]
-        )
+        return LogChunk.from_json(self.send(rq.LogsRequest(job_id, offset)))
 
     @overload
     def wait(self, job_ids: int, timeout: float | None = None) -> Job: ...

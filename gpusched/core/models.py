@@ -267,6 +267,41 @@ class Drain:
         return cls(str(data["by"]), str(data["since"]), data.get("reason"))
 
 
+@dataclass
+class Status:
+    """`Client.status()`: the GPUs, the jobs, and the drain in force, if any."""
+
+    gpus: list[GpuReport]
+    jobs: list[Job]
+    drain: Drain | None = None  # an administrator's "start nothing new", if in force
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Status:
+        drain = data.get("drain")  # absent from older daemons
+        return cls(
+            [GpuReport.from_json(g) for g in data["gpus"]],
+            [Job.from_json(j) for j in data["jobs"]],
+            None if drain is None else Drain.from_json(drain),
+        )
+
+
+@dataclass
+class LogChunk:
+    """`Client.logs()`: the output from `offset` on, and whether the job has ended."""
+
+    data: bytes
+    offset: int
+    ended: bool
+    state: str
+
+    @classmethod
+    def from_json(cls, reply: dict[str, Any]) -> LogChunk:
+        import base64  # only where logs are read
+
+        data = base64.b64decode(reply["data"])
+        return cls(data, reply["offset"], reply["ended"], reply["state"])
+
+
 @dataclass(frozen=True)
 class TimelinePoint:
     """One point of a job's time series (`show --json`'s `timeline`, the dashboard's charts).
