@@ -103,13 +103,7 @@ def measure(root: Path, cancels: int, faults: bool) -> tuple[list[float], list[f
             return replies, ended, cuts[0], downs
         finally:
             stop.set()
-            cluster.close()
-            for daemon in cluster.daemons.values():
-                daemon.stop()
-                daemon.kill_jobs()
-            for proxy in cluster.proxies.values():
-                proxy.close()
-            server.drop_database(database)
+            cluster.tear_down()
 
 
 def _p(values: list[float], q: float) -> float:

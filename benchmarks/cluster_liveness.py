@@ -144,13 +144,7 @@ def measure(server: PostgresServer, root: Path, fault: str, args: Any) -> dict[s
             "resumed_s": resumed_at - cut_at,
         }
     finally:
-        cluster.close()
-        for daemon in cluster.daemons.values():
-            daemon.stop()
-            daemon.kill_jobs()
-        for proxy in cluster.proxies.values():
-            proxy.close()
-        server.drop_database(database)
+        cluster.tear_down()
 
 
 def main() -> None:

@@ -102,6 +102,19 @@ class Cluster:
             proxy.heal()
         self.store.close()
 
+    def tear_down(self) -> None:
+        """Everything the cluster made, gone: daemons (a stopped one resumed first, or it
+        would not hear SIGTERM), their jobs, the proxies and the database."""
+        self.close()
+        for name, daemon in self.daemons.items():
+            if daemon.process is not None and daemon.process.poll() is None:
+                self.resume(name)
+            daemon.stop()
+            daemon.kill_jobs()
+        for proxy in self.proxies.values():
+            proxy.close()
+        self.server.drop_database(self.database)
+
 
 @pytest.fixture
 def cluster(
@@ -113,12 +126,4 @@ def cluster(
     try:
         yield made
     finally:
-        made.close()
-        for name, daemon in made.daemons.items():
-            if daemon.process is not None and daemon.process.poll() is None:
-                made.resume(name)  # a stopped process would not hear SIGTERM
-            daemon.stop()
-            daemon.kill_jobs()
-        for proxy in made.proxies.values():
-            proxy.close()
-        postgres_server.drop_database(database)
+        made.tear_down()
