@@ -11,6 +11,8 @@ import contextlib
 import itertools
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -150,6 +152,46 @@ def test_the_supervisor_execs_nothing_past_its_cluster_node_s_launch_deadline(
     else:
         assert (outcome["outcome"], outcome["exit_code"]) == ("exit", 0)
         assert ran.exists()
+
+
+def test_a_supervisor_runs_no_program_but_its_job(tmp_path: Path) -> None:
+    """Each program a supervisor starts is paid by every job's dispatch: with its
+    private /dev/shm set up and released (as root; tried and refused otherwise), it
+    execs the job and nothing else (ctypes.util.find_library ran `ldconfig -p` twice a
+    job for that, 3-5 ms each)."""
+    strace = shutil.which("strace")
+    if strace is None:
+        pytest.skip("strace is not installed")
+    spec = {
+        "job_id": 1,
+        "argv": ["true"],
+        "cwd": str(tmp_path),
+        "env": {"PATH": os.environ["PATH"]},
+        "uid": os.getuid(),
+        "gid": os.getgid(),
+        "groups": [],
+        "umask": 0o077,
+        "log_path": str(tmp_path / "job.log"),
+        "kill_grace_s": 0.5,
+        "time_limit_s": None,
+        "private_shm": True,
+    }
+    spec_path = tmp_path / "spec.json"
+    spec_path.write_text(json.dumps(spec))
+    supervisor = [sys.executable, "-m", "gpusched.processes.supervisor", str(spec_path)]
+    done = subprocess.run(
+        [strace, "-f", "-qq", "-e", "trace=execve", "-e", "signal=none", *supervisor],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    outcome = json.loads((tmp_path / "exit.json").read_text())
+    assert (outcome["outcome"], outcome["exit_code"]) == ("exit", 0)
+    programs = re.findall(r'execve\("([^"]*)"', done.stderr)
+    assert programs[0] == sys.executable  # the supervisor itself
+    # The job's `true`, tried along PATH: no other program.
+    assert programs[1:] and all(Path(p).name == "true" for p in programs[1:]), programs
 
 
 @pytest.mark.parametrize(
