@@ -194,6 +194,49 @@ def test_a_supervisor_runs_no_program_but_its_job(tmp_path: Path) -> None:
     assert programs[1:] and all(Path(p).name == "true" for p in programs[1:]), programs
 
 
+_AT_FORK_PROBE = """
+import os, sys
+from pathlib import Path
+marker = Path(sys.argv[2])
+os.register_at_fork(after_in_child=lambda: marker.write_text("Python ran in a forked child"))
+from gpusched.processes.supervisor import main
+sys.exit(main(sys.argv[:2]))
+"""
+
+
+def test_the_job_s_fork_runs_no_python_in_the_child(tmp_path: Path) -> None:
+    """The job is forked from the supervisor and exec'd without Python code in between
+    (no preexec_fn: that runs the interpreter's at-fork hooks in the child and copies
+    the pages it touches, about a millisecond a job); its directory is entered as its
+    owner beforehand (credentials.in_owners_directory, tests/security/test_privileges)."""
+    spec = {
+        "job_id": 1,
+        "argv": ["sh", "-c", "pwd"],
+        "cwd": str(tmp_path),
+        "env": {"PATH": os.environ["PATH"]},
+        "uid": os.getuid(),
+        "gid": os.getgid(),
+        "groups": [],
+        "umask": 0o077,
+        "log_path": str(tmp_path / "job.log"),
+        "kill_grace_s": 0.5,
+        "time_limit_s": None,
+    }
+    spec_path = tmp_path / "spec.json"
+    spec_path.write_text(json.dumps(spec))
+    marker = tmp_path / "forked-python"
+    subprocess.run(
+        [sys.executable, "-c", _AT_FORK_PROBE, str(spec_path), str(marker)],
+        timeout=60,
+        check=True,
+        cwd="/",
+    )
+    outcome = json.loads((tmp_path / "exit.json").read_text())
+    assert (outcome["outcome"], outcome["exit_code"]) == ("exit", 0)
+    assert (tmp_path / "job.log").read_text().strip() == str(tmp_path)  # in its directory
+    assert not marker.exists()
+
+
 @pytest.mark.parametrize(
     "argv",
     [["sh", "-c", HOPPING], ["sh", "-c", DAEMONIZER]],
