@@ -293,9 +293,8 @@ def main() -> None:
                 for name in order:
                     where = root / f"gpusched-{round_no}-{name.split()[0]}"
                     where.mkdir()
-                    runs[name].append(
-                        bench_gpusched(args.jobs, where, trees[name], service and service.path)
-                    )
+                    service_path = None if service is None else service.path
+                    runs[name].append(bench_gpusched(args.jobs, where, trees[name], service_path))
                     if not runs[name][-1]["job_cgroups"]:
                         floor.cgroup_parent = None  # the daemon made none: not in the floor
                 before = {k: len(v) for k, v in floor.samples.items()}
