@@ -44,7 +44,7 @@ def in_owners_directory(cwd: str, uid: int, gid: int, groups: list[int]) -> Iter
     would be followed as root), and not a `preexec_fn`, which runs Python in the forked
     child (its at-fork hooks and some 200 page faults: about a millisecond a job).
     """
-    back = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    back = os.open(".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)  # needs no read right
     try:
         if not owner_credentials(uid, gid, groups):
             _enter(cwd)  # as ourselves, as the child will run
