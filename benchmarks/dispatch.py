@@ -16,14 +16,23 @@ started, the scheduling pass) and "run" (started -> ended: spec, supervisor star
 `true`, exit record, the end noticed). The CPU time the whole machine spent per job
 (from /proc/stat, all processes) is steadier than wall time on a shared machine.
 
-The floor: what the least a queue with gpusched's guarantees must do per job costs
-here, measured in the same run with no scheduler around it: one fsynced SQLite commit
-(the start, recorded before the job may run, so a crash never runs it twice), a
-supervisor process (the smallest there is: a shell) that starts the job and waits for
-it, and an exit record written with fsync (file and directory), so its exit code
-survives a power cut.
+The floor (benchmarks/_dispatch_floor.py): each step a job's start and end must take
+under gpusched's guarantees and the per-job steps of its sandbox (the durable start,
+the spec written and deleted, the supervisor's identity, the log, oom_score_adj, the
+job's cgroup when the daemon makes one, its private /dev/shm, the launch fence, a
+supervisor starting the job, the fsynced exit record), each timed alone and printed
+by name. It is measured in every round, between the daemons' runs, so each ratio
+compares figures taken under the same load.
 
-    python benchmarks/dispatch.py [--jobs 200]
+The daemon runs alone in a memory cgroup of its own where this machine allows one (as
+root, a writable memory cgroup): as under systemd, it then makes a cgroup per job, and
+the floor counts that step; `--no-cgroup` runs it in the benchmark's own.
+
+`--baseline-tree DIR` (another checkout of gpusched, e.g. `git archive main | tar -x -C
+DIR`) runs that tree's daemon too, alternated with this one's round by round (ABBA),
+under the same conditions: before and after in one run.
+
+    python benchmarks/dispatch.py [--jobs 200] [--rounds 3] [--baseline-tree DIR] [--no-cgroup]
 """
 
 from __future__ import annotations
@@ -32,7 +41,6 @@ import argparse
 import json
 import os
 import shutil
-import sqlite3
 import statistics
 import subprocess
 import sys
@@ -43,6 +51,7 @@ from pathlib import Path
 
 import psutil
 from _common import Figure, print_conditions, profiled, report
+from _dispatch_floor import Floor, remove_cgroup_tree, scratch_cgroup
 
 from gpusched.client import Client
 from tests.daemon_harness import RunningDaemon
@@ -102,66 +111,19 @@ print(json.dumps({"wall_s": statistics.median(walls), "cpu_s": cpu / rounds,
 """
 
 
-def supervisor_alone(root: Path, rounds: int = 100) -> dict[str, float]:
+def supervisor_alone(root: Path, rounds: int = 100, tree: Path | None = None) -> dict[str, float]:
     """One job's supervisor, forked as the zygote forks it, running `true`: medians."""
     true = shutil.which("true") or "/bin/true"
+    env = {**os.environ, "PYTHONPATH": str(tree)} if tree is not None else None
     done = subprocess.run(
         [sys.executable, "-c", _SUPERVISOR_ALONE, str(root), str(rounds), true],
         capture_output=True,
         text=True,
         check=True,
+        env=env,
     )
     result: dict[str, float] = json.loads(done.stdout)
     return result
-
-
-def durable_floor(root: Path, rounds: int = 300) -> dict[str, float]:
-    """Median cost of each step every job must take under gpusched's guarantees (s)."""
-    db = sqlite3.connect(root / "floor.db", isolation_level=None)
-    db.execute("PRAGMA journal_mode=WAL")
-    db.execute("PRAGMA synchronous=FULL")
-    db.execute("CREATE TABLE jobs (id INTEGER PRIMARY KEY, state TEXT)")
-    db.execute("INSERT INTO jobs VALUES (1, 'queued')")
-    record = root / "exit.json"
-    true = shutil.which("true") or "/bin/true"
-    shell = shutil.which("sh") or "/bin/sh"
-
-    def commit(i: int) -> None:
-        db.execute("BEGIN IMMEDIATE")
-        db.execute("UPDATE jobs SET state = ? WHERE id = 1", (f"running {i}",))
-        db.execute("COMMIT")
-
-    def supervised_job(_i: int) -> None:
-        # The smallest supervisor there is: a shell (dash on Debian) that starts the job,
-        # waits for it and runs one builtin after it. gpusched's is a forked Python.
-        os.waitpid(os.posix_spawn(shell, [shell, "-c", f"{true}; :"], os.environ), 0)
-
-    def exit_record(i: int) -> None:
-        tmp = record.with_name("exit.json.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        os.write(fd, json.dumps({"outcome": "exit", "exit_code": 0, "i": i}).encode())
-        os.fsync(fd)
-        os.close(fd)
-        os.replace(tmp, record)
-        dir_fd = os.open(root, os.O_RDONLY)
-        os.fsync(dir_fd)
-        os.close(dir_fd)
-
-    steps = {
-        "start committed (SQLite, synchronous=FULL)": commit,
-        "a supervisor starts the job (`sh -c 'true; :'`)": supervised_job,
-        "exit record fsynced (file + directory)": exit_record,
-    }
-    medians = {}
-    for name, step in steps.items():
-        samples = []
-        for i in range(rounds):
-            began = time.perf_counter()
-            step(i)
-            samples.append(time.perf_counter() - began)
-        medians[name] = statistics.median(samples)
-    db.close()
-    return medians
 
 
 def _release(fifo: Path) -> float:
@@ -172,8 +134,20 @@ def _release(fifo: Path) -> float:
     return start
 
 
-def bench_gpusched(n_jobs: int, root: Path) -> dict[str, float]:
-    daemon = RunningDaemon(root, simulate="1x24G", config={"headroom": 0})
+def bench_gpusched(
+    n_jobs: int, root: Path, tree: Path | None = None, service: Path | None = None
+) -> dict[str, float]:
+    """`tree`: another gpusched checkout whose daemon runs instead of this one's.
+    `service`: a memory cgroup the daemon starts in, alone (as under systemd)."""
+
+    def enter_service() -> None:
+        if service is not None:
+            (service / "cgroup.procs").write_text(str(os.getpid()))
+
+    env = {"PYTHONPATH": str(tree)} if tree is not None else None
+    daemon = RunningDaemon(
+        root, simulate="1x24G", config={"headroom": 0}, env=env, preexec=enter_service
+    )
     daemon.start()
     try:
         client = Client(daemon.socket_path)
@@ -224,6 +198,7 @@ def bench_gpusched(n_jobs: int, root: Path) -> dict[str, float]:
             "submit_per_job_s": submit_s / n_jobs,
             "run_median_s": statistics.median(runs),
             "gap_median_s": statistics.median(gaps),
+            "job_cgroups": float("each job in" in daemon.stderr()),
         }
     finally:
         daemon.stop()
@@ -282,82 +257,141 @@ def bench_tsp(tsp: str, n_jobs: int, root: Path) -> dict[str, float]:
         subprocess.run([tsp, "-K"], env=env, capture_output=True, check=False)
 
 
+def _ms(seconds: float) -> str:
+    return f"{1e3 * seconds:.2f} ms"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=3, help="daemon runs per tree (default 3)")
+    parser.add_argument("--floor-samples", type=int, default=100, help="per step and round")
+    parser.add_argument("--baseline-tree", type=Path, help="another gpusched checkout to compare")
+    parser.add_argument("--no-cgroup", action="store_true", help="no memory cgroup per daemon")
     args = parser.parse_args()
     print_conditions()
     tsp = find_tsp()
     if tsp is None:
         sys.exit("task-spooler not found: apt-get install task-spooler (its command is tsp)")
+    base = None if args.baseline_tree is None else args.baseline_tree.resolve()
+    if base is not None and not (base / "gpusched" / "__init__.py").exists():
+        sys.exit(f"--baseline-tree {base}: no gpusched package there")
+    trees: dict[str, Path | None] = {"this tree": None}
+    if base is not None:
+        trees["baseline tree"] = base
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
+    floor_rounds: list[float] = []
+    service = None if args.no_cgroup else scratch_cgroup("gpusched-bench")
+    floor_cgroup = None if service is None else scratch_cgroup("gpusched-floor")
     with tempfile.TemporaryDirectory(prefix="gpusched-bench-") as tmp:
         root = Path(tmp)
-        (root / "gpusched").mkdir()
-        (root / "tsp").mkdir()
         (root / "floor").mkdir()
-        ours = bench_gpusched(args.jobs, root / "gpusched")
-        theirs = bench_tsp(tsp, args.jobs, root / "tsp")
-        floor = durable_floor(root / "floor")
-        alone = supervisor_alone(root / "floor")
+        floor = Floor(root / "floor", floor_cgroup)
+        try:
+            for round_no in range(args.rounds):
+                order = list(trees) if round_no % 2 == 0 else list(reversed(trees))
+                for name in order:
+                    where = root / f"gpusched-{round_no}-{name.split()[0]}"
+                    where.mkdir()
+                    service_path = None if service is None else service.path
+                    runs[name].append(bench_gpusched(args.jobs, where, trees[name], service_path))
+                    if not runs[name][-1]["job_cgroups"]:
+                        floor.cgroup_parent = None  # the daemon made none: not in the floor
+                before = {k: len(v) for k, v in floor.samples.items()}
+                floor.measure(args.floor_samples)
+                floor_rounds.append(
+                    sum(statistics.median(v[before.get(k, 0) :]) for k, v in floor.samples.items())
+                )
+            (root / "tsp").mkdir()
+            theirs = bench_tsp(tsp, args.jobs, root / "tsp")
+            alone = {
+                name: supervisor_alone(root / "floor", tree=tree) for name, tree in trees.items()
+            }
+        finally:
+            floor.close()
+            for made in (service, floor_cgroup):
+                if made is not None:
+                    remove_cgroup_tree(made)
+    steps = floor.medians()
+    floor_s = sum(steps.values())
     n = args.jobs
-    print(f"{n} `true` jobs through one slot, after a blocker holding it is released")
-    print(
-        f"  gpusched (Client API): {ours['elapsed_s']:.2f} s, {1e3 * ours['per_job_s']:.1f} ms"
-        f" per job; submit {1e3 * ours['submit_per_job_s']:.1f} ms per job"
+    print(f"{n} `true` jobs through one slot, after a blocker holding it is released;")
+    print(f"{args.rounds} rounds, each: every tree's daemon (ABBA order), then the floor")
+    cgroup_words = (
+        "a memory cgroup of its own (one per job)" if service else "the benchmark's cgroup"
     )
-    print(
-        "    from the jobs' timestamps: median run (started->ended)"
-        f" {1e3 * ours['run_median_s']:.1f} ms, median gap (ended->next started)"
-        f" {1e3 * ours['gap_median_s']:.1f} ms"
+    print(f"  each daemon runs in {cgroup_words}")
+    medians: dict[str, dict[str, float]] = {}
+    for name, results in runs.items():
+        medians[name] = {k: statistics.median(r[k] for r in results) for k in results[0]}
+        ours = medians[name]
+        per_round = ", ".join(
+            f"{1e3 * r['per_job_s']:.1f} ({r['per_job_s'] / f:.1f}x)"
+            for r, f in zip(results, floor_rounds, strict=True)
+        )
+        print(f"  gpusched, {name}: per job, each round (x that round's floor): {per_round}")
+        print(
+            f"    median {_ms(ours['per_job_s'])} per job; started->ended"
+            f" {_ms(ours['run_median_s'])}, ended->next started {_ms(ours['gap_median_s'])};"
+            f" submit {_ms(ours['submit_per_job_s'])}"
+        )
+        print(
+            f"    CPU per job: whole machine {_ms(ours['cpu_per_job_s'])}, daemon"
+            f" {_ms(ours['daemon_cpu_per_job_s'])}, zygote + supervisors + jobs"
+            f" {_ms(ours['job_side_cpu_per_job_s'])}"
+        )
+        print(
+            f"    one supervisor alone (forked as the zygote does, runs `true`):"
+            f" {_ms(alone[name]['wall_s'])}, {_ms(alone[name]['cpu_s'])} CPU,"
+            f" {alone[name]['faults']:.0f} page faults"
+        )
+    print(f"  task-spooler ({tsp}): {_ms(theirs['per_job_s'])} per job (keeps nothing on disk)")
+    print(f"  the floor, step by step (medians of {args.floor_samples} per round, no scheduler):")
+    for name, seconds in steps.items():
+        print(f"    {name:<62} {1e3 * seconds:.3f} ms")
+    for name, why in floor.skipped.items():
+        print(f"    {name:<62} not counted: {why}")
+    per_round_floor = ", ".join(f"{1e3 * f:.2f}" for f in floor_rounds)
+    print(f"    {'together':<62} {1e3 * floor_s:.3f} ms (each round: {per_round_floor} ms)")
+    ratio = statistics.median(
+        r["per_job_s"] / f for r, f in zip(runs["this tree"], floor_rounds, strict=True)
     )
-    print(
-        f"  task-spooler ({tsp}): {theirs['elapsed_s']:.2f} s, {1e3 * theirs['per_job_s']:.2f} ms"
-        f" per job; submit {1e3 * theirs['submit_per_job_s']:.1f} ms per job (one tsp process each)"
-    )
-    print(
-        f"  CPU time of the whole machine per job: gpusched {1e3 * ours['cpu_per_job_s']:.1f} ms,"
-        f" task-spooler {1e3 * theirs['cpu_per_job_s']:.2f} ms"
-    )
-    print(
-        f"    gpusched's daemon {1e3 * ours['daemon_cpu_per_job_s']:.1f} ms; zygote, supervisors"
-        f" and jobs {1e3 * ours['job_side_cpu_per_job_s']:.1f} ms"
-    )
-    floor_s = sum(floor.values())
-    print("  the floor, step by step (medians of 300, no scheduler around them):")
-    for name, seconds in floor.items():
-        print(f"    {name:<50} {1e3 * seconds:.3f} ms")
-    print(
-        f"    {'together':<50} {1e3 * floor_s:.3f} ms ="
-        f" {floor_s / theirs['per_job_s']:.2f}x task-spooler's whole per-job cost"
-    )
-    print(
-        "  one gpusched supervisor alone (forked as the zygote does, runs `true`, fsyncs its"
-        f" exit record): {1e3 * alone['wall_s']:.2f} ms, of which {1e3 * alone['cpu_s']:.2f} ms"
-        f" CPU and {alone['faults']:.0f} page faults (its job's included)"
-    )
-    ratio = ours["per_job_s"] / theirs["per_job_s"]
-    report(
-        "dispatch",
-        [
-            Figure("gpusched per-job dispatch overhead", 1e3 * ours["per_job_s"], "ms"),
-            Figure("task-spooler per-job dispatch overhead", 1e3 * theirs["per_job_s"], "ms"),
-            Figure("gpusched / task-spooler per-job overhead", ratio, "x", "<= 2", ratio <= 2),
-            Figure("gpusched CPU time per job (whole machine)", 1e3 * ours["cpu_per_job_s"], "ms"),
-            Figure("gpusched daemon CPU time per job", 1e3 * ours["daemon_cpu_per_job_s"], "ms"),
+    figures = [
+        Figure("gpusched per job (this tree)", 1e3 * medians["this tree"]["per_job_s"], "ms"),
+        Figure("floor: every per-job step, together", 1e3 * floor_s, "ms"),
+        Figure("gpusched / floor (median of rounds)", ratio, "x", "<= 2", ratio <= 2),
+        *[Figure(f"floor: {name}", 1e3 * seconds, "ms") for name, seconds in steps.items()],
+        Figure(
+            "gpusched run (started->ended), median",
+            1e3 * medians["this tree"]["run_median_s"],
+            "ms",
+        ),
+        Figure(
+            "gpusched gap (ended->next started), median",
+            1e3 * medians["this tree"]["gap_median_s"],
+            "ms",
+        ),
+        Figure(
+            "gpusched daemon CPU per job", 1e3 * medians["this tree"]["daemon_cpu_per_job_s"], "ms"
+        ),
+        Figure(
+            "one supervisor alone, forked, running `true`", 1e3 * alone["this tree"]["wall_s"], "ms"
+        ),
+        Figure("task-spooler per job", 1e3 * theirs["per_job_s"], "ms"),
+    ]
+    if base is not None:
+        base_ratio = statistics.median(
+            r["per_job_s"] / f for r, f in zip(runs["baseline tree"], floor_rounds, strict=True)
+        )
+        figures += [
             Figure(
-                "task-spooler CPU time per job (whole machine)", 1e3 * theirs["cpu_per_job_s"], "ms"
+                "gpusched per job (baseline tree)",
+                1e3 * medians["baseline tree"]["per_job_s"],
+                "ms",
             ),
-            Figure("floor: durable start, supervisor, job, exit record", 1e3 * floor_s, "ms"),
-            Figure("floor / task-spooler per-job overhead", floor_s / theirs["per_job_s"], "x"),
-            Figure("one supervisor alone, forked, running `true`", 1e3 * alone["wall_s"], "ms"),
-            Figure("gpusched job run (started->ended), median", 1e3 * ours["run_median_s"], "ms"),
-            Figure("gpusched gap (ended->next started), median", 1e3 * ours["gap_median_s"], "ms"),
-            Figure("gpusched submit (Client), per job", 1e3 * ours["submit_per_job_s"], "ms"),
-            Figure(
-                "task-spooler submit (tsp CLI), per job", 1e3 * theirs["submit_per_job_s"], "ms"
-            ),
-        ],
-    )
+            Figure("baseline tree / floor (median of rounds)", base_ratio, "x"),
+        ]
+    report("dispatch", figures)
 
 
 if __name__ == "__main__":

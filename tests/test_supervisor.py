@@ -11,6 +11,8 @@ import contextlib
 import itertools
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -150,6 +152,89 @@ def test_the_supervisor_execs_nothing_past_its_cluster_node_s_launch_deadline(
     else:
         assert (outcome["outcome"], outcome["exit_code"]) == ("exit", 0)
         assert ran.exists()
+
+
+def test_a_supervisor_runs_no_program_but_its_job(tmp_path: Path) -> None:
+    """Each program a supervisor starts is paid by every job's dispatch: with its
+    private /dev/shm set up and released (as root; tried and refused otherwise), it
+    execs the job and nothing else (ctypes.util.find_library ran `ldconfig -p` twice a
+    job for that, 3-5 ms each)."""
+    strace = shutil.which("strace")
+    if strace is None:
+        pytest.skip("strace is not installed")
+    spec = {
+        "job_id": 1,
+        "argv": ["true"],
+        "cwd": str(tmp_path),
+        "env": {"PATH": os.environ["PATH"]},
+        "uid": os.getuid(),
+        "gid": os.getgid(),
+        "groups": [],
+        "umask": 0o077,
+        "log_path": str(tmp_path / "job.log"),
+        "kill_grace_s": 0.5,
+        "time_limit_s": None,
+        "private_shm": True,
+    }
+    spec_path = tmp_path / "spec.json"
+    spec_path.write_text(json.dumps(spec))
+    supervisor = [sys.executable, "-m", "gpusched.processes.supervisor", str(spec_path)]
+    done = subprocess.run(
+        [strace, "-f", "-qq", "-e", "trace=execve", "-e", "signal=none", *supervisor],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    outcome = json.loads((tmp_path / "exit.json").read_text())
+    assert (outcome["outcome"], outcome["exit_code"]) == ("exit", 0)
+    programs = re.findall(r'execve\("([^"]*)"', done.stderr)
+    assert programs[0] == sys.executable  # the supervisor itself
+    # The job's `true`, tried along PATH: no other program.
+    assert programs[1:] and all(Path(p).name == "true" for p in programs[1:]), programs
+
+
+_AT_FORK_PROBE = """
+import os, sys
+from pathlib import Path
+marker = Path(sys.argv[2])
+os.register_at_fork(after_in_child=lambda: marker.write_text("Python ran in a forked child"))
+from gpusched.processes.supervisor import main
+sys.exit(main(sys.argv[:2]))
+"""
+
+
+def test_the_job_s_fork_runs_no_python_in_the_child(tmp_path: Path) -> None:
+    """The job is forked from the supervisor and exec'd without Python code in between
+    (no preexec_fn: that runs the interpreter's at-fork hooks in the child and copies
+    the pages it touches, about a millisecond a job); its directory is entered as its
+    owner beforehand (credentials.in_owners_directory, tests/security/test_privileges)."""
+    spec = {
+        "job_id": 1,
+        "argv": ["sh", "-c", "pwd"],
+        "cwd": str(tmp_path),
+        "env": {"PATH": os.environ["PATH"]},
+        "uid": os.getuid(),
+        "gid": os.getgid(),
+        "groups": [],
+        "umask": 0o077,
+        "log_path": str(tmp_path / "job.log"),
+        "kill_grace_s": 0.5,
+        "time_limit_s": None,
+    }
+    spec_path = tmp_path / "spec.json"
+    spec_path.write_text(json.dumps(spec))
+    marker = tmp_path / "forked-python"
+    subprocess.run(
+        [sys.executable, "-c", _AT_FORK_PROBE, str(spec_path), str(marker)],
+        timeout=60,
+        check=True,
+        cwd="/",
+    )
+    outcome = json.loads((tmp_path / "exit.json").read_text())
+    assert (outcome["outcome"], outcome["exit_code"]) == ("exit", 0)
+    assert (tmp_path / "job.log").read_text().strip() == str(tmp_path)  # in its directory
+    assert not marker.exists()
 
 
 @pytest.mark.parametrize(

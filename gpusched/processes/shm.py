@@ -19,7 +19,6 @@ cgroup, docs/operations.md, "Memory and cgroups").
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 
 JOB_SHM_SIZE = "50%"
@@ -34,7 +33,9 @@ _MNT_DETACH = 2
 
 
 def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+    # The process's own symbols, libc's among them: not ctypes.util.find_library("c"),
+    # which runs `ldconfig -p` (a subprocess, several ms) at every call, twice a job.
+    return ctypes.CDLL(None, use_errno=True)
 
 
 def _check(result: int, what: str) -> None:

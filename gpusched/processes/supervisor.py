@@ -39,13 +39,16 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from gpusched.core.units import format_duration
 from gpusched.processes import cgroups, shm, treekill
-from gpusched.processes.credentials import owner_credentials
+from gpusched.processes.credentials import (
+    DirectoryRefused,
+    in_owners_directory,
+    owner_credentials,
+)
 from gpusched.processes.durable import write_json_atomically
 from gpusched.processes.logcap import cap_log
 from gpusched.processes.user_log import open_user_log
@@ -108,25 +111,21 @@ class Supervisor:
 
     def _start(self, log_fd: int) -> subprocess.Popen[bytes]:
         spec = self.spec
-        extra = owner_credentials(spec["uid"], spec["gid"], spec["groups"])
-        return subprocess.Popen(
-            spec["argv"],
-            # Not cwd=: CPython's child enters `cwd` *before* it drops to the owner, so a
-            # user's symlink would be followed as root (into another user's 0700 home).
-            # preexec_fn runs after setgroups/setregid/setreuid (Modules/_posixsubprocess.c,
-            # child_exec; tests/security/test_privileges.py pins the order), so the chdir,
-            # and the exec after it, happen as the owner. Safe here: the supervisor is
-            # single-threaded (the daemon itself never uses preexec_fn).
-            preexec_fn=_enter(spec["cwd"]),  # noqa: PLW1509 - single-threaded, see above
-            env=spec["env"],
-            stdin=subprocess.DEVNULL,
-            stdout=log_fd,
-            stderr=log_fd,
-            umask=spec["umask"],
-            start_new_session=True,
-            close_fds=True,
-            **extra,
-        )
+        uid, gid, groups = spec["uid"], spec["gid"], spec["groups"]
+        # The job inherits its directory, entered with its owner's rights (a user's
+        # symlink is never followed as root); the exec happens after the drop to the owner.
+        with in_owners_directory(spec["cwd"], uid, gid, groups):
+            return subprocess.Popen(
+                spec["argv"],
+                env=spec["env"],
+                stdin=subprocess.DEVNULL,
+                stdout=log_fd,
+                stderr=log_fd,
+                umask=spec["umask"],
+                start_new_session=True,
+                close_fds=True,
+                **owner_credentials(uid, gid, groups),
+            )
 
     def _stop_tree(self, grace_s: float, wakeup_fd: int) -> None:
         """SIGTERM every descendant, wait up to the grace period, then freeze and SIGKILL
@@ -248,7 +247,7 @@ class Supervisor:
         try:
             with cgroups.job_fork(self.cgroup):
                 self.child = self._start(log_fd)
-        except (OSError, subprocess.SubprocessError, ValueError) as exc:
+        except (OSError, subprocess.SubprocessError, ValueError, DirectoryRefused) as exc:
             message = _start_error(exc, spec)
             os.write(log_fd, f"gpusched: {message}\n".encode())
             # Out of tasks or memory (another job filled the service's limits): the command
@@ -337,19 +336,11 @@ def _drain(fd: int) -> None:
             pass
 
 
-def _enter(cwd: str) -> Callable[[], None]:
-    def enter() -> None:
-        os.chdir(cwd)
-
-    return enter
-
-
 def _start_error(exc: BaseException, spec: dict[str, Any]) -> str:
     argv0 = spec["argv"][0]
-    if isinstance(exc, subprocess.SubprocessError):
-        # Only the chdir runs in preexec_fn. It failed as the owner; one message whatever
-        # the reason, and nothing checked here as root, so a failure tells the owner no
-        # more about a path than their own `cd` would.
+    if isinstance(exc, DirectoryRefused):
+        # Entered as the owner; one message whatever the reason, and nothing checked here
+        # as root, so a failure tells the owner no more about a path than their own `cd`.
         return f"working directory {spec['cwd']} does not exist or you cannot enter it"
     if isinstance(exc, FileNotFoundError):
         return f"command not found: {argv0}"

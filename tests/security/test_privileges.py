@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -22,7 +21,7 @@ import pytest
 
 from gpusched.client import Client
 from gpusched.core.errors import UsageError
-from gpusched.processes.credentials import owner_credentials
+from gpusched.processes.credentials import DirectoryRefused, in_owners_directory
 from tests.daemon_harness import RunningDaemon, eventually
 from tests.users import User, as_user
 
@@ -93,23 +92,35 @@ def _release(user: User, daemon: RunningDaemon, job_id: int) -> None:
     _as(user, lambda: Client(socket_path).release(job_id).to_json())
 
 
-def test_the_job_enters_its_directory_after_the_drop_to_its_owner(
-    people: tuple[User, User],
+def _filesystem_ids() -> tuple[str, str]:
+    """This process's uid and gid lines of /proc/self/status (real, effective, saved, fs)."""
+    status = Path("/proc/self/status").read_text().splitlines()
+    uid, gid = (line.split(":")[1].split() for line in status if line[:4] in ("Uid:", "Gid:"))
+    return " ".join(uid), " ".join(gid)
+
+
+def test_the_job_s_directory_is_entered_with_its_owner_s_rights(
+    people: tuple[User, User], victims_project: Path, root_only: Path
 ) -> None:
-    """What the supervisor relies on: CPython runs preexec_fn after setgroups/setgid/setuid
-    (a future CPython that changed it would reopen the hole: this says so first)."""
-    mallory, _victim = people
-    read_fd, write_fd = os.pipe()
-
-    def report() -> None:
-        os.write(write_fd, f"{os.getuid()} {os.getgid()} {sorted(os.getgroups())}".encode())
-
-    credentials = owner_credentials(mallory.uid, mallory.gid, mallory.groups())
-    subprocess.Popen(["true"], preexec_fn=report, pass_fds=(write_fd,), **credentials).wait()  # noqa: PLW1509
-    os.close(write_fd)
-    seen = os.read(read_fd, 200).decode()
-    os.close(read_fd)
-    assert seen == f"{mallory.uid} {mallory.gid} {sorted(set(mallory.groups()))}"
+    """What the supervisor relies on (credentials.in_owners_directory, before the fork of
+    the job, which inherits the directory): as root, the directory is entered with the
+    owner's filesystem ids and groups, so root's rights never reach a user's path, by a
+    symlink or not; afterwards root's ids, groups, rights and directory are back."""
+    mallory, victim = people
+    before = (os.getcwd(), os.getgroups(), _filesystem_ids())
+    link = _symlink(mallory, "link", victims_project)
+    for refused in (str(victims_project), link, str(root_only / "present"), "/nonexistent"):
+        with (
+            pytest.raises(DirectoryRefused),
+            in_owners_directory(refused, mallory.uid, mallory.gid, mallory.groups()),
+        ):
+            pass
+        assert (os.getcwd(), os.getgroups(), _filesystem_ids()) == before
+    with in_owners_directory(str(victims_project), victim.uid, victim.gid, victim.groups()):
+        assert os.getcwd() == str(victims_project)
+        assert _filesystem_ids() == before[2]  # the job drops to its owner, not us
+    assert (os.getcwd(), os.getgroups(), _filesystem_ids()) == before
+    assert ROOTS_TEXT in (root_only / "root-secret").read_text()  # root's rights are back
 
 
 def test_a_symlink_into_another_users_home_is_refused_at_submit(
