@@ -7,9 +7,10 @@
 
 Each is plan() itself, called as the scheduler's pass calls it (pass_rules.decide): the
 waiting jobs' and running jobs' `demand` (0-1, None: no history; a job whose name has
-none takes its owner's latest runs' when they agree, as the daemon does), each waiting job's
-`waited_s` since plan() first held it for a quieter card (the simulation keeps that time
-as the placer's QuieterWaits does), and the head's claim handed back from plan to plan.
+none takes its owner's latest ended runs' when all were busy, as the daemon does), each
+waiting job's `waited_s` since plan() first held it for a quieter card (the simulation
+keeps that time as the placer's QuieterWaits does), and the head's claim handed back from
+plan to plan.
 """
 
 from __future__ import annotations

@@ -31,11 +31,11 @@ Either way a job's own demand is drawn per job within its kind's range, so a nam
 history is close to, not equal to, the next job's demand.
 
 A job whose name has no history takes its owner's latest OWNER_RUNS ended runs' demand
-when they agree, as the daemon does (gpusched.usage.demand_history.agreeing; the
-simulation keeps each user's ended runs in the order they end). Before the trace
-(`prior_owner_runs`): warm, each user's latest OWNER_RUNS runs of earlier days, their
-kinds drawn by today's mix (the lab ran the same work then; in every mix a job's kind is
-drawn apart from its user, so in lab a user's runs are mixed); cold, none.
+when they were all busy, as the daemon does (gpusched.usage.demand_history's
+owner_prior_of; the simulation keeps each user's ended runs in the order they end).
+Before the trace (`prior_owner_runs`): warm, each user's latest OWNER_RUNS runs of earlier
+days, their kinds drawn by today's mix (the lab ran the same work then; in every mix a
+job's kind is drawn apart from its user, so in lab a user's runs are mixed); cold, none.
 """
 
 from __future__ import annotations
@@ -119,9 +119,7 @@ def prior_owner_runs(seed: int, history: str, mix: str) -> dict[str, list[float]
     if history == "cold":
         return {}
     rng = random.Random(f"{seed}-{mix}-owners")
-    return {
-        user: [_kind(rng, MIXES[mix])[1] for _ in range(OWNER_RUNS)] for user, _ in USERS
-    }
+    return {user: [_kind(rng, MIXES[mix])[1] for _ in range(OWNER_RUNS)] for user, _ in USERS}
 
 
 def make_trace(

@@ -72,7 +72,7 @@ from _packing_trace import (
 
 from gpusched.scheduling.gpu_budget import GpuSlot, RunningClaim
 from gpusched.scheduling.policy import UsageSpan, WaitingJob, decayed_usage
-from gpusched.usage.demand_history import agreeing
+from gpusched.usage.demand_history import owner_prior_of
 
 HEADROOM = 512 * 2**20  # the default `headroom`
 HALF_LIFE_S = 3600.0  # the default `fair_share_half_life`
@@ -115,6 +115,7 @@ def simulate(
     trace: Sequence[TraceJob],
     policy: Policy,
     gpus: int = GPU_COUNT,
+    *,
     gpu_mem: int = GPU_MEM,
     prior: Mapping[str, float] | None = None,
     prior_owners: Mapping[str, Sequence[float]] | None = None,
@@ -141,11 +142,11 @@ def simulate(
 
     def expected(job: TraceJob) -> tuple[float | None, int]:
         """As the daemon's pass_rules.expected_demand: its name's history, else its owner's
-        latest ended runs when they agree (the daemon's own rule, `agreeing`)."""
+        latest ended runs when all were busy (the daemon's own rule, `owner_prior_of`)."""
         own = history(job.name)
         if own is not None:
             return own, 0
-        prior = agreeing(owner_ended.get(job.user, [])[::-1])
+        prior = owner_prior_of(owner_ended.get(job.user, [])[::-1])
         return (None, 0) if prior is None else (prior.demand, prior.runs)
 
     spans: list[UsageSpan] = []

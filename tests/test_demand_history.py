@@ -86,10 +86,11 @@ def _ended(store: Store, demand: float, minute: int, uid: int = 1000, name: str 
     return job.id
 
 
-def test_a_new_project_expects_its_owners_latest_runs_when_they_agree(store: Store) -> None:
+def test_a_new_project_expects_its_owners_latest_runs_when_all_were_busy(store: Store) -> None:
     """A job with no history of its own (no same sweep, --name or command) is expected to
-    demand what its owner's latest OWNER_RUNS ended runs did when they all agree: busy
-    (their median, >= 50 %), or light; mixed or fewer: unknown, as before."""
+    demand what its owner's latest OWNER_RUNS ended runs did when they were all busy
+    (their median); mixed, all light or fewer: unknown, as before (in a loaded queue an
+    owner's latest ended runs read light while their waiting jobs are busy)."""
     monitor = UsageMonitor(store.usage, store.timeline)
     new = store.jobs.add(_new(command=("python", "new.py"), name="new"), NOW)
     for minute in range(OWNER_RUNS - 1):
@@ -98,6 +99,7 @@ def test_a_new_project_expects_its_owners_latest_runs_when_they_agree(store: Sto
     _ended(store, 0.8, 10)
     monitor = UsageMonitor(store.usage, store.timeline)  # a fresh read of the history
     assert monitor.expected_demand(new) == 0.91  # the median of 0.9, 0.91, 0.92, 0.93, 0.8
+    assert monitor.expected(new) == (0.91, OWNER_RUNS)  # said as its owner's runs
     prior = DemandHistory(store.usage.demand_records()).owner_prior(new.id, new.uid)
     assert prior == OwnerPrior(0.91, OWNER_RUNS) and prior.busy
     _ended(store, 0.1, 20)  # the latest five: four busy, one light: mixed
@@ -106,7 +108,11 @@ def test_a_new_project_expects_its_owners_latest_runs_when_they_agree(store: Sto
     for minute in range(30, 30 + OWNER_RUNS - 1):  # now the latest five are all light
         _ended(store, 0.2, minute)
     monitor = UsageMonitor(store.usage, store.timeline)
-    assert monitor.expected_demand(new) == 0.2
+    assert monitor.expected_demand(new) is None
+    for minute in range(40, 40 + OWNER_RUNS):  # and now all busy again
+        _ended(store, 0.85, minute)
+    monitor = UsageMonitor(store.usage, store.timeline)
+    assert monitor.expected_demand(new) == 0.85
 
 
 def test_a_jobs_own_history_wins_over_its_owners_and_other_users_never_count(

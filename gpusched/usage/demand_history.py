@@ -3,12 +3,17 @@
 `UsageMonitor.expected_demand` looks a job up here: the median (`typical_demand`) of the
 latest recorded demands (at most PER_KIND) of the owner's runs of the same sweep, else
 of the same --name, else of the same command. A job with none of these (a new project)
-takes its owner's latest OWNER_RUNS ended runs instead, only when they agree
-(`owner_prior`): all busy (at least BUSY_DEMAND), or all light; mixed or fewer: unknown,
-as for a job nothing is known about. The records are the store's latest
-(`store.usage.demand_records`, one query, newest first), read at most once a HISTORY_TTL_S by
-the monitor: a pass over 10,000 queued jobs with 10,000 different commands is then 10,000
-dictionary look-ups, not 10,000 queries.
+takes its owner's latest OWNER_RUNS ended runs instead when they are all busy (at least
+BUSY_DEMAND: `owner_prior`); mixed, light or fewer: unknown, as for a job nothing is
+known about. Not when all light: in a loaded queue light jobs start and end sooner than
+busy ones (they share cards; busy ones wait for a quieter card), so an owner's latest
+ended runs read light while their new jobs are busy (the packing benchmark: 27 of 27
+such priors wrong on one trace; docs/benchmarks.md, Session 8), and a job of unknown
+demand already starts where a light one would except on full cards.
+
+The records are the store's latest (`store.usage.demand_records`, one query, newest
+first), read at most once a HISTORY_TTL_S by the monitor: a pass over 10,000 queued jobs
+with 10,000 different commands is then 10,000 dictionary look-ups, not 10,000 queries.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from gpusched.usage.demand import typical_demand
 
 PER_KIND = 5
 # A job with no history of its own is expected to demand what its owner's latest this
-# many ended runs did, when they all agree (all busy or all light).
+# many ended runs did, when they were all busy.
 OWNER_RUNS = 5
 # Busy: a demand of at least this (the policy's rule 3, scheduling.gpu_budget.BUSY_DEMAND,
 # which this layer may not import).
@@ -34,7 +39,7 @@ DemandRecord = tuple[int, int, int | None, str | None, Any, float, bool]
 
 @dataclass(frozen=True)
 class OwnerPrior:
-    """A job's expected demand from its owner's latest ended runs, which agree."""
+    """A job's expected demand from its owner's latest ended runs, all busy."""
 
     demand: float  # their median
     runs: int  # how many (OWNER_RUNS)
@@ -104,21 +109,18 @@ class DemandHistory:
 
     def owner_prior(self, job_id: int, uid: int) -> OwnerPrior | None:
         """For a job with no history of its own (`expected` is None): its owner's latest
-        OWNER_RUNS ended runs' median when they all agree, busy or light; None when they
-        are fewer or mixed (nothing is known of the job, as before). Only the owner's:
+        OWNER_RUNS ended runs' median when they were all busy; None when they are fewer,
+        mixed or light (nothing is known of the job, as before). Only the owner's:
         another user's runs say nothing of this one's new project."""
-        return agreeing([d for other, d in self._by_owner.get(uid, ()) if other != job_id])
+        return owner_prior_of([d for other, d in self._by_owner.get(uid, ()) if other != job_id])
 
 
-def agreeing(latest: Sequence[float]) -> OwnerPrior | None:
+def owner_prior_of(latest: Sequence[float]) -> OwnerPrior | None:
     """The owner prior of the demands of an owner's ended runs, newest first: the median
-    of the latest OWNER_RUNS when they are all busy or all light, else None. (The packing
-    benchmark's simulation calls this too, so that it models what the daemon does.)"""
+    of the latest OWNER_RUNS when they were all busy, else None. (The packing benchmark's
+    simulation calls this too, so that it models what the daemon does.)"""
     latest = latest[:OWNER_RUNS]
-    if len(latest) < OWNER_RUNS:
-        return None
-    busy = [d >= BUSY_DEMAND for d in latest]
-    if any(busy) and not all(busy):
+    if len(latest) < OWNER_RUNS or any(d < BUSY_DEMAND for d in latest):
         return None
     median = typical_demand(latest)
     return None if median is None else OwnerPrior(median, len(latest))

@@ -165,7 +165,7 @@ class UsageMonitor:
     def expected_demand(self, job: Job | Queued) -> float | None:
         """What a job is expected to demand: its own figure while it runs, else the median
         of its past runs' (the same sweep, else --name, else command, of the same owner),
-        else its owner's latest ended runs' when they agree (gpusched.usage.demand_history).
+        else its owner's latest ended runs' when all were busy (gpusched.usage.demand_history).
 
         The history is read at most once a HISTORY_TTL_S, in one query: a pass asks for
         every waiting job."""
