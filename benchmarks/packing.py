@@ -21,7 +21,8 @@ Policies (_packing_policies.py): the default (`pack: contention`), `pack: memory
 (`placement: best-fit`) and one job per GPU, each gpusched's own `plan()` with that
 option. A job's demand is known from its name's history (the median of the latest 5
 demands measured for that name, as gpusched's history; before the trace, `--history`:
-warm, each user's projects known but one new per kind, or cold, none: _packing_trace.py)
+warm, each user's projects known but one new per kind, or cold, none: _packing_trace.py),
+else its owner's latest 5 ended runs' when all were busy (the daemon's owner_prior_of),
 or, running, once it has allocated; a job plan() held for a quieter card is timed from
 the first plan that held it (`waited_s`, as the daemon's placer does).
 
