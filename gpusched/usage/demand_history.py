@@ -70,6 +70,11 @@ class DemandHistory:
                 latest = self._by_owner.setdefault(uid, [])
                 if len(latest) < OWNER_RUNS:
                     latest.append((job_id, float(demand)))
+        # Once per owner and read of the history, not once per waiting job of a long queue.
+        self._owner_priors = {
+            uid: owner_prior_of([d for _, d in runs]) for uid, runs in self._by_owner.items()
+        }
+        self._owner_ids = {uid: {j for j, _ in runs} for uid, runs in self._by_owner.items()}
 
     def __bool__(self) -> bool:
         return bool(self._by_kind)
@@ -112,7 +117,12 @@ class DemandHistory:
         OWNER_RUNS ended runs' median when they were all busy; None when they are fewer,
         mixed or light (nothing is known of the job, as before). Only the owner's:
         another user's runs say nothing of this one's new project."""
-        return owner_prior_of([d for other, d in self._by_owner.get(uid, ()) if other != job_id])
+        ids = self._owner_ids.get(uid)
+        if ids is None:
+            return None
+        if job_id in ids:  # an ended job asked again: its own run is no prior of its own
+            return owner_prior_of([d for other, d in self._by_owner[uid] if other != job_id])
+        return self._owner_priors[uid]
 
 
 def owner_prior_of(latest: Sequence[float]) -> OwnerPrior | None:
