@@ -7,7 +7,7 @@ takes its owner's latest OWNER_RUNS ended runs instead when they are all busy (a
 BUSY_DEMAND: `owner_prior`); mixed, light or fewer: unknown, as for a job nothing is
 known about. Not when all light: in a loaded queue light jobs start and end sooner than
 busy ones (they share cards; busy ones wait for a quieter card), so an owner's latest
-ended runs read light while their new jobs are busy (the packing benchmark: 27 of 27
+ended runs read light while their new jobs are busy (the packing benchmark: 28 of 28
 such priors wrong on one trace; docs/benchmarks.md, Session 8), and a job of unknown
 demand already starts where a light one would except on full cards.
 
