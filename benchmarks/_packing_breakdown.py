@@ -11,7 +11,9 @@ what the job met on its cards during its last run:
   busy + busy           a busy job that shared a card with another busy one, split by how
                         the pair was made: the job that joined had no history
                         ("unknown joined"), the job already there had no measured demand
-                        yet and no history ("unknown there"), or both were known
+                        yet and no history ("unknown there"), the job that joined had no
+                        history of its own and its owner's latest runs misled
+                        ("owner's runs joined"), or both were known
                         ("both known": a busy job the rule let join, e.g. a light one
                         misjudged, or a multi-GPU set)
 
@@ -35,6 +37,7 @@ ORDER = (
     "busy + light",
     "busy + busy: unknown joined",
     "busy + busy: unknown there",
+    "busy + busy: owner's runs joined",
     "busy + busy: both known",
 )
 
@@ -50,9 +53,17 @@ class Exposure:
     beside_busy: bool = False
     busy_pairs: set[str] = field(default_factory=set)  # how each busy + busy pair was made
 
-    def met(self, other: Exposure, *, joined_unknown: bool, there_unknown: bool) -> None:
+    def met(
+        self,
+        other: Exposure,
+        *,
+        joined_unknown: bool,
+        there_unknown: bool,
+        joined_by_owner: bool = False,
+    ) -> None:
         """This run and `other` share a card from now; `joined_unknown`: the job placed
-        now had no history; `there_unknown`: the job already there had no known demand."""
+        now had no history; `there_unknown`: the job already there had no known demand;
+        `joined_by_owner`: the job placed now was expected from its owner's runs."""
         for me, them in ((self, other), (other, self)):
             me.shared = True
             me.beside_busy = me.beside_busy or them.busy
@@ -62,6 +73,8 @@ class Exposure:
                 if joined_unknown
                 else "unknown there"
                 if there_unknown
+                else "owner's runs joined"
+                if joined_by_owner
                 else "both known"
             )
             self.busy_pairs.add(how)
@@ -74,7 +87,7 @@ class Exposure:
             return "light + busy" if self.beside_busy else "light + light"
         if not self.beside_busy:
             return "busy + light"
-        for how in ("unknown joined", "unknown there", "both known"):
+        for how in ("unknown joined", "unknown there", "owner's runs joined", "both known"):
             if how in self.busy_pairs:
                 return f"busy + busy: {how}"
         return "busy + busy: both known"
@@ -90,14 +103,14 @@ def lines(jobs: Iterable[tuple[Exposure, float]]) -> list[str]:
         groups[exposure.kind()].append(slowdown)
     multi = [s for e, s in rows if e.gpus > 1]
     retried = [s for e, s in rows if e.retried]
-    out = [f"    {'last run':<30}{'jobs':>6}{'mean slowdown':>15}{'adds to mean':>14}{'share':>8}"]
+    out = [f"    {'last run':<34}{'jobs':>6}{'mean slowdown':>15}{'adds to mean':>14}{'share':>8}"]
 
     def row(name: str, values: list[float]) -> str:
         if not values:
-            return f"    {name:<30}{0:>6}{'-':>15}{'-':>14}{'-':>8}"
+            return f"    {name:<34}{0:>6}{'-':>15}{'-':>14}{'-':>8}"
         add = sum(s - 1 for s in values)
         return (
-            f"    {name:<30}{len(values):>6}{statistics.fmean(values):>15.3f}"
+            f"    {name:<34}{len(values):>6}{statistics.fmean(values):>15.3f}"
             f"{add / n:>14.3f}{add / excess:>8.0%}"
         )
 

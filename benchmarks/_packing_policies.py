@@ -6,9 +6,11 @@
   one job per GPU    every job a whole-GPU job (no --mem): task-spooler -G, gflow's default
 
 Each is plan() itself, called as the scheduler's pass calls it (pass_rules.decide): the
-waiting jobs' and running jobs' `demand` (0-1, None: no history), each waiting job's
-`waited_s` since plan() first held it for a quieter card (the simulation keeps that time
-as the placer's QuieterWaits does), and the head's claim handed back from plan to plan.
+waiting jobs' and running jobs' `demand` (0-1, None: no history; a job whose name has
+none takes its owner's latest ended runs' when all were busy, as the daemon does), each
+waiting job's `waited_s` since plan() first held it for a quieter card (the simulation
+keeps that time as the placer's QuieterWaits does), and the head's claim handed back from
+plan to plan.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ class Waiting:
 
     job: WaitingJob
     demand: float | None
+    owner_runs: int = 0  # >0: `demand` is its owner's latest runs' (no history of its own)
     waited_s: float = 0.0  # since plan() first held it for a quieter card
 
 
@@ -76,7 +79,10 @@ def place(
 ) -> Decision:
     """Which waiting jobs start where under `policy`: one plan(), as one pass makes it."""
     claims = [replace(r.claim, demand=r.demand) for r in running]
-    jobs = [replace(w.job, demand=w.demand, waited_s=w.waited_s) for w in waiting]
+    jobs = [
+        replace(w.job, demand=w.demand, owner_runs=w.owner_runs, waited_s=w.waited_s)
+        for w in waiting
+    ]
     result = plan(
         slots,
         claims,

@@ -29,6 +29,13 @@ earlier job of the same name (people rerun their scripts). Each user runs 3 name
                       each of the 36 names (4 users x 3 kinds x 3) is unknown
 Either way a job's own demand is drawn per job within its kind's range, so a name's
 history is close to, not equal to, the next job's demand.
+
+A job whose name has no history takes its owner's latest OWNER_RUNS ended runs' demand
+when they were all busy, as the daemon does (gpusched.usage.demand_history's
+owner_prior_of; the simulation keeps each user's ended runs in the order they end).
+Before the trace (`prior_owner_runs`): warm, each user's latest OWNER_RUNS runs of earlier
+days, their kinds drawn by today's mix (the lab ran the same work then; in every mix a
+job's kind is drawn apart from its user, so in lab a user's runs are mixed); cold, none.
 """
 
 from __future__ import annotations
@@ -36,6 +43,8 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
+
+from gpusched.usage.demand_history import OWNER_RUNS
 
 GiB = 2**30
 GPU_COUNT = 4
@@ -102,6 +111,15 @@ def prior_history(seed: int, history: str) -> dict[str, float]:
         for project in range(NAMES_PER_KIND)
         if project != NEW_PROJECT
     }
+
+
+def prior_owner_runs(seed: int, history: str, mix: str) -> dict[str, list[float]]:
+    """Each user's latest OWNER_RUNS ended runs' demands before the trace, oldest first
+    (see the docstring): warm, kinds drawn by `mix`; cold, none. A stream of its own."""
+    if history == "cold":
+        return {}
+    rng = random.Random(f"{seed}-{mix}-owners")
+    return {user: [_kind(rng, MIXES[mix])[1] for _ in range(OWNER_RUNS)] for user, _ in USERS}
 
 
 def make_trace(

@@ -21,7 +21,8 @@ Policies (_packing_policies.py): the default (`pack: contention`), `pack: memory
 (`placement: best-fit`) and one job per GPU, each gpusched's own `plan()` with that
 option. A job's demand is known from its name's history (the median of the latest 5
 demands measured for that name, as gpusched's history; before the trace, `--history`:
-warm, each user's projects known but one new per kind, or cold, none: _packing_trace.py)
+warm, each user's projects known but one new per kind, or cold, none: _packing_trace.py),
+else its owner's latest 5 ended runs' when all were busy (the daemon's owner_prior_of),
 or, running, once it has allocated; a job plan() held for a quieter card is timed from
 the first plan that held it (`waited_s`, as the daemon's placer does).
 
@@ -67,10 +68,12 @@ from _packing_trace import (
     describe,
     make_trace,
     prior_history,
+    prior_owner_runs,
 )
 
 from gpusched.scheduling.gpu_budget import GpuSlot, RunningClaim
 from gpusched.scheduling.policy import UsageSpan, WaitingJob, decayed_usage
+from gpusched.usage.demand_history import owner_prior_of
 
 HEADROOM = 512 * 2**20  # the default `headroom`
 HALF_LIFE_S = 3600.0  # the default `fair_share_half_life`
@@ -113,10 +116,13 @@ def simulate(
     trace: Sequence[TraceJob],
     policy: Policy,
     gpus: int = GPU_COUNT,
+    *,
     gpu_mem: int = GPU_MEM,
     prior: Mapping[str, float] | None = None,
+    prior_owners: Mapping[str, Sequence[float]] | None = None,
 ) -> SimResult:
-    """Replay `trace` under `policy`; `prior`: each name's demand measured before it."""
+    """Replay `trace` under `policy`; `prior`: each name's demand measured before it;
+    `prior_owners`: each user's latest ended runs' demands before it, oldest first."""
     uuids = [f"GPU-sim-{i}" for i in range(gpus)]
     arrivals = sorted(trace, key=lambda j: (j.arrival_s, j.job_id))
     next_arrival = 0
@@ -127,9 +133,22 @@ def simulate(
     # the latest HISTORY_RUNS, as gpusched's demand history does.
     runs: dict[str, list[float]] = {name: [d] for name, d in (prior or {}).items()}
 
+    # User -> the demands of their ended runs, oldest first (the owner prior, for a job
+    # whose name has no history: `expected`).
+    owner_ended: dict[str, list[float]] = {u: list(d) for u, d in (prior_owners or {}).items()}
+
     def history(name: str) -> float | None:
         seen = runs.get(name)
         return statistics.median(seen[-HISTORY_RUNS:]) if seen else None
+
+    def expected(job: TraceJob) -> tuple[float | None, int]:
+        """As the daemon's pass_rules.expected_demand: its name's history, else its owner's
+        latest ended runs when all were busy (the daemon's own rule, `owner_prior_of`)."""
+        own = history(job.name)
+        if own is not None:
+            return own, 0
+        prior = owner_prior_of(owner_ended.get(job.user, [])[::-1])
+        return (None, 0) if prior is None else (prior.demand, prior.runs)
 
     spans: list[UsageSpan] = []
     span_of: dict[int, int] = {}
@@ -170,7 +189,7 @@ def simulate(
                         {uuids[g]: r.job.peak_bytes if r.allocated else 0 for g in r.cards},
                         user=r.job.user,
                     ),
-                    r.job.demand if r.allocated else history(r.job.name),
+                    r.job.demand if r.allocated else expected(r.job)[0],
                 )
                 for r in running.values()
             ]
@@ -183,8 +202,8 @@ def simulate(
                         user=q.job.user,
                         queue_order=first_id.get(q.sim_id),
                     ),
-                    history(q.job.name),
-                    t - held_since[q.sim_id] if q.sim_id in held_since else 0.0,
+                    *expected(q.job),
+                    waited_s=t - held_since[q.sim_id] if q.sim_id in held_since else 0.0,
                 )
                 for q in queue.values()
             ]
@@ -205,10 +224,12 @@ def simulate(
                 cards = tuple(uuids.index(u) for u in placement.gpu_uuids)
                 exposure = Exposure(q.job.demand >= BUSY, len(cards), q.sim_id in first_id)
                 for other in {r.sim_id: r for g in cards for r in loads(g)}.values():
+                    joined, from_owner = expected(q.job)
                     exposure.met(
                         other.exposure,
-                        joined_unknown=history(q.job.name) is None,
-                        there_unknown=not other.allocated and history(other.job.name) is None,
+                        joined_unknown=joined is None,
+                        there_unknown=not other.allocated and expected(other.job)[0] is None,
+                        joined_by_owner=from_owner > 0,
                     )
                 running[q.sim_id] = _Run(
                     q.sim_id, q.job, q.mem, cards, t, q.job.duration_s, exposure
@@ -238,6 +259,7 @@ def simulate(
         for sim_id in [s for s, r in running.items() if r.remaining_s <= EPS * max(1.0, t)]:
             run = running.pop(sim_id)
             ended[run.job.job_id] = (t, t - run.start_s)
+            owner_ended.setdefault(run.job.user, []).append(run.job.demand)
             last_exposure[run.job.job_id] = run.exposure
             spans[span_of[sim_id]] = replace(spans[span_of[sim_id]], end_s=t)
         for r in sorted(running.values(), key=lambda r: (r.start_s, r.sim_id)):
@@ -330,7 +352,11 @@ def main() -> None:
         trace = make_trace(args.seed, args.jobs, args.window_h * 3600, mix, args.gpus)
         print(f"\n-- mix {mix}: {describe(trace)}")
         prior = prior_history(args.seed, args.history)
-        by_mix[mix] = [simulate(trace, policy, args.gpus, prior=prior) for policy in POLICIES]
+        owners = prior_owner_runs(args.seed, args.history, mix)
+        by_mix[mix] = [
+            simulate(trace, policy, args.gpus, prior=prior, prior_owners=owners)
+            for policy in POLICIES
+        ]
         print_mix(mix, by_mix[mix])
         calls += sum(r.plan_calls for r in by_mix[mix])
         plan_s += sum(r.plan_s for r in by_mix[mix])

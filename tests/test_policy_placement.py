@@ -307,6 +307,40 @@ def test_an_unknown_or_shared_job_starts_where_a_light_job_would() -> None:
         assert gpus_of(plan(gpus, running, [job]), 3) is not None
 
 
+def test_a_job_expected_from_its_owners_runs_is_held_as_known_and_told_so() -> None:
+    # The owner prior (pass_rules.expected_demand): a job with no history of its own whose
+    # owner's latest 5 ended runs were all busy counts as busy, so with a busy job on
+    # every card it waits for a quieter one (one with nothing known starts, as before),
+    # and its reason says where the figure comes from and how to override it.
+    gpus = [card(0, 80, used_g=10), card(1, 80, used_g=10)]
+    running = [job_on(1, 0, 10, demand=0.9, ends_in_s=600), job_on(2, 1, 10, demand=0.8)]
+    expected_busy = WaitingJob(3, 10 * G, demand=0.92, owner_runs=5)
+    result = plan(gpus, running, [expected_busy])
+    assert gpus_of(result, 3) is None and result.quieter == {3}
+    reason = result.waiting_reasons[3]
+    assert reason.startswith(
+        "waits for a quieter card (expected busy: your last 5 jobs were, and it has no runs"
+        " of its own yet (--share if it is not): it keeps a card 92% busy; GPU 0 runs busy"
+    )
+    assert "GPU 0 kept for it: starts when busy job 1 ends" in reason
+    assert gpus_of(plan(gpus, running, [WaitingJob(3, 10 * G)]), 3) is not None
+    # --share overrides it (the owner says this one is light): it starts.
+    shared = WaitingJob(3, 10 * G, demand=0.92, owner_runs=5, share=True)
+    assert gpus_of(plan(gpus, running, [shared]), 3) is not None
+    # Expected light from its owner's runs (25 %), but no card stays within 100 % with
+    # it: held as a light job of known demand, said so.
+    expected_light = WaitingJob(3, 10 * G, demand=0.25, owner_runs=5)
+    reason = plan(gpus, running, [expected_light]).waiting_reasons[3]
+    assert reason.startswith(
+        "waits for a quieter card (expected light: your last 5 jobs were, and it has no"
+        " runs of its own yet (--exclusive if it is not): it keeps a card 25% busy, and no"
+        " card stays within 100 % with it;"
+    )
+    # Its own history says nothing of its owner: "it keeps", as before.
+    own = plan(gpus, running, [WaitingJob(3, 10 * G, demand=0.92)]).waiting_reasons[3]
+    assert "(it keeps a card 92% busy; GPU 0 runs busy job 1" in own
+
+
 def test_a_job_of_unknown_demand_waits_only_where_every_card_is_full() -> None:
     # Both cards past 100 % by measured demands (a busy job and a light one on each): no
     # job of any demand would start, so neither does one of unknown demand (rule 3c); a

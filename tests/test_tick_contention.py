@@ -6,16 +6,23 @@ keeps for that is its own once its busy jobs end."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
+from gpusched.cli.show_view import show_json, show_lines
+from gpusched.core.clock import iso
 from gpusched.core.models import JobState
+from gpusched.daemon.handlers import dispatch
+from gpusched.daemon.identity import Caller
+from gpusched.daemon.services import Services
 from gpusched.store import NewJob
 from gpusched.usage.monitor import HISTORY_TTL_S
 from tests.fakes import GiB
 from tests.world import World, make_cluster, make_world
 
+ALICE = Caller(pid=101, uid=1000, gid=1000, user="alice", admin=False)
 BUSY = 0.95  # a compute-bound training loop (FIELD.md: 95-98 % alone)
 LIGHT = 0.05  # a job that waits on data most of the time
 
@@ -191,3 +198,94 @@ def test_new_jobs_of_unknown_demand_start_at_most_two_to_a_card_per_pass(
     assert sum(world.state(j) == JobState.RUNNING for j in flood) == 4
     world.tick()
     assert sum(world.state(j) == JobState.RUNNING for j in flood) == 8
+
+
+def test_a_new_project_is_expected_busy_when_its_owners_last_five_runs_were(
+    tmp_path: Path,
+) -> None:
+    """The owner prior through the store's real usage records: alice's latest 5 ended runs
+    were all busy, so her job of a new project (no same --name, sweep or command) counts
+    as busy and waits for a quieter card while both cards run a busy job, told why; bob's
+    new job, whose owner has no runs, is unknown and starts beside a busy job as before.
+    A sixth, light run of alice's makes her runs mixed: her next new job starts too."""
+    world = make_world(tmp_path, [80 * GiB, 80 * GiB])
+    for _ in range(5):
+        past_run(world, "busy", BUSY)
+    busy = [world.submit(20 * GiB, name="busy"), world.submit(20 * GiB, name="busy")]
+    world.tick()
+    assert sorted(world.gpus_of(busy[0]) + world.gpus_of(busy[1])) == [0, 1]
+    new = world.submit(10 * GiB, name="new-project")
+    world.tick()
+    assert world.state(new) == JobState.QUEUED
+    why = world.job(new).waiting_reason or ""
+    assert why.startswith(
+        "waits for a quieter card (expected busy: your last 5 jobs were, and it has no runs"
+        " of its own yet (--share if it is not): it keeps a card 95% busy;"
+    )
+    bobs = world.submit(10 * GiB, user="bob", name="new-project")
+    world.tick()
+    assert world.state(bobs) == JobState.RUNNING  # nothing known of it: not held
+    # A light run of alice's ends (another project's, on another server of hers): her
+    # latest five are four busy and one light, mixed: nothing is known of the new job.
+    light = world.scheduler.store.jobs.add(
+        NewJob(
+            user="alice", uid=1000, gid=1000, command=["light.py"], cwd="/", env={},
+            umask=0o022, mem=1 * GiB, name="light",
+        ),
+        iso(world.clock()),
+    )  # fmt: skip
+    world.clock.advance(60)
+    assert world.scheduler.store.jobs.mark_ended(
+        light.id, state=JobState.DONE, reason="exited", now=iso(world.clock()),
+        usage={"demand": LIGHT},
+    )  # fmt: skip
+    world.clock.advance(HISTORY_TTL_S + 1)
+    world.tick()
+    assert world.state(new) == JobState.RUNNING
+
+
+def test_show_says_a_waiting_jobs_expected_demand_and_whose_runs_it_comes_from(
+    tmp_path: Path,
+) -> None:
+    """`show` (the handler's reply and the CLI's lines) of a waiting job: what rule 3
+    counts it as from history, said as history: its owner's latest runs for a new
+    project, its own earlier runs for a known one; nothing for a job nothing is known of."""
+    world = make_world(tmp_path, [80 * GiB, 80 * GiB])
+    for _ in range(5):
+        past_run(world, "busy", BUSY)
+    busy = [world.submit(20 * GiB, name="busy"), world.submit(20 * GiB, name="busy")]
+    world.tick()
+    new = world.submit(10 * GiB, name="new-project")
+    known = world.submit(10 * GiB, name="busy")
+    bobs = world.submit(70 * GiB, user="bob", name="new-project")  # fits nowhere: waits
+    world.tick()
+    assert {world.state(j) for j in (new, known, bobs)} == {JobState.QUEUED}
+    scheduler = world.scheduler
+    services = Services(scheduler, scheduler.store, scheduler.context.settings, 0)
+
+    def show(job_id: int) -> dict[str, object]:
+        return dispatch(services, ALICE, {"op": "show", "id": job_id})
+
+    reply = show(new)
+    assert (reply["expected_demand"], reply["expected_from_owner_runs"]) == (BUSY, 5)
+    lines = show_lines(reply, 200)
+    assert (
+        "gpu demand: expected busy, 0.95 of a GPU's busy time: its owner's last 5 jobs were"
+        " busy, and it has no runs of its own yet (--share if it is not)"
+    ) in [" ".join(line.split()) for line in lines]
+    waiting = next(line for line in lines if line.startswith("waiting"))
+    assert "expected busy: your last 5 jobs were" in waiting
+    assert json.loads(show_json(reply))["expected_from_owner_runs"] == 5
+    reply = show(known)
+    assert (reply["expected_demand"], reply["expected_from_owner_runs"]) == (BUSY, 0)
+    shown = show_lines(reply, 200)
+    assert any("expected 0.95 of a GPU's busy time (its earlier runs)" in x for x in shown)
+    reply = show(bobs)
+    assert "expected_demand" not in reply
+    assert not any("gpu demand" in line for line in show_lines(reply, 200))
+    for job in busy:
+        world.finish(job)
+    world.tick()
+    world.tick()
+    assert world.state(new) == JobState.RUNNING
+    assert "expected_demand" not in show(new)  # running: its own figure, once measured

@@ -70,6 +70,9 @@ def _timeline(reply: dict[str, Any]) -> list[TimelineView]:
 def show_json(reply: dict[str, Any]) -> str:
     """`show --json`: the job (the JOB object) and its timeline."""
     value = {**job_json(reply), "timeline": [p.to_json() for p in _timeline(reply)]}
+    for key in EXPECTED_KEYS:  # a waiting job's expected demand, when history gives one
+        if key in reply:
+            value[key] = reply[key]
     return json.dumps(value, indent=2, sort_keys=False)
 
 
@@ -98,6 +101,7 @@ def show_lines(reply: dict[str, Any], width: int) -> list[str]:
             f"{job.reason}: {job.reason_detail}" if job.reason_detail else job.reason or "-",
         ),
         *usage_rows(job),
+        *expected_rows(reply),
         (
             "log",
             job.log_path or ("- (interactive: output to its terminal)" if job.interactive else "-"),
@@ -172,6 +176,30 @@ def attempt_text(attempt: dict[str, Any]) -> str:
 
 def util_text(percent: float | None) -> str:
     return "-" if percent is None else f"{percent:.0f}%"
+
+
+# `show`'s reply for a waiting job: its expected demand from history, and of how many of
+# its owner's latest runs (0: its own earlier runs).
+EXPECTED_KEYS = ("expected_demand", "expected_from_owner_runs")
+
+
+def expected_rows(reply: dict[str, Any]) -> list[tuple[str, Any]]:
+    """A waiting job's "gpu demand" line: what rule 3 counts it as, and from what."""
+    demand = reply.get("expected_demand")
+    if not isinstance(demand, (int, float)):
+        return []
+    kind = "busy" if demand >= 0.5 else "light"
+    runs = reply.get("expected_from_owner_runs") or 0
+    if not runs:
+        return [("gpu demand", f"expected {demand:.2f} of a GPU's busy time (its earlier runs)")]
+    other = "--share" if kind == "busy" else "--exclusive"
+    return [
+        (
+            "gpu demand",
+            f"expected {kind}, {demand:.2f} of a GPU's busy time: its owner's last {runs}"
+            f" jobs were {kind}, and it has no runs of its own yet ({other} if it is not)",
+        )
+    ]
 
 
 def usage_rows(job: Job | ReplyView) -> list[tuple[str, Any]]:

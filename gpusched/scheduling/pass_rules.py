@@ -27,6 +27,7 @@ from gpusched.scheduling.policy import Plan, UserCap, WaitingJob, plan
 from gpusched.scheduling.policy_inputs import StoredHeadClaim, waiting_job
 from gpusched.scheduling.quieter_waits import QuieterWaits
 from gpusched.store import Queued
+from gpusched.usage.demand_history import DemandHistory
 
 # A queued job as the plan sees it (at this pass's time), or why it may go nowhere in it.
 Restriction = Callable[[Queued, datetime], tuple[WaitingJob | None, str | None]]
@@ -34,6 +35,14 @@ Restriction = Callable[[Queued, datetime], tuple[WaitingJob | None, str | None]]
 
 def anywhere(job: Queued, now: datetime) -> tuple[WaitingJob | None, str | None]:
     return waiting_job(job, now), None
+
+
+def expected_demand(history: DemandHistory, job: Queued) -> tuple[float | None, int]:
+    """A waiting job's expected demand and, when it is its owner's, of how many of the
+    owner's latest ended runs (0: its own history, or nothing known): its own history
+    first (the same sweep, else --name, else command); a job with none (a new project)
+    takes its owner's latest ended runs when all were busy (`DemandHistory.owner_prior`)."""
+    return history.estimate(job.id, job.uid, job.array_id, job.name, job.command_json)
 
 
 def user_cap(config: Config, user: str) -> UserCap:
@@ -63,7 +72,7 @@ def decide(
     plan moves it, so it is kept across passes, placers and restarts. `waits`: when each
     job was first held for a quieter card (rule 3's bound), the placer's, kept in memory.
     Under `pack: contention` each waiting job's demand is what its history says
-    (`UsageMonitor.expected_demand`: the same sweep, else --name, else command)."""
+    (`expected_demand`)."""
     config, jobs = context.config, context.store.jobs
     now = context.clock()
     admitted = admit(jobs.queued(), jobs.latest_attempts)
@@ -89,14 +98,12 @@ def decide(
             reasons[job.id] = why or "it may run nowhere"
             continue
         if history is not None and (known is not None or held):
-            demand = (
-                known.expected(job.id, job.uid, job.array_id, job.name, job.command_json)
-                if known is not None
-                else None
-            )
+            demand, owner_runs = expected_demand(known, job) if known is not None else (None, 0)
             waited = waits.waited_s(job.id, now_s) if held else 0.0
             if demand is not None or waited:
-                wanted = dataclasses.replace(wanted, demand=demand, waited_s=waited)
+                wanted = dataclasses.replace(
+                    wanted, demand=demand, owner_runs=owner_runs, waited_s=waited
+                )
         waiting.append(wanted)
     users = {j.user for j in holding} | {j.user for j in admitted.eligible}
     head = StoredHeadClaim(context.store.head_claims)

@@ -29,6 +29,9 @@ class WaitingJob:
     )
     gpu_keys: frozenset[str] | None = None  # the GPUs (slot uuids) it may use; None: any
     demand: float | None = None  # share of a card's busy time it needs, 0.0-1.0; None: unknown
+    # >0: `demand` is not its own history but its owner's latest this many ended runs',
+    # all busy (gpusched.usage.demand_history.owner_prior)
+    owner_runs: int = 0
     exclusive: bool = False  # --exclusive: a card to itself
     share: bool = False  # --share: its owner says it is light
     time_limit_s: float | None = None  # --time: it ends by then (time backfill)

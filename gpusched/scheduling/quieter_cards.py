@@ -85,9 +85,12 @@ def quieter_parts(
     if job.demand is None:
         own = "its demand is not known yet, and every card it fits on is past 100 % busy"
     elif is_busy_job(job):
-        own = f"it keeps a card {job.demand:.0%} busy"
+        own = f"{expected(job)}keeps a card {job.demand:.0%} busy"
     else:
-        own = f"it keeps a card {job.demand:.0%} busy, and no card stays within 100 % with it"
+        own = (
+            f"{expected(job)}keeps a card {job.demand:.0%} busy,"
+            " and no card stays within 100 % with it"
+        )
     said = f"waits for a quieter card ({own}; {busy})"
     mine = sorted((by_uuid[u] for u, j in quiet_kept.items() if j == job.job_id), key=_index)
     if not mine:
@@ -119,6 +122,18 @@ def kept_quiet(
         return ""
     names = ", ".join(gpu_name(g, several_nodes) for g in sorted(fits, key=_index))
     return f"; {names} kept for job {quiet_kept[fits[0].slot.uuid]} (held for a quieter card)"
+
+
+def expected(job: WaitingJob) -> str:
+    """Who the held job's demand is known from: "it " (its own runs), or its owner's latest
+    runs, said as such with how to override them (a new project may differ)."""
+    if not job.owner_runs:
+        return "it "
+    kind, other = ("busy", "--share") if is_busy_job(job) else ("light", "--exclusive")
+    return (
+        f"expected {kind}: your last {job.owner_runs} jobs were, and it has no runs of its"
+        f" own yet ({other} if it is not): it "
+    )
 
 
 def _index(gpu: PlanGpu) -> int:

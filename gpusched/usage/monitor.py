@@ -164,16 +164,21 @@ class UsageMonitor:
 
     def expected_demand(self, job: Job | Queued) -> float | None:
         """What a job is expected to demand: its own figure while it runs, else the median
-        of its past runs' (the same sweep, else --name, else command, of the same owner:
-        gpusched.usage.demand_history).
+        of its past runs' (the same sweep, else --name, else command, of the same owner),
+        else its owner's latest ended runs' when all were busy (gpusched.usage.demand_history).
 
         The history is read at most once a HISTORY_TTL_S, in one query: a pass asks for
         every waiting job."""
         live = self.job_demand(job.id)
         if live is not None:
             return live
+        return self.expected(job)[0]
+
+    def expected(self, job: Job | Queued) -> tuple[float | None, int]:
+        """A job's expected demand from history and, when it is its owner's latest runs',
+        how many (0: its own runs; see `DemandHistory.estimate`)."""
         command = job.command_json if isinstance(job, Queued) else job.command
-        return self.demand_history().expected(job.id, job.uid, job.array_id, job.name, command)
+        return self.demand_history().estimate(job.id, job.uid, job.array_id, job.name, command)
 
     def demand_history(self) -> DemandHistory:
         """The recorded demands by kind of job, read at most once a HISTORY_TTL_S."""

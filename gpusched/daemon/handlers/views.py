@@ -134,6 +134,12 @@ def show(services: Services, caller: Caller, request: ShowRequest) -> JobJson:
     shown = services.visible(caller, job)
     if job.requeue:
         shown["attempts"] = services.store.attempts.earlier_runs([job.id]).get(job.id, [])
+    if job.state in (JobState.QUEUED, JobState.HELD) and job.demand is None:
+        # What the policy's rule 3 counts it as until it runs: its history's figure.
+        demand, owner_runs = services.scheduler.context.monitor.expected(job)
+        if demand is not None:
+            shown["expected_demand"] = demand
+            shown["expected_from_owner_runs"] = owner_runs
     if request.timeline:
         shown["timeline"] = [p.to_json() for p in services.scheduler.job_timeline(job)]
     return shown
