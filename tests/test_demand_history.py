@@ -140,3 +140,23 @@ def test_a_jobs_own_history_wins_over_its_owners_and_other_users_never_count(
 def test_the_owner_priors_busy_line_is_the_policys() -> None:
     """usage may not import the policy: the two figures for "busy" are kept equal here."""
     assert BUSY_DEMAND == POLICY_BUSY_DEMAND
+
+
+def test_runs_that_end_meanwhile_count_at_once_for_the_owner_prior_too() -> None:
+    """The history a pass reads is kept for a minute; runs that ended on this server in
+    that minute (UsageMonitor.finish -> DemandHistory.add) count at once, for the owner's
+    prior as for the job's own kind."""
+    history = DemandHistory([])
+    assert history.owner_prior(100, 1000) is None
+    for job_id in range(1, OWNER_RUNS + 1):
+        history.add(
+            job_id=job_id, uid=1000, array_id=None, name=f"p{job_id}",
+            command=["python", f"p{job_id}.py"], demand=0.95,
+        )  # fmt: skip
+    prior = history.owner_prior(100, 1000)
+    assert prior == OwnerPrior(demand=0.95, runs=OWNER_RUNS)
+    assert history.owner_prior(100, 1001) is None  # another user's runs say nothing
+    assert history.expected(100, 1000, None, "p3", ["python", "x.py"]) == 0.95
+    # One light run among the latest five: mixed, unknown again.
+    history.add(job_id=99, uid=1000, array_id=None, name="light", command=["l.py"], demand=0.05)
+    assert history.owner_prior(100, 1000) is None

@@ -87,8 +87,9 @@ class DemandHistory:
         demand: float,
     ) -> None:
         """A run that has just ended, as the newest record of its kinds and of its owner's
-        runs: the next pass knows it without waiting for the next read (a second run of the same script
-        submitted a second after the first ended must be expected as busy as it was)."""
+        runs: the next pass knows it without waiting for the next read (a second run of the
+        same script submitted a second after the first ended must be expected as busy as it
+        was)."""
         for kind in _kinds(uid, array_id, name, command_key(command)):
             found = [(other, d) for other, d in self._by_kind.get(kind, ()) if other != job_id]
             self._by_kind[kind] = [(job_id, float(demand)), *found][: PER_KIND + 1]
