@@ -36,7 +36,8 @@ FAST = _RECORD + "from gpusched.cli import main\nmain()\n"
 CLICK = _RECORD + "from gpusched.cli.group import cli\ncli(prog_name='gpusched')\n"
 
 # Elapsed times ("5s", "2m", "1h3m") move between the two runs of a pair.
-_ELAPSED = re.compile(r"\b\d+[smhd](\d+[smhd])*\b")
+# A duration, with the padding before it: "     9s" and "    10s" are the same column.
+_ELAPSED = re.compile(r" *\b\d+[smhd](\d+[smhd])*\b")
 
 
 def _run(
@@ -60,8 +61,8 @@ def _agree(argv: list[str], env: dict[str, str], tmp: Path, *, fast: bool) -> No
         code, out, err, clicked = _run(FAST, argv, env, tmp / "fast")
         code2, out2, err2, _ = _run(CLICK, argv, env, tmp / "click")
         assert clicked is not fast, (argv, err)
-        mine = (code, _ELAPSED.sub("T", out), _ELAPSED.sub("T", err))
-        if mine == (code2, _ELAPSED.sub("T", out2), _ELAPSED.sub("T", err2)):
+        mine = (code, _ELAPSED.sub(" T", out), _ELAPSED.sub(" T", err))
+        if mine == (code2, _ELAPSED.sub(" T", out2), _ELAPSED.sub(" T", err2)):
             return
     import difflib
 
