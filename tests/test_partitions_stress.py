@@ -132,7 +132,11 @@ def test_randomized_faults_under_load_lose_nothing_and_start_nothing_twice(
     def settled() -> bool:
         return set(cluster.states(acked).values()) <= TERMINAL
 
-    eventually(settled, 120, interval=1, describe=lambda: cluster.states(acked))
+    def stuck() -> str:
+        states = cluster.states(acked)
+        return cluster.diagnose([j for j, s in states.items() if s not in TERMINAL])
+
+    eventually(settled, 120, interval=1, describe=stuck)
     states = cluster.states(acked)
     ran = {run.job for run in cluster.history.runs()}
     print(

@@ -42,6 +42,7 @@ from gpusched.scheduling.cluster.clock import ClusterClock
 from gpusched.scheduling.cluster.elected import ElectedScheduler
 from gpusched.scheduling.cluster.inputs import NodeView, node_report
 from gpusched.scheduling.cluster.node import ClusterNode
+from gpusched.scheduling.cluster.strays import own_strays
 from gpusched.scheduling.context import Context
 from gpusched.scheduling.endings import JobEndings
 from gpusched.scheduling.gpu_reports import gpu_reports
@@ -237,6 +238,7 @@ class ClusterAgent:
         headroom = self.context.config.headroom_bytes
         self._renew(seen, gpu_reports(seen.gpus, seen.usage, seen.running, headroom))
         self._stop_cancelled(seen.running)
+        own_strays(self.context, self.endings, self.node, seen.running)
         result = None
         if self.elect.elected():
             result = self.elect.schedule()
