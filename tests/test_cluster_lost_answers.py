@@ -10,7 +10,7 @@ the driver's own OperationalError, as the wait bound does (tests/world.py
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -66,17 +66,23 @@ def _claim(statement: str) -> bool:
     return statement.startswith("UPDATE jobs SET state") and "started_at" in statement
 
 
-def _pair(tmp_path: Path, database: str) -> tuple[World, World]:
-    a, b = make_cluster(tmp_path, ["a", "b"], [24 * GiB], database=database)
-    a.tick()  # a is elected
-    b.tick()
-    return a, b
+@pytest.fixture
+def pair(tmp_path: Path, shared_db: str) -> Iterator[tuple[World, World]]:
+    """Nodes a (elected) and b, one 24G card each, on the shared database; closed after."""
+    a, b = make_cluster(tmp_path, ["a", "b"], [24 * GiB], database=shared_db)
+    try:
+        a.tick()  # a is elected
+        b.tick()
+        yield a, b
+    finally:
+        for world in (a, b):
+            world.scheduler.store.close()
 
 
 def test_a_claim_committed_whose_answer_was_lost_is_given_back_and_started_once(
-    tmp_path: Path, shared_db: str
+    pair: tuple[World, World],
 ) -> None:
-    a, b = _pair(tmp_path, shared_db)
+    a, b = pair
     job = a.submit(8 * GiB, allowed_nodes=("b",))
     a.tick()  # placed on b
     caught = _answer_lost(b, _claim)
@@ -98,9 +104,9 @@ def test_a_claim_committed_whose_answer_was_lost_is_given_back_and_started_once(
 
 
 def test_a_launch_whose_pid_write_lost_its_answer_is_recorded_and_ends_once(
-    tmp_path: Path, shared_db: str
+    pair: tuple[World, World],
 ) -> None:
-    a, b = _pair(tmp_path, shared_db)
+    a, b = pair
     job = a.submit(8 * GiB, allowed_nodes=("b",))
     a.tick()
     caught = _answer_lost(
@@ -118,3 +124,38 @@ def test_a_launch_whose_pid_write_lost_its_answer_is_recorded_and_ends_once(
     b.finish(job, EXITED_0)
     b.tick()
     assert a.state(job) == JobState.DONE
+
+
+def _until(condition: Callable[[], bool], *worlds: World, passes: int = 40) -> None:
+    for _ in range(passes):
+        if condition():
+            return
+        for world in worlds:
+            world.tick()
+    raise AssertionError(f"not after {passes} rounds")
+
+
+def test_a_take_back_whose_answer_was_lost_still_records_the_job_s_end(
+    pair: tuple[World, World],
+) -> None:
+    """b, back after being declared down, takes back its `--requeue` run still going (the
+    job `running` on b again, under b's new epoch), but the answer to that COMMIT is
+    lost: b must still record the job's end when the run ends (before: b kept the run
+    under its old epoch, its end was refused, the job stayed `running` for good)."""
+    a, b = pair
+    again = a.submit(20 * GiB, allowed_nodes=("b",), requeue=1)
+    a.tick()
+    b.tick()
+    assert (a.state(again), a.job(again).node) == (JobState.RUNNING, "b")
+    _until(lambda: a.state(again) == JobState.QUEUED, a)  # b silent: declared down
+    caught = _answer_lost(b, lambda s: s.startswith("UPDATE jobs SET state") and "gpu_uuids" in s)
+    _failing_tick(b)  # back: it rejoins and takes its run back; the answer is lost
+    assert caught, "nothing was taken back"
+    assert (a.state(again), a.job(again).node) == (JobState.RUNNING, "b")
+    for _ in range(2):
+        a.tick()
+        b.tick()
+    assert b.launcher.started == [again]  # never run a second time
+    b.finish(again, EXITED_0)
+    b.tick()
+    assert a.state(again) == JobState.DONE
