@@ -66,9 +66,11 @@ class Cluster:
 
     def diagnose(self, stuck: list[int]) -> str:
         """Why jobs did not end, for a failure report: each stuck job's row, earlier runs
-        and recorded runs; each node's row (epoch, state, last heard), its daemon's process
-        (running, stopped by SIGSTOP, gone) and its proxy (healed or not); the election;
-        the queue as the database has it; and what each daemon's log says of those jobs."""
+        and recorded runs; each node's row (epoch, state, last heard: its last pass), its
+        daemon's process (running, stopped by SIGSTOP, gone) and its proxy (healed or
+        not); the election and the head's claim; the queue as the database has it (a
+        placed job has its node); what each daemon's log says of those jobs, and its
+        warnings."""
         lines = []
         columns = (
             "id, state, node, node_epoch, pid, gpu_uuids, started_at, requeue, stop_intent,"
@@ -99,6 +101,7 @@ class Cluster:
                 f" daemon {self._process_state(node.name)}; proxy {self._proxy_state(node.name)}"
             )
         lines.append(f"election: {self.store.nodes.scheduler_lease()}")
+        lines.append(f"head claim (policy rule 1): {self.store.head_claims.current()}")
         lines.append(f"queue (id, node): {[tuple(q) for q in queue]}; marker {tuple(mark or ())}")
         for name, daemon in self.daemons.items():
             said = [
