@@ -8,7 +8,9 @@ gave to another node, keep the jobs it ended `lost` whose processes still run he
 rejoin: those are `running` again (counted on their cards, cancellable, their real end
 recorded), and so are the jobs it queued again (`--requeue`) whose runs still go on here
 and that have not started elsewhere since (taken back, not run twice). Then ask the
-node's running jobs that were cancelled from elsewhere to stop; if elected (one daemon at
+node's running jobs that were cancelled from elsewhere to stop; settle the running rows
+it does not hold as the database does (a write whose answer was lost: cluster.strays);
+if elected (one daemon at
 a time, through the `leases` row), schedule the cluster (cluster.elected: the shared
 pass rules over every node); and start the jobs placed on this node, each only while
 this node is inside its launch deadline (cluster.node; the starter checks it again once
@@ -233,8 +235,9 @@ class ClusterAgent:
     # -- the pass -------------------------------------------------------------------------
 
     def place(self, seen: Observation) -> Plan | None:
-        """The place phase: renew -> stop what was cancelled elsewhere -> if elected, the
-        shared pass rules over every node -> start what was placed here."""
+        """The place phase: renew -> stop what was cancelled elsewhere -> settle the
+        running rows this node does not hold -> if elected, the shared pass rules over
+        every node -> start what was placed here."""
         headroom = self.context.config.headroom_bytes
         self._renew(seen, gpu_reports(seen.gpus, seen.usage, seen.running, headroom))
         self._stop_cancelled(seen.running)
