@@ -64,6 +64,72 @@ class Cluster:
     def states(self, ids: list[int]) -> dict[int, str]:
         return {job_id: self.store.jobs.get(job_id).state.value for job_id in ids}
 
+    def diagnose(self, stuck: list[int]) -> str:
+        """Why jobs did not end, for a failure report: each stuck job's row, earlier runs
+        and recorded runs; each node's row (epoch, state, last heard: its last pass), its
+        daemon's process (running, stopped by SIGSTOP, gone) and its proxy (healed or
+        not); the election and the head's claim; the queue as the database has it (a
+        placed job has its node); what each daemon's log says of those jobs, and its
+        warnings."""
+        lines = []
+        columns = (
+            "id, state, node, node_epoch, pid, gpu_uuids, started_at, requeue, stop_intent,"
+            " waiting_reason"
+        )
+        with self.store.database.read() as conn:
+            rows = conn.exec_driver_sql(
+                f"SELECT {columns} FROM jobs WHERE id = ANY(%(ids)s) ORDER BY id",  # noqa: S608
+                {"ids": stuck},
+            ).all()
+            queue = conn.exec_driver_sql(
+                "SELECT id, node FROM jobs WHERE state = 'queued' ORDER BY id"
+            ).all()
+            mark = conn.exec_driver_sql("SELECT sum(n), count(*) FROM queue_marks").first()
+        runs = [r for r in self.history.runs() if r.job in stuck]
+        earlier = self.store.attempts.earlier_runs(stuck)
+        for row in rows:
+            job = dict(zip(columns.replace(" ", "").split(","), row, strict=True))
+            pid = job["pid"]
+            alive = pid is not None and Path(f"/proc/{pid}").exists()
+            lines.append(f"job {job} (pid alive: {alive})")
+            lines += [f"  earlier run: {a}" for a in earlier.get(int(job["id"]), [])]
+            lines += [f"  recorded run: {r}" for r in runs if r.job == job["id"]]
+        for node in self.store.nodes.node_rows():
+            lines.append(
+                f"node {node.name}: epoch {node.epoch}, {node.state}, heard {node.age_s:.1f}s"
+                f" ago{' (expired)' if node.expired else ''}, owner {node.owner};"
+                f" daemon {self._process_state(node.name)}; proxy {self._proxy_state(node.name)}"
+            )
+        lines.append(f"election: {self.store.nodes.scheduler_lease()}")
+        lines.append(f"head claim (policy rule 1): {self.store.head_claims.current()}")
+        lines.append(f"queue (id, node): {[tuple(q) for q in queue]}; marker {tuple(mark or ())}")
+        for name, daemon in self.daemons.items():
+            said = [
+                line
+                for line in daemon.stderr().splitlines()
+                if any(f"job {i} " in line or f"job {i}:" in line for i in stuck)
+                or " WARNING " in line
+                or " ERROR " in line
+            ]
+            lines.append(f"daemon {name}'s log on those jobs, and its warnings (last 25):")
+            lines += [f"  {line}" for line in said[-25:]]
+        return "\n".join(lines)
+
+    def _process_state(self, name: str) -> str:
+        daemon = self.daemons.get(name)
+        process = None if daemon is None else daemon.process
+        if process is None or process.poll() is not None:
+            return "not running"
+        try:
+            state = Path(f"/proc/{process.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return "gone"
+        return f"pid {process.pid} " + ("STOPPED" if state in ("T", "t") else f"state {state}")
+
+    def _proxy_state(self, name: str) -> str:
+        proxy = self.proxies.get(name)
+        return "none" if proxy is None else proxy.describe()
+
     def check(self, requeue: set[int] | None = None) -> None:
         assert self.history.double_starts(requeue or set()) == {}
         assert self.history.overcommit(self.declared, CARD) == []

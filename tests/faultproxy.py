@@ -114,6 +114,14 @@ class FaultProxy:
         for pair in pairs:
             pair.close(reset=True)
 
+    def describe(self) -> str:
+        """What the network does now, for a failure report: pass, blackhole, delay N s,
+        and a cut still armed."""
+        with self._lock:
+            mode = f"delay {self._delay_s:g} s" if self._mode == DELAY else self._mode
+            armed = [f"cut armed after {a!r}" for a in (self._cut_after, self._commit_after) if a]
+            return ", ".join([mode, *armed, f"{len(self._pairs)} connections"])
+
     def cut_inside_transaction(self, after: str = "UPDATE nodes") -> threading.Event:
         with self._lock:
             self.cut.clear()

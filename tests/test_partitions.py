@@ -158,3 +158,30 @@ def test_a_job_that_ended_while_its_daemon_was_away_past_node_timeout_is_not_lef
     )
     assert cluster.history.lost_but_ended(cluster.store) == []
     del b
+
+
+def test_a_claim_whose_commit_went_unanswered_does_not_leave_its_job_running_for_good(
+    cluster: Cluster,
+) -> None:
+    """The node's claim of a placed job reached the database, its answer did not: the
+    node launched nothing, yet the row says `running` there. The node stays live (a
+    node_timeout longer than the 5 s wait for the answer), so nobody declares it down:
+    it must see the claim it never launched and give it back (issue 26's stall: the job
+    stayed `running` for good in the randomized rounds)."""
+    longer = {"node_timeout": "12s"}
+    a = cluster.node("a", **longer)
+    eventually(cluster.store.nodes.scheduler_lease, 20)  # a schedules
+    cluster.node("b", **longer)
+    cut = cluster.proxies["b"].cut_at_commit("UPDATE jobs SET state=")  # the claim's
+    job_id = cluster.submit(a, 0.5, 10, "--node", "b")
+    assert cut.wait(30)
+    time.sleep(1)  # the answer to the claim's COMMIT is dropped, not let through by the heal
+    cluster.proxies["b"].heal()  # long before b's lease runs out
+    eventually(
+        lambda: cluster.states([job_id])[job_id] == "done",
+        45,
+        interval=0.5,
+        describe=lambda: cluster.diagnose([job_id]),
+    )
+    assert [run.node for run in cluster.history.runs() if run.job == job_id] == ["b"]
+    cluster.check()

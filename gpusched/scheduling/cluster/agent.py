@@ -8,7 +8,9 @@ gave to another node, keep the jobs it ended `lost` whose processes still run he
 rejoin: those are `running` again (counted on their cards, cancellable, their real end
 recorded), and so are the jobs it queued again (`--requeue`) whose runs still go on here
 and that have not started elsewhere since (taken back, not run twice). Then ask the
-node's running jobs that were cancelled from elsewhere to stop; if elected (one daemon at
+node's running jobs that were cancelled from elsewhere to stop; settle the running rows
+it does not hold as the database does (a write whose answer was lost: cluster.strays);
+if elected (one daemon at
 a time, through the `leases` row), schedule the cluster (cluster.elected: the shared
 pass rules over every node); and start the jobs placed on this node, each only while
 this node is inside its launch deadline (cluster.node; the starter checks it again once
@@ -42,6 +44,7 @@ from gpusched.scheduling.cluster.clock import ClusterClock
 from gpusched.scheduling.cluster.elected import ElectedScheduler
 from gpusched.scheduling.cluster.inputs import NodeView, node_report
 from gpusched.scheduling.cluster.node import ClusterNode
+from gpusched.scheduling.cluster.strays import own_strays
 from gpusched.scheduling.context import Context
 from gpusched.scheduling.endings import JobEndings
 from gpusched.scheduling.gpu_reports import gpu_reports
@@ -232,11 +235,13 @@ class ClusterAgent:
     # -- the pass -------------------------------------------------------------------------
 
     def place(self, seen: Observation) -> Plan | None:
-        """The place phase: renew -> stop what was cancelled elsewhere -> if elected, the
-        shared pass rules over every node -> start what was placed here."""
+        """The place phase: renew -> stop what was cancelled elsewhere -> settle the
+        running rows this node does not hold -> if elected, the shared pass rules over
+        every node -> start what was placed here."""
         headroom = self.context.config.headroom_bytes
         self._renew(seen, gpu_reports(seen.gpus, seen.usage, seen.running, headroom))
         self._stop_cancelled(seen.running)
+        own_strays(self.context, self.endings, self.node, seen.running)
         result = None
         if self.elect.elected():
             result = self.elect.schedule()
