@@ -134,6 +134,41 @@ def contention_wait(job: WaitingJob, candidates: Sequence[PlanGpu]) -> bool:
     return len(list(islice(takes, job.gpu_count))) < job.gpu_count
 
 
+class CalmRoom:
+    """`contention_wait` for a long queue: the cards of the plan's room (open, unclaimed,
+    most available first) that a job of unknown demand (not full) or a busy one (not busy)
+    may start on rather than wait, listed once per change of the room instead of tested
+    for each job. The plan clears it whenever the room or a card in it changes."""
+
+    def __init__(self) -> None:
+        self._calm: dict[bool, list[PlanGpu]] = {}  # unknown demand? -> its calm cards
+
+    def clear(self) -> None:
+        self._calm.clear()
+
+    def wait(
+        self, job: WaitingJob, found: Sequence[PlanGpu], room: Sequence[PlanGpu], prefix: int
+    ) -> bool:
+        """`contention_wait(job, found)` where `found` is the room's first `prefix` cards
+        (every one with `available >= job.mem_bytes`: the room is sorted so) followed by
+        cards from outside the room (the head's claimed cards it may backfill)."""
+        if job.share or job.mem_bytes is None or not (job.demand is None or is_busy_job(job)):
+            return contention_wait(job, found)  # a light job: its own demand decides
+        unknown = job.demand is None
+        calm = self._calm.get(unknown)
+        if calm is None:
+            calm = [g for g in room if not (is_full_card(g) if unknown else is_busy_card(g))]
+            self._calm[unknown] = calm
+        left = job.gpu_count
+        for gpu in calm:  # in the room's order: those it fits on come first
+            if gpu.available < job.mem_bytes:
+                break
+            left -= 1
+            if left == 0:
+                return False
+        return len(list(islice(filter(_calm_for(job), found[prefix:]), left))) < left
+
+
 def _calm_for(job: WaitingJob) -> Callable[[PlanGpu], bool]:
     """Rule 3c: the cards `job` may start on rather than wait (see `contention_wait`)."""
     if job.demand is None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
+from operator import attrgetter
 
 from gpusched.config.settings import Config
 from gpusched.core.models import EndReason, GpuState, Job, JobState
@@ -30,6 +31,9 @@ from gpusched.store import Queued
 
 # A queued job as the plan sees it (at this pass's time), or why it may go nowhere in it.
 Restriction = Callable[[Queued, datetime], tuple[WaitingJob | None, str | None]]
+
+
+_user = attrgetter("user")
 
 
 def anywhere(job: Queued, now: datetime) -> tuple[WaitingJob | None, str | None]:
@@ -51,6 +55,7 @@ def decide(
     gpus: Sequence[GpuState],
     waits: QuieterWaits,
     restrict: Restriction = anywhere,
+    views: Callable[[Sequence[Queued], datetime], list[WaitingJob]] | None = None,
     held_back: str | None = None,
     topology: Mapping[str, Mapping[str, int]] | None = None,
 ) -> Plan:
@@ -63,7 +68,10 @@ def decide(
     plan moves it, so it is kept across passes, placers and restarts. `waits`: when each
     job was first held for a quieter card (rule 3's bound), the placer's, kept in memory.
     Under `pack: contention` each waiting job's demand is what its history says
-    (`UsageMonitor.expected_demand`: the same sweep, else --name, else command)."""
+    (`UsageMonitor.expected_demand`: the same sweep, else --name, else command).
+    `views`: where every job may go anywhere (one server), the placer's views of the
+    whole queue at once (`WaitingJobs.views`), used when there is nothing to add to them
+    (no demand history, no job held for a quieter card); `restrict` is asked otherwise."""
     config, jobs = context.config, context.store.jobs
     now = context.clock()
     admitted = admit(jobs.queued(), jobs.latest_attempts)
@@ -83,22 +91,25 @@ def decide(
     # Neither changes during the loop: asked once, not once per job of a long queue.
     known = history if history else None
     held = bool(waits)
-    for job in admitted.eligible:
-        wanted, why = restrict(job, now)
-        if wanted is None:
-            reasons[job.id] = why or "it may run nowhere"
-            continue
-        if history is not None and (known is not None or held):
-            demand = (
-                known.expected(job.id, job.uid, job.array_id, job.name, job.command_json)
-                if known is not None
-                else None
-            )
-            waited = waits.waited_s(job.id, now_s) if held else 0.0
-            if demand is not None or waited:
-                wanted = dataclasses.replace(wanted, demand=demand, waited_s=waited)
-        waiting.append(wanted)
-    users = {j.user for j in holding} | {j.user for j in admitted.eligible}
+    if views is not None and (history is None or (known is None and not held)):
+        waiting = views(admitted.eligible, now)  # nothing to add: the placer's views as kept
+    else:
+        for job in admitted.eligible:
+            wanted, why = restrict(job, now)
+            if wanted is None:
+                reasons[job.id] = why or "it may run nowhere"
+                continue
+            if history is not None and (known is not None or held):
+                demand = (
+                    known.expected(job.id, job.uid, job.array_id, job.name, job.command_json)
+                    if known is not None
+                    else None
+                )
+                waited = waits.waited_s(job.id, now_s) if held else 0.0
+                if demand is not None or waited:
+                    wanted = dataclasses.replace(wanted, demand=demand, waited_s=waited)
+            waiting.append(wanted)
+    users = set(map(_user, holding)) | set(map(_user, admitted.eligible))  # C loops
     head = StoredHeadClaim(context.store.head_claims)
     result = plan(
         slots,

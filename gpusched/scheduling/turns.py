@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import TYPE_CHECKING
 
 from gpusched.scheduling.gpu_budget import PlanGpu
@@ -25,7 +26,7 @@ def submit_place(job: WaitingJob) -> int:
     return job.job_id if job.queue_order is None else job.queue_order
 
 
-def _own_order(job: WaitingJob) -> tuple[int, int]:
+def own_order(job: WaitingJob) -> tuple[int, int]:
     return (-job.priority, submit_place(job))
 
 
@@ -41,8 +42,26 @@ def in_turns(
         if job.top is None:
             queues.setdefault(job.user, []).append(job)
     for queue in queues.values():
-        queue.sort(key=_own_order, reverse=True)  # popped from the end: best last
+        _sort_own(queue)
     return topped, queues
+
+
+def _sort_own(queue: list[WaitingJob]) -> None:
+    """A user's queue in reverse `own_order` (popped from the end: best last), as
+    `queue.sort(key=own_order, reverse=True)` sorts it (ties too: a sort is stable, and
+    stays so reversed), in two sorts on plain attributes: a long queue's sort is then
+    the C sort's alone, not a Python call per job."""
+    places = list(map(_queue_order, queue))
+    if places.count(None) == len(places):  # no OOM retry: the place is the id
+        queue.sort(key=_job_id, reverse=True)
+    else:
+        queue.sort(key=submit_place, reverse=True)
+    queue.sort(key=_priority)
+
+
+_queue_order = attrgetter("queue_order")
+_job_id = attrgetter("job_id")
+_priority = attrgetter("priority")
 
 
 @dataclass(frozen=True)
