@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import groupby
 from operator import attrgetter
 from typing import TYPE_CHECKING
 
@@ -34,13 +35,19 @@ def in_turns(
     waiting: Sequence[WaitingJob], usage: Mapping[str, float]
 ) -> tuple[list[WaitingJob], dict[str, list[WaitingJob]]]:
     """The jobs an administrator put first (in that order), and each user's own queue."""
-    topped = sorted(
-        (j for j in waiting if j.top is not None), key=lambda j: (j.top, submit_place(j))
-    )
-    queues: dict[str, list[WaitingJob]] = {}
-    for job in waiting:
-        if job.top is None:
-            queues.setdefault(job.user, []).append(job)
+    tops = list(map(_top, waiting))
+    if tops.count(None) == len(tops):  # nobody put first: C loops over a long queue
+        topped: list[WaitingJob] = []
+        plain = list(waiting)
+    else:
+        topped = sorted(
+            (j for j in waiting if j.top is not None), key=lambda j: (j.top, submit_place(j))
+        )
+        plain = [j for j in waiting if j.top is None]
+    # Each user's jobs in the order given (a stable sort by user keeps it), for `_sort_own`.
+    if len(set(map(_user, plain))) > 1:
+        plain.sort(key=_user)
+    queues = {user: list(jobs) for user, jobs in groupby(plain, key=_user)}
     for queue in queues.values():
         _sort_own(queue)
     return topped, queues
@@ -59,6 +66,8 @@ def _sort_own(queue: list[WaitingJob]) -> None:
     queue.sort(key=_priority)
 
 
+_top = attrgetter("top")
+_user = attrgetter("user")
 _queue_order = attrgetter("queue_order")
 _job_id = attrgetter("job_id")
 _priority = attrgetter("priority")
