@@ -159,7 +159,7 @@ def plan(
     claims: Claims | None = None  # for waiting reasons; None: build it when next needed
     Ask = tuple[int | None, int, frozenset[str] | None, bool, float | None]
     why_by_need: dict[Ask, str] = {}
-    no_room: set[Ask] = set()  # asks that found too few cards (reason in why_by_need)
+    no_room: dict[Ask, str] = {}  # asks that found too few cards, and their reason
     # Asks of unknown demand held for a quieter card behind the job the cards are kept
     # for: every such job after it is held alike until the cards change (a long queue of
     # new jobs on full cards stays cheap). The reason's parts around "so far".
@@ -283,12 +283,12 @@ def plan(
         # The reason a job with the same ask got just before holds for this one too when
         # nothing changed the cards since (inline: it is asked for every waiting job).
         said_before = None
-        if unknown and key in held_unknown:
+        if unknown and held_unknown and key in held_unknown:
             held_for_quieter.add(job.job_id)
             said, rest = held_unknown[key]
             said_before = f"{said}{so_far(job) if job.waited_s >= 60 else ''}{rest}"
-        elif kept is not None and key in no_room:
-            said_before = why_by_need[key]
+        elif kept is not None and no_room:
+            said_before = no_room.get(key)
         if said_before is not None:
             reasons[job.job_id] = said_before
             return False
@@ -336,14 +336,14 @@ def plan(
             if held is not None:
                 reasons[job.job_id] = held
                 return False
-        if len(found) < job.gpu_count:
-            no_room.add(key)
         if key not in why_by_need:
             if claims is None:
                 claims = Claims.of(state, kept, max_jobs_per_gpu, several_nodes)
             why_by_need[key] = why_not(job, claims, busy_util, several_nodes)
             if quiet_kept:
                 why_by_need[key] += kept_quiet(job, quiet_kept, by_uuid, several_nodes)
+        if len(found) < job.gpu_count:
+            no_room[key] = why_by_need[key]
         reasons[job.job_id] = why_by_need[key]
         passed = None
         if any(u != job.user and p > submit_place(job) for u, p in latest_by_user.items()):
