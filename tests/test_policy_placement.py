@@ -278,6 +278,23 @@ def test_a_light_job_waits_when_no_card_stays_within_a_cards_busy_time() -> None
     assert gpus_of(plan([gpus[0], card(1, 80)], running[:1], [light]), 3) == [1]
 
 
+def test_a_job_behind_one_held_for_a_quieter_card_is_told_the_card_is_kept() -> None:
+    # On a real H100 (one card): a busy job runs, a second busy one is held and keeps the
+    # card, a light one behind it would fit by memory. Its reason said "needs 4.0G on 1
+    # GPU, most available is 74.7G on GPU 0; GPU 0 kept for job 4": the memory it was
+    # said to lack was there. The kept card is not counted as available, as a card kept
+    # for the head ahead of it is not.
+    gpus = [card(0, 80, used_g=5)]
+    running = [job_on(3, 0, 5, demand=0.98, ends_in_s=60)]
+    busy = WaitingJob(4, 4 * G, demand=0.98)
+    light = WaitingJob(5, 4 * G, demand=0.04)
+    result = plan(gpus, running, [busy, light])
+    assert gpus_of(result, 4) is None and gpus_of(result, 5) is None
+    assert result.waiting_reasons[5] == (
+        "needs 4.0G on 1 GPU; GPU 0 kept for job 4 (held for a quieter card)"
+    )
+
+
 def test_an_unknown_or_shared_job_starts_where_a_light_job_would() -> None:
     # Issue 25: a job with no history never waits because its demand is unknown.
     gpus = [card(0, 80, used_g=10), card(1, 80, used_g=10)]

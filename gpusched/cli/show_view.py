@@ -186,7 +186,7 @@ def usage_rows(job: Job | ReplyView) -> list[tuple[str, Any]]:
             spread += f" (sd {job.util_stddev:.0f})"
         rows.append(("gpu util", f"{util_text(job.mean_util)} on average{spread}"))
     if job.demand is not None:
-        rows.append(("gpu demand", f"{job.demand:.2f} of a GPU's busy time (measured)"))
+        rows.append(("gpu demand", f"{job.demand:.2f} of a GPU's busy time"))
     if job.sharing_speed is not None:  # else no note: hints.py (a dataclass) stays unloaded
         from gpusched.core.hints import sharing_note
 

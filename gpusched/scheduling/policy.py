@@ -305,6 +305,7 @@ def plan(
                     for gpu in soonest_quiet(found, job.gpu_count):
                         quiet_kept[gpu.slot.uuid] = job.job_id
                     room = None
+                    claims = None
                     why_by_need.clear()
                     held_unknown.clear()
                     no_room.clear()
@@ -338,7 +339,7 @@ def plan(
                 return False
         if key not in why_by_need:
             if claims is None:
-                claims = Claims.of(state, kept, max_jobs_per_gpu, several_nodes)
+                claims = Claims.of(state, kept, max_jobs_per_gpu, several_nodes, quiet_kept)
             why_by_need[key] = why_not(job, claims, busy_util, several_nodes)
             if quiet_kept:
                 why_by_need[key] += kept_quiet(job, quiet_kept, by_uuid, several_nodes)

@@ -10,7 +10,7 @@ job's GPUs count against it (`claimed_bytes`) and the reason when it would pass 
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -61,9 +61,13 @@ class Claims:
         kept: Kept | None,
         max_jobs_per_gpu: int | None,
         several_nodes: bool = False,
+        quiet_kept: Collection[str] = (),
     ) -> Claims:
+        """`quiet_kept`: the cards kept for a job held for a quieter card (rule 3), which
+        are no more available to the jobs behind it than the head's (`kept`)."""
         usable = [g for g in gpus if g.slot.usable]
         kept_uuids = set(kept.cards) if kept is not None else set()
+        kept_uuids.update(quiet_kept)
         free = [g for g in usable if g.slot.uuid not in kept_uuids]
         behind = ""
         if kept is not None:

@@ -17,10 +17,19 @@ job was:
 
 Anywhere else a missing per-process sample says nothing (a light job often has none: 13
 of 17 polls). `demand()` is the mean of the polls that read the demand (at least
-MIN_DEMAND_POLLS of them), else the share obtained on a saturated card (a lower bound),
-else None. `sharing_speed()` estimates how fast the job ran while it took turns against
-alone: its share over its demand (a job whose demand is not known and that took at least
-its slice of the card counts as busy, demand 1.0; FIELD.md's C+C pair ran at 0.475x).
+MIN_DEMAND_POLLS of them); else, from a saturated card, 1.0 for a job that took at least
+about its slice of it (it wanted the card: two busy jobs each obtain about half, and
+recording that half as their demand would make the next run of either look light), the
+share it obtained for one that took less; else None. `sharing_speed()` estimates how fast
+the job ran while it took turns against alone: its share over its demand (FIELD.md's C+C
+pair ran at 0.475x).
+
+Each poll is judged on the device's figure of that poll, not a smoothed one: a smoothed
+figure lags a job's start and end by several polls, which on a real H100 (session 8,
+benchmarks/real_card.py) made a busy job alone read 0.72, two busy jobs sharing a card
+read as unsaturated for most of their run (their halves recorded as demands, and one
+told to fix its data loader), and a light job read 0.44 in the polls after its busy
+neighbours ended.
 
 `card_polls` builds each job's CardPolls from one poll of the GPUs; the usage monitor feeds
 them to the job's tracker (gpusched.usage.tracker) and reads `demand()` back for the policy.
@@ -101,8 +110,15 @@ class DemandTracker:
         if self.demand_polls >= MIN_DEMAND_POLLS:
             return round(self.demand_sum / self.demand_polls / 100, 3)
         if self.contended_polls:
-            return round(self.contended_share_sum / self.contended_polls / 100, 3)
+            share = self.contended_share_sum / self.contended_polls / 100
+            return 1.0 if self._took_its_slice(share) else round(share, 3)
         return None
+
+    def _took_its_slice(self, share: float) -> bool:
+        """On a saturated card, whether the job obtained about its turn's worth (what a job
+        that wanted the whole card gets: two busy loops 53-63 % each, FIELD.md)."""
+        fair_slice = self.slice_sum / self.contended_polls / 100
+        return share >= 0.8 * fair_slice
 
     def measured_demand(self) -> float | None:
         """The demand read where it can be read (alone, or an unsaturated card), or None."""
@@ -121,9 +137,7 @@ class DemandTracker:
         share = self.contended_share_sum / self.contended_polls / 100
         demand = self.measured_demand() if known_demand is None else known_demand
         if demand is None:
-            # Unknown demand: a job that took at least about its slice wanted the card.
-            fair_slice = self.slice_sum / self.contended_polls / 100
-            demand = 1.0 if share >= 0.8 * fair_slice else share
+            demand = 1.0 if self._took_its_slice(share) else share
         if demand <= 0:
             return None
         return round(min(1.0, share / demand), 2)
@@ -146,8 +160,10 @@ def card_polls(
     """Each running job's view of its cards at this poll: the device's recent figure, its
     own per-process one, and the other jobs (with theirs) and outside processes there.
 
-    The device's figure is its recent one (`device_util`, smoothed over the last polls):
-    a card is saturated when it stays busy, not when two swinging jobs peak together.
+    `device_util` is each card's figure at this poll (see the module's docstring for why
+    not a smoothed one). A poll where two swinging jobs happen to peak together reads as
+    saturated: it counts towards what sharing cost them only where such polls are a good
+    part of their run (MIN_CONTENDED_FRACTION here, the hints' own fractions).
     """
     own: dict[int, dict[str, float | None]] = {}
     holders: dict[str, list[int]] = {}

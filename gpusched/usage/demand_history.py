@@ -38,6 +38,23 @@ class DemandHistory:
                 if len(found) <= PER_KIND:
                     found.append((job_id, float(demand)))
 
+    def add(
+        self,
+        *,
+        job_id: int,
+        uid: int,
+        array_id: int | None,
+        name: str | None,
+        command: str | Sequence[str],
+        demand: float,
+    ) -> None:
+        """A run that has just ended, as the newest record of its kinds: the next pass
+        knows it without waiting for the next read (a second run of the same script
+        submitted a second after the first ended must be expected as busy as it was)."""
+        for kind in _kinds(uid, array_id, name, command_key(command)):
+            found = [(other, d) for other, d in self._by_kind.get(kind, ()) if other != job_id]
+            self._by_kind[kind] = [(job_id, float(demand)), *found][: PER_KIND + 1]
+
     def __bool__(self) -> bool:
         return bool(self._by_kind)
 

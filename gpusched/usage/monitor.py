@@ -208,7 +208,15 @@ class UsageMonitor:
     ) -> list[Overrun]:
         """One poll: feed every running job's tracker; return the jobs newly over their limit."""
         by_uuid = {gpu.uuid: gpu for gpu in gpus}
-        cards = card_polls(by_uuid, processes, process_util, self._gpu_util)
+        # This poll's own device figures, not the smoothed ones: a smoothed figure lags a
+        # job's start and end by several polls (on an H100 a busy job alone read 0.72 of
+        # its card, and two busy jobs sharing one read as unsaturated for most of their run).
+        device_now = {
+            gpu.uuid: float(gpu.util_percent)
+            for gpu in by_uuid.values()
+            if gpu.util_percent is not None and gpu.health == GpuHealth.OK
+        }
+        cards = card_polls(by_uuid, processes, process_util, device_now)
         alone = {
             job_id: {
                 uuid for uuid, poll in polls.items() if not poll.neighbours and not poll.outsiders
@@ -308,6 +316,16 @@ class UsageMonitor:
         if tracker is None:
             tracker = UsageTracker.from_state(self.usage.usage_state(job.id))
         tracker.peak_mem = max(tracker.peak_mem, job.peak_mem or 0)
+        demand = tracker.sharing.demand()
+        if demand is not None and self._history is not None:
+            self._history[1].add(
+                job_id=job.id,
+                uid=job.uid,
+                array_id=job.array_id,
+                name=job.name,
+                command=job.command,
+                demand=demand,
+            )
         return tracker
 
 
