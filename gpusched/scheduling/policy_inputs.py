@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from operator import is_
 
 from gpusched.core.models import GpuHealth, GpuState, Job
 from gpusched.scheduling.gpu_budget import GpuSlot, RunningClaim
@@ -150,12 +149,15 @@ class WaitingJobs:
     def views(self, jobs: Sequence[Queued], now: datetime) -> list[WaitingJob]:
         """`anywhere`'s view of each of `jobs`, in order. When the store handed back the
         very same `Queued`s as last time (a queue that did not change), last time's list:
-        a long unchanged queue costs one comparison by identity, not a look-up per job.
+        a long unchanged queue costs one comparison, not a look-up per job.
         (The views stay known to `anywhere`: `new_pass` keeps the last pass's that asked.)"""
-        if len(jobs) == len(self._views_of) and all(map(is_, jobs, self._views_of)):
+        given = list(jobs)
+        # Compared item by item by identity first (a C loop): an equal row, if not the
+        # same object, has an equal view anyway.
+        if given == self._views_of:
             return list(self._views)
-        self._views = [self._view(job, now) for job in jobs]
-        self._views_of = list(jobs)
+        self._views = [self._view(job, now) for job in given]
+        self._views_of = given
         return list(self._views)
 
     def _view(self, job: Queued, now: datetime) -> WaitingJob:
