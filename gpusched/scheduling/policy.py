@@ -347,7 +347,8 @@ def plan(
             no_room[key] = why_by_need[key]
         reasons[job.job_id] = why_by_need[key]
         passed = None
-        if any(u != job.user and p > submit_place(job) for u, p in latest_by_user.items()):
+        its_place = submit_place(job)
+        if any(u != job.user and p > its_place for u, p in latest_by_user.items()):
             passed = passed_by(job, passed_on, by_uuid)
         if kept is None:
             # Not on a card kept for a job held for a quieter card (rule 3): that job

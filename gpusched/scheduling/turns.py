@@ -110,8 +110,9 @@ def passed_by(
         return None
     fitted = 0
     passed: list[tuple[str, int, int]] = []  # (user, job id, GPU index)
+    its_place, owner = submit_place(job), job.user  # asked once, not once per placement
     for uuid, took in taken.items():
-        later = [t for t in took if t[1] != job.user and t[0] > submit_place(job)]
+        later = [t for t in took if t[1] != owner and t[0] > its_place]
         if not later:
             continue
         gpu = by_uuid[uuid]
