@@ -390,6 +390,10 @@ def plan(
     while turns:
         taken, used, _, user = heapq.heappop(turns)
         queue = queues[user]
+        if not turns:  # the last user left: the rest of its queue in order, no turns
+            for job in reversed(queue):
+                consider(job)
+            break
         while queue:  # this user's jobs for as long as the user stays first
             taken += consider(queue.pop())
             if queue and turns:
