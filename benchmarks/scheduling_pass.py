@@ -15,21 +15,31 @@ tick with SMALL_QUEUE waiting jobs is its baseline (issue 30: a queue of 10,000 
 tick at most 3x a queue of 100).
 
     python benchmarks/scheduling_pass.py [--waiting 10000] [--gpus 64]
+    python benchmarks/scheduling_pass.py --baseline-tree DIR [--rounds 2]
+
+With --baseline-tree DIR (a checkout of an earlier commit, e.g. from `git archive`), the
+whole benchmark runs as that tree's gpusched runs it (DIR first on PYTHONPATH) and as this
+tree's, each in its own process, alternated for --rounds rounds: before and after in the
+same run, on the same machine's load.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
-from _common import Figure, GiB, median_time, print_conditions, report
+from _common import RESULT_PREFIX, Figure, GiB, median_time, print_conditions, report
 from _packing_trace import TraceJob, make_trace
 
 from gpusched.scheduling.gpu_budget import GpuSlot, RunningClaim
@@ -143,12 +153,65 @@ def time_tick(n_waiting: int, n_gpus: int, root: Path) -> tuple[float, float, in
         store.close()
 
 
+def one_run(args: argparse.Namespace, tree: str | None) -> dict[str, dict[str, Any]]:
+    """This benchmark in a process of its own, as `tree`'s gpusched (None: this tree's)."""
+    env = dict(os.environ)
+    if tree is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [tree, env.get("PYTHONPATH")]))
+    command = [sys.executable, __file__, "--waiting", str(args.waiting), "--gpus", str(args.gpus)]
+    done = subprocess.run(
+        command + (["--no-tick"] if args.no_tick else []),
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    line = next(ln for ln in done.stdout.splitlines() if ln.startswith(RESULT_PREFIX))
+    figures = json.loads(line.removeprefix(RESULT_PREFIX))["figures"]
+    return {f["name"]: f for f in figures}
+
+
+def against_baseline(args: argparse.Namespace) -> None:
+    tree = str(args.baseline_tree.resolve())
+    if not Path(tree, "gpusched", "scheduling", "policy.py").exists():
+        sys.exit(f"--baseline-tree {tree}: no gpusched package there")
+    print_conditions()
+    runs: dict[str, list[dict[str, dict[str, Any]]]] = {"baseline tree": [], "this tree": []}
+    for round_no in range(1, args.rounds + 1):
+        for label, where in (("baseline tree", tree), ("this tree", None)):
+            runs[label].append(one_run(args, where))
+            print(f"round {round_no}, {label}: done (load {os.getloadavg()[0]:.2f})", flush=True)
+    names = list(runs["this tree"][0])
+    print(f"\n{'each round':52} " + "  ".join(f"{label:>24}" for label in runs))
+    for name in names:
+        cells = [" ".join(f"{r[name]['value']:11.2f}" for r in runs[label]) for label in runs]
+        print(f"{name:52} " + "  ".join(f"{c:>24}" for c in cells))
+    figures = []
+    for label, results in runs.items():
+        for name in names:
+            value = statistics.median(r[name]["value"] for r in results)
+            target, unit = results[0][name]["target"], results[0][name]["unit"]
+            ok = None if target is None else all(r[name]["ok"] for r in results)
+            figures.append(Figure(f"{label}: {name}", value, unit, target, ok))
+    report("scheduling_pass", figures, {"rounds": args.rounds, "baseline_tree": tree})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--waiting", type=int, default=10_000)
     parser.add_argument("--gpus", type=int, default=64)
     parser.add_argument("--no-tick", action="store_true", help="time plan() only")
+    parser.add_argument(
+        "--baseline-tree",
+        type=Path,
+        help="also run this benchmark as that tree's gpusched (an earlier commit's checkout),"
+        " alternated with this tree's",
+    )
+    parser.add_argument("--rounds", type=int, default=2, help="with --baseline-tree")
     args = parser.parse_args()
+    if args.baseline_tree is not None:
+        against_baseline(args)
+        return
     print_conditions()
     gpus, running, waiting = policy_input(args.waiting, args.gpus)
     seconds, _ = median_time(lambda: plan(gpus, running, waiting, HEADROOM), RUNS)

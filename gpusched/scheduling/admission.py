@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from gpusched.core.models import TERMINAL_STATES, Job, JobState
 from gpusched.store import Queued
@@ -29,11 +30,17 @@ class Admission:
     doomed: list[DependencyFailed] = field(default_factory=list)
 
 
+_after = attrgetter("after")
+
+
 def admit(
     queued: list[Queued], latest_attempts: Callable[[Iterable[int]], dict[int, Job]]
 ) -> Admission:
+    dependent = list(filter(_after, queued))  # a C loop: most jobs have no --after
+    if not dependent:
+        return Admission(eligible=list(queued))
     result = Admission()
-    needed = {dep for job in queued for dep in job.after}
+    needed = {dep for job in dependent for dep in job.after}
     deps = latest_attempts(needed) if needed else {}
     for job in queued:
         if not job.after:  # most jobs: nothing to look up

@@ -15,12 +15,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
+from operator import attrgetter
 
 from gpusched.core.clock import iso
 from gpusched.core.models import GpuState, Job
 from gpusched.scheduling.policy import UsageSpan, decayed_usage
 from gpusched.scheduling.policy_inputs import epoch_seconds
 from gpusched.store import Jobs, Queued
+
+_user = attrgetter("user")
 
 
 def recent_usage(
@@ -31,7 +34,7 @@ def recent_usage(
     half_life_s: float,
 ) -> dict[str, float]:
     """Recent decayed GPU memory-time per user; empty when fewer than two users wait."""
-    if len({j.user for j in waiting}) < 2:
+    if len(set(map(_user, waiting))) < 2:  # a C loop: the queue may be long
         return {}
     return usage_by_user(jobs, {g.uuid: g.total_bytes for g in gpus}, now, half_life_s)
 

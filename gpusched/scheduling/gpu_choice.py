@@ -25,6 +25,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable, Mapping, Sequence
 from itertools import islice
+from operator import attrgetter
 from typing import TYPE_CHECKING
 
 from gpusched.scheduling.gpu_budget import BUSY_DEMAND, PlanGpu, job_demand
@@ -44,6 +45,8 @@ UNKNOWN_LEVEL = 60
 WHOLE_GPU_OTHERS_MAX = 0.10
 
 Topology = Mapping[str, Mapping[str, int]]  # uuid -> uuid -> common ancestor level
+
+_mem = attrgetter("mem_bytes")
 
 
 def nearly_free(gpu: PlanGpu) -> bool:
@@ -69,9 +72,21 @@ class Needs:
     """The per-GPU memory of the jobs still waiting in a plan (rule 2), sorted."""
 
     def __init__(self, waiting: Sequence[WaitingJob], gpus: Sequence[PlanGpu]) -> None:
-        self._sizes = sorted(j.mem_bytes for j in waiting if j.mem_bytes is not None)
+        self._waiting = waiting
+        self._sorted: list[int] | None = None  # sorted when first asked (`_sizes`)
+        self._placed: list[int] = []  # removed before then
         # Cards that could all ever hold the same: rule 2 cannot tell them apart.
         self.uniform = len({g.potential for g in gpus if g.slot.usable}) <= 1
+
+    @property
+    def _sizes(self) -> list[int]:
+        # Sorted only when rule 2 asks (never while the cards are uniform): a long queue's
+        # sort is a plan's largest single step.
+        if self._sorted is None:
+            self._sorted = sorted([m for m in map(_mem, self._waiting) if m is not None])
+            for mem_bytes in self._placed:
+                self._drop(mem_bytes)
+        return self._sorted
 
     @property
     def count(self) -> int:
@@ -80,9 +95,16 @@ class Needs:
     def remove(self, mem_bytes: int | None) -> None:
         if mem_bytes is None:
             return
-        at = bisect.bisect_left(self._sizes, mem_bytes)
-        if at < len(self._sizes) and self._sizes[at] == mem_bytes:
-            del self._sizes[at]
+        if self._sorted is None:
+            self._placed.append(mem_bytes)
+        else:
+            self._drop(mem_bytes)
+
+    def _drop(self, mem_bytes: int) -> None:
+        sizes = self._sizes
+        at = bisect.bisect_left(sizes, mem_bytes)
+        if at < len(sizes) and sizes[at] == mem_bytes:
+            del sizes[at]
 
     def larger(self, mem_bytes: int | None) -> int:
         """Where the sizes larger than `mem_bytes` start (len: none is larger)."""
@@ -134,6 +156,41 @@ def contention_wait(job: WaitingJob, candidates: Sequence[PlanGpu]) -> bool:
     return len(list(islice(takes, job.gpu_count))) < job.gpu_count
 
 
+class CalmRoom:
+    """`contention_wait` for a long queue: the cards of the plan's room (open, unclaimed,
+    most available first) that a job of unknown demand (not full) or a busy one (not busy)
+    may start on rather than wait, listed once per change of the room instead of tested
+    for each job. The plan clears it whenever the room or a card in it changes."""
+
+    def __init__(self) -> None:
+        self._calm: dict[bool, list[PlanGpu]] = {}  # unknown demand? -> its calm cards
+
+    def clear(self) -> None:
+        self._calm.clear()
+
+    def wait(
+        self, job: WaitingJob, found: Sequence[PlanGpu], room: Sequence[PlanGpu], prefix: int
+    ) -> bool:
+        """`contention_wait(job, found)` where `found` is the room's first `prefix` cards
+        (every one with `available >= job.mem_bytes`: the room is sorted so) followed by
+        cards from outside the room (the head's claimed cards it may backfill)."""
+        if job.share or job.mem_bytes is None or not (job.demand is None or is_busy_job(job)):
+            return contention_wait(job, found)  # a light job: its own demand decides
+        unknown = job.demand is None
+        calm = self._calm.get(unknown)
+        if calm is None:
+            calm = [g for g in room if not (is_full_card(g) if unknown else is_busy_card(g))]
+            self._calm[unknown] = calm
+        left = job.gpu_count
+        for gpu in calm:  # in the room's order: those it fits on come first
+            if gpu.available < job.mem_bytes:
+                break
+            left -= 1
+            if left == 0:
+                return False
+        return len(list(islice(filter(_calm_for(job), found[prefix:]), left))) < left
+
+
 def _calm_for(job: WaitingJob) -> Callable[[PlanGpu], bool]:
     """Rule 3c: the cards `job` may start on rather than wait (see `contention_wait`)."""
     if job.demand is None:
@@ -179,8 +236,8 @@ def choose_gpus(
     cards = list(candidates)
     if len(cards) < count:
         return None
-    start = needs.larger(job.mem_bytes)
-    if start < needs.count and not needs.uniform:  # rule 2: cards differ, a larger job waits
+    start = None if needs.uniform else needs.larger(job.mem_bytes)
+    if start is not None and start < needs.count:  # rule 2: cards differ, a larger job waits
         served = {g.slot.uuid: needs.served(start, g) for g in cards}
         if len(set(served.values())) > 1:
             least = sorted(served.values())[count - 1]

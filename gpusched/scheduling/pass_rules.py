@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
+from operator import attrgetter
 
 from gpusched.config.settings import Config
 from gpusched.core.models import EndReason, GpuState, Job, JobState
@@ -31,6 +32,9 @@ from gpusched.usage.demand_history import DemandHistory
 
 # A queued job as the plan sees it (at this pass's time), or why it may go nowhere in it.
 Restriction = Callable[[Queued, datetime], tuple[WaitingJob | None, str | None]]
+
+
+_user = attrgetter("user")
 
 
 def anywhere(job: Queued, now: datetime) -> tuple[WaitingJob | None, str | None]:
@@ -60,6 +64,7 @@ def decide(
     gpus: Sequence[GpuState],
     waits: QuieterWaits,
     restrict: Restriction = anywhere,
+    views: Callable[[Sequence[Queued], datetime], list[WaitingJob]] | None = None,
     held_back: str | None = None,
     topology: Mapping[str, Mapping[str, int]] | None = None,
 ) -> Plan:
@@ -72,7 +77,10 @@ def decide(
     plan moves it, so it is kept across passes, placers and restarts. `waits`: when each
     job was first held for a quieter card (rule 3's bound), the placer's, kept in memory.
     Under `pack: contention` each waiting job's demand is what its history says
-    (`expected_demand`)."""
+    (`expected_demand`).
+    `views`: where every job may go anywhere (one server), the placer's views of the
+    whole queue at once (`WaitingJobs.views`), used when there is nothing to add to them
+    (no demand history, no job held for a quieter card); `restrict` is asked otherwise."""
     config, jobs = context.config, context.store.jobs
     now = context.clock()
     admitted = admit(jobs.queued(), jobs.latest_attempts)
@@ -92,20 +100,23 @@ def decide(
     # Neither changes during the loop: asked once, not once per job of a long queue.
     known = history if history else None
     held = bool(waits)
-    for job in admitted.eligible:
-        wanted, why = restrict(job, now)
-        if wanted is None:
-            reasons[job.id] = why or "it may run nowhere"
-            continue
-        if history is not None and (known is not None or held):
-            demand, owner_runs = expected_demand(known, job) if known is not None else (None, 0)
-            waited = waits.waited_s(job.id, now_s) if held else 0.0
-            if demand is not None or waited:
-                wanted = dataclasses.replace(
-                    wanted, demand=demand, owner_runs=owner_runs, waited_s=waited
-                )
-        waiting.append(wanted)
-    users = {j.user for j in holding} | {j.user for j in admitted.eligible}
+    if views is not None and (history is None or (known is None and not held)):
+        waiting = views(admitted.eligible, now)  # nothing to add: the placer's views as kept
+    else:
+        for job in admitted.eligible:
+            wanted, why = restrict(job, now)
+            if wanted is None:
+                reasons[job.id] = why or "it may run nowhere"
+                continue
+            if history is not None and (known is not None or held):
+                demand, owner_runs = expected_demand(known, job) if known is not None else (None, 0)
+                waited = waits.waited_s(job.id, now_s) if held else 0.0
+                if demand is not None or waited:
+                    wanted = dataclasses.replace(
+                        wanted, demand=demand, owner_runs=owner_runs, waited_s=waited
+                    )
+            waiting.append(wanted)
+    users = set(map(_user, holding)) | set(map(_user, admitted.eligible))  # C loops
     head = StoredHeadClaim(context.store.head_claims)
     result = plan(
         slots,

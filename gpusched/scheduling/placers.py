@@ -124,6 +124,7 @@ class LocalPlacer:
             gpus=seen.gpus,
             waits=self.waits,
             restrict=self.waiting_jobs.anywhere,
+            views=self.waiting_jobs.views,
             held_back=None if drain is None else f"{drain.describe()}: no new job starts",
             topology=gpu_topology(self.context.probe),
         )

@@ -81,6 +81,7 @@ from gpusched.scheduling.gpu_budget import (
     job_demand,
 )
 from gpusched.scheduling.gpu_choice import (
+    CalmRoom,
     Needs,
     Topology,
     choose_gpus,
@@ -89,7 +90,14 @@ from gpusched.scheduling.gpu_choice import (
 )
 from gpusched.scheduling.head_claim import HeadClaim, Kept, keep_for
 from gpusched.scheduling.plan_types import Placement, Plan, UserCap, WaitingJob
-from gpusched.scheduling.quieter_cards import kept_quiet, quieter_parts, so_far, soonest_quiet
+from gpusched.scheduling.quieter_cards import (
+    SHOWN_CARDS,
+    busy_cards,
+    kept_quiet,
+    quieter_parts,
+    so_far,
+    soonest_quiet,
+)
 from gpusched.scheduling.turns import UsageSpan, decayed_usage, in_turns, passed_by, submit_place
 from gpusched.scheduling.waiting_reasons import Claims, claimed_bytes, over_mem_cap, why_not
 from gpusched.scheduling.waiting_reasons import need as _need
@@ -142,6 +150,8 @@ def plan(
             array_running[claim.array_id] = array_running.get(claim.array_id, 0) + 1
     usage = user_usage or {}
     needs = Needs(waiting, state)
+    calm = CalmRoom()  # rule 3c's calm cards of `room`, listed once per change of it
+    busy_text: dict[tuple[int, ...], str] = {}  # what runs on the cards a held job fits
     kept: Kept | None = None
     # Jobs that ask for the same thing get the same "no" until a placement or a claim
     # changes the GPUs: memoised, a pass over 10,000 waiting jobs stays cheap.
@@ -149,7 +159,7 @@ def plan(
     claims: Claims | None = None  # for waiting reasons; None: build it when next needed
     Ask = tuple[int | None, int, frozenset[str] | None, bool, float | None]
     why_by_need: dict[Ask, str] = {}
-    no_room: set[Ask] = set()  # asks that found too few cards (reason in why_by_need)
+    no_room: dict[Ask, str] = {}  # asks that found too few cards, and their reason
     # Asks of unknown demand held for a quieter card behind the job the cards are kept
     # for: every such job after it is held alike until the cards change (a long queue of
     # new jobs on full cards stays cheap). The reason's parts around "so far".
@@ -164,10 +174,12 @@ def plan(
     passed_on: dict[str, list[tuple[int, str, int, int | None]]] = {}
     latest_by_user: dict[str, int] = {}  # the latest submit place each user took a card with
 
-    def candidates(job: WaitingJob) -> tuple[list[PlanGpu], bool]:
-        """The cards `job` fits on now, and whether they are in most-free order."""
+    def candidates(job: WaitingJob) -> tuple[list[PlanGpu], bool, int | None]:
+        """The cards `job` fits on now, whether they are in most-free order, and how many
+        of them lead the room in its order (None: not a prefix of it)."""
         nonlocal room
         if room is None:
+            calm.clear()
             room = sorted(
                 (
                     g
@@ -182,8 +194,10 @@ def plan(
             # `room` is sorted by available memory: the GPUs this job fits on are a prefix.
             end = bisect.bisect_right(room, -job.mem_bytes, key=lambda g: -g.available)
             found = room[:end]
+            prefix: int | None = end
         else:
             found = [g for g in room if fits_now(job, g)]
+            prefix = None
         ordered = True
         if kept is not None:
             for card in kept.cards.values():
@@ -195,10 +209,12 @@ def plan(
                 if job is kept.job or kept.backfill(job, gpu) is not None:
                     found.append(gpu)
                     ordered = False
-        return found, ordered
+        return found, ordered, prefix
 
     def place(job: WaitingJob, chosen: list[PlanGpu]) -> None:
         nonlocal room, claims
+        calm.clear()
+        busy_text.clear()
         user_running[job.user] = user_running.get(job.user, 0) + 1
         user_bytes[job.user] = user_bytes.get(job.user, 0) + claimed_bytes(job.mem_bytes, chosen)
         for gpu in chosen:
@@ -243,17 +259,6 @@ def plan(
         held_unknown.clear()
         no_room.clear()
 
-    def remembered(job: WaitingJob, key: Ask, unknown: bool) -> str | None:
-        """The reason a job with the same ask got just before, where it holds for this one
-        too (nothing changed the cards since), else None."""
-        if unknown and key in held_unknown:
-            held_for_quieter.add(job.job_id)
-            said, rest = held_unknown[key]
-            return f"{said}{so_far(job)}{rest}"
-        if kept is not None and key in no_room:
-            return why_by_need[key]
-        return None
-
     def consider(job: WaitingJob) -> bool:
         """Place `job` if it can start now, else say why; True when it was placed."""
         nonlocal kept, room, claims
@@ -266,22 +271,35 @@ def plan(
                 )
                 return False
         cap = caps.get(job.user)
-        count = user_running.get(job.user, 0)
-        if cap is not None and cap.max_running is not None and count >= cap.max_running:
-            reasons[job.job_id] = (
-                f"user limit: {job.user} has {count} running (max_running {cap.max_running})"
-            )
-            return False
+        if cap is not None and cap.max_running is not None:
+            count = user_running.get(job.user, 0)
+            if count >= cap.max_running:
+                reasons[job.job_id] = (
+                    f"user limit: {job.user} has {count} running (max_running {cap.max_running})"
+                )
+                return False
         key = (job.mem_bytes, job.gpu_count, job.gpu_keys, job.exclusive, job.time_limit_s)
         unknown = job.demand is None and not job.share
-        said_before = remembered(job, key, unknown)
+        # The reason a job with the same ask got just before holds for this one too when
+        # nothing changed the cards since (inline: it is asked for every waiting job).
+        said_before = None
+        if unknown and held_unknown and key in held_unknown:
+            held_for_quieter.add(job.job_id)
+            said, rest = held_unknown[key]
+            said_before = f"{said}{so_far(job) if job.waited_s >= 60 else ''}{rest}"
+        elif kept is not None and no_room:
+            said_before = no_room.get(key)
         if said_before is not None:
-            reasons[job.job_id] = said_before  # as the same ask just before it
+            reasons[job.job_id] = said_before
             return False
-        found, ordered = candidates(job)
+        found, ordered, prefix = candidates(job)
         if len(found) >= job.gpu_count:
             held = None
-            if pack == "contention" and contention_wait(job, found):
+            if pack == "contention" and (
+                contention_wait(job, found)
+                if prefix is None or room is None
+                else calm.wait(job, found, room, prefix)
+            ):
                 held_for_quieter.add(job.job_id)
                 if not quiet_kept:
                     for gpu in soonest_quiet(found, job.gpu_count):
@@ -291,7 +309,14 @@ def plan(
                     why_by_need.clear()
                     held_unknown.clear()
                     no_room.clear()
-                said, rest = quieter_parts(job, found, quiet_kept, by_uuid, several_nodes)
+                # What runs on the first cards found: the same for every held job that
+                # fits on as many cards, until a placement changes them.
+                shown = (len(found), *map(id, found[:SHOWN_CARDS]))
+                if shown not in busy_text:
+                    busy_text[shown] = busy_cards(found, several_nodes)
+                said, rest = quieter_parts(
+                    job, found, quiet_kept, by_uuid, several_nodes, busy=busy_text[shown]
+                )
                 held = f"{said}{so_far(job)}{rest}"
                 if unknown and job.job_id not in quiet_kept.values():
                     held_unknown[key] = (said, rest)
@@ -312,17 +337,18 @@ def plan(
             if held is not None:
                 reasons[job.job_id] = held
                 return False
-        if len(found) < job.gpu_count:
-            no_room.add(key)
         if key not in why_by_need:
             if claims is None:
                 claims = Claims.of(state, kept, max_jobs_per_gpu, several_nodes, quiet_kept)
             why_by_need[key] = why_not(job, claims, busy_util, several_nodes)
             if quiet_kept:
                 why_by_need[key] += kept_quiet(job, quiet_kept, by_uuid, several_nodes)
+        if len(found) < job.gpu_count:
+            no_room[key] = why_by_need[key]
         reasons[job.job_id] = why_by_need[key]
         passed = None
-        if any(u != job.user and p > submit_place(job) for u, p in latest_by_user.items()):
+        its_place = submit_place(job)
+        if any(u != job.user and p > its_place for u, p in latest_by_user.items()):
             passed = passed_by(job, passed_on, by_uuid)
         if kept is None:
             # Not on a card kept for a job held for a quieter card (rule 3): that job
@@ -364,6 +390,10 @@ def plan(
     while turns:
         taken, used, _, user = heapq.heappop(turns)
         queue = queues[user]
+        if not turns:  # the last user left: the rest of its queue in order, no turns
+            for job in reversed(queue):
+                consider(job)
+            break
         while queue:  # this user's jobs for as long as the user stays first
             taken += consider(queue.pop())
             if queue and turns:

@@ -136,17 +136,36 @@ class WaitingJobs:
     def __init__(self) -> None:
         self._last: dict[int, tuple[Queued, WaitingJob]] = {}
         self._this: dict[int, tuple[Queued, WaitingJob]] = {}
+        self._views_of: list[Queued] = []  # the jobs `views` last answered for
+        self._views: list[WaitingJob] = []
 
     def new_pass(self) -> None:
         """Forget the views no pass since the one before has asked for."""
         self._last, self._this = self._this or self._last, {}
 
     def anywhere(self, job: Queued, now: datetime) -> tuple[WaitingJob | None, str | None]:
+        return self._view(job, now), None
+
+    def views(self, jobs: Sequence[Queued], now: datetime) -> list[WaitingJob]:
+        """`anywhere`'s view of each of `jobs`, in order. When the store handed back the
+        very same `Queued`s as last time (a queue that did not change), last time's list:
+        a long unchanged queue costs one comparison, not a look-up per job.
+        (The views stay known to `anywhere`: `new_pass` keeps the last pass's that asked.)"""
+        given = list(jobs)
+        # Compared item by item by identity first (a C loop): an equal row, if not the
+        # same object, has an equal view anyway.
+        if given == self._views_of:
+            return list(self._views)
+        self._views = [self._view(job, now) for job in given]
+        self._views_of = given
+        return list(self._views)
+
+    def _view(self, job: Queued, now: datetime) -> WaitingJob:
         known = self._this.get(job.id) or self._last.get(job.id)
         if known is None or known[0] is not job:
             known = (job, waiting_job(job, now))
         self._this[job.id] = known
-        return known[1], None
+        return known[1]
 
 
 class StoredHeadClaim:

@@ -67,21 +67,31 @@ def so_far(job: WaitingJob) -> str:
     return f", for {job.waited_s // 60:.0f} min so far" if job.waited_s >= 60 else ""
 
 
+def busy_cards(found: Sequence[PlanGpu], several_nodes: bool) -> str:
+    """What runs on the cards a held job fits on, for its reason: a status line, not a
+    table: the first few in the plan's order (the most room first), then how many more."""
+    shown = sorted(found[:SHOWN_CARDS], key=_index)
+    busy = "; ".join(f"{gpu_name(g, several_nodes)} runs {_runs(g)}" for g in shown)
+    if len(found) > len(shown):
+        busy += f"; {len(found) - len(shown)} more cards alike"
+    return busy
+
+
 def quieter_parts(
     job: WaitingJob,
     found: Sequence[PlanGpu],
     quiet_kept: Mapping[str, int],
     by_uuid: Mapping[str, PlanGpu],
     several_nodes: bool,
+    *,
+    busy: str | None = None,
 ) -> tuple[str, str]:
     """A held job's reason before and after how long it has waited: the same for every
     job of unknown demand with the same ask behind the one the cards are kept for (the
-    plan reuses it for them until a placement changes the cards)."""
-    # A status line, not a table: the first few in the plan's order (the most room first).
-    shown = sorted(found[:SHOWN_CARDS], key=_index)
-    busy = "; ".join(f"{gpu_name(g, several_nodes)} runs {_runs(g)}" for g in shown)
-    if len(found) > len(shown):
-        busy += f"; {len(found) - len(shown)} more cards alike"
+    plan reuses it for them until a placement changes the cards). `busy`: `busy_cards`
+    of `found`, where the plan has it already."""
+    if busy is None:
+        busy = busy_cards(found, several_nodes)
     if job.demand is None:
         own = "its demand is not known yet, and every card it fits on is past 100 % busy"
     elif is_busy_job(job):

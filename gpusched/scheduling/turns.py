@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import groupby
+from operator import attrgetter
 from typing import TYPE_CHECKING
 
 from gpusched.scheduling.gpu_budget import PlanGpu
@@ -25,7 +27,7 @@ def submit_place(job: WaitingJob) -> int:
     return job.job_id if job.queue_order is None else job.queue_order
 
 
-def _own_order(job: WaitingJob) -> tuple[int, int]:
+def own_order(job: WaitingJob) -> tuple[int, int]:
     return (-job.priority, submit_place(job))
 
 
@@ -33,16 +35,42 @@ def in_turns(
     waiting: Sequence[WaitingJob], usage: Mapping[str, float]
 ) -> tuple[list[WaitingJob], dict[str, list[WaitingJob]]]:
     """The jobs an administrator put first (in that order), and each user's own queue."""
-    topped = sorted(
-        (j for j in waiting if j.top is not None), key=lambda j: (j.top, submit_place(j))
-    )
-    queues: dict[str, list[WaitingJob]] = {}
-    for job in waiting:
-        if job.top is None:
-            queues.setdefault(job.user, []).append(job)
+    tops = list(map(_top, waiting))
+    if tops.count(None) == len(tops):  # nobody put first: C loops over a long queue
+        topped: list[WaitingJob] = []
+        plain = list(waiting)
+    else:
+        topped = sorted(
+            (j for j in waiting if j.top is not None), key=lambda j: (j.top, submit_place(j))
+        )
+        plain = [j for j in waiting if j.top is None]
+    # Each user's jobs in the order given (a stable sort by user keeps it), for `_sort_own`.
+    if len(set(map(_user, plain))) > 1:
+        plain.sort(key=_user)
+    queues = {user: list(jobs) for user, jobs in groupby(plain, key=_user)}
     for queue in queues.values():
-        queue.sort(key=_own_order, reverse=True)  # popped from the end: best last
+        _sort_own(queue)
     return topped, queues
+
+
+def _sort_own(queue: list[WaitingJob]) -> None:
+    """A user's queue in reverse `own_order` (popped from the end: best last), as
+    `queue.sort(key=own_order, reverse=True)` sorts it (ties too: a sort is stable, and
+    stays so reversed), in two sorts on plain attributes: a long queue's sort is then
+    the C sort's alone, not a Python call per job."""
+    places = list(map(_queue_order, queue))
+    if places.count(None) == len(places):  # no OOM retry: the place is the id
+        queue.sort(key=_job_id, reverse=True)
+    else:
+        queue.sort(key=submit_place, reverse=True)
+    queue.sort(key=_priority)
+
+
+_top = attrgetter("top")
+_user = attrgetter("user")
+_queue_order = attrgetter("queue_order")
+_job_id = attrgetter("job_id")
+_priority = attrgetter("priority")
 
 
 @dataclass(frozen=True)
@@ -82,8 +110,9 @@ def passed_by(
         return None
     fitted = 0
     passed: list[tuple[str, int, int]] = []  # (user, job id, GPU index)
+    its_place, owner = submit_place(job), job.user  # asked once, not once per placement
     for uuid, took in taken.items():
-        later = [t for t in took if t[1] != job.user and t[0] > submit_place(job)]
+        later = [t for t in took if t[1] != owner and t[0] > its_place]
         if not later:
             continue
         gpu = by_uuid[uuid]
