@@ -82,9 +82,48 @@ def describe_url(url: str) -> str:
 
 def make_engine(url: str) -> Engine:
     engine = _make_engine(url)
+    _listen(engine)
+    return engine
+
+
+def _listen(engine: Engine) -> None:
     event.listen(engine, "after_cursor_execute", _answered)
     event.listen(engine, "commit", _committing)
+
+
+# The reader's connections kept open between requests (more are opened while several
+# requests read at once, and closed after): a daemon holds this many more on the server.
+READER_POOL = 2
+
+
+def make_reader(url: str) -> Engine | None:
+    """PostgreSQL: an engine for reads that retry by themselves (Database.snapshot), whose
+    connections are neither tested before use nor in a transaction: a reply's reads cost
+    their statements' round trips and nothing else (a test, BEGIN and ROLLBACK are one
+    round trip each; on a 2-core machine under load each is milliseconds). A connection
+    that turns out lost (the server restarted since) fails its first statement at once;
+    the reader's pool is then emptied and the read runs again on a new one. None: any
+    other database (SQLite reads a file in this process: nothing to save)."""
+    if make_url(url).get_backend_name() != "postgresql":
+        return None
+    engine = create_engine(
+        url,
+        isolation_level="AUTOCOMMIT",
+        pool_size=READER_POOL,
+        pool_timeout=POOL_TIMEOUT_S,
+        connect_args=_connect_args(),
+    )
+    WAIT_BOUND.guard(engine, WAIT_BOUND_S, PING_BOUND_S)
+    _listen(engine)
     return engine
+
+
+def _connect_args() -> dict[str, Any]:
+    return {
+        "connect_timeout": CONNECT_TIMEOUT_S,
+        "application_name": "gpusched",
+        **TCP_SETTINGS,
+    }
 
 
 # COMMITs this thread has sent (whether answered or not): a request that fails once one
@@ -113,13 +152,8 @@ def _make_engine(url: str) -> Engine:
         return engine
     if parsed.get_backend_name() != "postgresql":
         return create_engine(url, pool_pre_ping=True)
-    connect_args: dict[str, Any] = {
-        "connect_timeout": CONNECT_TIMEOUT_S,
-        "application_name": "gpusched",
-        **TCP_SETTINGS,
-    }
     engine = create_engine(
-        url, pool_pre_ping=True, pool_timeout=POOL_TIMEOUT_S, connect_args=connect_args
+        url, pool_pre_ping=True, pool_timeout=POOL_TIMEOUT_S, connect_args=_connect_args()
     )
     WAIT_BOUND.guard(engine, WAIT_BOUND_S, PING_BOUND_S)
     return engine
