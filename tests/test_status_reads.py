@@ -28,7 +28,7 @@ from gpusched.store.schema import jobs
 from tests.fakes import GiB
 from tests.postgres import PostgresServer
 from tests.test_store import NOW, end, new_job, start
-from tests.world import make_world
+from tests.world import make_cluster, make_world
 
 ROOT = Caller(pid=103, uid=0, gid=0, user="root", admin=True)
 
@@ -59,8 +59,8 @@ def sent(store: Store) -> Iterator[list[str]]:
 
 def _page(store: Store, after: int, limit: int, **kw: Any) -> tuple[dict[str, int], list[int]]:
     def read() -> tuple[dict[str, int], list[int]]:
-        counts, page = store.jobs.active_page(after, limit, **kw)
-        return counts, [job.id for job in page]
+        page = store.jobs.active_page(after, limit, **kw)
+        return page.counts, [job.id for job in page.jobs]
 
     return store.database.snapshot(read)
 
@@ -101,6 +101,58 @@ def test_a_status_reply_reads_the_jobs_in_two_statements(tmp_path: Path) -> None
         scheduler.store.close()
 
 
+def test_a_cluster_status_reply_is_one_statement(tmp_path: Path) -> None:
+    """A cluster daemon's reply: the page, its counts and every node's report (its cards)
+    in one statement. It was four: the page's ids, their rows, the nodes, the counts."""
+    world = make_cluster(tmp_path, ["a", "b"], [24 * GiB])[0]
+    scheduler = world.scheduler
+    try:
+        world.submit(mem=4 * GiB, allowed_nodes=("a",))
+        scheduler.tick()
+        services = Services(scheduler, scheduler.store, scheduler.context.settings, 0)
+        expected = dispatch(services, ROOT, {"op": "status"})
+        statements = _statements(scheduler.store)
+        sent = next(statements)
+        reply = dispatch(services, ROOT, {"op": "status"})
+        reads = [s for s in sent if not s.startswith("BEGIN")]
+        statements.close()
+        assert [n["name"] for n in reply["nodes"]] == ["a", "b"]
+        assert reply["nodes"] == expected["nodes"]
+        assert reply["gpus"] == expected["gpus"]
+        assert len(reads) == 1, reads
+    finally:
+        scheduler.store.close()
+
+
+@pytest.mark.parametrize("fixed_clock", [False, True])
+def test_the_nodes_read_with_a_page_are_those_read_alone(
+    database_url: str, fixed_clock: bool
+) -> None:
+    """By the database's clock, and by a test's fixed one (the store's lease_clock)."""
+    store = Store(database_url, lease_clock=(lambda: 1.7e9) if fixed_clock else None)
+    try:
+        for name in ("b", "a"):
+            epoch = store.nodes.claim_node(name, f"{name}:1", 30.0, None)
+            assert store.nodes.renew_node(name, epoch, 30.0, {"reports": [], "name": name})
+        alone = store.nodes.node_rows()
+        page = store.database.snapshot(lambda: store.jobs.active_page(0, 10, with_nodes=True))
+        assert page.nodes is not None
+        assert [r.name for r in page.nodes] == [r.name for r in alone] == ["a", "b"]
+        for read, expected in zip(page.nodes, alone, strict=True):
+            assert (read.epoch, read.state, read.owner, read.drain_reason, read.report) == (
+                expected.epoch,
+                expected.state,
+                expected.owner,
+                expected.drain_reason,
+                expected.report,
+            )
+            assert read.expired == expected.expired
+            assert abs(read.age_s - expected.age_s) < 5
+        assert store.database.snapshot(lambda: store.jobs.active_page(0, 10)).nodes is None
+    finally:
+        store.close()
+
+
 def test_on_postgresql_a_page_is_read_outside_a_transaction(store: Store) -> None:
     """No BEGIN before it and no ROLLBACK after it: each is a round trip to the server."""
     if store.database._reader is None:
@@ -108,8 +160,7 @@ def test_on_postgresql_a_page_is_read_outside_a_transaction(store: Store) -> Non
     store.jobs.add(new_job(), NOW)
 
     def read() -> Any:
-        _counts, page = store.jobs.active_page(0, 10)
-        list(page)
+        list(store.jobs.active_page(0, 10).jobs)
         with store.database.read() as conn:
             return conn.connection.driver_connection.info.transaction_status  # type: ignore[union-attr]
 

@@ -17,29 +17,69 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Collection, Iterator
+from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import BindParameter, bindparam, func, null, select, union_all
+from sqlalchemy import (
+    BindParameter,
+    Boolean,
+    Float,
+    Integer,
+    Text,
+    bindparam,
+    cast,
+    func,
+    literal_column,
+    null,
+    select,
+    union_all,
+)
 from sqlalchemy.sql import CompoundSelect, Select
+from sqlalchemy.types import TypeEngine
 
 from gpusched.core.models import ACTIVE_STATES, Job, JobState
 from gpusched.store.database import Database
+from gpusched.store.nodes import NodeRow, database_clock, node_columns, node_row_of
 from gpusched.store.rows import job_select, to_job
 from gpusched.store.schema import jobs
 
 CHUNK = 200  # rows per statement, as store.queries reads jobs by id
 
-# The two columns the counts' rows add (NULL on the jobs' rows): a state and its count.
-_COUNTED_STATE = "counted_state"
-_COUNTED = "counted"
-_JOB_WIDTH = len(job_select().selected_columns)
-
-# Each statement is built once per kind of page (its states, whether of one user) and
-# kept: building this one (two selects of every job column) took longer than running it,
-# and a kept statement's cache key is computed once, so SQLAlchemy finds it compiled.
+# Each statement is built once per kind of page (its states, whether of one user, whether
+# with the nodes and by which clock) and kept: building this one (two selects of every job
+# column) took longer than running it, and a kept statement's cache key is computed once,
+# so SQLAlchemy finds it compiled.
 _AFTER: BindParameter[int] = bindparam("after_id")
 _LIMIT: BindParameter[int] = bindparam("limit")
 _USER: BindParameter[str] = bindparam("user")
+_FIXED_NOW: BindParameter[float] = bindparam("lease_now", type_=Float)  # a test's clock
+
+# What each row of the first read is: its first column says, the others are the job's
+# columns, then the count's two, then the node's, those of the other parts NULL.
+_JOB, _COUNT, _NODE = 0, 1, 2
+_JOB_WIDTH = len(job_select().selected_columns)
+_COUNT_WIDTH = 2
+# node_columns' types: name, epoch, state, drain_reason, owner, report, age, expired.
+_NODE_TYPES: tuple[TypeEngine[Any], ...] = (
+    Text(),
+    Integer(),
+    Text(),
+    Text(),
+    Text(),
+    Text(),
+    Float(),
+    Boolean(),
+)
+_NODE_WIDTH = len(_NODE_TYPES)
+
+
+@dataclass(frozen=True)
+class ActivePage:
+    """A `status` page's reads (read_active_page)."""
+
+    counts: dict[str, int]  # active state -> how many jobs are in it, every state named
+    jobs: Iterator[Job]  # in id order, read a chunk at a time as they are taken
+    nodes: list[NodeRow] | None  # every node of the cluster, by name (None: not asked)
 
 
 @functools.lru_cache(maxsize=64)
@@ -51,10 +91,26 @@ def _chunk(wanted: tuple[str, ...], by_user: bool) -> Select[Any]:
     return query.order_by(jobs.c.id).limit(_LIMIT)
 
 
+def _row(
+    part: int, columns: list[Any], before: int, after: list[TypeEngine[Any] | None]
+) -> Select[Any]:
+    """One part's select, padded with NULL columns to the first read's shape: `before`
+    untyped, then `columns`, then one per type in `after` (None: untyped)."""
+    padded: list[Any] = [literal_column(str(part)).label("part")]
+    padded += [null().label(f"before_{i}") for i in range(before)]
+    padded += columns
+    padded += [
+        (null() if kind is None else cast(null(), kind)).label(f"after_{i}")
+        for i, kind in enumerate(after)
+    ]
+    query: Select[Any] = select(*padded)
+    return query
+
+
 @functools.lru_cache(maxsize=64)
-def _chunk_and_counts(wanted: tuple[str, ...], by_user: bool) -> CompoundSelect:
-    """_chunk's rows, then one row per active state that has jobs (of :user): the counts'
-    rows carry NULL in every job column, the jobs' rows NULL in the counts' two."""
+def _first_read(wanted: tuple[str, ...], by_user: bool, clock: str | None) -> CompoundSelect:
+    """_chunk's rows, one row per active state that has jobs (of :user) and its count, and
+    with a `clock` (a dialect's name, or "fixed": :lease_now) every node's row."""
     page = _chunk(wanted, by_user).subquery()
     counted = select(jobs.c.state, func.count().label("n")).where(
         jobs.c.state.in_([str(s) for s in ACTIVE_STATES])
@@ -62,14 +118,18 @@ def _chunk_and_counts(wanted: tuple[str, ...], by_user: bool) -> CompoundSelect:
     if by_user:
         counted = counted.where(jobs.c.user == _USER)
     counts = counted.group_by(jobs.c.state).subquery()
-    return union_all(
-        select(*page.c, null().label(_COUNTED_STATE), null().label(_COUNTED)),
-        select(
-            *(null().label(c.name) for c in page.c),
-            counts.c.state.label(_COUNTED_STATE),
-            counts.c.n.label(_COUNTED),
-        ),
-    )
+    # PostgreSQL types a UNION's columns a pair of parts at a time, and two untyped NULLs
+    # make text: the jobs' part (first) types its padding for the nodes' columns, which
+    # the nodes' part casts to the same types.
+    parts = [
+        _row(_JOB, list(page.c), 0, [None] * _COUNT_WIDTH + list(_NODE_TYPES)),
+        _row(_COUNT, [counts.c.state, counts.c.n], _JOB_WIDTH, [None] * _NODE_WIDTH),
+    ]
+    if clock is not None:
+        now = _FIXED_NOW if clock == "fixed" else database_clock(clock)
+        typed = [cast(c, kind) for c, kind in zip(node_columns(now), _NODE_TYPES, strict=True)]
+        parts.append(_row(_NODE, typed, _JOB_WIDTH + _COUNT_WIDTH, []))
+    return union_all(*parts)
 
 
 def read_active_page(
@@ -78,22 +138,34 @@ def read_active_page(
     limit: int,
     states: Collection[JobState] = ACTIVE_STATES,
     user: str | None = None,
-) -> tuple[dict[str, int], Iterator[Job]]:
-    """How many jobs (of `user` only, if given) are in each active state (every state
-    named, zero included), and up to `limit` active jobs in `states` (of `user`) with ids
-    above `after_id`, in id order: read a chunk at a time as they are taken, the first
-    chunk with the counts, before this returns."""
+    *,
+    with_nodes: bool = False,
+) -> ActivePage:
+    """How many jobs (of `user` only, if given) are in each active state, up to `limit`
+    active jobs in `states` (of `user`) with ids above `after_id`, and `with_nodes` the
+    cluster's nodes: the counts, the nodes and the page's first chunk in one statement,
+    before this returns; the rest of the page as it is taken."""
     wanted = tuple(sorted(str(s) for s in states if s in ACTIVE_STATES))
     first = min(limit, CHUNK)
-    params = {"after_id": after_id, "limit": first, "user": user}
+    params: dict[str, Any] = {"after_id": after_id, "limit": first, "user": user}
     with db.read() as conn:
-        rows = conn.execute(_chunk_and_counts(wanted, user is not None), params).all()
-    width = _JOB_WIDTH
-    found = {str(r[width]): int(r[width + 1]) for r in rows if r[width] is not None}
-    counts = {state: found.get(state, 0) for state in sorted(str(s) for s in ACTIVE_STATES)}
-    # UNION ALL keeps no order: the page's jobs are put in id order here.
-    chunk = sorted((to_job(r[:width]) for r in rows if r[width] is None), key=lambda j: j.id)
-    return counts, _page(db, chunk=chunk, asked=first, limit=limit, wanted=wanted, user=user)
+        clock = None
+        if with_nodes:
+            clock = conn.dialect.name if db.lease_clock is None else "fixed"
+            params["lease_now"] = None if db.lease_clock is None else db.lease_clock()
+        rows = conn.execute(_first_read(wanted, user is not None, clock), params).all()
+    job_rows = [r[1 : 1 + _JOB_WIDTH] for r in rows if r[0] == _JOB]
+    at = 1 + _JOB_WIDTH
+    found = {str(r[at]): int(r[at + 1]) for r in rows if r[0] == _COUNT}
+    at += _COUNT_WIDTH
+    node_rows = [node_row_of(r[at:]) for r in rows if r[0] == _NODE]
+    # UNION ALL keeps no order: the page's jobs and the nodes are put in order here.
+    chunk = sorted((to_job(r) for r in job_rows), key=lambda job: job.id)
+    return ActivePage(
+        counts={state: found.get(state, 0) for state in sorted(str(s) for s in ACTIVE_STATES)},
+        jobs=_page(db, chunk=chunk, asked=first, limit=limit, wanted=wanted, user=user),
+        nodes=sorted(node_rows, key=lambda node: node.name) if with_nodes else None,
+    )
 
 
 def _page(

@@ -96,11 +96,14 @@ def _status_page(services: Services, caller: Caller, request: StatusRequest) -> 
     states = ACTIVE_STATES
     if request.states is not None:
         states = frozenset(JobState(name) for name in request.states)
-    counts, page = store.jobs.active_page(cursor, limit + 1, states, user=request.user)
+    scheduler = services.scheduler
+    page = store.jobs.active_page(
+        cursor, limit + 1, states, user=request.user, with_nodes=scheduler.in_cluster
+    )
     more = False
     jobs: list[dict[str, Any]] = []
     size, last = 0, cursor
-    for shown_count, job in enumerate(page):
+    for shown_count, job in enumerate(page.jobs):
         if shown_count == limit:  # the page's one job more: there is a next page
             more = True
             break
@@ -120,14 +123,14 @@ def _status_page(services: Services, caller: Caller, request: StatusRequest) -> 
             if size > STATUS_PAGE_JOB_BYTES:  # the oldest of the recent ends are left off
                 break
             jobs.append(shown)
-    gpus, nodes = services.scheduler.status_view(store.jobs.running)
+    gpus, nodes = scheduler.status_view(store.jobs.running, page.nodes)
     return {
         "gpus": [g.to_json() for g in gpus],
         "nodes": [n.to_json() for n in nodes],
         "jobs": jobs,
         "drain": drain_json(services),
         "next": last if more else None,
-        "counts": counts,
+        "counts": page.counts,
     }
 
 
