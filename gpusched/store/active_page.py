@@ -49,9 +49,9 @@ CHUNK = 200  # rows per statement, as store.queries reads jobs by id
 # with the nodes and by which clock) and kept: building this one (two selects of every job
 # column) took longer than running it, and a kept statement's cache key is computed once,
 # so SQLAlchemy finds it compiled.
-_AFTER: BindParameter[int] = bindparam("after_id")
-_LIMIT: BindParameter[int] = bindparam("limit")
-_USER: BindParameter[str] = bindparam("user")
+_AFTER: BindParameter[int] = bindparam("after_id", type_=Integer)
+_LIMIT: BindParameter[int] = bindparam("limit", type_=Integer)
+_USER: BindParameter[str] = bindparam("user", type_=Text)
 _FIXED_NOW: BindParameter[float] = bindparam("lease_now", type_=Float)  # a test's clock
 
 # What each row of the first read is: its first column says, the others are the job's

@@ -1,19 +1,20 @@
 """Connections to the store's database, per dialect, and what to say when it is away.
 
-SQLite (one server): WAL, a busy timeout and BEGIN IMMEDIATE for every write
-transaction, so concurrent writers queue on the lock instead of failing half way.
-PostgreSQL (a shared queue): psycopg 3, READ COMMITTED, a pool whose connections are
-tested before use (pool_pre_ping), so that after the server restarts the daemon
-reconnects by itself. Every wait for the server is bounded, so that a request fails in
-seconds, not minutes, while the server or the network is away, and a pass never hangs
+SQLite (one server): WAL, a busy timeout and BEGIN IMMEDIATE for every write transaction,
+so concurrent writers queue on the lock instead of failing half way. PostgreSQL (a shared
+queue): psycopg 3, READ COMMITTED, a pool whose connections are tested before use
+(pool_pre_ping), so that after the server restarts the daemon reconnects by itself; and a
+second, small pool for the reads of one reply (`make_reader`: `status`), neither tested
+nor in a transaction, whose reads run again once on a new connection when the one they
+were given turns out closed. Every wait for the server is bounded, so that a request fails
+in seconds, not minutes, while the server or the network is away, and a pass never hangs
 with the scheduler's lock: the connection (libpq's connect_timeout), a checkout from the
-pool (pool_timeout), each statement, commit, rollback and ping (gpusched.store.waits),
-and a peer that vanished without a word (TCP keepalives and tcp_user_timeout). The
-server bounds its side too (docs/cluster.md section 1: lock_timeout, statement_timeout,
+pool (pool_timeout), each statement, commit, rollback and ping (gpusched.store.waits), and
+a peer that vanished without a word (TCP keepalives and tcp_user_timeout). The server
+bounds its side too (docs/cluster.md section 1: lock_timeout, statement_timeout,
 idle_in_transaction_session_timeout), so that a node cut off inside a transaction cannot
-hold its row locks against the others. Job-state changes are conditional UPDATEs on
-either (gpusched.store.transitions), which READ COMMITTED re-checks after waiting on a
-row lock.
+hold its row locks against the others. Job-state changes are conditional UPDATEs on either
+(gpusched.store.transitions), which READ COMMITTED re-checks after waiting on a row lock.
 
 Whatever is said about a database names it without its password (`describe_url`). An
 outage is said once in the daemon's log (`DatabaseOutage`): while the database is away
