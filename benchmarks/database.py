@@ -131,6 +131,30 @@ def _status_and_submits(
     return figures
 
 
+def _status_side_by_side(
+    backends: dict[str, Callable[[str], str]], args: argparse.Namespace, root: Path
+) -> dict[str, float]:
+    """--side-by-side: a daemon per backend (and per tree with --baseline-tree) running at
+    once, `status` asked of each in the same rounds, so that PostgreSQL / SQLite is not
+    moved by the machine's load changing between the two backends' parts of the run."""
+    trees: dict[str, str | None] = {"": None}
+    if args.baseline_tree is not None:
+        trees[BASELINE] = str(args.baseline_tree.resolve())
+    daemons: dict[str, RunningDaemon] = {}
+    try:
+        for name, new_url in backends.items():
+            for suffix, tree in trees.items():
+                home = root / f"side-{name}{suffix.strip(' ()')}"
+                url = new_url(f"side-{name}{suffix.strip(' ()')}")
+                daemons[f"{name}{suffix}"] = _start_daemon(url, args, home, tree)
+        asks = {key: daemon.client().status_reply for key, daemon in daemons.items()}
+        return _rounds(asks, args.side_by_side)
+    finally:
+        for each in daemons.values():
+            each.stop()
+            each.kill_jobs()
+
+
 def _claimer(url: str, ids: list[int], seed: int, barrier: Any, out: Any) -> None:
     store = Store(url)
     order = list(ids)
@@ -204,9 +228,17 @@ def main() -> None:
     parser.add_argument("--submits", type=int, default=100)
     parser.add_argument("--claim-jobs", type=int, default=1000)
     parser.add_argument(
+        "--side-by-side",
+        type=int,
+        default=0,
+        metavar="ROUNDS",
+        help="also start every daemon at once (both backends, and the baseline's) and time"
+        " `status` (Client API) in the same ROUNDS rounds",
+    )
+    parser.add_argument(
         "--baseline-tree",
         type=Path,
-        help="also time `status` (Client API) on a daemon of this tree's gpusched (a"
+        help="also time `status` (Client API) on a daemon running that tree's gpusched (a"
         " checkout of an earlier commit, e.g. from `git archive`), in the same rounds",
     )
     args = parser.parse_args()
@@ -219,6 +251,9 @@ def main() -> None:
             root.mkdir()
             results[name] = _status_and_submits(new_url, name, args, root)
             results[name].update(_claims(new_url(f"claims-{name}"), args.claim_jobs))
+        side = {}
+        if args.side_by_side:
+            side = _status_side_by_side(_backends(server, tmp), args, tmp)
     sq, pg = results["sqlite"], results["postgresql"]
     rows = [  # label, key, scale, unit
         ("status, Client API (ms)", "status_api_s", 1e3, "ms"),
@@ -253,6 +288,24 @@ def main() -> None:
                 ratio <= STATUS_GOAL if goal else None,
             ),
         ]
+    for suffix in ("", BASELINE) if args.baseline_tree is not None else ("",):
+        if side:
+            label = f"status, Client API, side by side{suffix} (ms)"
+            ratio = side[f"postgresql{suffix}"] / side[f"sqlite{suffix}"]
+            sq_ms, pg_ms = side[f"sqlite{suffix}"] * 1e3, side[f"postgresql{suffix}"] * 1e3
+            print(f"  {label:<56} {sq_ms:10.1f} {pg_ms:11.1f} {ratio:9.2f}x")
+            goal = suffix == ""
+            figures += [
+                Figure(f"{label}, SQLite", sq_ms, "ms"),
+                Figure(f"{label}, PostgreSQL", pg_ms, "ms"),
+                Figure(
+                    f"{label}, PostgreSQL / SQLite",
+                    ratio,
+                    "x",
+                    f"<= {STATUS_GOAL}x" if goal else None,
+                    ratio <= STATUS_GOAL if goal else None,
+                ),
+            ]
     for name, got in results.items():
         exact = got["claimed_twice"] == 0 and got["claimed"] == got["running"] == args.claim_jobs
         recorded = got["submits_recorded"] == got["submits_acknowledged"]
