@@ -32,6 +32,7 @@ from gpusched.scheduling.policy_inputs import (
 from gpusched.scheduling.quieter_waits import QuieterWaits
 from gpusched.scheduling.reading import LatestReading
 from gpusched.scheduling.starting import JobStarter
+from gpusched.store import NodeRow
 
 
 class Placer(Protocol):
@@ -58,10 +59,11 @@ class Placer(Protocol):
         """The nodes `status` shows."""
 
     def status_view(
-        self, running: Callable[[], list[Job]]
+        self, running: Callable[[], list[Job]], node_rows: list[NodeRow] | None = None
     ) -> tuple[list[GpuReport], list[NodeStatus]]:
         """`gpu_reports` and `nodes` read once for one reply (`running`: this node's
-        running jobs, read only by a placer that needs them)."""
+        running jobs, read only by a placer that needs them; `node_rows`: the cluster's
+        nodes if the reply read them already)."""
 
     def drain_node(self, name: str, drain: Drain | None) -> bool:
         """Drain (or undrain) node `name` for the cluster: False if there is none such."""
@@ -145,7 +147,7 @@ class LocalPlacer:
         return [NodeStatus(self.node.name, state, 0.0, self.gpu_reports([]))]
 
     def status_view(
-        self, running: Callable[[], list[Job]]
+        self, running: Callable[[], list[Job]], node_rows: list[NodeRow] | None = None
     ) -> tuple[list[GpuReport], list[NodeStatus]]:
         return self.gpu_reports(running()), self.nodes()
 

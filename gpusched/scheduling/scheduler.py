@@ -52,7 +52,7 @@ from gpusched.scheduling.starting import JobStarter
 from gpusched.scheduling.stopping import stop_job
 from gpusched.scheduling.submit_checks import check_fits
 from gpusched.scheduling.waiting_ops import WaitingJobOperations
-from gpusched.store import NewJob, Store
+from gpusched.store import NewJob, NodeRow, Store
 
 log = logging.getLogger("gpusched.scheduler")
 
@@ -278,8 +278,13 @@ class Scheduler:
         return self.placer.nodes()
 
     def status_view(
-        self, running: Callable[[], list[Job]]
+        self, running: Callable[[], list[Job]], node_rows: list[NodeRow] | None = None
     ) -> tuple[list[GpuReport], list[NodeStatus]]:
         """`gpu_reports(running())` and `nodes()` as one reply shows them, each read once
-        (`running` is asked only where the cards are drawn from this server's jobs)."""
-        return self.placer.status_view(lambda: [j for j in running() if self.node.owns(j)])
+        (`running` is asked only where the cards are drawn from this server's jobs;
+        `node_rows`: the cluster's nodes as the reply read them already, else read here)."""
+
+        def owned() -> list[Job]:
+            return [j for j in running() if self.node.owns(j)]
+
+        return self.placer.status_view(owned, node_rows)

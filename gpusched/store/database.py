@@ -43,14 +43,24 @@ import stat
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 
 from gpusched.store import migrations
-from gpusched.store.engine import describe_url, is_disconnect, make_engine, unavailable
+from gpusched.store.engine import (
+    describe_url,
+    is_disconnect,
+    make_engine,
+    make_reader,
+    unavailable,
+)
+from gpusched.store.waits import timed_out
 
 log = logging.getLogger("gpusched.store")
+
+T = TypeVar("T")
 
 # The database and the files SQLite keeps beside it (the WAL holds recent rows in full).
 SQLITE_SUFFIXES = ("", "-wal", "-shm", "-journal")
@@ -105,19 +115,22 @@ class Database:
                 path.touch(mode=0o600)
             make_private(path)
         self.engine = make_engine(url)
+        self._reader = make_reader(url)  # snapshot()'s, on PostgreSQL
         try:
             migrations.upgrade(self.engine, self.where)
         except DBAPIError as exc:
-            self.engine.dispose()
+            self.close()
             if is_disconnect(exc):
                 raise unavailable(exc, self.where) from None
             raise
         except BaseException:
-            self.engine.dispose()
+            self.close()
             raise
 
     def close(self) -> None:
         self.engine.dispose()
+        if self._reader is not None:
+            self._reader.dispose()
 
     @contextlib.contextmanager
     def read(self) -> Iterator[Connection]:
@@ -130,20 +143,35 @@ class Database:
         with self.engine.connect().execution_options(gpusched_read=True) as conn:
             yield conn
 
-    @contextlib.contextmanager
-    def snapshot(self) -> Iterator[None]:
-        """Several reads as one: every `read()` of this thread until the end shares one
-        connection and one transaction, so a reply's figures agree with each other (its
-        page, its counts, its cards) and it costs one pool checkout (with its pre-ping)
-        instead of one per read: on PostgreSQL each is a round trip or more. Nested, the
-        outer one holds; a write inside still takes a connection of its own."""
+    def snapshot(self, work: Callable[[], T]) -> T:
+        """`work()` with every `read()` of this thread sharing one connection: a reply's
+        reads (its page, its counts, its cards) cost one pool checkout, not one each.
+
+        On SQLite they are one read transaction, so they agree with each other. On
+        PostgreSQL they run on the reader (engine.make_reader): no test of the connection,
+        no transaction (under READ COMMITTED one would not make its statements one
+        snapshot anyway: a reply that needs its figures to agree reads them in one
+        statement), so they cost their statements' round trips alone. A connection found
+        closed at its first use (the server restarted since it was last used) is dropped
+        and `work()` runs once more on a new one: it must only read. Nested, the outer one
+        holds; a write inside still takes a connection of its own."""
         if getattr(self._snapshot, "conn", None) is not None:
-            yield
-            return
-        with self.engine.connect().execution_options(gpusched_read=True) as conn:
+            return work()
+        if self._reader is None:
+            return self._shared(self.engine.connect().execution_options(gpusched_read=True), work)
+        try:
+            return self._shared(self._reader.connect(), work)
+        except DBAPIError as exc:
+            if not exc.connection_invalidated or timed_out(exc):
+                raise
+            log.info("a pooled reading connection was lost (%s): read again", exc.orig)
+        return self._shared(self._reader.connect(), work)
+
+    def _shared(self, connection: Connection, work: Callable[[], T]) -> T:
+        with connection as conn:
             self._snapshot.conn = conn
             try:
-                yield
+                return work()
             finally:
                 self._snapshot.conn = None
 

@@ -1,19 +1,20 @@
 """Connections to the store's database, per dialect, and what to say when it is away.
 
-SQLite (one server): WAL, a busy timeout and BEGIN IMMEDIATE for every write
-transaction, so concurrent writers queue on the lock instead of failing half way.
-PostgreSQL (a shared queue): psycopg 3, READ COMMITTED, a pool whose connections are
-tested before use (pool_pre_ping), so that after the server restarts the daemon
-reconnects by itself. Every wait for the server is bounded, so that a request fails in
-seconds, not minutes, while the server or the network is away, and a pass never hangs
+SQLite (one server): WAL, a busy timeout and BEGIN IMMEDIATE for every write transaction,
+so concurrent writers queue on the lock instead of failing half way. PostgreSQL (a shared
+queue): psycopg 3, READ COMMITTED, a pool whose connections are tested before use
+(pool_pre_ping), so that after the server restarts the daemon reconnects by itself; and a
+second, small pool for the reads of one reply (`make_reader`: `status`), neither tested
+nor in a transaction, whose reads run again once on a new connection when the one they
+were given turns out closed. Every wait for the server is bounded, so that a request fails
+in seconds, not minutes, while the server or the network is away, and a pass never hangs
 with the scheduler's lock: the connection (libpq's connect_timeout), a checkout from the
-pool (pool_timeout), each statement, commit, rollback and ping (gpusched.store.waits),
-and a peer that vanished without a word (TCP keepalives and tcp_user_timeout). The
-server bounds its side too (docs/cluster.md section 1: lock_timeout, statement_timeout,
+pool (pool_timeout), each statement, commit, rollback and ping (gpusched.store.waits), and
+a peer that vanished without a word (TCP keepalives and tcp_user_timeout). The server
+bounds its side too (docs/cluster.md section 1: lock_timeout, statement_timeout,
 idle_in_transaction_session_timeout), so that a node cut off inside a transaction cannot
-hold its row locks against the others. Job-state changes are conditional UPDATEs on
-either (gpusched.store.transitions), which READ COMMITTED re-checks after waiting on a
-row lock.
+hold its row locks against the others. Job-state changes are conditional UPDATEs on either
+(gpusched.store.transitions), which READ COMMITTED re-checks after waiting on a row lock.
 
 Whatever is said about a database names it without its password (`describe_url`). An
 outage is said once in the daemon's log (`DatabaseOutage`): while the database is away
@@ -82,9 +83,48 @@ def describe_url(url: str) -> str:
 
 def make_engine(url: str) -> Engine:
     engine = _make_engine(url)
+    _listen(engine)
+    return engine
+
+
+def _listen(engine: Engine) -> None:
     event.listen(engine, "after_cursor_execute", _answered)
     event.listen(engine, "commit", _committing)
+
+
+# The reader's connections kept open between requests (more are opened while several
+# requests read at once, and closed after): a daemon holds this many more on the server.
+READER_POOL = 2
+
+
+def make_reader(url: str) -> Engine | None:
+    """PostgreSQL: an engine for reads that retry by themselves (Database.snapshot), whose
+    connections are neither tested before use nor in a transaction: a reply's reads cost
+    their statements' round trips and nothing else (a test, BEGIN and ROLLBACK are one
+    round trip each; on a 2-core machine under load each is milliseconds). A connection
+    that turns out lost (the server restarted since) fails its first statement at once;
+    the reader's pool is then emptied and the read runs again on a new one. None: any
+    other database (SQLite reads a file in this process: nothing to save)."""
+    if make_url(url).get_backend_name() != "postgresql":
+        return None
+    engine = create_engine(
+        url,
+        isolation_level="AUTOCOMMIT",
+        pool_size=READER_POOL,
+        pool_timeout=POOL_TIMEOUT_S,
+        connect_args=_connect_args(),
+    )
+    WAIT_BOUND.guard(engine, WAIT_BOUND_S, PING_BOUND_S)
+    _listen(engine)
     return engine
+
+
+def _connect_args() -> dict[str, Any]:
+    return {
+        "connect_timeout": CONNECT_TIMEOUT_S,
+        "application_name": "gpusched",
+        **TCP_SETTINGS,
+    }
 
 
 # COMMITs this thread has sent (whether answered or not): a request that fails once one
@@ -113,13 +153,8 @@ def _make_engine(url: str) -> Engine:
         return engine
     if parsed.get_backend_name() != "postgresql":
         return create_engine(url, pool_pre_ping=True)
-    connect_args: dict[str, Any] = {
-        "connect_timeout": CONNECT_TIMEOUT_S,
-        "application_name": "gpusched",
-        **TCP_SETTINGS,
-    }
     engine = create_engine(
-        url, pool_pre_ping=True, pool_timeout=POOL_TIMEOUT_S, connect_args=connect_args
+        url, pool_pre_ping=True, pool_timeout=POOL_TIMEOUT_S, connect_args=_connect_args()
     )
     WAIT_BOUND.guard(engine, WAIT_BOUND_S, PING_BOUND_S)
     return engine

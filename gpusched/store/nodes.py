@@ -14,7 +14,7 @@ epoch (store.placements).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -47,7 +47,12 @@ def db_now(conn: Connection, fixed: Callable[[], float] | None = None) -> Column
     store's injected lease clock instead, in tests)."""
     if fixed is not None:
         return literal(fixed())
-    if conn.dialect.name == "sqlite":
+    return database_clock(conn.dialect.name)
+
+
+def database_clock(dialect: str) -> ColumnElement[float]:
+    """The database's clock in seconds since 1970, in `dialect`'s SQL."""
+    if dialect == "sqlite":
         return (func.julianday("now") - literal(2440587.5)) * literal(86400.0)
     return func.extract("epoch", func.clock_timestamp())  # type: ignore[return-value]
 
@@ -68,6 +73,35 @@ class NodeRow:
     report: dict[str, Any]
     age_s: float  # seconds since it was last heard, by the database's clock
     expired: bool  # its lease has run out (by the database's clock)
+
+
+def node_columns(now: ColumnElement[float]) -> list[ColumnElement[Any]]:
+    """What a NodeRow is read from (node_row_of), `now` being the database's clock; also
+    read by a `status` page in its own statement (gpusched.store.active_page)."""
+    return [
+        nodes.c.name,
+        nodes.c.epoch,
+        nodes.c.state,
+        nodes.c.drain_reason,
+        nodes.c.owner,
+        nodes.c.report,
+        (now - nodes.c.last_seen).label("age"),
+        (nodes.c.lease_expires < now).label("expired"),
+    ]
+
+
+def node_row_of(values: Sequence[Any]) -> NodeRow:
+    name, epoch, state, drain_reason, owner, report, age, expired = values
+    return NodeRow(
+        name,
+        int(epoch),
+        state,
+        drain_reason,
+        owner,
+        json.loads(report) if report else {},
+        max(0.0, float(age)),
+        bool(expired),
+    )
 
 
 @dataclass(frozen=True)
@@ -92,27 +126,9 @@ class Nodes:
 
     def node_rows(self) -> list[NodeRow]:
         with self.db.read() as conn:
-            now = db_now(conn, self.db.lease_clock)
-            rows = conn.execute(
-                select(
-                    nodes,
-                    (now - nodes.c.last_seen).label("age"),
-                    (nodes.c.lease_expires < now).label("expired"),
-                ).order_by(nodes.c.name)
-            ).all()
-        return [
-            NodeRow(
-                r.name,
-                int(r.epoch),
-                r.state,
-                r.drain_reason,
-                r.owner,
-                json.loads(r.report) if r.report else {},
-                max(0.0, float(r.age)),
-                bool(r.expired),
-            )
-            for r in rows
-        ]
+            query = select(*node_columns(db_now(conn, self.db.lease_clock)))
+            rows = conn.execute(query.order_by(nodes.c.name)).all()
+        return [node_row_of(r) for r in rows]
 
     def node_row(self, name: str) -> NodeRow | None:
         return next((r for r in self.node_rows() if r.name == name), None)

@@ -18,6 +18,7 @@ from sqlalchemy import ColumnElement, func, select
 from gpusched.core.errors import NotFoundError
 from gpusched.core.models import ACTIVE_STATES, TERMINAL_STATES, Job, JobState, StopIntent
 from gpusched.store import queue_marks
+from gpusched.store.active_page import ActivePage, read_active_page
 from gpusched.store.database import Database
 from gpusched.store.queued import QUEUED_SELECT, Queued, queued_of
 from gpusched.store.rows import job_select, to_job
@@ -111,17 +112,15 @@ class JobReads:
         limit: int,
         states: Collection[JobState] = ACTIVE_STATES,
         user: str | None = None,
-    ) -> list[int]:
-        """The ids of up to `limit` active jobs in `states` (of `user` only, if given) with
-        ids above `after_id`, in id order: a page of `status`, whatever the queue's length
-        (read with iter_jobs)."""
-        wanted = [str(s) for s in states if s in ACTIVE_STATES]
-        query = select(jobs.c.id).where(jobs.c.state.in_(wanted), jobs.c.id > after_id)
-        if user is not None:
-            query = query.where(jobs.c.user == user)
-        query = query.order_by(jobs.c.id).limit(limit)
-        with self.db.read() as conn:
-            return [int(job_id) for job_id in conn.execute(query).scalars()]
+        *,
+        with_nodes: bool = False,
+    ) -> ActivePage:
+        """A page of `status`, whatever the queue's length: how many jobs (of `user` only,
+        if given) are in each active state, up to `limit` active jobs in `states` (of
+        `user`) with ids above `after_id`, in id order, read a chunk at a time as they are
+        taken, and `with_nodes` the cluster's nodes (gpusched.store.active_page: all but
+        the page's later chunks in one statement)."""
+        return read_active_page(self.db, after_id, limit, states, user, with_nodes=with_nodes)
 
     def iter_jobs(self, job_ids: Sequence[int]) -> Iterator[Job]:
         """The jobs of `job_ids` that exist, in that order, read a chunk at a time: a reply

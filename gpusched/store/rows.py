@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import JSON, Text, func, select, type_coerce
-from sqlalchemy.engine import Connection, CursorResult, Row
+from sqlalchemy.engine import Connection, CursorResult
 from sqlalchemy.sql import Select
 
 from gpusched.core.models import Job, JobState
@@ -71,8 +72,8 @@ def inserted_id(result: CursorResult[Any]) -> int:
     return int(key[0])
 
 
-def to_job(row: Row[Any]) -> Job:
-    # By position (rows of job_select): a scheduling pass converts every queued job.
+def to_job(row: Sequence[Any]) -> Job:
+    # By position (a row of job_select, or its first columns): a pass converts every queued job.
     values = dict(zip(_JOB_FIELDS, row, strict=True))
     for name in _JSON_FIELDS:
         values[name] = decode_json(values[name])

@@ -50,6 +50,13 @@ class _TimedOut(Exception):
     """Marks a driver error caused by the watchdog (its __cause__)."""
 
 
+def timed_out(exc: BaseException) -> bool:
+    """Whether this error (SQLAlchemy's, or the driver's) is the watchdog's: no answer
+    within the bound, rather than a connection found closed."""
+    driver_error = getattr(exc, "orig", exc)
+    return isinstance(getattr(driver_error, "__cause__", None), _TimedOut)
+
+
 def _socket_of(dbapi_connection: Any) -> int | None:
     raw = getattr(dbapi_connection, "dbapi_connection", dbapi_connection)  # a pool's fairy
     raw = getattr(raw, "driver_connection", raw)

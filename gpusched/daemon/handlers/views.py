@@ -84,8 +84,8 @@ def status(services: Services, caller: Caller, request: StatusRequest) -> Status
     A page holds at most WIRE_REPLY_BYTES of JSON (one job longer than that alone):
     its jobs end early, and with `all` the ended ones that do not fit are left off.
     """
-    with services.store.database.snapshot():  # one connection for the page's reads
-        return _status_page(services, caller, request)
+    # One connection for the page's reads; read again once if it was found lost.
+    return services.store.database.snapshot(lambda: _status_page(services, caller, request))
 
 
 def _status_page(services: Services, caller: Caller, request: StatusRequest) -> StatusPage:
@@ -96,11 +96,17 @@ def _status_page(services: Services, caller: Caller, request: StatusRequest) -> 
     states = ACTIVE_STATES
     if request.states is not None:
         states = frozenset(JobState(name) for name in request.states)
-    page = store.jobs.active_page(cursor, limit + 1, states, user=request.user)
-    more = len(page) > limit
+    scheduler = services.scheduler
+    page = store.jobs.active_page(
+        cursor, limit + 1, states, user=request.user, with_nodes=scheduler.in_cluster
+    )
+    more = False
     jobs: list[dict[str, Any]] = []
     size, last = 0, cursor
-    for job in store.jobs.iter_jobs(page[:limit]):
+    for shown_count, job in enumerate(page.jobs):
+        if shown_count == limit:  # the page's one job more: there is a next page
+            more = True
+            break
         shown = services.visible(caller, job)
         weight = reply_weight(shown)
         if jobs and size + weight > STATUS_PAGE_JOB_BYTES:  # a page of long commands ends early
@@ -117,14 +123,14 @@ def _status_page(services: Services, caller: Caller, request: StatusRequest) -> 
             if size > STATUS_PAGE_JOB_BYTES:  # the oldest of the recent ends are left off
                 break
             jobs.append(shown)
-    gpus, nodes = services.scheduler.status_view(store.jobs.running)
+    gpus, nodes = scheduler.status_view(store.jobs.running, page.nodes)
     return {
         "gpus": [g.to_json() for g in gpus],
         "nodes": [n.to_json() for n in nodes],
         "jobs": jobs,
         "drain": drain_json(services),
         "next": last if more else None,
-        "counts": store.jobs.count_active(request.user),
+        "counts": page.counts,
     }
 
 

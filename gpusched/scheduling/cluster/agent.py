@@ -54,7 +54,7 @@ from gpusched.scheduling.ratelog import RateLimitedLog
 from gpusched.scheduling.reading import LatestReading
 from gpusched.scheduling.starting import JobStarter
 from gpusched.scheduling.stopping import stop_local
-from gpusched.store import NodeGuard, RunHere
+from gpusched.store import NodeGuard, NodeRow, RunHere
 from gpusched.store.nodes import NODE_DOWN, NODE_DRAINED, NODE_UP
 
 log = logging.getLogger("gpusched.cluster")
@@ -190,10 +190,11 @@ class ClusterAgent:
 
     # -- views and an administrator's drain --------------------------------------------
 
-    def nodes(self) -> list[NodeStatus]:
-        """Every node of the cluster; one whose lease ran out shows `down` already."""
+    def nodes(self, rows: list[NodeRow] | None = None) -> list[NodeStatus]:
+        """Every node of the cluster; one whose lease ran out shows `down` already.
+        `rows`: the nodes as read already (store.jobs.active_page), else read here."""
         shown = []
-        for row in self.node_records.node_rows():
+        for row in self.node_records.node_rows() if rows is None else rows:
             state = NODE_DOWN if row.expired and row.state != NODE_DRAINED else row.state
             gpus = [
                 dataclasses.replace(GpuReport.from_json(g), node=row.name)
@@ -207,11 +208,11 @@ class ClusterAgent:
         return self.status_view(lambda: running)[0]
 
     def status_view(
-        self, running: Callable[[], list[Job]]
+        self, running: Callable[[], list[Job]], node_rows: list[NodeRow] | None = None
     ) -> tuple[list[GpuReport], list[NodeStatus]]:
-        """Both from one read of the nodes' reports (running jobs are not read: each
-        node's report already counts its own)."""
-        nodes = self.nodes()
+        """Both from one read of the nodes' reports, `node_rows` if given (running jobs
+        are not read: each node's report already counts its own)."""
+        nodes = self.nodes(node_rows)
         return [g for node in nodes for g in node.gpus if node.state != NODE_DOWN], nodes
 
     def gpus_by_node(self) -> dict[str, list[GpuState]]:
