@@ -143,3 +143,18 @@ def test_low_utilization_on_an_idle_card_is_a_data_or_cpu_problem() -> None:
 
 def test_partly_shared_low_utilization_blames_neither() -> None:
     assert job_hints(_facts(contended_fraction=0.3, shared_with=(12,), shared_gpus=(0,))) == []
+
+
+def test_a_swinging_job_beside_an_idle_one_is_not_taking_turns_at_its_peaks() -> None:
+    """Judged on each poll's own device figure, a job waiting on data that peaks at 95 %
+    on a card it shares with an idle job reads the card saturated at its peaks; it kept
+    it busy by itself (its own figure is the device's, the neighbour reads 2 %), so
+    those polls are its demand, not time slices, and the data hint still applies
+    (tests/test_usage_end_to_end.py lost its DataLoader hint to this)."""
+    cycle = [0.0, 95.0, 10.0, 90.0, 5.0] * 4
+    tracker = _track(cycle, cycle, [{9: 2.0}] * len(cycle))
+    assert tracker.contended_fraction() == 0.0
+    assert tracker.demand() == pytest.approx(sum(cycle) / len(cycle) / 100, abs=0.001)
+    # A busy neighbour at the same peaks: those are turns taken, as before.
+    shared = _track(cycle, cycle, [{9: 40.0}] * len(cycle))
+    assert shared.contended_fraction() == pytest.approx(0.2)

@@ -50,6 +50,10 @@ BUSY_DEVICE_PERCENT = 95.0
 MIN_DEMAND_POLLS = 3
 # A neighbour taking at least this share of a saturated card in a poll is "also busy".
 BUSY_NEIGHBOUR_PERCENT = 25.0
+# Neighbours all under this (and the job's own figure within it of the device's): the
+# card was busy with the job's own work, not theirs (two busy jobs split a poll as
+# unevenly as 80/20: that is a time slice).
+IDLE_NEIGHBOUR_PERCENT = 5.0
 # Less than this fraction of a job's polls on a saturated shared card: sharing cost it
 # nothing worth saying.
 MIN_CONTENDED_FRACTION = 0.2
@@ -87,7 +91,7 @@ class DemandTracker:
         alone = not poll.neighbours and not poll.outsiders
         if alone:
             self._demand(poll.device_percent)
-        elif poll.device_percent < BUSY_DEVICE_PERCENT:
+        elif poll.device_percent < BUSY_DEVICE_PERCENT or _busy_by_itself(poll):
             if poll.own_percent is not None:
                 self._demand(poll.own_percent)
         elif poll.sampled:
@@ -149,6 +153,20 @@ class DemandTracker:
     def from_state(cls, state: Mapping[str, Any] | None) -> DemandTracker:
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in (state or {}).items() if k in names})
+
+
+def _busy_by_itself(poll: CardPoll) -> bool:
+    """A saturated shared card that the job kept busy by itself in this poll: its own
+    figure is about the device's and no neighbour took a busy share (a job swinging
+    0-95 % beside an idle one peaks at 95 %: that is its demand, not a time slice)."""
+    own = poll.own_percent
+    if own is None or poll.device_percent is None or poll.outsiders:
+        return False
+    if poll.device_percent - own >= IDLE_NEIGHBOUR_PERCENT:
+        return False
+    return not any(
+        figure is None or figure >= IDLE_NEIGHBOUR_PERCENT for figure in poll.neighbours.values()
+    )
 
 
 def card_polls(
