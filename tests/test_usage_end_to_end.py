@@ -40,7 +40,10 @@ def wait_all(
 def test_usage_is_measured_shown_and_earns_the_right_hints(
     daemon_factory: Any, fake_nvml: FakeNvml
 ) -> None:
-    fake_nvml.set_gpus([24 * GiB] * 5)
+    # A card for each of the six jobs: each one's figures are its own (judged poll by
+    # poll, a job sharing a card with a busy one is partly taking turns, and its hints
+    # then blame neither its data nor contention).
+    fake_nvml.set_gpus([24 * GiB] * 6)
     daemon = start(daemon_factory, fake_nvml)
     # A well-sized, busy job: figures recorded, no hint.
     steady = gpu_job(daemon, fake_nvml, "8G", "--mem", "7.5G", "--util", "85", "--hold", "7")

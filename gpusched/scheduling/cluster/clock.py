@@ -7,19 +7,29 @@ renewed; the offset is taken against the middle of the round trip, so it is off 
 most half of it). So every timestamp a daemon writes (submitted, started, ended) reads on
 one clock, whichever server wrote it. The monotonic clock stays this server's: it times
 intervals (a lease's deadline), which no offset may move.
+
+Of the recent renewals (RECENT), the offset of the one with the shortest round trip is
+kept: its error bound is the smallest. A round trip stretched by load or a lock wait (on
+a busy 2-core machine, tens of milliseconds) would otherwise move every timestamp this
+daemon writes by up to half of it, and a job's end, on this daemon's clock, could read
+later than the next job's start on that card, written on the database's.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from datetime import datetime, timedelta
 
 from gpusched.scheduling.context import TickClock
+
+RECENT = 8  # renewals whose round trips are compared
 
 
 class ClusterClock:
     def __init__(self, local: TickClock) -> None:
         self.local = local
         self.offset_s = 0.0  # the database's clock less this server's (0 until learnt)
+        self._recent: deque[tuple[float, float]] = deque(maxlen=RECENT)  # (round trip, offset)
 
     def __call__(self) -> datetime:
         return self.local() + timedelta(seconds=self.offset_s)
@@ -31,4 +41,5 @@ class ClusterClock:
         """The database's time `database_s` (seconds since 1970) was read by a statement
         sent at `sent` and answered at `answered` (this server's wall clock)."""
         middle = sent + (answered - sent) / 2
-        self.offset_s = database_s - middle.timestamp()
+        self._recent.append(((answered - sent).total_seconds(), database_s - middle.timestamp()))
+        self.offset_s = min(self._recent)[1]
