@@ -46,7 +46,7 @@ from gpusched.scheduling.ownership import Ownership
 from gpusched.scheduling.policy_inputs import capacity_bytes
 from gpusched.scheduling.ratelog import RateLimitedLog
 from gpusched.store import TimelineWrite
-from gpusched.usage.monitor import final_usage, oom_cause
+from gpusched.usage.ending import final_usage, oom_cause
 from gpusched.usage.oom import retry_mem
 
 log = logging.getLogger("gpusched.scheduler")

@@ -2,14 +2,11 @@
 
 `plan()` takes plain data (GPUs as read now, the claims of running jobs, the jobs
 that may start, the head's stored claim) and returns plain data (which job goes where,
-why each other job waits, and the head's claim to store). No I/O, no clock, no
-randomness: tests drive it with hypothesis and the benchmarks call it in a loop.
+why each other job waits, the head's claim to store). No I/O, no clock, no randomness.
 
-What a GPU has left is module gpu_budget's: NVML's free memory, minus the headroom,
-minus for each running gpusched job max(0, declared - what its processes use now) (a
-job that has not allocated yet still holds its whole claim; a whole-GPU job, lost and
-excluded GPUs leave nothing). Optional compute cap: with `busy_util` set, a GPU whose
-load is at or above it takes no new job (gpu_budget.compute_load).
+What a GPU has left is gpu_budget's: NVML's free memory less the headroom and, for each
+running gpusched job, what it declared and has not allocated yet (`busy_util`: a GPU
+loaded at or above it takes no new job).
 
 The order. Jobs an administrator put first (`gpusched top`) go first, in the order they
 were put there. Then users take turns: the user with the fewest placements so far in
@@ -18,7 +15,7 @@ memory-time, `decayed_usage`), then to the one whose next job was submitted firs
 user's own jobs go by their `--priority` (higher first), then submit order: a priority
 never passes another user's job. Taking turns means a user with no recent use cannot
 fill every free slot in one pass. Per-array (`--max-concurrent`) and per-user caps
-(`limits:` max_running, max_mem) hold a job back with a reason; such a job claims no GPU.
+(`limits:`) hold a job back with a reason; such a job claims no GPU.
 
 How a card is chosen (one ordered rule; docs/operations.md "How a card is chosen"):
 
@@ -29,13 +26,11 @@ How a card is chosen (one ordered rule; docs/operations.md "How a card is chosen
    card only when the head still fits there once the jobs it waits for end (memory
    backfill), or when its own --time ends before the head's earliest start (time
    backfill). A job that could not fit even on empty GPUs claims nothing.
-2. A job does not take the only cards a waiting larger job could use (prefers the cards
-   fewer larger waiting jobs could ever fit on).
+2. A job does not take the only cards a waiting larger job could use.
 3. Contention (`pack: contention`, the default; `pack: memory` skips it). A job's
    demand is the share of a card's busy time it needs alone (measured while it runs,
-   else its history: the same sweep, --name or command); unknown counts as busy when
-   choosing, `--share` as light. Each choice below was tuned on benchmarks/packing.py
-   against the sharing measured on an H200 (docs/benchmarks.md):
+   else its history); unknown counts as busy when choosing, `--share` as light. Each
+   choice was tuned on benchmarks/packing.py (docs/benchmarks.md, with its gains):
    a. Quiet first: a card whose jobs' demands plus this job's stay within 100 %; among
       quiet cards, one with no busy job (a job that waits on data beside a busy one has
       its bursts stretched about 2x: FIELD.md's C+S row).
@@ -45,23 +40,18 @@ How a card is chosen (one ordered rule; docs/operations.md "How a card is chosen
       yet counts for nothing, one placed in this plan with no history as busy). No
       quiet card: a job of unknown demand takes a card not full, of those one not busy
       yet, then it or a `--share` job the least loaded card.
-   c. A job waits for a quieter card, whatever its wait so far (a time limit made every
-      busy job of a long queue share, and cost 5x in slowdown): a busy one (demand >=
+   c. A job waits for a quieter card, whatever its wait so far: a busy one (demand >=
       50 %) when every card it fits on is busy already; a light one when none stays
-      quiet with it; one of unknown demand only when every card it fits on is full,
-      where a job of any demand would wait, so it never waits because its demand is
-      unknown (issue 25); a `--share` job never. Its bound: the first such job in the
-      order keeps the card(s) whose busy jobs (else all their jobs) end soonest (by
-      --time, else the fewest such jobs, then the most room); no job behind it starts
-      there, so it starts once those jobs end, as the memory head does (rule 1). The
-      others wait behind it. What each part gained on benchmarks/packing.py is in
-      docs/benchmarks.md (lab mix, mean slowdown 1.32 before, 1.10 after).
+      quiet with it; one of unknown demand only where every card it fits on is full (it
+      never waits because its demand is unknown); a `--share` job never. Its bound: the
+      first such job in the order keeps the card(s) whose busy jobs (else all) end
+      soonest; no job behind it starts there, so it starts once those end (rule 1's way).
    `--exclusive`: a card with no other gpusched job, which then takes none.
 4. A multi-GPU job gets the tightest set by NVML topology (common ancestor level).
 5. Among what remains, the most available memory (`placement: most-free`, the default,
-   the mission's rule), or the least that fits (`placement: best-fit`); ties to the
-   lower index. A whole-GPU job (no --mem) needs a card with no gpusched job on which
-   other processes hold at most WHOLE_GPU_OTHERS_MAX (10 %) of the memory.
+   the mission's rule), or the least that fits (`placement: best-fit`); ties to the lower
+   index. A whole-GPU job (no --mem) needs a card with no gpusched job, others' processes
+   holding at most WHOLE_GPU_OTHERS_MAX (10 %) of it.
 """
 
 from __future__ import annotations

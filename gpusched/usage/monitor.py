@@ -26,19 +26,15 @@ import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Any
 
 import psutil
 
-from gpusched.core.hints import JobFacts, job_hints, over_declared_hint
+from gpusched.core.hints import JobFacts, over_declared_hint
 from gpusched.core.models import GpuHealth, GpuProcess, GpuState, Job, TimelinePoint
 from gpusched.core.units import format_size
 from gpusched.store import Queued, Timeline, TimelineWrite, Usage
-from gpusched.usage import oom
 from gpusched.usage.demand import card_polls
 from gpusched.usage.demand_history import DemandHistory
-from gpusched.usage.joblog import read_tail
 from gpusched.usage.timeline import TimelineBuffer
 from gpusched.usage.tracker import UsageTracker, job_utilization, overrun_limit, smooth
 
@@ -354,65 +350,3 @@ def _fullest_card(
         return None
     free, index, total, used = min(seen)
     return {"index": index, "free_bytes": free, "total_bytes": total, "held_bytes": used}
-
-
-# -- how a job ended: out of memory?, its retry, its final figures ----------------------------
-
-
-def oom_cause(job: Job, tracker: UsageTracker | None, headroom_bytes: int) -> str | None:
-    """Why a job that failed ran out of GPU memory (gpusched.usage.oom), or None."""
-    return oom.oom_cause(
-        # A log at the user's own path (--output) is read only if it is theirs.
-        log_tail=read_tail(job.log_path, owner=job.uid if job.output else None),
-        mem=job.mem,
-        peak_mem=max(job.peak_mem or 0, 0 if tracker is None else tracker.peak_mem),
-        last_card=None if tracker is None else oom.CardSeen.from_state(tracker.last_card),
-        headroom_bytes=headroom_bytes,
-    )
-
-
-def final_usage(
-    job: Job,
-    tracker: UsageTracker,
-    *,
-    state: str,
-    reason: str,
-    ended_at: str,
-    min_runtime_s: float,
-    card_bytes: int | None,
-    retry: Job | None = None,
-    retry_refused: str | None = None,
-    oom_next_mem: int | None = None,
-) -> dict[str, Any]:
-    """The store columns written with a job's end: its figures and its hints."""
-    runtime = None
-    if job.started_at is not None:
-        runtime = (
-            datetime.fromisoformat(ended_at) - datetime.fromisoformat(job.started_at)
-        ).total_seconds()
-    summary = tracker.summary()
-    facts = JobFacts(
-        mem=job.mem,
-        state=state,
-        reason=reason,
-        runtime_s=runtime,
-        peak_mem=summary["peak_mem"],
-        util_mean=tracker.util_mean,
-        util_min=tracker.util_min,
-        util_max=tracker.util_max,
-        util_stddev=tracker.util_stddev,
-        util_samples=tracker.util_samples,
-        card_bytes=card_bytes,
-        retried_as=None if retry is None else retry.id,
-        retry_mem=None if retry is None else retry.mem,
-        retry_refused=retry_refused,
-        oom_next_mem=oom_next_mem,
-        contended_fraction=tracker.sharing.contended_fraction(),
-        shared_with=tuple(tracker.sharing.shared_with),
-        shared_gpus=tuple(tracker.sharing.shared_gpus),
-        sharing_speed=summary["sharing_speed"],
-    )
-    values = UsageMonitor.columns(tracker)
-    values["peak_mem"] = summary["peak_mem"]
-    values["hints"] = job_hints(facts, min_runtime_s)
-    return values

@@ -10,11 +10,10 @@ recorded), and so are the jobs it queued again (`--requeue`) whose runs still go
 and that have not started elsewhere since (taken back, not run twice). Then ask the
 node's running jobs that were cancelled from elsewhere to stop; settle the running rows
 it does not hold as the database does (a write whose answer was lost: cluster.strays);
-if elected (one daemon at
-a time, through the `leases` row), schedule the cluster (cluster.elected: the shared
-pass rules over every node); and start the jobs placed on this node, each only while
-this node is inside its launch deadline (cluster.node; the starter checks it again once
-its claim has committed, and the supervisor before exec).
+if elected (one daemon at a time, through the `leases` row), schedule the cluster
+(cluster.elected: the shared pass rules over every node); and start the jobs placed on
+this node, each only while this node is inside its launch deadline (cluster.node; the
+starter checks it again once its claim has committed, and the supervisor before exec).
 Between passes the daemon calls `poll` every half second: placements on this node and
 cancels of its jobs take effect at once, whatever poll_interval is.
 
@@ -29,15 +28,7 @@ import logging
 from collections.abc import Callable
 
 from gpusched.core.errors import ConfigError
-from gpusched.core.models import (
-    Drain,
-    EndReason,
-    GpuReport,
-    GpuState,
-    Job,
-    JobState,
-    NodeStatus,
-)
+from gpusched.core.models import Drain, EndReason, GpuReport, GpuState, Job, JobState, NodeStatus
 from gpusched.processes.launching import OutcomeKind
 from gpusched.processes.output import job_log_path
 from gpusched.scheduling.cluster.clock import ClusterClock
