@@ -36,21 +36,20 @@ from gpusched.processes import cgroups
 from gpusched.processes.durable import write_json_atomically
 from gpusched.processes.exit_watcher import ExitWatcher
 from gpusched.processes.launching import Outcome, OutcomeKind, Started, StartError, start_error
+from gpusched.processes.move_warmer import MoveWarmer
 from gpusched.processes.output import job_log_path
 from gpusched.processes.pidref import is_same_process, process_start_time
 from gpusched.processes.zygote import recorded_pid, recorded_supervisor
 
 log = logging.getLogger("gpusched.launcher")
 
-# How long a fork request may wait for the zygote's answer. The first request after a
-# (re)start waits for its interpreter to come up (a fraction of a second, more on a
-# loaded machine); a fork itself takes about a millisecond.
+# How long a fork request may wait for the zygote's answer: the first after a (re)start
+# waits for its interpreter (a fraction of a second); a fork takes about a millisecond.
 ZYGOTE_REPLY_TIMEOUT_S = 10.0
 
-
 SUPERVISOR_MODULE = "gpusched.processes.supervisor"
-# Module paths that supervisors started by earlier versions run: after an upgrade in place
-# a job whose pid was never recorded is still found by its supervisor's command line.
+# Earlier versions' supervisor modules: after an upgrade in place, a job whose pid was
+# never recorded is still found by its supervisor's command line.
 LEGACY_SUPERVISOR_MODULES: tuple[str, ...] = ("gpusched.supervisor",)
 
 
@@ -111,6 +110,7 @@ class Launcher:
         self._zygote_lock = threading.Lock()
         self._zygote_warned = False
         self._service: cgroups.MemoryCgroup | None = None  # jobs' cgroups go under it
+        self._warmer: MoveWarmer | None = None  # with job cgroups: their moves' lock
 
     def protect(self) -> None:
         """At the daemon's start (as root): protect it from the OOM killer (the zygote and
@@ -127,13 +127,9 @@ class Launcher:
         if self._service is None:
             log.warning("no writable memory cgroup: jobs share the daemon's (no host_oom)")
         else:
-            log.info(
-                "cgroups (v%s): daemon in %s/%s, each job in %s/job-ID",
-                self._service.version,
-                self._service.path,
-                cgroups.DAEMON_LEAF,
-                self._service.path,
-            )
+            self._warmer = MoveWarmer(self._service.path / cgroups.DAEMON_LEAF)
+            v, where = self._service.version, self._service.path
+            log.info("cgroups (v%s): daemon in %s/daemon, each job in %s/job-ID", v, where, where)
 
     # -- the zygote ---------------------------------------------------------------------
 
@@ -245,6 +241,8 @@ class Launcher:
         self, job: Job, env: dict[str, str], umask: int, gid: int, exec_by: float | None = None
     ) -> Started:
         """Hand the job to a new supervisor. Raises StartError with a message for the owner."""
+        if self._warmer is not None:  # its supervisor's cgroup move waits less
+            self._warmer.warm()
         try:
             entry = pwd.getpwuid(job.uid)
         except KeyError:
@@ -331,6 +329,8 @@ class Launcher:
         self._watcher.watch(job_id, pid, start_time)
 
     def _exits(self, job_ids: list[int]) -> None:
+        if self._warmer is not None:  # an end usually starts the next job: warm its move
+            self._warmer.warm()
         self._reap_children()
         for job_id in job_ids:
             try:
@@ -395,3 +395,5 @@ class Launcher:
         with self._zygote_lock:
             self._stop_zygote_locked(kill=False)
         self._watcher.close()
+        if self._warmer is not None:
+            self._warmer.close()
