@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from gpusched.scheduling.gpu_budget import GpuSlot, PlanGpu, RunningClaim, by_room
 from gpusched.scheduling.gpu_choice import CalmRoom, Needs, contention_wait
-from gpusched.scheduling.policy import WaitingJob, plan
+from gpusched.scheduling.policy import UserCap, WaitingJob, plan
 from gpusched.scheduling.policy_inputs import WaitingJobs
 from gpusched.scheduling.turns import in_turns, own_order
 from gpusched.store import Queued
@@ -230,3 +230,51 @@ def test_plans_are_those_of_the_plain_scan(
         assert fast.waiting_reasons == slow.waiting_reasons
         assert fast.quieter == slow.quieter
         assert fast.head_claim == slow.head_claim
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    contention_snapshots(),
+    st.sampled_from(["most-free", "best-fit"]),
+    st.none() | st.integers(1, 3),
+)
+def test_the_queue_s_tail_gets_the_reasons_consider_gives(
+    snapshot: tuple[list[GpuSlot], list[RunningClaim], list[WaitingJob]],
+    placement: str,
+    max_jobs: int | None,
+) -> None:
+    """The last user's tail takes an ask's "too few cards" reason inline (`plan`'s loop)
+    only where `consider` would give the same first thing: a job with an array cap that
+    never binds goes through `consider` every time, and its plan is the same."""
+    gpus, running, waiting = snapshot
+    plain = [dataclasses.replace(j, array_cap=10**9) for j in waiting]  # no array_id: no cap
+    for pack in ("contention", "memory"):
+        fast = plan(gpus, running, waiting, 0, max_jobs, placement=placement, pack=pack)
+        slow = plan(gpus, running, plain, 0, max_jobs, placement=placement, pack=pack)
+        assert fast.placements == slow.placements
+        assert fast.waiting_reasons == slow.waiting_reasons
+        assert fast.quieter == slow.quieter
+        assert fast.head_claim == slow.head_claim
+
+
+def test_a_cap_still_speaks_first_in_the_queue_s_tail() -> None:
+    """The tail's inline reason is that of an ask that found too few cards; a job held back
+    by its array's or its owner's cap is told that instead, as `consider` says first."""
+    full = GpuSlot("GPU-0", 0, 80 * G, 80 * G)  # held whole by job 1, nothing used yet
+    running = [
+        RunningClaim(1, ("GPU-0",), None, user="bob", array_id=5),
+        RunningClaim(2, ("GPU-0",), 4 * G, user="bob"),
+    ]
+    waiting = [
+        WaitingJob(10, 8 * G, user="alice"),  # the head: it keeps the card
+        WaitingJob(11, 8 * G, user="alice"),  # the same ask: too few cards, said once
+        WaitingJob(12, 8 * G, user="bob", array_id=5, array_cap=1),
+        WaitingJob(13, 8 * G, user="bob"),
+    ]
+    caps = {"bob": UserCap(max_running=2)}
+    usage = {"alice": 0.0, "bob": 1.0}  # alice's turn first: bob is the last user
+    for pack in ("contention", "memory"):
+        result = plan([full], running, waiting, user_caps=caps, user_usage=usage, pack=pack)
+        assert result.placements == []
+        assert result.waiting_reasons[12].startswith("array limit: 1 of array a5 running")
+        assert result.waiting_reasons[13].startswith("user limit: bob has 2 running")

@@ -13,28 +13,25 @@ page reads the same figure (`usage_by_user`) whoever waits.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from datetime import datetime, timedelta
-from operator import attrgetter
 
 from gpusched.core.clock import iso
 from gpusched.core.models import GpuState, Job
 from gpusched.scheduling.policy import UsageSpan, decayed_usage
 from gpusched.scheduling.policy_inputs import epoch_seconds
-from gpusched.store import Jobs, Queued
-
-_user = attrgetter("user")
+from gpusched.store import Jobs
 
 
 def recent_usage(
     jobs: Jobs,
-    waiting: Sequence[Queued],
+    waiting_users: Set[str],
     gpus: Sequence[GpuState],
     now: datetime,
     half_life_s: float,
 ) -> dict[str, float]:
     """Recent decayed GPU memory-time per user; empty when fewer than two users wait."""
-    if len(set(map(_user, waiting))) < 2:  # a C loop: the queue may be long
+    if len(waiting_users) < 2:
         return {}
     return usage_by_user(jobs, {g.uuid: g.total_bytes for g in gpus}, now, half_life_s)
 

@@ -116,7 +116,8 @@ def decide(
                         wanted, demand=demand, owner_runs=owner_runs, waited_s=waited
                     )
             waiting.append(wanted)
-    users = set(map(_user, holding)) | set(map(_user, admitted.eligible))  # C loops
+    waiting_users = set(map(_user, admitted.eligible))  # a C loop, once: the queue may be long
+    users = set(map(_user, holding)) | waiting_users
     head = StoredHeadClaim(context.store.head_claims)
     result = plan(
         slots,
@@ -125,7 +126,7 @@ def decide(
         config.headroom_bytes,
         config.max_jobs_per_gpu,
         user_caps={user: user_cap(config, user) for user in users},
-        user_usage=recent_usage(jobs, admitted.eligible, gpus, now, config.fair_share_half_life_s),
+        user_usage=recent_usage(jobs, waiting_users, gpus, now, config.fair_share_half_life_s),
         busy_util=config.busy_util,
         head_claim=head.get(),
         topology=topology,
@@ -135,4 +136,8 @@ def decide(
     head.keep(result.head_claim)
     if result.quieter or waits:
         waits.note(result.quieter, {job.id for job in admitted.eligible}, now_s)
-    return Plan(result.placements, {**reasons, **result.waiting_reasons}, result.budgets)
+    if reasons:  # else the plan's own (a long queue's reasons are not copied)
+        result.waiting_reasons.update(
+            {k: v for k, v in reasons.items() if k not in result.waiting_reasons}
+        )
+    return Plan(result.placements, result.waiting_reasons, result.budgets)

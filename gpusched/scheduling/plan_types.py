@@ -7,10 +7,13 @@ policy's inputs and outputs without reading its rules; `policy` re-exports them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gpusched.scheduling.gpu_budget import GpuBudget
 from gpusched.scheduling.head_claim import HeadClaim
+
+# A waiting job's ask, as `plan()` memoises answers by: see WaitingJob.ask.
+Ask = tuple[int | None, int, frozenset[str] | None, bool, float | None]
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,13 @@ class WaitingJob:
     time_limit_s: float | None = None  # --time: it ends by then (time backfill)
     waited_s: float = 0.0  # how long rule 3 has held it for a quieter card (its reason)
     top: int | None = None  # put first by an administrator (`gpusched top`): lower first
+    # What `plan()` memoises its answers by (memory, cards, cards allowed, --exclusive,
+    # --time): built with the view, which a placer keeps across passes, not per pass.
+    ask: Ask = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        ask = (self.mem_bytes, self.gpu_count, self.gpu_keys, self.exclusive, self.time_limit_s)
+        object.__setattr__(self, "ask", ask)
 
 
 @dataclass(frozen=True)

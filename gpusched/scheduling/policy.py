@@ -79,7 +79,7 @@ from gpusched.scheduling.gpu_choice import (
     fits_now,
 )
 from gpusched.scheduling.head_claim import HeadClaim, Kept, keep_for
-from gpusched.scheduling.plan_types import Placement, Plan, UserCap, WaitingJob
+from gpusched.scheduling.plan_types import Ask, Placement, Plan, UserCap, WaitingJob
 from gpusched.scheduling.quieter_cards import (
     SHOWN_CARDS,
     busy_cards,
@@ -91,6 +91,7 @@ from gpusched.scheduling.quieter_cards import (
 from gpusched.scheduling.turns import UsageSpan, decayed_usage, in_turns, passed_by, submit_place
 from gpusched.scheduling.waiting_reasons import Claims, claimed_bytes, over_mem_cap, why_not
 from gpusched.scheduling.waiting_reasons import need as _need
+from gpusched.scheduling.waiting_reasons import running_tallies as _tallies
 
 __all__ = [
     "HeadClaim",
@@ -129,15 +130,7 @@ def plan(
     reasons: dict[int, str] = {}
     caps = user_caps or {}
     by_uuid = {gpu.slot.uuid: gpu for gpu in state}
-    user_running: dict[str, int] = {}
-    user_bytes: dict[str, int] = {}
-    array_running: dict[int, int] = {}
-    for claim in running:
-        user_running[claim.user] = user_running.get(claim.user, 0) + 1
-        on = [by_uuid[u] for u in claim.gpu_uuids if u in by_uuid]
-        user_bytes[claim.user] = user_bytes.get(claim.user, 0) + claimed_bytes(claim.mem_bytes, on)
-        if claim.array_id is not None:
-            array_running[claim.array_id] = array_running.get(claim.array_id, 0) + 1
+    user_running, user_bytes, array_running = _tallies(running, by_uuid)
     usage = user_usage or {}
     needs = Needs(waiting, state)
     calm = CalmRoom()  # rule 3c's calm cards of `room`, listed once per change of it
@@ -147,7 +140,6 @@ def plan(
     # changes the GPUs: memoised, a pass over 10,000 waiting jobs stays cheap.
     room: list[PlanGpu] | None = None  # open unclaimed GPUs, most available first
     claims: Claims | None = None  # for waiting reasons; None: build it when next needed
-    Ask = tuple[int | None, int, frozenset[str] | None, bool, float | None]
     why_by_need: dict[Ask, str] = {}
     no_room: dict[Ask, str] = {}  # asks that found too few cards, and their reason
     # Asks of unknown demand held for a quieter card behind the job the cards are kept
@@ -268,7 +260,7 @@ def plan(
                     f"user limit: {job.user} has {count} running (max_running {cap.max_running})"
                 )
                 return False
-        key = (job.mem_bytes, job.gpu_count, job.gpu_keys, job.exclusive, job.time_limit_s)
+        key = job.ask
         unknown = job.demand is None and not job.share
         # The reason a job with the same ask got just before holds for this one too when
         # nothing changed the cards since (inline: it is asked for every waiting job).
@@ -380,12 +372,17 @@ def plan(
     while turns:
         taken, used, _, user = heapq.heappop(turns)
         queue = queues[user]
-        if not turns:  # the last user left: the rest of its queue in order, no turns
-            for job in reversed(queue):
-                consider(job)
-            break
-        while queue:  # this user's jobs for as long as the user stays first
-            taken += consider(queue.pop())
+        # An ask that found too few cards since they changed is told so first thing in
+        # `consider` (no cap or held ask before it): inline, a long queue costs a look-up
+        # a job.
+        capped = (cap := caps.get(user)) is not None and cap.max_running is not None
+        while queue:  # this user's jobs for as long as the user stays first (or is last)
+            job = queue.pop()
+            said = no_room.get(job.ask) if kept is not None and job.array_cap is None else None
+            if said is not None and not capped and job.ask not in held_unknown:
+                reasons[job.job_id] = said
+            else:
+                taken += consider(job)
             if queue and turns:
                 turn = (taken, used, submit_place(queue[-1]), user)
                 if turn > turns[0]:

@@ -45,9 +45,12 @@ def in_turns(
         )
         plain = [j for j in waiting if j.top is None]
     # Each user's jobs in the order given (a stable sort by user keeps it), for `_sort_own`.
-    if len(set(map(_user, plain))) > 1:
+    users = set(map(_user, plain))
+    if len(users) == 1:  # one user: the queue is theirs as it stands (a common long queue)
+        queues = {users.pop(): plain}
+    else:
         plain.sort(key=_user)
-    queues = {user: list(jobs) for user, jobs in groupby(plain, key=_user)}
+        queues = {user: list(jobs) for user, jobs in groupby(plain, key=_user)}
     for queue in queues.values():
         _sort_own(queue)
     return topped, queues

@@ -4,18 +4,19 @@ Pure, split from policy.py. A reason names what holds the job back: too few usab
 the compute cap, `max_jobs_per_gpu`, other processes on a card a whole-GPU job needs,
 a card kept for the head (rule 1), or the most memory any card has; in a cluster each
 card is named with its node. Also the per-user memory cap (`limits:` max_mem): what a
-job's GPUs count against it (`claimed_bytes`) and the reason when it would pass it.
+job's GPUs count against it (`claimed_bytes`, `running_tallies`) and the reason when
+it would pass it.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from gpusched.core.units import format_size
-from gpusched.scheduling.gpu_budget import PlanGpu
+from gpusched.scheduling.gpu_budget import PlanGpu, RunningClaim
 from gpusched.scheduling.gpu_choice import WHOLE_GPU_OTHERS_MAX
 
 if TYPE_CHECKING:
@@ -162,6 +163,23 @@ def _why_not_a_whole_card(
 def claimed_bytes(mem_bytes: int | None, gpus: Sequence[PlanGpu]) -> int:
     """Declared memory a job holds over its GPUs; a whole GPU counts as its total."""
     return sum(g.slot.total_bytes if mem_bytes is None else mem_bytes for g in gpus)
+
+
+def running_tallies(
+    running: Sequence[RunningClaim], by_uuid: Mapping[str, PlanGpu]
+) -> tuple[dict[str, int], dict[str, int], dict[int, int]]:
+    """What the caps count of the jobs running: each user's jobs and declared memory
+    (`claimed_bytes`), and each array's jobs."""
+    user_running: dict[str, int] = {}
+    user_bytes: dict[str, int] = {}
+    array_running: dict[int, int] = {}
+    for claim in running:
+        user_running[claim.user] = user_running.get(claim.user, 0) + 1
+        on = [by_uuid[u] for u in claim.gpu_uuids if u in by_uuid]
+        user_bytes[claim.user] = user_bytes.get(claim.user, 0) + claimed_bytes(claim.mem_bytes, on)
+        if claim.array_id is not None:
+            array_running[claim.array_id] = array_running.get(claim.array_id, 0) + 1
+    return user_running, user_bytes, array_running
 
 
 def over_mem_cap(
