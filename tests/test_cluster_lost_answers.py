@@ -10,6 +10,7 @@ the driver's own OperationalError, as the wait bound does (tests/world.py
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from sqlalchemy import event
 from sqlalchemy.exc import OperationalError
 
 from gpusched.core.models import JobState
+from gpusched.processes.pidref import process_start_time
 from gpusched.scheduling.cluster.agent import ClusterAgent
 from tests.fakes import GiB
 from tests.world import EXITED_0, World, make_cluster
@@ -159,3 +161,38 @@ def test_a_take_back_whose_answer_was_lost_still_records_the_job_s_end(
     b.finish(again, EXITED_0)
     b.tick()
     assert a.state(again) == JobState.DONE
+
+
+def test_an_interactive_claim_whose_answer_was_lost_still_starts_its_client_once(
+    pair: tuple[World, World],
+) -> None:
+    """An interactive job (`gpusched run`: its client is the job) placed on b, whose claim
+    commits but b hears an error: nothing is launched for it either way, so b must not
+    give it back or end it as a stray; its waiting client learns it runs (it reads the
+    row), and its report ends it, once."""
+    a, b = pair
+    client = subprocess.Popen(["sleep", "60"])
+    try:
+        job = a.submit(
+            8 * GiB,
+            allowed_nodes=("b",),
+            client_pid=client.pid,
+            client_start_time=process_start_time(client.pid),
+        )
+        a.tick()  # placed on b, where its client runs
+        caught = _answer_lost(b, _claim)
+        _failing_tick(b)
+        assert caught, "the claim was not made"
+        assert b.scheduler.interactive.wait_placed(job, 5).state == JobState.RUNNING
+        for _ in range(4):
+            a.tick()
+            b.tick()
+        placed = a.job(job)
+        assert (placed.state, placed.node, placed.pid) == (JobState.RUNNING, "b", client.pid)
+        assert b.launcher.started == []  # an interactive job is its client: never launched
+        b.scheduler.interactive.finish(b.job(job), 0, None)
+        b.tick()
+        assert a.state(job) == JobState.DONE
+    finally:
+        client.kill()
+        client.wait()
