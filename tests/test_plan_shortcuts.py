@@ -223,6 +223,20 @@ def test_plans_are_those_of_the_plain_scan(
     gpus, running, waiting = snapshot
     every = frozenset(g.uuid for g in gpus)
     plain = [dataclasses.replace(j, gpu_keys=every) for j in waiting]
+    _same_plans(gpus, running, waiting, plain, placement=placement, max_jobs=max_jobs)
+
+
+def _same_plans(
+    gpus: list[GpuSlot],
+    running: list[RunningClaim],
+    waiting: list[WaitingJob],
+    plain: list[WaitingJob],
+    *,
+    placement: str,
+    max_jobs: int | None,
+) -> None:
+    """`waiting` and `plain` (the same jobs, asked so that no shortcut applies) are
+    planned alike under either `pack`."""
     for pack in ("contention", "memory"):
         fast = plan(gpus, running, waiting, 0, max_jobs, placement=placement, pack=pack)
         slow = plan(gpus, running, plain, 0, max_jobs, placement=placement, pack=pack)
@@ -248,13 +262,7 @@ def test_the_queue_s_tail_gets_the_reasons_consider_gives(
     never binds goes through `consider` every time, and its plan is the same."""
     gpus, running, waiting = snapshot
     plain = [dataclasses.replace(j, array_cap=10**9) for j in waiting]  # no array_id: no cap
-    for pack in ("contention", "memory"):
-        fast = plan(gpus, running, waiting, 0, max_jobs, placement=placement, pack=pack)
-        slow = plan(gpus, running, plain, 0, max_jobs, placement=placement, pack=pack)
-        assert fast.placements == slow.placements
-        assert fast.waiting_reasons == slow.waiting_reasons
-        assert fast.quieter == slow.quieter
-        assert fast.head_claim == slow.head_claim
+    _same_plans(gpus, running, waiting, plain, placement=placement, max_jobs=max_jobs)
 
 
 def test_a_cap_still_speaks_first_in_the_queue_s_tail() -> None:
