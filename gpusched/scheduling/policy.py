@@ -241,6 +241,16 @@ def plan(
         held_unknown.clear()
         no_room.clear()
 
+    def told_before(job: WaitingJob) -> str | None:
+        """The reason a job with the same ask got since the cards last changed, where it
+        holds for this one too (asked after its caps)."""
+        if held_unknown and job.demand is None and not job.share:
+            held = held_unknown.get(job.ask)
+            if held is not None:
+                held_for_quieter.add(job.job_id)
+                return f"{held[0]}{so_far(job) if job.waited_s >= 60 else ''}{held[1]}"
+        return no_room.get(job.ask) if kept is not None and no_room else None
+
     def consider(job: WaitingJob) -> bool:
         """Place `job` if it can start now, else say why; True when it was placed."""
         nonlocal kept, room, claims
@@ -262,15 +272,7 @@ def plan(
                 return False
         key = job.ask
         unknown = job.demand is None and not job.share
-        # The reason a job with the same ask got just before holds for this one too when
-        # nothing changed the cards since (inline: it is asked for every waiting job).
-        said_before = None
-        if unknown and held_unknown and key in held_unknown:
-            held_for_quieter.add(job.job_id)
-            said, rest = held_unknown[key]
-            said_before = f"{said}{so_far(job) if job.waited_s >= 60 else ''}{rest}"
-        elif kept is not None and no_room:
-            said_before = no_room.get(key)
+        said_before = told_before(job)
         if said_before is not None:
             reasons[job.job_id] = said_before
             return False
@@ -372,14 +374,13 @@ def plan(
     while turns:
         taken, used, _, user = heapq.heappop(turns)
         queue = queues[user]
-        # An ask that found too few cards since they changed is told so first thing in
-        # `consider` (no cap or held ask before it): inline, a long queue costs a look-up
-        # a job.
+        # A job with no cap to ask gets what its ask was told before, where that holds,
+        # without the rest of `consider`: a long queue costs a look-up a job.
         capped = (cap := caps.get(user)) is not None and cap.max_running is not None
         while queue:  # this user's jobs for as long as the user stays first (or is last)
             job = queue.pop()
-            said = no_room.get(job.ask) if kept is not None and job.array_cap is None else None
-            if said is not None and not capped and job.ask not in held_unknown:
+            said = told_before(job) if job.array_cap is None and not capped else None
+            if said is not None:
                 reasons[job.job_id] = said
             else:
                 taken += consider(job)
