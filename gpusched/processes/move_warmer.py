@@ -12,8 +12,8 @@ So as soon as the daemon knows a start is likely (a job ended, or a pass launche
 a thread of its own writes the daemon's pid to the cgroup the daemon is already in:
 a move that changes nothing but starts the grace period. It passes while the daemon
 commits the start and the zygote forks the supervisor, and the supervisor's move then
-finds the lock warm. The write blocks only this thread; a request that comes while one
-is under way is merged into it. cgroup v2 mounted with `favordynmods` has no such wait,
+finds the lock warm. The write blocks only this thread; the requests that come while
+one is under way make one more move, not one each. cgroup v2 mounted with `favordynmods` has no such wait,
 and there this costs a system call a job.
 """
 
