@@ -16,6 +16,9 @@ from gpusched.store.database import Database
 from gpusched.store.rows import decode_json
 from gpusched.store.schema import head_claims
 
+# Built once, read at every pass: its cache key is hashed once (store.by_id).
+_CURRENT = select(head_claims.c.job_id, head_claims.c.gpu_uuids, head_claims.c.mem)
+
 
 @dataclass(frozen=True)
 class StoredClaim:
@@ -33,9 +36,7 @@ class HeadClaims:
     def current(self) -> StoredClaim | None:
         """The claim the last pass stored, if any."""
         with self.db.read() as conn:
-            row = conn.execute(
-                select(head_claims.c.job_id, head_claims.c.gpu_uuids, head_claims.c.mem)
-            ).first()
+            row = conn.execute(_CURRENT).first()
         if row is None:
             return None
         uuids = row.gpu_uuids if isinstance(row.gpu_uuids, list) else decode_json(row.gpu_uuids)
