@@ -13,10 +13,11 @@ stopped, for its end.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import bindparam, select, update
+from sqlalchemy import bindparam, or_, select, update
 from sqlalchemy.sql import Select, Update
 
 from gpusched.core.models import ACTIVE_STATES, JobState
@@ -63,15 +64,19 @@ JOB_AND_STOP_INTENT_BY_ID: Select[Any] = (
     .where(jobs.c.id == bindparam("job_id"))
 )
 
-# The bind parameters' names of TRANSITION: no column of `jobs` is called so, so the
-# values it sets can be passed beside them.
-TRANSITION_ID, TRANSITION_FROM = "transition_job_id", "transition_from_states"
-# A compare-and-set on one job (store.transitions): the values it sets are given at
-# execution, the SET clause made of their names (one compiled form per set of names).
-TRANSITION: Update = update(jobs).where(
-    jobs.c.id == bindparam(TRANSITION_ID),
-    jobs.c.state.in_(bindparam(TRANSITION_FROM, expanding=True)),
-)
+# The bind parameter of `transition`'s job id: no column of `jobs` is called so, so the
+# values it sets can be passed beside it.
+TRANSITION_ID = "transition_job_id"
+
+
+@functools.cache
+def transition(from_states: tuple[str, ...]) -> Update:
+    """A compare-and-set on one job from one of `from_states` (store.transitions), one
+    statement for each such tuple (a handful): the values it sets are given at execution,
+    the SET clause made of their names (one compiled form per set of names)."""
+    # Equalities, not IN: an IN list is expanded into the SQL at every execution.
+    in_state = or_(*(jobs.c.state == state for state in from_states))
+    return update(jobs).where(jobs.c.id == bindparam(TRANSITION_ID), in_state)
 
 
 def launch_parts(row: Sequence[Any]) -> tuple[Any, ...]:

@@ -129,11 +129,11 @@ class Jobs(JobReads):
         values: dict[str, Any],
         condition: ColumnElement[bool] | None = None,
     ) -> bool:
-        states = [str(s) for s in from_states]
+        states = tuple(str(s) for s in from_states)
         if condition is None and not any(isinstance(v, ClauseElement) for v in values.values()):
             # The statement built once (store.by_id), the values passed beside it.
-            params = {**values, by_id.TRANSITION_ID: job_id, by_id.TRANSITION_FROM: states}
-            return conn.execute(by_id.TRANSITION, params).rowcount == 1
+            params = {**values, by_id.TRANSITION_ID: job_id}
+            return conn.execute(by_id.transition(states), params).rowcount == 1
         where = [jobs.c.id == job_id, jobs.c.state.in_(states)]
         if condition is not None:
             where.append(condition)
