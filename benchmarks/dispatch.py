@@ -126,6 +126,23 @@ def supervisor_alone(root: Path, rounds: int = 100, tree: Path | None = None) ->
     return result
 
 
+def package_dir(tree: Path | None) -> str:
+    """Where the gpusched a daemon of `tree` imports lives (as the daemon is started:
+    same interpreter, same working directory, same PYTHONPATH)."""
+    env = {**os.environ, "PYTHONPATH": str(tree)} if tree is not None else None
+    found = subprocess.run(
+        [sys.executable, "-c", "import gpusched; print(gpusched.__file__)"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
+    ).stdout.strip()
+    where = Path(found).parent.parent
+    if tree is not None and where != tree:
+        sys.exit(f"--baseline-tree {tree}: its daemon would run {where}'s gpusched instead")
+    return str(where)
+
+
 def _release(fifo: Path) -> float:
     """Let the blocker end; returns the time the release was sent."""
     start = time.perf_counter()
@@ -285,6 +302,11 @@ def main() -> None:
     floor_cgroup = None if service is None else scratch_cgroup("gpusched-floor")
     with tempfile.TemporaryDirectory(prefix="gpusched-bench-") as tmp:
         root = Path(tmp)
+        # `python -m gpusched` puts the working directory first on sys.path, before
+        # PYTHONPATH: run from a checkout, every tree's daemon would be that checkout's.
+        os.chdir(root)
+        for name, tree in trees.items():
+            print(f"  {name}'s daemon runs {package_dir(tree)}")
         (root / "floor").mkdir()
         floor = Floor(root / "floor", floor_cgroup)
         try:

@@ -66,6 +66,7 @@ class FakeLauncher:
         self.outcomes: dict[int, Outcome] = {}
         self.stop_requests: list[int] = []  # job ids whose supervisor was asked to stop
         self.refuse: dict[int, str] = {}  # job id -> StartError message
+        self.busy: set[int] = set()  # job ids whose next start fails for now (transient)
         self.started: list[int] = []
         self.exec_by: dict[int, float | None] = {}  # job id -> the deadline it was given
 
@@ -78,6 +79,9 @@ class FakeLauncher:
         self.exec_by[job.id] = exec_by
         if job.id in self.refuse:
             raise StartError(self.refuse[job.id])
+        if job.id in self.busy:
+            self.busy.discard(job.id)
+            raise StartError("no tasks left", transient=True)
         pid = next(_FAKE_PIDS)
         self.running[job.id] = pid
         self.started.append(job.id)

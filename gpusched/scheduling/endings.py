@@ -246,7 +246,7 @@ class JobEndings:
 
     def settle(self, job_id: int, outcome: Outcome, *, durable: bool = True) -> None:
         """End a running job as its supervisor's `outcome` says, read with why it was stopped."""
-        job = self.jobs.get(job_id)
+        job, intent = self.jobs.job_and_stop_intent(job_id)  # one read: at every job's end
         lost_with_node = job.state == JobState.LOST and job.reason == EndReason.NODE_LOST
         waiting = job.state in (JobState.QUEUED, JobState.HELD)
         elsewhere = job.state == JobState.RUNNING and not self.node.owns(job)
@@ -255,7 +255,7 @@ class JobEndings:
             return
         if not (job.state == JobState.RUNNING or lost_with_node) or not self.node.owns(job):
             return  # ended already, or (cluster) not this node's: its end is not ours
-        intent, detail = self.jobs.launch_info(job_id).stop_intent, job.reason_detail
+        detail = job.reason_detail
         if intent is None:
             intent, detail = legacy_stop_intent(detail)
         if (

@@ -83,6 +83,14 @@ class InteractiveJobs:
         # Idleness is counted from a job's start, but not from before this daemon's start:
         # what a job did meanwhile is unknown, so a restart must not make it idle at once.
         self._since = context.clock()
+        # Whether a pass may skip reading the active interactive jobs (issue 30: one read
+        # less per job on a server that runs none): `_news` counts the interactive jobs
+        # submitted here (note_submitted), `_none_at` is its value before the last read
+        # that found none with a client here (None: some may exist). Interactive jobs
+        # are made only by a submit to the daemon their client talks to, this one; one
+        # seen running (observe_idle) makes the next pass read again all the same.
+        self._news = 0
+        self._none_at: int | None = None
 
     @property
     def config(self) -> Config:
@@ -92,9 +100,13 @@ class InteractiveJobs:
 
     def check_clients(self) -> None:
         """End the jobs whose client is gone; stop those past their time; back stops up."""
+        news = self._news
+        if self._none_at == news:
+            return  # none here at the last read, and none submitted since
         now = self.clock()
         # In a cluster, another server's client is no process here: its node checks it.
         active = [j for j in self.jobs.interactive_active() if self.endings.node.client_here(j)]
+        self._none_at = None if active else news
         for job in active:
             info = self.jobs.launch_info(job.id)
             if job.pid is None or not self.alive(job.pid, info.pid_start_time):
@@ -105,6 +117,11 @@ class InteractiveJobs:
         for table in (self._busy_at, self._stop_sent_at, self.warnings):
             for job_id in set(table) - ids:
                 del table[job_id]
+
+    def note_submitted(self) -> None:
+        """An interactive job was just queued here (after its commit): the next pass
+        checks the interactive jobs' clients again."""
+        self._news += 1
 
     def _client_gone(self, job: Job, intent: StopIntent | None) -> None:
         who = f"its client process (pid {job.pid})"
@@ -166,6 +183,7 @@ class InteractiveJobs:
         for job in running:
             if not job.interactive:
                 continue
+            self._none_at = None  # one is running: the next pass checks its client
             seen = evidence.get(job.id, Evidence.UNKNOWN)
             if seen != Evidence.QUIET:
                 self._busy_at[job.id] = now

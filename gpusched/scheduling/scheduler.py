@@ -171,6 +171,8 @@ class Scheduler:
             new.gpus,
             f", array a{jobs[0].array_id}" if as_array else "",
         )
+        if jobs[0].interactive:  # the next pass checks its client (interactive.py)
+            self.interactive.note_submitted()
         self.context.wake()
         return jobs
 

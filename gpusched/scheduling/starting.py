@@ -22,7 +22,7 @@ from gpusched.scheduling.endings import JobEndings
 from gpusched.scheduling.ownership import Ownership
 from gpusched.scheduling.policy import Placement
 from gpusched.scheduling.ratelog import RateLimitedLog
-from gpusched.store import NodeGuard
+from gpusched.store import LaunchInfo, NodeGuard
 
 log = logging.getLogger("gpusched.scheduler")
 
@@ -49,7 +49,8 @@ class JobStarter:
         by_uuid = {g.uuid: g for g in gpus}
         for placement in placements:
             chosen = [by_uuid[u] for u in placement.gpu_uuids]
-            self._launch(self.jobs.get(placement.job_id), chosen)
+            job, info = self.jobs.job_and_launch(placement.job_id)  # one read a start
+            self._launch(job, chosen, info=info)
 
     def start_placed(
         self, job: Job, gpus: list[GpuState], guard: NodeGuard, account: tuple[int, int]
@@ -69,10 +70,12 @@ class JobStarter:
         gpus: list[GpuState],
         guard: NodeGuard | None = None,
         local_gid: int | None = None,
+        *,
+        info: LaunchInfo | None = None,
     ) -> bool:
-        """Start a queued job on `gpus`."""
+        """Start a queued job on `gpus` (`info`: its launch parts, if read with its row)."""
         job_id = job.id
-        info = self.jobs.launch_info(job_id)
+        info = info or self.jobs.launch_info(job_id)
         gid = info.gid if local_gid is None else local_gid
         indices = [g.index for g in gpus]
         uuids = [g.uuid for g in gpus]
@@ -104,6 +107,10 @@ class JobStarter:
             )
         if not claimed:
             return False
+        if guard is None:
+            # The claim took the job out of the queue in one committed write: the next
+            # pass's queued() need not read the queue again for it (store.queue_marks).
+            self.jobs.left_queue([job_id])
         deadline = self.node.launch_deadline
         if guard is not None and self._past(deadline):
             # The claim's commit came back after this node's launch deadline: the cluster

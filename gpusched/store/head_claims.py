@@ -16,6 +16,12 @@ from gpusched.store.database import Database
 from gpusched.store.rows import decode_json
 from gpusched.store.schema import head_claims
 
+# Built once (read at every pass, written at most once a pass): their cache keys are
+# hashed once (store.by_id).
+_CURRENT = select(head_claims.c.job_id, head_claims.c.gpu_uuids, head_claims.c.mem)
+_FORGET = delete(head_claims)
+_KEEP = head_claims.insert()
+
 
 @dataclass(frozen=True)
 class StoredClaim:
@@ -33,9 +39,7 @@ class HeadClaims:
     def current(self) -> StoredClaim | None:
         """The claim the last pass stored, if any."""
         with self.db.read() as conn:
-            row = conn.execute(
-                select(head_claims.c.job_id, head_claims.c.gpu_uuids, head_claims.c.mem)
-            ).first()
+            row = conn.execute(_CURRENT).first()
         if row is None:
             return None
         uuids = row.gpu_uuids if isinstance(row.gpu_uuids, list) else decode_json(row.gpu_uuids)
@@ -45,10 +49,7 @@ class HeadClaims:
         """Replace the stored claim (None: no job is kept cards for)."""
         # Not fsynced: a claim lost to a power cut is chosen again by the next pass.
         with self.db.write(durable=False) as conn:
-            conn.execute(delete(head_claims))
+            conn.execute(_FORGET)
             if claim is not None:
-                conn.execute(
-                    head_claims.insert().values(
-                        job_id=claim.job_id, gpu_uuids=list(claim.gpu_uuids), mem=claim.mem
-                    )
-                )
+                values = {"job_id": claim.job_id, "gpu_uuids": list(claim.gpu_uuids)}
+                conn.execute(_KEEP, {**values, "mem": claim.mem})

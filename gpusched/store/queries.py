@@ -17,12 +17,12 @@ from sqlalchemy import ColumnElement, func, select
 
 from gpusched.core.errors import NotFoundError
 from gpusched.core.models import ACTIVE_STATES, TERMINAL_STATES, Job, JobState, StopIntent
-from gpusched.store import queue_marks
+from gpusched.store import by_id, queue_marks
 from gpusched.store.active_page import ActivePage, read_active_page
 from gpusched.store.database import Database
 from gpusched.store.queued import QUEUED_SELECT, Queued, queued_of
-from gpusched.store.rows import job_select, to_job
-from gpusched.store.schema import envs, jobs
+from gpusched.store.rows import JOB_COLUMNS, job_select, to_job
+from gpusched.store.schema import jobs
 
 _CHUNK = 200  # ids per read: within SQLite's variable limit, and 200 x 128K of commands
 
@@ -64,7 +64,7 @@ class JobReads:
 
     def get(self, job_id: int) -> Job:
         with self.db.read() as conn:
-            row = conn.execute(job_select().where(jobs.c.id == job_id)).first()
+            row = conn.execute(by_id.JOB_BY_ID, {"job_id": job_id}).first()
         if row is None:
             raise NotFoundError(f"no job {job_id}")
         return to_job(row)
@@ -72,30 +72,32 @@ class JobReads:
     def get_many(self, job_ids: Iterable[int]) -> dict[int, Job]:
         ids = list(job_ids)
         with self.db.read() as conn:
-            rows = conn.execute(job_select().where(jobs.c.id.in_(ids))).all()
+            rows = conn.execute(by_id.JOBS_BY_IDS, {"job_ids": ids}).all()
         return {row.id: to_job(row) for row in rows}
 
     def launch_info(self, job_id: int) -> LaunchInfo:
         with self.db.read() as conn:
-            row = conn.execute(
-                select(
-                    jobs.c.gid,
-                    jobs.c.env,
-                    envs.c.env.label("shared_env"),
-                    jobs.c.umask,
-                    jobs.c.pid_start_time,
-                    jobs.c.stop_intent,
-                    jobs.c.env_id,
-                )
-                .select_from(jobs.outerjoin(envs, jobs.c.env_id == envs.c.id))
-                .where(jobs.c.id == job_id)
-            ).first()
+            row = conn.execute(by_id.LAUNCH_INFO_BY_ID, {"job_id": job_id}).first()
         if row is None:
             raise NotFoundError(f"no job {job_id}")
-        env = row.shared_env if row.shared_env is not None else row.env  # older rows: inline
-        intent = StopIntent(row.stop_intent) if row.stop_intent else None
-        dropped = row.env_id == 0  # gpusched.store.retention.DROPPED_ENV_ID
-        return LaunchInfo(row.gid, dict(env), row.umask, row.pid_start_time, intent, dropped)
+        return _launch_info(row)
+
+    def job_and_launch(self, job_id: int) -> tuple[Job, LaunchInfo]:
+        """`get` and `launch_info` in one statement (a job's start, and its end)."""
+        with self.db.read() as conn:
+            row = conn.execute(by_id.JOB_AND_LAUNCH_BY_ID, {"job_id": job_id}).first()
+        if row is None:
+            raise NotFoundError(f"no job {job_id}")
+        return to_job(row[: len(JOB_COLUMNS)]), _launch_info(by_id.launch_parts(row))
+
+    def job_and_stop_intent(self, job_id: int) -> tuple[Job, StopIntent | None]:
+        """`get` and `launch_info(...).stop_intent` in one statement (a job's end)."""
+        with self.db.read() as conn:
+            row = conn.execute(by_id.JOB_AND_STOP_INTENT_BY_ID, {"job_id": job_id}).first()
+        if row is None:
+            raise NotFoundError(f"no job {job_id}")
+        intent = row[len(JOB_COLUMNS)]
+        return to_job(row[: len(JOB_COLUMNS)]), StopIntent(intent) if intent else None
 
     def active(self) -> list[Job]:
         """Queued, held and running jobs, in submit order."""
@@ -185,20 +187,13 @@ class JobReads:
 
     def running(self) -> list[Job]:
         with self.db.read() as conn:
-            rows = conn.execute(
-                job_select().where(jobs.c.state == str(JobState.RUNNING)).order_by(jobs.c.id)
-            ).all()
+            rows = conn.execute(by_id.RUNNING).all()
         return [to_job(row) for row in rows]
 
     def interactive_active(self) -> list[Job]:
         """Active interactive jobs (`gpusched run`, claim()): each pass checks their clients."""
-        states = [str(s) for s in ACTIVE_STATES]
         with self.db.read() as conn:
-            rows = conn.execute(
-                job_select()
-                .where(jobs.c.interactive == 1, jobs.c.state.in_(states))
-                .order_by(jobs.c.id)
-            ).all()
+            rows = conn.execute(by_id.INTERACTIVE_ACTIVE).all()
         return [to_job(row) for row in rows]
 
     def queued(self) -> list[Queued]:
@@ -335,6 +330,15 @@ class JobReads:
             ended_by_reason={reason: int(n) for reason, n in reason_rows},
             queue_waits_s=[w for w in waits if w is not None],
         )
+
+
+def _launch_info(row: Sequence[Any]) -> LaunchInfo:
+    """A LaunchInfo of the launch columns (store.by_id), in their order."""
+    gid, inline_env, shared_env, umask, pid_start_time, stop_intent, env_id = row
+    env = shared_env if shared_env is not None else inline_env  # older rows: inline
+    intent = StopIntent(stop_intent) if stop_intent else None
+    dropped = env_id == 0  # gpusched.store.retention.DROPPED_ENV_ID
+    return LaunchInfo(gid, dict(env), umask, pid_start_time, intent, dropped)
 
 
 def _seconds_between(start: str, end: str) -> float | None:

@@ -20,6 +20,7 @@ from gpusched.store.schema import jobs
 # The columns a Job shows: the model's fields that are stored (waiting_reason is not;
 # it is the scheduler's, computed each pass). Derived, so a field added to both stays in step.
 _JOB_FIELDS = tuple(f.name for f in dataclasses.fields(Job) if f.name in jobs.c)
+JOB_COLUMNS = _JOB_FIELDS  # how many columns of a row to_job reads, and which
 
 # A Job's JSON columns, read as text and decoded by to_job: most are "[]" on a queued
 # job, and SQLAlchemy's JSON type runs json.loads on each (five per job, for every

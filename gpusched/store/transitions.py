@@ -19,9 +19,10 @@ from typing import Any
 
 from sqlalchemy import Text, func, select, type_coerce, update
 from sqlalchemy.engine import Connection
-from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.sql.elements import ClauseElement, ColumnElement
 
 from gpusched.core.models import ACTIVE_STATES, EndReason, Job, JobState, StopIntent
+from gpusched.store import by_id
 from gpusched.store.placements import NodeGuard, back_to_queued, guarded_end, unplaced
 from gpusched.store.queries import JobReads
 from gpusched.store.rows import decode_json
@@ -128,7 +129,12 @@ class Jobs(JobReads):
         values: dict[str, Any],
         condition: ColumnElement[bool] | None = None,
     ) -> bool:
-        where = [jobs.c.id == job_id, jobs.c.state.in_([str(s) for s in from_states])]
+        states = tuple(str(s) for s in from_states)
+        if condition is None and not any(isinstance(v, ClauseElement) for v in values.values()):
+            # The statement built once (store.by_id), the values passed beside it.
+            params = {**values, by_id.TRANSITION_ID: job_id}
+            return conn.execute(by_id.transition(states), params).rowcount == 1
+        where = [jobs.c.id == job_id, jobs.c.state.in_(states)]
         if condition is not None:
             where.append(condition)
         result = conn.execute(update(jobs).where(*where).values(**values))
