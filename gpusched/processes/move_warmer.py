@@ -13,8 +13,8 @@ a thread of its own writes the daemon's pid to the cgroup the daemon is already 
 a move that changes nothing but starts the grace period. It passes while the daemon
 commits the start and the zygote forks the supervisor, and the supervisor's move then
 finds the lock warm. The write blocks only this thread; the requests that come while
-one is under way make one more move, not one each. cgroup v2 mounted with `favordynmods` has no such wait,
-and there this costs a system call a job.
+one is under way make one more move, not one each. cgroup v2 mounted with
+`favordynmods` has no such wait, and there this costs a system call a job.
 """
 
 from __future__ import annotations
