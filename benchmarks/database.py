@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
+import os
 import random
 import statistics
 import subprocess
@@ -246,6 +247,9 @@ def main() -> None:
     results: dict[str, dict[str, float]] = {}
     with private_server(fsync=True) as server, tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
+        # `python -m gpusched` puts the working directory before PYTHONPATH: run from a
+        # checkout, --baseline-tree's daemon would run that checkout's gpusched.
+        os.chdir(tmp)
         for name, new_url in _backends(server, tmp).items():
             root = tmp / f"daemon-{name}"
             root.mkdir()
