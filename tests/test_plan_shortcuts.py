@@ -286,3 +286,21 @@ def test_a_cap_still_speaks_first_in_the_queue_s_tail() -> None:
         assert result.placements == []
         assert result.waiting_reasons[12].startswith("array limit: 1 of array a5 running")
         assert result.waiting_reasons[13].startswith("user limit: bob has 2 running")
+
+
+def test_turns_asked_again_of_the_same_views_are_fresh_and_the_same() -> None:
+    """`in_turns` keeps its last answer for the very same views (a pass over a queue that
+    did not change): the answer is the same, its lists are new each time (the plan takes
+    them apart), and other views, even equal ones, are answered anew."""
+    jobs = [WaitingJob(i, G, user=u, priority=i % 3) for i, u in enumerate("abcabcab", 1)]
+    topped, queues = in_turns(jobs, {})
+    queues["a"].pop()
+    again_topped, again = in_turns(list(jobs), {})
+    assert again_topped == topped == []
+    assert [j.job_id for j in again["a"]] == [7, 4, 1]  # whole again: not the one taken apart
+    assert all(x is y for x, y in zip(again["a"], [jobs[6], jobs[3], jobs[0]], strict=True))
+    moved = [*jobs[:7], dataclasses.replace(jobs[7], priority=9)]  # one view changed
+    assert [j.job_id for j in in_turns(moved, {})[1]["b"]][-1] == 8  # it now goes first
+    equal = [dataclasses.replace(j) for j in jobs]  # equal, not the same: answered anew
+    answer = in_turns(equal, {})[1]["c"]
+    assert all(x is y for x, y in zip(answer, [equal[5], equal[2]], strict=True))

@@ -332,7 +332,9 @@ def plan(
         reasons[job.job_id] = why_by_need[key]
         passed = None
         its_place = submit_place(job)
-        if any(u != job.user and p > its_place for u, p in latest_by_user.items()):
+        if latest_by_user and any(
+            u != job.user and p > its_place for u, p in latest_by_user.items()
+        ):
             passed = passed_by(job, passed_on, by_uuid)
         if kept is None:
             # Not on a card kept for a job held for a quieter card (rule 3): that job
