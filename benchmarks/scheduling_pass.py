@@ -10,7 +10,8 @@ by (-priority, id), which any pass must do.
 Then a real `Scheduler` (SQLite store in a temp dir, `SimulatedProbe` with the same 64
 GPUs, a real `Launcher`) with the same jobs in its database, all running jobs holding
 whole GPUs, so no job can start and nothing is launched; one `tick()` is timed (median
-of TICK_RUNS): read GPUs, load every active job, settle dependencies, plan. The same
+of TICK_BLOCKS x TICK_BLOCK, in blocks alternated with its baseline's: the machine's
+speed drifts): read GPUs, load every active job, settle dependencies, plan. The same
 tick with SMALL_QUEUE waiting jobs is its baseline (issue 30: a queue of 10,000 costs one
 tick at most 3x a queue of 100).
 
@@ -26,6 +27,7 @@ same run, on the same machine's load.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -34,7 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -44,11 +46,13 @@ from _packing_trace import TraceJob, make_trace
 
 from gpusched.scheduling.gpu_budget import GpuSlot, RunningClaim
 from gpusched.scheduling.policy import WaitingJob, plan
+from gpusched.scheduling.scheduler import Scheduler
 from gpusched.store import jobs
 from tests.daemon_harness import in_process_scheduler
 
 RUNS = 20
-TICK_RUNS = 5
+TICK_BLOCKS = 4
+TICK_BLOCK = 5
 PER_GPU = 3
 HEADROOM = 512 * 2**20
 SMALL_QUEUE = 100
@@ -81,18 +85,10 @@ def policy_input(
     return gpus, running, waiting
 
 
-def cpu_median(fn: Callable[[], object], runs: int) -> float:
-    """Median CPU time of `fn()` in this process (seconds): on a loaded, shared machine
-    the wall time also counts the time spent waiting for a core; the CPU time does not."""
-    samples = []
-    for _ in range(runs):
-        start = time.process_time()
-        fn()
-        samples.append(time.process_time() - start)
-    return statistics.median(samples)
-
-
-def time_tick(n_waiting: int, n_gpus: int, root: Path) -> tuple[float, float, int]:
+@contextlib.contextmanager
+def loaded_scheduler(n_waiting: int, n_gpus: int, root: Path) -> Iterator[Scheduler]:
+    """A real Scheduler whose every GPU a running job holds whole, `n_waiting` queued."""
+    root.mkdir(parents=True, exist_ok=True)
     scheduler = in_process_scheduler(root, f"{n_gpus}x80G")
     store = scheduler.store
     uuids = [g.uuid for g in scheduler.context.probe.snapshot()]
@@ -140,17 +136,44 @@ def time_tick(n_waiting: int, n_gpus: int, root: Path) -> tuple[float, float, in
     with store.database.engine.begin() as conn:  # one statement per row shape
         conn.execute(jobs.insert(), rows)
         conn.execute(jobs.insert(), queued)
-
     logging.getLogger("gpusched").setLevel(logging.WARNING)
     try:
-        seconds, _ = median_time(scheduler.tick, TICK_RUNS, warmup=1)
-        cpu_s = cpu_median(scheduler.tick, TICK_RUNS)
-        result = scheduler.tick()
-        assert not result.placements, "the benchmark must not launch anything"
-        return seconds, cpu_s, len(result.waiting_reasons)
+        yield scheduler
     finally:
         scheduler.context.launcher.close()
         store.close()
+
+
+def interleaved_ticks(
+    schedulers: dict[str, Scheduler], blocks: int
+) -> dict[str, tuple[float, float, int]]:
+    """Each scheduler's tick, (median wall s, median CPU s, jobs given a reason), timed in
+    blocks of TICK_BLOCK ticks, the schedulers' blocks alternated. The machine's speed
+    drifts over seconds (a shared VM: the same tick's CPU time moved 2x within a minute
+    here), so a ratio of two figures taken one after the other carries that drift; ticks
+    alternated one by one would instead evict each other's caches."""
+    for tick in [s.tick for s in schedulers.values()] * 2:  # warm-up, untimed
+        tick()
+    walls: dict[str, list[float]] = {name: [] for name in schedulers}
+    cpus: dict[str, list[float]] = {name: [] for name in schedulers}
+    for _ in range(blocks):
+        for name, scheduler in schedulers.items():
+            scheduler.tick()  # its caches back, untimed
+            for _ in range(TICK_BLOCK):
+                wall, cpu = time.perf_counter(), time.process_time()
+                scheduler.tick()
+                cpus[name].append(time.process_time() - cpu)
+                walls[name].append(time.perf_counter() - wall)
+    result = {}
+    for name, scheduler in schedulers.items():
+        plan_now = scheduler.tick()
+        assert not plan_now.placements, "the benchmark must not launch anything"
+        result[name] = (
+            statistics.median(walls[name]),
+            statistics.median(cpus[name]),
+            len(plan_now.waiting_reasons),
+        )
+    return result
 
 
 def one_run(args: argparse.Namespace, tree: str | None) -> dict[str, dict[str, Any]]:
@@ -158,28 +181,25 @@ def one_run(args: argparse.Namespace, tree: str | None) -> dict[str, dict[str, A
     env = dict(os.environ)
     if tree is not None:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [tree, env.get("PYTHONPATH")]))
-    # That tree's own copy of this benchmark where it has one: this one's helpers (the
-    # packing trace) may need names an earlier gpusched lacks.
-    script = Path(tree, "benchmarks", "scheduling_pass.py") if tree is not None else None
-    if script is None or not script.exists():
-        script = Path(__file__)
-    command = [
-        sys.executable,
-        str(script),
-        "--waiting",
-        str(args.waiting),
-        "--gpus",
-        str(args.gpus),
-    ]
-    done = subprocess.run(
-        command + (["--no-tick"] if args.no_tick else []),
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,  # a missed target exits 1: its figures are what is wanted here
-    )
-    lines = [ln for ln in done.stdout.splitlines() if ln.startswith(RESULT_PREFIX)]
-    if not lines:
+    # This benchmark, so that both trees are measured alike; where this one's helpers need
+    # names that tree's gpusched lacks, that tree's own copy of it.
+    scripts = [Path(__file__)]
+    if tree is not None and Path(tree, "benchmarks", "scheduling_pass.py").exists():
+        scripts.append(Path(tree, "benchmarks", "scheduling_pass.py"))
+    for script in scripts:
+        command = [sys.executable, str(script), "--waiting", str(args.waiting)]
+        command += ["--gpus", str(args.gpus), *(["--no-tick"] if args.no_tick else [])]
+        done = subprocess.run(
+            command,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,  # a missed target exits 1: its figures are what is wanted here
+        )
+        lines = [ln for ln in done.stdout.splitlines() if ln.startswith(RESULT_PREFIX)]
+        if lines:
+            break
+    else:
         sys.exit(f"{' '.join(command)} (tree {tree or 'this'}) gave no figures:\n{done.stderr}")
     line = lines[0]
     figures = json.loads(line.removeprefix(RESULT_PREFIX))["figures"]
@@ -243,13 +263,17 @@ def main() -> None:
         Figure("plan() / sorting the queue", seconds / sort_s, "x"),
     ]
     if not args.no_tick:
-        with tempfile.TemporaryDirectory(prefix="gpusched-bench-") as tmp:
-            tick_s, tick_cpu, reasons = time_tick(args.waiting, args.gpus, Path(tmp))
-        with tempfile.TemporaryDirectory(prefix="gpusched-bench-") as tmp:
-            small_s, small_cpu, small_reasons = time_tick(SMALL_QUEUE, args.gpus, Path(tmp))
+        with (
+            tempfile.TemporaryDirectory(prefix="gpusched-bench-") as tmp,
+            loaded_scheduler(args.waiting, args.gpus, Path(tmp, "long")) as long,
+            loaded_scheduler(SMALL_QUEUE, args.gpus, Path(tmp, "short")) as short,
+        ):
+            ticks = interleaved_ticks({"long": long, "short": short}, TICK_BLOCKS)
+        (tick_s, tick_cpu, reasons), (small_s, small_cpu, small_reasons) = ticks.values()
         print(
-            f"Scheduler.tick(): {1e3 * tick_s:.0f} ms wall, {1e3 * tick_cpu:.0f} ms CPU"
-            f" (medians of {TICK_RUNS}), {reasons} waiting"
+            f"Scheduler.tick(): {1e3 * tick_s:.1f} ms wall, {1e3 * tick_cpu:.1f} ms CPU"
+            f" (medians of {TICK_BLOCKS * TICK_BLOCK}, in blocks alternated with the baseline's),"
+            f" {reasons} waiting"
         )
         print(
             f"  baseline, {SMALL_QUEUE} waiting: {1e3 * small_s:.1f} ms wall,"

@@ -161,7 +161,7 @@ def test_a_write_of_any_column_a_pass_reads_is_seen(
         before = now
     with other.database.engine.begin() as conn:
         conn.execute(text("DELETE FROM jobs WHERE id = :id"), {"id": job})
-    assert store.jobs.queued() == []
+    assert store.jobs.queued() == ()
 
 
 def test_the_triggers_cover_every_column_a_pass_reads() -> None:

@@ -9,11 +9,12 @@ dependency that ran out of memory and was retried is its latest attempt.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
 
 from gpusched.core.models import TERMINAL_STATES, Job, JobState
+from gpusched.scheduling.last_answer import LastAnswer
 from gpusched.store import Queued
 
 
@@ -25,7 +26,8 @@ class DependencyFailed:
 
 @dataclass
 class Admission:
-    eligible: list[Queued] = field(default_factory=list)
+    # Read only (the store's own tuple when nothing was held back); replaced, not changed.
+    eligible: Sequence[Queued] = field(default_factory=list)
     waiting_reasons: dict[int, str] = field(default_factory=dict)
     doomed: list[DependencyFailed] = field(default_factory=list)
 
@@ -33,18 +35,23 @@ class Admission:
 _after = attrgetter("after")
 
 
+# The jobs with `--after` of the queue last asked about (scheduling.last_answer).
+_dependent: LastAnswer[Queued, list[Queued]] = LastAnswer(lambda q: list(filter(_after, q)))
+
+
 def admit(
-    queued: list[Queued], latest_attempts: Callable[[Iterable[int]], dict[int, Job]]
+    queued: Sequence[Queued], latest_attempts: Callable[[Iterable[int]], dict[int, Job]]
 ) -> Admission:
-    dependent = list(filter(_after, queued))  # a C loop: most jobs have no --after
+    dependent = _dependent(queued)  # a C loop, once per queue: most jobs have no --after
     if not dependent:
-        return Admission(eligible=list(queued))
-    result = Admission()
+        return Admission(eligible=queued)
+    eligible: list[Queued] = []
+    result = Admission(eligible=eligible)
     needed = {dep for job in dependent for dep in job.after}
     deps = latest_attempts(needed) if needed else {}
     for job in queued:
         if not job.after:  # most jobs: nothing to look up
-            result.eligible.append(job)
+            eligible.append(job)
             continue
         failed = [
             d
@@ -62,7 +69,7 @@ def admit(
                 _attempt(d, deps[d]) for d in pending
             )
         else:
-            result.eligible.append(job)
+            eligible.append(job)
     return result
 
 

@@ -27,6 +27,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
+from operator import attrgetter
 
 from gpusched.config.settings import Config
 from gpusched.core.errors import ConflictError
@@ -252,7 +253,7 @@ def hold_back_interactive(admitted: Admission, holding: Sequence[Job], cap: int 
     taken = Counter(running_now)  # running, plus those let through in this pass
     first: dict[str, int] = {}  # the user's job let through first in this pass
     over: set[int] = set()
-    candidates = [q for q in admitted.eligible if q.interactive]
+    candidates = list(filter(_interactive, admitted.eligible))  # a C loop: a long queue
     for queued in sorted(candidates, key=lambda q: (-q.priority, q.id)):
         user = queued.user
         if taken[user] < cap:
@@ -267,7 +268,11 @@ def hold_back_interactive(admitted: Admission, holding: Sequence[Job], cap: int 
         admitted.waiting_reasons[queued.id] = (
             f"interactive limit: {why} (interactive.max_per_user {cap})"
         )
-    admitted.eligible = [q for q in admitted.eligible if q.id not in over]
+    if over:  # else the same sequence: what a pass keeps of an unchanged queue still holds
+        admitted.eligible = [q for q in admitted.eligible if q.id not in over]
+
+
+_interactive = attrgetter("interactive")
 
 
 def _signal_name(signum: int) -> str:

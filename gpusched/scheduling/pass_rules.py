@@ -24,6 +24,7 @@ from gpusched.scheduling.endings import JobEndings
 from gpusched.scheduling.fair_share import recent_usage
 from gpusched.scheduling.gpu_budget import GpuSlot, RunningClaim
 from gpusched.scheduling.interactive import hold_back_interactive
+from gpusched.scheduling.last_answer import LastAnswer
 from gpusched.scheduling.policy import Plan, UserCap, WaitingJob, plan
 from gpusched.scheduling.policy_inputs import StoredHeadClaim, waiting_job
 from gpusched.scheduling.quieter_waits import QuieterWaits
@@ -35,6 +36,8 @@ Restriction = Callable[[Queued, datetime], tuple[WaitingJob | None, str | None]]
 
 
 _user = attrgetter("user")
+# The users of the eligible jobs last asked about (scheduling.last_answer).
+_waiting_users: LastAnswer[Queued, frozenset[str]] = LastAnswer(lambda q: frozenset(map(_user, q)))
 
 
 def anywhere(job: Queued, now: datetime) -> tuple[WaitingJob | None, str | None]:
@@ -64,7 +67,7 @@ def decide(
     gpus: Sequence[GpuState],
     waits: QuieterWaits,
     restrict: Restriction = anywhere,
-    views: Callable[[Sequence[Queued], datetime], list[WaitingJob]] | None = None,
+    views: Callable[[Sequence[Queued], datetime], Sequence[WaitingJob]] | None = None,
     held_back: str | None = None,
     topology: Mapping[str, Mapping[str, int]] | None = None,
 ) -> Plan:
@@ -93,7 +96,7 @@ def decide(
     if held_back is not None:  # "start nothing new": no plan to make
         reasons.update({job.id: held_back for job in admitted.eligible})
         return Plan([], reasons, {})
-    waiting = []
+    waiting: Sequence[WaitingJob]
     # Under `pack: contention`, each job's expected demand (its history: one read a minute).
     history = context.monitor.demand_history() if config.pack == "contention" else None
     now_s = now.timestamp()
@@ -103,6 +106,7 @@ def decide(
     if views is not None and (history is None or (known is None and not held)):
         waiting = views(admitted.eligible, now)  # nothing to add: the placer's views as kept
     else:
+        built: list[WaitingJob] = []
         for job in admitted.eligible:
             wanted, why = restrict(job, now)
             if wanted is None:
@@ -115,8 +119,9 @@ def decide(
                     wanted = dataclasses.replace(
                         wanted, demand=demand, owner_runs=owner_runs, waited_s=waited
                     )
-            waiting.append(wanted)
-    waiting_users = set(map(_user, admitted.eligible))  # a C loop, once: the queue may be long
+            built.append(wanted)
+        waiting = built
+    waiting_users = _waiting_users(admitted.eligible)  # a C loop, once per queue
     users = set(map(_user, holding)) | waiting_users
     head = StoredHeadClaim(context.store.head_claims)
     result = plan(

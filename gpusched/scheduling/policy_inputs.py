@@ -136,8 +136,8 @@ class WaitingJobs:
     def __init__(self) -> None:
         self._last: dict[int, tuple[Queued, WaitingJob]] = {}
         self._this: dict[int, tuple[Queued, WaitingJob]] = {}
-        self._views_of: list[Queued] = []  # the jobs `views` last answered for
-        self._views: list[WaitingJob] = []
+        self._views_of: tuple[Queued, ...] = ()  # the jobs `views` last answered for
+        self._views: tuple[WaitingJob, ...] = ()
 
     def new_pass(self) -> None:
         """Forget the views no pass since the one before has asked for."""
@@ -146,19 +146,21 @@ class WaitingJobs:
     def anywhere(self, job: Queued, now: datetime) -> tuple[WaitingJob | None, str | None]:
         return self._view(job, now), None
 
-    def views(self, jobs: Sequence[Queued], now: datetime) -> list[WaitingJob]:
+    def views(self, jobs: Sequence[Queued], now: datetime) -> tuple[WaitingJob, ...]:
         """`anywhere`'s view of each of `jobs`, in order. When the store handed back the
-        very same `Queued`s as last time (a queue that did not change), last time's list:
-        a long unchanged queue costs one comparison, not a look-up per job.
+        very same `Queued`s as last time (a queue that did not change), last time's very
+        tuple (what a pass derives from it is kept: scheduling.last_answer): a long
+        unchanged queue costs one comparison, not a look-up per job.
         (The views stay known to `anywhere`: `new_pass` keeps the last pass's that asked.)"""
-        given = list(jobs)
+        if jobs is self._views_of:  # the store's very tuple: an unchanged queue
+            return self._views
+        given = tuple(jobs)
         # Compared item by item by identity first (a C loop): an equal row, if not the
         # same object, has an equal view anyway.
-        if given == self._views_of:
-            return list(self._views)
-        self._views = [self._view(job, now) for job in given]
-        self._views_of = given
-        return list(self._views)
+        if given != self._views_of:
+            self._views = tuple(self._view(job, now) for job in given)
+        self._views_of = jobs if isinstance(jobs, tuple) else given
+        return self._views
 
     def _view(self, job: Queued, now: datetime) -> WaitingJob:
         known = self._this.get(job.id) or self._last.get(job.id)

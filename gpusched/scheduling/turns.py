@@ -12,10 +12,11 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import groupby
-from operator import attrgetter, is_
+from operator import attrgetter
 from typing import TYPE_CHECKING
 
 from gpusched.scheduling.gpu_budget import PlanGpu
+from gpusched.scheduling.last_answer import LastAnswer
 
 if TYPE_CHECKING:
     from gpusched.scheduling.policy import WaitingJob
@@ -31,33 +32,18 @@ def own_order(job: WaitingJob) -> tuple[int, int]:
     return (-job.priority, submit_place(job))
 
 
-# `in_turns`' last question and answer. A pass over a queue that did not change since the
-# last asks it again with the very same views (the placer keeps them: WaitingJobs), and a
-# long queue's scans and sorts are most of its turns' cost. Replaced whole, one reference:
-# passes in several threads at worst miss it.
-class _LastTurns:
-    asked: tuple[list[WaitingJob], list[WaitingJob], dict[str, list[WaitingJob]]] | None = None
-
-
-_LAST = _LastTurns()
-
-
 def in_turns(
     waiting: Sequence[WaitingJob], usage: Mapping[str, float]
 ) -> tuple[list[WaitingJob], dict[str, list[WaitingJob]]]:
     """The jobs an administrator put first (in that order), and each user's own queue
     (fresh lists: the caller takes them apart)."""
-    given = list(waiting)
-    last = _LAST.asked
-    # The very same views (a C loop): equal ones built anew (pass_rules' replace) would be
-    # compared field by field, and a long queue's every field costs more than its turns.
-    if last is None or len(last[0]) != len(given) or not all(map(is_, last[0], given)):
-        topped, queues = _in_turns(given)
-        last = _LAST.asked = (given, topped, queues)
-    return list(last[1]), {user: list(queue) for user, queue in last[2].items()}
+    topped, queues = _turns_of(waiting)
+    return list(topped), {user: list(queue) for user, queue in queues.items()}
 
 
-def _in_turns(waiting: list[WaitingJob]) -> tuple[list[WaitingJob], dict[str, list[WaitingJob]]]:
+def _in_turns(
+    waiting: Sequence[WaitingJob],
+) -> tuple[list[WaitingJob], dict[str, list[WaitingJob]]]:
     tops = list(map(_top, waiting))
     if tops.count(None) == len(tops):  # nobody put first: C loops over a long queue
         topped: list[WaitingJob] = []
@@ -77,6 +63,14 @@ def _in_turns(waiting: list[WaitingJob]) -> tuple[list[WaitingJob], dict[str, li
     for queue in queues.values():
         _sort_own(queue)
     return topped, queues
+
+
+# The turns of the views last asked about (scheduling.last_answer): an unchanged queue's
+# views are the placer's very same tuple, and a long queue's scans and sorts are most of
+# its turns' cost.
+_turns_of: LastAnswer[WaitingJob, tuple[list[WaitingJob], dict[str, list[WaitingJob]]]] = (
+    LastAnswer(_in_turns)
+)
 
 
 def _sort_own(queue: list[WaitingJob]) -> None:

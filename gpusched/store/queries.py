@@ -59,7 +59,7 @@ class JobReads:
         # The queue's change marker at the last queued() read, and what it read then
         # (gpusched.store.queue_marks); None: read in full (no marker, or none yet).
         self._queued_mark: int | None = None
-        self._queued_last: list[Queued] = []
+        self._queued_last: tuple[Queued, ...] = ()
         self._marked: bool | None = None  # whether the marker's triggers are there
 
     def get(self, job_id: int) -> Job:
@@ -196,8 +196,10 @@ class JobReads:
             rows = conn.execute(by_id.INTERACTIVE_ACTIVE).all()
         return [to_job(row) for row in rows]
 
-    def queued(self) -> list[Queued]:
-        """Queued jobs (not held), in submit order, with what a scheduling pass needs.
+    def queued(self) -> tuple[Queued, ...]:
+        """Queued jobs (not held), in submit order, with what a scheduling pass needs: the
+        very same tuple while the queue is unchanged (what a pass derives from it may be
+        kept by it: scheduling.admission, pass_rules).
 
         The queue is read again only if its change marker moved since the last read
         (gpusched.store.queue_marks): a pass over a long queue that did not change reads
@@ -208,14 +210,14 @@ class JobReads:
                 self._marked = queue_marks.triggers_present(conn)
             now, counters = queue_marks.mark(conn) if self._marked else (None, 0)
             if now is not None and now == self._queued_mark:
-                return list(self._queued_last)
+                return self._queued_last
             rows = conn.execute(QUEUED_SELECT.order_by(jobs.c.id)).all()
         if counters > queue_marks.FOLD_ROWS:
             with self.db.write(durable=False) as conn:  # lost, the next read folds again
                 queue_marks.fold(conn)
         found, self._queued_known = queued_of(rows, self._queued_known)
-        self._queued_mark, self._queued_last = now, found
-        return list(found)
+        self._queued_mark, self._queued_last = now, tuple(found)
+        return self._queued_last
 
     def left_queue(self, job_ids: Collection[int]) -> None:
         """Jobs this store just took out of the queue, each by one committed write of its
@@ -226,7 +228,7 @@ class JobReads:
         gone = set(job_ids)
         if self._queued_mark is None or not gone:
             return
-        self._queued_last = [job for job in self._queued_last if job.id not in gone]
+        self._queued_last = tuple(job for job in self._queued_last if job.id not in gone)
         self._queued_mark += len(gone)
 
     def ended(
