@@ -70,7 +70,7 @@ class Cluster:
         daemon's process (running, stopped by SIGSTOP, gone) and its proxy (healed or
         not); the election and the head's claim; the queue as the database has it (a
         placed job has its node); what each daemon's log says of those jobs, and its
-        warnings."""
+        warnings; the database's other sessions, their transactions and whom they wait for."""
         lines = []
         columns = (
             "id, state, node, node_epoch, pid, gpu_uuids, started_at, requeue, stop_intent,"
@@ -85,6 +85,15 @@ class Cluster:
                 "SELECT id, node FROM jobs WHERE state = 'queued' ORDER BY id"
             ).all()
             mark = conn.exec_driver_sql("SELECT sum(n), count(*) FROM queue_marks").first()
+            # Every other session of the database, and whom it waits for: a lock held by a
+            # session that never ends stalls every node's pass alike.
+            sessions = conn.exec_driver_sql(
+                "SELECT pid, application_name, client_addr, client_port, backend_start,"
+                " xact_start, state_change, state, wait_event_type, wait_event,"
+                " pg_blocking_pids(pid), left(query, 160) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                " ORDER BY xact_start NULLS LAST"
+            ).all()
         runs = [r for r in self.history.runs() if r.job in stuck]
         earlier = self.store.attempts.earlier_runs(stuck)
         for row in rows:
@@ -103,6 +112,8 @@ class Cluster:
         lines.append(f"election: {self.store.nodes.scheduler_lease()}")
         lines.append(f"head claim (policy rule 1): {self.store.head_claims.current()}")
         lines.append(f"queue (id, node): {[tuple(q) for q in queue]}; marker {tuple(mark or ())}")
+        lines.append("database sessions (oldest transaction first):")
+        lines += [f"  {tuple(session)}" for session in sessions]
         for name, daemon in self.daemons.items():
             said = [
                 line
