@@ -34,6 +34,10 @@ from gpusched.store.usage import usage_values
 _CHUNK = 500  # ids per `IN (...)`: SQLite allows 999 variables before 3.32
 
 
+class _EndedAlready(Exception):
+    """A later ending of a job already ended: its transaction is rolled back."""
+
+
 class Jobs(JobReads):
     """`store.jobs`: a job's submit and state changes (here), and its reads (JobReads)."""
 
@@ -221,10 +225,17 @@ class Jobs(JobReads):
             states, condition = [*ACTIVE_STATES, JobState.LOST], guarded_end(guard)
         if timeline is None:
             return self._transition(job_id, states, values, durable, condition)
-        with self.db.write(durable) as conn:
-            if not self._transition_in(conn, job_id, states, values, condition):
-                return False
-            write_timeline(conn, job_id, timeline)
+        try:
+            with self.db.write(durable) as conn:
+                # The series before the job's row: a batch cut between its Execute and its
+                # Sync (a partition) leaves its backend holding what it locked until its
+                # peer is gone, whatever the server's timeouts; a job row locked by then
+                # would stall every node's pass on it (tests/test_end_lock_order.py).
+                write_timeline(conn, job_id, timeline)
+                if not self._transition_in(conn, job_id, states, values, condition):
+                    raise _EndedAlready  # the first ending wins: its points go with it
+        except _EndedAlready:
+            return False
         return True
 
     def set_pid(self, job_id: int, pid: int, pid_start_time: str) -> bool:

@@ -81,9 +81,10 @@ class Usage:
         """Write some of a job's measured figures (see USAGE_COLUMNS) and, in the same
         transaction, the new points of its time series (`timeline`)."""
         with self.db.write() as conn:
+            # The series first, as at a job's end (store.transitions.mark_ended: why).
+            write_timeline(conn, job_id, timeline)
             if values:
                 conn.execute(update(jobs).where(jobs.c.id == job_id).values(**usage_values(values)))
-            write_timeline(conn, job_id, timeline)
 
     def usage_state(self, job_id: int) -> dict[str, Any] | None:
         with self.db.read() as conn:
