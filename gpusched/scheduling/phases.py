@@ -1,8 +1,11 @@
 """One scheduling pass as a named list of phases, each a function of the pass's parts.
 
-    settle -> check interactive clients -> observe -> act on usage -> place -> publish
-    (under the lock), then notify (outside it).
+    end abandoned backends -> settle -> check interactive clients -> observe -> act on
+    usage -> place -> publish (under the lock), then notify (outside it).
 
+end abandoned backends: on PostgreSQL, end a backend of the daemons' role left waiting
+on its client mid-transaction (a pipeline cut by a partition), which holds rows any
+later phase may wait on (gpusched.store.abandoned; at most every few seconds).
 settle: record the ends that could not be written when they happened (raises while the
 database is away: the pass is retried). check interactive clients: end the jobs whose
 client is gone, stop those past their time, before the plan counts their memory.
@@ -19,7 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gpusched.scheduling.context import Context
 from gpusched.scheduling.endings import JobEndings
@@ -30,6 +33,7 @@ from gpusched.scheduling.placers import Placer
 from gpusched.scheduling.policy import Plan
 from gpusched.scheduling.reading import LatestReading, Reading
 from gpusched.scheduling.stopping import act_on_overruns
+from gpusched.store.abandoned import AbandonedBackends
 
 log = logging.getLogger("gpusched.scheduler")
 
@@ -44,6 +48,7 @@ class Parts:
     interactive: InteractiveJobs
     placer: Placer
     reading: LatestReading
+    abandoned: AbandonedBackends = field(default_factory=AbandonedBackends)
 
 
 @dataclass
@@ -60,6 +65,12 @@ class Pass:
 
 
 Phase = Callable[[Parts, Pass], None]
+
+
+def end_abandoned(parts: Parts, this: Pass) -> None:
+    """First: a database backend its client abandoned mid-transaction may hold a row any
+    later phase waits on (gpusched.store.abandoned)."""
+    parts.abandoned.end_due(parts.context.store.database, parts.context.clock.monotonic())
 
 
 def settle(parts: Parts, this: Pass) -> None:
@@ -113,6 +124,7 @@ def notify(parts: Parts, this: Pass) -> None:
 
 
 UNDER_LOCK: tuple[tuple[str, Phase], ...] = (
+    ("end abandoned database backends", end_abandoned),
     ("settle", settle),
     ("check interactive clients", check_interactive_clients),
     ("observe", observe_gpus_and_jobs),

@@ -130,9 +130,9 @@ class Scheduler:
     # -- the pass -------------------------------------------------------------------------
 
     def tick(self) -> Plan:
-        """One pass (scheduling.phases): settle -> check interactive clients -> observe ->
-        act on usage -> place -> publish, under the lock; then notify. Never raises for
-        one bad job."""
+        """One pass (scheduling.phases): end abandoned database backends -> settle -> check
+        interactive clients -> observe -> act on usage -> place -> publish, under the lock;
+        then notify. Never raises for one bad job."""
         return run_pass(self._parts)
 
     def read_gpus(self) -> list[GpuState]:
