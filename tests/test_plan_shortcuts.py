@@ -6,7 +6,7 @@ queued) give exactly the answers of the plain rules they stand for, on random in
   (`in_turns`), against the one sort by `own_order` and the plain loop;
 - rule 2's waiting sizes sorted only when first asked (`Needs`), placements removed before;
 - the pass rules' whole-queue views (`WaitingJobs.views`) against one look-up per job;
-- and whole plans, with and without the shortcuts (`test_plans_are_those_of_the_plain_scan`).
+- and whole plans, with and without the shortcuts (`test_plans_are_those_of_the_plain_rules`).
 
 The speed itself is benchmarks/scheduling_pass.py's (never timed here)."""
 
@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -210,38 +211,37 @@ def contention_snapshots(
     return gpus, running, waiting
 
 
+def _every_card_allowed(gpus: list[GpuSlot], job: WaitingJob) -> WaitingJob:
+    """A job allowed every card (`gpu_keys`: all of them) asks the same as one allowed
+    any, but goes the plain way: each card tested, `contention_wait` over them all, where
+    the other takes the room's prefix and `CalmRoom`."""
+    return dataclasses.replace(job, gpu_keys=frozenset(g.uuid for g in gpus))
+
+
+def _a_cap_that_never_binds(_gpus: list[GpuSlot], job: WaitingJob) -> WaitingJob:
+    """A job with an array cap that never binds (no array id) goes through `consider`
+    every time, where the last user's tail takes an ask's reason inline (`plan`'s loop)."""
+    return dataclasses.replace(job, array_cap=10**9)
+
+
+@pytest.mark.parametrize("plainer", [_every_card_allowed, _a_cap_that_never_binds])
 @settings(max_examples=300, deadline=None)
 @given(
     contention_snapshots(),
     st.sampled_from(["most-free", "best-fit"]),
     st.none() | st.integers(1, 3),
 )
-def test_plans_are_those_of_the_plain_scan(
+def test_plans_are_those_of_the_plain_rules(
+    plainer: Callable[[list[GpuSlot], WaitingJob], WaitingJob],
     snapshot: tuple[list[GpuSlot], list[RunningClaim], list[WaitingJob]],
     placement: str,
     max_jobs: int | None,
 ) -> None:
-    """With and without the shortcuts, on whole plans: a job allowed every card
-    (`gpu_keys`: all of them) asks the same as one allowed any, but goes the plain way
-    (each card tested, `contention_wait` over them all) where the other takes the room's
-    prefix and `CalmRoom`: the same placements, reasons and held jobs."""
+    """With and without the shortcuts, on whole plans (`plainer` asks the same of each
+    job so that no shortcut applies): the same placements, reasons and held jobs, under
+    either `pack`."""
     gpus, running, waiting = snapshot
-    every = frozenset(g.uuid for g in gpus)
-    plain = [dataclasses.replace(j, gpu_keys=every) for j in waiting]
-    _same_plans(gpus, running, waiting, plain, placement=placement, max_jobs=max_jobs)
-
-
-def _same_plans(
-    gpus: list[GpuSlot],
-    running: list[RunningClaim],
-    waiting: list[WaitingJob],
-    plain: list[WaitingJob],
-    *,
-    placement: str,
-    max_jobs: int | None,
-) -> None:
-    """`waiting` and `plain` (the same jobs, asked so that no shortcut applies) are
-    planned alike under either `pack`."""
+    plain = [plainer(gpus, job) for job in waiting]
     for pack in ("contention", "memory"):
         fast = plan(gpus, running, waiting, 0, max_jobs, placement=placement, pack=pack)
         slow = plan(gpus, running, plain, 0, max_jobs, placement=placement, pack=pack)
@@ -249,25 +249,6 @@ def _same_plans(
         assert fast.waiting_reasons == slow.waiting_reasons
         assert fast.quieter == slow.quieter
         assert fast.head_claim == slow.head_claim
-
-
-@settings(max_examples=300, deadline=None)
-@given(
-    contention_snapshots(),
-    st.sampled_from(["most-free", "best-fit"]),
-    st.none() | st.integers(1, 3),
-)
-def test_the_queue_s_tail_gets_the_reasons_consider_gives(
-    snapshot: tuple[list[GpuSlot], list[RunningClaim], list[WaitingJob]],
-    placement: str,
-    max_jobs: int | None,
-) -> None:
-    """The last user's tail takes an ask's "too few cards" reason inline (`plan`'s loop)
-    only where `consider` would give the same first thing: a job with an array cap that
-    never binds goes through `consider` every time, and its plan is the same."""
-    gpus, running, waiting = snapshot
-    plain = [dataclasses.replace(j, array_cap=10**9) for j in waiting]  # no array_id: no cap
-    _same_plans(gpus, running, waiting, plain, placement=placement, max_jobs=max_jobs)
 
 
 def test_a_cap_still_speaks_first_in_the_queue_s_tail() -> None:

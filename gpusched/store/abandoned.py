@@ -53,8 +53,8 @@ class AbandonedBackends:
         self._looked = float("-inf")  # monotonic seconds
 
     def end_due(self, db: Database, now: float) -> None:
-        if now - self._looked < CHECK_EVERY_S:
-            return
+        if db.engine.dialect.name != "postgresql" or now - self._looked < CHECK_EVERY_S:
+            return  # (SQLite: one process, no such backend; not even a connection)
         self._looked = now
         with db.read() as conn:
             for pid in end_abandoned(conn):
