@@ -64,6 +64,21 @@ class Cluster:
     def states(self, ids: list[int]) -> dict[int, str]:
         return {job_id: self.store.jobs.get(job_id).state.value for job_id in ids}
 
+    def abandoned_backends(self, older_than_s: float) -> list[tuple[Any, ...]]:
+        """The database's sessions waiting on their client inside a transaction for
+        longer than `older_than_s` (as a pipeline cut before its Sync leaves one):
+        (pid, seconds, left(query, 80)) each."""
+        with self.store.database.read() as conn:
+            rows = conn.exec_driver_sql(
+                "SELECT pid, extract(epoch FROM now() - state_change), left(query, 80)"
+                " FROM pg_stat_activity WHERE datname = current_database()"
+                " AND state = 'active' AND wait_event = 'ClientRead'"
+                " AND xact_start IS NOT NULL"
+                " AND state_change < now() - make_interval(secs => %(s)s)",
+                {"s": older_than_s},
+            ).all()
+        return [tuple(row) for row in rows]
+
     def diagnose(self, stuck: list[int]) -> str:
         """Why jobs did not end, for a failure report: each stuck job's row, earlier runs
         and recorded runs; each node's row (epoch, state, last heard: its last pass), its

@@ -4,7 +4,12 @@
 connection to the private PostgreSQL's TCP address (tests/postgres.py). While the daemon
 runs, a test switches what the network does:
 
-- `heal()`: bytes pass (the start).
+- `heal()`: bytes pass (the start). A connection whose client closed it during a
+  blackhole keeps its server side open, silent, for good: what a middlebox does (a
+  connection pooler, a TCP proxy, a NAT keeping state), which answers the server's
+  keepalives itself. `heal(middlebox=False)` is a plain network instead: the client's
+  kernel answers the server's next packet on such a connection with a reset, so the
+  server side is reset at the heal.
 - `blackhole()`: connections stay open and bytes are taken and dropped, both ways, on
   the connections open now and on new ones (accepted, never forwarded): what a partition
   looks like to both ends, which see no error, only silence.
@@ -18,6 +23,12 @@ runs, a test switches what the network does:
 - `cut_at_commit(after="UPDATE jobs SET state")`: once a connection has sent a statement
   holding `after`, the COMMIT it sends next reaches the server, and the proxy turns into a
   blackhole right after passing it on: the write is applied, its answer never arrives.
+- `cut_mid_pipeline(after="INSERT INTO timeline_points")`: the next Execute a client
+  sends of a statement holding `after` reaches the server, and the proxy turns into a
+  blackhole right after it, dropping the rest of that chunk: a pipeline (psycopg's
+  `executemany`: a Bind and an Execute per row, one Sync at the end) cut before its
+  Sync. The server then counts that backend `active`, waiting on its client, and none of
+  its own bounds ends it (gpusched.store.abandoned).
 
 It reads PostgreSQL's framing (a type byte and a length), which is why the daemon's URL
 disables TLS and GSSAPI (tests/postgres.py `tcp_url`). Pure Python, a thread per direction.
@@ -32,6 +43,8 @@ import time
 from collections.abc import Iterator
 
 PASS, BLACKHOLE, DELAY = "pass", "blackhole", "delay"
+# The armed cuts' texts: inside a transaction, at its commit, in a pipeline.
+_Cuts = tuple[str | None, str | None, str | None]
 
 
 class _Frames:
@@ -40,9 +53,18 @@ class _Frames:
     def __init__(self, typed: bool) -> None:
         self._buf = bytearray()
         self._typed = typed
+        self._fed = 0  # bytes fed so far
+        self._consumed = 0  # bytes of whole messages yielded so far
+        self.chunk_start = 0  # where the chunk now being fed starts in the stream
+
+    def ends_in_chunk(self) -> int:
+        """How many bytes of the chunk being fed end the message just yielded."""
+        return self._consumed - self.chunk_start
 
     def feed(self, data: bytes) -> Iterator[tuple[bytes, bytes]]:
         self._buf += data
+        self.chunk_start = self._fed
+        self._fed += len(data)
         while True:
             head = 5 if self._typed else 4
             if len(self._buf) < head:
@@ -54,6 +76,7 @@ class _Frames:
                 return
             body = bytes(self._buf[head:total])
             del self._buf[:total]
+            self._consumed += total
             self._typed = True
             yield kind, body
 
@@ -65,6 +88,8 @@ class _Pair:
         self.after_statement = False  # the last statement held the cut's text
         self.prepared: dict[bytes, bytes] = {}  # statement name -> its text (psycopg prepares)
         self.commit_armed = False  # sent a statement holding cut_at_commit's text
+        self.bound = b""  # the text of the statement last bound (for its Execute)
+        self.client_gone = False  # the client closed its end during a blackhole
 
     def close(self, reset: bool = False) -> None:
         for sock in (self.client, self.server):
@@ -73,6 +98,10 @@ class _Pair:
             with contextlib.suppress(OSError):
                 if reset:  # linger 0: close() sends RST, not FIN
                     sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\0\0\0\0\0\0\0")
+                # A pump thread may be blocked in recv() on it, which holds the socket
+                # past close(); shutting down its reading side wakes that thread first.
+                sock.shutdown(socket.SHUT_RD)
+            with contextlib.suppress(OSError):
                 sock.close()
 
 
@@ -89,6 +118,7 @@ class FaultProxy:
         self._delay_s = 0.0
         self._cut_after: str | None = None
         self._commit_after: str | None = None
+        self._pipeline_after: str | None = None
         self.cut = threading.Event()  # set when cut_inside_transaction cut
         self._pairs: set[_Pair] = set()
         self._closed = False
@@ -96,9 +126,16 @@ class FaultProxy:
 
     # -- what the network does ----------------------------------------------------------------
 
-    def heal(self) -> None:
+    def heal(self, middlebox: bool = True) -> None:
         with self._lock:
             self._mode, self._cut_after, self._commit_after = PASS, None, None
+            self._pipeline_after = None
+            gone = {pair for pair in self._pairs if pair.client_gone}
+            if not middlebox:
+                self._pairs -= gone
+        if not middlebox:
+            for pair in gone:
+                pair.close(reset=True)
 
     def blackhole(self) -> None:
         with self._lock:
@@ -119,8 +156,11 @@ class FaultProxy:
         and a cut still armed."""
         with self._lock:
             mode = f"delay {self._delay_s:g} s" if self._mode == DELAY else self._mode
-            armed = [f"cut armed after {a!r}" for a in (self._cut_after, self._commit_after) if a]
-            return ", ".join([mode, *armed, f"{len(self._pairs)} connections"])
+            cuts = (self._cut_after, self._commit_after, self._pipeline_after)
+            armed = [f"cut armed after {a!r}" for a in cuts if a]
+            gone = sum(pair.client_gone for pair in self._pairs)
+            kept = f"{len(self._pairs)} connections ({gone} kept open for a client gone)"
+            return ", ".join([mode, *armed, kept])
 
     def cut_inside_transaction(self, after: str = "UPDATE nodes") -> threading.Event:
         with self._lock:
@@ -132,6 +172,12 @@ class FaultProxy:
         with self._lock:
             self.cut.clear()
             self._commit_after = after
+        return self.cut
+
+    def cut_mid_pipeline(self, after: str = "INSERT INTO timeline_points") -> threading.Event:
+        with self._lock:
+            self.cut.clear()
+            self._pipeline_after = after
         return self.cut
 
     def close(self) -> None:
@@ -178,35 +224,43 @@ class FaultProxy:
                 if not data:
                     break
                 with self._lock:
-                    mode, delay_s, cut_after = self._mode, self._delay_s, self._cut_after
-                    commit_after = self._commit_after
+                    mode, delay_s = self._mode, self._delay_s
+                    cuts: _Cuts = (self._cut_after, self._commit_after, self._pipeline_after)
                 # Framing is followed on every byte, so that a cut armed later starts in step.
-                cut_now = self._watch(pair, frames, data, cut_after, commit_after)
+                keep = self._watch(pair, upstream, frames, data, cuts)
                 if mode == BLACKHOLE or sink is None:
                     continue  # taken and dropped
                 if mode == DELAY:
                     time.sleep(delay_s)
-                sink.sendall(data)
-                if cut_now:
+                sink.sendall(data if keep is None else data[:keep])
+                if keep is not None:
                     with self._lock:
                         self._mode, self._cut_after, self._commit_after = BLACKHOLE, None, None
+                        self._pipeline_after = None
                     self.cut.set()
         except OSError:
             pass
         with self._lock:
             if self._mode == BLACKHOLE and pair in self._pairs:
+                pair.client_gone = pair.client_gone or upstream
                 return  # silence: the other end must not learn that this one closed
             self._pairs.discard(pair)
         pair.close()
 
     @staticmethod
     def _watch(
-        pair: _Pair, frames: _Frames, data: bytes, after: str | None, commit_after: str | None
-    ) -> bool:
-        """Whether to cut once this chunk is passed on: it is the server saying a
-        transaction is open after `after`, or the client's COMMIT after `commit_after`."""
+        pair: _Pair, upstream: bool, frames: _Frames, data: bytes, cuts: _Cuts
+    ) -> int | None:
+        """How much of this chunk to pass on before a cut, None for no cut: all of it
+        when it is the server saying a transaction is open after `after` or the
+        client's COMMIT after `commit_after`; up to the end of the first Execute of a
+        statement holding `pipeline_after`."""
+        after, commit_after, pipeline_after = cuts
         cut = False
         for kind, body in frames.feed(data):
+            in_pipeline = pipeline_after is not None and pipeline_after.encode() in pair.bound
+            if upstream and kind == b"E" and in_pipeline:
+                return frames.ends_in_chunk()
             text = None
             if kind == b"Q":  # a simple query
                 text = body
@@ -215,7 +269,7 @@ class FaultProxy:
                 pair.prepared[name] = rest.partition(b"\0")[0]
             elif kind == b"B":  # Bind: portal name, statement name (its text from Parse)
                 statement = body.split(b"\0", 2)[1]
-                text = pair.prepared.get(statement, b"")
+                text = pair.bound = pair.prepared.get(statement, b"")
             elif kind == b"Z" and pair.after_statement and body[:1] == b"T":
                 cut = cut or after is not None
             if text is None:
@@ -227,4 +281,4 @@ class FaultProxy:
                 pair.commit_armed = True
             elif pair.commit_armed and text.lstrip().upper().startswith(b"COMMIT"):
                 cut = True
-        return cut
+        return len(data) if cut else None

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from gpusched.store.abandoned import ABANDONED_AFTER_S, CHECK_EVERY_S
 from gpusched.store.engine import REQUEST_BOUND_S
 from tests.cluster_harness import NODE_TIMEOUT_S
 from tests.daemon_harness import RunningDaemon, eventually
@@ -116,6 +117,48 @@ def test_the_others_resume_when_a_node_is_cut_off_inside_a_transaction(
         60,
         describe=lambda: cluster.states(ids),
     )
+    cluster.check()
+
+
+@pytest.mark.parametrize("middlebox", [True, False], ids=["middlebox", "plain-network"])
+def test_a_node_cut_off_mid_pipeline_leaves_no_backend_in_a_transaction(
+    cluster: Cluster, middlebox: bool
+) -> None:
+    """A poll's points, cut after an Execute and before their Sync: the server counts
+    that backend `active` and none of its own bounds ends it; the daemons' passes do
+    (gpusched.store.abandoned), while the partition lasts and, behind a middlebox that
+    keeps the server's side open, after it too. The job ends once, where it ran."""
+    a = cluster.node("a")
+    eventually(cluster.store.nodes.scheduler_lease, 20)  # a schedules
+    cluster.node("b")
+    job_id = cluster.submit(a, NODE_TIMEOUT_S + 8.0, 10, "--node", "b")
+    eventually(cluster.history.runs, 20, interval=0.2)
+    assert cluster.proxies["b"].cut_mid_pipeline("INSERT INTO timeline_points").wait(20)
+    cut_at = time.monotonic()
+    bound = ABANDONED_AFTER_S + CHECK_EVERY_S
+    time.sleep(ABANDONED_AFTER_S / 2)
+    kept = cluster.abandoned_backends(1.0)
+    assert kept, "the cut left no backend mid-pipeline: the test shows nothing"
+    ids = [cluster.submit(a, 0.5, 10, "--node", "a") for _ in range(4)]
+    eventually(
+        lambda: not cluster.abandoned_backends(0.0),
+        bound + SLACK_S,
+        interval=0.5,
+        describe=lambda: (kept, cluster.abandoned_backends(0.0)),
+    )
+    ended_in = time.monotonic() - cut_at
+    print(f"\nbackend abandoned mid-pipeline {kept}: ended {ended_in:.1f} s after the cut")
+    assert ended_in > ABANDONED_AFTER_S - 1  # not a backend merely slow: one long gone
+    assert "abandoned in a transaction" in a.stderr()
+    cluster.proxies["b"].heal(middlebox=middlebox)
+    eventually(
+        lambda: set(cluster.states([job_id, *ids]).values()) == {"done"},
+        60,
+        interval=0.5,
+        describe=lambda: cluster.diagnose([job_id, *ids]),
+    )
+    assert [run.node for run in cluster.history.runs() if run.job == job_id] == ["b"]
+    assert not cluster.abandoned_backends(bound)
     cluster.check()
 
 

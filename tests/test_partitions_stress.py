@@ -2,16 +2,20 @@
 
 Jobs are submitted through random nodes all along (some `--requeue`), while rounds of
 faults are drawn from: a node partitioned (shorter or longer than `node_timeout`), cut
-inside a transaction, its database traffic delayed or reset, its daemon frozen
-(SIGSTOP) or killed (kill -9, restarted at once as systemd would), PostgreSQL restarted.
-After the last round everything heals, and the checkers read the jobs' own history
-(tests/faultchecks.py): no job acknowledged by a submit is missing, every job ends,
-none started twice without `--requeue`, no card overcommitted by the jobs the cluster
-counts. The seed is printed; GPUSCHED_FAULT_SEED replays its rounds (the faults and the
-load draw from separate generators, so the rounds do not depend on the load's timing;
-the timing itself is never the same twice). A round that does not settle reports, for
-each job left active, its row, runs and node, that node's daemon (running or stopped),
-its proxy (healed or not) and what the daemons' logs say (Cluster.diagnose).
+inside a transaction or in the middle of a pipeline (before its Sync), its database
+traffic delayed or reset, its daemon frozen (SIGSTOP) or killed (kill -9, restarted at
+once as systemd would), PostgreSQL restarted. A partition or a cut heals either as a
+plain network does or behind a middlebox that keeps the server's side of a connection
+open after its client closed it (tests/faultproxy.py `heal`). After the last round
+everything heals, and the checkers read the jobs' own history (tests/faultchecks.py): no
+job acknowledged by a submit is missing, every job ends, none started twice without
+`--requeue`, no card overcommitted by the jobs the cluster counts, and no backend is
+left waiting on its client inside a transaction. The seed is printed;
+GPUSCHED_FAULT_SEED replays its rounds (the faults and the load draw from separate
+generators, so the rounds do not depend on the load's timing; the timing itself is never
+the same twice). A round that does not settle reports, for each job left active, its
+row, runs and node, that node's daemon (running or stopped), its proxy (healed or not),
+the database's sessions and what the daemons' logs say (Cluster.diagnose).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import time
 
 import pytest
 
+from gpusched.store.abandoned import ABANDONED_AFTER_S, CHECK_EVERY_S
 from tests.cluster_harness import NODE_TIMEOUT_S
 from tests.daemon_harness import eventually
 from tests.faultcluster import GIB, Cluster
@@ -80,21 +85,38 @@ def one_round(cluster: Cluster, load: Load, rng: random.Random) -> str:
     name = rng.choice(sorted(cluster.daemons))
     proxy = cluster.proxies[name]
     fault = rng.choice(
-        ["partition", "long partition", "cut", "delay", "reset", "freeze", "kill", "db restart"]
+        [
+            "partition",
+            "long partition",
+            "cut",
+            "pipeline cut",
+            "delay",
+            "reset",
+            "freeze",
+            "kill",
+            "db restart",
+        ]
     )
     said = f"{fault} {name}"
+    middlebox = rng.random() < 0.5
+    healed = " (middlebox)" if middlebox else ""
     if fault in ("partition", "long partition"):
         proxy.blackhole()
         seconds = rng.uniform(1, NODE_TIMEOUT_S - 1) if fault == "partition" else 2 * NODE_TIMEOUT_S
         time.sleep(seconds)
-        proxy.heal()
-        said += f" {seconds:.1f} s"
+        proxy.heal(middlebox)
+        said += f" {seconds:.1f} s{healed}"
     elif fault == "cut":
         statement = rng.choice(["UPDATE nodes", "UPDATE leases", "UPDATE jobs"])
         cut = proxy.cut_inside_transaction(statement)
         time.sleep(NODE_TIMEOUT_S + 2)
-        proxy.heal()
-        said += f" after {statement!r} ({'cut' if cut.is_set() else 'never cut'})"
+        proxy.heal(middlebox)
+        said += f" after {statement!r} ({'cut' if cut.is_set() else 'never cut'}){healed}"
+    elif fault == "pipeline cut":  # a poll's or an end's points, before their Sync
+        cut = proxy.cut_mid_pipeline("INSERT INTO timeline_points")
+        time.sleep(NODE_TIMEOUT_S + 2)
+        proxy.heal(middlebox)
+        said += f" ({'cut' if cut.is_set() else 'never cut'}){healed}"
     elif fault == "delay":
         seconds = rng.uniform(0.05, 0.5)
         proxy.delay(seconds)
@@ -163,3 +185,5 @@ def test_randomized_faults_under_load_lose_nothing_and_start_nothing_twice(
     assert {j for j, s in states.items() if s == "done"} <= ran
     assert cluster.history.double_starts(load.requeue) == {}
     assert cluster.history.overcommit(cluster.declared, 24 * GIB) == []
+    # A backend abandoned mid-pipeline is ended by the daemons' passes within this bound.
+    assert cluster.abandoned_backends(ABANDONED_AFTER_S + CHECK_EVERY_S + 5) == []
