@@ -120,14 +120,14 @@ def test_the_others_resume_when_a_node_is_cut_off_inside_a_transaction(
     cluster.check()
 
 
-@pytest.mark.parametrize("middlebox", [True, False], ids=["middlebox", "plain-network"])
 def test_a_node_cut_off_mid_pipeline_leaves_no_backend_in_a_transaction(
-    cluster: Cluster, middlebox: bool
+    cluster: Cluster,
 ) -> None:
     """A poll's points, cut after an Execute and before their Sync: the server counts
     that backend `active` and none of its own bounds ends it; the daemons' passes do
     (gpusched.store.abandoned), while the partition lasts and, behind a middlebox that
-    keeps the server's side open, after it too. The job ends once, where it ran."""
+    keeps the server's side open, after it too (a plain network's heal would end it
+    there; the randomized rounds heal both ways). The job ends once, where it ran."""
     a = cluster.node("a")
     eventually(cluster.store.nodes.scheduler_lease, 20)  # a schedules
     cluster.node("b")
@@ -150,7 +150,7 @@ def test_a_node_cut_off_mid_pipeline_leaves_no_backend_in_a_transaction(
     print(f"\nbackend abandoned mid-pipeline {kept}: ended {ended_in:.1f} s after the cut")
     assert ended_in > ABANDONED_AFTER_S - 1  # not a backend merely slow: one long gone
     assert "abandoned in a transaction" in a.stderr()
-    cluster.proxies["b"].heal(middlebox=middlebox)
+    cluster.proxies["b"].heal(middlebox=True)
     eventually(
         lambda: set(cluster.states([job_id, *ids]).values()) == {"done"},
         60,
