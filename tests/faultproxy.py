@@ -119,7 +119,7 @@ class FaultProxy:
         self._cut_after: str | None = None
         self._commit_after: str | None = None
         self._pipeline_after: str | None = None
-        self.cut = threading.Event()  # set when cut_inside_transaction cut
+        self.cut = threading.Event()  # set when an armed cut (any of the three) cut
         self._pairs: set[_Pair] = set()
         self._closed = False
         threading.Thread(target=self._accept, name="faultproxy", daemon=True).start()
