@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from gpusched.core.errors import DaemonUnreachable, GpuschedError, UsageError
+from gpusched.core.errors import GpuschedError, UsageError
 from gpusched.core.sanitize import shown
 from gpusched.core.units import parse_job_mem, parse_job_time
 
@@ -148,10 +148,12 @@ def current_umask() -> int:
 
 
 # A submit sent whose answer was lost (the daemon stopped answering, or its database did
-# not confirm the commit) is sent again, with its request id, this many times.
+# not confirm the commit) is sent again, with its request id, this many times. A refusal
+# that says "nothing was changed" (the database away before any COMMIT) is no lost answer:
+# it is said at once, within the request's bound, not after the retries' waits.
 SUBMIT_RETRIES = 2
 SUBMIT_RETRY_AFTER_S = 1.0
-ANSWER_LOST = ("stopped answering", "closed the connection", "is unavailable (")
+ANSWER_LOST = ("stopped answering", "closed the connection", "may have been done")
 
 
 def submit_fields(
@@ -278,22 +280,24 @@ def send_submit(send: Callable[[], Any], request_id: str | None, socket_path: Pa
             # Sent, and no answer: the jobs may be queued, or not; only a retry with
             # the same id can tell without risking a second copy.
             lost = any(words in str(exc) for words in ANSWER_LOST)
-            if not lost and not (answer_lost and isinstance(exc, DaemonUnreachable)):
+            if lost and retries_left > 0:
+                answer_lost = True
+                retries_left -= 1
+                time.sleep(SUBMIT_RETRY_AFTER_S)
+                continue
+            if not (lost or answer_lost):
                 raise
-            if not lost:  # the retry could not even connect: the first try's fate is open
-                raise DaemonUnreachable(
-                    f"the gpusched daemon at {socket_path} stopped answering a submit,"
-                    f" and then: {exc.message} (submit request {request_id}: it may have"
-                    " been queued; `gpusched status` shows it if so)"
-                ) from None
-            if retries_left == 0:
+            # This try's fate, or an earlier one's, is open: say so, whatever this one says.
+            if lost:
                 raise type(exc)(
                     f"{exc} (submit request {request_id}: it may have been queued;"
                     " `gpusched status` shows it if so)"
                 ) from None
-            answer_lost = True
-            retries_left -= 1
-            time.sleep(SUBMIT_RETRY_AFTER_S)
+            raise type(exc)(
+                f"a submit's answer was lost (the gpusched daemon at {socket_path}), and"
+                f" its retry: {exc.message} (submit request {request_id}: the first try"
+                " may have been queued; `gpusched status` shows it if so)"
+            ) from None
 
 
 def _checked_program(

@@ -14,6 +14,7 @@ docs/cluster.md: "What was tested").
 from __future__ import annotations
 
 import signal
+import threading
 import time
 from typing import Any
 
@@ -160,6 +161,53 @@ def test_a_node_cut_off_mid_pipeline_leaves_no_backend_in_a_transaction(
     assert [run.node for run in cluster.history.runs() if run.job == job_id] == ["b"]
     assert not cluster.abandoned_backends(bound)
     cluster.check()
+
+
+def test_a_sweep_cut_mid_pipeline_holds_up_the_others_submits_only_until_the_bound(
+    cluster: Cluster,
+) -> None:
+    """A sweep's jobs are one batch of INSERTs under the submits' lock (so that ids and
+    the array's number are handed out in order): cut after an Execute, its backend keeps
+    that lock, and every node's submits wait on it. They are refused in one line, as a
+    database that does not answer, until the daemons' passes end that backend; then
+    they are taken again. The cut sweep made nothing, and says so."""
+    a, b = cluster.node("a"), cluster.node("b")
+    cut = cluster.proxies["b"].cut_mid_pipeline("INSERT INTO jobs")
+    values = ",".join(str(i) for i in range(100))
+    swept: list[Any] = []
+    sweep = ["submit", "--mem", "1G", "--hold", "--sweep", f"i={values}", "--", "echo", "{i}"]
+    thread = threading.Thread(target=lambda: swept.append(b.cli(*sweep, timeout=120)))
+    thread.start()
+    assert cut.wait(20)
+    cut_at = time.monotonic()
+    refusals = []
+    while True:
+        result, took = timed_cli(a, "submit", "--mem", "1G", "--hold", "--", "true")
+        if result.returncode == 0:
+            break
+        refusals.append((took, result.stderr))
+        assert time.monotonic() - cut_at < ABANDONED_AFTER_S + CHECK_EVERY_S + SLACK_S, refusals
+    taken_after = time.monotonic() - cut_at
+    print(
+        f"\nsubmits refused {len(refusals)} times, in {[round(t, 1) for t, _ in refusals]} s;"
+        f" taken again {taken_after:.1f} s after the cut"
+    )
+    assert refusals, "no submit waited on the cut sweep's lock: the test shows nothing"
+    for took, said in refusals:  # at once, as it is: no retry of a submit that made nothing
+        assert took < REQUEST_BOUND_S + SLACK_S / 2, refusals
+        assert len(said.strip().splitlines()) == 1, said
+        assert "is unavailable (" in said and "nothing was changed" in said, said
+        assert "may have been queued" not in said, said
+    assert "abandoned in a transaction" in a.stderr()
+    thread.join(60)
+    cluster.proxies["b"].heal(middlebox=True)
+    [result] = swept
+    assert result.returncode != 0 and len(result.stderr.strip().splitlines()) == 1, result
+    assert "nothing was changed" in result.stderr, result.stderr
+    with cluster.store.database.read() as conn:
+        arrays = conn.exec_driver_sql("SELECT count(*) FROM jobs WHERE array_id IS NOT NULL")
+        assert arrays.scalar() == 0
+    eventually(lambda: b.cli(*sweep).returncode == 0, 30)  # b taken back: the sweep goes in
 
 
 def test_postgresql_restarted_under_a_running_cluster_loses_nothing(cluster: Cluster) -> None:

@@ -19,10 +19,11 @@ from typing import Any
 import pytest
 
 from gpusched.client import Client
-from gpusched.core.errors import ConflictError, NotFoundError, ProtocolError
+from gpusched.core.errors import ConflictError, GpuschedError, NotFoundError, ProtocolError
 from gpusched.daemon.handlers import dispatch
 from gpusched.daemon.identity import Caller
 from gpusched.daemon.services import Services
+from gpusched.submitter import send_submit
 from tests.daemon_harness import RunningDaemon
 from tests.fakes import GiB
 from tests.world import World, make_world
@@ -150,3 +151,61 @@ def test_a_submit_whose_answer_was_lost_is_retried_and_queued_once(
     direct = daemon.client()
     mine = [j for j in direct.status().jobs if j.command[0].endswith("true")]
     assert [j.id for j in mine] == [job.id]  # one job, the one the client was told
+
+
+REFUSED = (
+    "the database db is unavailable (canceling statement due to lock timeout); nothing was changed"
+)
+UNCONFIRMED = (
+    "the database db is unavailable (no answer from the database within 5 s); what was asked"
+    " may have been done, in whole or in part: look before asking again"
+)
+
+
+class Answers:
+    """A submit's tries, each answered in turn: an error to raise, or a reply."""
+
+    def __init__(self, *answers: Any) -> None:
+        self.answers = list(answers)
+        self.tries = 0
+
+    def __call__(self) -> Any:
+        answer = self.answers[self.tries]
+        self.tries += 1
+        if isinstance(answer, GpuschedError):
+            raise answer
+        return answer
+
+
+def test_a_submit_refused_with_nothing_changed_is_said_at_once_and_as_it_is() -> None:
+    """Found with a sweep cut mid-pipeline (tests/test_partitions.py): every refusal
+    took three tries, 8 s, and said "nothing was changed (... it may have been queued)"."""
+    tries = Answers(GpuschedError(REFUSED), "never asked")
+    with pytest.raises(GpuschedError) as raised:
+        send_submit(tries, "r1", Path("/run/gpusched.sock"))
+    assert tries.tries == 1
+    assert str(raised.value) == REFUSED
+
+
+def test_a_submit_whose_commit_was_not_confirmed_is_retried_and_answered() -> None:
+    tries = Answers(GpuschedError(UNCONFIRMED), {"jobs": [7]})
+    assert send_submit(tries, "r1", Path("/run/gpusched.sock")) == {"jobs": [7]}
+    assert tries.tries == 2
+
+
+def test_a_retry_refused_after_a_lost_answer_still_says_the_first_try_may_be_queued() -> None:
+    tries = Answers(GpuschedError(UNCONFIRMED), GpuschedError(REFUSED))
+    with pytest.raises(GpuschedError) as raised:
+        send_submit(tries, "r1", Path("/run/gpusched.sock"))
+    said = str(raised.value)
+    assert tries.tries == 2
+    assert "the first try may have been queued" in said and "submit request r1" in said, said
+    assert "\n" not in said
+
+
+def test_a_submit_whose_answers_stay_lost_says_it_may_be_queued() -> None:
+    lost = [GpuschedError(UNCONFIRMED) for _ in range(3)]
+    tries = Answers(*lost, "never asked")
+    with pytest.raises(GpuschedError, match="it may have been queued"):
+        send_submit(tries, "r1", Path("/run/gpusched.sock"))
+    assert tries.tries == 3  # the first try and its two retries
