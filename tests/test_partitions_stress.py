@@ -112,11 +112,13 @@ def one_round(cluster: Cluster, load: Load, rng: random.Random) -> str:
         time.sleep(NODE_TIMEOUT_S + 2)
         proxy.heal(middlebox)
         said += f" after {statement!r} ({'cut' if cut.is_set() else 'never cut'}){healed}"
-    elif fault == "pipeline cut":  # a poll's or an end's points, before their Sync
-        cut = proxy.cut_mid_pipeline("INSERT INTO timeline_points")
+    elif fault == "pipeline cut":  # after an Execute, before its Sync
+        # A poll's or an end's points (a batch); a submit's job (under the submits' lock).
+        statement = rng.choice(["INSERT INTO timeline_points", "INSERT INTO jobs"])
+        cut = proxy.cut_mid_pipeline(statement)
         time.sleep(NODE_TIMEOUT_S + 2)
         proxy.heal(middlebox)
-        said += f" ({'cut' if cut.is_set() else 'never cut'}){healed}"
+        said += f" after {statement!r} ({'cut' if cut.is_set() else 'never cut'}){healed}"
     elif fault == "delay":
         seconds = rng.uniform(0.05, 0.5)
         proxy.delay(seconds)
