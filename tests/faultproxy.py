@@ -151,6 +151,12 @@ class FaultProxy:
         for pair in pairs:
             pair.close(reset=True)
 
+    def kept(self) -> int:
+        """Connections whose client closed them during a blackhole, their server side
+        kept open (a middlebox's heal)."""
+        with self._lock:
+            return sum(pair.client_gone for pair in self._pairs)
+
     def describe(self) -> str:
         """What the network does now, for a failure report: pass, blackhole, delay N s,
         and a cut still armed."""
@@ -158,9 +164,8 @@ class FaultProxy:
             mode = f"delay {self._delay_s:g} s" if self._mode == DELAY else self._mode
             cuts = (self._cut_after, self._commit_after, self._pipeline_after)
             armed = [f"cut armed after {a!r}" for a in cuts if a]
-            gone = sum(pair.client_gone for pair in self._pairs)
-            kept = f"{len(self._pairs)} connections ({gone} kept open for a client gone)"
-            return ", ".join([mode, *armed, kept])
+            total, gone = len(self._pairs), sum(pair.client_gone for pair in self._pairs)
+        return ", ".join([mode, *armed, f"{total} connections ({gone} kept for a client gone)"])
 
     def cut_inside_transaction(self, after: str = "UPDATE nodes") -> threading.Event:
         with self._lock:
