@@ -6,6 +6,7 @@ they are imported here so every test module can use them by name.
 
 # -- a real daemon on simulated GPUs, in a temporary directory ---------------------------
 import os
+import signal
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -26,6 +27,13 @@ from tests.fakenvml.fixtures import (  # noqa: F401
 )
 from tests.faultcluster import cluster  # noqa: F401
 from tests.postgres import TEMPLATE, PostgresServer, private_server
+
+# A suite started in the background (`nohup python -m pytest &`) inherits SIGINT ignored,
+# and so would every command it starts: the Ctrl-C tests would then test nothing a
+# person's shell does (a foreground command has SIGINT's default). A handler of our own
+# is reset to that default in each command at its exec.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture
