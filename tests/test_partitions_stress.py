@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import threading
 import time
+from collections import Counter
 
 import pytest
 
@@ -36,6 +38,16 @@ ROUNDS = 10
 TERMINAL = {"done", "failed", "lost", "cancelled"}
 
 
+def refusal(said: str) -> str:
+    """A refused submit's message in short: the database's reason and its outcome, or the
+    message's start (the report's tally of refusals)."""
+    found = re.search(r"is unavailable \((.*)\); (nothing was changed|what was asked)", said)
+    if found:
+        reason = re.sub(r"\d+", "N", found.group(1))[:60]
+        return f"{reason}: {found.group(2)}"
+    return re.sub(r"\d+", "N", said.strip())[:80]
+
+
 class Load:
     """Submits recorded jobs through random live nodes until stopped."""
 
@@ -44,7 +56,7 @@ class Load:
         self.rng = rng
         self.acknowledged: list[int] = []
         self.requeue: set[int] = set()
-        self.refused = 0
+        self.refused: Counter[str] = Counter()  # what each refusal said, in short
         self.stop = threading.Event()
         self.live = set(cluster.daemons)
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -66,11 +78,11 @@ class Load:
             seconds = self.rng.uniform(0.5, 3.0)
             try:
                 result = daemon.cli(*args, "--", *self.cluster.history.job(seconds), timeout=60)
-            except Exception:  # a frozen or killed daemon: not acknowledged
-                self.refused += 1
+            except Exception as exc:  # a frozen or killed daemon: not acknowledged
+                self.refused[type(exc).__name__] += 1
                 continue
             if result.returncode != 0:
-                self.refused += 1
+                self.refused[refusal(result.stderr)] += 1
                 continue
             job_id = int(result.stdout.strip())
             self.cluster.declared[job_id] = mem * GIB
@@ -179,7 +191,7 @@ def test_randomized_faults_under_load_lose_nothing_and_start_nothing_twice(
     states = cluster.states(acked)
     ran = {run.job for run in cluster.history.runs()}
     print(
-        f"{len(acked)} acknowledged, {load.refused} refused;",
+        f"{len(acked)} acknowledged, {load.refused.total()} refused {dict(load.refused)};",
         {s: list(states.values()).count(s) for s in TERMINAL},
         f"lost but ended: {cluster.history.lost_but_ended(cluster.store)};",
         # Behind a middlebox, a connection its daemon closed during a partition keeps its
