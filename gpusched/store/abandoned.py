@@ -20,12 +20,13 @@ import logging
 from sqlalchemy import Connection, text
 
 from gpusched.store.database import Database
+from gpusched.store.engine import WAIT_BOUND_S
 
 log = logging.getLogger("gpusched.database")
 
 # Three times the daemons' own wait for any one answer (store.waits): a daemon whose
 # backend waits this long on it has long since closed its end.
-ABANDONED_AFTER_S = 15.0
+ABANDONED_AFTER_S = 3 * WAIT_BOUND_S
 CHECK_EVERY_S = 5.0
 
 _END_ABANDONED = text(
