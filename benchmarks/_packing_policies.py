@@ -17,9 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from gpusched.scheduling.gpu_budget import GpuSlot, RunningClaim
-from gpusched.scheduling.head_claim import HeadClaim
-from gpusched.scheduling.policy import Placement, WaitingJob, plan
+from gpusched.scheduling.policy import GpuSlot, HeadClaim, Placement, RunningClaim, WaitingJob, plan
 
 
 @dataclass(frozen=True)

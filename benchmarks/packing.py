@@ -71,8 +71,7 @@ from _packing_trace import (
     prior_owner_runs,
 )
 
-from gpusched.scheduling.gpu_budget import GpuSlot, RunningClaim
-from gpusched.scheduling.policy import UsageSpan, WaitingJob, decayed_usage
+from gpusched.scheduling.policy import GpuSlot, RunningClaim, UsageSpan, WaitingJob, decayed_usage
 from gpusched.usage.demand_history import owner_prior_of
 
 HEADROOM = 512 * 2**20  # the default `headroom`

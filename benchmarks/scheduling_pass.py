@@ -44,8 +44,7 @@ from typing import Any
 from _common import RESULT_PREFIX, Figure, GiB, median_time, print_conditions, report
 from _packing_trace import TraceJob, make_trace
 
-from gpusched.scheduling.gpu_budget import GpuSlot, RunningClaim
-from gpusched.scheduling.policy import WaitingJob, plan
+from gpusched.scheduling.policy import GpuSlot, RunningClaim, WaitingJob, plan
 from gpusched.scheduling.scheduler import Scheduler
 from gpusched.store import jobs
 from tests.daemon_harness import in_process_scheduler
@@ -208,7 +207,7 @@ def one_run(args: argparse.Namespace, tree: str | None) -> dict[str, dict[str, A
 
 def against_baseline(args: argparse.Namespace) -> None:
     tree = str(args.baseline_tree.resolve())
-    if not Path(tree, "gpusched", "scheduling", "policy.py").exists():
+    if not Path(tree, "gpusched", "scheduling").is_dir():
         sys.exit(f"--baseline-tree {tree}: no gpusched package there")
     print_conditions()
     runs: dict[str, list[dict[str, dict[str, Any]]]] = {"baseline tree": [], "this tree": []}

@@ -20,8 +20,7 @@ from gpusched.scheduling.cluster.inputs import (
     node_report,
     split_key,
 )
-from gpusched.scheduling.gpu_budget import GpuSlot
-from gpusched.scheduling.policy import WaitingJob, plan
+from gpusched.scheduling.policy import GpuSlot, WaitingJob, plan
 from gpusched.store import LeaseRow
 
 G = 2**30

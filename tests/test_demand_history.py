@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gpusched.core.models import JobState
-from gpusched.scheduling.gpu_budget import BUSY_DEMAND as POLICY_BUSY_DEMAND
+from gpusched.scheduling.policy.budget import BUSY_DEMAND as POLICY_BUSY_DEMAND
 from gpusched.store import NewJob, Store
 from gpusched.store.schema import jobs
 from gpusched.usage.demand_history import BUSY_DEMAND, OWNER_RUNS, DemandHistory, OwnerPrior

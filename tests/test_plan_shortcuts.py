@@ -21,11 +21,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpusched.scheduling.gpu_budget import GpuSlot, PlanGpu, RunningClaim, by_room
-from gpusched.scheduling.gpu_choice import CalmRoom, Needs, contention_wait
 from gpusched.scheduling.policy import UserCap, WaitingJob, plan
+from gpusched.scheduling.policy.budget import GpuSlot, PlanGpu, RunningClaim, by_room
+from gpusched.scheduling.policy.contention import CalmRoom, contention_wait
+from gpusched.scheduling.policy.keep_for_bigger import Needs
+from gpusched.scheduling.policy.turns import in_turns, own_order
 from gpusched.scheduling.policy_inputs import WaitingJobs
-from gpusched.scheduling.turns import in_turns, own_order
 from gpusched.store import Queued
 
 G = 2**30

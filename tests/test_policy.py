@@ -15,8 +15,17 @@ from typing import Any
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from gpusched.scheduling.gpu_budget import GpuBudget, GpuSlot, RunningClaim, gpu_budgets
-from gpusched.scheduling.policy import HeadClaim, Plan, UserCap, WaitingJob, plan
+from gpusched.scheduling.policy import (
+    GpuBudget,
+    GpuSlot,
+    HeadClaim,
+    Plan,
+    RunningClaim,
+    UserCap,
+    WaitingJob,
+    gpu_budgets,
+    plan,
+)
 
 G = 2**30
 M = 2**20

@@ -7,8 +7,9 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpusched.scheduling.gpu_budget import GpuSlot, RunningClaim
 from gpusched.scheduling.policy import (
+    GpuSlot,
+    RunningClaim,
     UsageSpan,
     WaitingJob,
     decayed_usage,

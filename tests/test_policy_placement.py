@@ -13,8 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpusched.core.models import Job
-from gpusched.scheduling.gpu_budget import GpuSlot, RunningClaim
-from gpusched.scheduling.policy import HeadClaim, Plan, WaitingJob, plan
+from gpusched.scheduling.policy import GpuSlot, HeadClaim, Plan, RunningClaim, WaitingJob, plan
 from gpusched.scheduling.policy_inputs import running_claims
 
 G = 2**30

@@ -13,8 +13,7 @@ from gpusched.config.settings import load_config
 from gpusched.core.errors import UsageError
 from gpusched.core.models import GpuProcess, GpuState, JobState
 from gpusched.processes.environment import sharing_environment
-from gpusched.scheduling.gpu_budget import GpuSlot
-from gpusched.scheduling.policy import WaitingJob, plan
+from gpusched.scheduling.policy import GpuSlot, WaitingJob, plan
 from gpusched.store import NewJob, Store
 from gpusched.usage.monitor import Overrun, UsageMonitor
 

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from gpusched.core.models import GpuReport, GpuState, Job
 from gpusched.gpus.process_owners import outside_processes
-from gpusched.scheduling.gpu_budget import gpu_budgets
+from gpusched.scheduling.policy import gpu_budgets
 from gpusched.scheduling.policy_inputs import gpu_slot, running_claim
 
 

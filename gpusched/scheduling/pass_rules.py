@@ -22,10 +22,9 @@ from gpusched.scheduling.admission import admit
 from gpusched.scheduling.context import Context
 from gpusched.scheduling.endings import JobEndings
 from gpusched.scheduling.fair_share import recent_usage
-from gpusched.scheduling.gpu_budget import GpuSlot, RunningClaim
 from gpusched.scheduling.interactive import hold_back_interactive
 from gpusched.scheduling.last_answer import LastAnswer
-from gpusched.scheduling.policy import Plan, UserCap, WaitingJob, plan
+from gpusched.scheduling.policy import GpuSlot, Plan, RunningClaim, UserCap, WaitingJob, plan
 from gpusched.scheduling.policy_inputs import StoredHeadClaim, waiting_job
 from gpusched.scheduling.quieter_waits import QuieterWaits
 from gpusched.store import Queued

@@ -10,9 +10,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 
 from gpusched.core.models import GpuHealth, GpuState, Job
-from gpusched.scheduling.gpu_budget import GpuSlot, RunningClaim
-from gpusched.scheduling.head_claim import HeadClaim
-from gpusched.scheduling.policy import WaitingJob
+from gpusched.scheduling.policy import GpuSlot, HeadClaim, RunningClaim, WaitingJob
 from gpusched.store import HeadClaims, Queued, StoredClaim
 from gpusched.usage.monitor import UsageMonitor
 

@@ -109,7 +109,7 @@ def _copy_by_job(source: Connection, target: Connection, table: Table, shift: in
 
 def _copy_head_claim(source: Connection, target: Connection, shift: int) -> None:
     """The cards kept for the source's blocked head, unless the target keeps some for its
-    own head (one claim at most: scheduling.head_claim)."""
+    own head (one claim at most: scheduling.policy.head_claim)."""
     if target.execute(select(func.count()).select_from(head_claims)).scalar_one():
         return
     for row in source.execute(select(head_claims)).mappings():

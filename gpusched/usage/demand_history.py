@@ -29,7 +29,7 @@ PER_KIND = 5
 # A job with no history of its own is expected to demand what its owner's latest this
 # many ended runs did, when they were all busy.
 OWNER_RUNS = 5
-# Busy: a demand of at least this (the policy's rule 3, scheduling.gpu_budget.BUSY_DEMAND,
+# Busy: a demand of at least this (the policy's rule 3, scheduling.policy.budget.BUSY_DEMAND,
 # which this layer may not import).
 BUSY_DEMAND = 0.5
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpusched.core.models import GpuHealth, GpuReport, GpuState, Job
-from gpusched.scheduling.gpu_budget import GpuSlot, RunningClaim
+from gpusched.scheduling.policy import GpuSlot, RunningClaim
 from gpusched.scheduling.policy_inputs import capacity_bytes
 
 

@@ -1,16 +1,17 @@
 """The policy's plain data: what a waiting job asks of `plan()` (WaitingJob), a user's
-share of the server (UserCap), and what a plan answers (Placement, Plan).
+share of the server (UserCap), the cards kept for a blocked head between plans
+(HeadClaim), and what a plan answers (Placement, Plan).
 
-Apart from scheduling.policy so that the placers, the benchmarks and the tests name the
-policy's inputs and outputs without reading its rules; `policy` re-exports them.
+Every rule module reads these and none of them defines one, so the rules import the data
+and never each other's home; the package re-exports them for the placers, benchmarks and
+tests.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gpusched.scheduling.gpu_budget import GpuBudget
-from gpusched.scheduling.head_claim import HeadClaim
+from gpusched.scheduling.policy.budget import GpuBudget
 
 # A waiting job's ask, as `plan()` memoises answers by: see WaitingJob.ask.
 Ask = tuple[int | None, int, frozenset[str] | None, bool, float | None]
@@ -47,6 +48,15 @@ class WaitingJob:
     def __post_init__(self) -> None:
         ask = (self.mem_bytes, self.gpu_count, self.gpu_keys, self.exclusive, self.time_limit_s)
         object.__setattr__(self, "ask", ask)
+
+
+@dataclass(frozen=True)
+class HeadClaim:
+    """The cards kept for a blocked head job (stored between plans by the scheduler)."""
+
+    job_id: int
+    gpu_uuids: tuple[str, ...]
+    mem_bytes: int | None  # the head's declaration per GPU; None: a whole GPU
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
-"""Rule 1 of the policy (see policy.py): the cards kept for the blocked head, by memory.
+"""The head's claim: the cards kept for the blocked head, by memory, and backfill.
 
-Pure. The head is the first job in the plan's order that cannot start now. It claims
+The head is the first job in the plan's order that cannot start now. It claims
 the card(s) expected to free soonest for it: on each card, the jobs it must wait for
 are those whose end gives it room, ending first those whose `--time` runs out first
 (then the largest); a card's expected time is the latest of those ends (unknown when
@@ -12,27 +12,17 @@ Jobs behind the head may still start on a kept card (backfill) when
 - memory: the head still fits there at the first moment it would have without them,
   whatever order the card's jobs end in (`slack`, `_least_slack`), or
 - time: the job's own `--time` ends before the head's earliest start (as Slurm does).
+Pure.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from gpusched.core.units import format_duration
-from gpusched.scheduling.gpu_budget import PlanGpu, could_ever_fit
-
-if TYPE_CHECKING:
-    from gpusched.scheduling.policy import WaitingJob
-
-
-@dataclass(frozen=True)
-class HeadClaim:
-    """The cards kept for a blocked head job (stored between plans by the scheduler)."""
-
-    job_id: int
-    gpu_uuids: tuple[str, ...]
-    mem_bytes: int | None  # the head's declaration per GPU; None: a whole GPU
+from gpusched.scheduling.policy.budget import PlanGpu, could_ever_fit
+from gpusched.scheduling.policy.data import HeadClaim, WaitingJob
+from gpusched.scheduling.policy.words import card_list
 
 
 @dataclass
@@ -154,8 +144,7 @@ class Kept:
     def reason(self, several_nodes: bool) -> str:
         """The head's waiting reason: which cards are kept for it, and for which jobs."""
         cards = sorted(self.cards.values(), key=lambda c: c.gpu.slot.index)
-        names = ", ".join(str(c.gpu.slot.index) for c in cards)
-        where = f"GPU {names}" if len(cards) == 1 else f"GPUs {names}"
+        where = card_list([c.gpu.slot.index for c in cards])
         node = cards[0].gpu.slot.node
         if several_nodes and node:
             where += f" on {node}"

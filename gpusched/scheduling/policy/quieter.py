@@ -1,24 +1,23 @@
-"""Policy rule 3's bound: the cards kept for a job held for a quieter card, in words.
+"""The bound on a contention wait: the cards kept for a job held for a quieter card.
 
-Pure, split from policy.py. The first job in the order held for a quieter card keeps the
-card(s) whose busy jobs (else, on a card busy only with light jobs, all its jobs) end
-soonest (`soonest_quiet`); its reason says which and until when (`quieter`), and a job
-that would fit on such a card is told it is kept (`kept_quiet`).
+The first job in the order held for a quieter card (module contention) keeps the card(s)
+whose busy jobs (else, on a card busy only with light jobs, all its jobs) end soonest
+(`soonest_quiet`); no job behind it starts there, so it starts once those end. Its reason
+says which and until when (`quieter_parts`), and a job that would fit on such a card is
+told it is kept (`kept_quiet`). Pure.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
 
 from gpusched.core.units import format_duration
-from gpusched.scheduling.gpu_budget import PlanGpu
-from gpusched.scheduling.gpu_choice import fits_now, is_busy_job
-from gpusched.scheduling.waiting_reasons import gpu_name
-
-if TYPE_CHECKING:
-    from gpusched.scheduling.policy import WaitingJob
+from gpusched.scheduling.policy.budget import PlanGpu
+from gpusched.scheduling.policy.contention import is_busy_job
+from gpusched.scheduling.policy.data import WaitingJob
+from gpusched.scheduling.policy.exclusive import fits_now
+from gpusched.scheduling.policy.words import gpu_name
 
 SHOWN_CARDS = 3  # the cards a held job's reason names
 
@@ -49,18 +48,6 @@ def _runs(gpu: PlanGpu) -> str:
         return f"busy job{'s' if len(jobs) > 1 else ''} {', '.join(map(str, jobs))}"
     jobs = gpu.job_ids
     return f"job{'s' if len(jobs) > 1 else ''} {', '.join(map(str, jobs))} ({gpu.demand:.0%} busy)"
-
-
-def quieter(
-    job: WaitingJob,
-    found: Sequence[PlanGpu],
-    quiet_kept: Mapping[str, int],
-    by_uuid: Mapping[str, PlanGpu],
-    several_nodes: bool,
-) -> str:
-    """The reason of a job held for a quieter card (`quieter_parts` around `so_far`)."""
-    said, rest = quieter_parts(job, found, quiet_kept, by_uuid, several_nodes)
-    return f"{said}{so_far(job)}{rest}"
 
 
 def so_far(job: WaitingJob) -> str:

@@ -1,13 +1,13 @@
-"""What each GPU holds for gpusched and has left: the policy's rules 1 and 6.
+"""What each GPU holds for gpusched and has left, before a plan places anything.
 
-Rule 1 (memory): a GPU's available memory is what the driver says is free, minus the
-headroom, minus what running gpusched jobs have declared (or were seen to peak at, if
-more) but do not hold now; a GPU
-running a whole-GPU job, lost or excluded has none. Rule 6 (compute): a GPU's load is the
-higher of its own recent utilization and its jobs' sum, plus `NEW_JOB_UTIL` per job not
-measured yet. `gpu_budgets` is rule 1 alone (what `status` shows); `budget_table` also
-gives the working state (`PlanGpu`) that `policy.plan` places jobs on. Pure, like the
-policy (see its docstring for all the rules).
+Memory: a GPU's available memory is what the driver says is free, minus the headroom,
+minus what running gpusched jobs have declared (or were seen to peak at, if more) but do
+not hold now; a GPU running a whole-GPU job, lost or excluded has none. Compute: a GPU's
+load is the higher of its own recent utilization and its jobs' sum, plus `NEW_JOB_UTIL`
+per job not measured yet (what `busy_util` compares, rule module card_limits). Demand:
+each job's share of a card's busy time as the contention rule counts it.
+`gpu_budgets` is the memory alone (what `status` shows); `budget_table` also gives the
+working state (`PlanGpu`) that a plan places jobs on.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ class RunningClaim:
     user: str = ""
     array_id: int | None = None
     util_percent: float | None = None  # its own recent utilization; None: not measured yet
-    # Share of a card's busy time it needs, 0.0-1.0 (policy rule 3); None: not known yet.
+    # Share of a card's busy time it needs, 0.0-1.0 (contention); None: not known yet.
     demand: float | None = None
     ends_in_s: float | None = None  # what is left of its --time; None: no limit
     exclusive: bool = False  # --exclusive: its cards take no other job
@@ -58,7 +58,7 @@ class GpuBudget:
     short_bytes: int = 0  # reservations the card's free memory cannot cover now
 
 
-# Rule 6: what a job that has not used its GPU yet counts for, in percent of the GPU.
+# What a job that has not used its GPU yet counts for in a card's load, in percent.
 NEW_JOB_UTIL = 100.0
 
 
@@ -72,11 +72,11 @@ class PlanGpu:
     job_count: int
     whole: bool  # a whole-GPU job runs here
     job_ids: list[int]  # gpusched jobs on it, running or placed by this plan
-    load: float  # compute load, percent of the GPU (rule 6)
+    load: float  # compute load, percent of the GPU (card_limits' busy_util)
     # Each running job's hold: (job id, memory it frees when it ends (None: a whole GPU),
-    # seconds left of its --time (None: no limit)). What a blocked head waits for (rule 1).
+    # seconds left of its --time (None: no limit)). What a blocked head waits for.
     holds: list[tuple[int, int | None, float | None]] = field(default_factory=list)
-    demand: float = 0.0  # its jobs' summed demand (unknown counts as 1.0): rule 3
+    demand: float = 0.0  # its jobs' summed demand (unknown counts as 1.0): contention
     busy_with: list[int] = field(default_factory=list)  # its jobs known or assumed busy
     exclusive: bool = False  # an --exclusive job runs here: nothing joins it
     measured: float = 0.0  # the part of `demand` that is known (not an unknown's 1.0)
@@ -85,7 +85,7 @@ class PlanGpu:
 def gpu_budgets(
     gpus: Sequence[GpuSlot], running: Sequence[RunningClaim], headroom_bytes: int
 ) -> dict[str, GpuBudget]:
-    """Rule 1 alone: reserved and available memory per GPU (what `status` shows)."""
+    """Memory alone: reserved and available memory per GPU (what `status` shows)."""
     table = budget_table(gpus, running, headroom_bytes)
     return {uuid: budget for uuid, (budget, _) in table.items()}
 
@@ -93,7 +93,7 @@ def gpu_budgets(
 def budget_table(
     gpus: Sequence[GpuSlot], running: Sequence[RunningClaim], headroom_bytes: int
 ) -> dict[str, tuple[GpuBudget, PlanGpu]]:
-    """Each GPU's budget (rule 1) and the state a plan starts from (rule 6's load too)."""
+    """Each GPU's budget and the state a plan starts from (its load and demand too)."""
     result: dict[str, tuple[GpuBudget, PlanGpu]] = {}
     for slot in gpus:
         on_gpu = [claim for claim in running if slot.uuid in claim.gpu_uuids]
@@ -145,13 +145,13 @@ def budget_table(
     return result
 
 
-# Rule 3: a job needing at least this share of a card's time is "busy" (two such jobs on
+# Contention: a job needing at least this share of a card's time is "busy" (two such jobs on
 # one card each run at about half speed: docs/benchmarks.md, FIELD.md's measured table).
 BUSY_DEMAND = 0.5
 
 
 def job_demand(demand: float | None, share: bool) -> float:
-    """A job's demand as rule 3 counts it: --share is light, an unknown one is busy."""
+    """A job's demand as contention counts it: --share is light, an unknown one is busy."""
     if share:
         return 0.0
     return 1.0 if demand is None else min(1.0, max(0.0, demand))
@@ -163,34 +163,11 @@ def known_demand(demand: float | None, share: bool) -> float:
 
 
 def compute_load(slot: GpuSlot, on_gpu: Sequence[RunningClaim]) -> float:
-    """Rule 6: a GPU's compute load in percent (may pass 100 when it is oversubscribed)."""
+    """A GPU's compute load in percent (may pass 100 when it is oversubscribed)."""
     known = sum(c.util_percent for c in on_gpu if c.util_percent is not None)
     unmeasured = sum(1 for c in on_gpu if c.util_percent is None)
     # The GPU's own reading also counts processes gpusched did not start.
     return max(slot.util_percent or 0.0, known) + NEW_JOB_UTIL * unmeasured
-
-
-def is_open(gpu: PlanGpu, max_jobs_per_gpu: int | None, busy_util: float | None) -> bool:
-    """Whether a GPU may take a new job at all, whatever its size."""
-    if not gpu.slot.usable or gpu.whole or gpu.exclusive:
-        return False
-    if max_jobs_per_gpu is not None and gpu.job_count >= max_jobs_per_gpu:
-        return False
-    return busy_util is None or gpu.load < busy_util
-
-
-def fits(
-    gpu: PlanGpu,
-    mem_bytes: int | None,
-    max_jobs_per_gpu: int | None,
-    busy_util: float | None = None,
-) -> bool:
-    """Whether a job asking `mem_bytes` (None: the whole GPU) could start on it now."""
-    if not is_open(gpu, max_jobs_per_gpu, busy_util):
-        return False
-    if mem_bytes is None:
-        return gpu.job_count == 0
-    return gpu.available >= mem_bytes
 
 
 def could_ever_fit(gpu: PlanGpu, mem_bytes: int | None) -> bool:

@@ -1,9 +1,9 @@
-"""Fair share in the policy: the order users take turns in, and how it is told.
+"""Turns: the order jobs are considered in, by fair share, and how a passed job is told.
 
-Pure, split from policy.py. Each user's recent use (`decayed_usage`: GPU memory-time,
+Each user's recent use (`decayed_usage`: GPU memory-time,
 decayed by a half-life, from `UsageSpan`s) orders the turns; `in_turns` gives the jobs an
 administrator put first and each user's own queue (priority, then submit order); a job
-that other users' later jobs passed in this plan is told whose (`passed_by`).
+that other users' later jobs passed in this plan is told whose (`passed_by`). Pure.
 """
 
 from __future__ import annotations
@@ -13,13 +13,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import groupby
 from operator import attrgetter
-from typing import TYPE_CHECKING
 
-from gpusched.scheduling.gpu_budget import PlanGpu
 from gpusched.scheduling.last_answer import LastAnswer
-
-if TYPE_CHECKING:
-    from gpusched.scheduling.policy import WaitingJob
+from gpusched.scheduling.policy.budget import PlanGpu
+from gpusched.scheduling.policy.data import WaitingJob
 
 
 def submit_place(job: WaitingJob) -> int:
@@ -148,3 +145,30 @@ def passed_by(
         f"{user}'s job {other} on GPU {index}" for user, other, index in sorted(set(passed))[:3]
     )
     return f"fair share went first: {named} (users take turns, less recent GPU use first)"
+
+
+class PassedOn:
+    """What other users' jobs took in this plan, per card (their place in submit order,
+    user, job id, memory), so that a job they passed by taking turns is told so."""
+
+    def __init__(self) -> None:
+        self.taken: dict[str, list[tuple[int, str, int, int | None]]] = {}
+        self.latest_by_user: dict[str, int] = {}  # the latest submit place that took a card
+
+    def note(self, job: WaitingJob, gpu: PlanGpu) -> None:
+        """`job` took `gpu` in its turn (an administrator's `top` is no turn: not noted)."""
+        place = submit_place(job)
+        self.taken.setdefault(gpu.slot.uuid, []).append(
+            (place, job.user, job.job_id, job.mem_bytes)
+        )
+        self.latest_by_user[job.user] = max(self.latest_by_user.get(job.user, 0), place)
+
+    def passed(self, job: WaitingJob, by_uuid: Mapping[str, PlanGpu]) -> str | None:
+        """`passed_by`, asked only where another user's later job took a card at all."""
+        latest = self.latest_by_user
+        if not latest:
+            return None
+        its_place = submit_place(job)
+        if not any(u != job.user and p > its_place for u, p in latest.items()):
+            return None
+        return passed_by(job, self.taken, by_uuid)

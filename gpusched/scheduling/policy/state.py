@@ -1,0 +1,99 @@
+"""The plain state one plan works on, and what stays the same for the whole plan.
+
+`Settings` holds what the caller decided (caps, limits, the stored head claim, the rules'
+options); `PlanState` what the plan changes as it goes: the cards (`PlanGpu`, their room
+taken by each placement), the room (the open cards no claim keeps, most available
+first, kept sorted), the head's claim (`kept`), the cards kept for a job held for a
+quieter card (`quiet_kept`), what the caps count, the waiting reasons, and the
+placements. The steps that change it are functions in modules candidates, placing and
+consider; nothing here is a closure over shared locals. Pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from gpusched.scheduling.policy.budget import GpuBudget, PlanGpu, RunningClaim
+from gpusched.scheduling.policy.caps import Tallies
+from gpusched.scheduling.policy.card_limits import is_open
+from gpusched.scheduling.policy.contention import CalmRoom
+from gpusched.scheduling.policy.data import HeadClaim, Placement, Plan, UserCap, WaitingJob
+from gpusched.scheduling.policy.head_claim import Kept
+from gpusched.scheduling.policy.keep_for_bigger import Needs
+from gpusched.scheduling.policy.reasons import WaitingReasons
+from gpusched.scheduling.policy.topology import Topology
+from gpusched.scheduling.policy.turns import PassedOn
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What one plan is asked under: the same from its first job to its last."""
+
+    max_jobs_per_gpu: int | None
+    busy_util: float | None
+    placement: str
+    pack: str
+    topology: Topology | None
+    caps: Mapping[str, UserCap]
+    stored_claim: HeadClaim | None  # the head's claim of the last plan, to keep
+    several_nodes: bool  # a card's name in a reason says its node
+
+
+@dataclass(slots=True)
+class PlanState:
+    settings: Settings
+    budgets: dict[str, GpuBudget]  # before this plan's placements: what the plan answers
+    gpus: list[PlanGpu]
+    by_uuid: dict[str, PlanGpu]
+    tallies: Tallies
+    needs: Needs
+    reasons: WaitingReasons = field(default_factory=WaitingReasons)
+    passed_on: PassedOn = field(default_factory=PassedOn)
+    placements: list[Placement] = field(default_factory=list)
+    kept: Kept | None = None  # the head's claim in this plan
+    quiet_kept: dict[str, int] = field(default_factory=dict)  # uuid -> the job held for quiet
+    room: list[PlanGpu] | None = None  # open unclaimed cards, most available first
+    calm: CalmRoom = field(default_factory=CalmRoom)  # the room's calm cards, per change
+
+    @classmethod
+    def start(
+        cls,
+        table: Mapping[str, tuple[GpuBudget, PlanGpu]],
+        running: Sequence[RunningClaim],
+        waiting: Sequence[WaitingJob],
+        settings: Settings,
+    ) -> PlanState:
+        """The state before the first job: the cards as budgeted, the running jobs'
+        tallies, the waiting jobs' sizes."""
+        gpus = [gpu for _, gpu in table.values()]
+        by_uuid = {gpu.slot.uuid: gpu for gpu in gpus}
+        budgets = {uuid: budget for uuid, (budget, _) in table.items()}
+        return cls(
+            settings, budgets, gpus, by_uuid, Tallies.of(running, by_uuid), Needs(waiting, gpus)
+        )
+
+    def unclaimed(self, gpu: PlanGpu) -> bool:
+        """Kept neither for the head nor for a job held for a quieter card."""
+        kept = self.kept
+        return (
+            kept is None or gpu.slot.uuid not in kept.cards
+        ) and gpu.slot.uuid not in self.quiet_kept
+
+    def is_open(self, gpu: PlanGpu) -> bool:
+        return is_open(gpu, self.settings.max_jobs_per_gpu, self.settings.busy_util)
+
+    def claims_changed(self) -> None:
+        """A claim took cards out of the room: rebuild it, and forget remembered answers."""
+        self.room = None
+        self.reasons.forget()
+
+    def result(self) -> Plan:
+        kept = self.kept
+        return Plan(
+            self.placements,
+            self.reasons.said,
+            self.budgets,
+            kept.claim if kept is not None else None,
+            frozenset(self.reasons.held_for_quieter),
+        )
