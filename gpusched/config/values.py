@@ -10,10 +10,92 @@ from __future__ import annotations
 import ipaddress
 import math
 import re
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from gpusched.core.errors import UsageError
-from gpusched.core.units import parse_duration, parse_size
+from gpusched.core.units import parse_duration, parse_simulate_spec, parse_size
+
+
+def parse_path(value: Any) -> Path:
+    """`socket`, `state_dir`, `log_dir`: a path, `~` expanded."""
+    return Path(str(value)).expanduser()
+
+
+def parse_database_url(value: Any) -> str:
+    """`database`: an SQLAlchemy URL (anything with a scheme; SQLAlchemy checks the rest)."""
+    url = str(value)
+    if "://" not in url:
+        raise UsageError("expected an SQLAlchemy URL such as sqlite:////var/lib/x.db")
+    return url
+
+
+def parse_size_or_zero(value: Any) -> int:
+    """A size, or 0 (which `parse_size` refuses: a size there is more than zero)."""
+    if value in (0, "0"):
+        return 0
+    return parse_size(value)
+
+
+def parse_duration_or_zero(value: Any) -> float:
+    """A duration, or 0 (which `parse_duration` refuses)."""
+    if value in (0, "0"):
+        return 0.0
+    return parse_duration(value)
+
+
+def parse_gpus(value: Any) -> tuple[int | str, ...] | None:
+    """`gpus`: 'all' / null (None), or one GPU index or UUID, or a list of them."""
+    if value in (None, "all"):
+        return None
+    items = value if isinstance(value, list) else [value]
+    if not items or not all(isinstance(i, int | str) and not isinstance(i, bool) for i in items):
+        raise UsageError("expected 'all' or a list of GPU indices or UUIDs")
+    return tuple(items)
+
+
+def parse_simulate(value: Any) -> str | None:
+    """`simulate`: a fake GPU spec such as 2x24G (checked here, parsed by the daemon)."""
+    if value is None:
+        return None
+    parse_simulate_spec(str(value))
+    return str(value)
+
+
+def parse_positive_or_null(value: Any) -> int | None:
+    """`max_jobs_per_gpu`: a whole number >= 1, or null (no limit)."""
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise UsageError("expected a positive integer or null")
+    return value
+
+
+def one_of(first: str, second: str) -> Callable[[Any], str]:
+    """A parser that accepts only `first` or `second` (a key with two settings)."""
+
+    def parse(value: Any) -> str:
+        if value not in (first, second):
+            raise UsageError(f"expected {first!r} or {second!r}")
+        return value
+
+    return parse
+
+
+def parse_bool(value: Any) -> bool:
+    """`show_commands`: true or false, nothing YAML would merely make truthy."""
+    if not isinstance(value, bool):
+        raise UsageError("expected true or false")
+    return value
+
+
+def parse_admins(value: Any) -> tuple[str, ...]:
+    """`admins`: user names and @groups (null or empty: none)."""
+    items = value or []
+    if not isinstance(items, list) or not all(isinstance(i, str) and i.strip("@") for i in items):
+        raise UsageError("expected a list of user names and @groups")
+    return tuple(items)
 
 
 def parse_margin(value: Any) -> dict[str, Any]:
@@ -38,6 +120,7 @@ def parse_margin(value: Any) -> dict[str, Any]:
 # fit sensibly.
 MIN_LOG_CAP_BYTES = 64 * 1024
 
+
 HOOK_BOUNDS = {"hooks_per_user", "hooks_total", "hook_output_max"}
 
 
@@ -48,6 +131,13 @@ def parse_hook_bound(key: str, value: Any) -> dict[str, Any]:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise UsageError(f"expected a whole number >= 1, not {value!r}")
     return {key: value}
+
+
+def parse_hook_count(value: Any) -> int:
+    """`hooks_per_user`, `hooks_total`: a whole number >= 1 (`hook_output_max` is a size)."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise UsageError(f"expected a whole number >= 1, not {value!r}")
+    return value
 
 
 def parse_log_cap(value: Any) -> int | None:
@@ -94,6 +184,16 @@ def parse_bound(value: Any, kind: str) -> int:
     return number
 
 
+def parse_count_bound(value: Any) -> int:
+    """A request bound that counts (jobs): a whole number, at least 1."""
+    return parse_bound(value, "count")
+
+
+def parse_size_bound(value: Any) -> int:
+    """A request bound in bytes: a size or a whole number, at least 1."""
+    return parse_bound(value, "size")
+
+
 def parse_percent(value: Any) -> float | None:
     """ "90%", 90 or 90.5 -> 90.0; null -> None (off). Between 1 and 100."""
     if value is None:
@@ -130,6 +230,11 @@ def parse_address(value: Any, example: str = "127.0.0.1:9400") -> tuple[str, int
             f" such as {example})"
         )
     return host, int(port)
+
+
+def parse_web_address(value: Any) -> tuple[str, int] | None:
+    """`web`: the dashboard's address, as `parse_address` (its example, port 8080)."""
+    return parse_address(value, "127.0.0.1:8080")
 
 
 _NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
