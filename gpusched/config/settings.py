@@ -10,7 +10,7 @@ Sizes are bytes and durations are seconds inside `Config` (units in the names).
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import astuple, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -25,17 +25,28 @@ from gpusched.config.paths import (
 from gpusched.config.paths import user_state_dir as _user_state_dir
 from gpusched.config.retention import RetentionSettings, parse_retention
 from gpusched.config.values import (
-    HOOK_BOUNDS,
+    one_of,
     parse_address,
-    parse_bound,
+    parse_admins,
+    parse_bool,
     parse_command,
-    parse_hook_bound,
+    parse_count_bound,
+    parse_database_url,
+    parse_duration_or_zero,
+    parse_gpus,
+    parse_hook_count,
     parse_ip,
     parse_log_cap,
     parse_margin,
     parse_node_name,
     parse_node_timeout,
+    parse_path,
     parse_percent,
+    parse_positive_or_null,
+    parse_simulate,
+    parse_size_bound,
+    parse_size_or_zero,
+    parse_web_address,
 )
 from gpusched.core.errors import ConfigError, UsageError
 from gpusched.core.units import parse_duration, parse_size
@@ -45,16 +56,7 @@ def _is_root() -> bool:
     return os.geteuid() == 0
 
 
-# Request bounds (issue 16): what one request may make the daemon build or store. Each is
-# a config key of the same name; docs/operations.md lists them with the rest.
 DEFAULT_MAX_QUEUED = 10_000  # limits.default.max_queued: waiting jobs per user
-_REQUEST_BOUNDS = {  # key: (Config field, kind, default)
-    "max_array_jobs": ("max_array_jobs", "count", 10_000),  # jobs one --sweep creates
-    "max_submit_bytes": ("max_submit_bytes", "size", 16 * 2**20),  # argv+names+after, all jobs
-    "max_job_bytes": ("max_job_bytes", "size", 128 * 2**10),  # one job's argv and after
-    "max_env_bytes": ("max_env_bytes", "size", 256 * 2**10),  # a submit's environment
-    "status_page_jobs": ("status_page_jobs", "count", 1000),  # jobs per `status` reply
-}
 
 
 @dataclass(frozen=True)
@@ -111,11 +113,13 @@ class Config:
     # whole time one request may take to arrive however it trickles in (slowloris).
     client_idle_timeout_s: float = 60.0
     client_request_timeout_s: float = 30.0
-    max_array_jobs: int = _REQUEST_BOUNDS["max_array_jobs"][2]
-    max_submit_bytes: int = _REQUEST_BOUNDS["max_submit_bytes"][2]
-    max_job_bytes: int = _REQUEST_BOUNDS["max_job_bytes"][2]
-    max_env_bytes: int = _REQUEST_BOUNDS["max_env_bytes"][2]
-    status_page_jobs: int = _REQUEST_BOUNDS["status_page_jobs"][2]
+    # Request bounds: what one request may make the daemon build or store. Each is a config
+    # key of the same name; docs/operations.md lists them with the rest.
+    max_array_jobs: int = 10_000  # jobs one --sweep creates
+    max_submit_bytes: int = 16 * 2**20  # argv+names+after, all jobs
+    max_job_bytes: int = 128 * 2**10  # one job's argv and after
+    max_env_bytes: int = 256 * 2**10  # a submit's environment
+    status_page_jobs: int = 1000  # jobs per `status` reply
     default_limits: UserLimits = UserLimits()
     user_limits: Mapping[str, UserLimits] = field(default_factory=dict)
     # The cluster (docs/cluster.md): this server's name in a shared database (None: not
@@ -147,122 +151,6 @@ def default_config() -> Config:
         state_dir=state,
         log_dir=state / "jobs",
     )
-
-
-def _bad(source: str, key: str, problem: str) -> ConfigError:
-    return ConfigError(f"{source}: key '{key}': {problem}")
-
-
-def _convert(source: str, key: str, value: Any, base: Config) -> dict[str, Any]:  # noqa: PLR0911
-    """Turn one YAML key into Config field values, or raise naming file and key."""
-    try:
-        if key == "socket":
-            return {"socket_path": Path(str(value)).expanduser()}
-        if key == "database":
-            url = str(value)
-            if "://" not in url:
-                raise UsageError("expected an SQLAlchemy URL such as sqlite:////var/lib/x.db")
-            return {"database_url": url}
-        if key in ("state_dir", "log_dir"):
-            return {key: Path(str(value)).expanduser()}
-        if key == "poll_interval":
-            return {"poll_interval_s": parse_duration(value)}
-        if key == "kill_grace":
-            return {"kill_grace_s": parse_duration(value)}
-        if key == "max_log_size":
-            return {"max_log_bytes": parse_log_cap(value)}
-        if key == "fair_share_half_life":
-            return {"fair_share_half_life_s": parse_duration(value)}
-        if key == "headroom":
-            if value in (0, "0"):
-                return {"headroom_bytes": 0}
-            return {"headroom_bytes": parse_size(value)}
-        if key == "gpus":
-            if value in (None, "all"):
-                return {"gpus": None}
-            items = value if isinstance(value, list) else [value]
-            if not items or not all(
-                isinstance(i, int | str) and not isinstance(i, bool) for i in items
-            ):
-                raise UsageError("expected 'all' or a list of GPU indices or UUIDs")
-            return {"gpus": tuple(items)}
-        if key == "simulate":
-            if value is None:
-                return {"simulate": None}
-            from gpusched.core.units import parse_simulate_spec
-
-            parse_simulate_spec(str(value))
-            return {"simulate": str(value)}
-        if key == "max_jobs_per_gpu":
-            if value is None:
-                return {"max_jobs_per_gpu": None}
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise UsageError("expected a positive integer or null")
-            return {"max_jobs_per_gpu": value}
-        if key == "busy_util":
-            return {"busy_util": parse_percent(value)}
-        if key == "placement":
-            if value not in ("most-free", "best-fit"):
-                raise UsageError("expected 'most-free' or 'best-fit'")
-            return {"placement": value}
-        if key == "pack":
-            if value not in ("contention", "memory"):
-                raise UsageError("expected 'contention' or 'memory'")
-            return {"pack": value}
-        if key == "visible_devices":
-            if value not in ("index", "uuid"):
-                raise UsageError("expected 'index' or 'uuid'")
-            return {"visible_devices": value}
-        if key == "overrun":
-            if value not in ("warn", "kill"):
-                raise UsageError("expected 'warn' or 'kill'")
-            return {"overrun": value}
-        if key == "overrun_margin":
-            return parse_margin(value)
-        if key == "hint_min_runtime":
-            if value in (0, "0"):
-                return {"hint_min_runtime_s": 0.0}
-            return {"hint_min_runtime_s": parse_duration(value)}
-        if key == "show_commands":
-            if not isinstance(value, bool):
-                raise UsageError("expected true or false")
-            return {"show_commands": value}
-        if key == "limits":
-            return _limits(value)
-        if key == "interactive":
-            return {"interactive": parse_interactive(value)}
-        if key == "retention":
-            return {"retention": parse_retention(value)}
-        if key == "on_finish":
-            return {"on_finish": parse_command(value)}
-        if key == "hook_timeout":
-            return {"hook_timeout_s": parse_duration(value)}
-        if key in HOOK_BOUNDS:
-            return parse_hook_bound(key, value)
-        if key == "metrics":
-            return {"metrics_address": parse_address(value)}
-        if key == "metrics_scraper":
-            return {"metrics_scraper": parse_ip(value)}
-        if key == "web":
-            return {"web_address": parse_address(value, "127.0.0.1:8080")}
-        if key in ("client_idle_timeout", "client_request_timeout"):
-            return {f"{key}_s": parse_duration(value)}
-        if key in _REQUEST_BOUNDS:
-            return {_REQUEST_BOUNDS[key][0]: parse_bound(value, _REQUEST_BOUNDS[key][1])}
-        if key == "node":
-            return {"node": parse_node_name(value)}
-        if key == "node_timeout":
-            return {"node_timeout_s": parse_node_timeout(value)}
-        if key == "admins":
-            items = value or []
-            if not isinstance(items, list) or not all(
-                isinstance(i, str) and i.strip("@") for i in items
-            ):
-                raise UsageError("expected a list of user names and @groups")
-            return {"admins": tuple(items)}
-    except UsageError as exc:
-        raise _bad(source, key, exc.message) from None
-    raise _bad(source, key, "unknown key (see config/gpusched.yaml for the keys)")
 
 
 _LIMIT_KEYS = {"max_running", "max_mem", "max_queued"}
@@ -313,6 +201,70 @@ def _limits(value: Any) -> dict[str, Any]:
     }
 
 
+# Each YAML key: the Config field it sets and the parser of its value (most in values.py).
+# A field of None: the key sets more than one field, and its parser returns them by name.
+_KEYS: dict[str, tuple[str | None, Callable[[Any], Any]]] = {
+    "socket": ("socket_path", parse_path),
+    "database": ("database_url", parse_database_url),
+    "state_dir": ("state_dir", parse_path),
+    "log_dir": ("log_dir", parse_path),
+    "poll_interval": ("poll_interval_s", parse_duration),
+    "kill_grace": ("kill_grace_s", parse_duration),
+    "max_log_size": ("max_log_bytes", parse_log_cap),
+    "fair_share_half_life": ("fair_share_half_life_s", parse_duration),
+    "headroom": ("headroom_bytes", parse_size_or_zero),
+    "gpus": ("gpus", parse_gpus),
+    "simulate": ("simulate", parse_simulate),
+    "max_jobs_per_gpu": ("max_jobs_per_gpu", parse_positive_or_null),
+    "busy_util": ("busy_util", parse_percent),
+    "placement": ("placement", one_of("most-free", "best-fit")),
+    "pack": ("pack", one_of("contention", "memory")),
+    "visible_devices": ("visible_devices", one_of("index", "uuid")),
+    "overrun": ("overrun", one_of("warn", "kill")),
+    "overrun_margin": (None, parse_margin),  # a fraction or a size
+    "hint_min_runtime": ("hint_min_runtime_s", parse_duration_or_zero),
+    "show_commands": ("show_commands", parse_bool),
+    "limits": (None, _limits),  # the default limits and each user's
+    "interactive": ("interactive", parse_interactive),
+    "retention": ("retention", parse_retention),
+    "on_finish": ("on_finish", parse_command),
+    "hook_timeout": ("hook_timeout_s", parse_duration),
+    "hooks_per_user": ("hooks_per_user", parse_hook_count),
+    "hooks_total": ("hooks_total", parse_hook_count),
+    "hook_output_max": ("hook_output_max_bytes", parse_size),
+    "metrics": ("metrics_address", parse_address),
+    "metrics_scraper": ("metrics_scraper", parse_ip),
+    "web": ("web_address", parse_web_address),
+    "client_idle_timeout": ("client_idle_timeout_s", parse_duration),
+    "client_request_timeout": ("client_request_timeout_s", parse_duration),
+    "max_array_jobs": ("max_array_jobs", parse_count_bound),
+    "max_submit_bytes": ("max_submit_bytes", parse_size_bound),
+    "max_job_bytes": ("max_job_bytes", parse_size_bound),
+    "max_env_bytes": ("max_env_bytes", parse_size_bound),
+    "status_page_jobs": ("status_page_jobs", parse_count_bound),
+    "node": ("node", parse_node_name),
+    "node_timeout": ("node_timeout_s", parse_node_timeout),
+    "admins": ("admins", parse_admins),
+}
+
+
+def _bad(source: str, key: str, problem: str) -> ConfigError:
+    return ConfigError(f"{source}: key '{key}': {problem}")
+
+
+def _convert(source: str, key: str, value: Any) -> dict[str, Any]:
+    """Turn one YAML key into Config field values, or raise naming file and key."""
+    row = _KEYS.get(key)
+    if row is None:
+        raise _bad(source, key, "unknown key (see config/gpusched.yaml for the keys)")
+    name, parse = row
+    try:
+        parsed = parse(value)
+    except UsageError as exc:
+        raise _bad(source, key, exc.message) from None
+    return parsed if name is None else {name: parsed}
+
+
 def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> Config:
     """Read `path` (or the default location if it exists) over the defaults.
 
@@ -350,7 +302,7 @@ def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> C
             data[key] = value
     values: dict[str, Any] = {"source": source}
     for key, value in data.items():
-        values.update(_convert(source, str(key), value, base))
+        values.update(_convert(source, str(key), value))
     if "state_dir" in data:
         # A state directory named alone holds the whole state: two daemons given two state
         # directories must not share one database (or one log directory) unawares.

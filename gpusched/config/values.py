@@ -1,8 +1,9 @@
 """Parsers of the config values that are more than a size or a duration.
 
 Each takes the value as YAML gave it and returns what `Config` stores, or raises
-UsageError with a one-line problem; `config.py` adds the file and key to the message.
-Sizes and durations themselves are parsed by `units`.
+UsageError with a one-line problem; settings.py, whose table of keys names the parser of
+each, adds the file and key to the message. Sizes and durations themselves are parsed
+by `units`.
 """
 
 from __future__ import annotations
@@ -119,18 +120,6 @@ def parse_margin(value: Any) -> dict[str, Any]:
 # Below this, the cut log's head, marker and tail (gpusched.processes.logcap) would not
 # fit sensibly.
 MIN_LOG_CAP_BYTES = 64 * 1024
-
-
-HOOK_BOUNDS = {"hooks_per_user", "hooks_total", "hook_output_max"}
-
-
-def parse_hook_bound(key: str, value: Any) -> dict[str, Any]:
-    """`hooks_per_user`, `hooks_total` (counts >= 1) and `hook_output_max` (a size)."""
-    if key == "hook_output_max":
-        return {"hook_output_max_bytes": parse_size(value)}
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise UsageError(f"expected a whole number >= 1, not {value!r}")
-    return {key: value}
 
 
 def parse_hook_count(value: Any) -> int:
