@@ -33,7 +33,7 @@ from gpusched.core.hints import JobFacts, over_declared_hint
 from gpusched.core.models import GpuHealth, GpuProcess, GpuState, Job, TimelinePoint
 from gpusched.core.units import format_size
 from gpusched.store import Queued, Timeline, TimelineWrite, Usage
-from gpusched.usage.demand import card_polls
+from gpusched.usage.demand import CardPoll, card_polls
 from gpusched.usage.demand_history import DemandHistory
 from gpusched.usage.timeline import TimelineBuffer
 from gpusched.usage.tracker import UsageTracker, job_utilization, overrun_limit, smooth
@@ -43,6 +43,26 @@ HISTORY_TTL_S = 60.0
 
 # job id -> GPU uuid -> the job's processes holding memory there
 JobProcesses = Mapping[int, Mapping[str, Sequence[GpuProcess]]]
+
+
+@dataclass(frozen=True)
+class _Poll:
+    """What one poll read, for every running job at once: each job's steps read it, none
+    changes it."""
+
+    now_s: float
+    now_iso: str
+    by_uuid: Mapping[str, GpuState]
+    process_util: Mapping[str, Mapping[int, int]] | None
+    cards: Mapping[int, Mapping[str, CardPoll]]  # job id -> GPU uuid -> its view of the card
+    alone: Mapping[int, set[str]]  # job id -> the GPUs it has to itself
+    margin_fraction: float
+    margin_bytes: int
+
+    def index(self, uuid: str) -> int:
+        """A GPU's index; -1 for one this poll did not read."""
+        gpu = self.by_uuid.get(uuid)
+        return -1 if gpu is None else gpu.index
 
 
 @dataclass(frozen=True)
@@ -208,22 +228,15 @@ class UsageMonitor:
         margin_bytes: int,
     ) -> list[Overrun]:
         """One poll: feed every running job's tracker; return the jobs newly over their limit."""
-        by_uuid = {gpu.uuid: gpu for gpu in gpus}
-        # This poll's own device figures, not the smoothed ones: a smoothed figure lags a
-        # job's start and end by several polls (on an H100 a busy job alone read 0.72 of
-        # its card, and two busy jobs sharing one read as unsaturated for most of their run).
-        device_now = {
-            gpu.uuid: float(gpu.util_percent)
-            for gpu in by_uuid.values()
-            if gpu.util_percent is not None and gpu.health == GpuHealth.OK
-        }
-        cards = card_polls(by_uuid, processes, process_util, device_now)
-        alone = {
-            job_id: {
-                uuid for uuid, poll in polls.items() if not poll.neighbours and not poll.outsiders
-            }
-            for job_id, polls in cards.items()
-        }
+        poll = _read_poll(
+            now_s=now_s,
+            now_iso=now_iso,
+            gpus=gpus,
+            processes=processes,
+            process_util=process_util,
+            margin_fraction=margin_fraction,
+            margin_bytes=margin_bytes,
+        )
         overruns: list[Overrun] = []
         alive: set[int] = set()
         for job in running:
@@ -231,52 +244,44 @@ class UsageMonitor:
             per_gpu = processes.get(job.id)
             if not per_gpu:
                 continue
-            tracker = self.tracker(job)
-            held = {uuid: sum(p.used_bytes or 0 for p in procs) for uuid, procs in per_gpu.items()}
-            if tracker.observe_memory(held, _fullest_card(held, by_uuid)):
-                self.usage.record_usage(job.id, tracker.peak_mem)
-            # Utilization is sampled after the memory: a process that exited in between
-            # is missing from the samples, which would read as 0 % busy. Leave it out.
-            live_pids = {
-                uuid: pids
-                for uuid, procs in per_gpu.items()
-                if (pids := [p.pid for p in procs if _alive(p.pid)])
-            }
-            util = job_utilization(
-                live_pids,
-                process_util,
-                {uuid: by_uuid[uuid].util_percent for uuid in live_pids if uuid in by_uuid},
-                alone_on=alone.get(job.id, ()),
-            )
-            if util is not None:
-                tracker.observe_util(util)
-            tracker.observe_cards(cards.get(job.id, {}).values())
-            self.timeline(job).add(now_s, sum(held.values()), util)
-            # Memory on a GPU it was not given is an overrun there, whatever it declared.
-            elsewhere = [(u, used) for u, used in held.items() if u not in job.gpu_uuids and used]
-            if elsewhere and tracker.overrun_at is None:
-                tracker.overrun_at = now_iso
-                uuid, used = max(elsewhere, key=lambda item: item[1])
-                index = by_uuid[uuid].index if uuid in by_uuid else -1
-                overruns.append(Overrun(job, index, used, 0, given=False))
-            if job.mem is not None and tracker.overrun_at is None:
-                limit = overrun_limit(job.mem, margin_fraction, margin_bytes)
-                over = [(uuid, used) for uuid, used in held.items() if used > limit]
-                if over:
-                    tracker.overrun_at = now_iso
-                    uuid, used = max(over, key=lambda item: item[1])
-                    index = by_uuid[uuid].index if uuid in by_uuid else -1
-                    overruns.append(Overrun(job, index, used, limit))
-            first = self._flushed_at_s.setdefault(job.id, now_s)
-            if now_s - first >= self.flush_interval_s:
-                self.flush(job.id)
-                self._flushed_at_s[job.id] = now_s
+            overrun = self._observe_job(job, per_gpu, poll)
+            if overrun is not None:
+                overruns.append(overrun)
+        self._forget_all_but(alive)
+        return overruns
+
+    def _observe_job(
+        self, job: Job, per_gpu: Mapping[str, Sequence[GpuProcess]], poll: _Poll
+    ) -> Overrun | None:
+        """One poll of a job holding GPU memory: its memory, utilization, cards, timeline,
+        overrun and, when due, the flush; returns the overrun when it is new."""
+        tracker = self.tracker(job)
+        held = {uuid: sum(p.used_bytes or 0 for p in procs) for uuid, procs in per_gpu.items()}
+        if tracker.observe_memory(held, _fullest_card(held, poll.by_uuid)):
+            self.usage.record_usage(job.id, tracker.peak_mem)
+        util = _utilization(job.id, per_gpu, poll)  # after the memory: see _utilization
+        if util is not None:
+            tracker.observe_util(util)
+        tracker.observe_cards(poll.cards.get(job.id, {}).values())
+        self.timeline(job).add(poll.now_s, sum(held.values()), util)
+        overrun = _new_overrun(job, tracker, held, poll)
+        self._flush_when_due(job.id, poll.now_s)
+        return overrun
+
+    def _flush_when_due(self, job_id: int, now_s: float) -> None:
+        """Flush a job every `flush_interval_s`, counted from its first poll here."""
+        first = self._flushed_at_s.setdefault(job_id, now_s)
+        if now_s - first >= self.flush_interval_s:
+            self.flush(job_id)
+            self._flushed_at_s[job_id] = now_s
+
+    def _forget_all_but(self, alive: set[int]) -> None:
+        """Drop what is kept of jobs no longer running that ended without finish() (never
+        expected)."""
         for job_id in (set(self._trackers) | set(self._timelines)) - alive:
-            # ended without finish() (never expected)
             self._trackers.pop(job_id, None)
             self._timelines.pop(job_id, None)
             self._flushed_at_s.pop(job_id, None)
-        return overruns
 
     def flush_all(self) -> None:
         """Write every running job's figures and timeline, its open last point too: the
@@ -328,6 +333,102 @@ class UsageMonitor:
                 demand=demand,
             )
         return tracker
+
+
+def _read_poll(
+    *,
+    now_s: float,
+    now_iso: str,
+    gpus: Iterable[GpuState],
+    processes: JobProcesses,
+    process_util: Mapping[str, Mapping[int, int]] | None,
+    margin_fraction: float,
+    margin_bytes: int,
+) -> _Poll:
+    """This poll's GPUs by uuid, each job's view of its cards, and the GPUs each job has
+    to itself."""
+    by_uuid = {gpu.uuid: gpu for gpu in gpus}
+    # This poll's own device figures, not the smoothed ones: a smoothed figure lags a
+    # job's start and end by several polls (on an H100 a busy job alone read 0.72 of
+    # its card, and two busy jobs sharing one read as unsaturated for most of their run).
+    device_now = {
+        gpu.uuid: float(gpu.util_percent)
+        for gpu in by_uuid.values()
+        if gpu.util_percent is not None and gpu.health == GpuHealth.OK
+    }
+    cards = card_polls(by_uuid, processes, process_util, device_now)
+    alone = {
+        job_id: {uuid for uuid, poll in polls.items() if not poll.neighbours and not poll.outsiders}
+        for job_id, polls in cards.items()
+    }
+    return _Poll(
+        now_s=now_s,
+        now_iso=now_iso,
+        by_uuid=by_uuid,
+        process_util=process_util,
+        cards=cards,
+        alone=alone,
+        margin_fraction=margin_fraction,
+        margin_bytes=margin_bytes,
+    )
+
+
+def _utilization(
+    job_id: int, per_gpu: Mapping[str, Sequence[GpuProcess]], poll: _Poll
+) -> float | None:
+    """The job's utilization at this poll, over its processes still alive.
+
+    Utilization is sampled after the memory: a process that exited in between is missing
+    from the samples, which would read as 0 % busy. Leave it out.
+    """
+    live_pids = {
+        uuid: pids
+        for uuid, procs in per_gpu.items()
+        if (pids := [p.pid for p in procs if _alive(p.pid)])
+    }
+    return job_utilization(
+        live_pids,
+        poll.process_util,
+        {uuid: poll.by_uuid[uuid].util_percent for uuid in live_pids if uuid in poll.by_uuid},
+        alone_on=poll.alone.get(job_id, ()),
+    )
+
+
+def _new_overrun(
+    job: Job, tracker: UsageTracker, held: Mapping[str, int], poll: _Poll
+) -> Overrun | None:
+    """The job's overrun when this poll is the first to see one (the tracker then marks
+    it): memory on a GPU it was not given, else more than its declared memory plus the
+    margin. None when there is none, or one was already seen."""
+    if tracker.overrun_at is not None:
+        return None
+    overrun = _on_a_gpu_not_given(job, held, poll)
+    if overrun is None:
+        overrun = _over_declared(job, held, poll)
+    if overrun is not None:
+        tracker.overrun_at = poll.now_iso
+    return overrun
+
+
+def _on_a_gpu_not_given(job: Job, held: Mapping[str, int], poll: _Poll) -> Overrun | None:
+    """Memory on a GPU the job was not given is an overrun there, whatever it declared."""
+    elsewhere = [(u, used) for u, used in held.items() if u not in job.gpu_uuids and used]
+    if not elsewhere:
+        return None
+    uuid, used = max(elsewhere, key=lambda item: item[1])
+    return Overrun(job, poll.index(uuid), used, 0, given=False)
+
+
+def _over_declared(job: Job, held: Mapping[str, int], poll: _Poll) -> Overrun | None:
+    """More than the job declared plus the margin, on its fullest GPU (None: no --mem)."""
+    if job.mem is None:
+        return None
+    limit = overrun_limit(job.mem, poll.margin_fraction, poll.margin_bytes)
+    over = [(uuid, used) for uuid, used in held.items() if used > limit]
+    if not over:
+        return None
+    uuid, used = max(over, key=lambda item: item[1])
+    return Overrun(job, poll.index(uuid), used, limit)
 
 
 def _alive(pid: int) -> bool:
