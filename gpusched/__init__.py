@@ -9,7 +9,6 @@ from __future__ import annotations
 
 TYPE_CHECKING = False  # typing's import costs every client command its start-up
 
-__version__ = "0.1.0"
 __all__ = [
     "Claim",
     "Client",
@@ -25,11 +24,16 @@ if TYPE_CHECKING:
 
     from gpusched.client import Client
     from gpusched.core.errors import GpuschedError
+    from gpusched.core.requests.protocol import VERSION as __version__
     from gpusched.interactive.claim import Claim, CudaAlreadyInitialised, NotPlaced, claim
 
 
 def __getattr__(name: str) -> Any:
     # Lazy so that `import gpusched.processes.supervisor` does not drag the client in.
+    if name == "__version__":  # the protocol's, which the client sends with each request
+        from gpusched.core.requests.protocol import VERSION
+
+        return VERSION
     if name == "Client":
         from gpusched.client import Client
 

@@ -21,7 +21,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, overload
 
-from gpusched import __version__
 from gpusched.connection import DaemonConnection
 from gpusched.core.errors import ProtocolError
 from gpusched.core.models import (
@@ -34,6 +33,7 @@ from gpusched.core.models import (
 )
 from gpusched.core.requests.base import Request
 from gpusched.core.requests.protocol import (
+    VERSION,
     compatible_versions,
     version_mismatch,
 )
@@ -106,8 +106,8 @@ class Client:
         (gpusched.core.requests.protocol.compatible_versions); the ping's answer otherwise."""
         info = self.ping()
         daemon = str(info.get("version") or "")
-        if daemon and not compatible_versions(__version__, daemon):
-            raise ProtocolError(version_mismatch(__version__, daemon))
+        if daemon and not compatible_versions(VERSION, daemon):
+            raise ProtocolError(version_mismatch(VERSION, daemon))
         return info
 
     def submit(

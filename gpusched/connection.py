@@ -17,10 +17,10 @@ import sys
 import time
 from pathlib import Path
 
-from gpusched import __version__
 from gpusched.core.errors import DaemonUnreachable, ProtocolError
 from gpusched.core.requests.protocol import (
     MAX_REPLY_BYTES,
+    VERSION,
     VERSION_FIELD,
     decode,
     encode,
@@ -71,7 +71,7 @@ class DaemonConnection:
             # A daemon that refuses a connection (too many, out of files) says why and
             # closes at once: its reason is still there to read after a broken pipe.
             with contextlib.suppress(BrokenPipeError):
-                sock.sendall(encode({"op": op, VERSION_FIELD: __version__, **args}))
+                sock.sendall(encode({"op": op, VERSION_FIELD: VERSION, **args}))
             frame = read_frame(sock, bytearray(), limit=MAX_REPLY_BYTES)
         except (TimeoutError, ConnectionResetError, BrokenPipeError) as exc:
             raise DaemonUnreachable(

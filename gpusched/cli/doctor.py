@@ -17,7 +17,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from gpusched import __version__
 from gpusched.config.settings import (
     SYSTEM_CONFIG_PATH,
     SYSTEM_SOCKET_PATH,
@@ -27,6 +26,7 @@ from gpusched.config.settings import (
     load_config,
 )
 from gpusched.core.errors import GpuschedError
+from gpusched.core.requests.protocol import VERSION
 from gpusched.daemon_socket import resolve_socket, system_service_installed
 
 OK = "ok"
@@ -175,8 +175,8 @@ def _daemon_check(ctx: _Context) -> Check:
         f" running as {owner}: serves {serves}"
     )
     restart = "restart the daemon after an upgrade: sudo systemctl restart gpusched"
-    if info.get("version") != __version__:
-        return Check("daemon", WARN, f"{message}; this gpusched is {__version__}", restart)
+    if info.get("version") != VERSION:
+        return Check("daemon", WARN, f"{message}; this gpusched is {VERSION}", restart)
     started, changed = info.get("started"), code_changed_at()
     if isinstance(started, (int, float)) and changed > started:
         return Check(

@@ -32,8 +32,8 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from gpusched import __version__
 from gpusched.core.models import JobState
+from gpusched.core.requests.protocol import VERSION
 from gpusched.daemon.httpserve import Request, Response, Route, host_checked
 from gpusched.scheduling.scheduler import Scheduler
 
@@ -79,7 +79,7 @@ class GpuschedCollector(Collector):
         yield nodes
         yield from self._jobs()
         info = GaugeMetricFamily("gpusched_info", "gpusched daemon version", labels=["version"])
-        info.add_metric([__version__], 1)
+        info.add_metric([VERSION], 1)
         yield info
 
     def _gpus(self) -> Iterator[Metric]:

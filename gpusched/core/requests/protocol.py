@@ -28,6 +28,10 @@ MAX_REPLY_BYTES = 64 * 2**20
 # pages the client joins, never as one reply of megabytes to build, send and parse.
 WIRE_REPLY_BYTES = 2**20
 MAX_JSON_DEPTH = 32
+# This gpusched's version, pyproject.toml's, published as gpusched.__version__: here, with
+# the rule that compares it, so that the client and the daemon import it from the protocol
+# they both speak and not from the package root (which imports the client).
+VERSION = "0.1.0"
 # Every request from this client carries its version; a daemon refuses a client whose
 # version is not compatible (VERSIONS_COMPATIBLE). A frame without it (clients before this
 # rule) is served.

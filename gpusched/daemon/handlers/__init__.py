@@ -16,9 +16,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from gpusched import __version__
 from gpusched.core.errors import ProtocolError
-from gpusched.core.requests.protocol import VERSION_FIELD, compatible_versions, version_mismatch
+from gpusched.core.requests.protocol import (
+    VERSION,
+    VERSION_FIELD,
+    compatible_versions,
+    version_mismatch,
+)
 from gpusched.core.requests.replies import Reply
 from gpusched.core.requests.wire import parse
 from gpusched.daemon.auth import check_served
@@ -67,8 +71,8 @@ def dispatch(services: Services, caller: Caller, frame: dict[str, Any]) -> Any:
     if (
         isinstance(client_version, str)
         and frame.get("op") != "ping"  # how any client learns the daemon's version
-        and not compatible_versions(client_version, __version__)
+        and not compatible_versions(client_version, VERSION)
     ):
-        raise ProtocolError(version_mismatch(client_version, __version__))
+        raise ProtocolError(version_mismatch(client_version, VERSION))
     request = parse(frame)
     return HANDLERS[request.op](services, caller, request)

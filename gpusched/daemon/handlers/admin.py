@@ -9,7 +9,6 @@ import os
 import time
 from typing import Any
 
-from gpusched import __version__
 from gpusched.core.clock import iso, utc_now
 from gpusched.core.errors import GpuschedError, NotFoundError, PermissionDenied
 from gpusched.core.models import Drain
@@ -20,6 +19,7 @@ from gpusched.core.requests.catalog import (
     ReloadRequest,
     TopRequest,
 )
+from gpusched.core.requests.protocol import VERSION
 from gpusched.core.requests.replies import DrainReply, JobJson, PingReply, PruneReply, ReloadReply
 from gpusched.daemon.handlers.args import text
 from gpusched.daemon.identity import Caller, user_name
@@ -32,7 +32,7 @@ STARTED_AT = time.time()
 
 def ping(services: Services, caller: Caller, _request: PingRequest) -> PingReply:
     return {
-        "version": __version__,
+        "version": VERSION,
         "pid": os.getpid(),
         "started": STARTED_AT,  # epoch seconds
         "user": caller.user,  # who is asking, as the daemon sees them (SO_PEERCRED)
