@@ -246,9 +246,9 @@ def test_a_drain_on_one_server_speaks_of_the_server_and_not_of_undrain() -> None
 
 
 def test_a_reply_drawn_from_its_json_reads_as_from_the_models() -> None:
-    """`gpusched status` draws from plain views of the reply (cli/status_view.py), not from
+    """`gpusched status` draws from plain views of the reply (cli/reply_view.py), not from
     the dataclasses: the same screen, users' control characters escaped the same way."""
-    from gpusched.cli.status_view import gpu_view, job_view
+    from gpusched.cli.reply_view import gpu_view, job_view
 
     hostile = Job(7, "mallory", 1005, ["python", "a\x1b[2Jb.py", "x\ny"], "/h", JobState.QUEUED,
                   name=None, mem=8 * G, submitted_at=_at("11:00:00"),

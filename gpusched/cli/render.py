@@ -13,7 +13,7 @@ returns: a user's ESC, newline or bidi override is drawn as a visible escape, ne
 interpreted by the terminal, and cannot forge a row.
 
 It reads jobs, GPUs, drains and nodes by attribute: the models' dataclasses (tests, the
-API) or the views that cli/status_view.py makes of a reply, so that `gpusched status`
+API) or the views that cli/reply_view.py makes of a reply, so that `gpusched status`
 draws without creating the dataclasses. A job's state is compared as its string. Imports
 only the standard library, units and sanitize at start; click (for `click.style`) only
 when colouring, the models only to type-check.
@@ -33,7 +33,7 @@ TYPE_CHECKING = False  # typing's own costs every `gpusched status` its import
 if TYPE_CHECKING:
     from typing import TypeAlias
 
-    from gpusched.cli.status_view import ReplyView
+    from gpusched.cli.reply_view import ReplyView
     from gpusched.core.models import Drain, GpuReport, Job, NodeStatus
 
     JobLike: TypeAlias = Job | ReplyView

@@ -17,7 +17,7 @@ TYPE_CHECKING = False  # typing's own costs every `gpusched status` its import
 if TYPE_CHECKING:
     from typing import TypeAlias
 
-    from gpusched.cli.status_view import ReplyView
+    from gpusched.cli.reply_view import ReplyView
     from gpusched.core.models import GpuReport
 
     GpuLike: TypeAlias = GpuReport | ReplyView

@@ -1,11 +1,9 @@
 """`gpusched status`: the requests it sends and what it prints, shared by the click command
 (cli/views.py) and the fast path (cli/fast.py), so both ask the same and print the same.
 
-The screen is drawn (cli/render.py) from plain views of the reply's JSON, not from the
-models' dataclasses: `gpusched status` starts without creating them (issue 30). A view
-reads its fields by attribute, as render.py reads a `Job` or a `GpuReport`, with their
-defaults for the fields an older daemon does not send; every text it holds is escaped
-(sanitize.shown) as the view is made. Neither click nor the models are imported here.
+The screen is drawn (cli/render.py) from plain views of the reply's JSON
+(cli/reply_view.py), not from the models' dataclasses: `gpusched status` starts without
+creating them. Neither click nor the models are imported here.
 """
 
 from __future__ import annotations
@@ -13,8 +11,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-
-from gpusched.core.sanitize import shown
 
 TYPE_CHECKING = False  # typing's own import costs every `gpusched status`
 if TYPE_CHECKING:
@@ -42,47 +38,6 @@ if TYPE_CHECKING:
 WAITING_SHOWN = 200  # `status` lists this many waiting jobs and counts the rest
 ENDED_SHOWN = 20  # `status --all`: this many recently ended jobs (the daemon's default)
 ENDED_SHOWN_MAX = 1000  # the most the daemon lists (`--limit 0`)
-
-# The defaults of core/models.py's Job and GpuReport for what render.py reads; a field
-# both lack is an AttributeError, as on the dataclass.
-_JOB_DEFAULTS: dict[str, Any] = {
-    "state": "queued",
-    "name": None,
-    "mem": None,
-    "gpus": 1,
-    "gpu_indices": [],
-    "command": [],
-    "submitted_at": None,
-    "started_at": None,
-    "ended_at": None,
-    "exit_code": None,
-    "reason": None,
-    "reason_detail": None,
-    "waiting_reason": None,
-    "array_id": None,
-    "array_index": None,
-    "interactive": False,
-    "warning": None,
-    "mem_used": None,
-}
-_GPU_DEFAULTS: dict[str, Any] = {"error": None, "node": None, "short": 0, "others": []}
-
-
-class ReplyView:
-    """One object of a reply (a job, a GPU) read by attribute, its text already escaped."""
-
-    def __init__(self, data: dict[str, Any], defaults: dict[str, Any]) -> None:
-        self.__dict__.update(defaults)
-        for key, value in data.items():
-            if isinstance(value, str):
-                self.__dict__[key] = shown(value)
-            elif isinstance(value, list) and value and isinstance(value[0], str):
-                self.__dict__[key] = [shown(v) if isinstance(v, str) else v for v in value]
-            else:
-                self.__dict__[key] = value
-
-    def __getattr__(self, name: str) -> Any:  # for mypy: the reply's fields are open
-        raise AttributeError(name)
 
 
 class StatusReader:
@@ -114,16 +69,6 @@ class StatusReader:
 
     def request(self, op: str, **args: Any) -> Any:
         return self.connection.request(op, **args)
-
-
-def job_view(data: dict[str, Any]) -> ReplyView:
-    """A job of a reply as render.py reads it."""
-    return ReplyView(data, _JOB_DEFAULTS)
-
-
-def gpu_view(data: dict[str, Any]) -> ReplyView:
-    """A GPU of a reply as render.py reads it."""
-    return ReplyView(data, _GPU_DEFAULTS)
 
 
 def use_color() -> bool:
@@ -205,6 +150,7 @@ def json_text(value: Any) -> str:
 def status_text(result: dict[str, Any], show_all: bool, color: bool) -> str:
     """The status screen for this terminal's width."""
     from gpusched.cli.render import render_status
+    from gpusched.cli.reply_view import gpu_view, job_view
 
     drain = nodes = None
     if result.get("drain") is not None or len(result.get("nodes") or ()) > 1:
