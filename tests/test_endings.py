@@ -260,7 +260,7 @@ def test_a_raising_listener_does_not_undo_the_end(tmp_path: Path) -> None:
     assert [r.state for r in _endings(world).wait_ended([job], 0.0)] == [JobState.DONE]
 
 
-# -- adopt_running(): a restarted daemon's running rows ------------------------------------------
+# -- adopt_running() (scheduling.adoption): a restarted daemon's running rows ----------------
 
 
 def _restart(world: World, alive: dict[int, int]) -> FakeLauncher:
@@ -276,7 +276,7 @@ def _restart(world: World, alive: dict[int, int]) -> FakeLauncher:
 def test_a_running_job_whose_supervisor_is_gone_ends_lost(world: World) -> None:
     job = _running(world)
     _restart(world, alive={})
-    _endings(world).adopt_running()
+    world.scheduler.adopt_running()
     row = world.job(job)
     assert (row.state, row.reason) == (JobState.LOST, "lost")
     assert row.reason_detail is not None and "supervisor was gone" in row.reason_detail
@@ -286,7 +286,7 @@ def test_a_gone_supervisor_that_left_an_exit_record_ends_as_it_says(world: World
     job = _running(world)
     launcher = _restart(world, alive={})
     launcher.outcomes[job] = Outcome(OutcomeKind.EXIT, exit_code=2)
-    _endings(world).adopt_running()
+    world.scheduler.adopt_running()
     assert (world.state(job), world.job(job).exit_code) == (JobState.FAILED, 2)
 
 
@@ -295,7 +295,7 @@ def test_a_job_still_running_is_re_adopted_and_its_end_seen(world: World) -> Non
     pid = world.job(job).pid
     assert pid is not None
     launcher = _restart(world, alive={job: pid})
-    _endings(world).adopt_running()
+    world.scheduler.adopt_running()
     assert world.state(job) == JobState.RUNNING
     launcher.finish(job, Outcome(OutcomeKind.EXIT, exit_code=0))  # watched again
     assert world.state(job) == JobState.DONE
@@ -318,15 +318,15 @@ def _marked_running_without_pid(world: World) -> int:
 
 
 def test_a_job_that_never_started_before_the_restart_is_queued_again(world: World) -> None:
-    _endings(world).adopt_running()  # a first run records this boot
+    world.scheduler.adopt_running()  # a first run records this boot
     job = _marked_running_without_pid(world)
     _restart(world, alive={})
-    _endings(world).adopt_running()
+    world.scheduler.adopt_running()
     assert world.state(job) == JobState.QUEUED
 
 
 def test_after_a_reboot_a_job_with_no_pid_is_lost_not_run_twice(world: World) -> None:
     job = _marked_running_without_pid(world)  # no boot on record: counts as a reboot
     _restart(world, alive={})
-    _endings(world).adopt_running()
+    world.scheduler.adopt_running()
     assert world.state(job) == JobState.LOST

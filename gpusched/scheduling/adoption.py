@@ -1,9 +1,10 @@
 """What a restarted daemon makes of the jobs it finds `running`: a claim to verify.
 
-Split from endings.py (JobEndings.adopt_running runs it under the context's lock). Each
-of this daemon's running rows (interactive ones aside: their client is checked at every
-pass) is re-adopted if its supervisor still runs, queued again if the command provably
-never started, else settled from its exit record (or `lost`).
+`adopt` runs once, when the daemon starts (Scheduler.adopt_running), under the context's
+lock as every ending is. Each of this daemon's running rows (interactive ones aside:
+their client is checked at every pass) is re-adopted if its supervisor still runs,
+queued again if the command provably never started, else settled from its exit record
+(or `lost`) by the endings (scheduling.endings), which know nothing of adoption.
 """
 
 from __future__ import annotations
@@ -14,14 +15,23 @@ from typing import TYPE_CHECKING
 
 from gpusched.core.models import JobState
 from gpusched.processes.launching import Outcome, OutcomeKind
+from gpusched.scheduling.boot import rebooted_since_last_run
 
 if TYPE_CHECKING:
+    from gpusched.scheduling.context import Context
     from gpusched.scheduling.endings import JobEndings
 
 log = logging.getLogger("gpusched.scheduler")
 
 
-def adopt(endings: JobEndings, rebooted: bool) -> None:
+def adopt(context: Context, endings: JobEndings) -> None:
+    """After a (re)start: a `running` row is a claim to verify, not a fact."""
+    rebooted = rebooted_since_last_run(context.config.state_dir)
+    with context.lock:
+        _verify(endings, rebooted)
+
+
+def _verify(endings: JobEndings, rebooted: bool) -> None:
     """Verify each of this daemon's running rows (`rebooted`: since the last run)."""
     for job in endings.jobs.active():
         if job.state != JobState.RUNNING or not endings.node.owns(job):

@@ -1,14 +1,14 @@
-"""How jobs end, and what a restarted daemon makes of the jobs it finds running.
+"""How jobs end.
 
 `JobEndings` turns a supervisor's outcome into a job's final state (exit, signal, cancel,
 overrun, timeout, failed start, out of memory, lost), records what the job used, queues
-an OOM retry, tells whoever waits for endings, and re-adopts running jobs after a
-restart: a `running` row is a claim to verify, not a fact. Built once on the pass's
-context (scheduling.context) and an ownership strategy (scheduling.ownership: which
-rows are this daemon's, and the guard its end writes carry); it reaches processes only
-through the launcher's interface (gpusched.processes.launching), so tests drive it in memory.
-Which state and reason each outcome means is scheduling.outcome_states's; how running
-rows are verified after a restart, scheduling.adoption's.
+an OOM retry and tells whoever waits for endings. Built once on the pass's context
+(scheduling.context) and an ownership strategy (scheduling.ownership: which rows are
+this daemon's, and the guard its end writes carry); it reaches processes only through
+the launcher's interface (gpusched.processes.launching), so tests drive it in memory.
+Which state and reason each outcome means is scheduling.outcome_states's; what a
+restarted daemon makes of the jobs it finds running (a claim to verify, settled here),
+scheduling.adoption's.
 """
 
 from __future__ import annotations
@@ -32,8 +32,6 @@ from gpusched.core.models import (
 )
 from gpusched.core.sanitize import quoted
 from gpusched.processes.launching import Outcome, OutcomeKind
-from gpusched.scheduling.adoption import adopt
-from gpusched.scheduling.boot import rebooted_since_last_run
 from gpusched.scheduling.context import Context
 from gpusched.scheduling.outcome_states import (
     ENDINGS,
@@ -314,12 +312,6 @@ class JobEndings:
             durable=durable,
             job=job,
         )
-
-    def adopt_running(self) -> None:
-        """After a (re)start: a `running` row is a claim to verify, not a fact."""
-        rebooted = rebooted_since_last_run(self.config.state_dir)
-        with self._lock:
-            adopt(self, rebooted)
 
     def wait_ended(self, job_ids: list[int], timeout_s: float) -> list[Job]:
         """Block until every job has ended or the timeout passes; return their current rows."""

@@ -37,6 +37,7 @@ from gpusched.core.models import (
 )
 from gpusched.core.units import format_size
 from gpusched.processes.pidref import is_same_process
+from gpusched.scheduling.adoption import adopt
 from gpusched.scheduling.cluster.agent import ClusterAgent
 from gpusched.scheduling.cluster.node import ClusterNode
 from gpusched.scheduling.context import Context
@@ -143,7 +144,7 @@ class Scheduler:
 
     def adopt_running(self) -> None:
         """After a (re)start: a `running` row is a claim to verify, not a fact."""
-        self.endings.adopt_running()
+        adopt(self.context, self.endings)
 
     # -- operations requested by clients ------------------------------------------------------
 

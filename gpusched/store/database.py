@@ -18,7 +18,7 @@ transactions before a power cut or kernel crash are rolled back. Everything a us
 is told (submit, cancel, hold, release, priority) and the claim that a job starts
 (mark_running) are FULL. Three of the daemon's own per-job writes are NORMAL, because
 a power cut kills every job anyway and the next start reconciles what they recorded
-(JobEndings.adopt_running) from facts that do survive, or the loss is harmless:
+(scheduling.adoption) from facts that do survive, or the loss is harmless:
 - set_pid: lost, the row is `running` with no pid; no supervisor survives a power cut,
   so the job's fate comes from its exit record (fsynced by the supervisor) or, with
   none, it is `lost`. It is never queued again after a reboot (adopt_running checks
