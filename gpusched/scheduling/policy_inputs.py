@@ -1,7 +1,7 @@
 """The policy's plain inputs made from the scheduler's readings (models → policy types).
 
-`policy.py` stays pure and knows nothing of `Job` or `GpuState`; these conversions are
-the scheduler's side of that boundary, used by every tick and by `status`.
+The policy (package `policy`) stays pure and knows nothing of `Job` or `GpuState`; these
+conversions are the scheduler's side of that boundary, used by every tick and by `status`.
 """
 
 from __future__ import annotations
