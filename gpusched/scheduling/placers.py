@@ -1,7 +1,8 @@
 """Who places the queued jobs, and where the place phase of each pass goes: a strategy.
 
 `Placer` is what the scheduler's pass and its views ask of it. `LocalPlacer`, one
-server: the shared pass rules (scheduling.pass_rules) over its own GPUs, then start what
+server: the shared pass rules (scheduling.pass_rules) over its own GPUs, then end the
+jobs whose dependency failed (`end_failed_dependencies`, both placers') and start what
 they placed. `ClusterAgent` (scheduling.cluster.agent), one daemon of a cluster: renew
 the node's lease, stop what was cancelled elsewhere, if elected the same shared rules
 over every node, then start what was placed on this node. Each is built once, with the
@@ -11,10 +12,11 @@ pass's context and the parts it acts through.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
-from gpusched.core.models import Drain, GpuReport, GpuState, Job, NodeStatus
+from gpusched.core.models import Drain, EndReason, GpuReport, GpuState, Job, JobState, NodeStatus
+from gpusched.scheduling.admission import DependencyFailed
 from gpusched.scheduling.context import Context
 from gpusched.scheduling.endings import JobEndings
 from gpusched.scheduling.gpu_reports import gpu_reports
@@ -33,6 +35,15 @@ from gpusched.scheduling.quieter_waits import QuieterWaits
 from gpusched.scheduling.reading import LatestReading
 from gpusched.scheduling.starting import JobStarter
 from gpusched.store import NodeRow
+
+
+def end_failed_dependencies(endings: JobEndings, doomed: Iterable[DependencyFailed]) -> None:
+    """End the queued jobs a pass found can never run, a dependency having failed: the
+    first of a placer's acts on a `Decision` (scheduling.pass_rules), before its plan."""
+    for failed in doomed:
+        endings.end(
+            failed.job_id, JobState.CANCELLED, EndReason.DEPENDENCY_FAILED, detail=failed.detail
+        )
 
 
 class Placer(Protocol):
@@ -82,7 +93,8 @@ class Placer(Protocol):
 
 
 class LocalPlacer:
-    """One server: admit -> the shared pass rules -> start."""
+    """One server: the shared pass rules -> end the jobs whose dependency failed ->
+    start what was placed."""
 
     in_cluster = False
     poll_every_s = None
@@ -110,9 +122,8 @@ class LocalPlacer:
         monitor = self.context.monitor
         drain = self.drain()
         self.waiting_jobs.new_pass()
-        result = decide(
+        decision = decide(
             self.context,
-            self.endings,
             slots=[gpu_slot(g, monitor.gpu_util(g.uuid)) for g in seen.gpus],
             claims=running_claims(
                 seen.running,
@@ -130,8 +141,9 @@ class LocalPlacer:
             held_back=None if drain is None else f"{drain.describe()}: no new job starts",
             topology=gpu_topology(self.context.probe),
         )
-        self.starter.start(result.placements, seen.gpus)
-        return result
+        end_failed_dependencies(self.endings, decision.doomed)
+        self.starter.start(decision.plan.placements, seen.gpus)
+        return decision.plan
 
     def gpus_by_node(self) -> dict[str, list[GpuState]]:
         return {self.node.name: self.reading.gpus()}

@@ -4,9 +4,9 @@ Each pass while elected (the agent, cluster.agent, asks): declare down the nodes
 lease ran out more than the fence margin ago (one transaction each: epoch bumped,
 running jobs `lost` or queued again, placed ones given back), then run the shared pass
 rules (scheduling.pass_rules: the same as one server's) over every live node's reported
-GPUs and every node's running and placed jobs, and write the placements, each
-conditioned on the election's epoch (store.placements). The waiting reasons go into the
-jobs' rows, for every daemon's `status`.
+GPUs and every node's running and placed jobs, end the jobs whose dependency failed, and
+write the placements, each conditioned on the election's epoch (store.placements). The
+waiting reasons go into the jobs' rows, for every daemon's `status`.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from gpusched.scheduling.cluster.node import ClusterNode
 from gpusched.scheduling.context import Context
 from gpusched.scheduling.endings import JobEndings
 from gpusched.scheduling.pass_rules import Restriction, decide
+from gpusched.scheduling.placers import end_failed_dependencies
 from gpusched.scheduling.policy import Plan, WaitingJob
 from gpusched.scheduling.policy_inputs import running_demand, waiting_job
 from gpusched.scheduling.quieter_waits import QuieterWaits
@@ -115,9 +116,8 @@ class ElectedScheduler:
         live = self._declare_down(self.node_records.node_rows())
         nodes = [NodeView.from_report(r.name, r.state == NODE_UP, r.report) for r in live]
         claimed = self.placements.claims()
-        result = decide(
+        decision = decide(
             self.context,
-            self.endings,
             slots=cluster_slots(nodes),
             claims=cluster_claims(
                 claimed, nodes, lambda job: running_demand(self.context.monitor, job)
@@ -127,6 +127,8 @@ class ElectedScheduler:
             waits=self.waits,
             restrict=_on_nodes(nodes),
         )
+        end_failed_dependencies(self.endings, decision.doomed)
+        result = decision.plan
         index_of = {(n.name, g.uuid): g.index for n in nodes for g in n.gpus}
         placements = []
         for p in result.placements:
