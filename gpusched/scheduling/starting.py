@@ -1,9 +1,13 @@
 """Starting placed jobs: from a policy placement to a running, watched supervisor.
 
-Owns the order that keeps a start safe across a daemon crash (the row is marked running
-before the process starts, so a restart looks for its supervisor instead of starting the
-job twice), the job's environment, and what a failed start does: a transient failure (out
-of files, memory or tasks) puts the job back in the queue, any other ends it.
+Owns the order that keeps a start safe across a daemon crash and a cluster's fence: the
+row is claimed (marked running) before the process starts, so a restart looks for its
+supervisor instead of starting the job twice; past the node's launch deadline once the
+claim has committed, the claim is given back and nothing is launched. Owns also the
+job's environment, and what a failed start does: a transient failure (out of files,
+memory or tasks) puts the job back in the queue, any other ends it. How each claim is
+written (one server's rows, or conditioned on the node and epoch the cluster placed the
+job under) is the ownership strategy's (scheduling.ownership `StartClaim`).
 """
 
 from __future__ import annotations
@@ -11,15 +15,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 
-from gpusched.core.clock import iso
 from gpusched.core.models import EndReason, GpuState, Job, JobState
 from gpusched.core.sanitize import command_for_log, quoted
 from gpusched.processes.environment import job_environment
-from gpusched.processes.launching import StartError
+from gpusched.processes.launching import Started, StartError
 from gpusched.processes.output import job_log_path
 from gpusched.scheduling.context import Context
 from gpusched.scheduling.endings import JobEndings
-from gpusched.scheduling.ownership import Ownership
+from gpusched.scheduling.ownership import Ownership, StartClaim
 from gpusched.scheduling.policy import Placement
 from gpusched.scheduling.ratelog import RateLimitedLog
 from gpusched.store import LaunchInfo, NodeGuard
@@ -33,9 +36,10 @@ class JobStarter:
     def __init__(self, context: Context, endings: JobEndings, node: Ownership) -> None:
         """`node`: this server's name, recorded with each start, told of each process
         started (the cluster's keeps them, to stop those the cluster gave to another
-        node while this daemon was away)."""
+        node while this daemon was away), and how each start claims its job."""
         self._config = context.settings
-        self.jobs, self.placements = context.store.jobs, context.store.placements
+        self.store = context.store  # what the ownership strategy claims each start in
+        self.jobs = context.store.jobs
         self.probe = context.probe
         self.launcher = context.launcher
         self.monitor = context.monitor
@@ -47,28 +51,31 @@ class JobStarter:
     def start(self, placements: list[Placement], gpus: list[GpuState]) -> None:
         """Start each placed job on its GPUs (a job that cannot start is queued or ended)."""
         by_uuid = {g.uuid: g for g in gpus}
+        claim = self.node.start_claim(self.store, self.clock)
         for placement in placements:
             chosen = [by_uuid[u] for u in placement.gpu_uuids]
             job, info = self.jobs.job_and_launch(placement.job_id)  # one read a start
-            self._launch(job, chosen, info=info)
+            self._launch(job, chosen, claim, info=info)
 
     def start_placed(
         self, job: Job, gpus: list[GpuState], guard: NodeGuard, account: tuple[int, int]
     ) -> bool:
-        """Start a job the cluster's scheduler placed on this node (scheduling.cluster),
-        as its user's `account` (uid, gid) here: False if the database refused the claim
-        (the node is fenced or was declared down)."""
+        """Start a job the cluster's scheduler placed on this node (scheduling.cluster)
+        under `guard` (the node and epoch it was placed with), as its user's `account`
+        (uid, gid) here: False if the database refused the claim (the node is fenced or
+        was declared down)."""
+        claim = self.node.start_claim(self.store, self.clock, guard)
         uid, gid = account
         if uid == job.uid:
-            return self._launch(job, gpus, guard)
+            return self._launch(job, gpus, claim)
         # The same user name has another uid on this server: run as this server's.
-        return self._launch(dataclasses.replace(job, uid=uid), gpus, guard, gid)
+        return self._launch(dataclasses.replace(job, uid=uid), gpus, claim, gid)
 
     def _launch(
         self,
         job: Job,
         gpus: list[GpuState],
-        guard: NodeGuard | None = None,
+        claim: StartClaim,
         local_gid: int | None = None,
         *,
         info: LaunchInfo | None = None,
@@ -76,65 +83,29 @@ class JobStarter:
         """Start a queued job on `gpus` (`info`: its launch parts, if read with its row)."""
         job_id = job.id
         info = info or self.jobs.launch_info(job_id)
-        gid = info.gid if local_gid is None else local_gid
         indices = [g.index for g in gpus]
         uuids = [g.uuid for g in gpus]
         if job.interactive:
-            return self._place_interactive(job, info.pid_start_time, indices, uuids, guard)
-        env = job_environment(
-            job,
-            info.env,
-            indices,
-            uuids,
-            self._config.current.visible_devices,
-            gpu_totals=[g.total_bytes for g in gpus],
-        )
+            return self._place_interactive(job, info.pid_start_time, indices, uuids, claim)
+        env = self._environment(job, info, gpus)
         # Mark running *before* starting: if the daemon dies in between, a restart finds
         # a running row with no pid and looks for its supervisor, so nothing starts twice.
         log_path = job_log_path(job, str(self.launcher.log_path(job_id)))  # --output
-        if guard is not None:
-            claimed = self.placements.mark_running_placed(job_id, guard, log_path)
-        else:
-            claimed = self.jobs.mark_running(
-                job_id,
-                gpu_indices=indices,
-                gpu_uuids=uuids,
-                pid=None,
-                pid_start_time=None,
-                log_path=log_path,
-                now=iso(self.clock()),
-                node=self.node.name or None,
-            )
-        if not claimed:
+        if not claim.take(job_id, indices, uuids, log_path):
             return False
-        if guard is None:
-            # The claim took the job out of the queue in one committed write: the next
-            # pass's queued() need not read the queue again for it (store.queue_marks).
-            self.jobs.left_queue([job_id])
         deadline = self.node.launch_deadline
-        if guard is not None and self._past(deadline):
+        if self._past(deadline):
             # The claim's commit came back after this node's launch deadline: the cluster
             # may declare the node down any moment now and give the job to another node.
-            self.placements.unclaim(job_id, guard)
+            claim.give_back(job_id)
             self.trouble.warning("fenced", f"job {job_id} not launched: this node's lease ran out")
             return False
         self.monitor.started(job_id)  # before: its end (even a failed start) forgets it
-        try:
-            # The supervisor checks the deadline again right before exec (same CLOCK_MONOTONIC).
-            started = self.launcher.start(job, env, info.umask, gid, exec_by=deadline)
-        except StartError as exc:
-            # Out of files, memory or tasks for now: the job keeps its place in the queue
-            # and the next pass tries again (said once a minute, not once a pass).
-            if exc.transient and self.jobs.unmark_running(job_id):
-                self.trouble.warning("start", f"job {job_id} cannot start yet: {exc}: queued")
-                return False
-            log.warning("job %s failed to start: %s", job_id, quoted(str(exc), 500))
-            self.endings.end(job_id, JobState.FAILED, EndReason.FAILED_TO_START, detail=str(exc))
+        gid = info.gid if local_gid is None else local_gid
+        started = self._start_process(job, env, info, gid, deadline)
+        if started is None:
             return False
-        if guard is not None:  # started_at: the launch, by the database's clock
-            self.placements.launched(job_id, guard, started.pid, started.start_time)
-        else:
-            self.jobs.set_pid(job_id, started.pid, started.start_time)
+        claim.launched(job_id, started.pid, started.start_time)
         self.node.started(job_id, started.pid, started.start_time)
         self.probe.note_job_started(started.pid, uuids, job.mem)
         log.info(
@@ -148,6 +119,35 @@ class JobStarter:
         )
         return True
 
+    def _environment(self, job: Job, info: LaunchInfo, gpus: list[GpuState]) -> dict[str, str]:
+        return job_environment(
+            job,
+            info.env,
+            [g.index for g in gpus],
+            [g.uuid for g in gpus],
+            self._config.current.visible_devices,
+            gpu_totals=[g.total_bytes for g in gpus],
+        )
+
+    def _start_process(
+        self, job: Job, env: dict[str, str], info: LaunchInfo, gid: int, deadline: float | None
+    ) -> Started | None:
+        """The job's supervisor, started as `gid`; None if it could not start (the job
+        queued again when the failure is transient, else ended)."""
+        job_id = job.id
+        try:
+            # The supervisor checks the deadline again right before exec (same CLOCK_MONOTONIC).
+            return self.launcher.start(job, env, info.umask, gid, exec_by=deadline)
+        except StartError as exc:
+            # Out of files, memory or tasks for now: the job keeps its place in the queue
+            # and the next pass tries again (said once a minute, not once a pass).
+            if exc.transient and self.jobs.unmark_running(job_id):
+                self.trouble.warning("start", f"job {job_id} cannot start yet: {exc}: queued")
+                return None
+            log.warning("job %s failed to start: %s", job_id, quoted(str(exc), 500))
+            self.endings.end(job_id, JobState.FAILED, EndReason.FAILED_TO_START, detail=str(exc))
+            return None
+
     def _past(self, deadline: float | None) -> bool:
         return deadline is not None and self.clock.monotonic() >= deadline
 
@@ -157,29 +157,14 @@ class JobStarter:
         start_time: str | None,
         indices: list[int],
         uuids: list[str],
-        guard: NodeGuard | None,
+        claim: StartClaim,
     ) -> bool:
         """An interactive job starts as its client learns its placement: nothing is
         launched; its client (pid) is the root of its process tree, and it has no log.
-        In a cluster it was placed on this server, its client's (`guard`)."""
+        In a cluster it was placed on this server, its client's."""
         if job.pid is None:
             return False
-        if guard is not None:
-            claimed = self.placements.mark_running_placed(
-                job.id, guard, None, pid=(job.pid, start_time)
-            )
-        else:
-            claimed = self.jobs.mark_running(
-                job.id,
-                gpu_indices=indices,
-                gpu_uuids=uuids,
-                pid=job.pid,
-                pid_start_time=start_time,
-                log_path=None,
-                now=iso(self.clock()),
-                node=self.node.name or None,
-            )
-        if not claimed:
+        if not claim.take_client(job.id, indices, uuids, (job.pid, start_time)):
             return False
         self.monitor.started(job.id)
         self.probe.note_job_started(job.pid, uuids, job.mem)

@@ -4,7 +4,8 @@
 whether a pid is alive, a user's uid here): injected, so tests run two daemons' roles
 in one process. `ClusterNode` is the ownership strategy (scheduling.ownership) that the
 endings and the starter are handed: it owns the jobs of its node, writes their ends
-under the node's epoch, and keeps the processes started here, to stop those the cluster
+under the node's epoch, claims each start under the node and epoch the cluster placed it
+with (`PlacedClaim`), and keeps the processes started here, to stop those the cluster
 gave to another node while this daemon was away. It also keeps the node's lease by the
 monotonic clock: `launch_deadline`, the moment past which this node launches nothing
 (read BEFORE a renewal is sent, plus node_timeout less election.fence_margin, advanced
@@ -17,14 +18,14 @@ from __future__ import annotations
 import os
 import pwd
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from gpusched.config.holder import ConfigHolder
 from gpusched.core.models import Job, JobState
 from gpusched.scheduling.cluster.election import fence_margin
 from gpusched.scheduling.context import TickClock
-from gpusched.store import NodeGuard
+from gpusched.store import NodeGuard, Placements, Store
 
 # A user's uid and gid on this server.
 Account = tuple[int, int]
@@ -96,6 +97,13 @@ class ClusterNode:
             return self.owns(job)
         return job.allowed_nodes is not None and self.name in job.allowed_nodes
 
+    def start_claim(
+        self, store: Store, clock: TickClock, guard: NodeGuard | None = None
+    ) -> PlacedClaim:
+        """Each write conditioned on `guard` (None: this node at its current epoch)."""
+        placed_under = guard if guard is not None else NodeGuard(self.name, self.epoch)
+        return PlacedClaim(store.placements, placed_under)
+
     def started(self, job_id: int, pid: int, start_time: str | None) -> None:
         self.local[job_id] = (self.epoch, pid, start_time)
 
@@ -138,3 +146,35 @@ class ClusterNode:
         since it came back from being unable to): the scheduler declares no node down
         before this reaches node_timeout, since the others may be coming back too."""
         return self.clock.monotonic() - self.steady_since
+
+
+@dataclass(frozen=True)
+class PlacedClaim:
+    """The start of a job the cluster placed on this node: each write conditioned on the
+    node and epoch it was placed under (`guard`), so a node fenced or declared down since
+    can neither take it nor record its launch (store.placements)."""
+
+    placements: Placements
+    guard: NodeGuard
+
+    def take(
+        self, job_id: int, indices: Sequence[int], uuids: Sequence[str], log_path: str | None
+    ) -> bool:
+        """The GPUs are the placement's, in the row already."""
+        return self.placements.mark_running_placed(job_id, self.guard, log_path)
+
+    def take_client(
+        self,
+        job_id: int,
+        indices: Sequence[int],
+        uuids: Sequence[str],
+        client: tuple[int, str | None],
+    ) -> bool:
+        return self.placements.mark_running_placed(job_id, self.guard, None, pid=client)
+
+    def give_back(self, job_id: int) -> None:
+        self.placements.unclaim(job_id, self.guard)
+
+    def launched(self, job_id: int, pid: int, start_time: str) -> None:
+        # started_at: the launch, by the database's clock (not the claim's)
+        self.placements.launched(job_id, self.guard, pid, start_time)
