@@ -3,7 +3,7 @@ their `--after` dependencies.
 
 `admit()` reads only: it returns the jobs whose dependencies all succeeded, a waiting
 reason for each job whose dependencies are still active, and the jobs that can never run
-because a dependency failed (the pass rules end those as `dependency_failed`). A
+because a dependency failed (the placers end those as `dependency_failed`). A
 dependency that ran out of memory and was retried is its latest attempt.
 """
 
