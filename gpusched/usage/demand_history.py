@@ -8,7 +8,7 @@ BUSY_DEMAND: `owner_prior`); mixed, light or fewer: unknown, as for a job nothin
 known about. Not when all light: in a loaded queue light jobs start and end sooner than
 busy ones (they share cards; busy ones wait for a quieter card), so an owner's latest
 ended runs read light while their new jobs are busy (the packing benchmark: 28 of 28
-such priors wrong on one trace; docs/benchmarks.md, Session 8), and a job of unknown
+such priors wrong on one trace; docs/benchmarks.md, packing), and a job of unknown
 demand already starts where a light one would except on full cards.
 
 The records are the store's latest (`store.usage.demand_records`, one query, newest
