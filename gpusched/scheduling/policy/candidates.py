@@ -15,6 +15,7 @@ import bisect
 from dataclasses import dataclass
 
 from gpusched.scheduling.policy.budget import PlanGpu, by_room
+from gpusched.scheduling.policy.card_limits import is_open
 from gpusched.scheduling.policy.data import WaitingJob
 from gpusched.scheduling.policy.exclusive import fits_now
 from gpusched.scheduling.policy.head_claim import Kept
@@ -40,7 +41,9 @@ def room_of(state: PlanState) -> list[PlanGpu]:
 
 def candidates(state: PlanState, job: WaitingJob) -> Found:
     """The cards `job` fits on now, the room's first, then the head's it may backfill."""
-    room = room_of(state)
+    room = state.room
+    if room is None:
+        room = room_of(state)
     prefix: int | None
     if job.mem_bytes is not None and job.gpu_keys is None and not job.exclusive:
         # The room is sorted by available memory: the GPUs this job fits on are a prefix.
@@ -60,12 +63,14 @@ def candidates(state: PlanState, job: WaitingJob) -> Found:
 def _claimed_cards_for(state: PlanState, kept: Kept, job: WaitingJob) -> list[PlanGpu]:
     """The head's cards `job` may take now: all for the head, where backfill allows for a
     job behind it; none kept for a job held for a quieter card (it is ahead)."""
-    cards = []
+    settings, cards = state.settings, []
     for card in kept.cards.values():
         gpu = card.gpu
         if gpu.slot.uuid in state.quiet_kept:
             continue
-        if not state.is_open(gpu) or not fits_now(job, gpu):
+        if not is_open(gpu, settings.max_jobs_per_gpu, settings.busy_util):
+            continue
+        if not fits_now(job, gpu):
             continue
         if job is kept.job or kept.backfill(job, gpu) is not None:
             cards.append(gpu)

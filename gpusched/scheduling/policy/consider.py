@@ -39,8 +39,14 @@ def consider(state: PlanState, job: WaitingJob) -> bool:
     cap = state.settings.caps.get(job.user)
     said = _held_before_cards(state, job, cap)
     if said is not None:
-        state.reasons.say(job.job_id, said)
+        state.reasons.said[job.job_id] = said
         return False
+    return consider_cards(state, job, cap)
+
+
+def consider_cards(state: PlanState, job: WaitingJob, cap: UserCap | None) -> bool:
+    """Steps 3 to 7, for a job that steps 1 and 2 let through (the turns ask step 2
+    themselves of a job with no cap to ask: a long queue costs them a look-up a job)."""
     found = candidates(state, job)
     if len(found.cards) >= job.gpu_count:
         held = _held_for_quieter(state, job, found)
@@ -51,7 +57,7 @@ def consider(state: PlanState, job: WaitingJob) -> bool:
                 place(state, job, chosen)
                 return True
         if held is not None:
-            state.reasons.say(job.job_id, held)
+            state.reasons.said[job.job_id] = held
             return False
     _explain_wait(state, job, found, cap)
     return False
@@ -114,19 +120,12 @@ def _explain_wait(state: PlanState, job: WaitingJob, found: Found, cap: UserCap 
     """Step 7: why `job` fits on no card now, whose turn passed it, and the head's claim."""
     settings, reasons = state.settings, state.reasons
     why = reasons.why(
-        job,
-        state.gpus,
-        state.kept,
-        state.quiet_kept,
-        state.by_uuid,
-        max_jobs_per_gpu=settings.max_jobs_per_gpu,
-        busy_util=settings.busy_util,
-        several_nodes=settings.several_nodes,
+        job, state.gpus, state.kept, state.quiet_kept, by_uuid=state.by_uuid, settings=settings
     )
     if len(found.cards) < job.gpu_count and state.kept is not None:
         reasons.no_room[job.ask] = why  # said to the same ask until the cards change
     reasons.say(job.job_id, why)
-    passed = state.passed_on.passed(job, state.by_uuid)
+    passed = state.passed_on.passed(job, state.by_uuid) if state.passed_on.latest_by_user else None
     if state.kept is None:
         _claim_for_head(state, job, cap)
     if passed is not None:

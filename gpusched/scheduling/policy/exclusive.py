@@ -39,11 +39,6 @@ def fits_now(job: WaitingJob, gpu: PlanGpu) -> bool:
     return gpu.available >= job.mem_bytes
 
 
-def takes_a_card_alone(job: WaitingJob) -> bool:
-    """A whole-GPU or `--exclusive` job: it fits only where no gpusched job runs."""
-    return job.mem_bytes is None or job.exclusive
-
-
 def alone_reason(job: WaitingJob, free: list[PlanGpu], behind: str, several_nodes: bool) -> str:
     """Why a whole-GPU or --exclusive job starts on none of the `free` cards: each runs a
     gpusched job, or (for a whole GPU) other processes hold too much of it."""

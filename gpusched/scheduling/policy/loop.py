@@ -15,9 +15,10 @@ import heapq
 from collections.abc import Mapping, Sequence
 
 from gpusched.scheduling.policy.budget import GpuSlot, RunningClaim, budget_table
-from gpusched.scheduling.policy.consider import consider
+from gpusched.scheduling.policy.consider import consider, consider_cards
 from gpusched.scheduling.policy.data import HeadClaim, Plan, UserCap, WaitingJob
-from gpusched.scheduling.policy.state import PlanState, Settings
+from gpusched.scheduling.policy.settings import Settings
+from gpusched.scheduling.policy.state import PlanState
 from gpusched.scheduling.policy.topology import Topology
 from gpusched.scheduling.policy.turns import in_turns, submit_place
 
@@ -72,14 +73,16 @@ def _take_turns(
     while turns:
         taken, used, _, user = heapq.heappop(turns)
         queue = queues[user]
-        capped = (cap := caps.get(user)) is not None and cap.max_running is not None
+        cap = caps.get(user)
+        capped = cap is not None and cap.max_running is not None
         while queue:
             job = queue.pop()
-            said = told_before(job) if job.array_cap is None and not capped else None
-            if said is not None:
+            if job.array_cap is not None or capped:
+                taken += consider(state, job)
+            elif (said := told_before(job)) is not None:
                 said_to[job.job_id] = said
             else:
-                taken += consider(state, job)
+                taken += consider_cards(state, job, cap)
             if queue and turns:
                 turn = (taken, used, submit_place(queue[-1]), user)
                 if turn > turns[0]:

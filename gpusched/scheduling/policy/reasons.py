@@ -19,6 +19,7 @@ from gpusched.scheduling.policy.budget import PlanGpu
 from gpusched.scheduling.policy.data import Ask, WaitingJob
 from gpusched.scheduling.policy.head_claim import Kept
 from gpusched.scheduling.policy.quieter import SHOWN_CARDS, busy_cards, kept_quiet, so_far
+from gpusched.scheduling.policy.settings import Settings
 from gpusched.scheduling.policy.why_not import Claims, why_not
 
 
@@ -63,21 +64,20 @@ class WaitingReasons:
         gpus: list[PlanGpu],
         kept: Kept | None,
         quiet_kept: Mapping[str, int],
-        by_uuid: Mapping[str, PlanGpu],
         *,
-        max_jobs_per_gpu: int | None,
-        busy_util: float | None,
-        several_nodes: bool,
+        by_uuid: Mapping[str, PlanGpu],
+        settings: Settings,
     ) -> str:
         """`why_not` for `job`'s ask, and the quieter cards it would fit on if any."""
         key = job.ask
         said = self._why.get(key)
         if said is None:
+            nodes = settings.several_nodes
             if self._claims is None:
-                self._claims = Claims.of(gpus, kept, max_jobs_per_gpu, several_nodes, quiet_kept)
-            said = why_not(job, self._claims, busy_util, several_nodes)
+                self._claims = Claims.of(gpus, kept, settings.max_jobs_per_gpu, nodes, quiet_kept)
+            said = why_not(job, self._claims, settings.busy_util, nodes)
             if quiet_kept:
-                said += kept_quiet(job, quiet_kept, by_uuid, several_nodes)
+                said += kept_quiet(job, quiet_kept, by_uuid, nodes)
             self._why[key] = said
         return said
 

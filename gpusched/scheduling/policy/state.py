@@ -1,7 +1,7 @@
 """The plain state one plan works on, and what stays the same for the whole plan.
 
-`Settings` holds what the caller decided (caps, limits, the stored head claim, the rules'
-options); `PlanState` what the plan changes as it goes: the cards (`PlanGpu`, their room
+`PlanState` holds what the plan changes as it goes (beside its `Settings`, module
+settings): the cards (`PlanGpu`, their room
 taken by each placement), the room (the open cards no claim keeps, most available
 first, kept sorted), the head's claim (`kept`), the cards kept for a job held for a
 quieter card (`quiet_kept`), what the caps count, the waiting reasons, and the
@@ -18,26 +18,12 @@ from gpusched.scheduling.policy.budget import GpuBudget, PlanGpu, RunningClaim
 from gpusched.scheduling.policy.caps import Tallies
 from gpusched.scheduling.policy.card_limits import is_open
 from gpusched.scheduling.policy.contention import CalmRoom
-from gpusched.scheduling.policy.data import HeadClaim, Placement, Plan, UserCap, WaitingJob
+from gpusched.scheduling.policy.data import Placement, Plan, WaitingJob
 from gpusched.scheduling.policy.head_claim import Kept
 from gpusched.scheduling.policy.keep_for_bigger import Needs
 from gpusched.scheduling.policy.reasons import WaitingReasons
-from gpusched.scheduling.policy.topology import Topology
+from gpusched.scheduling.policy.settings import Settings
 from gpusched.scheduling.policy.turns import PassedOn
-
-
-@dataclass(frozen=True)
-class Settings:
-    """What one plan is asked under: the same from its first job to its last."""
-
-    max_jobs_per_gpu: int | None
-    busy_util: float | None
-    placement: str
-    pack: str
-    topology: Topology | None
-    caps: Mapping[str, UserCap]
-    stored_claim: HeadClaim | None  # the head's claim of the last plan, to keep
-    several_nodes: bool  # a card's name in a reason says its node
 
 
 @dataclass(slots=True)

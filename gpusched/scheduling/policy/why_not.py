@@ -17,7 +17,7 @@ from gpusched.core.units import format_size
 from gpusched.scheduling.policy.budget import PlanGpu
 from gpusched.scheduling.policy.card_limits import closed_reason
 from gpusched.scheduling.policy.data import WaitingJob
-from gpusched.scheduling.policy.exclusive import alone_reason, takes_a_card_alone
+from gpusched.scheduling.policy.exclusive import alone_reason
 from gpusched.scheduling.policy.head_claim import Kept
 from gpusched.scheduling.policy.most_free import most_available
 from gpusched.scheduling.policy.words import card_list, gpu_name, need
@@ -69,17 +69,18 @@ def why_not(job: WaitingJob, claims: Claims, busy_util: float | None, several_no
     if claims.usable_count < job.gpu_count:
         return f"needs {job.gpu_count} GPUs, {claims.usable_count} usable"
     free, behind = claims.free, claims.behind
-    closed = closed_reason(
-        job,
-        free,
-        busy_util=busy_util,
-        max_jobs_per_gpu=claims.max_jobs_per_gpu,
-        several_nodes=several_nodes,
-        behind=behind,
-    )
-    if closed is not None:
-        return closed
-    if takes_a_card_alone(job):
+    if busy_util is not None or claims.max_jobs_per_gpu is not None:
+        closed = closed_reason(
+            job,
+            free,
+            busy_util=busy_util,
+            max_jobs_per_gpu=claims.max_jobs_per_gpu,
+            several_nodes=several_nodes,
+            behind=behind,
+        )
+        if closed is not None:
+            return closed
+    if job.mem_bytes is None or job.exclusive:  # it needs a card with no gpusched job
         return alone_reason(job, free, behind, several_nodes)
     if not free:
         return f"needs {need(job)}{behind}"
