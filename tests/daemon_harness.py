@@ -1,7 +1,23 @@
-"""A real gpusched daemon in a temporary directory, driven through the real CLI.
+"""A real gpusched daemon in a temporary directory, driven in-process or through the CLI.
 
 Each `RunningDaemon` has its own config file, socket, SQLite database, state and log
 directories, so tests never touch system paths and never share state.
+
+How a test talks to it (the daemon is always a real process; what differs is the caller):
+
+- `submit`, `show`, `status`, `log`, `wait_state`, `wait_reason`, `supervisor_pid`: from
+  this process, through `gpusched.Client` (the socket's peer is the test process: root
+  in CI). `submit` and `status` take the command line's own words ("--mem", "8G", "--",
+  ...), parsed by the real click command, and return what `submit` / `status --json` /
+  `show --json` print (the same view functions), at 1 ms rather than a Python start.
+- `fork=True` on `submit`, `show` and `status`, or `cli(...)`: a real `python -m
+  gpusched` process, for a test of the command line itself (its words, exit codes,
+  output) or a call that must come from another process or user (`user=`, `group=`,
+  `preexec_fn=`, ... go to subprocess.run; an in-process call would be root's, past
+  owner checks and budgets).
+
+`start()` waits until the daemon answers on its socket, or fails at once with its
+stderr when it exits; only a daemon that lives and never answers meets `start_timeout()`.
 """
 
 from __future__ import annotations
@@ -30,8 +46,24 @@ from gpusched.scheduling.context import Context
 from gpusched.scheduling.scheduler import Scheduler
 from gpusched.store import Store
 
-START_TIMEOUT_S = 15.0
 T = TypeVar("T")
+
+# A live daemon that has not answered for this long, on an idle machine, is stuck rather
+# than slow; the bound grows with the machine's load (start_timeout).
+START_TIMEOUT_BASE_S = 30.0
+START_TIMEOUT_MAX_S = 120.0
+# What a call through the in-process client may pass on to the command line's process.
+IN_PROCESS_KWARGS = frozenset({"env", "cwd"})
+
+
+def start_timeout() -> float:
+    """How long `RunningDaemon.start` waits for a live daemon to answer: 30 s, and 30 s
+    more per unit of load per CPU, at most 120 s. A daemon that exits fails at once."""
+    try:
+        load = os.getloadavg()[0] / (os.cpu_count() or 1)
+    except OSError:  # no load average here: assume the worst
+        return START_TIMEOUT_MAX_S
+    return min(START_TIMEOUT_MAX_S, START_TIMEOUT_BASE_S * max(1.0, 1.0 + load))
 
 
 def eventually(
@@ -157,15 +189,26 @@ class RunningDaemon:
                 stderr=stderr,
                 preexec_fn=self.preexec,  # noqa: PLW1509 (a few syscalls, no locks or threads)
             )
-        process = self.process
+        self.wait_ready(self.process)
+        return self
+
+    def wait_ready(self, process: subprocess.Popen[bytes], timeout: float | None = None) -> None:
+        """Until the daemon answers a ping; RuntimeError with its stderr as soon as it exits,
+        AssertionError if it lives `timeout` (default: start_timeout()) without answering."""
+        bound = start_timeout() if timeout is None else timeout
 
         def ready() -> bool:
             if process.poll() is not None:
                 raise RuntimeError(f"daemon exited {process.returncode}: {self.stderr()}")
-            return answers(self)
+            # Nothing can answer before the socket exists: no connection attempt till then.
+            return self.socket_path.exists() and answers(self)
 
-        eventually(ready, START_TIMEOUT_S, describe=self.stderr)
-        return self
+        eventually(
+            ready,
+            bound,
+            interval=0.02,
+            describe=lambda: f"daemon (pid {process.pid}) alive, not answering: {self.stderr()}",
+        )
 
     def stop(self, signum: int = signal.SIGTERM) -> int | None:
         if self.process is None or self.process.poll() is not None:
@@ -209,20 +252,111 @@ class RunningDaemon:
             **kwargs,
         )
 
-    def submit(self, *args: str, **kwargs: Any) -> int:
-        result = self.cli("submit", *args, **kwargs)
-        assert result.returncode == 0, result.stderr
-        return int(result.stdout.strip())
+    def submit(self, *args: str, fork: bool = False, **kwargs: Any) -> int:
+        """`gpusched submit ARGS`: the new job's id (the first, for a --sweep).
 
-    def show(self, job_id: int) -> dict[str, Any]:
-        result = self.cli("show", "--json", str(job_id))
-        assert result.returncode == 0, result.stderr
-        return dict(json.loads(result.stdout))
+        In-process by default (`env=` is the environment the job gets, `cwd=` the
+        directory the command line would run in); `fork=True`: the real command line,
+        with `kwargs` for subprocess.run (`user=`...)."""
+        if fork or not IN_PROCESS_KWARGS.issuperset(kwargs):
+            self._check_fork(fork, kwargs)
+            result = self.cli("submit", *args, **kwargs)
+            assert result.returncode == 0, result.stderr
+            return int(result.stdout.split()[0])
+        return self.submit_jobs(*args, **kwargs)[0]
 
-    def status(self, *args: str) -> dict[str, Any]:
-        result = self.cli("status", "--json", *args)
-        assert result.returncode == 0, result.stderr
-        return dict(json.loads(result.stdout))
+    def submit_jobs(
+        self,
+        *args: str,
+        env: dict[str, str] | None = None,
+        cwd: str | os.PathLike[str] | None = None,
+    ) -> list[int]:
+        """`gpusched submit ARGS` from this process: every id it queued (a --sweep's all).
+
+        The words are parsed by the click command itself and become the request its body
+        sends (cli/submit.py); the job gets `env` (default: this daemon's `env`, what the
+        command line would have had) and runs in `cwd` (default: this process's)."""
+        from gpusched.cli.submit import submit as submit_command
+        from gpusched.cli.submit_view import job_options
+
+        with submit_command.make_context("submit", list(args)) as ctx:
+            params = dict(ctx.params)
+        if params["max_concurrent"] is not None and not params["sweep"]:
+            raise AssertionError("--max-concurrent without --sweep: the CLI refuses it")
+        here = os.fspath(cwd) if cwd is not None else os.getcwd()
+        given_cwd = params["cwd"]
+        options = job_options(
+            mem=params["mem"],
+            gpus=params["gpus"],
+            name=params["name"],
+            priority=params["priority"],
+            after=params["after"],
+            hold=params["hold"],
+            cwd=os.path.join(here, given_cwd) if given_cwd is not None else here,
+            time_limit=params["time_limit"],
+            notify=params["notify"],
+            retry_oom=params["retry_oom"],
+            nodes=params["nodes"],
+            requeue=params["requeue"],
+            exclusive=params["exclusive"],
+            share=params["share"],
+            output=params["output"],
+        )
+        client = self.client()
+        command = list(params["command"])
+        job_env = dict(self.env if env is None else env)
+        if params["sweep"]:
+            from gpusched.core.requests.sweep import parse_sweep_option
+
+            pairs = [parse_sweep_option(item) for item in params["sweep"]]
+            jobs = client.submit_sweep(
+                command, pairs, max_concurrent=params["max_concurrent"], env=job_env, **options
+            )
+            return [job.id for job in jobs]
+        return [client.submit(command, env=job_env, **options).id]
+
+    def show(self, job_id: int, *, fork: bool = False) -> dict[str, Any]:
+        """`gpusched show --json ID` (in-process: the same view of the daemon's reply)."""
+        if fork:
+            result = self.cli("show", "--json", str(job_id))
+            assert result.returncode == 0, result.stderr
+            return dict(json.loads(result.stdout))
+        from gpusched.cli.show_view import show_json, show_wire
+
+        return dict(json.loads(show_json(self.client().request("show", **show_wire(job_id)))))
+
+    def status(self, *args: str, fork: bool = False) -> dict[str, Any]:
+        """`gpusched status --json ARGS` (in-process: the click command's parsing and
+        its fetch_status / status_json, through the client)."""
+        if fork:
+            result = self.cli("status", "--json", *args)
+            assert result.returncode == 0, result.stderr
+            return dict(json.loads(result.stdout))
+        import pwd
+
+        from gpusched.cli.status_view import fetch_status, status_json
+        from gpusched.cli.views import status as status_command
+
+        with status_command.make_context("status", ["--json", *args]) as ctx:
+            params = dict(ctx.params)
+        assert not params["watch"], "status --watch: use cli()"
+        user = pwd.getpwuid(os.getuid()).pw_name if params["mine"] else params["user"]
+        reply = fetch_status(
+            self.client(),
+            targets=params["targets"],
+            as_json=True,
+            show_all=params["show_all"],
+            limit=params["limit"],
+            user=user,
+        )
+        return dict(json.loads(status_json(reply)))
+
+    @staticmethod
+    def _check_fork(fork: bool, kwargs: dict[str, Any]) -> None:
+        if not fork:  # say so, rather than fork silently and lose the speed
+            raise TypeError(
+                f"{sorted(set(kwargs) - IN_PROCESS_KWARGS)} need a process: pass fork=True"
+            )
 
     def wait_state(self, job_id: int, states: set[str], timeout: float = 20) -> dict[str, Any]:
         """Poll until the job is in one of `states` (fails with the last state seen)."""
@@ -272,7 +406,20 @@ class RunningDaemon:
         finally:
             store.close()
 
-    def log(self, job_id: int) -> str:
-        result = self.cli("logs", str(job_id))
-        assert result.returncode == 0, result.stderr
-        return result.stdout
+    def log(self, job_id: int, *, fork: bool = False) -> str:
+        """`gpusched logs ID`: the output so far (in-process: the same chunks, read as the
+        command's text output reads, newlines made universal)."""
+        if fork:
+            result = self.cli("logs", str(job_id))
+            assert result.returncode == 0, result.stderr
+            return result.stdout
+        client, chunks, offset = self.client(), [], 0
+        while (chunk := client.logs(job_id, offset)).data:
+            chunks.append(chunk.data)
+            offset = chunk.offset
+        text = b"".join(chunks).decode()
+        return text.replace("\r\n", "\n").replace("\r", "\n")
+
+    def active_jobs(self) -> list[dict[str, Any]]:
+        """Every job not ended (running, queued, held), whoever's."""
+        return [j for j in self.status()["jobs"] if j["state"] in ("running", "queued", "held")]
