@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, settings
 
 from gpusched.store import Store
 from tests.cluster_harness import node, shared_db  # noqa: F401
-from tests.daemon_harness import RunningDaemon
+from tests.daemon_harness import RunningDaemon, eventually
 from tests.fakenvml.fixtures import (  # noqa: F401
     fake_nvml,
     fake_nvml_builds,
@@ -110,6 +110,52 @@ def daemon_factory(tmp_path: Path) -> Iterator[Any]:
 def daemon(daemon_factory: Any) -> RunningDaemon:
     """A started daemon with two simulated 24G GPUs."""
     return daemon_factory().start()
+
+
+@pytest.fixture
+def fresh_daemon(daemon_factory: Any) -> RunningDaemon:
+    """`daemon`'s own started daemon, by a name a module that made `daemon` its shared
+    one keeps for the tests that need one to themselves."""
+    return daemon_factory().start()
+
+
+@pytest.fixture(scope="module")
+def module_daemon(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RunningDaemon]:
+    """One daemon for a whole module (RunningDaemon's keywords: the module's
+    SHARED_DAEMON dict, else two simulated 24G GPUs); always stopped. Use it through
+    `shared_daemon`, which cleans up after each test."""
+    root = tmp_path_factory.mktemp("module-daemon")
+    daemon = RunningDaemon(root, **getattr(request.module, "SHARED_DAEMON", {}))
+    try:
+        yield daemon.start()
+    finally:
+        daemon.stop()
+        daemon.kill_jobs()
+
+
+@pytest.fixture
+def shared_daemon(module_daemon: RunningDaemon) -> Iterator[RunningDaemon]:
+    """The module's daemon, for a test that touches only its own jobs and asserts nothing
+    another test's jobs would change (fair share, head claims, budgets, whole-queue
+    listings, history). A module opts in by defining its `daemon` fixture as this one;
+    its tests that need a daemon to themselves take `fresh_daemon` (or daemon_factory).
+
+    Each test starts with no job running or waiting, and the daemon not drained: after
+    it, whatever it left is cancelled and waited for (its GPUs free), and a test that
+    drained the daemon, or killed it, fails here.
+    """
+    daemon = module_daemon
+    assert daemon.process is not None and daemon.process.poll() is None, daemon.stderr()
+    yield daemon
+    assert daemon.process is not None and daemon.process.poll() is None, (
+        f"the module's daemon died during the test: {daemon.stderr()}"
+    )
+    client = daemon.client()
+    client.cancel_mine()  # root's: every job, since only the test process submits here
+    eventually(lambda: not daemon.active_jobs(), 30, describe=daemon.active_jobs)
+    assert daemon.status()["drain"] is None, "a test left the module's daemon drained"
 
 
 # CI runs the same examples every time (a red CI must be reproducible, and a slow shared

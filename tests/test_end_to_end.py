@@ -1,4 +1,12 @@
-"""End to end: the real daemon on simulated GPUs, driven through the real CLI, real jobs."""
+"""End to end: the real daemon on simulated GPUs, real jobs, the real CLI where its
+words and exit codes are what is tested (tests/daemon_harness.py: the other calls are
+in-process).
+
+One daemon serves the module (`daemon`: conftest.py `shared_daemon`): each of these tests
+touches only its own jobs. Those whose assertions another test's jobs would change (the
+whole status or history, placement on idle cards, a command's busy history, a restart)
+take a daemon of their own (`fresh_daemon`, daemon_factory).
+"""
 
 from __future__ import annotations
 
@@ -18,9 +26,15 @@ from tests.daemon_harness import RunningDaemon, eventually
 PRINT_GPU = "import os; print('GPU=' + os.environ['CUDA_VISIBLE_DEVICES'])"
 
 
+@pytest.fixture
+def daemon(shared_daemon: RunningDaemon) -> RunningDaemon:
+    return shared_daemon
+
+
 def test_first_job_reports_its_gpu_in_logs_and_status_shows_both_gpus(
-    daemon: RunningDaemon,
+    fresh_daemon: RunningDaemon,
 ) -> None:
+    daemon = fresh_daemon
     job_id = daemon.submit("--mem", "10G", "--", sys.executable, "-c", PRINT_GPU)
     job = daemon.wait_state(job_id, {"done"})
     assert job["exit_code"] == 0
@@ -40,7 +54,8 @@ def test_first_job_reports_its_gpu_in_logs_and_status_shows_both_gpus(
     assert f"{job_id} " in human.stdout
 
 
-def test_job_goes_to_the_gpu_with_most_available_memory(daemon: RunningDaemon) -> None:
+def test_job_goes_to_the_gpu_with_most_available_memory(fresh_daemon: RunningDaemon) -> None:
+    daemon = fresh_daemon
     first = daemon.submit("--mem", "10G", "--", "sleep", "30")
     assert daemon.wait_state(first, {"running"})["gpu_indices"] == [0]
     second = daemon.submit("--mem", "4G", "--", "sleep", "30")
@@ -96,7 +111,8 @@ def _seconds_between(a: str, b: str | None) -> float:
     return (datetime.fromisoformat(b) - datetime.fromisoformat(a)).total_seconds()
 
 
-def test_whole_gpu_job_waits_for_a_gpu_without_gpusched_jobs(daemon: RunningDaemon) -> None:
+def test_whole_gpu_job_waits_for_a_gpu_without_gpusched_jobs(fresh_daemon: RunningDaemon) -> None:
+    daemon = fresh_daemon
     small = [daemon.submit("--mem", "1G", "--", "sleep", "60") for _ in range(2)]
     assert {daemon.wait_state(j, {"running"})["gpu_indices"][0] for j in small} == {0, 1}
     whole = daemon.submit("--", "sleep", "60")
@@ -297,7 +313,8 @@ def test_bad_input_gets_one_line_and_the_contract_exit_code(daemon: RunningDaemo
     assert missing.returncode == 2
 
 
-def test_history_by_state_and_since(daemon: RunningDaemon) -> None:
+def test_history_by_state_and_since(fresh_daemon: RunningDaemon) -> None:
+    daemon = fresh_daemon
     ok = daemon.submit("--mem", "1G", "--", "true")
     bad = daemon.submit("--mem", "1G", "--", "false")
     daemon.client().wait([ok, bad], timeout=20)
@@ -375,7 +392,8 @@ def test_no_daemon_exits_3_naming_the_socket(tmp_path: Path) -> None:
     assert len(result.stderr.strip().splitlines()) == 1
 
 
-def test_history_and_json_outputs(daemon: RunningDaemon) -> None:
+def test_history_and_json_outputs(fresh_daemon: RunningDaemon) -> None:
+    daemon = fresh_daemon
     ids = [daemon.submit("--mem", "1G", "--name", f"run{i}", "--", "true") for i in range(3)]
     daemon.client().wait(ids, timeout=20)
     result = daemon.cli("history", "--json", "--limit", "2")
