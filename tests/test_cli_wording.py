@@ -1,5 +1,6 @@
 """What the job commands print and exit with (issue 29's wording and exit codes), and what
-a job is told in its environment: the real daemon on simulated GPUs, the real CLI."""
+a job is told in its environment: the real daemon on simulated GPUs (one for the module),
+the real CLI."""
 
 from __future__ import annotations
 
@@ -8,9 +9,19 @@ import re
 import sys
 from pathlib import Path
 
+import pytest
+
 from gpusched.cli.show_view import labelled, usage_rows
 from gpusched.core.models import Job, JobState
 from tests.daemon_harness import RunningDaemon
+
+
+@pytest.fixture
+def daemon(shared_daemon: RunningDaemon) -> RunningDaemon:
+    """The module's daemon (conftest.py `shared_daemon`): each test reads only its own jobs
+    (the next test starts with none running or waiting)."""
+    return shared_daemon
+
 
 PRINT_ENV = (
     "import os, sys; print(os.environ.get('GPUSCHED_ARRAY_ID'),"
@@ -136,7 +147,8 @@ def test_visible_devices_are_in_ascending_order_whatever_order_they_were_chosen_
 
 
 def test_mem_auto_with_a_sweep_is_refused_saying_why(daemon: RunningDaemon) -> None:
+    before = daemon.status("--all", "--limit", "0")["jobs"]
     result = daemon.cli("submit", "--mem", "auto", "--sweep", "x=1,2", "--", "echo", "{x}")
     assert result.returncode == 2
     assert "--mem auto learns from earlier runs of the same command" in result.stderr
-    assert daemon.status("--all")["jobs"] == []
+    assert daemon.status("--all", "--limit", "0")["jobs"] == before  # nothing queued

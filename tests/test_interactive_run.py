@@ -1,5 +1,8 @@
 """`gpusched run` end to end: a real daemon on simulated GPUs, the real CLI on a
-pseudo-terminal (and once in tmux), real commands, Ctrl-C typed into the terminal."""
+pseudo-terminal (and once in tmux), real commands, Ctrl-C typed into the terminal.
+
+One daemon serves the module where a test touches only its own job (`daemon`); a restart,
+other users, or a card's whole accounting take one of their own."""
 
 from __future__ import annotations
 
@@ -27,6 +30,13 @@ from tests.users import as_user, throwaway_users
 
 RUN = [sys.executable, "-m", "gpusched", "run"]
 SHELL = ["bash", "--norc", "--noprofile"]
+
+
+@pytest.fixture
+def daemon(shared_daemon: RunningDaemon) -> RunningDaemon:
+    """The module's daemon (conftest.py `shared_daemon`): every job of the test is its own,
+    and its terminals are closed (fixtures end in reverse) before the daemon's cleanup."""
+    return shared_daemon
 
 
 @pytest.fixture
@@ -340,8 +350,9 @@ def test_a_shell_under_tmux_behaves_as_a_person_sees_it(
 
 
 def test_an_interactive_job_outlives_a_daemon_restart(
-    daemon: RunningDaemon, tmp_path: Path
+    fresh_daemon: RunningDaemon, tmp_path: Path
 ) -> None:
+    daemon = fresh_daemon  # restarted: not the module's
     go = tmp_path / "go"
     client = subprocess.Popen(
         [*RUN, "--mem", "2G", "--", "sh", "-c", f"while [ ! -e {go} ]; do sleep 0.1; done; exit 4"],

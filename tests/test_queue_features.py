@@ -1,6 +1,7 @@
 """The queue people expect: priorities, requeue, sweeps, fair share, time limits, waiting reasons.
 
-End to end against the real daemon on simulated GPUs.
+End to end against the real daemon on simulated GPUs: one for the module where a test
+touches only its own jobs (priorities and fair share need a queue of their own).
 """
 
 from __future__ import annotations
@@ -11,9 +12,17 @@ import sys
 from typing import Any
 
 import psutil
+import pytest
 
 from tests.daemon_harness import RunningDaemon
 from tests.users import as_user, throwaway_users
+
+
+@pytest.fixture
+def daemon(shared_daemon: RunningDaemon) -> RunningDaemon:
+    """The module's daemon (conftest.py `shared_daemon`): each test here reads only its own
+    jobs and arrays; those that order a queue start their own (_one_gpu)."""
+    return shared_daemon
 
 
 def _one_gpu(daemon_factory: Any, **config: Any) -> RunningDaemon:
