@@ -5,7 +5,8 @@ in-process).
 One daemon serves the module (`daemon`: conftest.py `shared_daemon`): each of these tests
 touches only its own jobs. Those whose assertions another test's jobs would change (the
 whole status or history, placement on idle cards, a command's busy history, a restart)
-take a daemon of their own (`fresh_daemon`, daemon_factory).
+take a daemon of their own (`fresh_daemon`, daemon_factory). Placement rules are the
+tick tests' (tests/test_tick*.py): here only what needs the real process.
 """
 
 from __future__ import annotations
@@ -52,27 +53,6 @@ def test_first_job_reports_its_gpu_in_logs_and_status_shows_both_gpus(
     assert human.returncode == 0
     assert "AVAILABLE" in human.stdout and "reserved" in human.stdout
     assert f"{job_id} " in human.stdout
-
-
-def test_job_goes_to_the_gpu_with_most_available_memory(fresh_daemon: RunningDaemon) -> None:
-    daemon = fresh_daemon
-    first = daemon.submit("--mem", "10G", "--", "sleep", "30")
-    assert daemon.wait_state(first, {"running"})["gpu_indices"] == [0]
-    second = daemon.submit("--mem", "4G", "--", "sleep", "30")
-    assert daemon.wait_state(second, {"running"})["gpu_indices"] == [1]
-    # GPU 0: 24 - 10 = 14G available, GPU 1: 24 - 4 = 20G: the next one goes to 1 again.
-    third = daemon.submit("--mem", "8G", "--", "sleep", "30")
-    assert daemon.wait_state(third, {"running"})["gpu_indices"] == [1]
-    fourth = daemon.submit("--mem", "8G", "--", "sleep", "30")
-    assert daemon.wait_state(fourth, {"running"})["gpu_indices"] == [0]
-    gpus = {g["index"]: g for g in daemon.status()["gpus"]}
-    assert sorted(gpus[0]["jobs"]) == sorted([first, fourth])
-    # Right after a launch the card may not show the new job's memory yet; its claim is
-    # then "reserved", so what is available is already right.
-    assert gpus[0]["used"] + gpus[0]["reserved"] == 18 * 2**30
-    assert gpus[0]["available"] == 6 * 2**30 - 512 * 2**20
-    # Simulated jobs use what they declared, a moment after they start.
-    eventually(lambda: daemon.status()["gpus"][0]["used"] == 18 * 2**30)
 
 
 def test_job_waits_when_nothing_fits_and_starts_when_room_frees(daemon: RunningDaemon) -> None:

@@ -38,6 +38,35 @@ def test_a_job_goes_to_the_gpu_with_the_most_available_memory(world: World) -> N
     assert world.launcher.started == [job]
 
 
+def test_each_job_goes_where_most_is_available_and_status_counts_the_claims(
+    tmp_path: Path,
+) -> None:
+    """The daemon tier's placement scenario (it was test_end_to_end's, with `sleep 30`
+    jobs): successive jobs on two idle 24G cards, each where the most is available,
+    with the daemon's default headroom (512M kept free on every card)."""
+    world = make_world(tmp_path, [24 * GiB, 24 * GiB], headroom="512M")
+    first = world.submit(10 * GiB)
+    world.tick()
+    assert world.gpus_of(first) == [0]  # a tie: the first card
+    second = world.submit(4 * GiB)
+    world.tick()
+    assert world.gpus_of(second) == [1]  # 20G available there, 14G on card 0
+    third = world.submit(8 * GiB)
+    world.tick()
+    assert world.gpus_of(third) == [1]  # 20G > 14G again
+    fourth = world.submit(8 * GiB)
+    world.tick()
+    assert world.gpus_of(fourth) == [0]  # 14G > 12G
+    reports = world.scheduler.gpu_reports(world.scheduler.store.jobs.running())
+    gpus = {report.index: report for report in reports}
+    assert sorted(gpus[0].jobs) == sorted([first, fourth])
+    # Nothing allocated yet: the claims are reserved, and what is available already
+    # counts them and the headroom.
+    assert gpus[0].used + gpus[0].reserved == 18 * GiB
+    assert gpus[0].available == 6 * GiB - GiB // 2
+    world.scheduler.store.close()
+
+
 def test_jobs_share_a_card_while_their_declarations_fit(tmp_path: Path) -> None:
     world = make_world(tmp_path, [24 * GiB])
     first, second = world.submit(10 * GiB), world.submit(10 * GiB)
