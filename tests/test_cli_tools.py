@@ -18,6 +18,14 @@ from click.testing import CliRunner
 from gpusched.cli import cli
 from tests.daemon_harness import RunningDaemon, eventually, read_until_closed
 
+
+@pytest.fixture
+def daemon(shared_daemon: RunningDaemon) -> RunningDaemon:
+    """The module's daemon (conftest.py `shared_daemon`): these tests read only their own jobs;
+    completion offers recently ended ones too, so its tests take `fresh_daemon`."""
+    return shared_daemon
+
+
 JOB_FIELDS = {"id", "user", "state", "command", "mem", "gpus", "gpu_indices", "exit_code", "reason"}
 
 
@@ -70,7 +78,8 @@ def _complete(words: str, socket_path: Path | str | None = None) -> list[str]:
     return [line.split(",", 1)[1] for line in done.stdout.splitlines() if line]
 
 
-def test_job_ids_complete_from_the_daemon(daemon: RunningDaemon, tmp_path: Path) -> None:
+def test_job_ids_complete_from_the_daemon(fresh_daemon: RunningDaemon, tmp_path: Path) -> None:
+    daemon = fresh_daemon
     running = daemon.submit("--mem", "1G", "--name", "train", "--", "sleep", "60")
     ended = daemon.submit("--mem", "1G", "--", "true")
     daemon.wait_state(ended, {"done"})
@@ -85,7 +94,8 @@ def test_job_ids_complete_from_the_daemon(daemon: RunningDaemon, tmp_path: Path)
     assert _complete("gpusched cancel ", tmp_path / "nobody.sock") == []
 
 
-def test_job_ids_complete_in_order_and_arrays_complete_too(daemon: RunningDaemon) -> None:
+def test_job_ids_complete_in_order_and_arrays_complete_too(fresh_daemon: RunningDaemon) -> None:
+    daemon = fresh_daemon
     ended = daemon.submit("--mem", "1G", "--", "true")
     daemon.wait_state(ended, {"done"})
     running = daemon.submit("--mem", "1G", "--", "sleep", "60")

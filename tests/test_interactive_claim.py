@@ -18,6 +18,14 @@ import yaml
 from tests.daemon_harness import RunningDaemon, eventually
 from tests.fakenvml.fixtures import FakeNvml
 
+
+@pytest.fixture
+def daemon(shared_daemon: RunningDaemon) -> RunningDaemon:
+    """The module's daemon (conftest.py `shared_daemon`): each claim test holds and releases
+    only its own jobs (those on the fake NVML driver start their own daemon)."""
+    return shared_daemon
+
+
 GiB = 2**30
 
 
