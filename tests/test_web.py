@@ -49,6 +49,21 @@ def get_json(port: int, path: str) -> Any:
     return json.loads(body)
 
 
+@pytest.fixture(scope="module")
+def web_port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
+    """The port of one web daemon for the module's tests that read only its pages,
+    headers and errors (they submit nothing: nothing of theirs can leak to another)."""
+    port = free_port()
+    root = tmp_path_factory.mktemp("web")
+    daemon = RunningDaemon(root, config={"web": f"127.0.0.1:{port}"})
+    try:
+        daemon.start()
+        yield port
+    finally:
+        daemon.stop()
+        daemon.kill_jobs()
+
+
 def web_daemon(daemon_factory: Any, **config: Any) -> tuple[RunningDaemon, int]:
     port = free_port()
     return daemon_factory(config={"web": f"127.0.0.1:{port}", **config}).start(), port
@@ -135,8 +150,8 @@ def test_a_visitor_sees_exactly_a_strangers_status(shared_root: Path) -> None:
         daemon.kill_jobs()
 
 
-def test_only_get_and_head(daemon_factory: Any) -> None:
-    _, port = web_daemon(daemon_factory)
+def test_only_get_and_head(web_port: int) -> None:
+    port = web_port
     for path in ("/", "/queue", "/api/status", "/api/job?id=1", "/static/dashboard.js"):
         for method in ("POST", "PUT", "DELETE", "PATCH", "OPTIONS"):
             status, headers, _ = get(port, path, method)
@@ -147,8 +162,8 @@ def test_only_get_and_head(daemon_factory: Any) -> None:
     assert int(headers["Content-Length"]) > 0
 
 
-def test_pages_forbid_inline_script_and_foreign_origins(daemon_factory: Any) -> None:
-    _, port = web_daemon(daemon_factory)
+def test_pages_forbid_inline_script_and_foreign_origins(web_port: int) -> None:
+    port = web_port
     for path in ("/", "/queue", "/job?id=1", "/usage"):
         status, headers, body = get(port, path)
         assert status == 200
@@ -171,8 +186,8 @@ def test_pages_forbid_inline_script_and_foreign_origins(daemon_factory: Any) -> 
     assert b"http://" not in script[2].replace(b"http://www.w3.org/2000/svg", b"")
 
 
-def test_job_api_errors(daemon_factory: Any) -> None:
-    _, port = web_daemon(daemon_factory)
+def test_job_api_errors(web_port: int) -> None:
+    port = web_port
     status, _, body = get(port, "/api/job?id=999")
     assert (status, json.loads(body)) == (404, {"error": "no job 999"})
     for bad in ("", "?id=", "?id=x", "?id=-1", "?id=1e3", "?id=" + "9" * 40):
@@ -268,8 +283,8 @@ def get_with_host(port: int, path: str, host: str | None) -> int:
         conn.close()
 
 
-def test_a_page_of_another_site_cannot_read_it_by_dns_rebinding(daemon_factory: Any) -> None:
-    _, port = web_daemon(daemon_factory)
+def test_a_page_of_another_site_cannot_read_it_by_dns_rebinding(web_port: int) -> None:
+    port = web_port
     for path in ("/", "/api/status", "/api/job?id=1", "/static/dashboard.js"):
         assert get_with_host(port, path, f"evil.example:{port}") == 421, path
         assert get_with_host(port, path, "127.0.0.1.evil.example") == 421, path
