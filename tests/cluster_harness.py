@@ -38,6 +38,6 @@ def node(daemon_factory: Any, shared_db: str) -> Callable[..., RunningDaemon]:
 
     def make(name: str, start: bool = True, **extra: Any) -> RunningDaemon:
         daemon = daemon_factory(name, config=cluster_config(shared_db, name, **extra))
-        return daemon.start() if start else daemon
+        return daemon.start().wait_gpus_reported(name) if start else daemon
 
     return make

@@ -210,6 +210,17 @@ class RunningDaemon:
             describe=lambda: f"daemon (pid {process.pid}) alive, not answering: {self.stderr()}",
         )
 
+    def wait_gpus_reported(self, node: str | None = None) -> RunningDaemon:
+        """Until `status` lists GPUs (of `node`, in a cluster): a node answers before its
+        first report reaches the database, and a submit in between finds no GPU there
+        (a forked CLI's start used to hide that gap)."""
+        eventually(
+            lambda: any(g.get("node") == node for g in self.status()["gpus"]),
+            start_timeout(),
+            describe=lambda: self.status()["gpus"],
+        )
+        return self
+
     def stop(self, signum: int = signal.SIGTERM) -> int | None:
         if self.process is None or self.process.poll() is not None:
             return None if self.process is None else self.process.returncode

@@ -46,7 +46,7 @@ class Cluster:
             config=cluster_config(url, name, **extra),
             env={"PGPASSWORD": self.server.password},
         )
-        self.daemons[name] = daemon.start()
+        self.daemons[name] = daemon.start().wait_gpus_reported(name)
         return daemon
 
     def submit(self, via: RunningDaemon, seconds: float, mem_g: int = 10, *more: str) -> int:

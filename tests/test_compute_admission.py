@@ -21,13 +21,17 @@ def start(daemon_factory: Any, fake: FakeNvml, **config: Any) -> RunningDaemon:
     return daemon_factory(simulate=None, config=settings, env=fake.env()).start()
 
 
+NOT_YET_JUDGED = "waiting for the next scheduling pass"
+
+
 def waiting_reason(daemon: RunningDaemon, job_id: int) -> str:
     """The queued job's reason, once a scheduling pass has given it one."""
 
     def reason() -> str | None:
         job = daemon.client().job(job_id)
         assert job.state == "queued", job
-        return job.waiting_reason
+        # Before its first pass a job reads "waiting for the next scheduling pass".
+        return None if job.waiting_reason == NOT_YET_JUDGED else job.waiting_reason
 
     return str(eventually(reason))
 
