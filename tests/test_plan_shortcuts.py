@@ -25,7 +25,7 @@ from gpusched.scheduling.policy import UserCap, WaitingJob, plan
 from gpusched.scheduling.policy.budget import GpuSlot, PlanGpu, RunningClaim, by_room
 from gpusched.scheduling.policy.contention import CalmRoom, contention_wait
 from gpusched.scheduling.policy.keep_for_bigger import Needs
-from gpusched.scheduling.policy.turns import in_turns, own_order
+from gpusched.scheduling.policy.turns import in_turns, submit_place
 from gpusched.scheduling.policy_inputs import WaitingJobs
 from gpusched.store import Queued
 
@@ -95,6 +95,11 @@ waiting_jobs = st.builds(
     queue_order=st.none() | st.integers(1, 50),
     top=st.none() | st.integers(0, 3),
 )
+
+
+def own_order(job: WaitingJob) -> tuple[int, int]:
+    """A user's own order, plainly: higher priority first, then submit order."""
+    return (-job.priority, submit_place(job))
 
 
 def plain_turns(

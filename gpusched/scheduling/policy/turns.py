@@ -25,10 +25,6 @@ def submit_place(job: WaitingJob) -> int:
     return job.job_id if job.queue_order is None else job.queue_order
 
 
-def own_order(job: WaitingJob) -> tuple[int, int]:
-    return (-job.priority, submit_place(job))
-
-
 def in_turns(
     waiting: Sequence[WaitingJob], usage: Mapping[str, float]
 ) -> tuple[list[WaitingJob], dict[str, list[WaitingJob]]]:
@@ -71,10 +67,10 @@ _turns_of: LastAnswer[WaitingJob, tuple[list[WaitingJob], dict[str, list[Waiting
 
 
 def _sort_own(queue: list[WaitingJob]) -> None:
-    """A user's queue in reverse `own_order` (popped from the end: best last), as
-    `queue.sort(key=own_order, reverse=True)` sorts it (ties too: a sort is stable, and
-    stays so reversed), in two sorts on plain attributes: a long queue's sort is then
-    the C sort's alone, not a Python call per job."""
+    """A user's queue best last (popped from the end), as
+    `queue.sort(key=lambda j: (-j.priority, submit_place(j)), reverse=True)` sorts it (ties
+    too: a sort is stable, and stays so reversed), in two sorts on plain attributes: a
+    long queue's sort is then the C sort's alone, not a Python call per job."""
     places = list(map(_queue_order, queue))
     if places.count(None) == len(places):  # no OOM retry: the place is the id
         queue.sort(key=_job_id, reverse=True)
