@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from gpusched.core.models import EndReason, JobState, StopIntent
+from gpusched.core.models import EndReason, Job, JobState, StopIntent
 from gpusched.processes.launching import Outcome, OutcomeKind
 from gpusched.scheduling.endings import JobEndings
 from tests.daemon_harness import eventually
@@ -32,6 +32,14 @@ def world(tmp_path: Path) -> Iterator[World]:
 
 def _endings(world: World) -> JobEndings:
     return world.scheduler.endings
+
+
+def wait_ended(endings: JobEndings, job_ids: list[int], timeout_s: float) -> list[Job]:
+    """What the daemon's `wait` does: block until every job has ended or the timeout
+    passes, then read their rows (an unknown id is left out)."""
+    endings.wait_until_ended(job_ids, timeout_s)
+    found = endings.jobs.get_many(job_ids)
+    return [found[i] for i in job_ids if i in found]
 
 
 def _running(world: World, **spec: object) -> int:
@@ -92,7 +100,7 @@ def test_a_waiter_returns_when_the_job_ends(world: World) -> None:
     endings = _endings(world)
     found: list[JobState] = []
     waiter = threading.Thread(
-        target=lambda: found.extend(j.state for j in endings.wait_ended([job], 30.0)),
+        target=lambda: found.extend(j.state for j in wait_ended(endings, [job], 30.0)),
         daemon=True,
     )
     waiter.start()
@@ -107,7 +115,7 @@ def test_a_waiter_returns_when_the_job_ends(world: World) -> None:
 def test_a_waiter_returns_at_its_timeout_while_the_job_runs(world: World) -> None:
     job = _running(world)
     started = time.monotonic()
-    rows = _endings(world).wait_ended([job], 0.2)
+    rows = wait_ended(_endings(world), [job], 0.2)
     assert time.monotonic() - started >= 0.2
     assert [r.state for r in rows] == [JobState.RUNNING]
 
@@ -115,7 +123,7 @@ def test_a_waiter_returns_at_its_timeout_while_the_job_runs(world: World) -> Non
 def test_a_waiter_on_an_ended_job_returns_at_once_with_its_row(world: World) -> None:
     job = _running(world)
     world.finish(job, Outcome(OutcomeKind.EXIT, exit_code=3))
-    rows = _endings(world).wait_ended([job, 999_999], 30.0)  # an unknown id is left out
+    rows = wait_ended(_endings(world), [job, 999_999], 30.0)  # an unknown id is left out
     assert [(r.id, r.state, r.exit_code) for r in rows] == [(job, JobState.FAILED, 3)]
 
 
@@ -257,7 +265,7 @@ def test_a_raising_listener_does_not_undo_the_end(tmp_path: Path) -> None:
     world.finish(job)
     assert world.state(job) == JobState.DONE
     assert heard == [(job, False)]
-    assert [r.state for r in _endings(world).wait_ended([job], 0.0)] == [JobState.DONE]
+    assert [r.state for r in wait_ended(_endings(world), [job], 0.0)] == [JobState.DONE]
 
 
 # -- adopt_running() (scheduling.adoption): a restarted daemon's running rows ----------------

@@ -1,4 +1,4 @@
-"""The scheduler's wait_ended (scheduler.endings) against a real store: it sees every
+"""The scheduler's wait_until_ended (scheduler.endings) against a real store: it sees every
 ending, however many end.
 
 A waiter re-reads the database only when one of its jobs may have ended (the scheduler
@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from gpusched.core.models import EndReason, JobState
+from gpusched.core.models import EndReason, Job, JobState
+from gpusched.scheduling.endings import JobEndings
 from gpusched.scheduling.scheduler import Scheduler
 from gpusched.store import NewJob
 from tests.daemon_harness import in_process_scheduler
@@ -26,6 +27,14 @@ def scheduler(tmp_path: Path) -> Iterator[Scheduler]:
     yield made
     made.context.launcher.close()
     made.store.close()
+
+
+def wait_ended(endings: JobEndings, job_ids: list[int], timeout_s: float) -> list[Job]:
+    """What the daemon's `wait` does: block until every job has ended or the timeout
+    passes, then read their rows (an unknown id is left out)."""
+    endings.wait_until_ended(job_ids, timeout_s)
+    found = endings.jobs.get_many(job_ids)
+    return [found[i] for i in job_ids if i in found]
 
 
 def _queue(scheduler: Scheduler, n: int) -> list[int]:
@@ -55,7 +64,7 @@ def test_wait_sees_its_jobs_end_among_many_others(scheduler: Scheduler, others: 
     began = time.monotonic()
     # Woken by the endings, not the timeout: far longer than ending them takes on a loaded
     # machine (a minute and more for 3000 on two busy cores), so no race with it.
-    jobs = scheduler.endings.wait_ended(mine, timeout_s=600)
+    jobs = wait_ended(scheduler.endings, mine, timeout_s=600)
     ender.join()
     assert time.monotonic() - began < 500
     assert [j.id for j in jobs] == mine
@@ -66,6 +75,6 @@ def test_wait_returns_at_the_timeout_with_jobs_still_queued(scheduler: Scheduler
     ids = _queue(scheduler, 2)
     scheduler.endings.end(ids[0], JobState.CANCELLED, EndReason.CANCELLED, detail="test")
     began = time.monotonic()
-    jobs = scheduler.endings.wait_ended(ids, timeout_s=0.3)
+    jobs = wait_ended(scheduler.endings, ids, timeout_s=0.3)
     assert 0.25 < time.monotonic() - began < 5
     assert [j.state for j in jobs] == [JobState.CANCELLED, JobState.QUEUED]

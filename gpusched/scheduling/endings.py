@@ -313,12 +313,6 @@ class JobEndings:
             job=job,
         )
 
-    def wait_ended(self, job_ids: list[int], timeout_s: float) -> list[Job]:
-        """Block until every job has ended or the timeout passes; return their current rows."""
-        self.wait_until_ended(job_ids, timeout_s)
-        found = self.jobs.get_many(job_ids)
-        return [found[i] for i in job_ids if i in found]
-
     def wait_until_ended(self, job_ids: list[int], timeout_s: float) -> None:
         """Block until every job has ended or the timeout passes (reads their states only:
         a `wait` on 10,000 jobs must not hold 10,000 rows while it waits)."""
