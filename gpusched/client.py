@@ -29,7 +29,6 @@ from gpusched.core.models import (
     Job,
     LogChunk,
     Status,
-    TimelinePoint,
 )
 from gpusched.core.requests.base import Request
 from gpusched.core.requests.protocol import (
@@ -254,13 +253,6 @@ class Client:
     def job(self, job_id: int) -> Job:
         """One job by id (NotFoundError if there is none)."""
         return Job.from_json(self.send(ShowRequest(job_id)))
-
-    def job_and_timeline(self, job_id: int) -> tuple[Job, list[TimelinePoint]]:
-        """One job and its memory and utilization over time, oldest first ([] before its
-        first sample, or from a daemon that keeps none)."""
-        data = self.send(ShowRequest(job_id, timeline=True))
-        points = [TimelinePoint.from_json(p) for p in data.get("timeline") or []]
-        return Job.from_json(data), points
 
     def cancel(self, job_id: int) -> Job:
         """Cancel a job; returns it as it is right after the request (it may still be

@@ -10,7 +10,7 @@ gpusched.daemon.retention; `gpusched admin prune`). It touches only ended jobs:
   that dependency must stay to be judged).
 - `timelines`: an ended job's series goes.
 - `environments`: an ended job's environment is dropped (env {} and env_id 0, which
-  `requeue` reads as "deleted": `environment_dropped`), then every stored environment no
+  `requeue` reads as "deleted": `LaunchInfo.env_dropped`), then every stored environment no
   job refers to. Submit-then-cancel with a new 240 KB environment each time grew the
   database by 578 MB a minute, since a cancelled job kept its environment for good.
 - `logs`: an ended job's `log_path` is returned to unlink and cleared.
@@ -211,11 +211,6 @@ def _delete_unused_environments(db: Database, done: Pruned) -> None:
         used = select(jobs.c.env_id).where(jobs.c.env_id.is_not(None)).distinct()
         result = conn.execute(delete(envs).where(envs.c.id.not_in(used)))
         done.stored_environments += max(0, result.rowcount or 0)
-
-
-def environment_dropped(env_id: int | None) -> bool:
-    """Whether a job's environment was deleted by retention (its env_id)."""
-    return env_id == DROPPED_ENV_ID
 
 
 def checkpoint(db: Database) -> None:

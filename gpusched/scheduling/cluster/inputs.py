@@ -15,7 +15,6 @@ from typing import Any
 
 from gpusched.core.models import GpuHealth, GpuReport, GpuState, Job
 from gpusched.scheduling.policy import GpuSlot, RunningClaim
-from gpusched.scheduling.policy_inputs import capacity_bytes
 
 
 def node_key(node: str, uuid: str) -> str:
@@ -160,7 +159,3 @@ def allowed_keys(
             return frozenset(), f"none of its nodes ({', '.join(allowed_nodes)}) is up"
         return frozenset(), f"user {user} does not exist on node {', '.join(lacking)}"
     return frozenset(node_key(n.name, g.uuid) for n in fit for g in n.gpus), None
-
-
-def largest_capacity(nodes: Sequence[NodeView]) -> int:
-    return max((capacity_bytes(g) for n in nodes for g in n.gpus), default=0)
