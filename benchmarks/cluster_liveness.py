@@ -85,8 +85,8 @@ def _rate(starts: list[float], begin: float, window: float) -> float:
 
 
 def _all_done(cluster: Cluster) -> bool:
-    counts = cluster.store.jobs.count_active()
-    return counts.get("queued", 0) == 0 and counts.get("running", 0) == 0
+    counts = cluster.store.jobs.count_active_by_user().values()
+    return not any(states.get("queued") or states.get("running") for states in counts)
 
 
 def _declare_all(cluster: Cluster) -> None:

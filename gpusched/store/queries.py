@@ -159,18 +159,6 @@ class JobReads:
                 states.update((int(i), JobState(s)) for i, s in conn.execute(query).all())
         return states
 
-    def count_active(self, user: str | None = None) -> dict[str, int]:
-        """How many jobs (of `user` only, if given) are in each active state (every state
-        named, zero included)."""
-        states = [str(s) for s in ACTIVE_STATES]
-        query = select(jobs.c.state, func.count()).where(jobs.c.state.in_(states))
-        if user is not None:
-            query = query.where(jobs.c.user == user)
-        query = query.group_by(jobs.c.state)
-        with self.db.read() as conn:
-            found = {str(state): int(n) for state, n in conn.execute(query).all()}
-        return {state: found.get(state, 0) for state in sorted(states)}
-
     def count_active_by_user(self) -> dict[str, dict[str, int]]:
         """user -> active state -> how many of their jobs are in it (counted in SQL)."""
         states = [str(s) for s in ACTIVE_STATES]
