@@ -304,8 +304,8 @@ def test_set_pid(store: Store) -> None:
 
 
 def test_writes_about_a_running_job_are_refused_once_it_has_ended(store: Store) -> None:
-    """pid, stop intent and detail are conditional writes, like every state change: a
-    late one (another daemon's, or a thread's that lost a race) changes nothing."""
+    """pid and stop intent (with its detail) are conditional writes, like every state
+    change: a late one (another daemon's, or a thread's that lost a race) changes nothing."""
     job_id = store.jobs.add(new_job(), NOW).id
     assert not store.jobs.set_pid(job_id, 1, "1.0")  # queued: no supervisor to record
     assert not store.jobs.set_stop_intent(job_id, StopIntent.CANCEL, "too early")
@@ -314,17 +314,9 @@ def test_writes_about_a_running_job_are_refused_once_it_has_ended(store: Store) 
     end(store, job_id, state=JobState.CANCELLED, reason="cancelled", detail="cancelled by alice")
     assert not store.jobs.set_pid(job_id, 777, "999.5")
     assert not store.jobs.set_stop_intent(job_id, StopIntent.OVERRUN, "late")
-    assert not store.jobs.set_detail(job_id, "late")
     job = store.jobs.get(job_id)
     assert (job.pid, job.reason_detail) == (4242, "cancelled by alice")
     assert store.jobs.launch_info(job_id).stop_intent is StopIntent.CANCEL
-
-
-def test_set_detail_then_end(store: Store) -> None:
-    job_id = store.jobs.add(new_job(), NOW).id
-    assert store.jobs.set_detail(job_id, "cancelled by bob")
-    assert store.jobs.get(job_id).reason_detail == "cancelled by bob"
-    assert store.jobs.get(job_id).state is JobState.QUEUED
 
 
 def test_record_usage(store: Store) -> None:

@@ -263,11 +263,6 @@ class Jobs(JobReads):
         with self.db.write(durable=False) as conn:
             conn.execute(update(jobs).where(jobs.c.id == job_id).values(notify_result=result))
 
-    def set_detail(self, job_id: int, detail: str) -> bool:
-        """Note on an active job what its end will be explained by (e.g. who cancelled it);
-        False if it has ended (an ended job's explanation is never rewritten)."""
-        return self._transition(job_id, list(ACTIVE_STATES), {"reason_detail": detail})
-
     def set_stop_intent(self, job_id: int, intent: StopIntent, detail: str) -> bool:
         """Before a running job is asked to stop: why (read at its end), and the sentence;
         False if it is not running any more."""
