@@ -33,10 +33,19 @@ from sqlalchemy import (
 
 from gpusched.core.models import JobState
 from gpusched.store import Store, metadata, timeline_points
-from gpusched.store.migrations import HEAD, SchemaTooNew, head_revision
+from gpusched.store.migrations import HEAD, MIGRATIONS, SchemaTooNew
 from tests.daemon_harness import RunningDaemon, directory_settings
 from tests.postgres import PostgresServer
 from tests.test_store import NOW, new_job, start
+
+
+def head_revision() -> str:
+    """The newest revision of the migrations shipped, as Alembic reads versions/."""
+    from alembic.script import ScriptDirectory
+
+    head = ScriptDirectory(str(MIGRATIONS)).get_current_head()
+    assert head is not None, f"no schema revision in {MIGRATIONS}"
+    return head
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

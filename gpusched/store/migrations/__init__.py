@@ -69,16 +69,6 @@ def _alembic_config(conn: Connection) -> AlembicConfig:
     return config
 
 
-def head_revision() -> str:
-    """The newest revision of the migrations shipped (read by Alembic)."""
-    from alembic.script import ScriptDirectory
-
-    head = ScriptDirectory(str(MIGRATIONS)).get_current_head()
-    if head is None:  # only if the package lost its migrations
-        raise RuntimeError(f"no schema revision in {MIGRATIONS}")
-    return head
-
-
 def current_revisions(conn: Connection) -> tuple[str, ...]:
     """The revisions the database says it is at; () for a new or pre-Alembic database."""
     if not inspect(conn).has_table("alembic_version"):
