@@ -20,11 +20,6 @@ from gpusched.core.requests.catalog import REQUESTS
 _HINTS = {op: get_type_hints(kind) for op, kind in REQUESTS.items()}
 
 
-def fields_of(kind: type[Request]) -> frozenset[str]:
-    """The names a request of this kind may carry besides "op"."""
-    return frozenset(each.name for each in dataclasses.fields(kind))  # type: ignore[arg-type]
-
-
 def parse(frame: Mapping[str, Any]) -> Request:
     """The request a decoded frame holds; fields it does not declare are ignored.
 
