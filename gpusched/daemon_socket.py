@@ -4,8 +4,9 @@ The order: `--socket` (or `Client(socket_path=...)`), then $GPUSCHED_SOCKET, the
 socket of a config file named with `--config`/$GPUSCHED_CONFIG (or /etc/gpusched as root),
 then the system service's socket whenever a system service is installed, and only then
 the user's personal daemon. A personal daemon is never silently preferred while a system
-one is installed: that is how a student, told "cannot reach the daemon" while the service
-restarted, started a personal daemon that ran their jobs past every limit (issue 28).
+one is installed: a user told "cannot reach the daemon" while the service restarts would
+otherwise start a personal daemon, which runs their jobs past every limit the system one
+sets.
 
 "Installed" means any of: the system socket exists; its directory exists (the unit's
 RuntimeDirectoryPreserve=yes keeps /run/gpusched across a restart, while the daemon

@@ -1,5 +1,5 @@
-"""The commonest command lines, answered without click (issue 30: `gpusched status` at
-interpreter speed).
+"""The commonest command lines, answered without click, so that `gpusched status` and
+the like answer at interpreter speed.
 
 `answer(argv)` takes only the forms it understands in full and returns their exit code;
 for anything else it returns None and cli/group.py's click group takes the command line,

@@ -3,7 +3,7 @@ dataclasses (core/models.py `Job`): `job_json(data)` is what `Job.from_json(data
 gives (Job's fields only, in its order, its defaults for what the reply leaves out).
 
 For `gpusched show` and `submit`, which print a job and start without creating the
-models' dataclasses (issue 30: at interpreter speed); tests/test_cli_fast.py keeps
+models' dataclasses, so that they answer at interpreter speed; tests/test_cli_fast.py keeps
 JOB_REQUIRED and JOB_DEFAULTS equal to Job's fields and job_json to Job's round trip.
 """
 

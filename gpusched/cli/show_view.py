@@ -4,7 +4,7 @@ command (cli/views.py) and the fast path (cli/fast.py), so both print the same.
 Drawn from the daemon's reply as JSON (the job's fields through cli/job_json.py, read by
 attribute through cli/reply_view.py's ReplyView with its text escaped; the timeline's
 points as `TimelineView`), not from the models' dataclasses: `gpusched show` starts
-without creating them (issue 30). Neither click, the client, the models nor typing is
+without creating them, at interpreter speed. Neither click, the client, the models nor typing is
 imported here at run time; tests/test_cli_fast.py checks the frame and the JSON against
 the models' and the request's.
 """

@@ -1,8 +1,8 @@
 """`gpusched submit`: queue a command (or a --sweep array of them) and print its id.
 
 Its options become one request through the client (`Client.submit`, `submit_sweep`);
-`--mem auto` asks the daemon's history first (cli/estimate.py). Split from cli/jobs.py,
-which has the commands that act on existing jobs; cli/group.py registers it lazily (and
+`--mem auto` asks the daemon's history first (cli/estimate.py). The commands that act on
+existing jobs are cli/jobs.py's; cli/group.py registers it lazily (and
 cli/fast.py answers its commonest form without click, through cli/submit_view.py).
 """
 

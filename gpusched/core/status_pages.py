@@ -3,8 +3,8 @@ running and waiting pages a person reads merged into one view (the one place tha
 
 Shared by the Python API (`Client.status_reply`, which builds the request as a checked
 `StatusRequest`) and the CLI's fast path (cli/status_view.py), which sends the same frame
-without gpusched.client and the request dataclasses (issue 30: `gpusched status` at
-interpreter speed; tests/test_cli_fast.py checks the two frames are the same).
+without gpusched.client and the request dataclasses, so that `gpusched status` starts at
+interpreter speed (tests/test_cli_fast.py checks the two frames are the same).
 """
 
 from __future__ import annotations

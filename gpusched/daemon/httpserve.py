@@ -168,7 +168,7 @@ class HttpListener(Listener):
             return route(replace(request, query=dict(fields)))
         except Exception as exc:  # one failed page must not end the connection's thread
             # Once a minute per path and error at most: unauthenticated requests in a loop
-            # must not fill the journal (a traceback per request was 48.7 MiB in 20 s).
+            # must not fill the journal (a traceback per request would be 48.7 MiB in 20 s).
             self.errors.warning(
                 f"{request.path} {type(exc).__name__}",
                 f"{self.name}: {request.path} failed: {type(exc).__name__}",

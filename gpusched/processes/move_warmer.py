@@ -5,7 +5,7 @@ Every job's supervisor moves itself into the job's cgroup around the job's fork
 `cgroup_threadgroup_rwsem`, whose writer first waits for an RCU grace period unless
 another move happened moments before: measured here, a move after 40 ms of quiet waits
 7.7 ms, one 20 ms after another 0.2 ms, and one started while an earlier move waits
-shares that wait (6 ms after it: 0.9 ms). That wait was the largest single step of a
+shares that wait (6 ms after it: 0.9 ms). That wait is the largest single step of a
 short job's start (docs/benchmarks.md, dispatch).
 
 So as soon as the daemon knows a start is likely (a job ended, or a pass launches one),

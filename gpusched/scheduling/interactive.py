@@ -84,8 +84,8 @@ class InteractiveJobs:
         # Idleness is counted from a job's start, but not from before this daemon's start:
         # what a job did meanwhile is unknown, so a restart must not make it idle at once.
         self._since = context.clock()
-        # Whether a pass may skip reading the active interactive jobs (issue 30: one read
-        # less per job on a server that runs none): `_news` counts the interactive jobs
+        # Whether a pass may skip reading the active interactive jobs (one read less per
+        # pass on a server that runs none): `_news` counts the interactive jobs
         # submitted here (note_submitted), `_none_at` is its value before the last read
         # that found none with a client here (None: some may exist). Interactive jobs
         # are made only by a submit to the daemon their client talks to, this one; one

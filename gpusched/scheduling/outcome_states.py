@@ -1,6 +1,6 @@
 """What a supervisor's outcome means for its job: the final state and reason, in words.
 
-Pure, split from endings.py (JobEndings.settle applies it): the state and reason of each
+Pure (endings.py's JobEndings.settle applies it): the state and reason of each
 outcome other than a plain exit (`ENDINGS`) and of each stop the daemon asked for its own
 reason (`STOPPED_FOR`), which ends' details are logged whatever `show_commands` says, the
 stop intent of a version that kept it in `reason_detail`, and a run's end in a few words.

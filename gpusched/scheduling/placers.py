@@ -116,7 +116,8 @@ class LocalPlacer:
         self.reading = reading
         self.drain = drain
         self.waits = QuieterWaits()
-        self.waiting_jobs = WaitingJobs()  # kept between passes (issue 30: a long queue)
+        # Kept between passes: a long queue's unchanged jobs keep their views.
+        self.waiting_jobs = WaitingJobs()
 
     def place(self, seen: Observation) -> Plan:
         monitor = self.context.monitor

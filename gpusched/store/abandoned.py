@@ -10,7 +10,7 @@ TCP proxy between the daemons and the database). Its daemon gave up on it long b
 at its own wait bound (gpusched.store.waits), so each daemon's pass, first thing, ends
 such a backend of the daemons' role once it has waited on its client for
 ABANDONED_AFTER_S: one query at most once every CHECK_EVERY_S (scheduling.phases;
-issue 26; tests/test_abandoned.py).
+tests/test_abandoned.py).
 """
 
 from __future__ import annotations

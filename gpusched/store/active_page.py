@@ -3,10 +3,10 @@ how many jobs are in each active state, the first chunk of the page and the coun
 one statement.
 
 On PostgreSQL every statement is a round trip to another process; on SQLite it is a read
-of a file in the daemon's own. A page used to be read in three (the page's ids, their
-rows, the counts) plus its transaction's BEGIN and ROLLBACK; now the page's first chunk
-(its rows straight away, no ids first) and the counts are one `UNION ALL`, so they are
-also one snapshot of the table on either backend (under READ COMMITTED each statement
+of a file in the daemon's own. Rather than three statements (the page's ids, their
+rows, the counts) plus a transaction's BEGIN and ROLLBACK, the page's first chunk (its
+rows straight away, no ids first) and the counts are one `UNION ALL`, so they are also
+one snapshot of the table on either backend (under READ COMMITTED each statement
 sees the commits made before it started, so separate statements could disagree). Only a
 page longer than one chunk reads on, a chunk at a time, from the last id it was given:
 a page never holds more than a chunk of rows it did not need (each may carry a 128K

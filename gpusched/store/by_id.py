@@ -3,8 +3,8 @@
 A statement built at each call (`select(...).where(jobs.c.id == job_id)`) spends about
 half of its time being built and hashed for SQLAlchemy's compiled cache (0.15 of 0.3 ms
 for a job's row on SQLite); one built once with bind parameters memoizes its cache key,
-so each run costs the database's work and the row's conversion alone (issue 30: the
-daemon's CPU between one job's end and the next one's start). Same SQL, same results.
+so each run costs the database's work and the row's conversion alone (the daemon's CPU
+between one job's end and the next one's start is what matters). Same SQL, same results.
 
 `JOB_AND_LAUNCH_BY_ID` reads a job's row and its launch parts (store.queries.LaunchInfo)
 in one statement, for a job's start; `JOB_AND_STOP_INTENT_BY_ID` its row and why it was

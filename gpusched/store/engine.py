@@ -18,8 +18,8 @@ hold its row locks against the others. Job-state changes are conditional UPDATEs
 
 Whatever is said about a database names it without its password (`describe_url`). An
 outage is said once in the daemon's log (`DatabaseOutage`): while the database is away
-every pass, poll and watcher that touches it fails the same way, and each logged its
-traceback (40 in 20 s in issue 26). The first record of an outage that carries a database
+every pass, poll and watcher that touches it fails the same way, and each would log its
+own traceback (some 40 in 20 s). The first record of an outage that carries a database
 error is turned into one line without its traceback; the next ones are dropped until a
 statement gets an answer again, which is said in one line with how long it was away.
 Requests refused meanwhile keep their own one-line warnings.

@@ -1,4 +1,4 @@
-"""The queue's change marker (issue 30): whether the queue a pass reads may have changed
+"""The queue's change marker: whether the queue a pass reads may have changed
 since the last read, so that a pass over 10,000 queued jobs, none of them changed, does
 not read them all again.
 

@@ -64,7 +64,7 @@ def queued_of(
 ) -> tuple[list[Queued], dict[tuple[Any, ...], Queued]]:
     """Each row's `Queued`, and the rows' memo for the next read: a row identical to one
     read last time gives the same (frozen) `Queued` again, undecoded. Every pass reads
-    every queued job and few change between two passes (issue 30: 10,000 queued); the
+    every queued job (10,000 in a long queue) and few change between two passes; the
     memo holds only the last read's rows, and nothing is reused unless its row is equal."""
     made: dict[tuple[Any, ...], Queued] = {}
     found = []

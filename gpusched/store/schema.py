@@ -107,7 +107,7 @@ jobs = Table(
     Column("demand", Float, nullable=True),
     Column("shared_with", JSON, nullable=True),
     Column("sharing_speed", Float, nullable=True),
-    # The client's id of the submit that made it (issue 26): a submit retried after its
+    # The client's id of the submit that made it: a submit retried after its
     # answer was lost finds this job instead of making a second. NULL: none was sent.
     Column("request_id", String, nullable=True, index=True, unique=True),
 )

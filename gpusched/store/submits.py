@@ -1,6 +1,6 @@
 """What a submit writes: the new jobs' rows, once, whichever try of the submit it is.
 
-Split from transitions.py, whose `Jobs.add_many` runs it in one transaction.
+`Jobs.add_many` (transitions.py) runs it in one transaction.
 `NewJob` is a submit's spec; its rows are inserted as one array or one by one; the
 environment is stored once per distinct environment (`envs`); the owner's cap on waiting
 jobs (`max_queued`) is counted in the same transaction; a retried submit (the same

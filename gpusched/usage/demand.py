@@ -25,11 +25,11 @@ the job ran while it took turns against alone: its share over its demand (FIELD.
 pair ran at 0.475x).
 
 Each poll is judged on the device's figure of that poll, not a smoothed one: a smoothed
-figure lags a job's start and end by several polls, which on a real H100 (session 8,
-benchmarks/real_card.py) made a busy job alone read 0.72, two busy jobs sharing a card
+figure lags a job's start and end by several polls, which on a real H100
+(benchmarks/real_card.py) makes a busy job alone read 0.72, two busy jobs sharing a card
 read as unsaturated for most of their run (their halves recorded as demands, and one
 told to fix its data loader), and a light job read 0.44 in the polls after its busy
-neighbours ended.
+neighbours end.
 
 `card_polls` builds each job's CardPolls from one poll of the GPUs; the usage monitor feeds
 them to the job's tracker (gpusched.usage.tracker) and reads `demand()` back for the policy.

@@ -1,7 +1,7 @@
 """How a job ended, in figures: whether it ran out of GPU memory (`oom_cause`, from its
 log and what the usage monitor saw) and the store columns written with its end, its
-hints among them (`final_usage`). Split from gpusched.usage.monitor, which watches jobs
-while they run."""
+hints among them (`final_usage`). gpusched.usage.monitor watches jobs while they run;
+this is what its figures say once a job has ended."""
 
 from __future__ import annotations
 

@@ -12,8 +12,8 @@ evidence only, any one of:
    a small allocation fits).
 
 A card that merely looks full is not evidence: gpusched itself packs cards to `headroom`
-free, and the old rule (free <= max(256M, 2 % of the card)) sat above that, so an ordinary
-failure (a KeyError) on a well-packed 80G card was called OOM and retried at 60G.
+free, and a rule such as free <= max(256M, 2 % of the card) sits above that: it would call
+an ordinary failure (a KeyError) on a well-packed 80G card OOM and retry it at 60G.
 
 The retry asks 1.5x the memory, capped at what `submit` would accept (NVML v2's usable
 memory, used + free, less the headroom, on the job's N-th largest card) and at the

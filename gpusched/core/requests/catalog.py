@@ -86,7 +86,7 @@ class SubmitRequest(Request):
 
     def __post_init__(self) -> None:
         # The checks are a plain function, so that the CLI's fast path runs the same ones
-        # without this class (issue 30).
+        # without this class.
         notify, after = check_submit(
             command=self.command,
             cwd=self.cwd,

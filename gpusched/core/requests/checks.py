@@ -5,7 +5,7 @@ or interactive job declares, a submit request id, and a submit's checks as a who
 
 Apart from requests.base (which re-exports them) so that the CLI's fast path
 (cli/fast.py) checks a submit with the same code and words without creating the request
-dataclasses (issue 30: `gpusched submit` at interpreter speed). Standard library only,
+dataclasses, so that `gpusched submit` starts at interpreter speed. Standard library only,
 and neither dataclasses nor typing at run time.
 """
 

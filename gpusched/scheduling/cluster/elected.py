@@ -157,7 +157,7 @@ class ElectedScheduler:
         which moves on with every start while a long queue drains, the busy jobs on a
         card) or in how long it has been held is rewritten at most
         REFRESH_PER_PASS rows a pass, the longest unwritten first: rewriting every waiting
-        job's row each pass made a 10,000-job queue drain at 2 jobs a second (issue 26).
+        job's row each pass would make a 10,000-job queue drain at 2 jobs a second.
         Any other change is written at once."""
         self._pass += 1
         pending = {i: why for i, why in reasons.items() if self._said.get(i) != why}

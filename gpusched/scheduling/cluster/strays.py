@@ -13,9 +13,8 @@ there) leaves the node believing it undone:
   node's new epoch, the node keeps the run under the old one, and the run's end, written
   under that epoch, is refused.
 Nobody else ends such a row while the node renews its lease (only declaring it down
-would), and only a restart's adoption (scheduling.adoption) looked at it: the job stayed
-`running` for good (issue 26's stall in the randomized fault rounds). Each pass of the
-agent settles them as adoption does.
+would), and only a restart's adoption (scheduling.adoption) would look at it: the job would stay
+`running` for good. Each pass of the agent settles them as adoption does.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Placement (issue 24, 25): `head_claims` (the cards kept for the blocked head job,
+"""Placement: `head_claims` (the cards kept for the blocked head job,
 kept across passes and restarts) and three `jobs` columns: `exclusive` (--exclusive: a
 card to itself), `share` (--share: its owner says it is light) and `top` (put first by an
 administrator, `gpusched top`; lower goes first). All nullable: an upgraded queue reads

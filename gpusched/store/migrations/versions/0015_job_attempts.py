@@ -1,4 +1,4 @@
-"""Issue 26: each earlier run of a requeued job (`job_attempts`: node, started, ended,
+"""Each earlier run of a requeued job (`job_attempts`: node, started, ended,
 outcome; the job's row is its latest run), and the request id of a submit
 (`jobs.request_id`, unique: a submit retried after its answer was lost finds the job
 it made instead of making a second).

@@ -1,4 +1,4 @@
-"""Issue 26: the cards each requeued run held (`job_attempts.gpu_uuids`, `gpu_indices`),
+"""The cards each requeued run held (`job_attempts.gpu_uuids`, `gpu_indices`),
 so that a node heard again, or its daemon started again, can take back a run that still
 goes on (the job `running` there again on those cards) rather than stop it and run the
 job a second time.

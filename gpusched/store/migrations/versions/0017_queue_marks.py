@@ -1,4 +1,4 @@
-"""Issue 30: a change marker for the queue (`queue_marks`), so that a pass over 10,000
+"""A change marker for the queue (`queue_marks`), so that a pass over 10,000
 queued jobs does not read them all again when none changed; and an index on
 `jobs.interactive`, so that a pass finds the few interactive jobs among them without
 reading every queued row.
