@@ -3,6 +3,9 @@
 A daemon of the previous version that is still running after the package was upgraded
 under it starts `python -m gpusched.supervisor ...`; this keeps that command working until the
 daemon is restarted. New daemons start `python -m gpusched.processes.supervisor`.
+
+May be dropped in 0.3.0, once no daemon of 0.1.x from before the layer packages can still
+be running: any daemon restarted since starts only the new path.
 """
 
 import sys

@@ -49,7 +49,9 @@ ZYGOTE_REPLY_TIMEOUT_S = 10.0
 
 SUPERVISOR_MODULE = "gpusched.processes.supervisor"
 # Earlier versions' supervisor modules: after an upgrade in place, a job whose pid was
-# never recorded is still found by its supervisor's command line.
+# never recorded is still found by its supervisor's command line. May be dropped in 0.3.0,
+# once no supervisor started as `gpusched.supervisor` (by a 0.1.x daemon from before the
+# layer packages, or through the gpusched/supervisor.py shim) can still be running.
 LEGACY_SUPERVISOR_MODULES: tuple[str, ...] = ("gpusched.supervisor",)
 
 

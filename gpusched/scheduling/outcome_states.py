@@ -45,7 +45,9 @@ LOGGED_DETAILS = frozenset(
 def legacy_stop_intent(detail: str | None) -> tuple[StopIntent | None, str | None]:
     """The intent of a stop asked by a version that kept it as a prefix of `reason_detail`.
 
-    Only for a job stopping across an upgrade (no `stop_intent` recorded yet).
+    Only for a job stopping across an upgrade (no `stop_intent` recorded yet). May be
+    dropped in 0.3.0, once no job asked to stop by a 0.1.x daemon from before the
+    `stop_intent` column can still be running.
     """
     if detail and detail.startswith("overrun: "):
         return StopIntent.OVERRUN, detail.removeprefix("overrun: ")
