@@ -145,9 +145,13 @@ def served(
     env["COLUMNS"] = "100"
     ended = daemon.submit("--mem", "1G", "--name", "ended\x1b[2J", "--", "true")
     daemon.wait_state(ended, {"done"})
-    daemon.submit("--mem", "20G", "--", "sleep", "600")
-    daemon.submit("--mem", "20G", "--", "sleep", "600")
-    daemon.submit("--mem", "20G", "--", "sleep", "600")  # waits: both cards are taken
+    running = [daemon.submit("--mem", "20G", "--", "sleep", "600") for _ in range(2)]
+    waiting = daemon.submit("--mem", "20G", "--", "sleep", "600")  # waits: both cards are taken
+    # Settled before any test compares two paths' output: a job starting, or a reason
+    # arriving, between the fast path's run and click's would make them differ.
+    for job_id in running:
+        daemon.wait_state(job_id, {"running"})
+    daemon.wait_reason(waiting, "needs 20.0G")
     held = daemon.submit("--mem", "1G", "--hold", "--name", "h\u00e9ld \u4f5c\u696d", "--", "true")
     notified = daemon.submit(
         "--mem", "1G", "--hold", "--priority", "3", "--after", str(ended),
