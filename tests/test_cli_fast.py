@@ -139,7 +139,10 @@ def served(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[tuple[RunningDaemon, dict[str, str]]]:
     root = tmp_path_factory.mktemp("fast")
-    daemon = RunningDaemon(root, simulate="2x24G").start()
+    # No poll during the tests: each poll adds a point to a running job's timeline, which
+    # `show --json` prints, so the two paths' outputs, taken one after the other, would
+    # differ whenever a poll fell between them. Submits still start a pass each.
+    daemon = RunningDaemon(root, simulate="2x24G", config={"poll_interval": "1h"}).start()
     env = {k: v for k, v in daemon.env.items() if k != "GPUSCHED_CONFIG"}
     env["GPUSCHED_SOCKET"] = str(daemon.socket_path)
     env["COLUMNS"] = "100"

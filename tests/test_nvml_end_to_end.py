@@ -31,7 +31,9 @@ def fake(fake_nvml: FakeNvml) -> FakeNvml:
 
 def start(daemon_factory: Any, fake: FakeNvml, **config: Any) -> RunningDaemon:
     settings = {"poll_interval": "0.5s", **config}
-    return daemon_factory(simulate=None, config=settings, env=fake.env()).start()
+    daemon = daemon_factory(simulate=None, config=settings, env=fake.env()).start()
+    eventually(lambda: daemon.status()["gpus"])  # it answers before its first reading of them
+    return daemon
 
 
 def gpus_by_index(daemon: RunningDaemon) -> dict[int, dict[str, Any]]:
