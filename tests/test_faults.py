@@ -128,6 +128,8 @@ def test_sighup_applies_a_valid_config_and_keeps_the_old_one_when_broken(
 ) -> None:
     daemon = daemon_factory(simulate="1x24G").start()
     settings = yaml.safe_load(daemon.config_path.read_text())
+    # It answers before its first reading of the card: wait for that reading.
+    eventually(lambda: daemon.client().status().gpus, describe=daemon.client().status)
     assert _available(daemon) == 24 * GIB - 512 * 2**20  # the default headroom
 
     _reload(daemon, {**settings, "headroom": "2G"}, "config reloaded")
