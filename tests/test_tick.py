@@ -67,6 +67,14 @@ def test_each_job_goes_where_most_is_available_and_status_counts_the_claims(
     world.scheduler.store.close()
 
 
+def test_status_lists_the_cards_before_the_first_pass(world: World) -> None:
+    """A daemon answers before its first pass ends: `status` then reads the cards now, as a
+    submit does, instead of showing a server with no GPU."""
+    reports = world.scheduler.gpu_reports([])
+    assert [report.index for report in reports] == [0, 1]
+    assert all(report.available > 0 for report in reports)
+
+
 def test_jobs_share_a_card_while_their_declarations_fit(tmp_path: Path) -> None:
     world = make_world(tmp_path, [24 * GiB])
     first, second = world.submit(10 * GiB), world.submit(10 * GiB)

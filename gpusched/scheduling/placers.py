@@ -152,7 +152,8 @@ class LocalPlacer:
     def gpu_reports(self, running: list[Job]) -> list[GpuReport]:
         latest = self.reading.latest
         headroom = self.context.config.headroom_bytes
-        reports = gpu_reports(latest.gpus, latest.usage, running, headroom)
+        # The socket answers before the first pass ends: its cards are then read now.
+        reports = gpu_reports(self.reading.gpus(), latest.usage, running, headroom)
         return [dataclasses.replace(r, node=self.node.name or None) for r in reports]
 
     def nodes(self) -> list[NodeStatus]:
