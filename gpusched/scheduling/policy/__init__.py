@@ -15,9 +15,11 @@ docs/operations.md "How a card is chosen" documents it:
    `max_running`; `max_mem` on the cards chosen), and the cards a job may take at all
    (card_limits: `max_jobs_per_gpu`, `busy_util`; exclusive: a whole-GPU or
    `--exclusive` job needs a card with no gpusched job, which then takes none).
-1. The head's claim, by memory (head_claim). The first job in the order that cannot
-   start now (the head) claims the card(s) expected to free soonest for it; a job
-   behind it may start on a claimed card by memory or time backfill.
+1. The head's claim (head_claim). The first job in the order that cannot start now
+   (the head) claims the card(s) expected to free soonest for it: by memory, or every
+   gpusched job there for a whole-GPU or `--exclusive` head; a job behind it may start
+   on a claimed card by memory backfill (not beside a whole-GPU or `--exclusive` head)
+   or time backfill.
 2. Big cards for big jobs (keep_for_bigger): not the only cards a waiting larger job
    could use.
 3. Contention (contention; `pack: contention`, the default): quiet cards first, busy

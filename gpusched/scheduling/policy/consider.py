@@ -155,6 +155,7 @@ def _claim_for_head(state: PlanState, job: WaitingJob, cap: UserCap | None) -> N
         # Waiting for jobs to end: the claim says where and for which, in words short
         # enough for a status line; else (a cap on jobs per card, say) the reason above is
         # the one that says why.
-        said = f"needs {need(job)}" if claim.waits_for else reasons.said[job.job_id]
+        alone = " with --exclusive" if job.exclusive else ""
+        said = f"needs {need(job)}{alone}" if claim.waits_for else reasons.said[job.job_id]
         reasons.say(job.job_id, f"{said}; {claim.reason(settings.several_nodes)}")
         state.claims_changed()

@@ -1,16 +1,18 @@
-"""The head's claim: the cards kept for the blocked head, by memory, and backfill.
+"""The head's claim: the cards kept for the blocked head, and backfill.
 
 The head is the first job in the plan's order that cannot start now. It claims
 the card(s) expected to free soonest for it: on each card, the jobs it must wait for
 are those whose end gives it room, ending first those whose `--time` runs out first
-(then the largest); a card's expected time is the latest of those ends (unknown when
-one has no --time), and among cards equally soon the one with the least memory still
-to free comes first. The claim is stored by the scheduler and handed back to the next
+(then the largest), or every gpusched job there for a whole-GPU or `--exclusive` head
+(it needs the card with none); a card's expected time is the latest of those ends
+(unknown when one has no --time), and among cards equally soon the one with the least
+memory still to free comes first. The claim is stored by the scheduler and handed back to the next
 plan, which keeps it while the same job is head (so the wait is never restarted).
 
 Jobs behind the head may still start on a kept card (backfill) when
 - memory: the head still fits there at the first moment it would have without them,
-  whatever order the card's jobs end in (`slack`, `_least_slack`), or
+  whatever order the card's jobs end in (`slack`, `_least_slack`; never beside a
+  whole-GPU or `--exclusive` head, which waits for every job there), or
 - time: the job's own `--time` ends before the head's earliest start (as Slurm does).
 Pure.
 """
@@ -34,8 +36,9 @@ class KeptCard:
     slack: int | None  # what jobs behind may take, never delaying it; None: nothing
 
 
-def kept_card(gpu: PlanGpu, mem_bytes: int | None) -> KeptCard | None:
-    """What a head of `mem_bytes` per GPU waits for on this card; None: it never fits."""
+def kept_card(gpu: PlanGpu, mem_bytes: int | None, alone: bool = False) -> KeptCard | None:
+    """What a head of `mem_bytes` per GPU waits for on this card; None: it never fits.
+    `alone` (`--exclusive`): it needs the card with no gpusched job, as a whole GPU does."""
     if not gpu.slot.usable or not could_ever_fit(gpu, mem_bytes):
         return None
     # End first what ends first by its --time, then the oldest: jobs started beside the
@@ -43,9 +46,10 @@ def kept_card(gpu: PlanGpu, mem_bytes: int | None) -> KeptCard | None:
     # same jobs from one plan to the next.
     order = sorted(gpu.holds, key=lambda h: (h[2] is None, h[2] or 0.0, h[0]))
     waited: list[tuple[int, int | None, float | None]] = []
-    if mem_bytes is None:
-        waited = order  # a whole GPU: every gpusched job on it ends first
-        after = gpu.potential
+    if mem_bytes is None or alone:
+        # Every gpusched job on it ends first: no job may join by memory (its room is
+        # not what the head waits for), only one that ends before the head could start.
+        waited = order
         to_free = gpu.potential - gpu.available
     else:
         remaining = list(order)
@@ -58,7 +62,7 @@ def kept_card(gpu: PlanGpu, mem_bytes: int | None) -> KeptCard | None:
             return None
     times = [h[2] for h in waited]
     free_in = None if any(t is None for t in times) else max((t or 0.0 for t in times), default=0.0)
-    slack = None if mem_bytes is None or gpu.whole else _least_slack(gpu, mem_bytes)
+    slack = None if mem_bytes is None or alone or gpu.whole else _least_slack(gpu, mem_bytes)
     return KeptCard(gpu, [h[0] for h in waited], free_in, to_free, slack)
 
 
@@ -168,7 +172,7 @@ def keep_for(
     by_uuid = {g.slot.uuid: g for g in state}
     if stored is not None and stored.job_id == job.job_id and stored.mem_bytes == job.mem_bytes:
         again = [by_uuid.get(u) for u in stored.gpu_uuids]
-        cards = [kept_card(g, job.mem_bytes) for g in again if g is not None]
+        cards = [kept_card(g, job.mem_bytes, job.exclusive) for g in again if g is not None]
         if len(cards) == job.gpu_count and all(
             c is not None and (job.gpu_keys is None or c.gpu.slot.uuid in job.gpu_keys)
             for c in cards
@@ -178,7 +182,7 @@ def keep_for(
         card
         for g in state
         if (job.gpu_keys is None or g.slot.uuid in job.gpu_keys)
-        for card in [kept_card(g, job.mem_bytes)]
+        for card in [kept_card(g, job.mem_bytes, job.exclusive)]
         if card is not None
     ]
     options.sort(key=soonest_first)
