@@ -300,10 +300,15 @@ def test_an_unknown_or_shared_job_starts_where_a_light_job_would() -> None:
     running = [job_on(1, 0, 10, demand=0.9), job_on(2, 1, 10, demand=0.8)]
     for job in (
         WaitingJob(3, 10 * G),  # no known demand
-        WaitingJob(3, 10 * G, demand=0.9, share=True),  # its owner says it is light
+        WaitingJob(3, 10 * G, share=True),  # its owner says it is light, nothing else
         WaitingJob(3, 10 * G, demand=0.1),  # light, and quiet beside job 2
     ):
         assert gpus_of(plan(gpus, running, [job]), 3) is not None
+    # What was measured of its kind outranks what its owner says of it.
+    measured = WaitingJob(3, 10 * G, demand=0.9, share=True)
+    result = plan(gpus, running, [measured])
+    assert gpus_of(result, 3) is None and result.quieter == {3}
+    assert "whatever --share says" in result.waiting_reasons[3]
 
 
 def test_a_job_expected_from_its_owners_runs_is_held_as_known_and_told_so() -> None:

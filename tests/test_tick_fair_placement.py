@@ -5,14 +5,23 @@ took is not blamed on the job it starved, and the waiting reasons say what is tr
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from gpusched.core.models import JobState
-from tests.fakes import GiB
+from gpusched.cli.show_view import show_lines
+from gpusched.core.models import GpuState, JobState
+from gpusched.daemon.handlers import dispatch
+from gpusched.daemon.identity import Caller
+from gpusched.daemon.services import Services
+from gpusched.store import NewJob
+from gpusched.usage.monitor import HISTORY_TTL_S
+from tests.fakes import FakeProbe, GiB
 from tests.world import World, make_world
+
+ALICE = Caller(pid=101, uid=1000, gid=1000, user="alice", admin=False)
 
 # A small job of the stream runs this many passes (each a tick, 2 s) once started.
 SMALL_RUNS = 4
@@ -92,3 +101,94 @@ def test_a_job_whose_time_ends_first_may_still_start_beside_an_exclusive_head(
     world.tick()
     assert world.state(head) == JobState.RUNNING
     assert world.state(slow) == JobState.QUEUED
+
+
+class BusyProbe(FakeProbe):
+    """The fake GPUs, each reading the utilization the test sets (`util`: index -> %)."""
+
+    def __init__(self, sizes: list[int]) -> None:
+        super().__init__(sizes)
+        self.util: dict[int, int] = {}
+
+    def snapshot(self) -> list[GpuState]:
+        return [replace(g, util_percent=self.util.get(g.index, 0)) for g in super().snapshot()]
+
+
+def measured(world: World, probe: BusyProbe, job: int, index: int, percent: int) -> None:
+    """`job` holds 4G on GPU `index`, alone there at `percent` busy, for the polls the
+    daemon needs to know its demand."""
+    probe.hold(world.launcher.running[job], index, 4 * GiB)
+    probe.util[index] = percent
+    for _ in range(4):
+        world.tick()
+
+
+def ended_run(world: World, name: str, demand: float, **spec: Any) -> None:
+    """An earlier run called `name`, measured at `demand`, that has ended (its history)."""
+    earlier = world.submit(1 * GiB, name=name, **spec)
+    world.tick()
+    world.finish(earlier)
+    world.tick()
+    world.scheduler.store.usage.set_usage(earlier, demand=demand)
+    world.clock.advance(HISTORY_TTL_S + 1)  # the daemon reads the history once a minute
+
+
+def test_a_share_job_measured_busy_counts_as_busy(tmp_path: Path) -> None:
+    """A `--share` job the daemon measured 97 % busy counted as no demand at all, so a
+    busy job was placed beside it (each then runs at half speed)."""
+    probe = BusyProbe([80 * GiB])
+    world = make_world(tmp_path, [], probe=probe)
+    ended_run(world, "train", 0.95)
+    shared = world.submit(4 * GiB, name="sim", share=True)
+    world.tick()
+    measured(world, probe, shared, 0, 97)
+    busy = world.submit(10 * GiB, name="train")
+    world.tick()
+    assert world.state(busy) == JobState.QUEUED
+    reason = world.job(busy).waiting_reason or ""
+    assert "waits for a quieter card" in reason
+    assert f"busy job {shared}" in reason
+
+
+def test_later_share_jobs_of_a_kind_measured_busy_are_judged_by_the_measurement(
+    tmp_path: Path,
+) -> None:
+    """The owner's next `--share` run of the same --name, its runs measured busy: judged
+    busy (it waits for a quieter card), and its reason and `show` say why."""
+    world = make_world(tmp_path, [80 * GiB])
+    ended_run(world, "sim", 0.97, share=True)
+    ended_run(world, "train", 0.95)
+    busy = world.submit(10 * GiB, name="train")
+    world.tick()
+    assert world.state(busy) == JobState.RUNNING
+    # A `--share` job nothing like it was measured stays light: it starts beside it.
+    light = world.scheduler.submit(
+        NewJob(
+            user="alice", uid=1000, gid=1000, command=["notebook.py"], cwd="/", env={},
+            umask=0o022, mem=4 * GiB, share=True,
+        )
+    ).id  # fmt: skip
+    world.tick()
+    assert world.state(light) == JobState.RUNNING, world.job(light).waiting_reason
+    again = world.submit(4 * GiB, name="sim", share=True)
+    world.tick()
+    assert world.state(again) == JobState.QUEUED
+    reason = world.job(again).waiting_reason or ""
+    assert "waits for a quieter card" in reason
+    assert "--share" in reason and "measured" in reason
+    scheduler = world.scheduler
+    services = Services(scheduler, scheduler.store, scheduler.context.settings, 0)
+    lines = show_lines(dispatch(services, ALICE, {"op": "show", "id": again}), 200)
+    demand = next(" ".join(x.split()) for x in lines if x.startswith("gpu demand"))
+    assert "0.97" in demand and "--share" in demand
+
+
+def test_an_exclusive_job_that_measures_light_keeps_its_card(tmp_path: Path) -> None:
+    probe = BusyProbe([80 * GiB])
+    world = make_world(tmp_path, [], probe=probe)
+    alone = world.submit(4 * GiB, exclusive=True)
+    world.tick()
+    measured(world, probe, alone, 0, 3)
+    beside = world.submit(4 * GiB, share=True)
+    world.tick()
+    assert world.state(beside) == JobState.QUEUED

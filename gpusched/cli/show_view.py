@@ -191,7 +191,13 @@ def expected_rows(reply: dict[str, Any]) -> list[tuple[str, Any]]:
     kind = "busy" if demand >= 0.5 else "light"
     runs = reply.get("expected_from_owner_runs") or 0
     if not runs:
-        return [("gpu demand", f"expected {demand:.2f} of a GPU's busy time (its earlier runs)")]
+        measured = ", as measured: --share does not make it light" if reply.get("share") else ""
+        return [
+            (
+                "gpu demand",
+                f"expected {demand:.2f} of a GPU's busy time (its earlier runs{measured})",
+            )
+        ]
     other = "--share" if kind == "busy" else "--exclusive"
     return [
         (
@@ -214,7 +220,13 @@ def usage_rows(job: Job | ReplyView) -> list[tuple[str, Any]]:
             spread += f" (sd {job.util_stddev:.0f})"
         rows.append(("gpu util", f"{util_text(job.mean_util)} on average{spread}"))
     if job.demand is not None:
-        rows.append(("gpu demand", f"{job.demand:.2f} of a GPU's busy time"))
+        # What the policy counts it as: the measurement, whatever --share said.
+        counted = (
+            " (measured busy: counted so, --share or not)"
+            if job.share and job.demand >= 0.5
+            else ""
+        )
+        rows.append(("gpu demand", f"{job.demand:.2f} of a GPU's busy time{counted}"))
     if job.sharing_speed is not None:  # else no note: hints.py (a dataclass) stays unloaded
         from gpusched.core.hints import sharing_note
 

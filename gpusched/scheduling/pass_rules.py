@@ -50,7 +50,9 @@ def expected_demand(history: DemandHistory, job: Queued) -> tuple[float | None, 
     owner's latest ended runs (0: its own history, or nothing known): its own history
     first (the same sweep, else --name, else command); a job with none (a new project)
     takes its owner's latest ended runs when all were busy (`DemandHistory.owner_prior`)."""
-    return history.estimate(job.id, job.uid, job.array_id, job.name, job.command_json)
+    return history.estimate(
+        job.id, job.uid, job.array_id, job.name, job.command_json, share=bool(job.share)
+    )
 
 
 def user_cap(config: Config, user: str) -> UserCap:

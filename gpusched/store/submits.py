@@ -51,7 +51,9 @@ class NewJob:
     client_pid: int | None = None
     client_start_time: str | None = None  # pidref.process_start_time of client_pid
     exclusive: bool = False  # `--exclusive`: a card to itself
-    share: bool = False  # `--share`: light, whatever it measures (policy rule 3)
+    # `--share`: light until what was measured of it or its kind says otherwise (policy
+    # rule 3)
+    share: bool = False
     output: str | None = None  # `--output`: the log's path template (gpusched.processes.output)
     request_id: str | None = None  # the submit's, unique (the jobs of an array: ".N" added)
 

@@ -4,12 +4,13 @@
 latest recorded demands (at most PER_KIND) of the owner's runs of the same sweep, else
 of the same --name, else of the same command. A job with none of these (a new project)
 takes its owner's latest OWNER_RUNS ended runs instead when they are all busy (at least
-BUSY_DEMAND: `owner_prior`); mixed, light or fewer: unknown, as for a job nothing is
-known about. Not when all light: in a loaded queue light jobs start and end sooner than
-busy ones (they share cards; busy ones wait for a quieter card), so an owner's latest
-ended runs read light while their new jobs are busy (the packing benchmark: 28 of 28
-such priors wrong on one trace; docs/benchmarks.md, packing), and a job of unknown
-demand already starts where a light one would except on full cards.
+BUSY_DEMAND: `owner_prior`), unless marked `--share` (its own kind's runs still count);
+mixed, light or fewer: unknown, as for a job nothing is known about. Not when all
+light: in a loaded queue light jobs start and end sooner than busy ones (they share
+cards; busy ones wait for a quieter card), so an owner's latest ended runs read light
+while their new jobs are busy (the packing benchmark: 28 of 28 such priors wrong on one
+trace; docs/benchmarks.md, packing), and a job of unknown demand already starts where a
+light one would except on full cards.
 
 The records are the store's latest (`store.usage.demand_records`, one query, newest
 first), read at most once a HISTORY_TTL_S by the monitor: a pass over 10,000 queued jobs
@@ -126,13 +127,17 @@ class DemandHistory:
         array_id: int | None,
         name: str | None,
         command: str | Sequence[str],
+        *,
+        share: bool = False,
     ) -> tuple[float | None, int]:
         """The job's expected demand and, when it is its owner's (`owner_prior`), of how
-        many of the owner's latest ended runs (0: its own history, or nothing known)."""
+        many of the owner's latest ended runs (0: its own history, or nothing known).
+        `share` (`--share`): its own kind's runs as measured, never its owner's others
+        (its owner said this one is light, and nothing like it was measured)."""
         own = self.expected(job_id, uid, array_id, name, command)
         if own is not None:
             return own, 0
-        prior = self.owner_prior(job_id, uid)
+        prior = None if share else self.owner_prior(job_id, uid)
         return (None, 0) if prior is None else (prior.demand, prior.runs)
 
     def owner_prior(self, job_id: int, uid: int) -> OwnerPrior | None:

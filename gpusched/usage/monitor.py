@@ -194,7 +194,10 @@ class UsageMonitor:
         """A job's expected demand from history and, when it is its owner's latest runs',
         how many (0: its own runs; see `DemandHistory.estimate`)."""
         command = job.command_json if isinstance(job, Queued) else job.command
-        return self.demand_history().estimate(job.id, job.uid, job.array_id, job.name, command)
+        history = self.demand_history()
+        return history.estimate(
+            job.id, job.uid, job.array_id, job.name, command, share=bool(job.share)
+        )
 
     def demand_history(self) -> DemandHistory:
         """The recorded demands by kind of job, read at most once a HISTORY_TTL_S."""

@@ -44,7 +44,7 @@ class RunningClaim:
     demand: float | None = None
     ends_in_s: float | None = None  # what is left of its --time; None: no limit
     exclusive: bool = False  # --exclusive: its cards take no other job
-    share: bool = False  # --share: its owner says it is light (counts as no demand)
+    share: bool = False  # --share: light (no demand) until a measurement says otherwise
     peak_bytes: int = 0  # the most it was seen holding on one GPU: reserved like --mem
 
 
@@ -151,15 +151,16 @@ BUSY_DEMAND = 0.5
 
 
 def job_demand(demand: float | None, share: bool) -> float:
-    """A job's demand as contention counts it: --share is light, an unknown one is busy."""
-    if share:
-        return 0.0
-    return 1.0 if demand is None else min(1.0, max(0.0, demand))
+    """A job's demand as contention counts it: what was measured of it (or of its kind),
+    whatever `--share` says; else --share is light and an unknown one busy."""
+    if demand is None:
+        return 0.0 if share else 1.0
+    return min(1.0, max(0.0, demand))
 
 
 def known_demand(demand: float | None, share: bool) -> float:
     """A job's demand as far as it is known: an unknown one counts for nothing here."""
-    return 0.0 if demand is None else job_demand(demand, share)
+    return 0.0 if demand is None else min(1.0, max(0.0, demand))
 
 
 def compute_load(slot: GpuSlot, on_gpu: Sequence[RunningClaim]) -> float:

@@ -1,7 +1,8 @@
 """Contention (`pack: contention`, the default; `pack: memory` skips it): busy jobs apart.
 
 A job's demand is the share of a card's busy time it needs alone (measured while it runs,
-else its history; budget's `job_demand`: unknown counts as busy, `--share` as light). Two
+else its history; budget's `job_demand`: unknown counts as busy, `--share` as light, and
+what was measured of a job or its kind outranks `--share`). Two
 busy jobs on one card each run at about half speed; jobs that wait on data pack almost
 free (FIELD.md's table measured on an H200). So:
 
@@ -16,8 +17,8 @@ free (FIELD.md's table measured on an H200). So:
 - Waiting for a quieter card (`contention_wait`, `CalmRoom` for a long queue): a busy job
   when every card it fits on is busy already; a light one when none stays quiet with it;
   one of unknown demand only where every card it fits on is full (it never waits because
-  its demand is unknown); a `--share` job never. The bound on that wait is module
-  quieter's.
+  its demand is unknown); a `--share` job nothing measured says is busy never. The bound
+  on that wait is module quieter's.
 Pure.
 """
 
@@ -33,8 +34,9 @@ PACKS = ("contention", "memory")
 
 
 def is_busy_job(job: WaitingJob) -> bool:
-    """A job known to keep a card busy (at least BUSY_DEMAND alone, not --share)."""
-    return not job.share and job.demand is not None and job.demand >= BUSY_DEMAND
+    """A job known to keep a card busy (at least BUSY_DEMAND alone, measured of it or its
+    kind: `--share` does not make it light)."""
+    return job.demand is not None and job.demand >= BUSY_DEMAND
 
 
 def is_busy_card(gpu: PlanGpu) -> bool:
@@ -62,8 +64,9 @@ def contention_wait(job: WaitingJob, candidates: Sequence[PlanGpu]) -> bool:
     already (`is_busy_card`); for a light one, quiet with it (`quiet`); for one of unknown
     demand, not full (`is_full_card`): where every card is full a job of any demand would
     wait, so it does not wait because its demand is unknown (it never does). A
-    job its owner marked `--share` never waits for this."""
-    if job.share:
+    job its owner marked `--share` never waits for this while nothing measured of its kind
+    says otherwise (`light_by_word`)."""
+    if job.light_by_word:
         return False
     # Enough such cards is all it asks: stop at the first `gpu_count` (a long queue of new
     # jobs asks this of every card of a big server).
@@ -89,7 +92,11 @@ class CalmRoom:
         """`contention_wait(job, found)` where `found` is the room's first `prefix` cards
         (every one with `available >= job.mem_bytes`: the room is sorted so) followed by
         cards from outside the room (the head's claimed cards it may backfill)."""
-        if job.share or job.mem_bytes is None or not (job.demand is None or is_busy_job(job)):
+        if (
+            job.light_by_word
+            or job.mem_bytes is None
+            or not (job.demand is None or is_busy_job(job))
+        ):
             return contention_wait(job, found)  # a light job: its own demand decides
         unknown = job.demand is None
         calm = self._calm.get(unknown)
@@ -120,7 +127,7 @@ def _least_contended(job: WaitingJob, cards: list[PlanGpu], count: int) -> list[
     marked --share, which never wait): one of unknown demand takes a card that is not
     full if there is one, of those one not busy yet (two busy jobs each run at half
     speed); then either takes the least loaded cards, where it disturbs least."""
-    if job.share or (job.demand is not None and job.demand < BUSY_DEMAND):
+    if job.light_by_word or (job.demand is not None and job.demand < BUSY_DEMAND):
         calm = cards
     else:
         calm = _narrow(cards, [g for g in cards if not is_full_card(g)], count)

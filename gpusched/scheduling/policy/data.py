@@ -37,7 +37,9 @@ class WaitingJob:
     # all busy (gpusched.usage.demand_history.owner_prior)
     owner_runs: int = 0
     exclusive: bool = False  # --exclusive: a card to itself
-    share: bool = False  # --share: its owner says it is light
+    # --share: its owner says it is light; what was measured of its kind outranks that
+    # (`light_by_word`)
+    share: bool = False
     time_limit_s: float | None = None  # --time: it ends by then (time backfill)
     waited_s: float = 0.0  # how long rule 3 has held it for a quieter card (its reason)
     top: int | None = None  # put first by an administrator (`gpusched top`): lower first
@@ -46,8 +48,18 @@ class WaitingJob:
     ask: Ask = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        if self.share and self.owner_runs:
+            # Its owner's other runs say nothing of one its owner says is light: only what
+            # was measured of its own kind outranks `--share`.
+            object.__setattr__(self, "demand", None)
+            object.__setattr__(self, "owner_runs", 0)
         ask = (self.mem_bytes, self.gpu_count, self.gpu_keys, self.exclusive, self.time_limit_s)
         object.__setattr__(self, "ask", ask)
+
+    @property
+    def light_by_word(self) -> bool:
+        """Light because its owner said `--share` and nothing measured says otherwise."""
+        return self.share and self.demand is None
 
 
 @dataclass(frozen=True)

@@ -122,10 +122,11 @@ def kept_quiet(
 
 
 def expected(job: WaitingJob) -> str:
-    """Who the held job's demand is known from: "it " (its own runs), or its owner's latest
-    runs, said as such with how to override them (a new project may differ)."""
+    """Who the held job's demand is known from: "it " (its own runs; said as measured for
+    a `--share` job, which they outrank), or its owner's latest runs, said as such with
+    how to override them (a new project may differ)."""
     if not job.owner_runs:
-        return "it "
+        return "measured in its earlier runs, whatever --share says: it " if job.share else "it "
     kind, other = ("busy", "--share") if is_busy_job(job) else ("light", "--exclusive")
     return (
         f"expected {kind}: your last {job.owner_runs} jobs were, and it has no runs of its"
