@@ -5,6 +5,8 @@ took is not blamed on the job it starved, and the waiting reasons say what is tr
 
 from __future__ import annotations
 
+import getpass
+import os
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -16,6 +18,7 @@ from gpusched.core.models import GpuState, JobState
 from gpusched.daemon.handlers import dispatch
 from gpusched.daemon.identity import Caller
 from gpusched.daemon.services import Services
+from gpusched.processes.launching import Outcome, OutcomeKind
 from gpusched.store import NewJob
 from gpusched.usage.monitor import HISTORY_TTL_S
 from tests.fakes import FakeProbe, GiB
@@ -192,3 +195,36 @@ def test_an_exclusive_job_that_measures_light_keeps_its_card(tmp_path: Path) -> 
     beside = world.submit(4 * GiB, share=True)
     world.tick()
     assert world.state(beside) == JobState.QUEUED
+
+
+def test_an_oom_caused_by_another_process_keeps_the_declared_mem(tmp_path: Path) -> None:
+    """A process gpusched did not start grew from 2G to 30G on a 40G card; a job that had
+    reached 10G of its declared 20G ran out of memory and was retried at 30G, although
+    the daemon saw the card filled by that process. The retry keeps --mem 20G and waits
+    for room, its reason naming the process's pid and owner, never its command line."""
+    world = make_world(tmp_path, [40 * GiB])
+    job = world.submit(20 * GiB, retry_oom=1)
+    world.tick()
+    other = os.getpid()  # a process that exists, so that its owner can be read
+    world.probe.hold(other, 0, 2 * GiB)
+    world.probe.hold(world.launcher.running[job], 0, 10 * GiB)
+    world.tick()
+    world.probe.hold(other, 0, 30 * GiB)
+    world.tick()
+    world.launcher.log_path(job).write_text("torch.OutOfMemoryError: CUDA out of memory.\n")
+    world.probe.held.pop((world.launcher.running[job], world.probe.uuid(0)))
+    world.finish(job, Outcome(OutcomeKind.EXIT, exit_code=1))
+    retry = world.scheduler.store.jobs.latest_attempts([job])[job]
+    assert retry.id != job
+    assert retry.mem == 20 * GiB
+    owner = getpass.getuser()
+    detail = world.job(job).reason_detail or ""
+    assert f"pid {other}" in detail and owner in detail
+    world.tick()
+    assert world.state(retry.id) == JobState.QUEUED
+    reason = world.job(retry.id).waiting_reason or ""
+    assert f"pid {other}" in reason and f"user {owner}" in reason
+    assert "pytest" not in reason and "python" not in reason  # not its command line
+    del world.probe.held[(other, world.probe.uuid(0))]
+    world.tick()
+    assert world.state(retry.id) == JobState.RUNNING

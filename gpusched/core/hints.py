@@ -86,7 +86,9 @@ class JobFacts:
     retried_as: int | None = None  # the OOM retry gpusched queued
     retry_mem: int | None = None  # its --mem
     retry_refused: str | None = None  # why an OOM retry was asked for but not made
-    oom_next_mem: int | None = None  # after an OOM: 1.5x --mem, if a GPU here gives that much
+    # After an OOM: 1.5x --mem, if a GPU here gives that much; its own --mem where a
+    # process gpusched did not start filled the card (the room was the job's)
+    oom_next_mem: int | None = None
     # Of its polls, the share on a card saturated by it and others (gpusched.usage.demand)
     contended_fraction: float = 0.0
     shared_with: tuple[int, ...] = ()  # the busy jobs it took turns with
@@ -205,14 +207,25 @@ def oom_hint(facts: JobFacts) -> str | None:
             f"ran out of GPU memory with --mem {declared}, not retried"
             f" ({facts.retry_refused}): {smaller}"
         )
-    if facts.oom_next_mem is None:
+    return _resubmit_hint(facts.oom_next_mem, facts.mem, declared, smaller)
+
+
+def _resubmit_hint(next_mem: int | None, mem: int, declared: str, smaller: str) -> str:
+    """After an OOM that was not retried: with what --mem to resubmit, if any."""
+    if next_mem == mem:
+        return (
+            f"ran out of GPU memory with --mem {declared} on a card a process gpusched did"
+            " not start had filled: resubmit it as it was (--retry-oom N does that by"
+            " itself; it waits until there is room)"
+        )
+    if next_mem is None:
         return (
             f"ran out of GPU memory with --mem {declared}, already about the most"
             f" a GPU here gives: {smaller}"
         )
     return (
         f"ran out of GPU memory with --mem {declared}: resubmit with --mem"
-        f" {mem_option(facts.oom_next_mem)} (--retry-oom N does that by itself), or {smaller}"
+        f" {mem_option(next_mem)} (--retry-oom N does that by itself), or {smaller}"
     )
 
 

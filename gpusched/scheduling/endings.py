@@ -44,7 +44,7 @@ from gpusched.scheduling.ownership import Ownership
 from gpusched.scheduling.policy_inputs import capacity_bytes
 from gpusched.scheduling.ratelog import RateLimitedLog
 from gpusched.store import TimelineWrite
-from gpusched.usage.ending import final_usage, oom_cause
+from gpusched.usage.ending import OomCause, final_usage, oom_cause
 from gpusched.usage.oom import retry_mem
 
 log = logging.getLogger("gpusched.scheduler")
@@ -187,11 +187,17 @@ class JobEndings:
             log.exception("closing the timeline of job %s failed", job_id)
             return None
 
-    def _end_oom(self, job: Job, outcome: Outcome, cause: str, durable: bool) -> None:
-        """End a job that ran out of GPU memory; queue its retry if it asked for one."""
-        usable = [capacity_bytes(g) for g in self._gpus() if g.health != GpuHealth.EXCLUDED]
-        limit = self.config.limits_for(job.user).max_mem_bytes
-        mem, why_not = retry_mem(job.mem, job.gpus, usable, self.config.headroom_bytes, limit)
+    def _end_oom(self, job: Job, outcome: Outcome, oom: OomCause, durable: bool) -> None:
+        """End a job that ran out of GPU memory; queue its retry if it asked for one: with
+        more memory, or its own --mem where a process gpusched did not start filled the
+        card (the room was promised to it: it waits until there is room again)."""
+        cause = oom.text
+        if oom.by_other:
+            mem, why_not = job.mem, ""
+        else:
+            usable = [capacity_bytes(g) for g in self._gpus() if g.health != GpuHealth.EXCLUDED]
+            limit = self.config.limits_for(job.user).max_mem_bytes
+            mem, why_not = retry_mem(job.mem, job.gpus, usable, self.config.headroom_bytes, limit)
         retry = self.usage.add_retry(job.id, mem) if mem is not None and job.retry_oom else None
         if retry is None and job.retry_oom:
             cause = f"{cause}; not retried: {why_not}"

@@ -19,7 +19,7 @@ from gpusched.core.errors import GpuError
 from gpusched.core.models import GpuHealth, GpuState, Job
 from gpusched.gpus.probe import Probe, apply_selection
 from gpusched.scheduling.idle_evidence import Evidence, poll_evidence
-from gpusched.usage.attribution import attribute_processes, held_bytes
+from gpusched.usage.attribution import Outsider, attribute_processes, held_bytes, outsiders
 from gpusched.usage.monitor import Overrun, UsageMonitor
 
 log = logging.getLogger("gpusched.scheduler")
@@ -33,6 +33,9 @@ class Observation:
     overruns: list[Overrun]  # jobs newly over their declared memory
     # Interactive jobs: whether this poll shows each using its GPU (idle_evidence.py).
     idle_evidence: dict[int, Evidence] = field(default_factory=dict)
+    # Per GPU uuid, the largest process there gpusched did not start (a waiting job's
+    # reason names it where it takes the room; an OOM it caused is not the job's).
+    outsiders: dict[str, Outsider] = field(default_factory=dict)
 
 
 def read_gpus(probe: Probe, config: Config, last: Sequence[GpuState]) -> list[GpuState]:
@@ -81,6 +84,7 @@ def observe(
 ) -> Observation:
     gpus = read_gpus(probe, config, last)
     processes = attribute_processes(gpus, running)
+    others = outsiders(gpus, processes)
     monitor.observe_gpus(gpus)
     overruns: list[Overrun] = []
     process_util = None
@@ -101,6 +105,7 @@ def observe(
                 process_util=process_util,
                 margin_fraction=config.overrun_margin_fraction,
                 margin_bytes=config.overrun_margin_bytes,
+                outsiders=others,
             )
         except Exception:  # measuring must never stop scheduling
             log.exception("watching the running jobs' usage failed")
@@ -109,4 +114,4 @@ def observe(
         for job in running
         if job.interactive
     }
-    return Observation(gpus, running, held_bytes(processes), overruns, evidence)
+    return Observation(gpus, running, held_bytes(processes), overruns, evidence, others)

@@ -125,7 +125,9 @@ class LocalPlacer:
         self.waiting_jobs.new_pass()
         decision = decide(
             self.context,
-            slots=[gpu_slot(g, monitor.gpu_util(g.uuid)) for g in seen.gpus],
+            slots=[
+                gpu_slot(g, monitor.gpu_util(g.uuid), seen.outsiders.get(g.uuid)) for g in seen.gpus
+            ],
             claims=running_claims(
                 seen.running,
                 seen.usage,

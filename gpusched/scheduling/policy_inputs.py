@@ -12,6 +12,7 @@ from datetime import datetime
 from gpusched.core.models import GpuHealth, GpuState, Job
 from gpusched.scheduling.policy import GpuSlot, HeadClaim, RunningClaim, WaitingJob
 from gpusched.store import HeadClaims, Queued, StoredClaim
+from gpusched.usage.attribution import Outsider
 from gpusched.usage.monitor import UsageMonitor
 
 
@@ -25,7 +26,12 @@ def capacity_bytes(gpu: GpuState) -> int:
     return seen if seen > 0 else gpu.total_bytes
 
 
-def gpu_slot(gpu: GpuState, util: float | None = None) -> GpuSlot:
+def gpu_slot(gpu: GpuState, util: float | None = None, other: Outsider | None = None) -> GpuSlot:
+    """`other`: the largest process on it gpusched did not start (the reasons name it)."""
+    outsider = None
+    if other is not None:
+        owner = other.user or ("unknown" if other.uid is None else f"uid {other.uid}")
+        outsider = (other.pid, owner, other.all_bytes)
     return GpuSlot(
         gpu.uuid,
         gpu.index,
@@ -33,6 +39,7 @@ def gpu_slot(gpu: GpuState, util: float | None = None) -> GpuSlot:
         gpu.free_bytes,
         usable=gpu.health == GpuHealth.OK,
         util_percent=util,
+        outsider=outsider,
     )
 
 

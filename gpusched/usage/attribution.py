@@ -1,4 +1,5 @@
-"""Which GPU processes belong to which job: each job's whole process tree.
+"""Which GPU processes belong to which job: each job's whole process tree; and the
+processes on each GPU that gpusched did not start (`outsiders`).
 
 NVML lists the pids holding memory on a GPU; a job is its supervisor and every
 descendant (children included, and orphans, which the supervisor reaps as a subreaper).
@@ -7,7 +8,8 @@ One scan of the process table per tick serves every job.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 import psutil
 
@@ -61,3 +63,54 @@ def held_bytes(processes: dict[int, dict[str, list[GpuProcess]]]) -> dict[int, d
         job_id: {uuid: sum(p.used_bytes or 0 for p in procs) for uuid, procs in per_gpu.items()}
         for job_id, per_gpu in processes.items()
     }
+
+
+@dataclass(frozen=True)
+class Outsider:
+    """The largest process on a GPU that gpusched did not start: its pid and owner (never
+    its command line: another user's arguments are theirs), and what such processes hold."""
+
+    pid: int
+    uid: int | None  # None: it could not be read (it ended, or another namespace's)
+    user: str | None
+    used_bytes: int  # that process's
+    all_bytes: int  # every process there gpusched did not start
+
+
+def outsiders(
+    gpus: Iterable[GpuState], processes: Mapping[int, Mapping[str, Sequence[GpuProcess]]]
+) -> dict[str, Outsider]:
+    """Per GPU uuid, the largest process holding memory there that is no running job's
+    (`processes`: `attribute_processes`); GPUs with none are left out."""
+    ours: dict[str, set[int]] = {}
+    for per_gpu in processes.values():
+        for uuid, procs in per_gpu.items():
+            ours.setdefault(uuid, set()).update(p.pid for p in procs)
+    found: dict[str, Outsider] = {}
+    for gpu in gpus:
+        mine = ours.get(gpu.uuid, set())
+        others = [p for p in gpu.processes if (p.used_bytes or 0) > 0 and p.pid not in mine]
+        if not others:
+            continue
+        largest = max(others, key=lambda p: (p.used_bytes or 0, -p.pid))
+        uid, user = _owner(largest.pid)
+        found[gpu.uuid] = Outsider(
+            largest.pid,
+            uid,
+            user,
+            largest.used_bytes or 0,
+            sum(p.used_bytes or 0 for p in others),
+        )
+    return found
+
+
+def _owner(pid: int) -> tuple[int | None, str | None]:
+    try:
+        process = psutil.Process(pid)
+        uid = process.uids().real
+    except psutil.Error:
+        return None, None
+    try:
+        return uid, process.username()
+    except (psutil.Error, KeyError):
+        return uid, None  # a uid with no name here

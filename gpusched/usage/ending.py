@@ -5,6 +5,8 @@ this is what its figures say once a job has ended."""
 
 from __future__ import annotations
 
+import pwd
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -16,16 +18,47 @@ from gpusched.usage.monitor import UsageMonitor
 from gpusched.usage.tracker import UsageTracker
 
 
-def oom_cause(job: Job, tracker: UsageTracker | None, headroom_bytes: int) -> str | None:
+@dataclass(frozen=True)
+class OomCause:
+    """Why a job ran out of GPU memory, in words, and whether a process gpusched did not
+    start filled its card (`by_other`: then its retry keeps its --mem)."""
+
+    text: str
+    by_other: bool = False
+
+
+def oom_cause(job: Job, tracker: UsageTracker | None, headroom_bytes: int) -> OomCause | None:
     """Why a job that failed ran out of GPU memory (gpusched.usage.oom), or None."""
-    return oom.oom_cause(
+    peak_mem = max(job.peak_mem or 0, 0 if tracker is None else tracker.peak_mem)
+    last_card = None if tracker is None else oom.CardSeen.from_state(tracker.last_card)
+    text = oom.oom_cause(
         # A log at the user's own path (--output) is read only if it is theirs.
         log_tail=read_tail(job.log_path, owner=job.uid if job.output else None),
         mem=job.mem,
-        peak_mem=max(job.peak_mem or 0, 0 if tracker is None else tracker.peak_mem),
-        last_card=None if tracker is None else oom.CardSeen.from_state(tracker.last_card),
+        peak_mem=peak_mem,
+        last_card=last_card,
         headroom_bytes=headroom_bytes,
     )
+    if text is None:
+        return None
+    if (
+        job.mem is None
+        or last_card is None
+        or not oom.filled_by_other(job.mem, peak_mem, last_card)
+    ):
+        return OomCause(text)
+    owner = user_name(last_card.other_uid)
+    return OomCause(f"{text}; {oom.other_words(last_card, owner, job.mem)}", by_other=True)
+
+
+def user_name(uid: int | None) -> str:
+    """A uid's user name, else "uid N" (no name here), else "unknown" (not read)."""
+    if uid is None:
+        return "unknown"
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
 
 
 def final_usage(

@@ -33,6 +33,7 @@ from gpusched.core.hints import JobFacts, over_declared_hint
 from gpusched.core.models import GpuHealth, GpuProcess, GpuState, Job, TimelinePoint
 from gpusched.core.units import format_size
 from gpusched.store import Queued, Timeline, TimelineWrite, Usage
+from gpusched.usage.attribution import Outsider
 from gpusched.usage.demand import CardPoll, card_polls
 from gpusched.usage.demand_history import DemandHistory
 from gpusched.usage.timeline import TimelineBuffer
@@ -58,6 +59,7 @@ class _Poll:
     alone: Mapping[int, set[str]]  # job id -> the GPUs it has to itself
     margin_fraction: float
     margin_bytes: int
+    outsiders: Mapping[str, Outsider]  # GPU uuid -> its largest process gpusched did not start
 
     def index(self, uuid: str) -> int:
         """A GPU's index; -1 for one this poll did not read."""
@@ -229,8 +231,10 @@ class UsageMonitor:
         process_util: Mapping[str, Mapping[int, int]] | None,
         margin_fraction: float,
         margin_bytes: int,
+        outsiders: Mapping[str, Outsider] | None = None,
     ) -> list[Overrun]:
-        """One poll: feed every running job's tracker; return the jobs newly over their limit."""
+        """One poll: feed every running job's tracker; return the jobs newly over their limit.
+        `outsiders`: per GPU, its largest process gpusched did not start (attribution)."""
         poll = _read_poll(
             now_s=now_s,
             now_iso=now_iso,
@@ -239,6 +243,7 @@ class UsageMonitor:
             process_util=process_util,
             margin_fraction=margin_fraction,
             margin_bytes=margin_bytes,
+            outsiders=outsiders or {},
         )
         overruns: list[Overrun] = []
         alive: set[int] = set()
@@ -260,7 +265,7 @@ class UsageMonitor:
         overrun and, when due, the flush; returns the overrun when it is new."""
         tracker = self.tracker(job)
         held = {uuid: sum(p.used_bytes or 0 for p in procs) for uuid, procs in per_gpu.items()}
-        if tracker.observe_memory(held, _fullest_card(held, poll.by_uuid)):
+        if tracker.observe_memory(held, _fullest_card(held, poll.by_uuid, poll.outsiders)):
             self.usage.record_usage(job.id, tracker.peak_mem)
         util = _utilization(job.id, per_gpu, poll)  # after the memory: see _utilization
         if util is not None:
@@ -347,6 +352,7 @@ def _read_poll(
     process_util: Mapping[str, Mapping[int, int]] | None,
     margin_fraction: float,
     margin_bytes: int,
+    outsiders: Mapping[str, Outsider],
 ) -> _Poll:
     """This poll's GPUs by uuid, each job's view of its cards, and the GPUs each job has
     to itself."""
@@ -373,6 +379,7 @@ def _read_poll(
         alone=alone,
         margin_fraction=margin_fraction,
         margin_bytes=margin_bytes,
+        outsiders=outsiders,
     )
 
 
@@ -442,15 +449,22 @@ def _alive(pid: int) -> bool:
 
 
 def _fullest_card(
-    held: Mapping[str, int], by_uuid: Mapping[str, GpuState]
+    held: Mapping[str, int], by_uuid: Mapping[str, GpuState], outsiders: Mapping[str, Outsider]
 ) -> dict[str, int] | None:
-    """Of the GPUs the job holds memory on, the one with the least free (oom.CardSeen)."""
+    """Of the GPUs the job holds memory on, the one with the least free (oom.CardSeen),
+    with the largest process there gpusched did not start, if any."""
     seen = [
-        (gpu.free_bytes, gpu.index, gpu.total_bytes, used)
+        (gpu.free_bytes, gpu.index, gpu.total_bytes, used, uuid)
         for uuid, used in held.items()
         if used and (gpu := by_uuid.get(uuid)) is not None
     ]
     if not seen:
         return None
-    free, index, total, used = min(seen)
-    return {"index": index, "free_bytes": free, "total_bytes": total, "held_bytes": used}
+    free, index, total, used, uuid = min(seen)
+    card = {"index": index, "free_bytes": free, "total_bytes": total, "held_bytes": used}
+    other = outsiders.get(uuid)
+    if other is not None:
+        card.update(other_pid=other.pid, other_bytes=other.all_bytes)
+        if other.uid is not None:
+            card["other_uid"] = other.uid
+    return card

@@ -18,6 +18,9 @@ an ordinary failure (a KeyError) on a well-packed 80G card OOM and retry it at 6
 The retry asks 1.5x the memory, capped at what `submit` would accept (NVML v2's usable
 memory, used + free, less the headroom, on the job's N-th largest card) and at the
 owner's `max_mem` divided over its GPUs; no retry when that cap is not above its --mem.
+Unless the card was filled by a process gpusched did not start (`filled_by_other`): the
+job stayed within its --mem and that process took the room it was promised, so the
+retry keeps its --mem and waits for the room.
 """
 
 from __future__ import annotations
@@ -65,17 +68,25 @@ class CardSeen:
     free_bytes: int
     total_bytes: int
     held_bytes: int  # by the job, on this card
+    # The largest process there gpusched did not start, and what all such held.
+    other_pid: int | None = None
+    other_uid: int | None = None  # None: not read
+    other_bytes: int = 0
 
     @classmethod
     def from_state(cls, state: Mapping[str, int] | None) -> CardSeen | None:
         if not state:
             return None
         try:
+            other_pid, other_uid = state.get("other_pid"), state.get("other_uid")
             return cls(
                 int(state["index"]),
                 int(state["free_bytes"]),
                 int(state["total_bytes"]),
                 int(state["held_bytes"]),
+                None if other_pid is None else int(other_pid),
+                None if other_uid is None else int(other_uid),
+                int(state.get("other_bytes", 0)),
             )
         except (KeyError, TypeError, ValueError):
             return None  # a state written by another version: no evidence
@@ -124,6 +135,26 @@ def oom_cause(
             f" free, the job holding {_size(last_card.held_bytes)}"
         )
     return None
+
+
+def filled_by_other(mem: int | None, peak_mem: int, last_card: CardSeen | None) -> bool:
+    """Whether the job ran short because a process gpusched did not start filled its card:
+    it never went past its --mem, the card had no room left for the rest of it, and such
+    processes held at least what was missing."""
+    if mem is None or last_card is None or peak_mem > mem or not last_card.other_pid:
+        return False
+    missing = mem - last_card.held_bytes - last_card.free_bytes
+    return 0 < missing <= last_card.other_bytes
+
+
+def other_words(card: CardSeen, owner: str, mem: int) -> str:
+    """What filled the card, for the job's end: the process's pid and owner, never its
+    command line (another user's arguments are theirs)."""
+    return (
+        f"GPU {card.index} was filled by pid {card.other_pid} (user {owner}), which gpusched"
+        f" did not start ({_size(card.other_bytes)} held by such processes), while the job"
+        f" held {_size(card.held_bytes)} of its --mem {_size(mem)}"
+    )
 
 
 def retry_mem(

@@ -27,6 +27,9 @@ class GpuSlot:
     usable: bool = True  # False when lost or excluded
     util_percent: float | None = None  # recent compute utilization, every process's; None: unknown
     node: str = ""  # the server it is on: a job's GPUs are all on one (cluster)
+    # The largest process on it gpusched did not start, for the reasons: (its pid, its
+    # owner, what all such processes hold); None: none, or not known.
+    outsider: tuple[int, str, int] | None = None
 
 
 @dataclass(frozen=True)

@@ -84,4 +84,19 @@ def why_not(job: WaitingJob, claims: Claims, busy_util: float | None, several_no
         return alone_reason(job, free, behind, several_nodes)
     if not free:
         return f"needs {need(job)}{behind}"
-    return f"needs {need(job)}, {claims.most_available}{behind}"
+    return f"needs {need(job)}, {claims.most_available}{_taken_by_outsider(job, claims)}{behind}"
+
+
+def _taken_by_outsider(job: WaitingJob, claims: Claims) -> str:
+    """ "; on GPU 0 pid 4242 (user bob), not started by gpusched, holds 30.0G" where such
+    a process takes the room the job would have on the card named: it is what it waits
+    for. Its pid and owner only, never its command line (another user's arguments)."""
+    best = most_available(claims.free)
+    other = best.slot.outsider
+    if other is None or job.mem_bytes is None or best.available + other[2] < job.mem_bytes:
+        return ""
+    pid, owner, held = other
+    return (
+        f"; on {gpu_name(best, claims.nodes)} pid {pid} (user {owner}), which gpusched did"
+        f" not start, holds {format_size(held)}"
+    )
