@@ -308,7 +308,7 @@ def test_an_unknown_or_shared_job_starts_where_a_light_job_would() -> None:
     measured = WaitingJob(3, 10 * G, demand=0.9, share=True)
     result = plan(gpus, running, [measured])
     assert gpus_of(result, 3) is None and result.quieter == {3}
-    assert "whatever --share says" in result.waiting_reasons[3]
+    assert "measured in its earlier runs (--share or interactive" in result.waiting_reasons[3]
 
 
 def test_a_job_expected_from_its_owners_runs_is_held_as_known_and_told_so() -> None:

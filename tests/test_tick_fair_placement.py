@@ -19,6 +19,7 @@ from gpusched.daemon.handlers import dispatch
 from gpusched.daemon.identity import Caller
 from gpusched.daemon.services import Services
 from gpusched.processes.launching import Outcome, OutcomeKind
+from gpusched.processes.pidref import process_start_time
 from gpusched.store import NewJob
 from gpusched.usage.monitor import HISTORY_TTL_S
 from tests.fakes import FakeProbe, GiB
@@ -228,3 +229,21 @@ def test_an_oom_caused_by_another_process_keeps_the_declared_mem(tmp_path: Path)
     del world.probe.held[(other, world.probe.uuid(0))]
     world.tick()
     assert world.state(retry.id) == JobState.RUNNING
+
+
+def test_an_interactive_job_is_not_judged_by_its_owners_batch_jobs(tmp_path: Path) -> None:
+    """A 4G Jupyter kernel waited with 22G free on every card: "expected busy: your last 5
+    jobs were", its owner's batch runs. Interactive jobs are light until their own polls
+    say otherwise, and their history is kept apart from batch history."""
+    world = make_world(tmp_path, [24 * GiB, 24 * GiB])
+    for _ in range(5):
+        ended_run(world, "train", 0.95)
+    busy = [world.submit(2 * GiB, name="train") for _ in range(2)]
+    world.tick()
+    assert sorted(g for job in busy for g in world.gpus_of(job)) == [0, 1]
+    client = os.getpid()  # a live client process: the kernel's
+    kernel = world.submit(
+        4 * GiB, name="lab", client_pid=client, client_start_time=process_start_time(client)
+    )
+    world.tick()
+    assert world.state(kernel) == JobState.RUNNING, world.job(kernel).waiting_reason

@@ -49,9 +49,16 @@ def expected_demand(history: DemandHistory, job: Queued) -> tuple[float | None, 
     """A waiting job's expected demand and, when it is its owner's, of how many of the
     owner's latest ended runs (0: its own history, or nothing known): its own history
     first (the same sweep, else --name, else command); a job with none (a new project)
-    takes its owner's latest ended runs when all were busy (`DemandHistory.owner_prior`)."""
+    takes its owner's latest ended runs when all were busy (`DemandHistory.owner_prior`),
+    unless it is `--share` or interactive (looked up among interactive runs only)."""
     return history.estimate(
-        job.id, job.uid, job.array_id, job.name, job.command_json, share=bool(job.share)
+        job.id,
+        job.uid,
+        job.array_id,
+        job.name,
+        job.command_json,
+        share=bool(job.share),
+        interactive=bool(job.interactive),
     )
 
 

@@ -64,7 +64,8 @@ def running_claim(
         demand=demand,
         ends_in_s=time_left(job, now),
         exclusive=job.exclusive,
-        share=job.share,
+        # An interactive job is light until its own polls say otherwise, as --share is.
+        share=job.share or job.interactive,
         peak_bytes=max(job.peak_mem or 0, peak_bytes or 0),
     )
 
@@ -125,7 +126,8 @@ def waiting_job(job: Queued, now: datetime | None = None) -> WaitingJob:
         job.max_concurrent,
         queue_order=job.retry_of,  # an OOM retry keeps its first attempt's place
         exclusive=bool(job.exclusive),
-        share=bool(job.share),
+        # An interactive job is light until what was measured of its kind says otherwise.
+        share=bool(job.share or job.interactive),
         time_limit_s=job.time_limit_s,
         top=job.top,
     )

@@ -155,8 +155,9 @@ class Usage:
 
     def demand_records(self, limit: int = 5000) -> list[tuple[Any, ...]]:
         """The latest recorded demands, newest first: (job id, uid, array id, name, command
-        as JSON text (or decoded, on PostgreSQL), demand, whether it ended). One query for
-        a whole pass's expected demands (gpusched.usage.demand_history)."""
+        as JSON text (or decoded, on PostgreSQL), demand, whether it ended, whether it was
+        interactive). One query for a whole pass's expected demands
+        (gpusched.usage.demand_history)."""
         query = (
             select(
                 jobs.c.id,
@@ -166,6 +167,7 @@ class Usage:
                 type_coerce(jobs.c.command, Text),
                 jobs.c.demand,
                 jobs.c.ended_at.is_not(None),
+                jobs.c.interactive.is_not(None),
             )
             .where(jobs.c.demand.is_not(None))
             .order_by(jobs.c.ended_at.desc(), jobs.c.id.desc())

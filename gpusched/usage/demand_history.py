@@ -12,6 +12,11 @@ while their new jobs are busy (the packing benchmark: 28 of 28 such priors wrong
 trace; docs/benchmarks.md, packing), and a job of unknown demand already starts where a
 light one would except on full cards.
 
+Interactive jobs (`gpusched run`, a notebook's kernel) are a kind apart: their runs are
+looked up only among interactive runs of the same sweep, --name or command, and never
+count among the owner's latest ended runs, nor does the owner prior apply to them (a
+kernel is not its owner's training jobs).
+
 The records are the store's latest (`store.usage.demand_records`, one query, newest
 first), read at most once a HISTORY_TTL_S by the monitor: a pass over 10,000 queued jobs
 with 10,000 different commands is then 10,000 dictionary look-ups, not 10,000 queries.
@@ -34,8 +39,9 @@ OWNER_RUNS = 5
 # which this layer may not import).
 BUSY_DEMAND = 0.5
 
-# (job id, uid, array id, name, command as stored, demand, whether it ended), newest first
-DemandRecord = tuple[int, int, int | None, str | None, Any, float, bool]
+# (job id, uid, array id, name, command as stored, demand, whether it ended, whether it was
+# interactive), newest first; a record of seven (none interactive) is read as batch
+DemandRecord = tuple[Any, ...]
 
 
 @dataclass(frozen=True)
@@ -62,12 +68,13 @@ class DemandHistory:
         self._by_kind: dict[tuple[Any, ...], list[tuple[int, float]]] = {}
         # uid -> (job id, demand) of its ended runs, newest first (OWNER_RUNS of them).
         self._by_owner: dict[int, list[tuple[int, float]]] = {}
-        for job_id, uid, array_id, name, command, demand, ended in records:
-            for kind in _kinds(uid, array_id, name, command_key(command)):
+        for job_id, uid, array_id, name, command, demand, ended, *rest in records:
+            interactive = bool(rest and rest[0])
+            for kind in _kinds(uid, array_id, name, command_key(command), interactive):
                 found = self._by_kind.setdefault(kind, [])
                 if len(found) <= PER_KIND:
                     found.append((job_id, float(demand)))
-            if ended:
+            if ended and not interactive:
                 latest = self._by_owner.setdefault(uid, [])
                 if len(latest) < OWNER_RUNS:
                     latest.append((job_id, float(demand)))
@@ -86,14 +93,17 @@ class DemandHistory:
         name: str | None,
         command: str | Sequence[str],
         demand: float,
+        interactive: bool = False,
     ) -> None:
         """A run that has just ended, as the newest record of its kinds and of its owner's
         runs: the next pass knows it without waiting for the next read (a second run of the
         same script submitted a second after the first ended must be expected as busy as it
         was)."""
-        for kind in _kinds(uid, array_id, name, command_key(command)):
+        for kind in _kinds(uid, array_id, name, command_key(command), interactive):
             found = [(other, d) for other, d in self._by_kind.get(kind, ()) if other != job_id]
             self._by_kind[kind] = [(job_id, float(demand)), *found][: PER_KIND + 1]
+        if interactive:
+            return  # not among its owner's latest runs (the owner prior is batch jobs')
         older = [(other, d) for other, d in self._by_owner.get(uid, ()) if other != job_id]
         latest = [(job_id, float(demand)), *older][:OWNER_RUNS]
         self._by_owner[uid] = latest
@@ -110,11 +120,14 @@ class DemandHistory:
         array_id: int | None,
         name: str | None,
         command: str | Sequence[str],
+        *,
+        interactive: bool = False,
     ) -> float | None:
-        """The job's expected demand (0.0-1.0), None when nothing like it ran."""
+        """The job's expected demand (0.0-1.0), None when nothing like it ran (among
+        interactive runs only, for an interactive job; among batch runs, for a batch one)."""
         if not self._by_kind:
             return None
-        for kind in _kinds(uid, array_id, name, command_key(command)):
+        for kind in _kinds(uid, array_id, name, command_key(command), interactive):
             found = [d for other, d in self._by_kind.get(kind, ()) if other != job_id]
             if found:
                 return typical_demand(found[:PER_KIND])
@@ -129,15 +142,16 @@ class DemandHistory:
         command: str | Sequence[str],
         *,
         share: bool = False,
+        interactive: bool = False,
     ) -> tuple[float | None, int]:
         """The job's expected demand and, when it is its owner's (`owner_prior`), of how
         many of the owner's latest ended runs (0: its own history, or nothing known).
-        `share` (`--share`): its own kind's runs as measured, never its owner's others
-        (its owner said this one is light, and nothing like it was measured)."""
-        own = self.expected(job_id, uid, array_id, name, command)
+        `share` (`--share`) or `interactive`: its own kind's runs as measured, never its
+        owner's others (its owner said it is light, or it is no batch job)."""
+        own = self.expected(job_id, uid, array_id, name, command, interactive=interactive)
         if own is not None:
             return own, 0
-        prior = None if share else self.owner_prior(job_id, uid)
+        prior = None if share or interactive else self.owner_prior(job_id, uid)
         return (None, 0) if prior is None else (prior.demand, prior.runs)
 
     def owner_prior(self, job_id: int, uid: int) -> OwnerPrior | None:
@@ -165,10 +179,13 @@ def owner_prior_of(latest: Sequence[float]) -> OwnerPrior | None:
 
 
 def _kinds(
-    uid: int, array_id: int | None, name: str | None, command: str
+    uid: int, array_id: int | None, name: str | None, command: str, interactive: bool = False
 ) -> Iterable[tuple[Any, ...]]:
+    """The keys a run is looked up by, most specific first; an interactive run's are its
+    own (never a batch run's)."""
+    apart = ("interactive",) if interactive else ()
     if array_id is not None:
-        yield ("sweep", uid, array_id)
+        yield (*apart, "sweep", uid, array_id)
     if name:
-        yield ("name", uid, name)
-    yield ("command", uid, command)
+        yield (*apart, "name", uid, name)
+    yield (*apart, "command", uid, command)

@@ -198,7 +198,13 @@ class UsageMonitor:
         command = job.command_json if isinstance(job, Queued) else job.command
         history = self.demand_history()
         return history.estimate(
-            job.id, job.uid, job.array_id, job.name, command, share=bool(job.share)
+            job.id,
+            job.uid,
+            job.array_id,
+            job.name,
+            command,
+            share=bool(job.share),
+            interactive=bool(job.interactive),
         )
 
     def demand_history(self) -> DemandHistory:
@@ -339,6 +345,7 @@ class UsageMonitor:
                 name=job.name,
                 command=job.command,
                 demand=demand,
+                interactive=bool(job.interactive),
             )
         return tracker
 

@@ -123,10 +123,15 @@ def kept_quiet(
 
 def expected(job: WaitingJob) -> str:
     """Who the held job's demand is known from: "it " (its own runs; said as measured for
-    a `--share` job, which they outrank), or its owner's latest runs, said as such with
-    how to override them (a new project may differ)."""
+    a `--share` or interactive job, which they outrank), or its owner's latest runs, said
+    as such with how to override them (a new project may differ)."""
     if not job.owner_runs:
-        return "measured in its earlier runs, whatever --share says: it " if job.share else "it "
+        if job.share:
+            return (
+                "measured in its earlier runs (--share or interactive is light only until"
+                " measured): it "
+            )
+        return "it "
     kind, other = ("busy", "--share") if is_busy_job(job) else ("light", "--exclusive")
     return (
         f"expected {kind}: your last {job.owner_runs} jobs were, and it has no runs of its"
