@@ -323,7 +323,7 @@ def test_a_job_expected_from_its_owners_runs_is_held_as_known_and_told_so() -> N
     assert gpus_of(result, 3) is None and result.quieter == {3}
     reason = result.waiting_reasons[3]
     assert reason.startswith(
-        "waits for a quieter card (expected busy: your last 5 jobs were, and it has no runs"
+        "waits for a quieter card (expected busy: its owner's last 5 jobs were, and it has no runs"
         " of its own yet (--share if it is not): it keeps a card 92% busy; GPU 0 runs busy"
     )
     assert "GPU 0 kept for it: starts when busy job 1 ends" in reason
@@ -336,7 +336,7 @@ def test_a_job_expected_from_its_owners_runs_is_held_as_known_and_told_so() -> N
     expected_light = WaitingJob(3, 10 * G, demand=0.25, owner_runs=5)
     reason = plan(gpus, running, [expected_light]).waiting_reasons[3]
     assert reason.startswith(
-        "waits for a quieter card (expected light: your last 5 jobs were, and it has no"
+        "waits for a quieter card (expected light: its owner's last 5 jobs were, and it has no"
         " runs of its own yet (--exclusive if it is not): it keeps a card 25% busy, and no"
         " card stays within 100 % with it;"
     )

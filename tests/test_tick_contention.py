@@ -219,7 +219,7 @@ def test_a_new_project_is_expected_busy_when_its_owners_last_five_runs_were(
     assert world.state(new) == JobState.QUEUED
     why = world.job(new).waiting_reason or ""
     assert why.startswith(
-        "waits for a quieter card (expected busy: your last 5 jobs were, and it has no runs"
+        "waits for a quieter card (expected busy: its owner's last 5 jobs were, and it has no runs"
         " of its own yet (--share if it is not): it keeps a card 95% busy;"
     )
     bobs = world.submit(10 * GiB, user="bob", name="new-project")
@@ -274,7 +274,7 @@ def test_show_says_a_waiting_jobs_expected_demand_and_whose_runs_it_comes_from(
         " busy, and it has no runs of its own yet (--share if it is not)"
     ) in [" ".join(line.split()) for line in lines]
     waiting = next(line for line in lines if line.startswith("waiting"))
-    assert "expected busy: your last 5 jobs were" in waiting
+    assert "expected busy: its owner's last 5 jobs were" in waiting
     assert json.loads(show_json(reply))["expected_from_owner_runs"] == 5
     reply = show(known)
     assert (reply["expected_demand"], reply["expected_from_owner_runs"]) == (BUSY, 0)

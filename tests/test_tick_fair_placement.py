@@ -247,3 +247,48 @@ def test_an_interactive_job_is_not_judged_by_its_owners_batch_jobs(tmp_path: Pat
     )
     world.tick()
     assert world.state(kernel) == JobState.RUNNING, world.job(kernel).waiting_reason
+
+
+def test_a_reason_lists_a_few_job_ids_and_how_many_more(tmp_path: Path) -> None:
+    """A whole-GPU head behind 18 small jobs listed all 18 ids on one status line."""
+    world = make_world(tmp_path, [24 * GiB], pack="memory")
+    smalls = [world.submit(1 * GiB) for _ in range(18)]
+    world.tick()
+    head = world.submit(None)
+    world.tick()
+    reason = world.job(head).waiting_reason or ""
+    assert "and 13 more end" in reason, reason
+    assert str(smalls[-1]) not in reason.split("jobs ")[-1].split(" and")[0].split(", ")
+
+
+def test_the_max_jobs_per_gpu_reason_says_which_job_the_card_is_kept_for(
+    tmp_path: Path,
+) -> None:
+    """It ended "GPU 0 kept for it" without saying for what."""
+    world = make_world(tmp_path, [24 * GiB], max_jobs_per_gpu=1)
+    first = world.submit(2 * GiB)
+    world.tick()
+    second = world.submit(2 * GiB)
+    world.tick()
+    reason = world.job(second).waiting_reason or ""
+    assert reason.endswith(f"GPU 0 kept for it (job {second}): starts when job {first} ends")
+
+
+def test_an_owner_prior_reason_is_phrased_for_any_reader(tmp_path: Path) -> None:
+    """Another user read "expected busy: your last 5 jobs were" of alice's job."""
+    world = make_world(tmp_path, [80 * GiB])
+    for _ in range(5):
+        ended_run(world, "train", 0.95)
+    busy = world.submit(10 * GiB, name="train")
+    world.tick()
+    assert world.state(busy) == JobState.RUNNING
+    new = world.scheduler.submit(
+        NewJob(
+            user="alice", uid=1000, gid=1000, command=["new.py"], cwd="/", env={},
+            umask=0o022, mem=4 * GiB,
+        )
+    ).id  # fmt: skip
+    world.tick()
+    reason = world.job(new).waiting_reason or ""
+    assert "expected busy: its owner's last 5 jobs were" in reason
+    assert "your" not in reason

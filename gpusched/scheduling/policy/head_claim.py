@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from gpusched.core.units import format_duration
 from gpusched.scheduling.policy.budget import PlanGpu, could_ever_fit
 from gpusched.scheduling.policy.data import HeadClaim, WaitingJob
-from gpusched.scheduling.policy.words import card_list
+from gpusched.scheduling.policy.words import card_list, job_list
 
 
 @dataclass
@@ -154,11 +154,18 @@ class Kept:
             where += f" on {node}"
         waits = self.waits_for
         if not waits:
-            return f"{where} kept for it"
-        jobs = f"job {waits[0]}" if len(waits) == 1 else f"jobs {', '.join(map(str, waits))}"
+            # Room enough, but a cap on the card (max_jobs_per_gpu, busy_util) holds it:
+            # it starts when a job there ends, whichever.
+            on = sorted({h[0] for c in cards for h in c.gpu.holds})
+            kept = f"{where} kept for it (job {self.job.job_id})"
+            if not on:
+                return kept
+            which = job_list(on) if len(on) == 1 else f"one of {job_list(on)}"
+            return f"{kept}: starts when {which} ends"
         start = self.starts_in_s
         eta = "" if start is None else f" (by --time, within {format_duration(start)})"
-        return f"{where} kept for it: starts when {jobs} end{'s' if len(waits) == 1 else ''}{eta}"
+        ends = "ends" if len(waits) == 1 else "end"
+        return f"{where} kept for it: starts when {job_list(waits)} {ends}{eta}"
 
 
 def keep_for(

@@ -17,7 +17,7 @@ from gpusched.scheduling.policy.budget import PlanGpu
 from gpusched.scheduling.policy.contention import is_busy_job
 from gpusched.scheduling.policy.data import WaitingJob
 from gpusched.scheduling.policy.exclusive import fits_now
-from gpusched.scheduling.policy.words import gpu_name
+from gpusched.scheduling.policy.words import gpu_name, job_list
 
 SHOWN_CARDS = 3  # the cards a held job's reason names
 
@@ -44,10 +44,8 @@ def soonest_quiet(found: Sequence[PlanGpu], count: int) -> list[PlanGpu]:
 
 def _runs(gpu: PlanGpu) -> str:
     if gpu.busy_with:
-        jobs = gpu.busy_with
-        return f"busy job{'s' if len(jobs) > 1 else ''} {', '.join(map(str, jobs))}"
-    jobs = gpu.job_ids
-    return f"job{'s' if len(jobs) > 1 else ''} {', '.join(map(str, jobs))} ({gpu.demand:.0%} busy)"
+        return job_list(gpu.busy_with, "busy ")
+    return f"{job_list(gpu.job_ids)} ({gpu.demand:.0%} busy)"
 
 
 def so_far(job: WaitingJob) -> str:
@@ -101,9 +99,8 @@ def quieter_parts(
     if left and all(end is not None for end in left):
         when = f" (by --time, within {format_duration(max(e or 0.0 for e in left))})"
     return said, (
-        f"; {names} kept for it: starts when {kind}job{'s' if len(ending) > 1 else ''}"
-        f" {', '.join(map(str, ending))} end{'' if len(ending) > 1 else 's'}{when}"
-        " (pack: contention)"
+        f"; {names} kept for it: starts when {job_list(ending, kind)}"
+        f" end{'' if len(ending) > 1 else 's'}{when} (pack: contention)"
     )
 
 
@@ -134,7 +131,7 @@ def expected(job: WaitingJob) -> str:
         return "it "
     kind, other = ("busy", "--share") if is_busy_job(job) else ("light", "--exclusive")
     return (
-        f"expected {kind}: your last {job.owner_runs} jobs were, and it has no runs of its"
+        f"expected {kind}: its owner's last {job.owner_runs} jobs were, and it has no runs of its"
         f" own yet ({other} if it is not): it "
     )
 

@@ -1,4 +1,5 @@
-"""How the policy's reasons name a job's ask and a card: "8.0G on 1 GPU", "GPU 2 on b".
+"""How the policy's reasons name a job's ask, a card and jobs: "8.0G on 1 GPU", "GPU 2 on
+b", "jobs 3, 4, 5, 6, 7 and 13 more".
 
 Pure; every rule's reason says a job's need and its cards the same way.
 """
@@ -37,3 +38,16 @@ def card_list(indices: list[int]) -> str:
     """ "GPU 1" or "GPUs 0, 3"."""
     names = ", ".join(map(str, indices))
     return f"GPU {names}" if len(indices) == 1 else f"GPUs {names}"
+
+
+# The most job ids a reason lists: it is one line of `status`.
+SHOWN_JOBS = 5
+
+
+def job_list(ids: list[int], kind: str = "") -> str:
+    """ "job 3", "busy jobs 3, 4", "jobs 1, 2, 3, 4, 5 and 13 more" (`kind`: "busy ")."""
+    if len(ids) == 1:
+        return f"{kind}job {ids[0]}"
+    shown = ", ".join(map(str, ids[:SHOWN_JOBS]))
+    more = f" and {len(ids) - SHOWN_JOBS} more" if len(ids) > SHOWN_JOBS else ""
+    return f"{kind}jobs {shown}{more}"
