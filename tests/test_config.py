@@ -394,3 +394,69 @@ def test_state_dir_alone_takes_the_database_and_logs_with_it(tmp_path: Path) -> 
     )
     both = load_config(named)
     assert (both.database_url, both.log_dir) == ("sqlite:////x/y.db", Path("/x/logs"))
+
+
+# -- the file itself: every way it can be wrong is one line ---------------------------------
+
+
+def daemon_start(tmp_path: Path, config: Path) -> subprocess.CompletedProcess[str]:
+    """The real `gpusched daemon` on `config` (simulated GPUs): it must refuse to start."""
+    return subprocess.run(
+        [sys.executable, "-m", "gpusched", "daemon", "--simulate", "1x8G", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": str(tmp_path),
+            "XDG_RUNTIME_DIR": str(tmp_path),
+            "XDG_STATE_HOME": str(tmp_path / "state"),
+        },
+        check=False,
+    )
+
+
+def refused_in_one_line(result: subprocess.CompletedProcess[str], *words: str) -> str:
+    assert result.returncode != 0, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    last = result.stderr.strip().splitlines()[-1]  # after the daemon's own log lines
+    assert last.startswith("gpusched: "), result.stderr
+    for word in words:
+        assert word in last, result.stderr
+    return last
+
+
+def test_a_file_that_is_not_utf8_is_refused_naming_the_byte(
+    tmp_path: Path, user_env: tuple[Path, Path]
+) -> None:
+    path = tmp_path / "gpusched.yaml"
+    path.write_bytes(b"headroom: 1G\nnode: caf\xe9\n")  # Latin-1: byte 22 starts no character
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert info.value.message == f"{path}: not valid UTF-8 at byte 22 (line 2): save it as UTF-8"
+
+
+def test_the_daemon_refuses_to_start_on_a_file_that_is_not_utf8(tmp_path: Path) -> None:
+    path = tmp_path / "gpusched.yaml"
+    path.write_bytes(b"headroom: \xff\xfe\n")
+    result = daemon_start(tmp_path, path)
+    assert result.returncode == 2, result.stderr
+    assert refused_in_one_line(result, str(path), "not valid UTF-8 at byte 10")
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+@pytest.mark.parametrize("name", ["/dev/null", "a directory"])
+def test_a_config_that_is_not_a_regular_file_is_refused(
+    tmp_path: Path, user_env: tuple[Path, Path], name: str
+) -> None:
+    path = tmp_path if name == "a directory" else Path(name)
+    with pytest.raises(ConfigError, match="cannot read config file: not a regular file"):
+        load_config(path)
+
+
+def test_a_config_file_larger_than_a_config_is_refused(
+    tmp_path: Path, user_env: tuple[Path, Path]
+) -> None:
+    path = write(tmp_path, "# padding\n" * 200_000)  # 2 MB of comments
+    with pytest.raises(ConfigError, match="larger than 1 MiB"):
+        load_config(path)

@@ -114,9 +114,12 @@ def _available(daemon: RunningDaemon) -> int:
     return daemon.client().status().gpus[0].available
 
 
-def _reload(daemon: RunningDaemon, settings: dict[str, Any] | str, expect: str) -> None:
-    text = settings if isinstance(settings, str) else yaml.safe_dump(settings)
-    daemon.config_path.write_text(text)
+def _reload(daemon: RunningDaemon, settings: dict[str, Any] | str | bytes, expect: str) -> None:
+    if isinstance(settings, bytes):
+        daemon.config_path.write_bytes(settings)
+    else:
+        text = settings if isinstance(settings, str) else yaml.safe_dump(settings)
+        daemon.config_path.write_text(text)
     before = daemon.stderr().count(expect)
     assert daemon.process is not None
     daemon.process.send_signal(signal.SIGHUP)
@@ -139,12 +142,20 @@ def test_sighup_applies_a_valid_config_and_keeps_the_old_one_when_broken(
         ("headroom: [unclosed\n", "config reload failed, keeping the old config"),
         (yaml.safe_dump({**settings, "headroom": "lots"}), "headroom"),
         (yaml.safe_dump({**settings, "no_such_key": 1}), "no_such_key"),
+        # Latin-1, not UTF-8: once a decoding error no handler caught, and the daemon died.
+        (yaml.safe_dump(settings).encode() + b"node: caf\xe9\n", "not valid UTF-8 at byte"),
     ]:
         _reload(daemon, broken, "config reload failed")
         failures = [line for line in daemon.stderr().splitlines() if "reload failed" in line]
         assert why in failures[-1], failures[-1]
         assert _available(daemon) == 22 * GIB  # the old config still holds
         assert daemon.process is not None and daemon.process.poll() is None
+
+    # `admin reload` (systemd's ExecReload) is answered with the same one line.
+    answer = daemon.cli("--socket", str(daemon.socket_path), "admin", "reload")
+    assert answer.returncode == 2, answer.stderr
+    assert answer.stderr.count("\n") == 1 and "not valid UTF-8 at byte" in answer.stderr
+    assert daemon.process.poll() is None
 
     # A deleted config file is broken too.
     daemon.config_path.unlink()

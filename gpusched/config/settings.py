@@ -271,32 +271,17 @@ def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> C
     A path that was named explicitly must exist; the default location may be absent.
     `overrides` are YAML-style keys from the command line (e.g. {"simulate": "2x24G"}).
     """
-    import yaml  # only the daemon and a client given a config file pay for YAML
-
     base = default_config()
     data: dict[str, Any] = {}
     source = "defaults"
     if path is None and _is_root() and SYSTEM_CONFIG_PATH.exists():
         path = SYSTEM_CONFIG_PATH
     if path is not None:
+        # Only the daemon and a client given a config file pay for YAML.
+        from gpusched.config.reading import read_config_file
+
         source = str(path)
-        try:
-            text = Path(path).read_text()
-        except FileNotFoundError:
-            raise ConfigError(f"{path}: config file not found") from None
-        except OSError as exc:
-            raise ConfigError(f"{path}: cannot read config file: {exc.strerror}") from None
-        try:
-            loaded = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f" at line {mark.line + 1}" if mark is not None else ""
-            raise ConfigError(f"{path}: not valid YAML{where}") from None
-        if loaded is None:
-            loaded = {}
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"{path}: expected a mapping of keys to values")
-        data.update(loaded)
+        data.update(read_config_file(Path(path)))
     for key, value in (overrides or {}).items():
         if value is not None:
             data[key] = value
