@@ -460,3 +460,31 @@ def test_a_config_file_larger_than_a_config_is_refused(
     path = write(tmp_path, "# padding\n" * 200_000)  # 2 MB of comments
     with pytest.raises(ConfigError, match="larger than 1 MiB"):
         load_config(path)
+
+
+def test_yaml_anchors_and_aliases_are_refused(tmp_path: Path, user_env: tuple[Path, Path]) -> None:
+    path = write(tmp_path, "web: &port 127.0.0.1:8080\nmetrics: *port\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert info.value.message == (
+        f"{path}: line 1: a YAML anchor (&port) is not allowed in a config file:"
+        " write each value out"
+    )
+    path.write_text("web: 127.0.0.1:8080\nmetrics: *port\n")  # an alias alone, undefined
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert info.value.message == (
+        f"{path}: line 2: a YAML alias (*port) is not allowed in a config file"
+    )
+
+
+def test_an_alias_bomb_is_refused_before_it_is_expanded(
+    tmp_path: Path, user_env: tuple[Path, Path]
+) -> None:
+    """Nine levels are 10**9 strings once the value is walked (str() of it, here); four
+    levels here, 10**4 strings, so that a loader that expands them costs little."""
+    levels = ['&a0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    levels += [f"&a{i} [{','.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 4)]
+    path = write(tmp_path, "node:\n" + "".join(f"  - {level}\n" for level in levels))
+    with pytest.raises(ConfigError, match=r"line 2: a YAML anchor \(&a0\) is not allowed"):
+        load_config(path)

@@ -3,8 +3,9 @@ keys settings.py checks, every way a file can be wrong refused with one line.
 
 The file is read whole only when it is a regular file of at most MAX_CONFIG_BYTES (a
 config named /dev/zero or a FIFO would otherwise hang or fill memory), decoded as UTF-8
-whatever the locale says (the same file must mean the same under every locale), and parsed by
-YAML's safe loader.
+whatever the locale says (the same file must mean the same under every locale), and
+parsed by a loader stricter than YAML's safe one: an anchor or alias is refused (an alias
+bomb is a few lines that expand into gigabytes once something walks the value).
 
 Imported only when a file is read: a client finding its socket without one pays for no YAML.
 """
@@ -17,10 +18,39 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from yaml.nodes import Node
 
 from gpusched.core.errors import ConfigError
 
 MAX_CONFIG_BYTES = 1 << 20  # config/gpusched.yaml, every key explained, is under 20K
+
+
+class _Refused(Exception):
+    """What the strict loader refuses, with the line it is on (1-based)."""
+
+    def __init__(self, problem: str, line: int) -> None:
+        super().__init__(problem)
+        self.problem = problem
+        self.line = line
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """YAML's safe loader without anchors and aliases."""
+
+    def compose_node(self, parent: Node | None, index: int) -> Node | None:
+        event = self.peek_event()
+        if isinstance(event, yaml.AliasEvent):
+            raise _Refused(
+                f"a YAML alias (*{event.anchor}) is not allowed in a config file",
+                event.start_mark.line + 1,
+            )
+        anchor = getattr(event, "anchor", None)
+        if anchor is not None:
+            raise _Refused(
+                f"a YAML anchor (&{anchor}) is not allowed in a config file: write each value out",
+                event.start_mark.line + 1,
+            )
+        return super().compose_node(parent, index)
 
 
 def _read_bytes(path: Path) -> bytes:
@@ -59,7 +89,9 @@ def read_config_file(path: Path) -> dict[Any, Any]:
             f"{path}: not valid UTF-8 at byte {exc.start} (line {line}): save it as UTF-8"
         ) from None
     try:
-        loaded = yaml.safe_load(text)
+        loaded = yaml.load(text, Loader=_StrictLoader)  # noqa: S506 - a SafeLoader, stricter
+    except _Refused as exc:
+        raise ConfigError(f"{path}: line {exc.line}: {exc.problem}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
