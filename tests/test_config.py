@@ -488,3 +488,15 @@ def test_an_alias_bomb_is_refused_before_it_is_expanded(
     path = write(tmp_path, "node:\n" + "".join(f"  - {level}\n" for level in levels))
     with pytest.raises(ConfigError, match=r"line 2: a YAML anchor \(&a0\) is not allowed"):
         load_config(path)
+
+
+def test_a_key_given_twice_is_refused_naming_it_and_its_line(
+    tmp_path: Path, user_env: tuple[Path, Path]
+) -> None:
+    path = write(tmp_path, "headroom: 1G\npoll_interval: 2s\nheadroom: 2G\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert info.value.message == f"{path}: line 3: key 'headroom' is given twice"
+    nested = write(tmp_path, "limits:\n  users:\n    alice: {}\n    alice: {max_running: 1}\n")
+    with pytest.raises(ConfigError, match="line 4: key 'alice' is given twice"):
+        load_config(nested)

@@ -5,7 +5,9 @@ The file is read whole only when it is a regular file of at most MAX_CONFIG_BYTE
 config named /dev/zero or a FIFO would otherwise hang or fill memory), decoded as UTF-8
 whatever the locale says (the same file must mean the same under every locale), and
 parsed by a loader stricter than YAML's safe one: an anchor or alias is refused (an alias
-bomb is a few lines that expand into gigabytes once something walks the value).
+bomb is a few lines that expand into gigabytes once something walks the value), and so is
+a key written twice in one mapping (YAML keeps the last one silently: the first would be
+a setting that does nothing).
 
 Imported only when a file is read: a client finding its socket without one pays for no YAML.
 """
@@ -18,11 +20,13 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from yaml.nodes import Node
+from yaml.nodes import MappingNode, Node, ScalarNode
 
 from gpusched.core.errors import ConfigError
 
 MAX_CONFIG_BYTES = 1 << 20  # config/gpusched.yaml, every key explained, is under 20K
+
+_MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
 class _Refused(Exception):
@@ -35,7 +39,7 @@ class _Refused(Exception):
 
 
 class _StrictLoader(yaml.SafeLoader):
-    """YAML's safe loader without anchors and aliases."""
+    """YAML's safe loader without anchors, aliases and repeated keys."""
 
     def compose_node(self, parent: Node | None, index: int) -> Node | None:
         event = self.peek_event()
@@ -51,6 +55,17 @@ class _StrictLoader(yaml.SafeLoader):
                 event.start_mark.line + 1,
             )
         return super().compose_node(parent, index)
+
+    def construct_mapping(self, node: MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _value in node.value:
+            if not isinstance(key_node, ScalarNode) or key_node.tag == _MERGE_TAG:
+                continue  # a list or mapping as a key: the safe loader's own error says so
+            key = self.construct_object(key_node)
+            if key in seen:
+                raise _Refused(f"key {key!r} is given twice", key_node.start_mark.line + 1)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
 
 
 def _read_bytes(path: Path) -> bytes:
