@@ -19,6 +19,7 @@ from gpusched.config.settings import (
     load_config,
 )
 from gpusched.core.errors import ConfigError, UsageError
+from tests.daemon_harness import eventually
 
 G, M = 2**30, 2**20
 
@@ -271,6 +272,15 @@ def test_unknown_key(tmp_path: Path, user_env: tuple[Path, Path]) -> None:
     ("key", "value"),
     [
         ("database", "/var/lib/gpusched.db"),
+        ("socket", "123"),
+        ("socket", "./gpusched.sock"),
+        ("state_dir", "[a, b]"),
+        ("state_dir", "''"),
+        ("state_dir", "null"),
+        ("state_dir", "~no-such-user-here/gs"),
+        ("log_dir", "logs"),
+        ("log_dir", "{a: 1}"),
+        ("log_dir", '"/var/log/x\\0y"'),
         ("poll_interval", "fast"),
         ("poll_interval", "0s"),
         ("poll_interval", "nan"),
@@ -500,3 +510,49 @@ def test_a_key_given_twice_is_refused_naming_it_and_its_line(
     nested = write(tmp_path, "limits:\n  users:\n    alice: {}\n    alice: {max_running: 1}\n")
     with pytest.raises(ConfigError, match="line 4: key 'alice' is given twice"):
         load_config(nested)
+
+
+@pytest.mark.parametrize(
+    ("yaml_line", "expected"),
+    [
+        ("state_dir: [a, b]", "expected an absolute path, not ['a', 'b']"),
+        ("socket: 123", "expected an absolute path, not 123"),
+        (
+            "log_dir: jobs/logs",
+            "expected an absolute path, not 'jobs/logs' (a relative one would depend on the"
+            " daemon's working directory)",
+        ),
+    ],
+)
+def test_a_path_key_takes_an_absolute_path_only(
+    tmp_path: Path, user_env: tuple[Path, Path], yaml_line: str, expected: str
+) -> None:
+    path = write(tmp_path, yaml_line + "\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    key = yaml_line.partition(":")[0]
+    assert info.value.message == f"{path}: key '{key}': {expected}"
+
+
+def test_the_daemon_takes_a_relative_socket_option_from_where_it_is_run(tmp_path: Path) -> None:
+    """`gpusched daemon --socket d.sock`: the shell's directory, as a client given the same
+    relative path reads it; only a config file's paths must be absolute."""
+    config = write(tmp_path, f"state_dir: {tmp_path / 'state'}\n")
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path)}
+    argv = [sys.executable, "-m", "gpusched", "--config", str(config), "daemon"]
+    said = tmp_path / "daemon.stderr"
+    with (
+        said.open("w") as stderr,
+        subprocess.Popen(
+            [*argv, "--simulate", "1x8G", "--socket", "d.sock"],
+            cwd=tmp_path,
+            env=env,
+            stderr=stderr,
+        ) as daemon,
+    ):
+        try:
+            eventually(lambda: "ready:" in said.read_text() or daemon.poll() is not None, 60)
+        finally:
+            daemon.terminate()
+            daemon.wait(timeout=60)
+    assert f"ready: listening on {tmp_path / 'd.sock'}" in said.read_text(), said.read_text()

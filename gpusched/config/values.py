@@ -20,8 +20,25 @@ from gpusched.core.units import parse_duration, parse_simulate_spec, parse_size
 
 
 def parse_path(value: Any) -> Path:
-    """`socket`, `state_dir`, `log_dir`: a path, `~` expanded."""
-    return Path(str(value)).expanduser()
+    """`socket`, `state_dir`, `log_dir`: an absolute path, `~` and `~user` expanded.
+
+    A string only: YAML's other values have a str() (a list once made a directory named
+    "['a', 'b']"). Absolute only: the daemon's working directory is wherever it was started
+    (/ under systemd), so a relative path would name a different file from one start to
+    the next, and not the one a client given the same config would look for.
+    """
+    if not isinstance(value, str) or "\0" in value:
+        raise UsageError(f"expected an absolute path, not {value!r}")
+    try:
+        path = Path(value).expanduser()
+    except RuntimeError:  # `~user` with no such user, or `~` with no home to find
+        raise UsageError(f"cannot expand {value!r}: no such home directory") from None
+    if not path.is_absolute():
+        raise UsageError(
+            f"expected an absolute path, not {value!r} (a relative one would depend on the"
+            " daemon's working directory)"
+        )
+    return path
 
 
 def parse_database_url(value: Any) -> str:

@@ -356,7 +356,9 @@ def run_daemon(config_path: Path | None, simulate: str | None, socket: str | Non
     logging.getLogger("apscheduler").setLevel(logging.ERROR)
     overrides = {"simulate": simulate} if simulate else {}
     if socket:  # `gpusched daemon --socket PATH` (or $GPUSCHED_SOCKET) listens there
-        overrides["socket"] = socket
+        # Relative to the shell's directory, as a client given the same path reads it; the
+        # config's own paths must be absolute.
+        overrides["socket"] = os.path.abspath(socket)
     config = load_config(config_path, overrides)
     source = None if config.source in (None, "defaults") else Path(str(config.source))
     check_password_private(config.database_url, source)
