@@ -556,3 +556,46 @@ def test_the_daemon_takes_a_relative_socket_option_from_where_it_is_run(tmp_path
             daemon.terminate()
             daemon.wait(timeout=60)
     assert f"ready: listening on {tmp_path / 'd.sock'}" in said.read_text(), said.read_text()
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("mysql://gpusched@dbhost/gpusched", "not a mysql one"),
+        ("postgres://gpusched@dbhost/gpusched", "not a postgres one"),
+        ("postgresql+asyncpg://gpusched@dbhost/gpusched", "not a postgresql+asyncpg one"),
+        ("postgresql://gpusched@dbhost/gpusched", "write postgresql+psycopg://"),
+        ("sqlite:///gpusched.db", "an absolute path"),
+        ("sqlite:///~/gpusched.db", "an absolute path"),
+        ("sqlite://", "an absolute path"),
+        ("'sqlite:///:memory:'", "an absolute path"),
+        ("sqlite:////var/lib/gpusched/gpusched.db?mode=ro", "no ?options"),
+        ("123", "expected an SQLAlchemy URL"),
+        ("[sqlite:////x.db]", "expected an SQLAlchemy URL"),
+    ],
+)
+def test_only_sqlite_files_and_postgresql_are_databases(
+    tmp_path: Path, user_env: tuple[Path, Path], url: str, expected: str
+) -> None:
+    path = write(tmp_path, f"database: {url}\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert info.value.message.startswith(f"{path}: key 'database': ")
+    assert expected in info.value.message
+    assert "\n" not in info.value.message
+
+
+def test_the_databases_gpusched_runs_on_are_accepted(user_env: tuple[Path, Path]) -> None:
+    for url in (
+        "sqlite:////var/lib/gpusched/gpusched.db",
+        "postgresql+psycopg://gpusched@dbhost/gpusched?sslmode=verify-full",
+        "postgresql+psycopg://gpusched@/gpusched?host=/run/postgresql",
+    ):
+        assert load_config(None, {"database": url}).database_url == url
+
+
+def test_the_daemon_refuses_a_mysql_database_in_one_line(tmp_path: Path) -> None:
+    path = write(tmp_path, f"state_dir: {tmp_path / 'state'}\ndatabase: mysql://u@h/db\n")
+    result = daemon_start(tmp_path, path)
+    assert result.returncode == 2, result.stderr
+    assert refused_in_one_line(result, "key 'database'", "not a mysql one")

@@ -41,12 +41,41 @@ def parse_path(value: Any) -> Path:
     return path
 
 
+_SQLITE_EXAMPLE = "sqlite:////var/lib/gpusched/gpusched.db"
+_POSTGRESQL_DRIVER = "postgresql+psycopg"  # psycopg 3: what `gpusched[postgres]` installs
+
+
 def parse_database_url(value: Any) -> str:
-    """`database`: an SQLAlchemy URL (anything with a scheme; SQLAlchemy checks the rest)."""
-    url = str(value)
-    if "://" not in url:
-        raise UsageError("expected an SQLAlchemy URL such as sqlite:////var/lib/x.db")
-    return url
+    """`database`: an SQLite file (sqlite:////ABSOLUTE/PATH) or a PostgreSQL server
+    (postgresql+psycopg://...), the two databases the store is written and tested for;
+    SQLAlchemy checks the rest of a PostgreSQL URL when the daemon connects.
+
+    The SQLite file is named by an absolute path alone: the store makes its directory
+    and the file itself private from what follows sqlite:///, so a relative path would
+    depend on the daemon's working directory, and ?options would name another file.
+    """
+    if not isinstance(value, str) or "://" not in value:
+        raise UsageError(f"expected an SQLAlchemy URL such as {_SQLITE_EXAMPLE}, not {value!r}")
+    scheme, _, rest = value.partition("://")
+    if scheme == "sqlite":
+        file = rest.removeprefix("/")
+        if not rest.startswith("/") or not file.startswith("/") or "\0" in file:
+            raise UsageError(
+                f"expected sqlite:/// and an absolute path (four slashes: {_SQLITE_EXAMPLE})"
+            )
+        if "?" in file:
+            raise UsageError(f"expected sqlite:/// and a path with no ?options: {_SQLITE_EXAMPLE}")
+        return value
+    if scheme == "postgresql":
+        raise UsageError(
+            f"write {_POSTGRESQL_DRIVER}://... (psycopg 3, the driver gpusched installs)"
+        )
+    if scheme != _POSTGRESQL_DRIVER:
+        raise UsageError(
+            f"expected an SQLite ({_SQLITE_EXAMPLE}) or PostgreSQL"
+            f" ({_POSTGRESQL_DRIVER}://USER@HOST/DB) URL, not a {scheme} one"
+        )
+    return value
 
 
 def parse_size_or_zero(value: Any) -> int:
