@@ -599,3 +599,41 @@ def test_the_daemon_refuses_a_mysql_database_in_one_line(tmp_path: Path) -> None
     result = daemon_start(tmp_path, path)
     assert result.returncode == 2, result.stderr
     assert refused_in_one_line(result, "key 'database'", "not a mysql one")
+
+
+# -- the daemon's start: what the config names must be usable, or one line ------------------
+
+NOWHERE = Path("/proc/gpusched-nowhere")  # no one, root included, can make a directory here
+
+
+@pytest.mark.parametrize(
+    ("key", "where", "expected"),
+    [
+        ("state_dir", "state", "state_dir {}: cannot create it: No such file or directory"),
+        ("log_dir", "logs", "log_dir {}: cannot create it: No such file or directory"),
+        ("socket", "gpusched.sock", "socket {}: cannot listen there: No such file or directory"),
+        ("database", "gpusched.db", "database sqlite:///{}: cannot create it: No such file"),
+        ("state_dir", "a file", "state_dir {}: not a directory"),
+        ("socket", "x" * 120, "socket {}: cannot listen there: AF_UNIX path too long"),
+    ],
+)
+def test_a_daemon_refuses_a_place_it_cannot_write_in_one_line(
+    tmp_path: Path, key: str, where: str, expected: str
+) -> None:
+    """A directory that cannot be made (a read-only file system says the same), or a file
+    where a directory should be: once a traceback each."""
+    settings = {
+        "socket": str(tmp_path / "gpusched.sock"),
+        "state_dir": str(tmp_path / "state"),
+        "log_dir": str(tmp_path / "logs"),
+        "database": f"sqlite:///{tmp_path / 'gpusched.db'}",
+    }
+    place = NOWHERE / where
+    if where == "a file":
+        place = tmp_path / "a file"
+        place.write_text("")
+    elif len(where) > 100:  # a Unix socket name holds 107 bytes
+        place = tmp_path / where
+    settings[key] = f"sqlite:///{place}" if key == "database" else str(place)
+    config = write(tmp_path, "".join(f"{name}: {value}\n" for name, value in settings.items()))
+    refused_in_one_line(daemon_start(tmp_path, config), expected.format(place))

@@ -34,11 +34,16 @@ from apscheduler.schedulers.background import BackgroundScheduler
 
 from gpusched.config.holder import ConfigHolder
 from gpusched.config.settings import Config, load_config
-from gpusched.core.errors import GpuschedError
+from gpusched.core.errors import ConfigError, GpuschedError
 from gpusched.daemon.database_url import check_password_private
 from gpusched.daemon.hooks import HookRunner
 from gpusched.daemon.httpserve import HttpServer, Route
-from gpusched.daemon.process_setup import prepare_dirs, raise_open_file_limit, sd_notify
+from gpusched.daemon.process_setup import (
+    os_failure,
+    prepare_dirs,
+    raise_open_file_limit,
+    sd_notify,
+)
 from gpusched.daemon.retention import RetentionPass
 from gpusched.daemon.server import Server
 from gpusched.daemon.services import Services
@@ -94,7 +99,12 @@ class Daemon:
         self.probe.snapshot()  # fail now, with the driver's message, not at the first tick
         log.info("GPUs: %s", self.probe.describe())
         prepare_dirs(config)
-        self.store = Store(config.database_url)
+        try:
+            self.store = Store(config.database_url)
+        except OSError as exc:  # its directory or file cannot be made: an SQLite file's
+            raise ConfigError(
+                f"database {config.database_url}: cannot create it: {os_failure(exc, '')}"
+            ) from None
         log.info("database %s, socket %s", self.store.where, config.socket_path)
         # The one holder of the config: a reload replaces it once and reaches every reader.
         self.settings = ConfigHolder(config)
@@ -182,7 +192,7 @@ class Daemon:
             log.warning(
                 "%s: no new job starts until `gpusched undrain`", self.scheduler.drain.describe()
             )
-        self.server.bind()
+        self._bind()
         try:
             self._start_http()
         except GpuschedError:
@@ -249,6 +259,17 @@ class Daemon:
         self.store.close()
         self.probe.close()
         return status
+
+    def _bind(self) -> None:
+        """Listen on the socket, or raise ConfigError naming it: its directory cannot be
+        made, its path is too long for a Unix socket..."""
+        try:
+            self.server.bind()
+        except OSError as exc:
+            path = self.config.socket_path
+            raise ConfigError(
+                f"socket {path}: cannot listen there: {os_failure(exc, path)}"
+            ) from None
 
     def _start_http(self) -> None:
         """The metrics and web ports: one server for both when they name one address."""

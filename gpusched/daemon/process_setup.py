@@ -65,15 +65,38 @@ def raise_open_file_limit() -> None:
         log.info("open files: soft limit raised from %s to %s", soft, hard)
 
 
+def os_failure(exc: OSError, path: Path | str) -> str:
+    """What went wrong at `path`, in one line: the system's words, and the part of the
+    path they are about when it is not `path` itself (a parent that cannot be made)."""
+    why = exc.strerror or str(exc)
+    if exc.filename is not None and os.fsdecode(exc.filename) != str(path):
+        why += f" ({os.fsdecode(exc.filename)})"
+    return why
+
+
 def prepare_dirs(config: Config) -> None:
+    """Make the state and log directories, or raise ConfigError naming the key: a file
+    in the way, a directory that cannot be made or changed (read-only file system)."""
     # Everything the daemon creates is private unless opened up on purpose below; jobs
     # get their submitter's umask explicitly.
     os.umask(0o077)
+    # Root-only state: job specs hold users' environments. Logs: the directory is
+    # traversable so owners can tail their own 0600 files (listing job ids is harmless).
+    dirs = (("state_dir", config.state_dir, 0o700), ("log_dir", config.log_dir, 0o755))
+    for key, path, _mode in dirs:
+        if path.exists() and not path.is_dir():
+            raise ConfigError(f"{key} {path}: not a directory")
     check_dirs_are_ours(config)
-    # Root-only state: job specs hold users' environments.
-    config.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    config.log_dir.mkdir(parents=True, exist_ok=True, mode=0o755)
+    for key, path, mode in dirs:
+        try:
+            path.mkdir(parents=True, exist_ok=True, mode=mode)
+        except OSError as exc:
+            raise ConfigError(f"{key} {path}: cannot create it: {os_failure(exc, path)}") from None
     check_dirs_are_ours(config)  # again: a name made meanwhile is not followed by chmod
-    os.chmod(config.state_dir, 0o700)
-    # Logs: the directory is traversable so owners can tail their own 0600 files.
-    os.chmod(config.log_dir, 0o755)  # noqa: S103 - listing job ids is harmless; files are 0600
+    for key, path, mode in dirs:
+        try:
+            os.chmod(path, mode)
+        except OSError as exc:
+            raise ConfigError(
+                f"{key} {path}: cannot set its mode: {os_failure(exc, path)}"
+            ) from None
