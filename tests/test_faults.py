@@ -138,13 +138,15 @@ def test_sighup_applies_a_valid_config_and_keeps_the_old_one_when_broken(
     _reload(daemon, {**settings, "headroom": "2G"}, "config reloaded")
     eventually(lambda: _available(daemon) == 22 * GIB, 30, describe=daemon.client().status)
 
-    for broken, why in [
+    broken_files: list[tuple[str | bytes, str]] = [
         ("headroom: [unclosed\n", "config reload failed, keeping the old config"),
         (yaml.safe_dump({**settings, "headroom": "lots"}), "headroom"),
         (yaml.safe_dump({**settings, "no_such_key": 1}), "no_such_key"),
-        # Latin-1, not UTF-8: once a decoding error no handler caught, and the daemon died.
+        # Latin-1, not UTF-8: a file that cannot be decoded is refused like one that does
+        # not parse, and the daemon lives on.
         (yaml.safe_dump(settings).encode() + b"node: caf\xe9\n", "not valid UTF-8 at byte"),
-    ]:
+    ]
+    for broken, why in broken_files:
         _reload(daemon, broken, "config reload failed")
         failures = [line for line in daemon.stderr().splitlines() if "reload failed" in line]
         assert why in failures[-1], failures[-1]

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from yaml.error import Mark
 from yaml.nodes import MappingNode, Node, ScalarNode
 
 from gpusched.core.errors import ConfigError
@@ -38,21 +39,24 @@ class _Refused(Exception):
         self.line = line
 
 
+def _line(mark: Mark | None) -> int:
+    """The 1-based line a mark is on (0 where the parser gave none)."""
+    return 0 if mark is None else mark.line + 1
+
+
 class _StrictLoader(yaml.SafeLoader):
     """YAML's safe loader without anchors, aliases and repeated keys."""
 
     def compose_node(self, parent: Node | None, index: int) -> Node | None:
         event = self.peek_event()
+        line = _line(event.start_mark)
         if isinstance(event, yaml.AliasEvent):
-            raise _Refused(
-                f"a YAML alias (*{event.anchor}) is not allowed in a config file",
-                event.start_mark.line + 1,
-            )
+            raise _Refused(f"a YAML alias (*{event.anchor}) is not allowed in a config file", line)
         anchor = getattr(event, "anchor", None)
         if anchor is not None:
             raise _Refused(
                 f"a YAML anchor (&{anchor}) is not allowed in a config file: write each value out",
-                event.start_mark.line + 1,
+                line,
             )
         return super().compose_node(parent, index)
 
@@ -63,7 +67,7 @@ class _StrictLoader(yaml.SafeLoader):
                 continue  # a list or mapping as a key: the safe loader's own error says so
             key = self.construct_object(key_node)
             if key in seen:
-                raise _Refused(f"key {key!r} is given twice", key_node.start_mark.line + 1)
+                raise _Refused(f"key {key!r} is given twice", _line(key_node.start_mark))
             seen.add(key)
         return super().construct_mapping(node, deep)
 
