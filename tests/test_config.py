@@ -236,6 +236,12 @@ def test_missing_named_file(tmp_path: Path, user_env: tuple[Path, Path]) -> None
     assert "not found" in info.value.message
 
 
+def test_a_config_name_holding_a_nul_byte_is_not_found(user_env: tuple[Path, Path]) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(Path("/etc/gpusched\0.yaml"))
+    assert info.value.message == "'/etc/gpusched\\x00.yaml': config file not found"
+
+
 def test_unreadable_path(tmp_path: Path, user_env: tuple[Path, Path]) -> None:
     with pytest.raises(ConfigError) as info:
         load_config(tmp_path)  # a directory

@@ -82,7 +82,7 @@ def _read_bytes(path: Path) -> bytes:
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read config file: {exc.strerror}") from None
     except ValueError:  # a NUL byte in the name: no such file can exist
-        raise ConfigError(f"{path!r}: config file not found") from None
+        raise ConfigError(f"{str(path)!r}: config file not found") from None
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise ConfigError(f"{path}: cannot read config file: not a regular file")
