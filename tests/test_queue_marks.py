@@ -144,6 +144,7 @@ def test_a_write_of_any_column_a_pass_reads_is_seen(
         "retry_of": "3",
         "interactive": "1",
         "allowed_nodes": "'[\"x\"]'",
+        "after_when": "'[\"any\"]'",
         "time_limit_s": "60",
         "submitted_at": "'2025-01-02T00:00:00+00:00'",
         "exclusive": "1",
@@ -165,7 +166,7 @@ def test_a_write_of_any_column_a_pass_reads_is_seen(
 
 
 def test_the_triggers_cover_every_column_a_pass_reads() -> None:
-    revision = importlib.import_module("gpusched.store.migrations.versions.0017_queue_marks")
+    revision = importlib.import_module("gpusched.store.migrations.versions.0018_after_when")
     read = {f.name for f in dataclasses.fields(Queued)} - {"command_json"} | {"command"}
     assert read | {"state", "node"} <= set(revision.QUEUE_COLUMNS)
 

@@ -27,6 +27,7 @@ JOB_DEFAULTS: dict[str, Any] = {
     "gpu_uuids": [],
     "priority": 0,
     "after": [],
+    "after_when": None,
     "submitted_at": None,
     "started_at": None,
     "ended_at": None,

@@ -119,6 +119,7 @@ class Job:
     gpu_uuids: list[str] = field(default_factory=list)
     priority: int = 0
     after: list[int] = field(default_factory=list)
+    after_when: list[str] | None = None  # how each of `after` must end (core.after)
     submitted_at: str | None = None
     started_at: str | None = None
     ended_at: str | None = None

@@ -34,6 +34,7 @@ class Queued:
     retry_of: int | None
     interactive: int | None  # 1: `gpusched run` / claim() (capped by interactive.max_per_user)
     allowed_nodes: list[str] | None = None  # `submit --node`; None: any node
+    after_when: list[str] | None = None  # how each of `after` must end; None: all `ok`
     time_limit_s: float | None = None  # --time (the policy's time backfill)
     submitted_at: str | None = None
     exclusive: int | None = None  # 1: --exclusive
@@ -49,7 +50,7 @@ class Queued:
 QUEUED_SELECT = select(
     *(
         type_coerce(jobs.c[f.name], Text)
-        if f.name in ("after", "allowed_nodes")
+        if f.name in ("after", "allowed_nodes", "after_when")
         else type_coerce(jobs.c.command, Text)
         if f.name == "command_json"
         else jobs.c[f.name]
@@ -76,8 +77,9 @@ def queued_of(
             key = tuple(tuple(v) if isinstance(v, list) else v for v in key)
             job = known.get(key)
         if job is None:
-            i, u, m, g, p, a, ai, mc, ro, it, an, *rest = row
-            job = Queued(i, u, m, g, p, decode_json(a), ai, mc, ro, it, decode_json(an), *rest)
+            i, u, m, g, p, a, ai, mc, ro, it, an, aw, *rest = row
+            a, an, aw = decode_json(a), decode_json(an), decode_json(aw)
+            job = Queued(i, u, m, g, p, a, ai, mc, ro, it, an, aw, *rest)
         made[key] = job
         found.append(job)
     return found, made

@@ -49,6 +49,9 @@ jobs = Table(
     Column("gpu_uuids", JSON, nullable=False, default=list),
     Column("priority", Integer, nullable=False, default=0),
     Column("after", JSON, nullable=False, default=list),
+    # How each of `after`'s jobs must end, in its order (core.after);
+    # NULL: every one must succeed (revision 0018).
+    Column("after_when", JSON, nullable=True),
     Column("submitted_at", String, nullable=False),
     Column("started_at", String, nullable=True),
     Column("ended_at", String, nullable=True, index=True),

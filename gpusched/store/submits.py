@@ -40,6 +40,7 @@ class NewJob:
     name: str | None = None
     priority: int = 0
     after: tuple[int, ...] = ()
+    after_when: tuple[str, ...] | None = None  # how each of `after` must end; None: all `ok`
     held: bool = False
     retry_oom: int = 0  # `submit --retry-oom N`
     time_limit_s: float | None = None
@@ -101,6 +102,7 @@ def _row(
         "gpu_uuids": [],
         "priority": new.priority,
         "after": list(new.after),
+        "after_when": list(new.after_when) if new.after_when else None,
         "submitted_at": now,
         "hints": [],
         "array_id": array_id,

@@ -24,6 +24,8 @@ Revises: 0016
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import sqlalchemy as sa
 from alembic import op
 
@@ -32,9 +34,10 @@ down_revision = "0016"
 branch_labels = None
 depends_on = None
 
-# The queue as a pass reads it (store.queued.QUEUED_SELECT), and the columns it reads
-# (store.queued.Queued's fields; `command` for command_json): tests/test_queue_marks.py
-# checks that these cover them.
+# The queue as a pass reads it (store.queued.QUEUED_SELECT), and the columns it read at
+# this revision (store.queued.Queued's fields; `command` for command_json); later
+# revisions add theirs (0018: `after_when`), and tests/test_queue_marks.py checks that
+# the head's list covers them.
 _IN_QUEUE = "({row}.state = 'queued' AND {row}.node IS NULL)"
 QUEUE_COLUMNS = (
     "state",
@@ -59,39 +62,40 @@ QUEUE_COLUMNS = (
     "share",
     "top",
 )
-_JSON_COLUMNS = ("command", "after", "allowed_nodes")  # PostgreSQL's json has no "="
+JSON_COLUMNS = ("command", "after", "allowed_nodes")  # PostgreSQL's json has no "="
 TRIGGERS = ("jobs_queue_insert", "jobs_queue_update", "jobs_queue_delete")
 
 
-def _changed(dialect: str) -> str:
+def _changed(dialect: str, columns: Sequence[str], json_columns: Sequence[str]) -> str:
     def value(row: str, column: str) -> str:
         named = f'{row}."{column}"'
-        return f"{named}::text" if dialect == "postgresql" and column in _JSON_COLUMNS else named
+        return f"{named}::text" if dialect == "postgresql" and column in json_columns else named
 
     if dialect == "postgresql":
-        old = ", ".join(value("OLD", c) for c in QUEUE_COLUMNS)
-        new = ", ".join(value("NEW", c) for c in QUEUE_COLUMNS)
+        old = ", ".join(value("OLD", c) for c in columns)
+        new = ", ".join(value("NEW", c) for c in columns)
         return f"ROW({old}) IS DISTINCT FROM ROW({new})"
-    return " OR ".join(f'OLD."{c}" IS NOT NEW."{c}"' for c in QUEUE_COLUMNS)
+    return " OR ".join(f'OLD."{c}" IS NOT NEW."{c}"' for c in columns)
 
 
-def _update_when(dialect: str) -> str:
+def _update_when(dialect: str, columns: Sequence[str], json_columns: Sequence[str]) -> str:
     either = f"{_IN_QUEUE.format(row='OLD')} OR {_IN_QUEUE.format(row='NEW')}"
-    return f"({either}) AND ({_changed(dialect)})"
+    return f"({either}) AND ({_changed(dialect, columns, json_columns)})"
 
 
-def _whens(dialect: str) -> dict[str, tuple[str, str]]:
+def _whens(
+    dialect: str, columns: Sequence[str], json_columns: Sequence[str]
+) -> dict[str, tuple[str, str]]:
     """Each trigger's event and its condition."""
     return {
         "jobs_queue_insert": ("INSERT", _IN_QUEUE.format(row="NEW")),
-        "jobs_queue_update": ("UPDATE", _update_when(dialect)),
+        "jobs_queue_update": ("UPDATE", _update_when(dialect, columns, json_columns)),
         "jobs_queue_delete": ("DELETE", _IN_QUEUE.format(row="OLD")),
     }
 
 
 def upgrade() -> None:
     bind = op.get_bind()
-    dialect = bind.dialect.name
     inspector = sa.inspect(bind)
     if "ix_jobs_interactive" not in {index["name"] for index in inspector.get_indexes("jobs")}:
         op.create_index("ix_jobs_interactive", "jobs", ["interactive"])
@@ -101,6 +105,13 @@ def upgrade() -> None:
             sa.Column("slot", sa.Integer, primary_key=True, autoincrement=False),
             sa.Column("n", sa.BigInteger, nullable=False),
         )
+    create_triggers(bind.dialect.name, QUEUE_COLUMNS, JSON_COLUMNS)
+
+
+def create_triggers(dialect: str, columns: Sequence[str], json_columns: Sequence[str]) -> None:
+    """The triggers (made again if there): an update bumps the marker when it changes one
+    of `columns` of a row in the queue (`json_columns`: those of them that are JSON). A
+    later revision that adds a column a pass reads calls it with its longer list."""
     if dialect == "postgresql":
         # One trigger a statement, not a row: it counts the rows it changed in the queue
         # (its transition tables) and bumps by that many, one upsert a statement, so a
@@ -108,7 +119,9 @@ def upgrade() -> None:
         in_queue = _IN_QUEUE.format(row="r")
         old = _IN_QUEUE.format(row="o")
         new = _IN_QUEUE.format(row="n")
-        changed = _changed(dialect).replace("OLD.", "o.").replace("NEW.", "n.")
+        changed = (
+            _changed(dialect, columns, json_columns).replace("OLD.", "o.").replace("NEW.", "n.")
+        )
         op.execute(
             f"""
             CREATE OR REPLACE FUNCTION gpusched_queue_mark() RETURNS trigger
@@ -136,7 +149,7 @@ def upgrade() -> None:
             "UPDATE": "OLD TABLE AS old_rows NEW TABLE AS new_rows",
             "DELETE": "OLD TABLE AS old_rows",
         }
-        for name, (event, _) in _whens(dialect).items():
+        for name, (event, _) in _whens(dialect, columns, json_columns).items():
             op.execute(f"DROP TRIGGER IF EXISTS {name} ON jobs")
             op.execute(
                 f"CREATE TRIGGER {name} AFTER {event} ON jobs REFERENCING {tables[event]}"
@@ -148,7 +161,7 @@ def upgrade() -> None:
         " SELECT 0, 0 WHERE NOT EXISTS (SELECT 1 FROM queue_marks WHERE slot = 0)"
     )
     bump = "UPDATE queue_marks SET n = n + 1 WHERE slot = 0;"
-    for name, (event, when) in _whens(dialect).items():
+    for name, (event, when) in _whens(dialect, columns, json_columns).items():
         op.execute(f"DROP TRIGGER IF EXISTS {name}")
         op.execute(f"CREATE TRIGGER {name} AFTER {event} ON jobs WHEN {when} BEGIN {bump} END")
 
