@@ -129,6 +129,7 @@ class Client:
         exclusive: bool = False,
         share: bool = False,
         output: str | None = None,
+        after_when: Sequence[str] | None = None,
     ) -> Job:
         """Queue a command. `mem` is per GPU ("8G" or bytes); None asks for whole GPUs;
         "auto" takes `estimate_history()`'s suggestion (NotFoundError if there is none).
@@ -138,6 +139,10 @@ class Client:
         `nodes`: only these servers of a cluster may run it; `requeue`: if its server
         dies while it runs, queue it again instead of ending it `lost`.
         `exclusive`: a card to itself; `share`: it is light, it may share a busy card.
+        `after`: jobs that must end first, each as `after_when` says, one per id in its
+        order: "ok" (it succeeded, the default), "any" (it ended, however) or "failed"
+        (it ended without succeeding); the job is ended (`dependency_failed`) when one can
+        no longer hold.
 
         `time_limit` ("2h" or seconds): the job is stopped (reason `timeout`) past it.
         `notify`: a command run as you when the job ends, with the job's JSON on stdin
@@ -148,6 +153,7 @@ class Client:
         options = dict(locals())  # every option as given, by name: the parameters above
         del options["self"], options["command"]
         options["nodes"] = None if nodes is None else tuple(nodes)
+        options["after_when"] = None if after_when is None else tuple(after_when)
         return Job.from_json(self._submit(command, **options))
 
     def submit_sweep(

@@ -218,6 +218,7 @@ SUBMIT_DEFAULTS: dict[str, Any] = {
     "share": False,
     "output": None,
     "sweep": None,
+    "after_when": None,
 }
 
 
@@ -230,7 +231,7 @@ def submit_frame(fields: dict[str, Any]) -> dict[str, Any]:
     unknown = set(values) - set(SUBMIT_DEFAULTS) - _SUBMIT_REQUIRED
     if unknown:  # as the dataclass refuses an unexpected keyword
         raise TypeError(f"unexpected submit fields: {sorted(unknown)}")
-    values["notify"], values["after"] = check_submit(
+    values["notify"], values["after"], values["after_when"] = check_submit(
         **{name: values[name] for name in _CHECKED},
     )
     return {name: _json_value(value) for name, value in values.items()}
@@ -256,6 +257,7 @@ _CHECKED = (
     "notify",
     "after",
     "request_id",
+    "after_when",
 )
 
 

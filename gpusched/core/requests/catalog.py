@@ -65,6 +65,10 @@ class SubmitRequest(Request):
     name: str | None = None
     priority: int = 0
     after: tuple[int, ...] = field(default=(), metadata=shape("'after' must be a list of job ids"))
+    # How each of `after` must end (core.after: ok, any, failed), in its order; None: ok.
+    after_when: tuple[str, ...] | None = field(
+        default=None, metadata=shape("'after_when' must be a list of conditions")
+    )
     hold: bool = False
     time: float | None = None
     max_concurrent: int | None = None
@@ -87,7 +91,7 @@ class SubmitRequest(Request):
     def __post_init__(self) -> None:
         # The checks are a plain function, so that the CLI's fast path runs the same ones
         # without this class.
-        notify, after = check_submit(
+        notify, after, after_when = check_submit(
             command=self.command,
             cwd=self.cwd,
             umask=self.umask,
@@ -104,9 +108,11 @@ class SubmitRequest(Request):
             notify=self.notify,
             after=self.after,
             request_id=self.request_id,
+            after_when=self.after_when,
         )
         normalise(self, "notify", notify)
         normalise(self, "after", after)
+        normalise(self, "after_when", after_when)
 
 
 @dataclass(frozen=True)

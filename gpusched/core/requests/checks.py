@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 
+from gpusched.core.after import AFTER_CONDITIONS, AFTER_OK
 from gpusched.core.errors import NotFoundError, ProtocolError, UsageError
 from gpusched.core.units import MAX_DURATION_S, MIN_JOB_MEM_BYTES, MIN_JOB_TIME_S, format_size
 
@@ -43,6 +44,27 @@ def unique_ids(key: str, ids: tuple[int, ...]) -> tuple[int, ...]:
     if len(ids) > MAX_IDS:
         raise UsageError(f"'{key}': at most {MAX_IDS} job ids in one request, not {len(ids)}")
     return tuple(dict.fromkeys(ids))
+
+
+def unique_after(
+    after: tuple[int, ...], after_when: tuple[str, ...] | None
+) -> tuple[tuple[int, ...], tuple[str, ...] | None]:
+    """`after` each id once (`unique_ids`) and `after_when` its conditions (core.after),
+    one per id in `after`'s order, None when every one is `ok`. An id given twice with
+    two conditions is refused: both cannot hold."""
+    if after_when is None:
+        return unique_ids("after", after), None
+    if len(after_when) != len(after):
+        raise ProtocolError("'after_when' must give one condition per id of 'after'")
+    unique_ids("after", after)  # the bound
+    conditions: dict[int, str] = {}
+    for dep, when in zip(after, after_when, strict=True):
+        if when not in AFTER_CONDITIONS:
+            raise UsageError(f"--after {dep}:{when}: expected one of {', '.join(AFTER_CONDITIONS)}")
+        if conditions.setdefault(dep, when) != when:
+            raise UsageError(f"--after {dep}: given as {conditions[dep]} and as {when}")
+    kept = tuple(conditions.values())
+    return tuple(conditions), None if all(when == AFTER_OK for when in kept) else kept
 
 
 def check_request_id(value: str | None) -> None:
@@ -110,9 +132,11 @@ def check_submit(
     notify: tuple[str, ...] | None,
     after: tuple[int, ...],
     request_id: str | None,
-) -> tuple[tuple[str, ...] | None, tuple[int, ...]]:
+    after_when: tuple[str, ...] | None = None,
+) -> tuple[tuple[str, ...] | None, tuple[int, ...], tuple[str, ...] | None]:
     """A submit's checks (requests.catalog.SubmitRequest's), in its order, and its
-    `notify` and `after` as the request keeps them (an empty notify: none; each id once)."""
+    `notify`, `after` and `after_when` as the request keeps them (an empty notify: none;
+    each id once, with its condition; no conditions when all are `ok`)."""
     check_request_id(request_id)
     check_job_spec("submit", command=command, cwd=cwd, mem=mem, gpus=gpus, name=name, time=time)
     if not 0 <= umask <= 0o777:
@@ -132,4 +156,4 @@ def check_submit(
         not notify[0] or len(notify) > MAX_NOTIFY_ARGS or sum(map(len, notify)) > MAX_NOTIFY_BYTES
     ):
         raise UsageError("--notify: expected a command of reasonable length")
-    return notify, unique_ids("after", after)
+    return notify, *unique_after(after, after_when)

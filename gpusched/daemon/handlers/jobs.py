@@ -60,6 +60,7 @@ def submit(services: Services, caller: Caller, request: SubmitRequest) -> OneOrM
         name=request.name,
         priority=request.priority,
         after=request.after,
+        after_when=request.after_when,
         held=request.hold,
         time_limit_s=request.time,
         max_concurrent=request.max_concurrent,
