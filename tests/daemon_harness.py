@@ -296,6 +296,7 @@ class RunningDaemon:
             raise AssertionError("--max-concurrent without --sweep: the CLI refuses it")
         here = os.fspath(cwd) if cwd is not None else os.getcwd()
         given_cwd = params["cwd"]
+        client = self.client()
         options = job_options(
             mem=params["mem"],
             gpus=params["gpus"],
@@ -312,8 +313,8 @@ class RunningDaemon:
             exclusive=params["exclusive"],
             share=params["share"],
             output=params["output"],
+            array_jobs=lambda array_id: [job.id for job in client.array(array_id)],
         )
-        client = self.client()
         command = list(params["command"])
         job_env = dict(self.env if env is None else env)
         if params["sweep"]:

@@ -16,6 +16,7 @@ import sys
 
 from gpusched.cli.job_json import job_json
 from gpusched.cli.reply_view import ReplyView
+from gpusched.core.after import after_text
 from gpusched.core.sanitize import shown
 from gpusched.core.units import format_size
 
@@ -90,7 +91,7 @@ def show_lines(reply: dict[str, Any], width: int) -> list[str]:
         ("mem", f"{format_size(job.mem)} per GPU" if job.mem else "a whole GPU"),
         ("gpus", f"{job.gpus} (indices {job_where(job)})"),
         ("priority", job.priority),
-        ("after", ",".join(map(str, job.after)) or "-"),
+        ("after", after_text(job.after, job.after_when)),
         ("submitted", job.submitted_at),
         ("started", job.started_at or "-"),
         ("ended", job.ended_at or "-"),

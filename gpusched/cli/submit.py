@@ -15,6 +15,7 @@ from gpusched.cli.estimate import auto_mem
 from gpusched.cli.help import ExampleLastCommand
 from gpusched.cli.submit_view import job_options, submitted_text
 from gpusched.core.errors import UsageError
+from gpusched.core.models import Job
 
 
 @click.command(cls=ExampleLastCommand, context_settings={"ignore_unknown_options": True})
@@ -34,7 +35,14 @@ from gpusched.core.errors import UsageError
     show_default=True,
     help="Higher starts first, among your own jobs (never before another user's).",
 )
-@click.option("--after", metavar="ID,...", help="Start only after these jobs succeeded.")
+@click.option(
+    "--after",
+    metavar="ID[:WHEN],...",
+    help="Start only after these jobs (or arrays, aN) ended so. WHEN: ok (succeeded, the"
+    " default), any (ended, however) or failed (ended without succeeding: failed,"
+    " cancelled, lost; job ids only). If one can no longer, the job is cancelled"
+    " (reason dependency_failed).",
+)
 @click.option("--hold", is_flag=True, help="Queue the job held; start it with `gpusched release`.")
 @click.option(
     "--cwd", type=click.Path(file_okay=False), help="Working directory (default: the current one)."
@@ -127,6 +135,7 @@ def submit(
     \b
     Example:
       id=$(gpusched submit --mem 10G -- python train.py --epochs 5)
+      gpusched submit --mem 2G --after $id:any -- python cleanup.py
       gpusched submit train.py --mem 8G
       gpusched submit --mem 8G --notify 'mail -s "job done" me@lab.org' -- python train.py
       gpusched submit --mem 8G --sweep lr=0.1,0.01 --sweep bs=32,64 \\
@@ -142,6 +151,7 @@ def submit(
             " each have their own, queued together: give --mem (`gpusched estimate"
             " --history -- CMD` on one of its commands, once it has run, suggests one)"
         )
+    client = client_of(ctx)
     options = job_options(
         mem=mem,
         gpus=gpus,
@@ -158,8 +168,8 @@ def submit(
         exclusive=exclusive,
         share=share,
         output=output,
+        array_jobs=lambda array_id: [job.id for job in client.array(array_id)],
     )
-    client = client_of(ctx)
     if options["mem"] == "auto" and not sweep:
         options["mem"] = auto_mem(client, list(command), cwd)
     if sweep:
@@ -167,10 +177,15 @@ def submit(
 
         pairs = [parse_sweep_option(item) for item in sweep]
         jobs = client.submit_sweep(list(command), pairs, max_concurrent=max_concurrent, **options)
-        if as_json:
-            print_json([j.to_json() for j in jobs])
-        else:
-            click.echo("\n".join(str(j.id) for j in jobs))
-            click.echo(f"array a{jobs[0].array_id}: {len(jobs)} jobs", err=True)
+        _print_array(jobs, as_json)
         return
     click.echo(submitted_text(client.submit(list(command), **options).to_json(), as_json))
+
+
+def _print_array(jobs: list[Job], as_json: bool) -> None:
+    """A sweep's jobs: their ids, one a line (the array's id on stderr), or the JSON list."""
+    if as_json:
+        print_json([j.to_json() for j in jobs])
+        return
+    click.echo("\n".join(str(j.id) for j in jobs))
+    click.echo(f"array a{jobs[0].array_id}: {len(jobs)} jobs", err=True)

@@ -12,6 +12,7 @@ from gpusched.core.units import parse_job_mem, parse_job_time
 
 TYPE_CHECKING = False  # typing's own import costs every `gpusched submit`
 if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
     from typing import Any
 
 
@@ -32,19 +33,18 @@ def job_options(
     exclusive: bool = False,
     share: bool = False,
     output: str | None = None,
+    array_jobs: Callable[[int], Sequence[int]] | None = None,
 ) -> dict[str, Any]:
-    """The command line's values checked and converted (UsageError in the user's words)."""
-    parsed_after: tuple[int, ...] | list[int] = ()
-    if after:
-        from gpusched.cli.common import parse_ids  # with click: --after is the slow path's
-
-        parsed_after = parse_ids([after])
+    """The command line's values checked and converted (UsageError in the user's words).
+    `array_jobs`: an array's job ids (the daemon's answer), for `--after aN`."""
+    parsed_after, after_when = dependencies(after, array_jobs) if after else ((), None)
     return {
         "mem": None if mem is None else "auto" if mem == "auto" else parse_job_mem(mem),
         "gpus": gpus,
         "name": name,
         "priority": priority,
         "after": parsed_after,
+        "after_when": after_when,
         "hold": hold,
         "cwd": cwd,
         "time_limit": parse_job_time(time_limit) if time_limit is not None else None,
@@ -56,6 +56,35 @@ def job_options(
         "share": share,
         "output": output,
     }
+
+
+def dependencies(
+    after: str, array_jobs: Callable[[int], Sequence[int]] | None
+) -> tuple[tuple[int, ...], tuple[str, ...] | None]:
+    """`--after`'s ids and their conditions (None: all `ok`), each array id replaced by
+    its jobs' ids with its condition: every job of the array must end so."""
+    from gpusched.core.after import AFTER_FAILED, AFTER_OK, parse_after
+    from gpusched.core.errors import UsageError
+
+    ids: list[int] = []
+    conditions: list[str] = []
+    for is_array, number, when in parse_after(after):
+        if not is_array:
+            ids.append(number)
+            conditions.append(when)
+            continue
+        if when == AFTER_FAILED:
+            # Each of its jobs fails or not on its own: which would "the array failed" be?
+            raise UsageError(
+                f"--after a{number}:failed: an array does not fail as one; give a{number}"
+                f" or a{number}:any, or the ids of the jobs whose failure you wait for"
+            )
+        if array_jobs is None:
+            raise UsageError(f"--after a{number}: arrays are not taken here")
+        members = list(array_jobs(number))
+        ids.extend(members)
+        conditions.extend([when] * len(members))
+    return tuple(ids), None if all(w == AFTER_OK for w in conditions) else tuple(conditions)
 
 
 def submitted_text(job: dict[str, Any], as_json: bool) -> str:
