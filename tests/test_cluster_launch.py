@@ -15,7 +15,7 @@ from typing import Any
 
 from sqlalchemy import event
 
-from gpusched.cli.views import attempt_text
+from gpusched.cli.show_view import attempt_text
 from gpusched.core.models import EndReason, JobState
 from gpusched.daemon.handlers import dispatch
 from gpusched.daemon.identity import Caller

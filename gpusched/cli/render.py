@@ -86,7 +86,7 @@ def _seconds_since(moment: str | None, now: datetime) -> float | None:
     return (now - then).total_seconds()
 
 
-def _job_what(job: JobLike) -> list[str]:
+def job_words(job: JobLike) -> list[str]:
     """Its name, else its command's words; an array's job and an interactive job say so,
     which is all another user sees of them when commands are hidden."""
     if job.name:
@@ -159,7 +159,7 @@ def _job_lines(
         f" {_job_mem(job):>{mem_width}}  {elapsed:>6}  "
     )
     room = max(10, width - len(head))
-    words = _job_what(job)
+    words = job_words(job)
     color = _STATE_COLORS.get(state)
     if state in ENDED_STATES:
         label = ended_label(job)

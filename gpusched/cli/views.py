@@ -27,7 +27,8 @@ from gpusched.cli.common import (
     since_time,
 )
 from gpusched.cli.help import ExampleLastCommand
-from gpusched.cli.show_view import attempt_text, job_where, show_json, show_lines, util_text
+from gpusched.cli.history_view import history_lines
+from gpusched.cli.show_view import show_json, show_lines
 from gpusched.cli.status_view import (
     ENDED_SHOWN,
     ENDED_SHOWN_MAX,
@@ -35,16 +36,12 @@ from gpusched.cli.status_view import (
     fetch_status,
     status_json,
     status_text,
+    terminal_columns,
     use_color,
 )
 from gpusched.core.errors import GpuschedError, UsageError
-from gpusched.core.models import Job
-from gpusched.core.sanitize import shown, shown_fields
-from gpusched.core.units import format_duration, format_size
-
-
-def _job_what(job: Job) -> str:
-    return job.name or " ".join(job.command)
+from gpusched.core.sanitize import shown
+from gpusched.core.units import format_duration
 
 
 @click.command(cls=ExampleLastCommand)
@@ -264,6 +261,12 @@ def history(
 ) -> None:
     """List ended jobs, most recent first.
 
+    STATE says how each ended: its reason where that says more than its
+    state (timeout, oom, host_oom, signal, overrun, node_lost,
+    dependency_failed...), else done, failed (a non-zero exit), cancelled or
+    lost. --json gives `state` and `reason` apart. Long commands are
+    shortened to the terminal's width, as in status.
+
     \b
     Example:
       gpusched history --user alice --limit 5
@@ -279,18 +282,5 @@ def history(
     if not jobs:
         click.echo("no ended jobs")
         return
-    jobs = [shown_fields(job) for job in jobs]
-    click.echo(
-        f"{'ID':<6}{'USER':<11}{'STATE':<10}{'GPU':<6}{'MEM':>7}{'PEAK':>8}{'UTIL':>6}"
-        f"  {'ENDED':<20} COMMAND"
-    )
-    for job in jobs:
-        mem = format_size(job.mem) if job.mem is not None else "whole"
-        ended = (job.ended_at or "-")[:19].replace("T", " ")
-        click.echo(
-            f"{job.id:<6}{job.user[:10]:<11}{job.state!s:<10}{job_where(job):<6}{mem:>7}"
-            f"{format_size(job.peak_mem):>8}{util_text(job.mean_util):>6}  {ended:<20}"
-            f" {_job_what(job)}"
-        )
-        for attempt in job.attempts or []:  # a requeued job's earlier runs
-            click.echo(f"{'':<6}run {attempt['attempt']}: {attempt_text(attempt)}")
+    for line in history_lines(jobs, terminal_columns()):
+        click.echo(line)
