@@ -49,6 +49,8 @@ def test_show_gives_the_conditions_and_what_is_waited_for(daemon: RunningDaemon)
     text = daemon.cli("show", str(then)).stdout
     assert f"{first},{second}:failed" in text
     assert "(to fail)" in text
+    # Waiting for jobs, not for cards: when it starts is not knowable.
+    assert shown["expected_start"] is None and "expected start: unknown" in text
     plain = daemon.submit("--after", str(first), "--", "true")
     assert daemon.show(plain)["after_when"] is None  # as before: every one must succeed
 

@@ -120,6 +120,10 @@ def show_lines(reply: dict[str, Any], width: int) -> list[str]:
         rows.append((f"run {attempt['attempt']}", attempt_text(attempt)))
     if job.waiting_reason:
         rows.insert(4, ("waiting", job.waiting_reason))
+    if "expected_start" in reply:  # a waiting job's, from a daemon that says
+        rows.insert(
+            5 if job.waiting_reason else 4, ("expected start", _when(reply["expected_start"]))
+        )
     from gpusched.cli.sparkline import glyphs_for, render_timeline
 
     return [
@@ -175,13 +179,21 @@ def attempt_text(attempt: dict[str, Any]) -> str:
     )
 
 
+def _when(moment: Any) -> str:
+    """An expected start as `show` prints it: "2026-11-26 10:27:10 UTC", or "unknown"."""
+    if not isinstance(moment, str) or not moment:
+        return "unknown"
+    return moment[:19].replace("T", " ") + " UTC"
+
+
 def util_text(percent: float | None) -> str:
     return "-" if percent is None else f"{percent:.0f}%"
 
 
 # `show`'s reply for a waiting job: its expected demand from history, and of how many of
-# its owner's latest runs (0: its own earlier runs).
-EXPECTED_KEYS = ("expected_demand", "expected_from_owner_runs")
+# its owner's latest runs (0: its own earlier runs); when it is expected to start (null:
+# unknown; scheduling.expected_start).
+EXPECTED_KEYS = ("expected_demand", "expected_from_owner_runs", "expected_start")
 
 
 def expected_rows(reply: dict[str, Any]) -> list[tuple[str, Any]]:

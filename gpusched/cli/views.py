@@ -156,6 +156,10 @@ def _watch(frame: Callable[[], str], interval: float) -> None:
 def show(ctx: click.Context, job_id: int, as_json: bool) -> None:
     """Show everything about one job.
 
+    A waiting job's "expected start" is known only for the first job of the
+    queue with cards kept for it, when every job running on them has a
+    --time: the latest of their ends. Otherwise it is "unknown".
+
     \b
     Example:
       gpusched show 12

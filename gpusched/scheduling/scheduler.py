@@ -43,6 +43,7 @@ from gpusched.scheduling.cluster.node import ClusterNode
 from gpusched.scheduling.context import Context
 from gpusched.scheduling.drain import DrainSwitch
 from gpusched.scheduling.endings import JobEndings
+from gpusched.scheduling.expected_start import expected_start
 from gpusched.scheduling.interactive import InteractiveJobs
 from gpusched.scheduling.ownership import LocalNode
 from gpusched.scheduling.phases import Parts, run_pass
@@ -262,6 +263,18 @@ class Scheduler:
                 for key, value in summary.items():
                     setattr(job, key, value)
         return job
+
+    def expected_start(self, job: Job) -> str | None:
+        """A queued job's expected start (ISO 8601, UTC) where the head's claim and the
+        `--time` of the jobs on its cards make one knowable; None: unknown
+        (scheduling.expected_start)."""
+        if job.state != JobState.QUEUED:
+            return None
+        claim = self.store.head_claims.current()
+        if claim is None or claim.job_id != job.id:  # read no running job for the rest
+            return None
+        when = expected_start(job.id, claim, self.store.jobs.running(), self.clock())
+        return None if when is None else iso(when)
 
     def job_timeline(self, job: Job) -> list[TimelinePoint]:
         """A job's memory and utilization over time, oldest first: for a running job, what

@@ -135,11 +135,15 @@ def _status_page(services: Services, caller: Caller, request: StatusRequest) -> 
 
 
 def show(services: Services, caller: Caller, request: ShowRequest) -> JobJson:
-    """One job; with `timeline`, also its memory and utilization over time (`timeline`)."""
+    """One job; with `timeline`, also its memory and utilization over time (`timeline`);
+    a waiting one also its `expected_start` (null: unknown) and expected demand."""
     job = services.store.jobs.get(request.id)
     shown = services.visible(caller, job)
     if job.requeue:
         shown["attempts"] = services.store.attempts.earlier_runs([job.id]).get(job.id, [])
+    if job.state in (JobState.QUEUED, JobState.HELD):
+        # Null where unknown: only the head's claim and its cards' --time can tell.
+        shown["expected_start"] = services.scheduler.expected_start(job)
     if job.state in (JobState.QUEUED, JobState.HELD) and job.demand is None:
         # What the policy's rule 3 counts it as until it runs: its history's figure.
         demand, owner_runs = services.scheduler.context.monitor.expected(job)
