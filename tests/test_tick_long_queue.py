@@ -73,7 +73,7 @@ def test_rows_whose_json_the_driver_decoded_are_kept_too() -> None:
     from gpusched.store.queued import queued_of
 
     def row(job_id: int, after: list[int]) -> tuple[object, ...]:
-        return (job_id, "alice", 2**30, 1, 0, after, None, None, None, 0, ["a", "b"])
+        return (job_id, "alice", 2**30, 1, 0, after, None, None, None, 0, ["a", "b"], None)
 
     first, known = queued_of([row(1, []), row(2, [1])], {})
     again, known = queued_of([row(1, []), row(2, [1])], known)
