@@ -105,6 +105,39 @@ def test_a_job_whose_dependency_failed_ends_and_a_dependent_one_says_why_it_wait
     assert (ended.state, ended.reason) == (JobState.CANCELLED, EndReason.DEPENDENCY_FAILED)
 
 
+@pytest.mark.parametrize("placer", ["local", "cluster"])
+def test_a_running_exclusive_job_takes_no_other_job_on_both_placers(
+    tmp_path: Path, placer: str
+) -> None:
+    world = _one(placer, tmp_path)
+    alone = world.submit(4 * GiB, exclusive=True)
+    world.tick()
+    assert world.state(alone) == JobState.RUNNING
+    beside = world.submit(4 * GiB)
+    world.tick()
+    world.tick()
+    assert world.state(beside) == JobState.QUEUED
+    assert "GPU 0" in (world.job(beside).waiting_reason or "")
+
+
+@pytest.mark.parametrize("placer", ["local", "cluster"])
+def test_time_backfill_beside_the_head_holds_on_both_placers(tmp_path: Path, placer: str) -> None:
+    """The head's earliest start is known from the running job's --time: a job behind it
+    whose own --time ends before then starts on its card (memory alone would not let it)."""
+    world = _one(placer, tmp_path)
+    running = world.submit(16 * GiB, time_limit_s=600)
+    world.tick()
+    assert world.state(running) == JobState.RUNNING
+    head = world.submit(20 * GiB)
+    world.tick()
+    short = world.submit(6 * GiB, time_limit_s=60)  # 8G free, but only 4G spare for the head
+    world.tick()
+    world.tick()
+    assert world.state(head) == JobState.QUEUED
+    assert "within" in (world.job(head).waiting_reason or "")  # its start by --time
+    assert world.state(short) == JobState.RUNNING
+
+
 # -- two daemons on one database ------------------------------------------------------------
 
 

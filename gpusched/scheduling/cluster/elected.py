@@ -120,7 +120,10 @@ class ElectedScheduler:
             self.context,
             slots=cluster_slots(nodes),
             claims=cluster_claims(
-                claimed, nodes, lambda job: running_demand(self.context.monitor, job)
+                claimed,
+                nodes,
+                lambda job: running_demand(self.context.monitor, job),
+                self.context.clock(),
             ),
             holding=claimed,
             gpus=[g for n in nodes for g in n.gpus],

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from gpusched.core.models import GpuHealth, GpuReport, GpuState, Job
 from gpusched.scheduling.policy import GpuSlot, RunningClaim
+from gpusched.scheduling.policy_inputs import time_left
 
 
 def node_key(node: str, uuid: str) -> str:
@@ -116,9 +118,12 @@ def cluster_claims(
     jobs: Sequence[Job],
     nodes: Sequence[NodeView],
     demand_of: Callable[[Job], float | None] = lambda job: None,
+    now: datetime | None = None,
 ) -> list[RunningClaim]:
     """The claims of jobs running or placed on live nodes (placed: nothing used yet), with
-    each one's GPU demand (`demand_of`: policy rule 3)."""
+    each one's GPU demand (`demand_of`: policy rule 3), and what one server's claims say
+    too: `--exclusive`, `--share` (an interactive job is light until measured), the peak
+    seen, and what is left of its `--time` at `now` (the head's claim, time backfill)."""
     by_name = {n.name: n for n in nodes}
     claims = []
     for job in jobs:
@@ -135,9 +140,20 @@ def cluster_claims(
                 job.user,
                 job.array_id,
                 demand=demand_of(job),
+                ends_in_s=_time_left(job, now),
+                exclusive=job.exclusive,
+                share=job.share or job.interactive,
+                peak_bytes=job.peak_mem or 0,
             )
         )
     return claims
+
+
+def _time_left(job: Job, now: datetime | None) -> float | None:
+    """What is left of its --time: a job placed but not started yet has all of it."""
+    if job.started_at is None and now is not None:
+        return job.time_limit_s
+    return time_left(job, now)
 
 
 def allowed_keys(
