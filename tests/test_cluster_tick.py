@@ -123,9 +123,10 @@ def test_a_running_exclusive_job_takes_no_other_job_on_both_placers(
 @pytest.mark.parametrize("placer", ["local", "cluster"])
 def test_time_backfill_beside_the_head_holds_on_both_placers(tmp_path: Path, placer: str) -> None:
     """The head's earliest start is known from the running job's --time: a job behind it
-    whose own --time ends before then starts on its card (memory alone would not let it)."""
+    whose own --time ends before then starts on its card (memory alone would not let it).
+    The running job is `--share` (light): sharing slows neither past its --time."""
     world = _one(placer, tmp_path)
-    running = world.submit(16 * GiB, time_limit_s=600)
+    running = world.submit(16 * GiB, time_limit_s=600, share=True)
     world.tick()
     assert world.state(running) == JobState.RUNNING
     head = world.submit(20 * GiB)

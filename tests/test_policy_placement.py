@@ -108,11 +108,13 @@ def test_a_small_job_may_share_the_kept_card_when_the_head_still_fits() -> None:
 
 
 def test_a_job_whose_time_ends_before_the_head_can_start_may_use_the_kept_card() -> None:
+    # Light jobs: together they keep the card within its busy time, so neither is slowed
+    # past its --time (module time_limits).
     gpus = [card(0, 48, used_g=40)]
-    running = [job_on(1, 0, 40, ends_in_s=600)]
+    running = [job_on(1, 0, 40, ends_in_s=600, demand=0.3)]
     head = WaitingJob(2, 44 * G)
-    short = WaitingJob(3, 8 * G, time_limit_s=300)
-    long = WaitingJob(4, 8 * G, time_limit_s=900)
+    short = WaitingJob(3, 8 * G, time_limit_s=300, demand=0.3)
+    long = WaitingJob(4, 8 * G, time_limit_s=900, demand=0.3)
     assert gpus_of(plan(gpus, running, [head, short]), 3) == [0]
     assert gpus_of(plan(gpus, running, [head, long]), 4) is None
     assert gpus_of(plan(gpus, running, [head, WaitingJob(5, 8 * G)]), 5) is None

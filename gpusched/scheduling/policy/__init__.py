@@ -24,7 +24,9 @@ docs/operations.md "How a card is chosen" documents it:
    could use.
 3. Contention (contention; `pack: contention`, the default): quiet cards first, busy
    jobs apart, and a job that would slow or be slowed waits for a quieter card, bounded
-   by the cards kept for the first such job (quieter).
+   by the cards kept for the first such job (quieter); a card where sharing would slow
+   the job, or a job with a `--time` there, past its limit is not its (time_limits: held
+   for a quieter card alike when no other is left).
 4. A multi-GPU job's tightest set by NVML topology (topology).
 5. The most available memory (most_free: `placement: most-free`, the mission's rule), or
    the least that fits (`placement: best-fit`); ties to the lower index.

@@ -6,7 +6,9 @@
 3. The cards it fits on now (candidates: the open room, `max_jobs_per_gpu`/`busy_util`
    by card_limits, whole-GPU and `--exclusive` by exclusive, and the head's claimed cards
    where backfill allows, head_claim).
-4. Contention's wait for a quieter card (contention, its bound by quieter).
+4. Contention's wait for a quieter card (contention, its bound by quieter), then the
+   cards where sharing would slow it, or a job with a `--time` there, past its limit
+   left out (time_limits: held for a quieter card alike when too few are left).
 5. The card rules of choice: keep_for_bigger, contention, most_free, topology.
 6. Its owner's `max_mem` on the cards chosen (caps), then the placement (placing).
 7. A job that did not start is told why (why_not, turns' passed_by), and the first such
@@ -31,6 +33,7 @@ from gpusched.scheduling.policy.head_claim import keep_for
 from gpusched.scheduling.policy.placing import place
 from gpusched.scheduling.policy.quieter import quieter_parts, so_far, soonest_quiet
 from gpusched.scheduling.policy.state import PlanState
+from gpusched.scheduling.policy.time_limits import broken_time, within_time
 from gpusched.scheduling.policy.words import need
 
 
@@ -50,6 +53,8 @@ def consider_cards(state: PlanState, job: WaitingJob, cap: UserCap | None) -> bo
     found = candidates(state, job)
     if len(found.cards) >= job.gpu_count:
         held = _held_for_quieter(state, job, found)
+        if held is None:
+            held = _held_for_time(state, job, found)
         chosen = _choose(state, job, found) if held is None else None
         if chosen:
             held = over_mem_cap(job, cap, state.tallies.held_bytes(job.user), chosen)
@@ -88,6 +93,29 @@ def _held_for_quieter(state: PlanState, job: WaitingJob, found: Found) -> str | 
         waits = state.calm.wait(job, found.cards, room, found.prefix)
     if not waits:
         return None
+    return _hold(state, job, found)
+
+
+def _held_for_time(state: PlanState, job: WaitingJob, found: Found) -> str | None:
+    """Step 4 too: the cards where sharing would slow `job`, or a job with a `--time`
+    there, past its limit are left out of `found` (module time_limits); with too few left
+    it is held for a quieter card, as contention holds a busy job. None: it need not."""
+    if state.settings.pack != "contention" or (job.time_limit_s is None and not state.timed):
+        return None
+    kept = within_time(job, found.cards)
+    if len(kept) == len(found.cards):
+        return None
+    if len(kept) < job.gpu_count:
+        broken = [g for g in found.cards if g not in kept]
+        return _hold(state, job, found, own=broken_time(job, broken))
+    found.cards, found.prefix = kept, None
+    return None
+
+
+def _hold(state: PlanState, job: WaitingJob, found: Found, own: str | None = None) -> str:
+    """`job` is held for a quieter card: its reason (`own`: why, where not its demand).
+    The first job held keeps the cards whose busy jobs end soonest (its bound)."""
+    settings = state.settings
     state.reasons.held_for_quieter.add(job.job_id)
     if not state.quiet_kept:
         for gpu in soonest_quiet(found.cards, job.gpu_count):
@@ -95,7 +123,13 @@ def _held_for_quieter(state: PlanState, job: WaitingJob, found: Found) -> str | 
         state.claims_changed()
     busy = state.reasons.busy_text(found.cards, settings.several_nodes)
     said, rest = quieter_parts(
-        job, found.cards, state.quiet_kept, state.by_uuid, settings.several_nodes, busy=busy
+        job,
+        found.cards,
+        state.quiet_kept,
+        state.by_uuid,
+        settings.several_nodes,
+        busy=busy,
+        own=own,
     )
     if job.demand is None and not job.share and job.job_id not in state.quiet_kept.values():
         state.reasons.held_unknown[job.ask] = (said, rest)  # every such job after it alike

@@ -37,6 +37,8 @@ def place(state: PlanState, job: WaitingJob, chosen: list[PlanGpu]) -> None:
         if room is not None and state.unclaimed(gpu) and state.is_open(gpu):
             bisect.insort(room, gpu, key=by_room)
     state.needs.remove(job.mem_bytes)
+    if job.time_limit_s is not None:
+        state.timed = True
     state.placements.append(Placement(job.job_id, tuple(g.slot.uuid for g in chosen)))
     state.reasons.forget_placed()
 

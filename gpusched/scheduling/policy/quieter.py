@@ -70,23 +70,16 @@ def quieter_parts(
     several_nodes: bool,
     *,
     busy: str | None = None,
+    own: str | None = None,
 ) -> tuple[str, str]:
     """A held job's reason before and after how long it has waited: the same for every
     job of unknown demand with the same ask behind the one the cards are kept for (the
     plan reuses it for them until a placement changes the cards). `busy`: `busy_cards`
-    of `found`, where the plan has it already."""
+    of `found`, where the plan has it already; `own`: why it is held, where that is not
+    its demand (a `--time` sharing would break: module time_limits)."""
     if busy is None:
         busy = busy_cards(found, several_nodes)
-    if job.demand is None:
-        own = "its demand is not known yet, and every card it fits on is past 100 % busy"
-    elif is_busy_job(job):
-        own = f"{expected(job)}keeps a card {job.demand:.0%} busy"
-    else:
-        own = (
-            f"{expected(job)}keeps a card {job.demand:.0%} busy,"
-            " and no card stays within 100 % with it"
-        )
-    said = f"waits for a quieter card ({own}; {busy})"
+    said = f"waits for a quieter card ({own or _by_demand(job)}; {busy})"
     mine = sorted((by_uuid[u] for u, j in quiet_kept.items() if j == job.job_id), key=_index)
     if not mine:
         ahead = next(iter(quiet_kept.values()))
@@ -101,6 +94,17 @@ def quieter_parts(
     return said, (
         f"; {names} kept for it: starts when {job_list(ending, kind)}"
         f" end{'' if len(ending) > 1 else 's'}{when} (pack: contention)"
+    )
+
+
+def _by_demand(job: WaitingJob) -> str:
+    """Why contention holds `job`, by its demand."""
+    if job.demand is None:
+        return "its demand is not known yet, and every card it fits on is past 100 % busy"
+    if is_busy_job(job):
+        return f"{expected(job)}keeps a card {job.demand:.0%} busy"
+    return (
+        f"{expected(job)}keeps a card {job.demand:.0%} busy, and no card stays within 100 % with it"
     )
 
 

@@ -41,6 +41,9 @@ class PlanState:
     quiet_kept: dict[str, int] = field(default_factory=dict)  # uuid -> the job held for quiet
     room: list[PlanGpu] | None = None  # open unclaimed cards, most available first
     calm: CalmRoom = field(default_factory=CalmRoom)  # the room's calm cards, per change
+    # A job with a --time runs or was placed (module time_limits: else a job with none
+    # is not checked against it).
+    timed: bool = False
 
     @classmethod
     def start(
@@ -55,9 +58,11 @@ class PlanState:
         gpus = [gpu for _, gpu in table.values()]
         by_uuid = {gpu.slot.uuid: gpu for gpu in gpus}
         budgets = {uuid: budget for uuid, (budget, _) in table.items()}
-        return cls(
+        state = cls(
             settings, budgets, gpus, by_uuid, Tallies.of(running, by_uuid), Needs(waiting, gpus)
         )
+        state.timed = any(claim.ends_in_s is not None for claim in running)
+        return state
 
     def unclaimed(self, gpu: PlanGpu) -> bool:
         """Kept neither for the head nor for a job held for a quieter card."""
