@@ -13,7 +13,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpusched.core.models import Job
-from gpusched.scheduling.policy import GpuSlot, HeadClaim, Plan, RunningClaim, WaitingJob, plan
+from gpusched.scheduling.policy import (
+    GpuSlot,
+    HeadClaim,
+    Plan,
+    RunningClaim,
+    UserCap,
+    WaitingJob,
+    plan,
+)
 from gpusched.scheduling.policy_inputs import running_claims
 
 G = 2**30
@@ -203,6 +211,21 @@ def test_a_larger_job_starts_when_the_small_ones_fit_elsewhere(
     large = WaitingJob(100, large_g * G, gpu_count=count)
     result = plan(gpus, [], [*waiting, large])
     assert gpus_of(result, 100) is not None
+
+
+def test_a_busy_job_takes_the_quiet_card_kept_for_a_bigger_one_only_where_it_still_fits() -> None:
+    """Rule 2 gives way to contention where it costs the larger job nothing: the 70G job
+    (held back by its owner's max_running) still fits on the 80G card beside an 8G busy
+    job, not beside a 12G one, which goes beside the busy job on the 24G card."""
+    gpus = [card(0, 24, used_g=10), card(1, 80)]
+    running = [job_on(1, 0, 10, demand=0.95)]
+    bigger = WaitingJob(2, 70 * G, user="bob")
+    caps = {"bob": UserCap(max_running=0)}
+    for size_g, where in ((8, [1]), (12, [0])):
+        busy = WaitingJob(3, size_g * G, user="alice", demand=0.95)
+        result = plan(gpus, running, [bigger, busy], user_caps=caps)
+        assert gpus_of(result, 3) == where, size_g
+        assert gpus_of(result, 2) is None
 
 
 # -- rule 3: contention ---------------------------------------------------------------------

@@ -289,3 +289,27 @@ def test_show_says_a_waiting_jobs_expected_demand_and_whose_runs_it_comes_from(
     world.tick()
     assert world.state(new) == JobState.RUNNING
     assert "expected_demand" not in show(new)  # running: its own figure, once measured
+
+
+def test_a_busy_job_takes_a_quiet_big_card_where_the_bigger_waiting_job_still_fits(
+    tmp_path: Path,
+) -> None:
+    """Rule 2 would keep the 80G card for bob's 70G job (his `max_running` holds it back)
+    and send the busy 8G job beside the busy one on the 24G card; the 80G card is quiet
+    and the 70G job still fits there beside the 8G one, so it goes there, delaying none."""
+    bob_runs_one = {"users": {"bob": {"max_running": 1}}}
+    world = make_world(tmp_path, [24 * GiB, 80 * GiB], limits=bob_runs_one)
+    past_run(world, "busy", BUSY)
+    first = world.submit(10 * GiB, name="busy")
+    big = world.submit(70 * GiB, name="big")
+    small = world.submit(1 * GiB, user="bob", share=True)
+    world.tick()
+    assert (world.gpus_of(first), world.gpus_of(big)) == ([0], [1])  # rule 2 for the 70G one
+    assert world.state(small) == JobState.RUNNING
+    world.finish(big)
+    world.tick()
+    bigger = world.submit(70 * GiB, user="bob")  # waits for bob's max_running
+    busy = world.submit(8 * GiB, name="busy")
+    world.tick()
+    assert world.state(bigger) == JobState.QUEUED
+    assert world.gpus_of(busy) == [1]

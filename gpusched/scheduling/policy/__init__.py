@@ -21,7 +21,9 @@ docs/operations.md "How a card is chosen" documents it:
    on a claimed card by memory backfill (not beside a whole-GPU or `--exclusive` head)
    or time backfill.
 2. Big cards for big jobs (keep_for_bigger): not the only cards a waiting larger job
-   could use.
+   could use; under contention, unless no card left takes the job quietly while a card
+   kept so would, with room beside it for every larger waiting job that could use it
+   (then that card: it delays none of them; choice).
 3. Contention (contention; `pack: contention`, the default): quiet cards first, busy
    jobs apart, and a job that would slow or be slowed waits for a quieter card, bounded
    by the cards kept for the first such job (quieter); a card where sharing would slow

@@ -4,7 +4,10 @@ Among the cards a job could start on, it prefers those that fewer of the jobs st
 waiting with a larger `--mem` could ever use (`Needs.served`): on cards 24G, 24G, 80G,
 80G two 20G jobs take the 24G cards and a `--gpus 2 --mem 70G` job the 80G pair. The
 rule narrows the choice only while enough cards are left, and says nothing when the cards
-cannot be told apart (every usable card could hold the same). Pure.
+cannot be told apart (every usable card could hold the same). Under contention a card
+it would keep may still go to a job that no card left to it takes quietly, where every
+larger waiting job that could use the card still fits beside it (`Needs.leaves_room`:
+module choice). Pure.
 """
 
 from __future__ import annotations
@@ -62,6 +65,15 @@ class Needs:
         if mem_bytes is None:
             return len(self._sizes)
         return bisect.bisect_right(self._sizes, mem_bytes)
+
+    def leaves_room(self, mem_bytes: int | None, gpu: PlanGpu) -> bool:
+        """Whether every waiting job larger than `mem_bytes` that could ever use `gpu`
+        would still fit there beside a job of `mem_bytes` (once the others there end)."""
+        if mem_bytes is None:
+            return False
+        sizes = self._sizes
+        start, top = self.larger(mem_bytes), bisect.bisect_right(sizes, gpu.potential)
+        return top <= start or gpu.potential - mem_bytes >= sizes[top - 1]
 
     def served(self, start: int, gpu: PlanGpu) -> int:
         """How many waiting jobs larger (from `start`, see `larger`) could ever fit here."""
