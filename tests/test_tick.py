@@ -9,14 +9,18 @@ what the hardware shows and how each job's supervisor reports its end. The harne
 from __future__ import annotations
 
 from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
+from apscheduler.schedulers.background import BackgroundScheduler
 
 from gpusched.core.models import Drain, EndReason, JobState
+from gpusched.daemon.main import run_sooner
 from gpusched.processes.launching import Outcome, OutcomeKind
 from gpusched.scheduling.context import Context
 from gpusched.scheduling.scheduler import Scheduler
+from gpusched.scheduling.starting import FIRST_POLL_S
 from gpusched.store import NewJob
 from tests.fakes import GiB
 from tests.world import EXITED_0, World, make_world
@@ -331,3 +335,37 @@ def test_a_job_that_cannot_start_fails_and_frees_its_card(tmp_path: Path) -> Non
     assert (job.state, job.reason) == (JobState.FAILED, EndReason.FAILED_TO_START)
     world.tick()
     assert world.state(next_one) == JobState.RUNNING
+
+
+def test_a_start_asks_for_a_pass_a_second_later_to_poll_the_new_job(tmp_path: Path) -> None:
+    """A job that declares little and allocates much in its first seconds is seen by a
+    poll a second after its start (its peak reserved, or it is stopped by `overrun:
+    kill`), not a poll interval later."""
+    asked: list[float] = []
+    world = make_world(tmp_path, [24 * GiB], wake_in=asked.append)
+    world.tick()
+    assert asked == []  # nothing started: no extra pass
+    job = world.submit(GiB)
+    world.tick()
+    assert world.state(job) == JobState.RUNNING
+    assert asked == [FIRST_POLL_S] and FIRST_POLL_S <= 1.0
+    world.tick()
+    assert asked == [FIRST_POLL_S]
+
+
+def test_run_sooner_moves_the_tick_forward_never_back() -> None:
+    """The daemon's side of `wake_in`, on a real APScheduler."""
+    ticks = BackgroundScheduler(timezone=timezone.utc)
+    ticks.start(paused=True)
+    try:
+        now = datetime.now(timezone.utc)
+        ticks.add_job(
+            print, "interval", seconds=60, id="tick", next_run_time=now + timedelta(seconds=60)
+        )
+        assert run_sooner(ticks, "tick", now + timedelta(seconds=1))
+        assert ticks.get_job("tick").next_run_time == now + timedelta(seconds=1)
+        assert not run_sooner(ticks, "tick", now + timedelta(seconds=30))
+        assert ticks.get_job("tick").next_run_time == now + timedelta(seconds=1)
+        assert not run_sooner(ticks, "absent", now)
+    finally:
+        ticks.shutdown(wait=False)

@@ -181,7 +181,7 @@ def test_over_declared_hint_whenever_the_peak_passed_the_declared_size() -> None
     hint = over_declared_hint(facts(mem=4 * GiB, peak_mem=6 * GiB))
     assert hint is not None
     assert hint.startswith("peak 6G went above the declared 4G")
-    assert hint.endswith("declare --mem 7G")
+    assert "declare --mem 7G; in PyTorch, torch.cuda.set_per_process_memory_fraction(0.29)" in hint
     assert over_declared_hint(facts(mem=4 * GiB, peak_mem=4 * GiB)) is None
     # Even a job too short for other hints gets this one.
     short = facts(mem=4 * GiB, peak_mem=6 * GiB, runtime_s=1.0)
@@ -238,6 +238,16 @@ def test_oom_hints_say_what_happened_and_what_to_do() -> None:
     assert hint is not None
     assert hint.startswith("ran out of memory on a whole 24G GPU")
     assert oom_hint(facts()) is None
+    # PyTorch is held to its --mem by the job itself: gpusched sets nothing inside it.
+    hint = oom_hint(facts(**oom, oom_next_mem=12 * GiB))
+    assert hint is not None
+    assert hint.endswith(
+        "; in PyTorch, torch.cuda.set_per_process_memory_fraction(0.50) at its start keeps it"
+        " within --mem 12G on a 24G card (an error in it, not in its neighbours)"
+    )
+    filled = oom_hint(facts(**oom, oom_next_mem=8 * GiB))  # another process filled it
+    assert filled is not None
+    assert "set_per_process_memory_fraction" not in filled
     # It comes first, and a short job gets it too.
     assert job_hints(facts(**oom, runtime_s=1.0))[0].startswith("ran out of GPU memory")
 

@@ -106,7 +106,9 @@ def test_usage_is_measured_shown_and_earns_the_right_hints(
     assert jobs[grower]["peak_mem"] == 6 * GiB
     assert jobs[grower]["hints"] == [
         "peak 6G went above the declared 4G: the job put the other jobs on its GPU at risk of"
-        " running out of memory; declare --mem 7G"
+        " running out of memory; declare --mem 7G; in PyTorch,"
+        " torch.cuda.set_per_process_memory_fraction(0.29) at its start keeps it within --mem"
+        " 7G on a 24G card (an error in it, not in its neighbours)"
     ]
     assert f"gpusched: job {grower} uses 6.0G on GPU" in daemon.log(grower)
     assert all(jobs[j]["overrun_at"] is None for j in (steady, roomy, bursty, idle, short))
@@ -218,7 +220,9 @@ def test_death_at_the_cards_limit_is_oom_and_other_failures_are_not(
     assert jobs[full]["hints"] == [
         # 24G less the fake driver's 256M reserve (NVML v2) less the 512M headroom: 23.25G
         "ran out of GPU memory with --mem 20G: resubmit with --mem 23808M (--retry-oom N does that"
-        " by itself), or lower the batch size, or use mixed precision or gradient checkpointing"
+        " by itself), or lower the batch size, or use mixed precision or gradient checkpointing;"
+        " in PyTorch, torch.cuda.set_per_process_memory_fraction(0.96) at its start keeps it"
+        " within --mem 23808M on a 24G card (an error in it, not in its neighbours)"
     ]
     assert jobs[full]["retried_as"] is None
     assert (jobs[plain]["state"], jobs[plain]["reason"], jobs[plain]["exit_code"]) == (

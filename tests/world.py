@@ -76,10 +76,12 @@ def make_world(
     end_listeners: Sequence[EndListener] = (),
     probe: FakeProbe | None = None,
     wake: Callable[[], None] | None = None,
+    wake_in: Callable[[float], None] | None = None,
     **config: Any,
 ) -> World:
     """`end_listeners`: told of each end before the World records it (`heard`); `probe`:
-    GPUs of the test's own making instead of `sizes`; `wake`: what a pass's wake-up calls."""
+    GPUs of the test's own making instead of `sizes`; `wake`: what a pass's wake-up calls;
+    `wake_in`: what asking for a pass soon calls."""
     holder = ConfigHolder(
         load_config(None, {**directory_settings(root, None), "headroom": "0", **config})
     )
@@ -98,6 +100,7 @@ def make_world(
         clock=clock,
         end_listeners=listeners,
         **({} if wake is None else {"wake": wake}),
+        **({} if wake_in is None else {"wake_in": wake_in}),
     )
     return World(Scheduler(context), launcher, probe, clock, root, heard)
 

@@ -118,6 +118,23 @@ def over_declared_hint(facts: JobFacts) -> str | None:
         f"peak {used} went above the declared {declared}: the job put the"
         f" other jobs on its GPU at risk of running out of memory;"
         f" declare --mem {mem_option(suggest_mem(peak))}"
+        f"{keep_within(suggest_mem(peak), facts.card_bytes)}"
+    )
+
+
+def keep_within(mem: int, card_bytes: int | None) -> str:
+    """How a PyTorch job keeps itself within its --mem on a card of `card_bytes`: gpusched
+    sets nothing inside a job's interpreter (JAX is told its share by the environment,
+    XLA_PYTHON_CLIENT_MEM_FRACTION; TensorFlow allocates as it goes, no cap), so the job
+    has to. "" when the card's size is not known."""
+    if not card_bytes or mem >= card_bytes:
+        return ""
+    fraction = max(1, mem * 100 // card_bytes) / 100  # down: within the declared size
+    return (
+        f"; in PyTorch, torch.cuda.set_per_process_memory_fraction({fraction:.2f}) at its"
+        f" start keeps it within --mem {mem_option(mem)} on a"
+        f" {format_size(card_bytes, tabular=False)} card (an error in it, not in its"
+        " neighbours)"
     )
 
 
@@ -203,11 +220,15 @@ def oom_hint(facts: JobFacts) -> str | None:
         return f"ran out of memory on a whole{card} GPU: {smaller}"
     declared = format_size(facts.mem, tabular=False)
     if facts.retry_refused:
-        return (
+        hint = (
             f"ran out of GPU memory with --mem {declared}, not retried"
             f" ({facts.retry_refused}): {smaller}"
         )
-    return _resubmit_hint(facts.oom_next_mem, facts.mem, declared, smaller)
+    else:
+        hint = _resubmit_hint(facts.oom_next_mem, facts.mem, declared, smaller)
+    if facts.oom_next_mem == facts.mem:  # another process took its room: it kept within
+        return hint
+    return f"{hint}{keep_within(facts.oom_next_mem or facts.mem, facts.card_bytes)}"
 
 
 def _resubmit_hint(next_mem: int | None, mem: int, declared: str, smaller: str) -> str:

@@ -26,11 +26,12 @@ import socket
 import threading
 from collections.abc import Callable
 from dataclasses import replace
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
+from apscheduler.schedulers.base import BaseScheduler
 
 from gpusched.config.holder import ConfigHolder
 from gpusched.config.settings import Config, load_config
@@ -61,6 +62,17 @@ log = logging.getLogger("gpusched.daemon")
 
 TICK_JOB_ID = "tick"
 RETENTION_JOB_ID = "retention"  # gpusched.daemon.retention, every retention.every
+
+
+def run_sooner(ticks: BaseScheduler, job_id: str, when: datetime) -> bool:
+    """Move the next run of `job_id` to `when` if that is sooner; True if it moved (the
+    interval goes on from there)."""
+    job = ticks.get_job(job_id)
+    due = None if job is None else job.next_run_time
+    if due is None or due <= when:
+        return False
+    ticks.modify_job(job_id, next_run_time=when)
+    return True
 
 
 def make_probe(config: Config) -> Probe:
@@ -123,6 +135,7 @@ class Daemon:
             # In a cluster, timestamps on the database's clock (scheduling.cluster.clock).
             clock=ClusterClock(SystemClock()) if in_cluster(config) else None,
             wake=self.wake,
+            wake_in=self.wake_in,
             end_listeners=[self.hooks.job_ended],
         )
         self.node = node_name(config)
@@ -161,6 +174,14 @@ class Daemon:
         """
         with contextlib.suppress(Exception):
             self._ticks.modify_job(TICK_JOB_ID, next_run_time=datetime.now(timezone.utc))
+
+    def wake_in(self, seconds: float) -> None:
+        """Run a tick within `seconds`, unless one is due sooner (a job just started is
+        polled while it allocates: scheduling.starting)."""
+        with contextlib.suppress(Exception):
+            run_sooner(
+                self._ticks, TICK_JOB_ID, datetime.now(timezone.utc) + timedelta(seconds=seconds)
+            )
 
     def _guarded(self, work: Callable[[], None]) -> Callable[[], None]:
         def run() -> None:

@@ -2,7 +2,8 @@
 construction: the three owners of truth (the store for jobs, the probe for GPUs, the
 launcher for processes), the usage monitor, the clock (wall and monotonic), the config
 holder, the lock that serialises passes, endings and job operations, how to ask for a
-pass now (`wake`) and who is told of each job's end (`end_listeners`).
+pass now (`wake`) or soon (`wake_in`) and who is told of each job's end
+(`end_listeners`).
 
 The store is passed whole here, and each part takes from it at its construction only
 the parts it uses (`self.jobs = context.store.jobs`, ...): the endings jobs, usage and
@@ -64,6 +65,10 @@ def _no_wake() -> None:
     pass
 
 
+def _no_wake_in(seconds: float) -> None:
+    pass
+
+
 @dataclass(frozen=True)
 class Context:
     settings: ConfigHolder
@@ -75,6 +80,9 @@ class Context:
     lock: threading.RLock
     wake: Callable[[], None]
     end_listeners: tuple[EndListener, ...]
+    # A pass within this many seconds, unless one is due sooner (a job just started is
+    # polled while it allocates: scheduling.starting).
+    wake_in: Callable[[float], None] = _no_wake_in
 
     @classmethod
     def build(
@@ -86,6 +94,7 @@ class Context:
         *,
         clock: TickClock | None = None,
         wake: Callable[[], None] = _no_wake,
+        wake_in: Callable[[float], None] = _no_wake_in,
         end_listeners: Sequence[EndListener] = (),
     ) -> Context:
         clock = clock or SystemClock()
@@ -99,6 +108,7 @@ class Context:
             threading.RLock(),
             wake,
             tuple(end_listeners),
+            wake_in,
         )
 
     @property

@@ -29,6 +29,11 @@ from gpusched.store import LaunchInfo, NodeGuard
 
 log = logging.getLogger("gpusched.scheduler")
 
+# A job just started is polled this soon, not a poll interval later: one that declared
+# little and allocates much in its first seconds is seen, and its room reserved (or it is
+# stopped, `overrun: kill`), before the next job is placed beside it by its word.
+FIRST_POLL_S = 1.0
+
 
 class JobStarter:
     """Starts the jobs a plan placed; called by the scheduler's tick, under its lock."""
@@ -45,6 +50,7 @@ class JobStarter:
         self.monitor = context.monitor
         self.endings = endings
         self.clock = context.clock
+        self.wake_in = context.wake_in
         self.node = node
         self.trouble = RateLimitedLog(log)  # problems that recur every pass, said once a minute
 
@@ -108,6 +114,7 @@ class JobStarter:
         claim.launched(job_id, started.pid, started.start_time)
         self.node.started(job_id, started.pid, started.start_time)
         self.probe.note_job_started(started.pid, uuids, job.mem)
+        self.wake_in(FIRST_POLL_S)
         log.info(
             "job %s started on GPU %s (pid %s, via %s) as %s: %s",
             job_id,
