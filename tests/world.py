@@ -92,6 +92,7 @@ def make_world(
     store = Store(holder.current.database_url)
     heard: list[tuple[int, bool]] = []
     listeners = [*end_listeners, lambda job_id, hooks: heard.append((job_id, hooks))]
+    calls: dict[str, Any] = {"wake": wake, "wake_in": wake_in}  # the context's own if None
     context = Context.build(
         holder,
         store,
@@ -99,8 +100,7 @@ def make_world(
         launcher,
         clock=clock,
         end_listeners=listeners,
-        **({} if wake is None else {"wake": wake}),
-        **({} if wake_in is None else {"wake_in": wake_in}),
+        **{name: call for name, call in calls.items() if call is not None},
     )
     return World(Scheduler(context), launcher, probe, clock, root, heard)
 
