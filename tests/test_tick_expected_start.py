@@ -24,8 +24,9 @@ def _expected(world: World, job_id: int) -> str | None:
 
 def test_the_head_starts_when_the_jobs_on_its_kept_card_run_out_of_time(tmp_path: Path) -> None:
     world = make_world(tmp_path, [24 * GiB])
-    first = world.submit(12 * GiB, time_limit_s=HOUR)
-    second = world.submit(8 * GiB, time_limit_s=2 * HOUR)
+    # Light (--share): busy jobs whose --time sharing could break would not share a card.
+    first = world.submit(12 * GiB, time_limit_s=HOUR, share=True)
+    second = world.submit(8 * GiB, time_limit_s=2 * HOUR, share=True)
     world.tick()
     started = world.job(first).started_at
     assert started is not None and world.state(second) == JobState.RUNNING
