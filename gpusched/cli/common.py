@@ -107,13 +107,30 @@ def job_ids_completer(
     return complete
 
 
+class _JobId(click.ParamType):
+    """One job id: ASCII digits (as the fast path reads them), said so when it is not;
+    the daemon answers a number that names no job."""
+
+    name = "ID"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        text = str(value).strip()
+        if not (text.isascii() and text.isdigit()):
+            self.fail(f"{value!r} is not a job id (a number such as 12)", param, ctx)
+        return int(text)
+
+
 # The id arguments of the job commands, with their shell completion.
 JOB_IDS = click.argument("ids", nargs=-1, required=True, shell_complete=job_ids_completer())
 JOB_OR_ARRAY_IDS = click.argument(
     "ids", nargs=-1, required=True, shell_complete=job_ids_completer(arrays=True)
 )
-ACTIVE_JOB_ID = click.argument("job_id", type=int, shell_complete=job_ids_completer())
-ANY_JOB_ID = click.argument("job_id", type=int, shell_complete=job_ids_completer(ended_too=True))
+ACTIVE_JOB_ID = click.argument("job_id", type=_JobId(), shell_complete=job_ids_completer())
+ANY_JOB_ID = click.argument(
+    "job_id", type=_JobId(), shell_complete=job_ids_completer(ended_too=True)
+)
 
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -23,7 +23,7 @@ from typing import Any
 import click
 
 from gpusched.cli.help import ExampleLastGroup
-from gpusched.core.errors import EXIT_FAILED, EXIT_OK, GpuschedError, UsageError
+from gpusched.core.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, GpuschedError, UsageError
 
 # Each command's module, imported only when that command runs (or `--help` lists them
 # all): `gpusched status` loads the status command's module and what it needs, not
@@ -50,9 +50,43 @@ _LAZY_COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+class _OneLineUsage(click.ClickException):
+    """A usage error of click's (a missing argument, a value of the wrong type or out of
+    its range), said as every other error is: one `gpusched: ...` line, exit 2."""
+
+    exit_code = EXIT_USAGE
+
+    def __init__(self, error: click.UsageError) -> None:
+        ctx = error.ctx
+        where = ctx.command_path if ctx is not None else "gpusched"
+        text = error.format_message().rstrip(".")
+        text = text[:1].lower() + text[1:]
+        command = where.partition(" ")[2]
+        said = f"{command}: {text}" if command else text
+        super().__init__(f"{said}; see `{where} --help`")
+
+    def show(self, file: Any = None) -> None:
+        from gpusched.core.sanitize import shown
+
+        click.echo(f"gpusched: {shown(self.message)}", err=True)
+
+
 class _Group(ExampleLastGroup):
-    """Turns every GpuschedError into one line on stderr and its exit code, and loads
-    each command's module when the command is first asked for."""
+    """Turns every GpuschedError, and click's own usage errors, into one line on stderr
+    and its exit code, and loads each command's module when the command is first asked
+    for."""
+
+    def make_context(
+        self,
+        info_name: str | None,
+        args: list[str],
+        parent: click.Context | None = None,
+        **extra: Any,
+    ) -> click.Context:
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except click.UsageError as exc:
+            raise _OneLineUsage(exc) from None
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*self.commands, *_LAZY_COMMANDS})
@@ -67,6 +101,8 @@ class _Group(ExampleLastGroup):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except click.UsageError as exc:  # a command's (or a subgroup's) parsing
+            raise _OneLineUsage(exc) from None
         except GpuschedError as exc:
             from gpusched.core.sanitize import shown
 

@@ -79,7 +79,10 @@ def _scalar(key: str, value: Any, kind: type, shape: str | None) -> Any:
         pass
     elif kind in (int, float) and isinstance(value, int):
         if not -(2**63) <= value < 2**63:  # what a column holds; 10**400 is no float either
-            raise UsageError(f"'{key}' is out of range")
+            given = str(value) if abs(value) < 10**30 else f"a {len(str(abs(value)))}-digit number"
+            raise UsageError(
+                f"'{key}' is out of range: {given} is not between {-(2**63)} and {2**63 - 1}"
+            )
         return value if kind is int else float(value)
     elif kind is float and isinstance(value, float):
         if not math.isfinite(value):
