@@ -83,6 +83,17 @@ class Client:
     def restart_wait_s(self, seconds: float) -> None:
         self.connection.restart_wait_s = seconds
 
+    @property
+    def follow_s(self) -> float:
+        """How long each request keeps trying while the daemon is away (restarting), also
+        when it left in the middle of one: for callers whose requests are safe to send
+        again (`wait`, `logs -f`). 0 (the default): only the system service's connect."""
+        return self.connection.follow_s
+
+    @follow_s.setter
+    def follow_s(self, seconds: float) -> None:
+        self.connection.follow_s = seconds
+
     def request(self, op: str, **args: Any) -> Any:
         """Send one request and return its result; raise the daemon's error as a GpuschedError."""
         return self.connection.request(op, **args)

@@ -32,16 +32,19 @@ SYSTEM_SOCKET_ENV = "GPUSCHED_SYSTEM_SOCKET"
 
 
 class SocketChoice:
-    """The socket chosen, the candidates tried, and whether it is the system service's
-    (chosen because the service is installed). A plain class, not a dataclass: every
-    client command makes one, and `dataclasses` costs `gpusched status` its import."""
+    """The socket chosen, the candidates tried, whether it is the system service's
+    (chosen because the service is installed), and what named it (`source`: "option",
+    "env", "config", "system" or "personal"), for the advice when nothing answers there.
+    A plain class, not a dataclass: every client command makes one, and `dataclasses`
+    costs `gpusched status` its import."""
 
-    __slots__ = ("path", "system", "tried")
+    __slots__ = ("path", "source", "system", "tried")
 
-    def __init__(self, path: Path, tried: list[Path], system: bool) -> None:
+    def __init__(self, path: Path, tried: list[Path], system: bool, source: str) -> None:
         self.path = path
         self.tried = tried
         self.system = system
+        self.source = source
 
 
 def system_socket_path() -> Path:
@@ -65,22 +68,23 @@ def choose_socket(
     """The socket a client uses, the candidates tried (for the error message), and whether
     it is the system service's."""
     if explicit:
-        return SocketChoice(Path(explicit), [Path(explicit)], system=False)
+        return SocketChoice(Path(explicit), [Path(explicit)], system=False, source="option")
     env = os.environ.get("GPUSCHED_SOCKET")
     if env:
-        return SocketChoice(Path(env), [Path(env)], system=False)
+        return SocketChoice(Path(env), [Path(env)], system=False, source="env")
     named = config_path_from_env(str(config_path) if config_path else None)
     if named is not None or (os.geteuid() == 0 and SYSTEM_CONFIG_PATH.exists()):
         from gpusched.config.settings import load_config  # the parser and YAML: only when needed
 
         path = load_config(named).socket_path  # reads YAML only when a config is in play
-        return SocketChoice(path, [path], system=named is None)
+        system = named is None
+        return SocketChoice(path, [path], system=system, source="system" if system else "config")
     if system_service_installed():
         path = system_socket_path()
-        return SocketChoice(path, [path], system=True)
+        return SocketChoice(path, [path], system=True, source="system")
     # Root's own daemon (no config) listens where the system service would.
     personal = system_socket_path() if os.geteuid() == 0 else user_socket_path()
-    return SocketChoice(personal, [personal], system=False)
+    return SocketChoice(personal, [personal], system=False, source="personal")
 
 
 def resolve_socket(

@@ -29,7 +29,23 @@ if TYPE_CHECKING:
 def client_of(ctx: click.Context) -> Client:
     """A client for the socket and config given to the group (--socket, --config)."""
     obj = ctx.find_root().obj or {}
-    return Client(obj.get("socket"), obj.get("config"))
+    socket = None if obj.get("socket_from_env") else obj.get("socket")
+    return Client(socket, obj.get("config"))
+
+
+def follower_of(ctx: click.Context) -> Client:
+    """client_of()'s client for a command that follows a job until it ends (`wait`,
+    `logs -f`): its requests ride out a daemon restart for FOLLOW_WAIT_S."""
+    from gpusched.connection import FOLLOW_WAIT_S
+
+    client = client_of(ctx)
+    client.follow_s = FOLLOW_WAIT_S
+    return client
+
+
+# Ctrl-C ends a follower as a shell's child ends on SIGINT: 128 + 2, and nothing said
+# (exit 1 is the code of a job that was cancelled).
+EXIT_INTERRUPTED = 130
 
 
 def since_time(text: str) -> str:

@@ -122,6 +122,8 @@ def _given_after_the_command(ctx: click.Context, param: click.Parameter, value: 
     root = ctx.find_root()
     key = "config" if param.name == "config" else "socket"
     root.obj = {**(root.obj or {}), key: value}
+    if key == "socket":
+        root.obj["socket_from_env"] = False
     root.params[str(param.name)] = value  # where the job-id completer looks
 
 
@@ -182,7 +184,12 @@ def cli(ctx: click.Context, config: str | None, socket_path: str | None) -> None
       gpusched submit --mem 8G -- python train.py --lr 0.1
       gpusched status
     """
-    ctx.obj = {"config": config, "socket": socket_path}
+    from click.core import ParameterSource
+
+    # A socket from $GPUSCHED_SOCKET is left for the client to read there itself: its
+    # advice when nothing answers names the variable, not --socket.
+    from_env = ctx.get_parameter_source("socket_path") == ParameterSource.ENVIRONMENT
+    ctx.obj = {"config": config, "socket": socket_path, "socket_from_env": from_env}
 
 
 @cli.command()

@@ -16,11 +16,13 @@ import click
 from gpusched.cli.common import (
     ACTIVE_JOB_ID,
     ANY_JOB_ID,
+    EXIT_INTERRUPTED,
     JOB_IDS,
     JOB_OR_ARRAY_IDS,
     client_of,
     exit_status,
     expand_arrays,
+    follower_of,
     job_ids_completer,
     parse_ids,
     parse_targets,
@@ -214,6 +216,8 @@ def wait(ctx: click.Context, ids: tuple[str, ...], timeout: float | None, as_jso
 
     With several jobs (or an array, aN), exit 0 if all succeeded, else 1. A job that
     ran out of GPU memory and was retried (submit --retry-oom) is followed to its retry.
+    A daemon that restarts meanwhile is waited for (up to 30s away, then exit 3);
+    Ctrl-C stops waiting (exit 130), the jobs go on.
 
     \b
     Example:
@@ -222,10 +226,13 @@ def wait(ctx: click.Context, ids: tuple[str, ...], timeout: float | None, as_jso
     """
     if timeout is not None and timeout < 0:
         raise UsageError("--timeout must not be negative")
-    client = client_of(ctx)
-    job_ids = expand_arrays(client, ids)
-    deadline = None if timeout is None else time.monotonic() + timeout
-    jobs = follow_retries(client, client.wait(job_ids, timeout=timeout), deadline)
+    client = follower_of(ctx)
+    try:
+        job_ids = expand_arrays(client, ids)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        jobs = follow_retries(client, client.wait(job_ids, timeout=timeout), deadline)
+    except KeyboardInterrupt:
+        ctx.exit(EXIT_INTERRUPTED)
     if as_json:
         print_json([job.to_json() for job in jobs])
     else:

@@ -20,8 +20,10 @@ import click
 
 from gpusched.cli.common import (
     ANY_JOB_ID,
+    EXIT_INTERRUPTED,
     client_of,
     exit_status,
+    follower_of,
     job_ids_completer,
     print_json,
     since_time,
@@ -39,6 +41,7 @@ from gpusched.cli.status_view import (
     terminal_columns,
     use_color,
 )
+from gpusched.client import Client
 from gpusched.core.errors import GpuschedError, UsageError
 from gpusched.core.sanitize import shown
 from gpusched.core.units import format_duration
@@ -187,7 +190,8 @@ def show(ctx: click.Context, job_id: int, as_json: bool) -> None:
 @click.pass_context
 def logs(ctx: click.Context, job_id: int, follow: bool, raw: bool = False) -> None:
     """Print a job's output (stdout and stderr, interleaved). With -f, follow it until
-    the job ends and exit with the job's exit code, as `wait` does.
+    the job ends and exit with the job's exit code, as `wait` does (a daemon that
+    restarts meanwhile is waited for, up to 30s away; Ctrl-C: exit 130).
 
     Your own jobs' output is printed as it is. Another user's (root and administrators
     may read it) is, on a terminal, shown with its control characters escaped: they
@@ -197,7 +201,14 @@ def logs(ctx: click.Context, job_id: int, follow: bool, raw: bool = False) -> No
     Example:
       gpusched logs -f 12
     """
-    client = client_of(ctx)
+    client = follower_of(ctx) if follow else client_of(ctx)
+    try:
+        _print_log(ctx, client, job_id, follow, raw)
+    except KeyboardInterrupt:
+        ctx.exit(EXIT_INTERRUPTED)
+
+
+def _print_log(ctx: click.Context, client: Client, job_id: int, follow: bool, raw: bool) -> None:
     out = sys.stdout.buffer
     escape = not raw and sys.stdout.isatty() and client.job(job_id).uid != os.getuid()
     write = _escaped_writer(out) if escape else lambda data, _final=False: out.write(data)
