@@ -180,7 +180,7 @@ def cli(ctx: click.Context, config: str | None, socket_path: str | None) -> None
 
     \b
     Example:
-      gpusched daemon --simulate 2x24G &
+      gpusched daemon --simulate 2x24G --detach
       gpusched submit --mem 8G -- python train.py --lr 0.1
       gpusched status
     """
@@ -196,9 +196,17 @@ def cli(ctx: click.Context, config: str | None, socket_path: str | None) -> None
 @click.option(
     "--simulate", metavar="SPEC", help="Simulated GPUs instead of NVML, e.g. 2x24G or 24G,16G."
 )
+@click.option(
+    "--detach",
+    is_flag=True,
+    help="Run it in the background: return once it answers, printing its pid (exit"
+    " non-zero, with its error, if it fails to start); its stderr goes to daemon.log"
+    " in its state directory.",
+)
 @click.pass_context
-def daemon(ctx: click.Context, simulate: str | None) -> None:
-    """Run the scheduler daemon in the foreground (systemd runs this).
+def daemon(ctx: click.Context, simulate: str | None, detach: bool = False) -> None:
+    """Run the scheduler daemon in the foreground (systemd runs this), or with
+    --detach in the background, returning once it answers.
 
     Without root it serves only its own user, with the socket in $XDG_RUNTIME_DIR
     and the database and logs under ~/.local/state/gpusched. Where a system service
@@ -206,6 +214,7 @@ def daemon(ctx: click.Context, simulate: str | None) -> None:
 
     \b
     Example:
+      gpusched daemon --simulate 2x24G --detach && gpusched status
       gpusched daemon --simulate 2x24G
     """
     from pathlib import Path
@@ -215,6 +224,10 @@ def daemon(ctx: click.Context, simulate: str | None) -> None:
     given = ctx.find_root().obj
     config = Path(given["config"]) if given.get("config") else None
     refuse_personal_daemon(config, simulate, given.get("socket"))
+    if detach:
+        from gpusched.cli.detach import start_detached
+
+        ctx.exit(start_detached(given.get("config"), simulate, given.get("socket")))
 
     try:
         from gpusched.daemon.main import run_daemon
