@@ -200,7 +200,53 @@ def submit_request(
     """The submit request for `command` from this process (submit_fields' options)."""
     from gpusched.core.requests.catalog import SubmitRequest
 
-    return SubmitRequest(**submit_fields(command, suggested_mem=suggested_mem, **options))
+    fields = submit_fields(command, suggested_mem=suggested_mem, **options)
+    request = SubmitRequest(**fields)
+    _check_script(fields)  # after the request's own checks: theirs are said first
+    return request
+
+
+def checked_command(command: Sequence[str], cwd: str, path_env: str | None) -> list[str]:
+    """`command` as it will run, refused (UsageError) as `submit` refuses it: a program
+    that can never start, or an interpreter's script that is not there (`gpusched run`)."""
+    argv = resolve_command(command, cwd, path_env)
+    runnable, problem = runnable_command(argv, cwd, path_env)
+    problem = problem or _missing_script(runnable, cwd)
+    if problem is not None:
+        raise UsageError(problem)
+    return runnable
+
+
+# Programs whose first argument, when it is no option, is a script file they read.
+_INTERPRETERS = ("python", "bash", "sh", "zsh", "perl", "ruby", "node", "Rscript")
+
+
+def _missing_script(argv: Sequence[str], cwd: str) -> str | None:
+    """Why `python3 missing.py` could never run (None: the script is there, or this is no
+    interpreter given a script): said at submit, not as a failed job later."""
+    if len(argv) < 2:
+        return None
+    name = os.path.basename(argv[0]).rstrip("0123456789.")  # python3.12 -> python
+    script = argv[1]
+    if name not in _INTERPRETERS or not script or script.startswith("-") or "{" in script:
+        return None
+    if Path(cwd, script).exists():
+        return None
+    return f"cannot run {script}: no such file (in {cwd})"
+
+
+def _check_script(fields: dict[str, Any]) -> None:
+    """UsageError for a missing script; a held job or one after others only gets a warning
+    (its script may be written meanwhile)."""
+    problem = _missing_script(fields["command"], fields["cwd"])
+    if problem is None:
+        return
+    if fields.get("hold") or fields.get("after"):
+        print(
+            f"gpusched: warning: {shown(problem)}; queued anyway (held or --after)", file=sys.stderr
+        )
+        return
+    raise UsageError(problem)
 
 
 # SubmitRequest's fields that may be left out of submit_fields, with its defaults
@@ -234,6 +280,7 @@ def submit_frame(fields: dict[str, Any]) -> dict[str, Any]:
     values["notify"], values["after"], values["after_when"] = check_submit(
         **{name: values[name] for name in _CHECKED},
     )
+    _check_script(values)
     return {name: _json_value(value) for name, value in values.items()}
 
 

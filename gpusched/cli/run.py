@@ -33,7 +33,7 @@ from gpusched.interactive.reservation import (
     report_end,
     wait_placed,
 )
-from gpusched.submitter import resolve_command
+from gpusched.submitter import checked_command
 
 
 class _Withdrawn(Exception):
@@ -117,6 +117,8 @@ def run(
     The job shows in status and history like any other; it holds its GPUs while
     COMMAND runs and ends with it (exit code passed through: 128+N for signal N).
     Ctrl-C while waiting withdraws it; once running, Ctrl-C goes to COMMAND.
+    COMMAND is checked as `submit` checks it before it queues: a program that is not
+    found, or an interpreter's script that is not there, is refused (exit 2).
 
     \b
     Example:
@@ -124,7 +126,9 @@ def run(
       gpusched run --mem 10G --time 2h -- python debug.py
     """
     client = client_of(ctx)
-    argv = resolve_command(command, os.getcwd(), os.environ.get("PATH"))
+    # Checked as `submit` checks it: a command that cannot start is refused before it
+    # queues, not found missing once it has waited for its GPUs.
+    argv = checked_command(command, os.getcwd(), os.environ.get("PATH"))
     job = queue(
         client,
         argv,
