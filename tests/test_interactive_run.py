@@ -95,8 +95,8 @@ def test_a_command_killed_by_a_signal_exits_128_plus_n(daemon: RunningDaemon) ->
     ok = daemon.cli("run", "--mem", "1G", "--", "true")
     assert ok.returncode == 0
     missing = daemon.cli("run", "--mem", "1G", "--", "/no/such/program")
-    assert missing.returncode == 127
-    assert "No such file" in missing.stderr
+    assert missing.returncode == 2  # refused before it queues, as submit refuses it
+    assert missing.stderr == "gpusched: cannot run /no/such/program: no such file\n"
 
 
 def test_ctrl_c_while_waiting_withdraws_the_job(
