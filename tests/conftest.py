@@ -36,6 +36,23 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+# The whole suite runs in this many workers (pyproject's addopts: `-n auto`, one file per
+# worker): a daemon-tier test is mostly waiting for processes, so three overlap their
+# waits on two cores. A run of a few files stays in this process, where starting the
+# workers would cost more than they overlap.
+SUITE_WORKERS = 3
+FILES_WORTH_WORKERS = 12
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto`: SUITE_WORKERS for a run of many test files, none for a few."""
+    files = 0
+    for arg in config.args:
+        path = Path(arg.split("::")[0])
+        files += len(list(path.rglob("test_*.py"))) if path.is_dir() else 1
+    return SUITE_WORKERS if files >= FILES_WORTH_WORKERS else 0
+
+
 @pytest.fixture
 def spawn() -> Iterator[Callable[[], subprocess.Popen[bytes]]]:
     """Start `sleep` processes that are killed and reaped after the test."""
