@@ -33,7 +33,7 @@ import psutil
 from gpusched.config.holder import ConfigHolder
 from gpusched.core.models import Job
 from gpusched.processes import cgroups
-from gpusched.processes.durable import write_json_atomically
+from gpusched.processes.durable import is_blank, reserve_record, write_json_atomically
 from gpusched.processes.exit_watcher import ExitWatcher
 from gpusched.processes.launching import Outcome, OutcomeKind, Started, StartError, start_error
 from gpusched.processes.move_warmer import MoveWarmer
@@ -288,6 +288,12 @@ class Launcher:
         }
         spec_path = job_dir / "spec.json"
         try:
+            # The exit record's space, taken now: the job's end is written there even if
+            # the disk fills while it runs (gpusched.processes.durable).
+            reserve_record(job_dir / "exit.json")
+        except OSError as exc:
+            raise start_error("cannot reserve space for the job's exit record", exc) from None
+        try:
             # No fsync: the spec must outlive the daemon, not a power cut; after a crash of
             # the machine the job's fate is settled from its exit record, never its spec.
             write_json_atomically(spec_path, spec, durable=False)
@@ -350,7 +356,10 @@ class Launcher:
         """How the job ended, from its supervisor's record; `lost` when there is none."""
         path = self.job_dir(job_id) / "exit.json"
         try:
-            data = json.loads(path.read_text())
+            raw = path.read_bytes()
+            if is_blank(raw):  # reserved at the start, never written
+                raise FileNotFoundError(path)
+            data = json.loads(raw)
         except FileNotFoundError:
             err = self.job_dir(job_id) / "supervisor.err"
             detail = ""

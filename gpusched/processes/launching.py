@@ -57,9 +57,11 @@ class Outcome:
     transient: bool = False
 
 
-# Errors of starting a job that pass (out of files, memory or tasks): the job waits in
-# the queue for the next pass instead of failing.
-TRANSIENT_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EAGAIN})
+# Errors of starting a job that pass (out of files, memory, tasks or disk space): the job
+# waits in the queue for the next pass instead of failing.
+TRANSIENT_ERRNOS = frozenset(
+    {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EAGAIN, errno.ENOSPC, errno.EDQUOT}
+)
 
 
 class StartError(Exception):

@@ -5,7 +5,9 @@ supervisor becomes a child subreaper (so every descendant of the job, even one t
 calls setsid and whose parent exits, is re-parented to it and can be found and
 killed), opens the job's log, starts the job as its owner, waits for it and writes
 how it ended to `exit.json` next to the spec. Because the outcome is on disk, a
-daemon that was killed or restarted meanwhile still learns the real exit code.
+daemon that was killed or restarted meanwhile still learns the real exit code. The
+daemon reserved that record's space when it wrote the spec (gpusched.processes.durable):
+a disk filled while the job ran does not keep its end from being written.
 
 SIGTERM (sent by the daemon on cancel) means: SIGTERM the job's whole tree, wait
 the grace period, then freeze and SIGKILL whatever is left, again and again until the
@@ -49,7 +51,7 @@ from gpusched.processes.credentials import (
     in_owners_directory,
     owner_credentials,
 )
-from gpusched.processes.durable import write_json_atomically
+from gpusched.processes.durable import NO_SPACE_ERRNOS, write_record
 from gpusched.processes.logcap import cap_log
 from gpusched.processes.user_log import open_user_log
 
@@ -107,7 +109,7 @@ class Supervisor:
 
     def _record(self, **outcome: Any) -> None:
         outcome.setdefault("ended_at", time.time())
-        write_json_atomically(self.exit_path, outcome)
+        write_record(self.exit_path, outcome)
 
     def _start(self, log_fd: int) -> subprocess.Popen[bytes]:
         spec = self.spec
@@ -221,6 +223,8 @@ class Supervisor:
             self._record(
                 outcome="failed_to_start",
                 message=f"cannot open log {spec['log_path']}: {exc.strerror}",
+                # A full disk passes: the command never ran, so the job may wait its turn.
+                transient=exc.errno in NO_SPACE_ERRNOS,
             )
             return 1
         if self.log_cap is not None:
