@@ -10,6 +10,7 @@ import contextlib
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from gpusched.processes.durable import (
     write_json_atomically,
     write_record,
 )
-from tests.daemon_harness import eventually, job_until
+from tests.daemon_harness import RunningDaemon, eventually, job_until
 
 FS_SIZE = "20m"
 
@@ -106,8 +107,8 @@ def test_jobs_that_end_on_a_full_disk_keep_their_exit_codes_and_dependents(
     tmp_path: Path, small_fs: Path, daemon_factory: Any
 ) -> None:
     """With state_dir and log_dir on a filesystem a job has filled, every job that ends
-    meanwhile is recorded with its own exit code; its dependents wait, and run once
-    there is room again."""
+    meanwhile is recorded with its own exit code, and its dependents run (once there is
+    room for them)."""
     daemon = daemon_factory(
         simulate="8x24G",
         config={
@@ -140,8 +141,8 @@ def test_jobs_that_end_on_a_full_disk_keep_their_exit_codes_and_dependents(
             "done" if code == 0 else "failed",
             code,
         ), ended
-    for dependent in dependents:
-        assert daemon.show(dependent)["state"] == "queued"
+    for dependent in dependents:  # none cancelled (it may have started in room freed since)
+        assert daemon.show(dependent)["state"] != "cancelled"
     release.touch()
     assert daemon.wait_state(filling, {"done", "failed", "lost"}, timeout=60)["state"] == "done"
     with contextlib.suppress(FileNotFoundError):
@@ -151,3 +152,68 @@ def test_jobs_that_end_on_a_full_disk_keep_their_exit_codes_and_dependents(
             daemon.wait_state(dependent, {"done", "failed", "cancelled", "lost"}, 60)["state"]
             == "done"
         ), daemon.show(dependent)
+
+
+def on_small_fs(daemon_factory: Any, fs: Path) -> RunningDaemon:
+    """A daemon whose database, state and logs are all on `fs` (the default layout)."""
+    return daemon_factory(
+        config={
+            "database": f"sqlite:///{fs / 'state' / 'gpusched.db'}",
+            "state_dir": str(fs / "state"),
+            "log_dir": str(fs / "state" / "jobs"),
+        }
+    )
+
+
+def refused_plainly(daemon: RunningDaemon) -> str:
+    """A submit on the full disk: refused at once, in one line that says so."""
+    started = time.monotonic()
+    result = daemon.cli("submit", "--mem", "1G", "--", "true")
+    took = time.monotonic() - started
+    assert result.returncode != 0, result.stdout
+    said = result.stderr.strip()
+    assert "disk" in said and "full" in said, said
+    assert "nothing was queued" in said, said
+    assert "may have been" not in said, said
+    assert len(said.splitlines()) == 1, said
+    assert took < 5, (took, said)
+    return said
+
+
+def test_a_submit_on_a_full_disk_is_refused_plainly_and_accepted_once_there_is_room(
+    small_fs: Path, daemon_factory: Any
+) -> None:
+    daemon = on_small_fs(daemon_factory, small_fs).start()
+    first = daemon.submit("--mem", "1G", "--", "true")
+    daemon.wait_state(first, {"done"})
+    fill = fill_up(small_fs)
+    # What the daemon kept for a full disk goes to recording: a pass notices the disk full.
+    eventually(lambda: "full" in daemon.cli("submit", "--mem", "1G", "--", "true").stderr, 30)
+    refused_plainly(daemon)
+    assert [j["id"] for j in daemon.status("--all")["jobs"]] == [first]
+    fill.unlink()
+    job = eventually(lambda: daemon.cli("submit", "--mem", "1G", "--", "true").returncode == 0, 30)
+    assert job
+    assert "has room again" in daemon.stderr()
+
+
+def test_the_daemon_starts_on_a_full_disk_records_ends_and_recovers(
+    tmp_path: Path, small_fs: Path, daemon_factory: Any
+) -> None:
+    daemon = on_small_fs(daemon_factory, small_fs).start()
+    go = tmp_path / "go"
+    running = daemon.submit(
+        "--mem", "1G", "--", sys.executable, "-c", job_until(go, tmp_path / "m", 4)
+    )
+    daemon.supervisor_pid(running)
+    daemon.stop()
+    fill = fill_up(small_fs)
+    daemon.start()
+    assert daemon.show(running)["state"] == "running"
+    go.touch()
+    ended = daemon.wait_state(running, {"done", "failed", "lost"}, timeout=30)
+    assert (ended["state"], ended["exit_code"]) == ("failed", 4), ended
+    refused_plainly(daemon)
+    assert "Traceback" not in daemon.stderr()
+    fill.unlink()
+    eventually(lambda: daemon.cli("submit", "--mem", "1G", "--", "true").returncode == 0, 30)

@@ -112,7 +112,7 @@ class Daemon:
         log.info("GPUs: %s", self.probe.describe())
         prepare_dirs(config)
         try:
-            self.store = Store(config.database_url)
+            self.store = Store(config.database_url, keep_room=True)
         except OSError as exc:  # its directory or file cannot be made: an SQLite file's
             raise ConfigError(
                 f"database {config.database_url}: cannot create it: {os_failure(exc, '')}"
@@ -194,6 +194,7 @@ class Daemon:
 
     def _tick(self) -> None:
         try:
+            self.store.check_space()  # a full disk: room for ends, submits refused
             self.scheduler.tick()
         except Exception as exc:  # one bad tick must not end the loop; the next one retries
             # A pass that fails every poll the same way (out of open files: EMFILE) is said

@@ -37,7 +37,7 @@ from gpusched.daemon.identity import Caller, user_name
 from gpusched.daemon.listening import DeadlineReader, Listener, Slots
 from gpusched.daemon.services import Services
 from gpusched.daemon.trusted_dirs import untrusted_part
-from gpusched.store.engine import commits_sent, is_disconnect, unavailable
+from gpusched.store.engine import commits_sent, is_disconnect, is_disk_full, unavailable
 
 log = logging.getLogger("gpusched.server")
 
@@ -168,6 +168,8 @@ class Server:
             return error_reply(exc)
         except Exception as exc:  # a bug must cost one request, not the daemon
             if is_disconnect(exc):  # the database is away: say which, not a traceback
+                if is_disk_full(exc):  # give back the room kept for this, now
+                    self.services.store.check_space()
                 sent = commits_sent() != commits  # a COMMIT went out: it may have applied
                 error = unavailable(exc, self.services.store.where, committed=sent)
                 log.warning("request refused: %s", error.message)

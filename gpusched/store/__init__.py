@@ -23,6 +23,8 @@ Beside them:
   revisions and their running at open (a newer schema refused)
 - gpusched.store.rows: a `jobs` row read as a Job, and the SQL pieces the parts share
 - gpusched.store.engine: connections per dialect, URLs shown without their password
+- gpusched.store.space: the room an SQLite database keeps for a full disk (`check_space`,
+  `disk_full`)
 - gpusched.store.copy: one database's jobs into another (its own entry point)
 - gpusched.store.retention: the `retention:` key, applied by the daemon's retention pass
   (and by `gpusched admin prune`, with `history` set to its age), on the Database
@@ -80,11 +82,14 @@ class Store:
     """The database is the truth about jobs: every read and write of it goes through one
     of these parts, each given the one `Database` (its engine and transactions)."""
 
-    def __init__(self, url: str, lease_clock: Callable[[], float] | None = None) -> None:
+    def __init__(
+        self, url: str, lease_clock: Callable[[], float] | None = None, keep_room: bool = False
+    ) -> None:
         """Open (and bring to this version's schema) the database at `url`. `lease_clock`:
         seconds since 1970 for the cluster's leases, in place of the database's own
-        clock (store.nodes): a test's fixed clock."""
-        self.database = Database(url, lease_clock)
+        clock (store.nodes): a test's fixed clock. `keep_room`: the daemon's room for a
+        full disk beside an SQLite file (gpusched.store.space)."""
+        self.database = Database(url, lease_clock, keep_room)
         self.jobs = Jobs(self.database)
         self.usage = Usage(self.database)
         self.timeline = Timeline(self.database)
@@ -97,6 +102,16 @@ class Store:
     def where(self) -> str:
         """The database's URL, without its password."""
         return self.database.where
+
+    def check_space(self) -> None:
+        """Keep or give back the room kept for a full disk (gpusched.store.space)."""
+        if self.database.space is not None:
+            self.database.space.check()
+
+    def disk_full(self) -> str | None:
+        """Why nothing new can be stored now (its disk is full), in words; None: it can."""
+        space = self.database.space
+        return space.describe() if space is not None and space.full else None
 
     def close(self) -> None:
         self.database.close()

@@ -48,14 +48,17 @@ from typing import TypeVar
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 
+from gpusched.core.errors import GpuschedError
 from gpusched.store import migrations
 from gpusched.store.engine import (
     describe_url,
     is_disconnect,
+    is_disk_full,
     make_engine,
     make_reader,
     unavailable,
 )
+from gpusched.store.space import SpaceReserve
 from gpusched.store.waits import timed_out
 
 log = logging.getLogger("gpusched.store")
@@ -101,25 +104,39 @@ class Database:
     """The engine and its two kinds of transaction, shared by every part of `Store` (each
     part is given this object at its construction)."""
 
-    def __init__(self, url: str, lease_clock: Callable[[], float] | None = None) -> None:
+    def __init__(
+        self, url: str, lease_clock: Callable[[], float] | None = None, keep_room: bool = False
+    ) -> None:
         """`lease_clock`: seconds since 1970 for the cluster's leases, in place of the
-        database's own clock (store.nodes): a test's fixed clock."""
+        database's own clock (store.nodes): a test's fixed clock. `keep_room`: keep room
+        beside an SQLite file for a full disk (gpusched.store.space: the daemon does)."""
         self.where = describe_url(url)
         self.lease_clock = lease_clock
         # The connection of this thread's `snapshot()`, which its reads share.
         self._snapshot = threading.local()
+        # An SQLite file's room on a full disk (gpusched.store.space); None: none kept.
+        self.space: SpaceReserve | None = None
         if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
             path = Path(url.removeprefix("sqlite:///"))
             path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             if not path.exists():
                 path.touch(mode=0o600)
             make_private(path)
+            if keep_room:
+                self.space = SpaceReserve(path)
+                self.space.check()  # a full disk: the reserve makes room to open and record
         self.engine = make_engine(url)
         self._reader = make_reader(url)  # snapshot()'s, on PostgreSQL
         try:
             migrations.upgrade(self.engine, self.where)
         except DBAPIError as exc:
             self.close()
+            if self.space is not None and (is_disk_full(exc) or self.space.full):
+                # SQLite says "disk I/O error" when the -shm it needs finds no room.
+                raise GpuschedError(
+                    f"the database {self.where} cannot be opened: {self.space.describe()};"
+                    " free some space there and start again"
+                ) from None
             if is_disconnect(exc):
                 raise unavailable(exc, self.where) from None
             raise

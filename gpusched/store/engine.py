@@ -163,14 +163,37 @@ def _make_engine(url: str) -> Engine:
 def unavailable(exc: DBAPIError, where: str, committed: bool = False) -> GpuschedError:
     """One line for a person: the database (no password) and the driver's first line.
     `committed`: the failed request had sent a COMMIT (its answer lost, or an earlier
-    write of the same request applied), so what it asked may have been done in part."""
+    write of the same request applied), so what it asked may have been done in part. A
+    full disk is an answer, whatever was sent: nothing was changed."""
     first = str(exc.orig).strip().splitlines()[0] if str(exc.orig).strip() else type(exc).__name__
+    if is_disk_full(exc):
+        return GpuschedError(
+            f"the database {where} cannot write: its disk is full; nothing was changed"
+        )
     outcome = (
         "what was asked may have been done, in whole or in part: look before asking again"
         if committed
         else "nothing was changed"
     )
     return GpuschedError(f"the database {where} is unavailable ({first}); {outcome}")
+
+
+# SQLite's "database or disk is full"; PostgreSQL's disk_full (SQLSTATE 53100).
+SQLITE_FULL = 13
+PG_DISK_FULL = "53100"
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """Whether a database error says its disk is full: an answer, so nothing was applied
+    (a failed commit leaves SQLite's database as it was; PostgreSQL's aborts)."""
+    if not isinstance(exc, DBAPIError):
+        return False
+    orig = exc.orig
+    if getattr(orig, "sqlite_errorcode", None) == SQLITE_FULL:
+        return True
+    if getattr(orig, "sqlstate", None) == PG_DISK_FULL:
+        return True
+    return "database or disk is full" in str(orig)
 
 
 def is_disconnect(exc: BaseException) -> TypeGuard[DBAPIError]:

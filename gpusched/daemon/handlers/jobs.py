@@ -8,7 +8,13 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from gpusched.core.errors import ConflictError, NotFoundError, ProtocolError, UsageError
+from gpusched.core.errors import (
+    ConflictError,
+    GpuschedError,
+    NotFoundError,
+    ProtocolError,
+    UsageError,
+)
 from gpusched.core.models import TERMINAL_STATES, Job, JobState
 from gpusched.core.requests.catalog import (
     MAX_NAME_CHARS,
@@ -34,6 +40,7 @@ from gpusched.store.submits import request_ids
 
 
 def submit(services: Services, caller: Caller, request: SubmitRequest) -> OneOrManyJobs:
+    _refuse_on_full_disk(services, caller, request)
     config = services.config
     if caller.uid != 0:
         problem = can_enter(caller.uid, account_gid(caller), request.cwd)
@@ -90,6 +97,21 @@ def submit(services: Services, caller: Caller, request: SubmitRequest) -> OneOrM
     _charge(services, caller, new, news)
     jobs = services.scheduler.submit_many(news, as_array=True)
     return [services.visible(caller, job) for job in jobs]
+
+
+def _refuse_on_full_disk(services: Services, caller: Caller, request: SubmitRequest) -> None:
+    """A full disk's room goes to the jobs already queued: a new submit is refused, in
+    words that say nothing was queued (a retry of one that was queued is answered)."""
+    full = services.store.disk_full()
+    if full is None:
+        return
+    if request.request_id is not None and services.store.jobs.made_by_request(
+        caller.user, request.request_id
+    ):
+        return  # a retry whose first try was queued: answered with its jobs
+    raise GpuschedError(
+        f"{full}: submit refused, nothing was queued; submits are accepted once there is room"
+    )
 
 
 def submitted(services: Services, caller: Caller, request: SubmittedRequest) -> JobsReply:
