@@ -40,6 +40,7 @@ from gpusched.daemon.database_url import check_password_private
 from gpusched.daemon.hooks import HookRunner
 from gpusched.daemon.httpserve import HttpServer, Route
 from gpusched.daemon.process_setup import (
+    earlier_run,
     os_failure,
     prepare_dirs,
     raise_open_file_limit,
@@ -57,6 +58,7 @@ from gpusched.scheduling.ownership import LocalNode
 from gpusched.scheduling.ratelog import RateLimitedLog
 from gpusched.scheduling.scheduler import Scheduler
 from gpusched.store import Store
+from gpusched.store.damage import check_file, sqlite_path
 
 log = logging.getLogger("gpusched.daemon")
 
@@ -111,6 +113,9 @@ class Daemon:
         self.probe.snapshot()  # fail now, with the driver's message, not at the first tick
         log.info("GPUs: %s", self.probe.describe())
         prepare_dirs(config)
+        database_file = sqlite_path(config.database_url)
+        if database_file is not None:  # damaged, or empty after an earlier run: refused
+            check_file(database_file, earlier_run(config))
         try:
             self.store = Store(config.database_url, keep_room=True)
         except OSError as exc:  # its directory or file cannot be made: an SQLite file's

@@ -1,6 +1,7 @@
 """What the daemon process sets up for itself before it serves, and tells systemd: its
 private umask and directories only root can change (trusted_dirs), its open-file limit,
-and sd_notify (Type=notify: ready, reloading, stopping).
+what shows an earlier run here (`earlier_run`: an empty database is then refused), and
+sd_notify (Type=notify: ready, reloading, stopping).
 """
 
 from __future__ import annotations
@@ -100,3 +101,20 @@ def prepare_dirs(config: Config) -> None:
             raise ConfigError(
                 f"{key} {path}: cannot set its mode: {os_failure(exc, path)}"
             ) from None
+
+
+def earlier_run(config: Config) -> str | None:
+    """What shows that a daemon ran here before and got past its database's first
+    migration, in words; None: nothing (a first start, or a crash before that migration,
+    which leaves an empty database file and nothing else). The boot record is written at
+    every start once the database is open (gpusched.scheduling.boot); a job's directory
+    and its log once it started."""
+    if (config.state_dir / "boot.json").exists():
+        return f"{config.state_dir / 'boot.json'} shows an earlier run"
+    with contextlib.suppress(OSError):
+        if any(entry.name.isdigit() for entry in os.scandir(config.state_dir / "jobs")):
+            return f"{config.state_dir / 'jobs'} holds jobs of an earlier run"
+    with contextlib.suppress(OSError):
+        if any(entry.name.endswith(".log") for entry in os.scandir(config.log_dir)):
+            return f"{config.log_dir} holds job logs of an earlier run"
+    return None

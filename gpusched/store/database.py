@@ -50,6 +50,7 @@ from sqlalchemy.exc import DBAPIError
 
 from gpusched.core.errors import GpuschedError
 from gpusched.store import migrations
+from gpusched.store.damage import damaged, first_line, is_damage, quick_check, sqlite_path
 from gpusched.store.engine import (
     describe_url,
     is_disconnect,
@@ -116,8 +117,8 @@ class Database:
         self._snapshot = threading.local()
         # An SQLite file's room on a full disk (gpusched.store.space); None: none kept.
         self.space: SpaceReserve | None = None
-        if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
-            path = Path(url.removeprefix("sqlite:///"))
+        path = sqlite_path(url)
+        if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             if not path.exists():
                 path.touch(mode=0o600)
@@ -129,8 +130,12 @@ class Database:
         self._reader = make_reader(url)  # snapshot()'s, on PostgreSQL
         try:
             migrations.upgrade(self.engine, self.where)
+            if path is not None:
+                quick_check(self.engine, path)
         except DBAPIError as exc:
             self.close()
+            if path is not None and is_damage(exc):
+                raise damaged(path, f"is damaged ({first_line(exc)})") from None
             if self.space is not None and (is_disk_full(exc) or self.space.full):
                 # SQLite says "disk I/O error" when the -shm it needs finds no room.
                 raise GpuschedError(
