@@ -31,6 +31,7 @@ JOB_DEFAULTS: dict[str, Any] = {
     "submitted_at": None,
     "started_at": None,
     "ended_at": None,
+    "run_s": None,
     "pid": None,
     "exit_code": None,
     "reason": None,

@@ -29,6 +29,7 @@ _JOB_DEFAULTS: dict[str, Any] = {
     "submitted_at": None,
     "started_at": None,
     "ended_at": None,
+    "run_s": None,
     "exit_code": None,
     "reason": None,
     "reason_detail": None,

@@ -123,6 +123,10 @@ class Job:
     submitted_at: str | None = None
     started_at: str | None = None
     ended_at: str | None = None
+    # How long it ran, in seconds, as its supervisor measured on the monotonic clock (a
+    # jump of the wall clock moves started_at or ended_at, never this); None: not known
+    # (still running, or ended without a record), and ended_at - started_at stands in.
+    run_s: float | None = None
     pid: int | None = None
     exit_code: int | None = None
     reason: str | None = None

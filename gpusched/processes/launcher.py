@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import pwd
 import shutil
@@ -375,6 +376,7 @@ class Launcher:
             signal=data.get("signal"),
             message=data.get("message"),
             transient=data.get("transient") is True,
+            run_s=_seconds(data.get("run_s")),
         )
 
     def forget(self, job_id: int) -> None:
@@ -408,3 +410,12 @@ class Launcher:
         self._watcher.close()
         if self._warmer is not None:
             self._warmer.close()
+
+
+def _seconds(value: object) -> float | None:
+    """A duration from an exit record: a non-negative number, else unknown."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+        if math.isfinite(seconds) and seconds >= 0:
+            return seconds
+    return None

@@ -55,6 +55,8 @@ class Outcome:
     # failed_to_start for want of tasks or memory (the service's limit was full): the
     # command never ran, so the job may wait in the queue and start again.
     transient: bool = False
+    # How long it ran, in seconds, on the supervisor's monotonic clock; None: not known.
+    run_s: float | None = None
 
 
 # Errors of starting a job that pass (out of files, memory, tasks or disk space): the job

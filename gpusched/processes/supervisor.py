@@ -9,6 +9,10 @@ daemon that was killed or restarted meanwhile still learns the real exit code. T
 daemon reserved that record's space when it wrote the spec (gpusched.processes.durable):
 a disk filled while the job ran does not keep its end from being written.
 
+The exit record also says how long the job ran (`run_s`), measured on CLOCK_MONOTONIC
+from its start to its main process's end: a jump of the wall clock meanwhile (NTP, a
+manual date) does not change it, as it changes ended_at - started_at.
+
 SIGTERM (sent by the daemon on cancel) means: SIGTERM the job's whole tree, wait
 the grace period, then freeze and SIGKILL whatever is left, again and again until the
 supervisor has no child at all (gpusched.processes.treekill: a job that forks continuously cannot
@@ -103,12 +107,15 @@ class Supervisor:
             cgroups.MemoryCgroup(Path(cgroup["path"]), int(cgroup["version"])) if cgroup else None
         )
         self._shm = False
+        self._run_s: float | None = None  # how long the job ran, once it has ended
 
     def _on_term(self, _signum: int, _frame: object) -> None:
         self.terminate_requested = True
 
     def _record(self, **outcome: Any) -> None:
         outcome.setdefault("ended_at", time.time())
+        if self._run_s is not None:
+            outcome["run_s"] = self._run_s
         write_record(self.exit_path, outcome)
 
     def _start(self, log_fd: int) -> subprocess.Popen[bytes]:
@@ -267,6 +274,7 @@ class Supervisor:
     def _supervise(self, child: subprocess.Popen[bytes], read_fd: int) -> int:
         spec = self.spec
         cancelled = timed_out = False
+        started = time.monotonic()  # its run time is measured here: a wall-clock jump
         limit = spec.get("time_limit_s")
         limit_s = None if limit is None else float(limit)
         deadline = None if limit_s is None else time.monotonic() + limit_s
@@ -286,6 +294,7 @@ class Supervisor:
             select.select([read_fd], [], [], wait_s)
             _drain(read_fd)
             self._reap()
+        self._run_s = round(time.monotonic() - started, 3)  # until its main process ended
         # The main process is gone; stop anything it left behind holding the GPU.
         if _has_children():
             self._stop_tree(float(spec["kill_grace_s"]), read_fd)

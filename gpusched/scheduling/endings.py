@@ -99,10 +99,12 @@ class JobEndings:
         oom_next_mem: int | None = None,
         durable: bool = True,
         job: Job | None = None,
+        run_s: float | None = None,
     ) -> bool:
         """`durable=False`: the ending comes from the supervisor's exit record (Store).
 
         `job`: its row if the caller has just read it (under the lock), else it is read.
+        `run_s`: how long it ran, as its supervisor measured (Outcome.run_s).
         """
         now = iso(self.clock())
         job = job or self.jobs.get(job_id)
@@ -114,7 +116,9 @@ class JobEndings:
             now=now,
             exit_code=exit_code,
             detail=detail,
-            usage=self._final_usage(job, state, reason, now, (retry, retry_refused, oom_next_mem)),
+            usage=self._final_usage(
+                job, state, reason, now, (retry, retry_refused, oom_next_mem), run_s=run_s
+            ),
             timeline=self._final_timeline(job_id),
             hooks_due=hooks_due,
             durable=durable,
@@ -153,6 +157,8 @@ class JobEndings:
         reason: EndReason,
         now: str,
         oom: tuple[Job | None, str | None, int | None],
+        *,
+        run_s: float | None = None,
     ) -> dict[str, object] | None:
         """A job's measured figures and hints at its end (None for a job that never ran).
 
@@ -174,6 +180,7 @@ class JobEndings:
                 retry=oom[0],
                 retry_refused=oom[1],
                 oom_next_mem=oom[2],
+                run_s=run_s,
             )
         except Exception:  # the figures must never keep a job from ending
             log.exception("summing up the usage of job %s failed", job.id)
@@ -215,6 +222,7 @@ class JobEndings:
             retry_refused=why_not if retry is None and (job.retry_oom or mem is None) else None,
             oom_next_mem=mem,
             durable=durable,
+            run_s=outcome.run_s,
         )
 
     def on_job_exit(self, job_id: int) -> None:
@@ -289,6 +297,7 @@ class JobEndings:
                 detail=detail,
                 durable=durable,
                 job=job,
+                run_s=outcome.run_s,
             )
             return
         if outcome.kind == OutcomeKind.SIGNAL or (
@@ -302,7 +311,13 @@ class JobEndings:
         if outcome.kind == OutcomeKind.EXIT:
             state = JobState.DONE if outcome.exit_code == 0 else JobState.FAILED
             self.end(
-                job_id, state, EndReason.EXIT, exit_code=outcome.exit_code, durable=durable, job=job
+                job_id,
+                state,
+                EndReason.EXIT,
+                exit_code=outcome.exit_code,
+                durable=durable,
+                job=job,
+                run_s=outcome.run_s,
             )
             return
         state, reason = ENDINGS.get(outcome.kind, (JobState.LOST, EndReason.LOST))
@@ -317,6 +332,7 @@ class JobEndings:
             detail=message,
             durable=durable,
             job=job,
+            run_s=outcome.run_s,
         )
 
     def wait_until_ended(self, job_ids: list[int], timeout_s: float) -> None:

@@ -55,6 +55,8 @@ jobs = Table(
     Column("submitted_at", String, nullable=False),
     Column("started_at", String, nullable=True),
     Column("ended_at", String, nullable=True, index=True),
+    # Seconds it ran, on its supervisor's monotonic clock (revision 0019).
+    Column("run_s", Float, nullable=True),
     Column("pid", Integer, nullable=True),
     Column("pid_start_time", String, nullable=True),  # guards against pid reuse
     Column("exit_code", Integer, nullable=True),

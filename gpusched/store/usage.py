@@ -34,6 +34,7 @@ USAGE_COLUMNS = frozenset(
         "demand",
         "shared_with",
         "sharing_speed",
+        "run_s",
     }
 )
 

@@ -73,10 +73,13 @@ def final_usage(
     retry: Job | None = None,
     retry_refused: str | None = None,
     oom_next_mem: int | None = None,
+    run_s: float | None = None,
 ) -> dict[str, Any]:
-    """The store columns written with a job's end: its figures and its hints."""
-    runtime = None
-    if job.started_at is not None:
+    """The store columns written with a job's end: its figures and its hints. `run_s`:
+    how long it ran on its supervisor's monotonic clock, if known (else the wall clock's
+    ended_at - started_at stands in, for the hints)."""
+    runtime = run_s
+    if runtime is None and job.started_at is not None:
         runtime = (
             datetime.fromisoformat(ended_at) - datetime.fromisoformat(job.started_at)
         ).total_seconds()
@@ -105,4 +108,5 @@ def final_usage(
     values = UsageMonitor.columns(tracker)
     values["peak_mem"] = summary["peak_mem"]
     values["hints"] = job_hints(facts, min_runtime_s)
+    values["run_s"] = run_s
     return values
