@@ -86,6 +86,16 @@ def _seconds_since(moment: str | None, now: datetime) -> float | None:
     return (now - then).total_seconds()
 
 
+def ran_for(job: JobLike, now: datetime) -> float | None:
+    """How long an ended job ran: as its supervisor measured on the monotonic clock, else
+    (not recorded) ended_at - started_at, which a wall-clock jump distorts."""
+    if job.run_s is not None:
+        return float(job.run_s)
+    ended = _seconds_since(job.ended_at, now)
+    started = _seconds_since(job.started_at, now)
+    return None if ended is None or started is None else started - ended
+
+
 def job_words(job: JobLike) -> list[str]:
     """Its name, else its command's words; an array's job and an interactive job say so,
     which is all another user sees of them when commands are hidden."""
@@ -148,9 +158,7 @@ def _job_lines(
     if state == RUNNING:
         since = _seconds_since(job.started_at, now)
     elif state in ENDED_STATES:
-        ended = _seconds_since(job.ended_at, now)
-        started = _seconds_since(job.started_at, now)
-        since = None if ended is None or started is None else started - ended
+        since = ran_for(job, now)
     else:
         since = _seconds_since(job.submitted_at, now)
     elapsed = "-" if since is None else format_duration(since)

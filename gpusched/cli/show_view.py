@@ -18,7 +18,7 @@ from gpusched.cli.job_json import job_json
 from gpusched.cli.reply_view import ReplyView
 from gpusched.core.after import after_text
 from gpusched.core.sanitize import shown
-from gpusched.core.units import format_size
+from gpusched.core.units import format_duration, format_size
 
 TYPE_CHECKING = False  # typing's own import costs every `gpusched show`
 if TYPE_CHECKING:
@@ -95,6 +95,7 @@ def show_lines(reply: dict[str, Any], width: int) -> list[str]:
         ("submitted", job.submitted_at),
         ("started", job.started_at or "-"),
         ("ended", job.ended_at or "-"),
+        *([("ran", format_duration(job.run_s))] if job.run_s is not None else []),
         ("pid", job.pid or "-"),
         ("exit code", "-" if job.exit_code is None else job.exit_code),
         (

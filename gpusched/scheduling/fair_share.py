@@ -6,6 +6,9 @@ holding on one GPU (`peak_mem`): a job that declares little and uses much pays f
 used, and an honest job that uses less than it declared still pays for the room it kept
 from others.
 
+A job's time is its run time as its supervisor measured it on the monotonic clock where
+recorded (`run_s`), so a wall-clock jump while it ran charges nothing.
+
 Read from the store's recent jobs (running and ended) only when users compete: with one
 user waiting, order within that user's queue needs no history. The dashboard's usage
 page reads the same figure (`usage_by_user`) whoever waits.
@@ -49,16 +52,22 @@ def usage_by_user(
     """
     since = iso(now - timedelta(seconds=WINDOW_HALF_LIVES * half_life_s))
     spans = [
-        UsageSpan(
-            job.user,
-            charged_bytes(job, totals),
-            epoch_seconds(job.started_at),
-            None if job.ended_at is None else epoch_seconds(job.ended_at),
-        )
+        UsageSpan(job.user, charged_bytes(job, totals), *_span(job, job.started_at))
         for job in jobs.usage_since(since)
         if job.started_at is not None
     ]
     return decayed_usage(spans, now.timestamp(), half_life_s)
+
+
+def _span(job: Job, started_at: str) -> tuple[float, float | None]:
+    """When a job held its cards, in epoch seconds (end None: still running). An ended
+    job's run time is its supervisor's measure where recorded: a wall-clock jump while it
+    ran moved its started_at, not what it held; ended_at is read after the jump."""
+    if job.ended_at is None:
+        return epoch_seconds(started_at), None
+    end = epoch_seconds(job.ended_at)
+    start = end - job.run_s if job.run_s is not None else epoch_seconds(started_at)
+    return start, end
 
 
 def charged_bytes(job: Job, totals: Mapping[str, int]) -> int:
