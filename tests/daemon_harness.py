@@ -222,11 +222,18 @@ class RunningDaemon:
         return self
 
     def stop(self, signum: int = signal.SIGTERM) -> int | None:
+        """Signal the daemon and wait for its exit code: as long as a start may take (a
+        stop finishes its pass and writes the running jobs' last points, which wait on a
+        database that was just cut off); SIGKILLed and TimeoutExpired past that."""
         if self.process is None or self.process.poll() is not None:
             return None if self.process is None else self.process.returncode
         self.process.send_signal(signum)
         try:
-            return self.process.wait(timeout=15)
+            return self.process.wait(timeout=start_timeout())
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            raise
         finally:
             self.process = None
 

@@ -144,6 +144,7 @@ def test_a_visitor_sees_exactly_a_strangers_status(shared_root: Path) -> None:
             assert web["waiting"] == stranger
             job = get_json(port, f"/api/job?id={ids[0]}")["job"]
             assert job.pop("timeline") == []  # the job page's charts: a held job has none
+            assert job.pop("expected_start") is None  # as `show` says; a held job has none
             assert job == stranger[0]
     finally:
         daemon.stop()
