@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
@@ -228,3 +229,120 @@ def test_retry_oom_never_retries_a_host_oom(
     assert ended["reason"] == "host_oom", ended
     time.sleep(2)  # a retry would be queued with the end
     assert [j["id"] for j in daemon.status("--all")["jobs"]] == [job["id"]]
+
+
+# --- Memory that no process holds: kept to the job that made it -----------------------
+
+# Holds argv[1] MiB in its own memory, then sleeps: a job whose memory is its processes'.
+HOLD = r"""
+import sys, time
+block = bytearray(int(sys.argv[1]) * 2**20)
+for i in range(0, len(block), 4096):
+    block[i] = 1
+time.sleep(float(sys.argv[2]) if len(sys.argv) > 2 else 0)
+"""
+
+# argv[2] MiB into /dev/shm/NAME (argv[1]) from a child, through a 4 MiB buffer; the job
+# exits 0 whatever became of the child, or sleeps argv[3] seconds first: the pages are
+# then held by no process, and the job's own process is small.
+SHM_UNHELD = r"""
+import os, sys, time
+pid = os.fork()
+if pid == 0:
+    block = b"x" * (4 * 2**20)
+    try:
+        with open("/dev/shm/" + sys.argv[1], "wb") as out:
+            for _ in range(int(sys.argv[2]) // 4):
+                out.write(block)
+                out.flush()
+    except OSError:
+        pass
+    os._exit(0)
+os.waitpid(pid, 0)
+time.sleep(float(sys.argv[3]) if len(sys.argv) > 3 else 0)
+"""
+
+# A SysV segment of argv[1] MiB, touched, detached, never removed: the job exits 0.
+SYSV_LEFT_BEHIND = r"""
+import ctypes, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+size = int(sys.argv[1]) * 2**20
+shmid = libc.shmget(0, ctypes.c_size_t(size), 0o1600)  # IPC_PRIVATE, IPC_CREAT | 0600
+assert shmid >= 0, ctypes.get_errno()
+addr = libc.shmat(shmid, None, 0)
+assert addr not in (None, ctypes.c_void_p(-1).value), ctypes.get_errno()
+ctypes.memset(addr, 1, size)
+libc.shmdt(ctypes.c_void_p(addr))
+"""
+
+
+def _sysv_segments(uid: int) -> list[int]:
+    """The ids of the host's SysV shared memory segments owned by `uid`."""
+    lines = Path("/proc/sysvipc/shm").read_text().splitlines()[1:]
+    return [int(f[1]) for f in (line.split() for line in lines) if int(f[7]) == uid]
+
+
+def _python_job(daemon: RunningDaemon, user: User, script: str, *args: str) -> int:
+    return _submit(daemon, user, ["python3", "-c", script, *args])
+
+
+def test_unheld_dev_shm_pages_kill_their_own_job_not_a_neighbour(
+    people: tuple[User, User], capped_daemon: tuple[RunningDaemon, Path]
+) -> None:
+    """Pages of a tmpfs count for no process: the kernel, picking by memory held, took the
+    victim's job (which holds 100 MiB) while mallory's, which filled /dev/shm and holds
+    nothing, ended `done`. The pages are charged to the job that wrote them, within its own
+    limit: at that limit the kernel kills within the job."""
+    mallory, victim = people
+    daemon, cgroup = capped_daemon
+    victim_job = _python_job(daemon, victim, HOLD, "100", "600")
+    daemon.wait_state(victim_job, {"running"})
+    time.sleep(1)  # its 100 MiB are touched
+    job_id = _python_job(daemon, mallory, SHM_UNHELD, f"unheld-{cgroup.name}", "600")
+    ended = daemon.wait_state(job_id, {"done", "failed", "lost", "cancelled"}, timeout=120)
+    assert ended["reason"] == "host_oom", ended
+    assert "its own host memory limit" in (ended.get("reason_detail") or ""), ended
+    assert daemon.show(victim_job)["state"] == "running", daemon.show(victim_job)
+
+
+def test_a_neighbours_full_dev_shm_never_takes_a_supervisor(
+    people: tuple[User, User], capped_daemon: tuple[RunningDaemon, Path]
+) -> None:
+    """Mallory's job fills its /dev/shm and sleeps; the victim's next job must still run to
+    its end. Before, the service was full of pages no process held and the process the
+    kernel took was the victim's supervisor, which sat in its job's cgroup at the job's
+    score while forking it: the job ended `lost`. Now the pages stop at mallory's own limit
+    and a supervisor never holds a job's score or cgroup."""
+    mallory, victim = people
+    daemon, cgroup = capped_daemon
+    filler = _python_job(daemon, mallory, SHM_UNHELD, f"full-{cgroup.name}", "500", "600")
+    daemon.wait_state(filler, {"running"})
+    time.sleep(8)  # it has written what it could
+    for _ in range(3):
+        job_id = _python_job(daemon, victim, HOLD, "100")
+        ended = daemon.wait_state(job_id, {"done", "failed", "lost", "cancelled"}, timeout=60)
+        assert ended["state"] == "done", ended
+
+
+def test_a_sysv_segment_left_behind_dies_with_its_job(
+    people: tuple[User, User], capped_daemon: tuple[RunningDaemon, Path]
+) -> None:
+    """A SysV segment outlives its creator (and, in the host's IPC namespace, every daemon
+    restart) until root runs ipcrm; its pages count for no process, so the next job the
+    kernel killed was the victim's. Each job has its own IPC namespace: the segment goes
+    with the job."""
+    mallory, victim = people
+    daemon, cgroup = capped_daemon
+    before = set(_sysv_segments(mallory.uid))
+    try:
+        job_id = _python_job(daemon, mallory, SYSV_LEFT_BEHIND, "200")
+        assert daemon.wait_state(job_id, {"done", "failed"}, timeout=60)["state"] == "done"
+        assert set(_sysv_segments(mallory.uid)) <= before
+        eventually(lambda: int(_usage_file(cgroup).read_text()) < 200 * MiB, timeout=20)
+        job_id = _python_job(daemon, victim, HOLD, "200")
+        assert daemon.wait_state(job_id, {"done", "failed", "lost"}, timeout=60)["state"] == "done"
+    finally:
+        for shmid in set(_sysv_segments(mallory.uid)) - before:
+            with contextlib.suppress(OSError):
+                subprocess.run(["ipcrm", "-m", str(shmid)], check=False)
