@@ -8,14 +8,15 @@ first. Hence:
 
 - `OOM_SCORE_ADJ_PROTECTED` (-900) for the daemon, inherited by the zygote and every
   supervisor (and `OOMScoreAdjust=` in the unit): one of them is chosen only once it
-  holds 90 % of the cap more than any job process. A job is started with 0: the
-  supervisor lowers its own protection only around the fork of the job (`job_fork`), so
-  the job and all it forks inherit 0, never -900; a job's owner cannot lower it again
-  (that takes CAP_SYS_RESOURCE). Not -1000: a group where nothing may be killed hangs.
-  What matters is the gap: where the daemon cannot lower its own score (a container
-  without CAP_SYS_RESOURCE, as in this project's CI), the job starts at +900 instead
-  (`job_score_adj`); there the job's owner could lower it back to 0, which is why the
-  unit sets `OOMScoreAdjust=` (docs/operations.md, "Security model").
+  holds 90 % of the cap more than any job process. A job runs at 0: right after its
+  fork the supervisor writes that to every process in the job's cgroup
+  (`raise_job_scores`), never holding it itself, so the job and all it forks run at 0;
+  a job's owner cannot lower it again (that takes CAP_SYS_RESOURCE). Not -1000: a group
+  where nothing may be killed hangs. What matters is the gap: where the daemon cannot
+  lower its own score (a container without CAP_SYS_RESOURCE, as in this project's CI),
+  the job starts at +900 instead (`job_score_adj`); there the job's owner could lower
+  it back to 0, which is why the unit sets `OOMScoreAdjust=` (docs/operations.md,
+  "Security model").
 - one cgroup layout (docs/operations.md, "Memory and cgroups"), under the cgroup the
   daemon starts in (the service's, `Delegate=yes`): `SERVICE/daemon` holds the daemon,
   the zygote and the supervisors; `SERVICE/job-ID` holds one job's processes. Not a
@@ -35,7 +36,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -185,13 +186,13 @@ def prepare_service(service: MemoryCgroup | None = None) -> MemoryCgroup | None:
 @contextlib.contextmanager
 def job_fork(cgroup: MemoryCgroup | None) -> Iterator[None]:
     """Around the fork of a job: the calling (single-threaded) supervisor is in the job's
-    cgroup with the job's oom_score_adj (`job_score_adj`), so the job inherits both from
-    the fork itself and nothing it starts early escapes; then the supervisor goes back to
-    its own cgroup and protection."""
+    cgroup, so the job is in it from the fork itself and nothing it starts early escapes;
+    then the supervisor goes back to its own cgroup. It keeps its own protection
+    throughout: holding the job's score there, it was for that moment the largest
+    process of the job at the job's score, the kernel's first choice when the service ran
+    out of memory (and the job ended `lost`). The job gets its score after the fork
+    (`raise_job_scores`)."""
     home = own_memory_cgroup() if cgroup is not None else None
-    # A user's own daemon (single-user mode) leaves its jobs' scores alone: they would
-    # otherwise be the machine's first choice, before the user's desktop and shell.
-    before = oom_score_adj() if os.geteuid() == 0 else None
     moved = False
     if cgroup is not None:
         try:
@@ -199,16 +200,34 @@ def job_fork(cgroup: MemoryCgroup | None) -> Iterator[None]:
             moved = True
         except OSError:
             pass
-    if before is not None:
-        set_oom_score_adj(job_score_adj(before))
     try:
         yield
     finally:
-        if before is not None:
-            set_oom_score_adj(before)
         if moved and home is not None:
             with contextlib.suppress(OSError):
                 home.add(os.getpid())
+
+
+def raise_job_scores(pids: Callable[[], list[int]], rounds: int = 100) -> None:
+    """Right after a job's fork: every process of the job (`pids`, read afresh each round)
+    to the job's oom_score_adj (`job_score_adj` of the caller's), until none is left
+    below it. The job runs its first instructions at its supervisor's score; whatever it
+    forked meanwhile is in `pids` too (its cgroup), and written here in its turn. Root's
+    write also sets the process's floor (`oom_score_adj_min`): the job's owner cannot
+    take it back down. A user's own daemon (single-user mode) leaves its jobs' scores
+    alone: they would otherwise be the machine's first choice, before the user's desktop
+    and shell."""
+    own = oom_score_adj() if os.geteuid() == 0 else None
+    if own is None:
+        return
+    score = job_score_adj(own)
+    for _ in range(rounds):
+        scores = {pid: oom_score_adj(pid) for pid in pids()}  # None: it has exited
+        behind = [pid for pid, now in scores.items() if now is not None and now < score]
+        if not behind:
+            return
+        for pid in behind:
+            set_oom_score_adj(score, pid)
 
 
 def hook_cgroup(name: str) -> MemoryCgroup | None:

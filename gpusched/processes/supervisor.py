@@ -155,6 +155,18 @@ class Supervisor:
         treekill.kill_tree(self._reap, pause)
         self._reap()
 
+    def _job_pids(self) -> list[int]:
+        """The job's processes: its cgroup's, or without one the supervisor's descendants."""
+        if self.cgroup is not None:
+            return self.cgroup.procs()
+        found: list[int] = []
+        todo = [os.getpid()]
+        while todo:
+            kids = treekill.children_of(todo.pop())
+            found += kids
+            todo += kids
+        return found
+
     def _prepare_job_sandbox(self) -> None:
         """As root, before the job starts: its cgroup and its private /dev/shm."""
         if self.cgroup is not None:
@@ -258,6 +270,7 @@ class Supervisor:
         try:
             with cgroups.job_fork(self.cgroup):
                 self.child = self._start(log_fd)
+            cgroups.raise_job_scores(self._job_pids)
         except (OSError, subprocess.SubprocessError, ValueError, DirectoryRefused) as exc:
             message = _start_error(exc, spec)
             os.write(log_fd, f"gpusched: {message}\n".encode())
