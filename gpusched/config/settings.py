@@ -61,11 +61,14 @@ DEFAULT_MAX_QUEUED = 10_000  # limits.default.max_queued: waiting jobs per user
 
 @dataclass(frozen=True)
 class UserLimits:
-    """Per-user limits (None: unlimited). `max_mem_bytes` sums declared memory over GPUs."""
+    """Per-user limits (None: unlimited). `max_mem_bytes` sums declared memory over GPUs;
+    `host_mem_bytes` caps each job's host memory (None: its share of the service's,
+    gpusched.processes.launcher)."""
 
     max_running: int | None = None
     max_mem_bytes: int | None = None
     max_queued: int | None = DEFAULT_MAX_QUEUED
+    host_mem_bytes: int | None = None
 
     def over(self, other: UserLimits) -> UserLimits:
         """These limits, with every key `other` sets taking precedence."""
@@ -153,7 +156,7 @@ def default_config() -> Config:
     )
 
 
-_LIMIT_KEYS = {"max_running", "max_mem", "max_queued"}
+_LIMIT_KEYS = {"max_running", "max_mem", "max_queued", "host_mem"}
 
 
 def _one_limit(where: str, value: Any) -> UserLimits:
@@ -162,7 +165,7 @@ def _one_limit(where: str, value: Any) -> UserLimits:
     if value is None:
         value = {}
     if not isinstance(value, dict):
-        raise UsageError(f"{where}: expected a mapping with max_running, max_mem, max_queued")
+        raise UsageError(f"{where}: expected a mapping with {', '.join(sorted(_LIMIT_KEYS))}")
     unknown = set(value) - _LIMIT_KEYS
     if unknown:
         raise UsageError(f"{where}: unknown limit {sorted(unknown)[0]!r}")
@@ -175,6 +178,9 @@ def _one_limit(where: str, value: Any) -> UserLimits:
             raise UsageError(f"{where}.{name}: expected a whole number >= 0")
         counts[name] = count
     mem = value.get("max_mem")
+    host_mem = None if value.get("host_mem") is None else parse_size(value["host_mem"])
+    if host_mem == 0:
+        raise UsageError(f"{where}.host_mem: expected a size above 0")
     return UserLimits(
         max_running=counts["max_running"],
         max_mem_bytes=None if mem is None else parse_size(mem),
@@ -183,6 +189,7 @@ def _one_limit(where: str, value: Any) -> UserLimits:
             if where == "default" and "max_queued" not in value
             else counts["max_queued"]
         ),
+        host_mem_bytes=host_mem,
     )
 
 

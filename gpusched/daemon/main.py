@@ -110,7 +110,8 @@ class Daemon:
         )
         raise_open_file_limit()
         self.probe = make_probe(config)
-        self.probe.snapshot()  # fail now, with the driver's message, not at the first tick
+        # Fail now, with the driver's message, not at the first tick.
+        gpu_count = len(self.probe.snapshot())
         log.info("GPUs: %s", self.probe.describe())
         prepare_dirs(config)
         database_file = sqlite_path(config.database_url)
@@ -125,7 +126,7 @@ class Daemon:
         log.info("database %s, socket %s", self.store.where, config.socket_path)
         # The one holder of the config: a reload replaces it once and reaches every reader.
         self.settings = ConfigHolder(config)
-        self.launcher = Launcher(self.settings)
+        self.launcher = Launcher(self.settings, gpu_count)
         # What the scheduler calls back (the tick loop's wake-up, the hook runner) is built
         # before it, so that every part of it is complete once built.
         self._ticks = BackgroundScheduler(

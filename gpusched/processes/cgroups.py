@@ -86,15 +86,75 @@ class MemoryCgroup:
         """Move `pid` (and, on v2, all its threads) into this cgroup."""
         (self.path / "cgroup.procs").write_text(str(pid))
 
+    def _file(self, v1: str, v2: str) -> Path:
+        return self.path / (v2 if self.version == 2 else v1)
+
+    def set_limit(self, limit_bytes: int) -> None:
+        """Cap this cgroup's memory (tmpfs and SysV pages its processes wrote included): at
+        the cap the kernel reclaims, then kills within this cgroup only."""
+        self._file("memory.limit_in_bytes", "memory.max").write_text(str(limit_bytes))
+
+    def limit(self) -> int | None:
+        """This cgroup's own cap, None where it has none (or it cannot be read)."""
+        try:
+            text = self._file("memory.limit_in_bytes", "memory.max").read_text().strip()
+        except OSError:
+            return None
+        return None if text == "max" or not text.isdigit() else int(text)
+
+    def peak(self) -> int | None:
+        """The most memory this cgroup held at once (v2 without memory.peak: None)."""
+        try:
+            return int(self._file("memory.max_usage_in_bytes", "memory.peak").read_text())
+        except (OSError, ValueError):
+            return None
+
+    def reached_limit(self) -> bool:
+        """Whether this cgroup's own cap was ever reached (not an ancestor's)."""
+        if self.version == 2:
+            return _event(self.path / "memory.events.local", "max") > 0
+        try:
+            return int((self.path / "memory.failcnt").read_text()) > 0
+        except (OSError, ValueError):
+            return False
+
     def oom_kills(self) -> int:
         """How many of this cgroup's processes the kernel's OOM killer has killed."""
-        name = "memory.events" if self.version == 2 else "memory.oom_control"
-        try:
-            text = (self.path / name).read_text()
-        except OSError:
-            return 0
-        match = re.search(r"^oom_kill (\d+)$", text, re.MULTILINE)
-        return int(match.group(1)) if match else 0
+        return _event(self._file("memory.oom_control", "memory.events"), "oom_kill")
+
+
+def _event(path: Path, name: str) -> int:
+    """A counter of memory.events (v2) or memory.oom_control (v1): `NAME COUNT` lines."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return 0
+    match = re.search(rf"^{name} (\d+)$", text, re.MULTILINE)
+    return int(match.group(1)) if match else 0
+
+
+def memory_total() -> int:
+    """The machine's memory (MemTotal)."""
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1]) * 1024
+    raise OSError("no MemTotal in /proc/meminfo")
+
+
+def memory_budget(service: MemoryCgroup) -> int:
+    """The memory the service may use in all: the lowest cap on the way from its cgroup to
+    the root (v1 says it as `hierarchical_memory_limit`), at most the machine's."""
+    total = memory_total()
+    if service.version == 1:
+        stat = (service.path / "memory.stat").read_text()
+        match = re.search(r"^hierarchical_memory_limit (\d+)$", stat, re.MULTILINE)
+        return min(total, int(match.group(1))) if match else total
+    lowest, path = total, service.path
+    while (path / "memory.max").exists():
+        own = MemoryCgroup(path, 2).limit()
+        lowest = min(lowest, own) if own is not None else lowest
+        path = path.parent
+    return lowest
 
 
 def _mounts() -> Iterator[tuple[str, Path, str, str]]:

@@ -44,6 +44,10 @@ from gpusched.processes.zygote import recorded_pid, recorded_supervisor
 
 log = logging.getLogger("gpusched.launcher")
 
+# The share of the service's memory that jobs' caps divide between them; the rest is the
+# daemon's, the zygote's and the supervisors'.
+JOBS_MEMORY_SHARE = 0.9
+
 # How long a fork request may wait for the zygote's answer: the first after a (re)start
 # waits for its interpreter (a fraction of a second); a fork takes about a millisecond.
 ZYGOTE_REPLY_TIMEOUT_S = 10.0
@@ -100,8 +104,9 @@ class Launcher:
     endings (the scheduler), before the first job starts or is re-adopted.
     """
 
-    def __init__(self, config: ConfigHolder) -> None:
+    def __init__(self, config: ConfigHolder, gpu_count: int = 1) -> None:
         self._config = config
+        self._gpu_count = max(1, gpu_count)  # a job's default host memory: its GPUs' share
         self.jobs_dir = config.current.state_dir / "jobs"
         self.log_dir = config.current.log_dir
         self.on_exit: Callable[[int], None] = _no_listener
@@ -114,6 +119,7 @@ class Launcher:
         self._zygote_warned = False
         self._service: cgroups.MemoryCgroup | None = None  # jobs' cgroups go under it
         self._warmer: MoveWarmer | None = None  # with job cgroups: their moves' lock
+        self._jobs_budget = 0  # with job cgroups: the memory their caps divide
 
     def protect(self) -> None:
         """At the daemon's start (as root): protect it from the OOM killer (the zygote and
@@ -133,6 +139,21 @@ class Launcher:
             self._warmer = MoveWarmer(self._service.path / cgroups.DAEMON_LEAF)
             v, where = self._service.version, self._service.path
             log.info("cgroups (v%s): daemon in %s/daemon, each job in %s/job-ID", v, where, where)
+            try:
+                self._jobs_budget = int(cgroups.memory_budget(self._service) * JOBS_MEMORY_SHARE)
+            except (OSError, ValueError) as exc:
+                log.warning("cannot read the service's memory limit (%s): jobs uncapped", exc)
+
+    def host_mem_limit(self, job: Job) -> int | None:
+        """The cap on a job's host memory (its cgroup's): its owner's `limits` `host_mem`,
+        else its GPUs' share of what the jobs may use in all (the service's memory less
+        the daemon's part), so that jobs filling as many cards as there are stay within
+        the service together. None without job cgroups."""
+        if self._service is None or self._jobs_budget <= 0:
+            return None
+        own = self._config.current.limits_for(job.user).host_mem_bytes
+        share = self._jobs_budget * min(max(1, job.gpus), self._gpu_count) // self._gpu_count
+        return min(own, self._jobs_budget) if own is not None else share
 
     # -- the zygote ---------------------------------------------------------------------
 
@@ -283,6 +304,7 @@ class Launcher:
             else {
                 "path": str(self._service.path / f"job-{job.id}"),
                 "version": self._service.version,
+                "limit": self.host_mem_limit(job),
             },
             "private_shm": os.geteuid() == 0,
             "exec_by": exec_by,  # CLOCK_MONOTONIC: no exec past it (a cluster's fence)

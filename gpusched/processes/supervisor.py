@@ -45,10 +45,11 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpusched.core.units import format_duration
+from gpusched.core.units import format_duration, format_size
 from gpusched.processes import cgroups, shm, treekill
 from gpusched.processes.credentials import (
     DirectoryRefused,
@@ -106,6 +107,7 @@ class Supervisor:
         self.cgroup = (
             cgroups.MemoryCgroup(Path(cgroup["path"]), int(cgroup["version"])) if cgroup else None
         )
+        self.host_mem_limit: int | None = cgroup.get("limit") if cgroup else None
         self._shm = False
         self._run_s: float | None = None  # how long the job ran, once it has ended
 
@@ -175,6 +177,12 @@ class Supervisor:
             except OSError as exc:
                 print(f"gpusched supervisor: no cgroup for the job: {exc}", file=sys.stderr)
                 self.cgroup = None
+        if self.cgroup is not None and self.host_mem_limit is not None:
+            try:
+                self.cgroup.set_limit(self.host_mem_limit)
+            except OSError as exc:
+                print(f"gpusched supervisor: job's memory uncapped: {exc}", file=sys.stderr)
+                self.host_mem_limit = None
         if self.spec.get("private_shm"):
             try:
                 shm.private_shm()
@@ -182,17 +190,28 @@ class Supervisor:
             except OSError as exc:
                 print(f"gpusched supervisor: shared /dev/shm: {exc}", file=sys.stderr)
 
-    def _release_job_sandbox(self) -> int:
-        """Once no process of the job is left: free its /dev/shm, remove its cgroup;
-        returns how many of its processes the kernel killed for memory."""
+    def _release_job_sandbox(self) -> HostMemory:
+        """Once no process of the job is left: free its /dev/shm and SysV segments, read
+        what its cgroup counted, remove the cgroup."""
         if self._shm:
             shm.release_shm()
             self._shm = False
         if self.cgroup is None:
-            return 0
-        kills = self.cgroup.oom_kills()
+            return HostMemory()
+        used = HostMemory(
+            self.cgroup.oom_kills(),
+            self.host_mem_limit is not None and self.cgroup.reached_limit(),
+            self.cgroup.peak(),
+        )
         cgroups.remove_job_cgroup(self.cgroup)
-        return kills
+        return used
+
+    def _host_oom_message(self, used: HostMemory) -> str:
+        killed = f"the kernel's OOM killer stopped {used.oom_kills} of its processes"
+        if used.reached_limit and self.host_mem_limit is not None:
+            size = format_size(self.host_mem_limit, tabular=False)
+            return f"killed for host memory: {killed} at its own host memory limit of {size}"
+        return f"killed for host memory: {killed} (the service's memory limit was reached)"
 
     def _check_log(self) -> float:
         """Keep the log under its cap; returns how long the loop may sleep before the
@@ -313,8 +332,8 @@ class Supervisor:
             self._stop_tree(float(spec["kill_grace_s"]), read_fd)
         self._check_log()  # nothing writes any more: the final log is within the cap
         code = child.returncode
-        oom_kills = self._release_job_sandbox()
-        if oom_kills and not (cancelled or self.terminate_requested) and code != 0:
+        used = self._release_job_sandbox()
+        if used.oom_kills and not (cancelled or self.terminate_requested) and code != 0:
             # The kernel killed some of the job's processes for the service's memory (the
             # host's, not the GPU's): an end of its own, never retried (--retry-oom is for
             # GPU memory, which a bigger --mem fixes; this is not).
@@ -322,8 +341,7 @@ class Supervisor:
                 outcome="host_oom",
                 exit_code=_exit_code(code),
                 signal=_signal_of(code),
-                message=f"killed for host memory: the kernel's OOM killer stopped {oom_kills}"
-                " of its processes (the service's memory limit was reached)",
+                message=self._host_oom_message(used),
             )
         elif timed_out and not cancelled:
             self._record(
@@ -345,6 +363,15 @@ class Supervisor:
         else:
             self._record(outcome="exit", exit_code=code)
         return 0
+
+
+@dataclass(frozen=True)
+class HostMemory:
+    """What a job's cgroup counted by its end."""
+
+    oom_kills: int = 0  # its processes the kernel's OOM killer stopped
+    reached_limit: bool = False  # its own cap (not the service's) was reached
+    peak_bytes: int | None = None
 
 
 def _exit_code(code: int) -> int:

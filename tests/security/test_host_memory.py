@@ -64,12 +64,12 @@ with open("/dev/shm/" + sys.argv[1], "wb") as out:
         out.flush()
 """
 
-# 300 MiB into /dev/shm/NAME (argv[1]), then exit: nothing of the job is left to kill.
+# 200 MiB into /dev/shm/NAME (argv[1]), then exit: nothing of the job is left to kill.
 SHM_LEFT_BEHIND = r"""
 import sys
 block = b"x" * (4 * 2**20)
 with open("/dev/shm/" + sys.argv[1], "wb") as out:
-    for _ in range(75):
+    for _ in range(50):
         out.write(block)
 """
 
@@ -201,12 +201,12 @@ def test_a_dev_shm_flood_is_the_jobs_own_and_ends_it(
 def test_a_dev_shm_file_left_behind_is_freed_with_its_job(
     people: tuple[User, User], capped_daemon: tuple[RunningDaemon, Path]
 ) -> None:
-    """300 MiB in /dev/shm and exit: before, the pages stayed charged to the service for
-    good (two such jobs and the daemon was killed); now they go with the job."""
+    """200 MiB in /dev/shm and exit: before, the pages stayed charged to the service for
+    good (a few such jobs and the daemon was killed); now they go with the job."""
     mallory, _victim = people
     daemon, cgroup = capped_daemon
-    names = [f"left-{cgroup.name}-{n}" for n in range(3)]
-    for name in names:  # 900 MiB in all, over the cap, were they kept
+    names = [f"left-{cgroup.name}-{n}" for n in range(4)]
+    for name in names:  # 800 MiB in all, over the cap, were they kept
         job_id = _submit(daemon, mallory, ["python3", "-c", SHM_LEFT_BEHIND, name])
         assert daemon.wait_state(job_id, {"done", "failed"}, timeout=60)["state"] == "done"
     assert not any(Path(f"/dev/shm/{name}").exists() for name in names)
@@ -242,9 +242,9 @@ for i in range(0, len(block), 4096):
 time.sleep(float(sys.argv[2]) if len(sys.argv) > 2 else 0)
 """
 
-# argv[2] MiB into /dev/shm/NAME (argv[1]) from a child, through a 4 MiB buffer; the job
-# exits 0 whatever became of the child, or sleeps argv[3] seconds first: the pages are
-# then held by no process, and the job's own process is small.
+# argv[2] MiB into /dev/shm/NAME (argv[1]) from a child, through a 4 MiB buffer; the pages
+# are then held by no process, and the job's own process is small. It sleeps argv[3]
+# seconds, then exits 1 if the child was killed.
 SHM_UNHELD = r"""
 import os, sys, time
 pid = os.fork()
@@ -258,8 +258,9 @@ if pid == 0:
     except OSError:
         pass
     os._exit(0)
-os.waitpid(pid, 0)
+_, status = os.waitpid(pid, 0)
 time.sleep(float(sys.argv[3]) if len(sys.argv) > 3 else 0)
+sys.exit(1 if os.WIFSIGNALED(status) else 0)
 """
 
 # A SysV segment of argv[1] MiB, touched, detached, never removed: the job exits 0.
