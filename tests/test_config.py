@@ -643,3 +643,20 @@ def test_a_daemon_refuses_a_place_it_cannot_write_in_one_line(
     settings[key] = f"sqlite:///{place}" if key == "database" else str(place)
     config = write(tmp_path, "".join(f"{name}: {value}\n" for name, value in settings.items()))
     refused_in_one_line(daemon_start(tmp_path, config), expected.format(place))
+
+
+def test_host_mem_is_each_jobs_cap_by_default_and_per_user(
+    tmp_path: Path, user_env: tuple[Path, Path]
+) -> None:
+    path = write(
+        tmp_path,
+        "limits:\n  default: {host_mem: 8G}\n  users:\n    alice: {host_mem: 32G}\n"
+        "    bob: {max_running: 1}\n",
+    )
+    config = load_config(path)
+    assert config.limits_for("carol").host_mem_bytes == 8 * 2**30
+    assert config.limits_for("alice").host_mem_bytes == 32 * 2**30
+    assert config.limits_for("bob").host_mem_bytes == 8 * 2**30
+    assert load_config(write(tmp_path, "limits: {}\n")).limits_for("x").host_mem_bytes is None
+    with pytest.raises(ConfigError, match="invalid size '0': must be more than zero"):
+        load_config(write(tmp_path, "limits:\n  default: {host_mem: 0}\n"))

@@ -179,8 +179,6 @@ def _one_limit(where: str, value: Any) -> UserLimits:
         counts[name] = count
     mem = value.get("max_mem")
     host_mem = None if value.get("host_mem") is None else parse_size(value["host_mem"])
-    if host_mem == 0:
-        raise UsageError(f"{where}.host_mem: expected a size above 0")
     return UserLimits(
         max_running=counts["max_running"],
         max_mem_bytes=None if mem is None else parse_size(mem),

@@ -163,6 +163,14 @@ def test_protection_is_the_daemons_and_supervisors_not_the_jobs(
     )
     for pid in job_pids:
         assert _score_adj(pid) == daemon_adj + 900
+    # Its own cap: its one GPU's share (of 2) of the 90 % of the service's memory for jobs.
+    cap_file = next(
+        job_cgroup / name
+        for name in ("memory.limit_in_bytes", "memory.max")
+        if (job_cgroup / name).exists()
+    )
+    share = int(CAP_BYTES * 0.9) // 2
+    assert share - 4096 <= int(cap_file.read_text()) <= share
     assert daemon.process.pid in [
         int(p) for p in (cgroup / "daemon" / "cgroup.procs").read_text().split()
     ]
