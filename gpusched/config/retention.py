@@ -7,8 +7,9 @@ ended jobs older than `timelines`, the environments of ended jobs older than
 `environments` (and then every stored environment no job uses), and the logs of jobs
 ended longer ago than `logs` (gpusched.store.retention, gpusched.daemon.retention).
 `user_bytes_per_minute` / `user_bytes_per_day` cap what one user's submits may store
-(environments and commands): past either, a submit is refused with one line. Durations
-are seconds and sizes bytes inside `RetentionSettings`; null: kept forever / no cap.
+(environments, and each job's command, name, `--notify`, `--cwd` and `--output`): past
+either, a submit is refused with one line. Durations are seconds and sizes bytes inside
+`RetentionSettings`; null: kept forever / no cap.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ retention.user_bytes_per_day).
 with a new 240 KB environment each time stored 578 MB a minute, every cancelled job
 keeping its environment. The budget counts what a submit makes the daemon keep: its
 environment (once per distinct environment a day, as the store keeps one copy of each)
-and each job's command; past either window's budget the submit is refused with one
+and each job's texts (command, name, `--notify`, `--cwd`, `--output`:
+handlers.jobs.stored_bytes); past either window's budget the submit is refused with one
 line. In memory only: a restart forgets the counts (the retention pass bounds the rest).
 Root is not counted.
 """

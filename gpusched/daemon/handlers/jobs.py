@@ -127,14 +127,15 @@ def _charge(services: Services, caller: Caller, new: NewJob, news: list[NewJob])
     """Count what the submit stores against the caller's budget (gpusched.daemon.storage_budget)."""
     if caller.uid == 0:
         return
-    command_bytes = sum(
-        sum(len(arg.encode("utf-8", "surrogatepass")) + 1 for arg in job.command)
-        + len((job.name or "").encode("utf-8", "surrogatepass"))
-        for job in news
-    )
-    services.budget.charge(
-        caller.user, new.env, command_bytes, services.config.retention, time.time()
-    )
+    row_bytes = sum(stored_bytes(job) for job in news)
+    services.budget.charge(caller.user, new.env, row_bytes, services.config.retention, time.time())
+
+
+def stored_bytes(job: NewJob) -> int:
+    """The bytes of one job's row that its submitter chose: every text it stores per job
+    (command, name, `--notify`, `--cwd`, `--output`); the environment is counted apart."""
+    texts = [*job.command, *(job.notify or ()), job.name or "", job.cwd, job.output or ""]
+    return sum(len(text.encode("utf-8", "surrogatepass")) + 1 for text in texts)
 
 
 def priority(services: Services, caller: Caller, request: PriorityRequest) -> JobJson:
