@@ -15,6 +15,7 @@ import errno
 import logging
 import os
 import pwd
+import stat
 import subprocess
 from dataclasses import dataclass
 from typing import Any
@@ -71,6 +72,23 @@ def can_write_in(uid: int, gid: int, path: str) -> str | None:
     asked as `can_enter` asks, of the kernel as the user."""
     refused = f"--output: directory {path} does not exist or you cannot write in it"
     return can_enter(uid, gid, path, script=_WRITE_SCRIPT, refused=refused)
+
+
+def sticky_shared(path: str) -> str | None:
+    """Why `submit --output` may not write in directory `path`: one every user may create
+    files in, sticky (like /tmp), where anyone can plant links or files at the names of a
+    user's future job ids and make their jobs fail to start; None otherwise. Asked after
+    `can_write_in`: the user can see the directory."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None  # gone since: the supervisor's own open refuses it
+    if mode & stat.S_ISVTX and mode & stat.S_IWOTH:
+        return (
+            f"--output: directory {path} is shared by every user (sticky, world-writable):"
+            " anyone could plant files at your jobs' log names; use a directory of your own"
+        )
+    return None
 
 
 def can_enter(

@@ -204,3 +204,24 @@ def test_links_to_shadow_or_another_users_file_are_never_followed_as_root(
     assert {path: _fingerprint(path) for path in before} == before
     assert SHADOW.read_text().startswith("root:")  # never emptied (O_TRUNC) through a link
     shutil.rmtree(roots)
+
+
+def test_an_output_in_a_sticky_shared_directory_is_refused_at_submit(
+    people: tuple[User, User], root_daemon: Callable[..., RunningDaemon]
+) -> None:
+    """In /tmp anyone may plant a link or a file at the log names of a victim's future
+    ids, and every one of those jobs would then fail to start: refused, with the reason."""
+    _mallory, victim = people
+    daemon = root_daemon()
+    shared = Path(tempfile.mkdtemp(prefix="gpusched-sticky-", dir="/tmp"))
+    try:
+        shared.chmod(0o1777)
+        for directory in ("/tmp", str(shared)):
+            with pytest.raises(UsageError) as refused:
+                _submit(daemon, victim, f"{directory}/run-{{id}}.log", cwd=victim.home)
+            message = str(refused.value)
+            assert "\n" not in message and "sticky" in message and directory in message
+        own = _submit(daemon, victim, f"{victim.home}/run-{{id}}.log", cwd=victim.home)
+        assert daemon.wait_state(own, {"done", "failed"})["state"] == "done"
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)

@@ -32,7 +32,13 @@ from gpusched.daemon.auth import is_theirs
 from gpusched.daemon.bounds import check_env, check_submit
 from gpusched.daemon.handlers.args import text
 from gpusched.daemon.handlers.views import job_list
-from gpusched.daemon.identity import Caller, account_gid, can_enter, can_write_in
+from gpusched.daemon.identity import (
+    Caller,
+    account_gid,
+    can_enter,
+    can_write_in,
+    sticky_shared,
+)
 from gpusched.daemon.services import Services
 from gpusched.processes.output import output_directory, output_template
 from gpusched.store import NewJob
@@ -50,10 +56,13 @@ def submit(services: Services, caller: Caller, request: SubmitRequest) -> OneOrM
     output = None
     if request.output is not None:
         output = output_template(request.output, request.cwd, request.sweep is not None)
+        directory = output_directory(output)
+        problem = None
         if caller.uid != 0:
-            problem = can_write_in(caller.uid, account_gid(caller), output_directory(output))
-            if problem is not None:
-                raise UsageError(problem)
+            problem = can_write_in(caller.uid, account_gid(caller), directory)
+        problem = problem or sticky_shared(directory)
+        if problem is not None:
+            raise UsageError(problem)
     new = NewJob(
         user=caller.user,
         uid=caller.uid,
