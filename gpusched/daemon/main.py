@@ -209,6 +209,8 @@ class Daemon:
             self._trouble.warning(key, f"scheduling pass failed: {exc!r}", exc_info=True)
 
     def run(self) -> int:
+        # A daemon started by mistake beside a live one must leave its jobs and zygote be.
+        self.server.refuse_if_answered()
         self.launcher.protect()  # before the zygote: it and the supervisors inherit it
         # Warm up the supervisor zygote while we re-adopt jobs and bind the socket.
         self.scheduler.context.launcher.start_zygote()

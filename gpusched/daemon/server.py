@@ -92,21 +92,31 @@ class Server:
                     f"socket {path}: another user could replace it: {why}; choose a"
                     " `socket:` under a directory only root can change"
                 )
-        if path.exists() or path.is_symlink():
-            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                probe.connect(str(path))
-            except OSError:
-                path.unlink()  # a stale socket from a daemon that died
-            else:
-                probe.close()
-                raise GpuschedError(f"another gpusched daemon is already listening on {path}")
+        if self.refuse_if_answered():
+            path.unlink()  # a stale socket from a daemon that died
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.bind(str(path))
         # Everyone may connect on a shared server: identity comes from SO_PEERCRED.
         os.chmod(path, 0o600 if self.single_user else 0o666)
         sock.listen(128)
         self._listener = _SocketListener(sock, self)
+
+    def refuse_if_answered(self) -> bool:
+        """Raise GpuschedError if another daemon answers on the socket, else say whether
+        something that does not answer (a stale socket) is at its path. Asked before a
+        start touches anything a live daemon owns (its zygote, its running jobs), and
+        again when binding."""
+        path = self.socket_path
+        if not (path.exists() or path.is_symlink()):
+            return False
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(str(path))
+        except OSError:
+            return True
+        finally:
+            probe.close()
+        raise GpuschedError(f"another gpusched daemon is already listening on {path}")
 
     def serve_forever(self) -> None:
         """Accept until close(); raises only if the listening socket itself breaks."""
