@@ -208,8 +208,9 @@ class Daemon:
             key = f"tick: {type(exc).__name__} {getattr(exc, 'errno', '')}"
             self._trouble.warning(key, f"scheduling pass failed: {exc!r}", exc_info=True)
 
-    def run(self) -> int:
-        # A daemon started by mistake beside a live one must leave its jobs and zygote be.
+    def _take_over(self) -> None:
+        """Start the zygote and adopt the running jobs, unless another daemon answers:
+        one started by mistake beside a live one must leave its jobs and zygote be."""
         self.server.refuse_if_answered()
         self.launcher.protect()  # before the zygote: it and the supervisors inherit it
         # Warm up the supervisor zygote while we re-adopt jobs and bind the socket.
@@ -218,6 +219,9 @@ class Daemon:
         self.hooks.resume()
         self.scheduler.adopt_running()
         self.scheduler.placer.reconcile_at_start(self.launcher.job_ids)
+
+    def run(self) -> int:
+        self._take_over()
         if self.scheduler.drain is not None:
             log.warning(
                 "%s: no new job starts until `gpusched undrain`", self.scheduler.drain.describe()
