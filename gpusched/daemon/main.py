@@ -168,6 +168,8 @@ class Daemon:
         self.server = Server(self.services, config.socket_path)
         self.reload_requested = False
         self.stop_requested = threading.Event()
+        self._soon_lock = threading.Lock()
+        self._soon: datetime | None = None  # a tick asked for by then (wake_in)
         self._listeners: dict[str, threading.Thread] = {}  # name -> thread: must not end
         self._trouble = RateLimitedLog(log)
 
@@ -183,11 +185,21 @@ class Daemon:
 
     def wake_in(self, seconds: float) -> None:
         """Run a tick within `seconds`, unless one is due sooner (a job just started is
-        polled while it allocates: scheduling.starting)."""
-        with contextlib.suppress(Exception):
-            run_sooner(
-                self._ticks, TICK_JOB_ID, datetime.now(timezone.utc) + timedelta(seconds=seconds)
-            )
+        polled while it allocates: scheduling.starting). Noted here, moved by the main
+        loop within half a second: a pass asks for it, and a pass must not call into
+        APScheduler, whose shutdown holds its job stores' lock while it waits for the
+        running pass (the stop would wait for ever)."""
+        due = datetime.now(timezone.utc) + timedelta(seconds=seconds)
+        with self._soon_lock:
+            if self._soon is None or due < self._soon:
+                self._soon = due
+
+    def _apply_soon(self) -> None:
+        with self._soon_lock:
+            due, self._soon = self._soon, None
+        if due is not None:
+            with contextlib.suppress(Exception):
+                run_sooner(self._ticks, TICK_JOB_ID, due)
 
     def _guarded(self, work: Callable[[], None]) -> Callable[[], None]:
         def run() -> None:
@@ -270,6 +282,7 @@ class Daemon:
         log.info("ready: listening on %s", self.config.socket_path)
         status = 0
         while not self.stop_requested.wait(0.5):
+            self._apply_soon()
             if self.reload_requested:
                 self.reload_requested = False
                 self._reload()
