@@ -118,7 +118,12 @@ class Daemon:
         if database_file is not None:  # damaged, or empty after an earlier run: refused
             check_file(database_file, earlier_run(config))
         try:
-            self.store = Store(config.database_url, keep_room=True)
+            # A write waits its turn at most as long as its request may take to arrive.
+            self.store = Store(
+                config.database_url,
+                keep_room=True,
+                write_wait_s=config.client_request_timeout_s,
+            )
         except OSError as exc:  # its directory or file cannot be made: an SQLite file's
             raise ConfigError(
                 f"database {config.database_url}: cannot create it: {os_failure(exc, '')}"

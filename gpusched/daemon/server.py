@@ -37,7 +37,14 @@ from gpusched.daemon.identity import Caller, user_name
 from gpusched.daemon.listening import DeadlineReader, Listener, Slots
 from gpusched.daemon.services import Services
 from gpusched.daemon.trusted_dirs import untrusted_part
-from gpusched.store.engine import commits_sent, is_disconnect, is_disk_full, unavailable
+from gpusched.store.engine import (
+    busy,
+    commits_sent,
+    is_disconnect,
+    is_disk_full,
+    is_pool_exhausted,
+    unavailable,
+)
 
 log = logging.getLogger("gpusched.server")
 
@@ -182,6 +189,10 @@ class Server:
                     self.services.store.check_space()
                 sent = commits_sent() != commits  # a COMMIT went out: it may have applied
                 error = unavailable(exc, self.services.store.where, committed=sent)
+                log.warning("request refused: %s", error.message)
+                return error_reply(error)
+            if is_pool_exhausted(exc):  # raised at a checkout: nothing was sent
+                error = busy(self.services.store.where)
                 log.warning("request refused: %s", error.message)
                 return error_reply(error)
             log.exception("request failed")

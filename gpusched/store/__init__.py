@@ -36,6 +36,7 @@ from collections.abc import Callable
 
 from gpusched.store.attempts import Attempts, RunHere, job_attempts
 from gpusched.store.database import Database
+from gpusched.store.engine import WRITE_WAIT_S
 from gpusched.store.head_claims import HeadClaims, StoredClaim
 from gpusched.store.nodes import LeaseRow, NodeRow, Nodes
 from gpusched.store.placements import DownResult, NodeGuard, NodePlacement, Placements
@@ -83,13 +84,18 @@ class Store:
     of these parts, each given the one `Database` (its engine and transactions)."""
 
     def __init__(
-        self, url: str, lease_clock: Callable[[], float] | None = None, keep_room: bool = False
+        self,
+        url: str,
+        lease_clock: Callable[[], float] | None = None,
+        keep_room: bool = False,
+        write_wait_s: float = WRITE_WAIT_S,
     ) -> None:
         """Open (and bring to this version's schema) the database at `url`. `lease_clock`:
         seconds since 1970 for the cluster's leases, in place of the database's own
         clock (store.nodes): a test's fixed clock. `keep_room`: the daemon's room for a
-        full disk beside an SQLite file (gpusched.store.space)."""
-        self.database = Database(url, lease_clock, keep_room)
+        full disk beside an SQLite file (gpusched.store.space). `write_wait_s` (SQLite):
+        the most a write waits for its turn and the database's lock."""
+        self.database = Database(url, lease_clock, keep_room, write_wait_s)
         self.jobs = Jobs(self.database)
         self.usage = Usage(self.database)
         self.timeline = Timeline(self.database)

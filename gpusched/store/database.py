@@ -41,6 +41,7 @@ import logging
 import os
 import stat
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TypeVar
@@ -52,6 +53,7 @@ from gpusched.core.errors import GpuschedError
 from gpusched.store import migrations
 from gpusched.store.damage import damaged, first_line, is_damage, quick_check, sqlite_path
 from gpusched.store.engine import (
+    WRITE_WAIT_S,
     describe_url,
     is_disconnect,
     is_disk_full,
@@ -60,6 +62,7 @@ from gpusched.store.engine import (
     unavailable,
 )
 from gpusched.store.space import SpaceReserve
+from gpusched.store.turns import WriterTurns
 from gpusched.store.waits import timed_out
 
 log = logging.getLogger("gpusched.store")
@@ -106,11 +109,17 @@ class Database:
     part is given this object at its construction)."""
 
     def __init__(
-        self, url: str, lease_clock: Callable[[], float] | None = None, keep_room: bool = False
+        self,
+        url: str,
+        lease_clock: Callable[[], float] | None = None,
+        keep_room: bool = False,
+        write_wait_s: float = WRITE_WAIT_S,
     ) -> None:
         """`lease_clock`: seconds since 1970 for the cluster's leases, in place of the
         database's own clock (store.nodes): a test's fixed clock. `keep_room`: keep room
-        beside an SQLite file for a full disk (gpusched.store.space: the daemon does)."""
+        beside an SQLite file for a full disk (gpusched.store.space: the daemon does).
+        `write_wait_s` (SQLite): how long a write waits for its turn and the database's
+        lock, all told (gpusched.store.turns)."""
         self.where = describe_url(url)
         self.lease_clock = lease_clock
         # The connection of this thread's `snapshot()`, which its reads share.
@@ -126,7 +135,9 @@ class Database:
             if keep_room:
                 self.space = SpaceReserve(path)
                 self.space.check()  # a full disk: the reserve makes room to open and record
-        self.engine = make_engine(url)
+        self.engine = make_engine(url, write_wait_s)
+        # SQLite's writers of this process, one at a time (None: PostgreSQL's row locks).
+        self._turns = WriterTurns(write_wait_s, self.where) if path is not None else None
         self._reader = make_reader(url)  # snapshot()'s, on PostgreSQL
         try:
             migrations.upgrade(self.engine, self.where)
@@ -199,12 +210,27 @@ class Database:
 
     @contextlib.contextmanager
     def write(self, durable: bool = True) -> Iterator[Connection]:
-        """One write transaction; `durable=False`: synchronous=NORMAL (module docstring)."""
-        if durable:
-            with self.engine.begin() as conn:
+        """One write transaction; `durable=False`: synchronous=NORMAL (module docstring).
+        On SQLite it first waits its turn among this process's writers, before it takes a
+        connection: a writer waiting holds none that a reply's reads could use."""
+        if self._turns is None:
+            with self._transaction(durable, {}) as conn:
                 yield conn
             return
-        relaxed = self.engine.connect().execution_options(gpusched_relaxed=True)
+        asked = time.monotonic()
+        with self._turns.turn():
+            left_s = self._turns.wait_s - (time.monotonic() - asked)
+            options = {"gpusched_busy_ms": max(1000, int(left_s) * 1000)}
+            with self._transaction(durable, options) as conn:
+                yield conn
+
+    @contextlib.contextmanager
+    def _transaction(self, durable: bool, options: dict[str, object]) -> Iterator[Connection]:
+        if durable:
+            with self.engine.connect().execution_options(**options) as conn, conn.begin():
+                yield conn
+            return
+        relaxed = self.engine.connect().execution_options(gpusched_relaxed=True, **options)
         with relaxed as conn, conn.begin():
             if conn.dialect.name == "postgresql":  # the same trade as SQLite's NORMAL
                 conn.exec_driver_sql("SET LOCAL synchronous_commit TO OFF")

@@ -1,7 +1,10 @@
 """Connections to the store's database, per dialect, and what to say when it is away.
 
 SQLite (one server): WAL, a busy timeout and BEGIN IMMEDIATE for every write transaction,
-so concurrent writers queue on the lock instead of failing half way. PostgreSQL (a shared
+so concurrent writers queue on the lock instead of failing half way; the daemon's own
+writers queue in the process first (gpusched.store.turns), so that SQLite's busy timeout
+is only ever spent on another process. Its pool holds enough connections for every
+reply reading at once, and a checkout waits at most the write bound. PostgreSQL (a shared
 queue): psycopg 3, READ COMMITTED, a pool whose connections are tested before use
 (pool_pre_ping), so that after the server restarts the daemon reconnects by itself; and a
 second, small pool for the reads of one reply (`make_reader`: `status`), neither tested
@@ -36,6 +39,7 @@ from urllib.parse import unquote
 from sqlalchemy import URL, Engine, create_engine, event, make_url
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from gpusched.core.errors import GpuschedError
 from gpusched.store.waits import WAIT_BOUND
@@ -55,6 +59,13 @@ REQUEST_BOUND_S = CONNECT_TIMEOUT_S + PING_BOUND_S
 WAIT_BOUND_S = 5.0
 # Seconds a request waits for a free connection of the pool (SQLAlchemy's default: 30).
 POOL_TIMEOUT_S = 5.0
+# SQLite: how long a write may wait for its turn, and then for another process holding
+# the database, unless the store is told otherwise (the daemon: client_request_timeout).
+WRITE_WAIT_S = 30.0
+# SQLite's pool: connections kept between requests, and at most this many more while
+# many replies read at once (a writer takes one only on its turn: gpusched.store.turns).
+SQLITE_POOL = 8
+SQLITE_OVERFLOW = 56
 # A peer gone without a word (host down, cable cut): TCP notices within about 11 s of
 # silence (keepalive probes after 5 s idle, 3 more 2 s apart) or of unacknowledged data
 # (tcp_user_timeout, in milliseconds), instead of Linux's two hours.
@@ -81,8 +92,10 @@ def describe_url(url: str) -> str:
     return unquote(bare.render_as_string(hide_password=False))  # a socket path as a path
 
 
-def make_engine(url: str) -> Engine:
-    engine = _make_engine(url)
+def make_engine(url: str, write_wait_s: float = WRITE_WAIT_S) -> Engine:
+    """`write_wait_s` (SQLite): the bound of a checkout from the pool and of the busy
+    timeout."""
+    engine = _make_engine(url, write_wait_s)
     _listen(engine)
     return engine
 
@@ -145,11 +158,19 @@ def _answered(*_: Any) -> None:
     DATABASE_OUTAGE.answered()
 
 
-def _make_engine(url: str) -> Engine:
+def _make_engine(url: str, write_wait_s: float) -> Engine:
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
-        engine = create_engine(url)
-        _sqlite_setup(engine)
+        if parsed.database in (None, "", ":memory:"):  # one connection, SQLAlchemy's own pool
+            engine = create_engine(url)
+        else:
+            engine = create_engine(
+                url,
+                pool_size=SQLITE_POOL,
+                max_overflow=SQLITE_OVERFLOW,
+                pool_timeout=write_wait_s,
+            )
+        _sqlite_setup(engine, write_wait_s)
         return engine
     if parsed.get_backend_name() != "postgresql":
         return create_engine(url, pool_pre_ping=True)
@@ -181,6 +202,18 @@ def unavailable(exc: DBAPIError, where: str, committed: bool = False) -> Gpusche
 # SQLite's "database or disk is full"; PostgreSQL's disk_full (SQLSTATE 53100).
 SQLITE_FULL = 13
 PG_DISK_FULL = "53100"
+
+
+def is_pool_exhausted(exc: BaseException) -> bool:
+    """Whether `exc` is the pool's "no connection free within its timeout"."""
+    return isinstance(exc, PoolTimeout)
+
+
+def busy(where: str) -> GpuschedError:
+    """A request refused for want of a free connection, in one line."""
+    return GpuschedError(
+        f"the database {where} is busy: no connection came free in time; nothing was changed"
+    )
 
 
 def is_disk_full(exc: BaseException) -> bool:
@@ -256,8 +289,11 @@ class DatabaseOutage(logging.Filter):
 DATABASE_OUTAGE = DatabaseOutage()  # on the daemon's log handler (gpusched.daemon.logfmt)
 
 
-def _sqlite_setup(engine: Engine) -> None:
-    """WAL, a busy timeout and BEGIN IMMEDIATE for every transaction (the pysqlite recipe)."""
+def _sqlite_setup(engine: Engine, write_wait_s: float) -> None:
+    """WAL, a busy timeout and BEGIN IMMEDIATE for every transaction (the pysqlite recipe).
+    A write's busy timeout is what is left of its bound after its turn came
+    (execution option `gpusched_busy_ms`, set by Database.write)."""
+    busy_ms = int(write_wait_s * 1000)
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
@@ -266,7 +302,7 @@ def _sqlite_setup(engine: Engine) -> None:
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
         cursor.execute("PRAGMA journal_mode=WAL")
-        cursor.execute("PRAGMA busy_timeout=10000")
+        cursor.execute(f"PRAGMA busy_timeout={busy_ms}")
         cursor.execute("PRAGMA synchronous=FULL")
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.close()
@@ -284,4 +320,8 @@ def _sqlite_setup(engine: Engine) -> None:
         if connection.info.get("synchronous", "FULL") != wanted:
             connection.exec_driver_sql(f"PRAGMA synchronous={wanted}")
             connection.info["synchronous"] = wanted
+        left_ms = int(options.get("gpusched_busy_ms", busy_ms))
+        if connection.info.get("busy_ms", busy_ms) != left_ms:
+            connection.exec_driver_sql(f"PRAGMA busy_timeout={left_ms}")
+            connection.info["busy_ms"] = left_ms
         connection.exec_driver_sql("BEGIN IMMEDIATE")
