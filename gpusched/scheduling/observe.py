@@ -1,9 +1,12 @@
 """The observe phase of a pass (phases.py): read the GPUs and what each running job holds.
 
-`observe()` returns an `Observation`: the GPU reading (every card marked lost when the
-probe fails, so nothing starts and the daemon lives on), the running jobs, each job's
-memory per GPU, and the jobs newly over their declared memory. It changes no job: the
-scheduler decides what to do about an overrun. The usage monitor is fed here.
+`look()` reads the GPUs and walks the host's processes, touching no job: the pass makes
+it outside the scheduler's lock, so that a job's end is not kept waiting by a walk of
+every process on a busy host. `observe()`, under the lock, returns an `Observation`: the
+GPU reading (every card marked lost when the probe fails, so nothing starts and the
+daemon lives on), the running jobs, each job's memory per GPU, and the jobs newly over
+their declared memory. It changes no job: the scheduler decides what to do about an
+overrun. The usage monitor is fed here.
 """
 
 from __future__ import annotations
@@ -19,7 +22,14 @@ from gpusched.core.errors import GpuError
 from gpusched.core.models import GpuHealth, GpuState, Job
 from gpusched.gpus.probe import Probe, apply_selection
 from gpusched.scheduling.idle_evidence import Evidence, poll_evidence
-from gpusched.usage.attribution import Outsider, attribute_processes, held_bytes, outsiders
+from gpusched.usage.attribution import (
+    Outsider,
+    ProcessChildren,
+    attribute_processes,
+    held_bytes,
+    outsiders,
+    process_children,
+)
 from gpusched.usage.monitor import Overrun, UsageMonitor
 
 log = logging.getLogger("gpusched.scheduler")
@@ -36,6 +46,21 @@ class Observation:
     # Per GPU uuid, the largest process there gpusched did not start (a waiting job's
     # reason names it where it takes the room; an OOM it caused is not the job's).
     outsiders: dict[str, Outsider] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class HostView:
+    """The GPUs and the host's processes, as `look` found them."""
+
+    gpus: list[GpuState]
+    children: ProcessChildren  # empty: no GPU shows a process, no walk was needed
+
+
+def look(probe: Probe, config: Config, last: Sequence[GpuState]) -> HostView:
+    """Read the GPUs; walk the host's processes if any GPU shows one (outside the lock)."""
+    gpus = read_gpus(probe, config, last)
+    walked = process_children() if any(g.processes for g in gpus) else {}
+    return HostView(gpus, walked)
 
 
 def read_gpus(probe: Probe, config: Config, last: Sequence[GpuState]) -> list[GpuState]:
@@ -74,16 +99,19 @@ def log_health_changes(last: Sequence[GpuState], now: Sequence[GpuState]) -> Non
 
 
 def observe(
+    host: HostView,
     probe: Probe,
     monitor: UsageMonitor,
     config: Config,
     *,
     running: list[Job],
-    last: Sequence[GpuState],
     now: datetime,
 ) -> Observation:
-    gpus = read_gpus(probe, config, last)
-    processes = attribute_processes(gpus, running)
+    """What each running job holds on the GPUs `host` shows, and what follows from it.
+    A job started since `host` was looked at has no processes in it: its next pass
+    counts them."""
+    gpus = host.gpus
+    processes = attribute_processes(gpus, running, host.children)
     others = outsiders(gpus, processes)
     monitor.observe_gpus(gpus)
     overruns: list[Overrun] = []

@@ -3,7 +3,8 @@ processes on each GPU that gpusched did not start (`outsiders`).
 
 NVML lists the pids holding memory on a GPU; a job is its supervisor and every
 descendant (children included, and orphans, which the supervisor reaps as a subreaper).
-One scan of the process table per tick serves every job.
+One scan of the process table per tick serves every job (`process_children`), made by
+the pass outside the scheduler's lock: on a busy host it is the pass's longest step.
 """
 
 from __future__ import annotations
@@ -15,15 +16,18 @@ import psutil
 
 from gpusched.core.models import GpuProcess, GpuState, Job
 
+ProcessChildren = Mapping[int, list[int]]  # pid -> its children's pids
 
-def _children_map() -> dict[int, list[int]]:
+
+def process_children() -> dict[int, list[int]]:
+    """Every process on the host, as each parent's children: one walk of the table."""
     children: dict[int, list[int]] = {}
     for process in psutil.process_iter(["ppid"]):
         children.setdefault(process.info["ppid"] or 0, []).append(process.pid)
     return children
 
 
-def _tree(root: int, children: dict[int, list[int]]) -> set[int]:
+def _tree(root: int, children: ProcessChildren) -> set[int]:
     seen = {root}
     stack = [root]
     while stack:
@@ -35,17 +39,19 @@ def _tree(root: int, children: dict[int, list[int]]) -> set[int]:
 
 
 def attribute_processes(
-    gpus: Iterable[GpuState], running: Iterable[Job]
+    gpus: Iterable[GpuState], running: Iterable[Job], children: ProcessChildren | None = None
 ) -> dict[int, dict[str, list[GpuProcess]]]:
     """Each running job's processes holding memory on each GPU: those of its whole tree.
 
-    One scan of the process table per tick, not one per job.
+    One scan of the process table per tick, not one per job: `children`, from
+    `process_children`, walked now if not given.
     """
     gpus = list(gpus)
     found: dict[int, dict[str, list[GpuProcess]]] = {}
     if not any(gpu.processes for gpu in gpus):
         return found
-    children = _children_map()
+    if children is None:
+        children = process_children()
     for job in running:
         if job.pid is None:
             continue
