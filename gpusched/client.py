@@ -323,6 +323,17 @@ class Client:
 
         return Job.from_json(self.send(rq.ReleaseRequest(job_id)))
 
+    def change(
+        self, job_ids: Sequence[int], action: str, priority: int | None = None
+    ) -> tuple[list[Job], dict[int, str]]:
+        """Hold, release (`action`) or set the `priority` of many jobs in one request and
+        one scheduling pass: the jobs changed, and why each other was left as it was."""
+        from gpusched.core.requests import catalog as rq
+
+        reply = self.send(rq.ChangeRequest(tuple(job_ids), action, priority))
+        jobs = [Job.from_json(j) for j in reply["jobs"]]
+        return jobs, {int(r["id"]): str(r["error"]) for r in reply["refused"]}
+
     def drain(self, reason: str | None = None, node: str | None = None) -> Drain:
         """Start no new job (administrators only); running jobs go on, the queue waits.
         `node`: that server of the cluster (None: the daemon's own)."""

@@ -64,6 +64,21 @@ def _for_each(
     ctx.exit(EXIT_FAILED if failed else EXIT_OK)
 
 
+def _change_all(
+    ctx: click.Context, ids: Sequence[str], action: str, verb: str, as_json: bool
+) -> None:
+    """`hold` or `release` every job of `ids` in one request (one pass for them all)."""
+    changed, refused = client_of(ctx).change(parse_ids(ids), action)
+    for why in refused.values():
+        click.echo(f"gpusched: {shown(why)}", err=True)
+    if as_json:
+        print_json([job.to_json() for job in changed])
+    else:
+        for job in changed:
+            click.echo(_done_line(job, verb))
+    ctx.exit(EXIT_FAILED if refused else EXIT_OK)
+
+
 def _done_line(job: Job, verb: str) -> str:
     """ "job 12: held"; "job 12: released (queued)": the state only where it adds to the verb."""
     return (
@@ -184,7 +199,7 @@ def hold(ctx: click.Context, ids: tuple[str, ...], as_json: bool) -> None:
     Example:
       gpusched hold 12
     """
-    _for_each(ctx, ids, "hold", "held", as_json=as_json)
+    _change_all(ctx, ids, "hold", "held", as_json)
 
 
 @click.command(cls=ExampleLastCommand)
@@ -198,7 +213,7 @@ def release(ctx: click.Context, ids: tuple[str, ...], as_json: bool) -> None:
     Example:
       gpusched release 12
     """
-    _for_each(ctx, ids, "release", "released", as_json=as_json)
+    _change_all(ctx, ids, "release", "released", as_json)
 
 
 @click.command(cls=ExampleLastCommand)

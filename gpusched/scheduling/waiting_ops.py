@@ -17,6 +17,18 @@ from gpusched.scheduling.endings import JobEndings
 log = logging.getLogger("gpusched.scheduler")
 
 
+# Why a job in another state was left as it was, by `change_many`'s action.
+REFUSALS = {
+    "hold": "only a queued job can be held",
+    "release": "only a held job can be released",
+    "priority": "only a waiting job's priority can change",
+}
+
+
+# The state a job already in is left as it was without a refusal, as by `hold`/`release`.
+ALREADY = {"hold": JobState.HELD, "release": JobState.QUEUED}
+
+
 class WaitingJobOperations:
     def __init__(self, context: Context, endings: JobEndings) -> None:
         self.jobs = context.store.jobs
@@ -67,6 +79,25 @@ class WaitingJobOperations:
                     )
         self.wake()
         return self.jobs.get(job.id)
+
+    def change_many(
+        self, jobs: list[Job], action: str, priority: int = 0
+    ) -> tuple[list[Job], dict[int, str]]:
+        """Hold, release or set the priority of many jobs in one hold of the lock, one
+        transaction and one wake-up (`gpusched release 1 2 ... 40` took a pass per id):
+        the jobs changed, as they are now, and why each other was refused."""
+        with self._lock:
+            changed = self.jobs.change_many([j.id for j in jobs], action, priority)
+            now = self.jobs.get_many([j.id for j in jobs])
+        if changed and action != "hold":
+            self.wake()
+        refused: dict[int, str] = {}
+        for job in jobs:
+            current = now[job.id]
+            if job.id in changed or current.state == ALREADY.get(action):
+                continue
+            refused[job.id] = f"job {job.id} is {current.state}: {REFUSALS[action]}"
+        return [now[j.id] for j in jobs if j.id not in refused], refused
 
     def cancel_waiting(
         self, uid: int, by: str, array_id: int | None = None, user: str | None = None

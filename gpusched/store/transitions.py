@@ -295,3 +295,15 @@ class Jobs(JobReads):
 
     def release(self, job_id: int) -> bool:
         return self._transition(job_id, [JobState.HELD], {"state": str(JobState.QUEUED)})
+
+    def change_many(self, job_ids: Sequence[int], action: str, priority: int = 0) -> set[int]:
+        """`hold`, `release` or `priority` (set to `priority`) each job as its one-job
+        method would, all in one transaction: the ids of those changed."""
+        changes: dict[str, tuple[list[JobState], dict[str, Any]]] = {
+            "hold": ([JobState.QUEUED], {"state": str(JobState.HELD), **unplaced()}),
+            "release": ([JobState.HELD], {"state": str(JobState.QUEUED)}),
+            "priority": ([JobState.QUEUED, JobState.HELD], {"priority": priority}),
+        }
+        from_states, values = changes[action]
+        with self.db.write() as conn:
+            return {i for i in job_ids if self._transition_in(conn, i, from_states, values)}

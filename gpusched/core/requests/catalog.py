@@ -177,6 +177,31 @@ class PriorityRequest(JobRequest):
     priority: int
 
 
+# What a `change` request does to each of its jobs.
+CHANGES = ("hold", "release", "priority")
+
+
+@dataclass(frozen=True)
+class ChangeRequest(Request):
+    """Hold, release or set the priority of many waiting jobs at once: one transaction
+    and one scheduling pass for them all, not one of each per job. `priority`: the
+    action `priority`'s value (the other actions leave it unused)."""
+
+    op: ClassVar[str] = "change"
+    ids: tuple[int, ...] = field(default=(), metadata=shape("'ids' must be a list of job ids"))
+    action: str = "release"
+    priority: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.ids:
+            raise UsageError("no job ids to change")
+        if self.action not in CHANGES:
+            raise ProtocolError(f"'action' must be one of {', '.join(CHANGES)}")
+        if self.action == "priority" and self.priority is None:
+            raise ProtocolError("the action 'priority' needs a 'priority'")
+        normalise(self, "ids", unique_ids("ids", self.ids))
+
+
 @dataclass(frozen=True)
 class TopRequest(JobRequest):
     """An administrator puts a waiting job ahead of every user's (`gpusched top`)."""
@@ -313,6 +338,7 @@ REQUESTS: dict[str, type[Request]] = {
         WaitRequest,
         HistoryRequest,
         PriorityRequest,
+        ChangeRequest,
         TopRequest,
         RequeueRequest,
         ArrayRequest,

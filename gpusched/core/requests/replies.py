@@ -91,6 +91,22 @@ class PlacementReply(_Placement, total=False):
 
 
 JobsReply = list[JobJson]  # several jobs: wait, history, array, submitted
+
+
+class RefusedJson(TypedDict):
+    """A job of a `change` left as it was, and why."""
+
+    id: int
+    error: str
+
+
+class ChangeReply(TypedDict):
+    """The jobs a `change` changed (as they are after it), and those it refused."""
+
+    jobs: list[JobJson]
+    refused: list[RefusedJson]
+
+
 OneOrManyJobs = JobJson | JobsReply  # submit (a sweep: its array), cancel (mine, array)
 DrainReply = DrainJson | None  # the drain in force after the request, if any
 
@@ -108,6 +124,7 @@ REPLIES: dict[str, Any] = {
     "wait": JobsReply,
     "history": JobsReply,
     "priority": JobJson,
+    "change": ChangeReply,
     "requeue": JobJson,
     "array": JobsReply,
     "estimate_history": EstimateHistoryReply,
@@ -129,6 +146,7 @@ Reply = (
     | PruneReply
     | ReloadReply
     | PlacementReply
+    | ChangeReply
     | JobJson
     | JobsReply
     | None

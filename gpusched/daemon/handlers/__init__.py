@@ -48,6 +48,7 @@ HANDLERS: dict[str, Handler] = {
     "wait": views.wait,
     "history": views.history,
     "priority": jobs.priority,
+    "change": jobs.change,
     "requeue": jobs.requeue,
     "array": views.array,
     "estimate_history": views.estimate_history,

@@ -19,6 +19,7 @@ from gpusched.core.models import TERMINAL_STATES, Job, JobState
 from gpusched.core.requests.catalog import (
     MAX_NAME_CHARS,
     CancelRequest,
+    ChangeRequest,
     HoldRequest,
     PriorityRequest,
     ReleaseRequest,
@@ -26,7 +27,7 @@ from gpusched.core.requests.catalog import (
     SubmitRequest,
     SubmittedRequest,
 )
-from gpusched.core.requests.replies import JobJson, JobsReply, OneOrManyJobs
+from gpusched.core.requests.replies import ChangeReply, JobJson, JobsReply, OneOrManyJobs
 from gpusched.core.requests.sweep import expand, swept_name
 from gpusched.daemon.auth import is_theirs
 from gpusched.daemon.bounds import check_env, check_submit
@@ -206,6 +207,28 @@ def hold(services: Services, caller: Caller, request: HoldRequest) -> JobJson:
 def release(services: Services, caller: Caller, request: ReleaseRequest) -> JobJson:
     job = services.owned_job(caller, request.id)
     return services.visible(caller, services.scheduler.waiting.release(job))
+
+
+def change(services: Services, caller: Caller, request: ChangeRequest) -> ChangeReply:
+    """Hold, release or set the priority of many jobs in one pass: those the caller may not
+    act on (or that do not exist) are refused one by one, the others changed together."""
+    mine: list[Job] = []
+    refused: dict[int, str] = {}
+    for job_id in request.ids:
+        try:
+            mine.append(services.owned_job(caller, job_id))
+        except GpuschedError as exc:
+            refused[job_id] = exc.message
+    changed: list[Job] = []
+    if mine:
+        changed, conflicts = services.scheduler.waiting.change_many(
+            mine, request.action, request.priority or 0
+        )
+        refused.update(conflicts)
+    return {
+        "jobs": [services.visible(caller, job) for job in changed],
+        "refused": [{"id": i, "error": refused[i]} for i in request.ids if i in refused],
+    }
 
 
 def cancel(services: Services, caller: Caller, request: CancelRequest) -> OneOrManyJobs:
