@@ -9,6 +9,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,9 +25,9 @@ HELD_S = 11.0
 
 
 @pytest.fixture
-def sqlite_store(tmp_path: Path) -> Store:
+def sqlite_store(tmp_path: Path) -> Iterator[Store]:
     store = Store(f"sqlite:///{tmp_path / 'jobs.db'}")
-    yield store  # type: ignore[misc]
+    yield store
     store.close()
 
 

@@ -42,9 +42,9 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
@@ -225,7 +225,7 @@ class Database:
                 yield conn
 
     @contextlib.contextmanager
-    def _transaction(self, durable: bool, options: dict[str, object]) -> Iterator[Connection]:
+    def _transaction(self, durable: bool, options: Mapping[str, Any]) -> Iterator[Connection]:
         if durable:
             with self.engine.connect().execution_options(**options) as conn, conn.begin():
                 yield conn
