@@ -74,10 +74,8 @@ def choose_socket(
         return SocketChoice(Path(env), [Path(env)], system=False, source="env")
     named = config_path_from_env(str(config_path) if config_path else None)
     if named is not None or (os.geteuid() == 0 and SYSTEM_CONFIG_PATH.exists()):
-        from gpusched.config.settings import load_config  # the parser and YAML: only when needed
-
-        path = load_config(named).socket_path  # reads YAML only when a config is in play
         system = named is None
+        path = configured_socket(named or SYSTEM_CONFIG_PATH)
         return SocketChoice(path, [path], system=system, source="system" if system else "config")
     if system_service_installed():
         path = system_socket_path()
@@ -85,6 +83,20 @@ def choose_socket(
     # Root's own daemon (no config) listens where the system service would.
     personal = system_socket_path() if os.geteuid() == 0 else user_socket_path()
     return SocketChoice(personal, [personal], system=False, source="personal")
+
+
+def configured_socket(config_path: Path) -> Path:
+    """The socket a config file names (the default one where it names none): its plain
+    `socket:` line read without YAML, else the file parsed and checked whole."""
+    from gpusched.config.socket_key import socket_setting
+
+    default = SYSTEM_SOCKET_PATH if os.geteuid() == 0 else user_socket_path()
+    found = socket_setting(config_path, default)
+    if found is not None:
+        return found
+    from gpusched.config.settings import load_config  # the parser and YAML: only then
+
+    return load_config(config_path).socket_path
 
 
 def resolve_socket(
