@@ -16,33 +16,28 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
-from dataclasses import replace
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, overload
 
 from gpusched.connection import DaemonConnection
 from gpusched.core.errors import ProtocolError
-from gpusched.core.models import (
-    TERMINAL_STATES,
-    Drain,
-    Job,
-    LogChunk,
-    Status,
-)
-from gpusched.core.requests.base import Request
 from gpusched.core.requests.protocol import (
     VERSION,
     compatible_versions,
     version_mismatch,
 )
-from gpusched.core.requests.views import ShowRequest, StatusRequest
 
+TYPE_CHECKING = False  # typing's own import costs every `gpusched status`
 if TYPE_CHECKING:  # the reply types, for mypy only: a reply is a plain dict at run time
+    from collections.abc import Sequence
+    from pathlib import Path
+    from typing import Any, overload
+
+    from gpusched.core.models import Drain, Job, LogChunk, Status
+    from gpusched.core.requests.base import Request
     from gpusched.core.requests.replies import EstimateHistoryReply, PingReply, PruneReply
 
-# Every other request class (gpusched.core.requests.catalog) is imported by the method that sends
-# one: `status` and `show`, the commands people run most, start without creating them.
+# The models (gpusched.core.models) and the request classes (gpusched.core.requests) are
+# imported by the method that needs them: `gpusched status` starts without creating their
+# dataclasses, asking through the frames of gpusched.core.status_pages.
 
 
 class Client:
@@ -165,7 +160,7 @@ class Client:
         del options["self"], options["command"]
         options["nodes"] = None if nodes is None else tuple(nodes)
         options["after_when"] = None if after_when is None else tuple(after_when)
-        return Job.from_json(self._submit(command, **options))
+        return _job(self._submit(command, **options))
 
     def submit_sweep(
         self,
@@ -186,7 +181,7 @@ class Client:
             max_concurrent=max_concurrent,
             **options,
         )
-        return [Job.from_json(job) for job in result]
+        return [_job(job) for job in result]
 
     def _submit(self, command: Sequence[str], **options: Any) -> Any:
         # Only submitting needs these: `status` and `show` start without them.
@@ -206,7 +201,7 @@ class Client:
         jobs it queued; NotFoundError if it queued none."""
         from gpusched.core.requests import catalog as rq
 
-        return [Job.from_json(job) for job in self.send(rq.SubmittedRequest(request_id))]
+        return [_job(job) for job in self.send(rq.SubmittedRequest(request_id))]
 
     def estimate_history(
         self,
@@ -232,6 +227,8 @@ class Client:
 
     def status(self, all: bool = False) -> Status:
         """GPUs and active jobs (`all`: recently ended jobs too), every page of them."""
+        from gpusched.core.models import Status
+
         return Status.from_json(self.status_reply(all=all))
 
     def status_reply(
@@ -251,17 +248,11 @@ class Client:
         The daemon answers in pages (`status_page_jobs` each) so that any queue fits;
         a job is listed once, in the state it had when its page was read.
         """
-        ask = StatusRequest(
-            all=all,
-            states=None if states is None else tuple(states),
-            limit=None if first is None else max(1, first),
-            user=user,
-            ended=ended,
-        )
-        from gpusched.core.status_pages import joined_pages
+        from gpusched.core.status_pages import joined_pages, status_wire
 
+        wire = status_wire(all=all, states=states, first=first, user=user, ended=ended)
         return joined_pages(
-            lambda cursor: self.send(ask if cursor is None else replace(ask, cursor=cursor)),
+            lambda cursor: self.request("status", **{**wire, "cursor": cursor or 0}),
             all=all,
             states=states,
             first=first,
@@ -269,59 +260,61 @@ class Client:
 
     def job(self, job_id: int) -> Job:
         """One job by id (NotFoundError if there is none)."""
-        return Job.from_json(self.send(ShowRequest(job_id)))
+        from gpusched.core.requests.views import ShowRequest
+
+        return _job(self.send(ShowRequest(job_id)))
 
     def cancel(self, job_id: int) -> Job:
         """Cancel a job; returns it as it is right after the request (it may still be
         running for up to `kill_grace` while it stops)."""
         from gpusched.core.requests import catalog as rq
 
-        return Job.from_json(self.send(rq.CancelRequest(id=job_id)))
+        return _job(self.send(rq.CancelRequest(id=job_id)))
 
     def set_priority(self, job_id: int, priority: int) -> Job:
         from gpusched.core.requests import catalog as rq
 
-        return Job.from_json(self.send(rq.PriorityRequest(job_id, priority)))
+        return _job(self.send(rq.PriorityRequest(job_id, priority)))
 
     def put_first(self, job_id: int) -> Job:
         """An administrator puts a waiting job ahead of every user's (`gpusched top`)."""
         from gpusched.core.requests import catalog as rq
 
-        return Job.from_json(self.send(rq.TopRequest(job_id)))
+        return _job(self.send(rq.TopRequest(job_id)))
 
     def requeue(self, job_id: int) -> Job:
         """Queue a new job with the spec of an ended one."""
         from gpusched.core.requests import catalog as rq
 
-        return Job.from_json(self.send(rq.RequeueRequest(job_id)))
+        return _job(self.send(rq.RequeueRequest(job_id)))
 
     def array(self, array_id: int) -> list[Job]:
         """The jobs of one sweep array, in order."""
         from gpusched.core.requests import catalog as rq
 
-        return [Job.from_json(j) for j in self.send(rq.ArrayRequest(array_id))]
+        return [_job(j) for j in self.send(rq.ArrayRequest(array_id))]
 
     def cancel_array(self, array_id: int) -> list[Job]:
         from gpusched.core.requests import catalog as rq
 
-        return [Job.from_json(j) for j in self.send(rq.CancelRequest(array=array_id))]
+        return [_job(j) for j in self.send(rq.CancelRequest(array=array_id))]
 
     def cancel_mine(self, waiting_only: bool = False) -> list[Job]:
         """Cancel every active job of the caller's (`waiting_only`: those not started yet)."""
         from gpusched.core.requests import catalog as rq
 
         jobs = self.send(rq.CancelRequest(mine=True, waiting_only=waiting_only))
-        return [Job.from_json(j) for j in jobs]
+        return [_job(j) for j in jobs]
 
     def hold(self, job_id: int) -> Job:
         from gpusched.core.requests import catalog as rq
 
-        return Job.from_json(self.send(rq.HoldRequest(job_id)))
+        return _job(self.send(rq.HoldRequest(job_id)))
 
     def release(self, job_id: int) -> Job:
         from gpusched.core.requests import catalog as rq
 
-        return Job.from_json(self.send(rq.ReleaseRequest(job_id)))
+        return _job(self.send(rq.ReleaseRequest(job_id)))
 
     def change(
         self, job_ids: Sequence[int], action: str, priority: int | None = None
@@ -340,6 +333,8 @@ class Client:
         from gpusched.core.requests import catalog as rq
 
         result = self.send(rq.DrainRequest(on=True, reason=reason, node=node))
+        from gpusched.core.models import Drain
+
         return Drain.from_json(result)
 
     def prune(self, ended_before_s: float, dry_run: bool = False) -> PruneReply:
@@ -379,18 +374,21 @@ class Client:
 
         states = None if states is None else tuple(states)
         ask = rq.HistoryRequest(limit=limit, user=user, states=states, since=since)
-        return [Job.from_json(j) for j in self.send(ask)]
+        return [_job(j) for j in self.send(ask)]
 
     def logs(self, job_id: int, offset: int = 0) -> LogChunk:
+        from gpusched.core.models import LogChunk
         from gpusched.core.requests import catalog as rq
 
         return LogChunk.from_json(self.send(rq.LogsRequest(job_id, offset)))
 
-    @overload
-    def wait(self, job_ids: int, timeout: float | None = None) -> Job: ...
+    if TYPE_CHECKING:
 
-    @overload
-    def wait(self, job_ids: Sequence[int], timeout: float | None = None) -> list[Job]: ...
+        @overload
+        def wait(self, job_ids: int, timeout: float | None = None) -> Job: ...
+
+        @overload
+        def wait(self, job_ids: Sequence[int], timeout: float | None = None) -> list[Job]: ...
 
     def wait(self, job_ids: int | Sequence[int], timeout: float | None = None) -> Job | list[Job]:
         """Block until the job (one id) or every job (a list) has ended, or `timeout`
@@ -401,6 +399,7 @@ class Client:
         return self._wait(list(job_ids), timeout)
 
     def _wait(self, job_ids: list[int], timeout: float | None) -> list[Job]:
+        from gpusched.core.models import TERMINAL_STATES
         from gpusched.core.requests import catalog as rq
 
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -408,7 +407,7 @@ class Client:
         while True:
             remaining = 30.0 if deadline is None else max(0.0, deadline - time.monotonic())
             found = {
-                job["id"]: Job.from_json(job)
+                job["id"]: _job(job)
                 for job in self.send(rq.WaitRequest(tuple(unique), min(30.0, remaining)))
             }
             jobs = [found[i] for i in job_ids if i in found]
@@ -416,3 +415,10 @@ class Client:
                 return jobs
             if deadline is not None and time.monotonic() >= deadline:
                 return jobs
+
+
+def _job(data: Any) -> Job:
+    """A reply's job as the model (imported here: only the commands that return one)."""
+    from gpusched.core.models import Job
+
+    return Job.from_json(data)

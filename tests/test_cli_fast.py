@@ -18,12 +18,9 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from gpusched.core.requests.views import StatusRequest
-from gpusched.core.status_pages import status_wire
 from tests.daemon_harness import RunningDaemon
 
 # Each runner writes to $TAKEN whether click was imported, once the command has ended.
@@ -287,32 +284,11 @@ def test_a_fast_submit_whose_answer_was_lost_is_retried_and_queued_once(
     assert lost == printed  # one job each, the one each was told
 
 
-@pytest.mark.parametrize(
-    ("asked", "request_"),
-    [
-        ({}, StatusRequest()),
-        ({"all": True, "ended": 20}, StatusRequest(all=True, ended=20)),
-        ({"states": ["running"], "first": 1}, StatusRequest(states=("running",), limit=1)),
-        (
-            {"states": ["queued", "held"], "first": 200, "user": "alice"},
-            StatusRequest(states=("queued", "held"), limit=200, user="alice"),
-        ),
-        ({"all": True, "ended": 1000}, StatusRequest(all=True, ended=1000)),
-        ({"first": 0}, StatusRequest(limit=1)),
-    ],
-)
-def test_the_fast_status_frame_is_the_requests(
-    asked: dict[str, Any], request_: StatusRequest
-) -> None:
-    """The fast path sends `status` without the request dataclass: the same frame."""
-    assert {"op": "status", **status_wire(**asked)} == request_.to_wire()
-
-
-def test_status_reads_no_click_no_client_and_no_dataclasses(
+def test_status_reads_no_click_no_models_and_no_dataclasses(
     served: tuple[RunningDaemon, dict[str, str]],
 ) -> None:
-    """What `gpusched status` costs at start: neither click, the client, the models, nor
-    the dataclasses module they all need."""
+    """What `gpusched status` costs at start: neither click, the models, nor the
+    dataclasses module they need (the client is there, without them)."""
     script = (
         "import sys\nfrom gpusched.cli import main\nsys.argv = ['gpusched', 'status']\n"
         "try:\n    main()\nexcept SystemExit:\n    pass\n"
@@ -327,7 +303,8 @@ def test_status_reads_no_click_no_client_and_no_dataclasses(
         check=True,
     )
     loaded = set(eval(done.stderr.strip().splitlines()[-1]))  # noqa: S307 - our own repr
-    assert not loaded & {"click", "gpusched.client", "gpusched.core.models", "dataclasses"}
+    assert "gpusched.client" in loaded
+    assert not loaded & {"click", "gpusched.core.models", "dataclasses"}
 
 
 @pytest.mark.parametrize("columns", [None, "120", "x", "0", "-5"])

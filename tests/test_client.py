@@ -7,12 +7,15 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from gpusched import Client
 from gpusched.core.errors import UsageError
 from gpusched.core.models import Job
+from gpusched.core.requests.views import StatusRequest
+from gpusched.core.status_pages import ACTIVE_STATE_NAMES, status_wire
 from tests.daemon_harness import RunningDaemon
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -67,3 +70,39 @@ def test_wait_takes_one_id_or_a_list_and_notify_is_split_without_a_shell(
     assert client.ping()["daemon_uid"] == os.geteuid()
     with pytest.raises(UsageError, match="--notify"):
         client.submit(["true"], mem="1G", notify="  ")
+
+
+@pytest.mark.parametrize(
+    ("asked", "request_"),
+    [
+        ({}, StatusRequest()),
+        ({"all": True, "ended": 20}, StatusRequest(all=True, ended=20)),
+        ({"states": ["running"], "first": 1}, StatusRequest(states=("running",), limit=1)),
+        (
+            {"states": ["queued", "held"], "first": 200, "user": "alice"},
+            StatusRequest(states=("queued", "held"), limit=200, user="alice"),
+        ),
+        ({"all": True, "ended": 1000}, StatusRequest(all=True, ended=1000)),
+        ({"first": 0}, StatusRequest(limit=1)),
+    ],
+)
+def test_the_status_frame_is_the_requests(asked: dict[str, Any], request_: StatusRequest) -> None:
+    """`Client.status_reply` sends `status` without the request dataclass: the same frame,
+    the same refusals."""
+    assert {"op": "status", **status_wire(**asked)} == request_.to_wire()
+
+
+@pytest.mark.parametrize("asked", [{"ended": 0}, {"states": ["done"]}, {"states": ["x"]}])
+def test_a_status_frame_refuses_what_the_request_refuses(asked: dict[str, Any]) -> None:
+    with pytest.raises(UsageError) as frame:
+        status_wire(**asked)
+    wanted: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in asked.items()}
+    with pytest.raises(UsageError) as request:
+        StatusRequest(**wanted)
+    assert str(frame.value) == str(request.value)
+
+
+def test_the_active_state_names_are_the_models() -> None:
+    from gpusched.core.models import ACTIVE_STATES
+
+    assert {str(s) for s in ACTIVE_STATES} == ACTIVE_STATE_NAMES

@@ -66,11 +66,10 @@ def test_the_cli_sends_only_request_objects() -> None:
     """`client.request("op", ...)` skips the request's checks and its wire form; the CLI
     builds a request object and sends it (`client.send`) or calls a Client method. The
     fast path's frames are exempt, by name, each built without the request classes and
-    proved equal to the request's wire form: the `status` page (cli/status_view.py's
-    StatusReader, core.status_pages.status_wire: tests/test_cli_fast.py), `show`
-    (show_view.show_wire) and `submit` (submitter.submit_frame, which runs SubmitRequest's
-    own checks), both sent by cli/fast.py (tests/test_cli_fast_frames.py)."""
-    exempt = {("status_view.py", "status"), ("fast.py", "show"), ("fast.py", "submit")}
+    proved equal to the request's wire form: `show` (show_view.show_wire) and `submit`
+    (submitter.submit_frame, which runs SubmitRequest's own checks), both sent by
+    cli/fast.py (tests/test_cli_fast_frames.py)."""
+    exempt = {("fast.py", "show"), ("fast.py", "submit")}
     bypasses = []
     for path in sorted(CLI.glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):

@@ -112,17 +112,10 @@ def _status(args: list[str]) -> Runner | None:
     as_json, show_all = "--json" in given, "--all" in given
 
     def run(socket_path: str | None) -> None:
-        from gpusched.cli.status_view import (
-            StatusReader,
-            fetch_status,
-            status_json,
-            status_text,
-            use_color,
-        )
-        from gpusched.connection import DaemonConnection
+        from gpusched.cli.status_view import fetch_status, status_json, status_text, use_color
+        from gpusched.client import Client
 
-        reader = StatusReader(DaemonConnection(socket_path, None))
-        result = fetch_status(reader, as_json=as_json, show_all=show_all, limit=limit)
+        result = fetch_status(Client(socket_path), as_json=as_json, show_all=show_all, limit=limit)
         _echo(status_json(result) if as_json else status_text(result, show_all, use_color()))
 
     return run

@@ -1,5 +1,5 @@
-"""`gpusched status`: the requests it sends and what it prints, shared by the click command
-(cli/views.py) and the fast path (cli/fast.py), so both ask the same and print the same.
+"""`gpusched status`: the requests it sends (through `Client.status_reply`) and what it
+prints, for the click command (cli/views.py) and the fast path (cli/fast.py) alike.
 
 The screen is drawn (cli/render.py) from plain views of the reply's JSON
 (cli/reply_view.py), not from the models' dataclasses: `gpusched status` starts without
@@ -14,61 +14,14 @@ import sys
 
 TYPE_CHECKING = False  # typing's own import costs every `gpusched status`
 if TYPE_CHECKING:
-    from collections.abc import Sequence
-    from typing import Any, Protocol
+    from typing import Any
 
-    from gpusched.connection import DaemonConnection
-    from gpusched.core.requests.base import Request
-
-    class StatusSource(Protocol):
-        """What `status` asks of a client: gpusched.client.Client, or StatusReader."""
-
-        def status_reply(
-            self,
-            all: bool = False,
-            states: Sequence[str] | None = None,
-            first: int | None = None,
-            user: str | None = None,
-            ended: int | None = None,
-        ) -> dict[str, Any]: ...
-
-        def request(self, op: str, **args: Any) -> Any: ...
+    from gpusched.client import Client
 
 
 WAITING_SHOWN = 200  # `status` lists this many waiting jobs and counts the rest
 ENDED_SHOWN = 20  # `status --all`: this many recently ended jobs (the daemon's default)
 ENDED_SHOWN_MAX = 1000  # the most the daemon lists (`--limit 0`)
-
-
-class StatusReader:
-    """`Client.status_reply` over a bare connection: the same frames (core/status_pages.py)
-    without gpusched.client, its models and its request dataclasses."""
-
-    def __init__(self, connection: DaemonConnection) -> None:
-        self.connection = connection
-
-    def status_reply(
-        self,
-        all: bool = False,
-        states: Sequence[str] | None = None,
-        first: int | None = None,
-        user: str | None = None,
-        ended: int | None = None,
-    ) -> dict[str, Any]:
-        from gpusched.core.status_pages import joined_pages, status_wire
-
-        wire = status_wire(all=all, states=states, first=first, user=user, ended=ended)
-
-        def page(cursor: int | None) -> dict[str, Any]:
-            result: dict[str, Any] = self.connection.request(
-                "status", **{**wire, "cursor": cursor or 0}
-            )
-            return result
-
-        return joined_pages(page, all=all, states=states, first=first)
-
-    def request(self, op: str, **args: Any) -> Any:
-        return self.connection.request(op, **args)
 
 
 def use_color() -> bool:
@@ -77,7 +30,7 @@ def use_color() -> bool:
 
 
 def fetch_status(
-    client: StatusSource,
+    client: Client,
     *,
     targets: tuple[str, ...] = (),
     as_json: bool = False,
@@ -97,9 +50,9 @@ def fetch_status(
 
         result = client.status_reply(states=["running"], first=1)
         job_ids, arrays = parse_targets(targets)
-        chosen = [_sent(client, ShowRequest(job_id)) for job_id in job_ids]
+        chosen = [client.send(ShowRequest(job_id)) for job_id in job_ids]
         for array_id in arrays:
-            chosen.extend(_sent(client, ArrayRequest(array_id)))
+            chosen.extend(client.send(ArrayRequest(array_id)))
         result["jobs"] = chosen
     elif as_json or waiting_shown == 0:
         result = client.status_reply(all=show_all, user=user, ended=ended)
@@ -112,13 +65,6 @@ def fetch_status(
         result["jobs"] = view["waiting"] + view["running"]
         result["more_waiting"] = view["more_waiting"]
     return result
-
-
-def _sent(client: StatusSource, request: Request) -> Any:
-    """A request object sent through the client's `request`: its checks ran as it was
-    built, and its wire form is the one `Client.send` would send."""
-    wire = request.to_wire()
-    return client.request(wire.pop("op"), **wire)
 
 
 def terminal_columns() -> int:

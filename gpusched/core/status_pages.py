@@ -1,10 +1,10 @@
 """`status` read page by page: one page's request on the wire, the pages joined, and the
 running and waiting pages a person reads merged into one view (the one place that does).
 
-Shared by the Python API (`Client.status_reply`, which builds the request as a checked
-`StatusRequest`) and the CLI's fast path (cli/status_view.py), which sends the same frame
-without gpusched.client and the request dataclasses, so that `gpusched status` starts at
-interpreter speed (tests/test_cli_fast.py checks the two frames are the same).
+`Client.status_reply` (the Python API's and the CLI's) sends these frames, checked as
+`StatusRequest` checks its fields, without creating the request dataclasses, so that
+`gpusched status` starts at interpreter speed; the daemon reads them as `StatusRequest`
+(tests/test_client.py compares the two).
 """
 
 from __future__ import annotations
@@ -19,6 +19,17 @@ if TYPE_CHECKING:
 # JobState's terminal values (core/models.py), by name: a page of active states lists the
 # recent ends too when `all` asks for them.
 ENDED_STATE_NAMES = frozenset({"done", "failed", "cancelled", "lost"})
+ACTIVE_STATE_NAMES = frozenset({"queued", "held", "running"})  # ACTIVE_STATES, by name
+
+
+def check_status_ask(states: Sequence[str] | None, ended: int | None) -> None:
+    """UsageError for what no `status` page may ask (`StatusRequest`'s checks)."""
+    from gpusched.core.errors import UsageError
+
+    if ended is not None and ended < 1:
+        raise UsageError("'ended': at least 1 ended job")
+    if states is not None and not {str(s) for s in states} <= ACTIVE_STATE_NAMES:
+        raise UsageError("'states': only queued, held and running jobs are paged")
 
 
 def status_wire(
@@ -29,6 +40,7 @@ def status_wire(
     ended: int | None = None,
 ) -> dict[str, Any]:
     """The first page's frame, as `StatusRequest(...).to_wire()` gives it without its op."""
+    check_status_ask(states, ended)
     return {
         "all": all,
         "cursor": 0,

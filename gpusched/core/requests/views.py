@@ -8,9 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from gpusched.core.errors import UsageError
-from gpusched.core.models import ACTIVE_STATES
 from gpusched.core.requests.base import JobRequest, Request
+from gpusched.core.status_pages import check_status_ask
 
 
 @dataclass(frozen=True)
@@ -28,10 +27,7 @@ class StatusRequest(Request):
     ended: int | None = None
 
     def __post_init__(self) -> None:
-        if self.ended is not None and self.ended < 1:
-            raise UsageError("'ended': at least 1 ended job")
-        if self.states is not None and not set(self.states) <= {str(s) for s in ACTIVE_STATES}:
-            raise UsageError("'states': only queued, held and running jobs are paged")
+        check_status_ask(self.states, self.ended)
 
 
 @dataclass(frozen=True)
