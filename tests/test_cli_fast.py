@@ -204,7 +204,8 @@ def test_the_global_socket_option_and_no_daemon(
     _agree(["show", env["_HELD"]], ascii_out, tmp_path, fast=True)
     _agree(["submit", "--mem", "1G", "--", "/no/pr\u00f3gram"], ascii_out, tmp_path, fast=True)
     with_config = {**env, "GPUSCHED_CONFIG": str(daemon.config_path)}
-    _agree(["status"], with_config, tmp_path, fast=False)
+    _agree(["status"], with_config, tmp_path, fast=True)  # its socket: line, read plainly
+    _agree(["status"], {**env, "GPUSCHED_CONFIG": str(tmp_path)}, tmp_path, fast=False)
 
 
 def test_a_submit_queues_the_same_job_either_way(

@@ -11,14 +11,15 @@ as it would have without this module. Understood, and nothing more:
                            [--hold] [--json] -- COMMAND...
 
 (each option also as --opt=VALUE; a value must not start with "-", N and ID are ASCII
-digits). Any other word, `--help`, a missing value, `--config`, $GPUSCHED_CONFIG set, a
-submit without `--`: click's. What a command sends and prints is the same code the click
-command runs (cli/status_view.py, show_view.py, submit_view.py, gpusched.submitter), on a
-bare connection: neither click, the client, the models nor any dataclass is imported
-(tests/test_cli_imports.py); the frames are the request classes' (tests/test_cli_fast.py
-compares them). Errors end as the group ends them (cli/group.py `_Group.invoke`): one line
-on stderr and the contract's exit code. tests/test_cli_fast.py runs both on the same
-command lines and compares stdout, stderr and the exit code.
+digits). Any other word, `--help`, a missing value, `--config`, $GPUSCHED_CONFIG naming a
+directory, a submit without `--`: click's. What a command sends and prints is the same
+code the click command runs (cli/status_view.py through `Client.status_reply`,
+show_view.py, submit_view.py, gpusched.submitter): neither click, the models nor any
+dataclass is imported (tests/test_cli_imports.py); the show and submit frames are the
+request classes' (tests/test_cli_fast_frames.py compares them). Errors end as the group
+ends them (cli/group.py `_Group.invoke`): one line on stderr and the contract's exit code.
+tests/test_cli_fast.py runs both on the same command lines and compares stdout, stderr
+and the exit code.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ TYPE_CHECKING = False  # typing's own import costs every command
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    Runner = Callable[[str | None], None]
+    Runner = Callable[[str | None, str | None], None]
 
 # Each command's options: name -> whether it takes a value.
 _STATUS_OPTIONS = {"--all": False, "--json": False, "--limit": True}
@@ -47,8 +48,9 @@ _SUBMIT_OPTIONS = {
 
 def answer(argv: list[str]) -> int | None:
     """Run `gpusched ARGV` and return its exit code, or None: not a form understood here."""
-    if os.environ.get("GPUSCHED_CONFIG"):
-        return None  # its YAML is parsed anyway, and click checks the path first
+    config_path = os.environ.get("GPUSCHED_CONFIG") or None
+    if config_path and os.path.isdir(config_path):
+        return None  # click's --config refuses a directory, in its words
     socket_path = None
     args = list(argv)
     if args and (args[0] == "--socket" or args[0].startswith("--socket=")):
@@ -65,7 +67,7 @@ def answer(argv: list[str]) -> int | None:
     runner = command(args[1:])
     if runner is None:
         return None
-    return _run(runner, socket_path)
+    return _run(runner, socket_path, config_path)
 
 
 def _options(
@@ -111,11 +113,12 @@ def _status(args: list[str]) -> Runner | None:
         return None
     as_json, show_all = "--json" in given, "--all" in given
 
-    def run(socket_path: str | None) -> None:
+    def run(socket_path: str | None, config_path: str | None) -> None:
         from gpusched.cli.status_view import fetch_status, status_json, status_text, use_color
         from gpusched.client import Client
 
-        result = fetch_status(Client(socket_path), as_json=as_json, show_all=show_all, limit=limit)
+        client = Client(socket_path, config_path)
+        result = fetch_status(client, as_json=as_json, show_all=show_all, limit=limit)
         _echo(status_json(result) if as_json else status_text(result, show_all, use_color()))
 
     return run
@@ -130,12 +133,12 @@ def _show(args: list[str]) -> Runner | None:
         return None
     as_json = "--json" in parsed[0]
 
-    def run(socket_path: str | None) -> None:
+    def run(socket_path: str | None, config_path: str | None) -> None:
         from gpusched.cli.show_view import show_json, show_lines, show_wire
         from gpusched.cli.status_view import terminal_columns
         from gpusched.connection import DaemonConnection
 
-        reply = DaemonConnection(socket_path, None).request("show", **show_wire(job_id))
+        reply = DaemonConnection(socket_path, config_path).request("show", **show_wire(job_id))
         if as_json:
             _echo(show_json(reply))
             return
@@ -159,7 +162,7 @@ def _submit(args: list[str]) -> Runner | None:
         return None
     text = {name: value for name, value in given.items() if isinstance(value, str)}
 
-    def run(socket_path: str | None) -> None:
+    def run(socket_path: str | None, config_path: str | None) -> None:
         from gpusched.cli.submit_view import job_options, submitted_text
         from gpusched.connection import DaemonConnection
         from gpusched.submitter import send_submit, submit_fields, submit_frame
@@ -173,7 +176,7 @@ def _submit(args: list[str]) -> Runner | None:
         )
         # What Client.submit does (its request built by gpusched.submitter, sent again
         # with the same id after a lost answer), with the request as a frame.
-        connection = DaemonConnection(socket_path, None)
+        connection = DaemonConnection(socket_path, config_path)
         frame = submit_frame(submit_fields(command, suggested_mem=_no_estimate, **options))
         reply = send_submit(
             lambda: connection.request("submit", **frame),
@@ -212,12 +215,12 @@ def _echo(text: str, err: bool = False) -> None:
     stream.flush()
 
 
-def _run(runner: Runner, socket_path: str | bool | None) -> int:
+def _run(runner: Runner, socket_path: str | bool | None, config_path: str | None) -> int:
     """The command's exit code, its errors ended as the click group ends them."""
     from gpusched.core.errors import GpuschedError
 
     try:
-        runner(socket_path if isinstance(socket_path, str) else None)
+        runner(socket_path if isinstance(socket_path, str) else None, config_path)
     except GpuschedError as exc:
         from gpusched.core.sanitize import shown
 
