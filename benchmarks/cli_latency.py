@@ -16,7 +16,8 @@ console script next to `sys.executable`, and `sys.executable -c pass`), never th
 a version-manager shim, which would add its own start-up to both.
 The CLI finds the daemon through GPUSCHED_SOCKET, as a user's shell would with the
 socket in its default place (no config file to parse); `status` with GPUSCHED_CONFIG
-instead (YAML parsed on every call) is reported beside it.
+instead (the config's socket read on every call, as root's commands read
+/etc/gpusched/config.yaml) is reported beside it, the baseline tree's too.
 
 Each command is also timed through the click group alone (gpusched/cli/group.py, the
 path before cli/fast.py and still the path of every form it leaves to click), in the same
@@ -240,14 +241,15 @@ def main() -> None:
             fast_import_ms = import_ms("gpusched.cli.fast", env)
             click_import_ms = import_ms("gpusched.cli.group", env)
             medians = time_commands(commands, env, args.runs, pause_s=PAUSE_S)
-            medians.update(
-                time_commands(
-                    {"gpusched status (config file)": [str(script), "status"]},
-                    with_config,
-                    args.runs,
-                    pause_s=PAUSE_S,
-                )
-            )
+            configured = {"gpusched status (config file)": [str(script), "status"]}
+            if tree is not None:
+                configured["gpusched status (config file, baseline)"] = [
+                    sys.executable,
+                    "-c",
+                    TREE_MAIN.format(tree=tree),
+                    "status",
+                ]
+            medians.update(time_commands(configured, with_config, args.runs, pause_s=PAUSE_S))
             back_to_back = time_commands(
                 {"gpusched submit, back to back": commands["gpusched submit"]}, env, args.runs
             )
@@ -298,8 +300,13 @@ def main() -> None:
         ]
     figures.append(Figure(f"import gpusched.cli.fast, best of 3 ({install})", fast_import_ms, "ms"))
     figures.append(Figure("import gpusched.cli.group (click), best of 3", click_import_ms, "ms"))
-    for name in ("gpusched status (config file)", "gpusched submit, back to back"):
-        figures.append(Figure(f"{name} / python -c pass", medians[name] / base, "x"))
+    for name in (
+        "gpusched status (config file)",
+        "gpusched status (config file, baseline)",
+        "gpusched submit, back to back",
+    ):
+        if name in medians:
+            figures.append(Figure(f"{name} / python -c pass", medians[name] / base, "x"))
     figures.append(Figure("jobs in the database at the end", history, "jobs"))
     report("cli_latency", figures)
 
