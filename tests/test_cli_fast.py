@@ -77,6 +77,10 @@ READING = [
     (["status", "--limit", "1"], True),
     (["status", "--limit=0", "--all"], True),
     (["status", "--all", "--limit", "1", "--json"], True),
+    (["status", "--mine"], True),
+    (["status", "--mine", "--all", "--json"], True),
+    (["status", "--user", "root"], True),
+    (["status", "--user=nobody", "--all"], True),
     (["show", "{ended}"], True),
     (["show", "{held}"], True),
     (["show", "--json", "{ended}"], True),
@@ -94,7 +98,8 @@ READING = [
     (["status", "--limit", "-1"], False),
     (["status", "--json=1"], False),
     (["status", "{ended}"], False),  # ids: click's
-    (["status", "--mine"], False),
+    (["status", "--mine", "--user", "root"], False),  # both: click's refusal
+    (["status", "--mine=1"], False),
     (["show"], False),
     (["show", "x"], False),
     (["show", "-1"], False),

@@ -5,7 +5,7 @@ the like answer at interpreter speed.
 for anything else it returns None and cli/group.py's click group takes the command line,
 as it would have without this module. Understood, and nothing more:
 
-    [--socket PATH] status [--all] [--json] [--limit N]
+    [--socket PATH] status [--all] [--json] [--limit N] [--mine | --user NAME]
     [--socket PATH] show ID [--json]
     [--socket PATH] submit [--mem SIZE] [--gpus N] [--name NAME] [--time DURATION]
                            [--hold] [--json] -- COMMAND...
@@ -34,7 +34,13 @@ if TYPE_CHECKING:
     Runner = Callable[[str | None, str | None], None]
 
 # Each command's options: name -> whether it takes a value.
-_STATUS_OPTIONS = {"--all": False, "--json": False, "--limit": True}
+_STATUS_OPTIONS = {
+    "--all": False,
+    "--json": False,
+    "--limit": True,
+    "--mine": False,
+    "--user": True,
+}
 _SHOW_OPTIONS = {"--json": False}
 _SUBMIT_OPTIONS = {
     "--mem": True,
@@ -112,16 +118,35 @@ def _status(args: list[str]) -> Runner | None:
     if "--limit" in given and limit is None:
         return None
     as_json, show_all = "--json" in given, "--all" in given
+    understood, user = _whose(given)
+    if not understood:
+        return None
 
     def run(socket_path: str | None, config_path: str | None) -> None:
         from gpusched.cli.status_view import fetch_status, status_json, status_text, use_color
         from gpusched.client import Client
 
         client = Client(socket_path, config_path)
-        result = fetch_status(client, as_json=as_json, show_all=show_all, limit=limit)
+        result = fetch_status(client, as_json=as_json, show_all=show_all, limit=limit, user=user)
         _echo(status_json(result) if as_json else status_text(result, show_all, use_color()))
 
     return run
+
+
+def _whose(given: dict[str, str | bool]) -> tuple[bool, str | None]:
+    """Whether the choice of user is understood here, and the user `--mine` or `--user
+    NAME` names (None: everyone's jobs); click judges both given, or a uid with no name."""
+    if "--mine" in given and "--user" in given:
+        return False, None
+    if "--mine" not in given:
+        named = given.get("--user")
+        return True, named if isinstance(named, str) else None
+    import pwd  # built in, and only for --mine
+
+    try:
+        return True, pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return False, None
 
 
 def _show(args: list[str]) -> Runner | None:
