@@ -9,7 +9,9 @@ length between them:
     [gpusched: 123456 bytes of output dropped here (max_log_size)]
 
 The job's next writes land at the new end (O_APPEND). A later cut replaces the marker
-with one counting everything dropped so far.
+with one counting everything dropped so far. The daemon cuts a log the same way, to a
+smaller cap, when its owner's share of log_dir is full (the marker then names
+`retention.user_log_bytes`); an exclusive flock on the log keeps two cutters apart.
 
 Readers (`gpusched logs`, also `-f`) ask for *stream offsets*: positions in everything
 the job wrote, the dropped part included. `read_log` maps them onto the cut file, so a
@@ -25,6 +27,7 @@ Stdlib only: the supervisor imports this at start-up.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import time
@@ -45,8 +48,8 @@ def _marker(text: bytes) -> bytes:
     return text[: MARKER_BYTES - 1].ljust(MARKER_BYTES - 1) + b"\n"
 
 
-def _final_marker(dropped: int) -> bytes:
-    return _marker(b"\n[gpusched: %d bytes of output dropped here (max_log_size)]" % dropped)
+def _final_marker(dropped: int, why: bytes) -> bytes:
+    return _marker(b"\n[gpusched: %d bytes of output dropped here (%s)]" % (dropped, why))
 
 
 def _state_at(fd: int, position: int) -> tuple[bool, int] | None:
@@ -57,14 +60,28 @@ def _state_at(fd: int, position: int) -> tuple[bool, int] | None:
     return match.group(1) is None, int(match.group(1) or 0)
 
 
-def cap_log(fd: int, cap: int) -> int:
+def cap_log(fd: int, cap: int, why: bytes = b"max_log_size") -> int:
     """Cut the log's middle if it is over `cap` bytes; returns the bytes dropped now.
+    `why` is the setting the marker names. A log another cutter holds is left for now.
 
     `fd` must be open read-write WITHOUT O_APPEND (Linux's pwrite appends on an O_APPEND
     descriptor, wherever it is told to write). Bytes the job appends while the tail is
     moved are moved too, in one more pass; what it appends during that pass is lost, not
     counted in the marker (only a writer about as fast as the copy loses anything).
     """
+    if os.fstat(fd).st_size <= cap:
+        return 0
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return 0
+    try:
+        return _cut(fd, cap, why)
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+
+
+def _cut(fd: int, cap: int, why: bytes) -> int:
     size = os.fstat(fd).st_size
     if size <= cap:
         return 0
@@ -96,7 +113,7 @@ def cap_log(fd: int, cap: int) -> int:
     # What the job appended during the second pass (a writer as fast as the copy) is lost
     # and not counted: counting it would shift the offsets of the kept tail for followers.
     os.ftruncate(fd, target)
-    os.pwrite(fd, _final_marker(dropped_before + dropped_now), head)
+    os.pwrite(fd, _final_marker(dropped_before + dropped_now, why), head)
     return dropped_now
 
 
