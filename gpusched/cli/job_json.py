@@ -38,6 +38,7 @@ JOB_DEFAULTS: dict[str, Any] = {
     "reason_detail": None,
     "waiting_reason": None,
     "log_path": None,
+    "log_removed": None,
     "peak_mem": None,
     "mean_util": None,
     "hints": [],

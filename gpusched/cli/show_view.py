@@ -106,7 +106,7 @@ def show_lines(reply: dict[str, Any], width: int) -> list[str]:
         *expected_rows(reply),
         (
             "log",
-            job.log_path or ("- (interactive: output to its terminal)" if job.interactive else "-"),
+            job.log_path or _no_log(job),
         ),
     ]
     if job.warning:
@@ -138,6 +138,13 @@ def show_lines(reply: dict[str, Any], width: int) -> list[str]:
         ),
         *(f"{'hint:':<{LABEL_WIDTH}}{hint}" for hint in job.hints),
     ]
+
+
+def _no_log(job: ReplyView) -> str:
+    """The log line of a job without a log: why there is none, where the daemon said."""
+    if job.interactive:
+        return "- (interactive: output to its terminal)"
+    return f"- (log removed: {job.log_removed})" if job.log_removed else "-"
 
 
 def job_where(job: Job | ReplyView) -> str:

@@ -133,6 +133,8 @@ class Job:
     reason_detail: str | None = None  # the sentence behind `reason` (signal name, error...)
     waiting_reason: str | None = None
     log_path: str | None = None
+    # Why the daemon removed its log early (its owner's share of log_dir was full).
+    log_removed: str | None = None
     peak_mem: int | None = None
     mean_util: float | None = None
     hints: list[str] = field(default_factory=list)

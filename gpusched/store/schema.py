@@ -64,6 +64,7 @@ jobs = Table(
     Column("reason_detail", Text, nullable=True),
     Column("stop_intent", String, nullable=True),  # a StopIntent, while a running job stops
     Column("log_path", Text, nullable=True),
+    Column("log_removed", Text, nullable=True),  # why its log went early (revision 0020)
     Column("peak_mem", BigInteger, nullable=True),
     Column("mean_util", Integer, nullable=True),
     Column("hints", JSON, nullable=False, default=list),
