@@ -8,7 +8,9 @@ ended jobs older than `timelines`, the environments of ended jobs older than
 ended longer ago than `logs` (gpusched.store.retention, gpusched.daemon.retention).
 `user_bytes_per_minute` / `user_bytes_per_day` cap what one user's submits may store
 (environments, and each job's command, name, `--notify`, `--cwd` and `--output`): past
-either, a submit is refused with one line. Durations are seconds and sizes bytes inside
+either, a submit is refused with one line. `user_log_bytes` is one user's share of
+`log_dir`: past it, their oldest ended logs are removed, then their running logs cut
+(gpusched.daemon.log_share). Durations are seconds and sizes bytes inside
 `RetentionSettings`; null: kept forever / no cap.
 """
 
@@ -29,6 +31,7 @@ _KEYS = (
     "every",
     "user_bytes_per_minute",
     "user_bytes_per_day",
+    "user_log_bytes",
 )  # as the error lists them
 
 
@@ -43,6 +46,7 @@ class RetentionSettings:
     every_s: float = 60.0  # how often the daemon applies the above (and removes job dirs)
     user_bytes_per_minute: int | None = 64 * 2**20  # stored by one user's submits
     user_bytes_per_day: int | None = 2 * 2**30
+    user_log_bytes: int | None = 20 * 2**30  # one user's logs in log_dir, all jobs together
 
 
 # Each key: the field it sets, what it is, and what null means (None: null is refused).
@@ -54,6 +58,7 @@ _FIELDS: dict[str, tuple[str, str, str | None]] = {
     "logs": ("logs_s", "duration", "keep forever"),
     "user_bytes_per_minute": ("user_bytes_per_minute", "size", "no cap"),
     "user_bytes_per_day": ("user_bytes_per_day", "size", "no cap"),
+    "user_log_bytes": ("user_log_bytes", "size", "no share"),
     "every": ("every_s", "duration", None),
 }
 
@@ -74,7 +79,8 @@ def _above_zero(key: str, value: Any) -> float | int | None:
 
 def parse_retention(value: Any) -> RetentionSettings:
     """`retention: {history: 180d, environments: 7d, timelines: 90d, logs: 30d, every: 1m,
-    user_bytes_per_minute: 64M, user_bytes_per_day: 2G}`; a key left out keeps its default."""
+    user_bytes_per_minute: 64M, user_bytes_per_day: 2G, user_log_bytes: 20G}`; a key left
+    out keeps its default."""
     if value is None:
         return RetentionSettings()
     if not isinstance(value, dict):

@@ -39,6 +39,7 @@ from gpusched.core.errors import ConfigError, GpuschedError
 from gpusched.daemon.database_url import check_password_private
 from gpusched.daemon.hooks import HookRunner
 from gpusched.daemon.httpserve import HttpServer, Route
+from gpusched.daemon.log_share import TICK_S, LogShares
 from gpusched.daemon.process_setup import (
     earlier_run,
     os_failure,
@@ -64,6 +65,7 @@ log = logging.getLogger("gpusched.daemon")
 
 TICK_JOB_ID = "tick"
 RETENTION_JOB_ID = "retention"  # gpusched.daemon.retention, every retention.every
+LOG_SHARE_JOB_ID = "log_share"  # gpusched.daemon.log_share, every TICK_S
 
 
 def run_sooner(ticks: BaseScheduler, job_id: str, when: datetime) -> bool:
@@ -138,6 +140,7 @@ class Daemon:
             executors={"default": ThreadPoolExecutor(3)}, timezone=timezone.utc
         )
         self.hooks = HookRunner(self.store.jobs, lambda: self.config)
+        self.log_shares = LogShares(self.settings, self.store.database)
         context = Context.build(
             self.settings,
             self.store,
@@ -147,7 +150,7 @@ class Daemon:
             clock=ClusterClock(SystemClock()) if in_cluster(config) else None,
             wake=self.wake,
             wake_in=self.wake_in,
-            end_listeners=[self.hooks.job_ended],
+            end_listeners=[self.hooks.job_ended, self.log_shares.job_ended],
         )
         self.node = node_name(config)
         node: LocalNode | ClusterNode = LocalNode(self.node)
@@ -206,6 +209,25 @@ class Daemon:
             with contextlib.suppress(Exception):
                 run_sooner(self._ticks, TICK_JOB_ID, due)
 
+    def _add_retention_jobs(self) -> None:
+        """The retention pass, and the checks of each user's share of log_dir."""
+        self._ticks.add_job(
+            self._guarded(self.retention.retention_pass),
+            "interval",
+            seconds=self.config.retention.every_s,
+            id=RETENTION_JOB_ID,
+            max_instances=1,
+            coalesce=True,
+        )
+        self._ticks.add_job(
+            self._guarded(self.log_shares.tick),
+            "interval",
+            seconds=TICK_S,
+            id=LOG_SHARE_JOB_ID,
+            max_instances=1,
+            coalesce=True,
+        )
+
     def _guarded(self, work: Callable[[], None]) -> Callable[[], None]:
         def run() -> None:
             try:
@@ -260,14 +282,7 @@ class Daemon:
             misfire_grace_time=None,
             next_run_time=datetime.now(timezone.utc),
         )
-        self._ticks.add_job(
-            self._guarded(self.retention.retention_pass),
-            "interval",
-            seconds=self.config.retention.every_s,
-            id=RETENTION_JOB_ID,
-            max_instances=1,
-            coalesce=True,
-        )
+        self._add_retention_jobs()
         placer = self.scheduler.placer
         if placer.poll_every_s is not None:  # placements and cancels from elsewhere, at once
             self._ticks.add_job(

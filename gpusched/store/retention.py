@@ -14,6 +14,8 @@ gpusched.daemon.retention; `gpusched admin prune`). It touches only ended jobs:
   job refers to. Submit-then-cancel with a new 240 KB environment each time grew the
   database by 578 MB a minute, since a cancelled job kept its environment for good.
 - `logs`: an ended job's `log_path` is returned to unlink and cleared.
+- the log share (`logs_in`, `forget_log`): each job's log in log_dir, for
+  gpusched.daemon.log_share to sum per user, and an ended one's log cleared with why.
 
 Each step deletes at most BATCH rows per transaction, so submits go on between them.
 With `dry_run` nothing changes: each step counts what it would delete (and lists the
@@ -231,3 +233,49 @@ def checkpoint(db: Database) -> None:
         raw = conn.connection.driver_connection
         assert raw is not None  # noqa: S101 - a checked-out connection always has one
         raw.execute("PRAGMA wal_checkpoint(PASSIVE)")
+
+
+@dataclass(frozen=True)
+class KeptLog:
+    """A job's log in log_dir, as the log share reads it (gpusched.daemon.log_share)."""
+
+    job_id: int
+    user: str
+    running: bool
+    ended_at: str | None
+    path: str
+
+
+def logs_in(db: Database, log_dir: str) -> list[KeptLog]:
+    """Every job's log that is in `log_dir` (not a user's `--output` path), oldest end
+    first, then the running ones."""
+    query = select(jobs.c.id, jobs.c.user, jobs.c.state, jobs.c.ended_at, jobs.c.log_path).where(
+        jobs.c.log_path.is_not(None), jobs.c.output.is_(None)
+    )
+    prefix = log_dir.rstrip("/") + "/"
+    terminal = {str(s) for s in TERMINAL_STATES}
+    with db.read() as conn:
+        rows = conn.execute(query).all()
+    found = [
+        KeptLog(r.id, r.user, r.state not in terminal, r.ended_at, str(r.log_path))
+        for r in rows
+        if str(r.log_path).startswith(prefix)
+    ]
+    found.sort(key=lambda kept: (kept.running, kept.ended_at or "", kept.job_id))
+    return found
+
+
+def forget_log(db: Database, job_id: int, path: str, why: str) -> bool:
+    """Clear an ended job's `log_path` (still `path`), saying `why` in `log_removed`;
+    whether it was cleared (False: the job changed meanwhile, e.g. requeued)."""
+    with db.write() as conn:
+        result = conn.execute(
+            update(jobs)
+            .where(
+                jobs.c.id == job_id,
+                jobs.c.log_path == path,
+                jobs.c.state.in_([str(s) for s in TERMINAL_STATES]),
+            )
+            .values(log_path=None, log_removed=why)
+        )
+    return bool(result.rowcount)
