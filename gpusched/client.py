@@ -324,7 +324,7 @@ class Client:
         from gpusched.core.requests import catalog as rq
 
         reply = self.send(rq.ChangeRequest(tuple(job_ids), action, priority))
-        jobs = [Job.from_json(j) for j in reply["jobs"]]
+        jobs = [_job(j) for j in reply["jobs"]]
         return jobs, {int(r["id"]): str(r["error"]) for r in reply["refused"]}
 
     def drain(self, reason: str | None = None, node: str | None = None) -> Drain:

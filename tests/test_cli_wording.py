@@ -98,9 +98,10 @@ def test_status_mine_user_and_limit_on_ended_jobs(daemon: RunningDaemon) -> None
     import pwd
 
     me = pwd.getpwuid(os.getuid()).pw_name
-    ids = [daemon.submit("--mem", "1G", "--", "true") for _ in range(3)]
-    for job_id in ids:
-        daemon.wait_state(job_id, {"done"})
+    ids = []
+    for _ in range(3):  # one after the other: their ends are in the order of their ids
+        ids.append(daemon.submit("--mem", "1G", "--", "true"))
+        daemon.wait_state(ids[-1], {"done"})
     everyone = daemon.status("--all")
     assert {j["id"] for j in everyone["jobs"]} >= set(ids)
     assert {j["id"] for j in daemon.status("--all", "--mine")["jobs"]} >= set(ids)
