@@ -10,7 +10,7 @@ the test sets. `FixedClock` is a clock (wall and monotonic) that moves only when
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -154,7 +154,13 @@ class FakeProbe:
             )
         return states
 
-    def note_job_started(self, pid: int, gpu_uuids: Sequence[str], mem_bytes: int | None) -> None:
+    def note_job_started(
+        self,
+        pid: int,
+        gpu_uuids: Sequence[str],
+        mem_bytes: int | None,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
         pass  # a fake job holds only what the test says it holds
 
     def describe(self) -> str:

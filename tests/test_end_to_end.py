@@ -103,9 +103,8 @@ def test_whole_gpu_job_waits_for_a_gpu_without_gpusched_jobs(fresh_daemon: Runni
     gpu = next(g for g in daemon.status()["gpus"] if g["index"] == job["gpu_indices"][0])
     assert gpu["available"] == 0
     # Nothing else may share a whole-GPU job's card, however small or light. (A command
-    # with no history, --share: `sleep 60` has one by now that reads busy on simulated
-    # cards, which outranks --share, and a busy job would rightly wait for a quieter card
-    # than GPU 1's instead of joining job 2 there.)
+    # with no history, --share: nothing measured says it is busy, so it never waits for a
+    # quieter card; it joins job 2 on GPU 1.)
     tiny = daemon.submit("--mem", "256M", "--share", "--", "sleep", "59")
     assert daemon.wait_state(tiny, {"running"})["gpu_indices"] != job["gpu_indices"]
 

@@ -44,12 +44,13 @@ from gpusched.config.values import (
     parse_percent,
     parse_positive_or_null,
     parse_simulate,
+    parse_simulate_util,
     parse_size_bound,
     parse_size_or_zero,
     parse_web_address,
 )
 from gpusched.core.errors import ConfigError, UsageError
-from gpusched.core.units import parse_duration, parse_size
+from gpusched.core.units import LIGHT_UTIL, parse_duration, parse_size
 
 
 def _is_root() -> bool:
@@ -90,6 +91,7 @@ class Config:
     headroom_bytes: int = 512 * 2**20
     gpus: tuple[int | str, ...] | None = None  # None = all
     simulate: str | None = None
+    simulate_util: int = LIGHT_UTIL  # percent a simulated job keeps its card busy
     max_jobs_per_gpu: int | None = None
     busy_util: float | None = None  # percent; a GPU this busy takes no new job (None: off)
     placement: str = "most-free"  # or "best-fit": the policy's rule 5
@@ -220,6 +222,7 @@ _KEYS: dict[str, tuple[str | None, Callable[[Any], Any]]] = {
     "headroom": ("headroom_bytes", parse_size_or_zero),
     "gpus": ("gpus", parse_gpus),
     "simulate": ("simulate", parse_simulate),
+    "simulate_util": ("simulate_util", parse_simulate_util),
     "max_jobs_per_gpu": ("max_jobs_per_gpu", parse_positive_or_null),
     "busy_util": ("busy_util", parse_percent),
     "placement": ("placement", one_of("most-free", "best-fit")),

@@ -110,6 +110,15 @@ def parse_simulate(value: Any) -> str | None:
     return str(value)
 
 
+def parse_simulate_util(value: Any) -> int:
+    """`simulate_util`: how busy a simulated job keeps its card, a whole percentage from
+    0 to 100 ("95%" or 95)."""
+    text = str(value).strip().removesuffix("%").strip()
+    if isinstance(value, bool) or not text.isdigit() or int(text) > 100:
+        raise UsageError(f"expected a whole percentage from 0% to 100%, not {value!r}")
+    return int(text)
+
+
 def parse_positive_or_null(value: Any) -> int | None:
     """`max_jobs_per_gpu`: a whole number >= 1, or null (no limit)."""
     if value is None:

@@ -209,6 +209,10 @@ def format_duration(seconds: float, *, exact: bool = False) -> str:
     return "".join(parts)
 
 
+# How busy a simulated job keeps its card unless told otherwise (`simulate_util`): light,
+# as a job that mostly waits on its data, so that a try-out shows jobs sharing a card.
+LIGHT_UTIL = 10
+
 _SIM_PART_RE = re.compile(r"^\s*(?:(\d+)\s*x\s*)?([0-9.]+\s*[KMGT]?)\s*$", re.IGNORECASE)
 
 

@@ -81,7 +81,7 @@ def run_sooner(ticks: BaseScheduler, job_id: str, when: datetime) -> bool:
 
 def make_probe(config: Config) -> Probe:
     if config.simulate:
-        return SimulatedProbe.from_spec(config.simulate)
+        return SimulatedProbe.from_spec(config.simulate, config.simulate_util)
     from gpusched.gpus.nvml import NvmlProbe
 
     return NvmlProbe()
@@ -414,6 +414,7 @@ class Daemon:
             "state_dir",
             "log_dir",
             "simulate",
+            "simulate_util",
             "metrics_address",
             "web_address",
             "node",

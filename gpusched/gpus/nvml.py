@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -108,7 +108,13 @@ class NvmlProbe:
             ]
             return states
 
-    def note_job_started(self, pid: int, gpu_uuids: Sequence[str], mem_bytes: int | None) -> None:
+    def note_job_started(
+        self,
+        pid: int,
+        gpu_uuids: Sequence[str],
+        mem_bytes: int | None,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
         """Nothing to do: the driver itself sees the job's processes."""
 
     def describe(self) -> str:

@@ -3,7 +3,8 @@
 A probe answers one question, `snapshot()`: the list of GPUs with their memory,
 utilization and the processes holding memory on them. It knows nothing about jobs
 beyond `note_job_started()`, which only the simulated probe uses (to make a running
-job "allocate" what it declared, as a real job would).
+job "allocate" what it declared, as a real job would, and keep its card as busy as its
+environment's GPUSCHED_SIM_UTIL says, else as the probe's default).
 
 The NVML probe lives in `gpusched.gpus.nvml` so that importing this module never loads pynvml.
 """
@@ -11,7 +12,7 @@ The NVML probe lives in `gpusched.gpus.nvml` so that importing this module never
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -20,7 +21,7 @@ import psutil
 from gpusched.core.models import GpuHealth, GpuProcess, GpuState
 
 # The config validates `simulate:` with it; it lives with the other parsers of sizes.
-from gpusched.core.units import format_size, parse_simulate_spec
+from gpusched.core.units import LIGHT_UTIL, format_size, parse_simulate_spec
 
 
 class Probe(Protocol):
@@ -30,8 +31,15 @@ class Probe(Protocol):
         """Read every GPU now. Raises GpuError only when no GPU can be read at all."""
         ...
 
-    def note_job_started(self, pid: int, gpu_uuids: Sequence[str], mem_bytes: int | None) -> None:
-        """Tell the probe a job's process tree now runs on these GPUs."""
+    def note_job_started(
+        self,
+        pid: int,
+        gpu_uuids: Sequence[str],
+        mem_bytes: int | None,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        """Tell the probe a job's process tree now runs on these GPUs (`env`: the job's
+        environment, where known)."""
         ...
 
     def describe(self) -> str:
@@ -41,23 +49,41 @@ class Probe(Protocol):
     def close(self) -> None: ...
 
 
+# A job's environment variable that sets how busy it reads (0-100) on simulated GPUs.
+SIM_UTIL_ENV = "GPUSCHED_SIM_UTIL"
+
+
+def simulated_util(env: Mapping[str, str] | None, default: int) -> int:
+    """A simulated job's utilization: its GPUSCHED_SIM_UTIL when that is a whole number
+    from 0 to 100, else `default` (a try-out's typo must not fail the job)."""
+    text = (env or {}).get(SIM_UTIL_ENV, "").strip().removesuffix("%")
+    if text.isdigit() and int(text) <= 100:
+        return int(text)
+    return default
+
+
 @dataclass
 class _SimulatedAllocation:
     pid: int
     create_time: float
     gpu_uuids: tuple[str, ...]
     mem_bytes: int
+    util_percent: int
 
 
 class SimulatedProbe:
     """GPUs that exist only in memory: a running job uses exactly what it declared.
 
     A job without a declared size (a whole GPU) is simulated as using nothing, so
-    its card shows as reserved rather than used. Topology: cards 0-1, 2-3, ... each share
-    a PCIe switch (NVML level 10); the pairs meet at the host bridge (30).
+    its card shows as reserved rather than used. A job keeps its cards `util_percent`
+    busy (its GPUSCHED_SIM_UTIL overrides it); a card reads the sum of its jobs', at most
+    100 %, and no figure per process, as a driver that samples only whole cards.
+    Topology: cards 0-1, 2-3, ... each share a PCIe switch (NVML level 10); the pairs
+    meet at the host bridge (30).
     """
 
-    def __init__(self, sizes: Sequence[int]) -> None:
+    def __init__(self, sizes: Sequence[int], util_percent: int = LIGHT_UTIL) -> None:
+        self._util_percent = util_percent
         self._gpus = [
             GpuState(
                 index=i,
@@ -74,14 +100,23 @@ class SimulatedProbe:
         self._lock = threading.Lock()
 
     @classmethod
-    def from_spec(cls, spec: str) -> SimulatedProbe:
-        return cls(parse_simulate_spec(spec))
+    def from_spec(cls, spec: str, util_percent: int = LIGHT_UTIL) -> SimulatedProbe:
+        return cls(parse_simulate_spec(spec), util_percent)
 
     def describe(self) -> str:
         sizes = ", ".join(format_size(g.total_bytes, tabular=False) for g in self._gpus)
-        return f"{len(self._gpus)} simulated GPU(s): {sizes}"
+        return (
+            f"{len(self._gpus)} simulated GPU(s): {sizes};"
+            f" a job reads {self._util_percent} % busy unless its {SIM_UTIL_ENV} says otherwise"
+        )
 
-    def note_job_started(self, pid: int, gpu_uuids: Sequence[str], mem_bytes: int | None) -> None:
+    def note_job_started(
+        self,
+        pid: int,
+        gpu_uuids: Sequence[str],
+        mem_bytes: int | None,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
         if not mem_bytes:
             return
         try:
@@ -90,7 +125,13 @@ class SimulatedProbe:
             return
         with self._lock:
             self._allocations.append(
-                _SimulatedAllocation(pid, create_time, tuple(gpu_uuids), mem_bytes)
+                _SimulatedAllocation(
+                    pid,
+                    create_time,
+                    tuple(gpu_uuids),
+                    mem_bytes,
+                    simulated_util(env, self._util_percent),
+                )
             )
 
     def _alive(self, allocation: _SimulatedAllocation) -> bool:
@@ -110,16 +151,15 @@ class SimulatedProbe:
             allocations = list(self._allocations)
         states = []
         for gpu in self._gpus:
-            procs = tuple(
-                GpuProcess(a.pid, a.mem_bytes) for a in allocations if gpu.uuid in a.gpu_uuids
-            )
+            on_gpu = [a for a in allocations if gpu.uuid in a.gpu_uuids]
+            procs = tuple(GpuProcess(a.pid, a.mem_bytes) for a in on_gpu)
             used = min(gpu.total_bytes, sum(p.used_bytes or 0 for p in procs))
             states.append(
                 replace(
                     gpu,
                     used_bytes=used,
                     free_bytes=gpu.total_bytes - used,
-                    util_percent=100 if procs else 0,
+                    util_percent=min(100, sum(a.util_percent for a in on_gpu)),
                     processes=procs,
                 )
             )

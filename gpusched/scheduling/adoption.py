@@ -38,7 +38,8 @@ def _verify(endings: JobEndings, rebooted: bool) -> None:
             continue
         if job.interactive:  # its client is checked at every pass (interactive.py)
             continue
-        pid, start_time = job.pid, endings.jobs.launch_info(job.id).pid_start_time
+        info = endings.jobs.launch_info(job.id)
+        pid, start_time = job.pid, info.pid_start_time
         if pid is None:
             # The previous daemon died between marking and recording the pid.
             pid = endings.launcher.find_supervisor(job.id)
@@ -49,7 +50,7 @@ def _verify(endings: JobEndings, rebooted: bool) -> None:
             log.info("job %s still running (pid %s): re-adopted", job.id, pid)
             endings.launcher.watch(job.id, pid, start_time)
             endings.node.started(job.id, pid, start_time)
-            endings.probe.note_job_started(pid, job.gpu_uuids, job.mem)
+            endings.probe.note_job_started(pid, job.gpu_uuids, job.mem, info.env)
         else:
             outcome = endings.launcher.outcome(job.id)
             # Died between marking the job running and its supervisor opening the

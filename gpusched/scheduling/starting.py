@@ -92,7 +92,7 @@ class JobStarter:
         indices = [g.index for g in gpus]
         uuids = [g.uuid for g in gpus]
         if job.interactive:
-            return self._place_interactive(job, info.pid_start_time, indices, uuids, claim)
+            return self._place_interactive(job, info, indices, uuids, claim)
         env = self._environment(job, info, gpus)
         # Mark running *before* starting: if the daemon dies in between, a restart finds
         # a running row with no pid and looks for its supervisor, so nothing starts twice.
@@ -113,7 +113,7 @@ class JobStarter:
             return False
         claim.launched(job_id, started.pid, started.start_time)
         self.node.started(job_id, started.pid, started.start_time)
-        self.probe.note_job_started(started.pid, uuids, job.mem)
+        self.probe.note_job_started(started.pid, uuids, job.mem, env)
         self.wake_in(FIRST_POLL_S)
         log.info(
             "job %s started on GPU %s (pid %s, via %s) as %s: %s",
@@ -161,7 +161,7 @@ class JobStarter:
     def _place_interactive(
         self,
         job: Job,
-        start_time: str | None,
+        info: LaunchInfo,
         indices: list[int],
         uuids: list[str],
         claim: StartClaim,
@@ -171,10 +171,10 @@ class JobStarter:
         In a cluster it was placed on this server, its client's."""
         if job.pid is None:
             return False
-        if not claim.take_client(job.id, indices, uuids, (job.pid, start_time)):
+        if not claim.take_client(job.id, indices, uuids, (job.pid, info.pid_start_time)):
             return False
         self.monitor.started(job.id)
-        self.probe.note_job_started(job.pid, uuids, job.mem)
+        self.probe.note_job_started(job.pid, uuids, job.mem, info.env)
         log.info(
             "interactive job %s placed on GPU %s (client pid %s) for %s",
             job.id,
