@@ -178,6 +178,30 @@ def test_hold_release_cancel_and_wait_print_jobs_as_json(daemon: RunningDaemon) 
     daemon.cli("cancel", str(other))
 
 
+def test_priority_changes_many_jobs_and_arrays_in_one_request(daemon: RunningDaemon) -> None:
+    first = daemon.submit("--hold", "--mem", "1G", "--", "true")
+    second = daemon.submit("--hold", "--mem", "1G", "--", "true")
+    swept = daemon.submit_jobs("--hold", "--mem", "1G", "--sweep", "x=1,2", "--", "echo", "{x}")
+    array = daemon.client().job(swept[0]).array_id
+    both = daemon.cli("priority", str(first), str(second), "7")
+    assert both.returncode == 0, both.stderr
+    assert both.stdout.splitlines() == [f"job {first}: priority 7", f"job {second}: priority 7"]
+    listed = daemon.cli("priority", f"{first},a{array}", "4", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert [(j["id"], j["priority"]) for j in json.loads(listed.stdout)] == [
+        (i, 4) for i in [first, *swept]
+    ]
+    one = daemon.cli("priority", str(second), "2", "--json")  # one id: one JOB, as always
+    assert json.loads(one.stdout)["priority"] == 2
+    # A job the caller cannot touch is refused on its own line; the others still change.
+    missing = daemon.cli("priority", str(first), "999999", "3")
+    assert missing.returncode == 1
+    assert missing.stdout.splitlines() == [f"job {first}: priority 3"]
+    assert len(missing.stderr.splitlines()) == 1 and "999999" in missing.stderr
+    assert daemon.show(first)["priority"] == 3
+    daemon.cli("cancel", str(first), str(second), f"a{array}")
+
+
 # -- status on a terminal ------------------------------------------------------------------
 
 

@@ -269,23 +269,46 @@ def wait(ctx: click.Context, ids: tuple[str, ...], timeout: float | None, as_jso
 
 
 @click.command(cls=ExampleLastCommand)
-@ACTIVE_JOB_ID
+@click.argument("ids", nargs=-1, required=True, shell_complete=job_ids_completer(arrays=True))
 @click.argument("priority", type=int)
-@click.option("--json", "as_json", is_flag=True, help="Print the job as JSON.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print the job as JSON (a JSON list of JOB objects for several ids or an array).",
+)
 @click.pass_context
-def priority(ctx: click.Context, job_id: int, priority: int, as_json: bool = False) -> None:
-    """Change the priority of a waiting job (higher starts first, among your own jobs;
-    `gpusched top`, for administrators, puts a job before other users' jobs).
+def priority(ctx: click.Context, ids: tuple[str, ...], priority: int, as_json: bool) -> None:
+    """Change the priority of waiting jobs to PRIORITY, the last argument (higher starts
+    first, among your own jobs; `gpusched top`, for administrators, puts a job before
+    other users' jobs).
+
+    \b
+    IDs may be job ids or array ids (aN, from --sweep): an array's ended jobs are
+    left as they are. All of them change in one request; a job you may not change is
+    refused on its own line (exit 1), the others still change.
 
     \b
     Example:
       gpusched priority 12 10
+      gpusched priority 12 13 a3 5
     """
-    job = client_of(ctx).set_priority(job_id, priority)
-    if as_json:
-        print_json(job.to_json())
-        return
-    click.echo(f"job {job.id}: priority {job.priority}")
+    client = client_of(ctx)
+    job_ids, arrays = parse_targets(ids)
+    for array_id in arrays:
+        job_ids += [j.id for j in client.array(array_id) if j.state not in TERMINAL_STATES]
+    changed, refused = client.change(job_ids, "priority", priority=priority)
+    for why in refused.values():
+        click.echo(f"gpusched: {shown(why)}", err=True)
+    if as_json and len(ids) == 1 and not arrays and "," not in ids[0]:
+        if changed:  # one job id: its JOB object, the reply this command always gave
+            print_json(changed[0].to_json())
+    elif as_json:
+        print_json([job.to_json() for job in changed])
+    else:
+        for job in changed:
+            click.echo(f"job {job.id}: priority {job.priority}")
+    ctx.exit(EXIT_FAILED if refused else EXIT_OK)
 
 
 @click.command(cls=ExampleLastCommand)
