@@ -19,8 +19,14 @@ Anywhere else a missing per-process sample says nothing (a light job often has n
 of 17 polls). `demand()` is the mean of the polls that read the demand (at least
 MIN_DEMAND_POLLS of them); else, from a saturated card, 1.0 for a job that took at least
 about its slice of it (it wanted the card: two busy jobs each obtain about half, and
-recording that half as their demand would make the next run of either look light), the
-share it obtained for one that took less; else None. `sharing_speed()` estimates how fast
+recording that half as their demand would make the next run of either look light); for
+one that took less, the most of the share it obtained, its slice of the busy time its busy
+neighbours leave of the card, and its prior (what its kind's past runs demanded, which the
+usage monitor sets from the history); else None. So a saturated card's readings never
+lower a job's demand below what is known of it: a light job slowed there obtains less
+than its demand and is often not sampled at all (twenty jobs of 0.10 on one card each
+obtain 5 %, in the few polls that sample them), and reading that as its demand would
+make the card look half empty and pack it further. `sharing_speed()` estimates how fast
 the job ran while it took turns against alone: its share over its demand (FIELD.md's C+C
 pair ran at 0.475x).
 
@@ -81,8 +87,14 @@ class DemandTracker:
     contended_polls: int = 0
     polls: int = 0  # every poll of one of its cards with a device figure
     slice_sum: float = 0.0  # 100 / number of jobs on the card, over the contended polls
+    # Over the contended polls, the card's busy time its busy neighbours' figures leave,
+    # per job not among them (see _rest_slice).
+    rest_slice_sum: float = 0.0
     shared_with: list[int] = field(default_factory=list)  # busy neighbours on saturated cards
     shared_gpus: list[int] = field(default_factory=list)  # where it took turns
+    # What its kind's past runs demanded (0.0-1.0), None when nothing is known: a floor
+    # under what its turns on a saturated card say, which only bound its demand from below.
+    prior: float | None = None
 
     def observe(self, poll: CardPoll) -> None:
         if poll.device_percent is None:
@@ -98,6 +110,7 @@ class DemandTracker:
             self.contended_polls += 1
             self.contended_share_sum += min(100.0, poll.own_percent or 0.0)
             self.slice_sum += 100.0 / (1 + len(poll.neighbours) + int(poll.outsiders))
+            self.rest_slice_sum += _rest_slice(poll)
             if poll.gpu_index not in self.shared_gpus:
                 self.shared_gpus.append(poll.gpu_index)
             for job_id, figure in poll.neighbours.items():
@@ -115,8 +128,20 @@ class DemandTracker:
             return round(self.demand_sum / self.demand_polls / 100, 3)
         if self.contended_polls:
             share = self.contended_share_sum / self.contended_polls / 100
-            return 1.0 if self._took_its_slice(share) else round(share, 3)
+            return round(self._saturated_bound(share), 3)
         return None
+
+    def _saturated_bound(self, share: float) -> float:
+        """What its turns on a saturated card say of its demand, obtaining `share`: 1.0
+        when it took about its slice (it wanted the card), else at least its slice and
+        at least its prior. A light job slowed there gets less than its demand and often
+        no sample at all; its slice of what the busy neighbours leave of the card (all of
+        it beside light jobs only) makes the card's jobs together count as filling it,
+        while a light job beside a busy one stays light."""
+        if self._took_its_slice(share):
+            return 1.0
+        rest_slice = self.rest_slice_sum / self.contended_polls / 100
+        return max(share, rest_slice, self.prior or 0.0)
 
     def _took_its_slice(self, share: float) -> bool:
         """On a saturated card, whether the job obtained about its turn's worth (what a job
@@ -167,6 +192,15 @@ def _busy_by_itself(poll: CardPoll) -> bool:
     return not any(
         figure is None or figure >= IDLE_NEIGHBOUR_PERCENT for figure in poll.neighbours.values()
     )
+
+
+def _rest_slice(poll: CardPoll) -> float:
+    """A saturated card's busy time (percent) that its busy neighbours' own figures do
+    not account for, shared among the jobs that are not busy neighbours (this one too)."""
+    device = poll.device_percent or 0.0
+    busy = [f for f in poll.neighbours.values() if f is not None and f >= BUSY_NEIGHBOUR_PERCENT]
+    others = 1 + len(poll.neighbours) - len(busy) + int(poll.outsiders)
+    return max(0.0, device - sum(busy)) / others
 
 
 def card_polls(

@@ -130,6 +130,10 @@ class UsageMonitor:
         if tracker is None:
             tracker = UsageTracker.from_state(self.usage.usage_state(job.id))
             tracker.peak_mem = max(tracker.peak_mem, job.peak_mem or 0)
+            if tracker.sharing.prior is None:
+                # Its turns on a saturated card only bound its demand from below: what
+                # its kind's runs demanded keeps those turns from reading it lighter.
+                tracker.sharing.prior = self.expected(job)[0]
             self._trackers[job.id] = tracker
         return tracker
 
