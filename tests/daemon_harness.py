@@ -124,6 +124,21 @@ def read_until_closed(fd: int, timeout_s: float = 30.0) -> bytes:
     return b"".join(chunks)
 
 
+def run_cli(
+    *args: str, env: dict[str, str], timeout: float = 60, **kwargs: Any
+) -> subprocess.CompletedProcess[str]:
+    """`gpusched ARGS` in a fresh process with this environment: its output as text."""
+    return subprocess.run(
+        [sys.executable, "-m", "gpusched", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        **kwargs,
+    )
+
+
 def directory_settings(root: Path, simulate: str | None = "2x24G") -> dict[str, Any]:
     """Config keys that keep a daemon's socket, database, state and logs under `root`."""
     settings: dict[str, Any] = {
@@ -260,15 +275,7 @@ class RunningDaemon:
     def cli(
         self, *args: str, timeout: float = 60, **kwargs: Any
     ) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "gpusched", *args],
-            env=kwargs.pop("env", self.env),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-            **kwargs,
-        )
+        return run_cli(*args, env=kwargs.pop("env", self.env), timeout=timeout, **kwargs)
 
     def submit(self, *args: str, fork: bool = False, **kwargs: Any) -> int:
         """`gpusched submit ARGS`: the new job's id (the first, for a --sweep).

@@ -5,24 +5,11 @@ real command line, forked; a daemon only where the daemon judges the value."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.daemon_harness import RunningDaemon
-
-
-def _gpusched(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "gpusched", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+from tests.daemon_harness import RunningDaemon, run_cli
 
 
 @pytest.mark.parametrize(
@@ -39,7 +26,7 @@ def _gpusched(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[st
 def test_a_usage_error_is_one_line_and_exit_2(args: list[str], said: str, tmp_path: Path) -> None:
     env = {**os.environ, "GPUSCHED_SOCKET": str(tmp_path / "none.sock")}
     env.pop("GPUSCHED_CONFIG", None)
-    done = _gpusched(*args, env=env)
+    done = run_cli(*args, env=env)
     assert done.returncode == 2, done
     assert done.stderr.count("\n") == 1, done.stderr
     assert done.stderr.startswith(said), done.stderr

@@ -19,7 +19,7 @@ import pytest
 
 from gpusched.connection import FOLLOW_WAIT_S, DaemonConnection
 from gpusched.core.errors import DaemonUnreachable
-from tests.daemon_harness import RunningDaemon, eventually, job_until
+from tests.daemon_harness import RunningDaemon, eventually, job_until, run_cli
 
 
 def _follower(daemon: RunningDaemon, *args: str, by_env: bool = False) -> subprocess.Popen[str]:
@@ -93,14 +93,7 @@ def test_the_advice_fits_gpusched_socket(tmp_path: Path) -> None:
     env = {**os.environ, "GPUSCHED_SOCKET": str(tmp_path / "gone.sock")}
     env.pop("GPUSCHED_CONFIG", None)
     for args in (["status"], ["history"]):
-        done = subprocess.run(
-            [sys.executable, "-m", "gpusched", *args],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        done = run_cli(*args, env=env)
         assert done.returncode == 3, done
         assert "$GPUSCHED_SOCKET names it" in done.stderr, done.stderr
         assert "unset GPUSCHED_SOCKET" in done.stderr
