@@ -374,8 +374,12 @@ def test_no_daemon_exits_3_naming_the_socket(tmp_path: Path) -> None:
 
 def test_history_and_json_outputs(fresh_daemon: RunningDaemon) -> None:
     daemon = fresh_daemon
-    ids = [daemon.submit("--mem", "1G", "--name", f"run{i}", "--", "true") for i in range(3)]
-    daemon.client().wait(ids, timeout=20)
+    ids: list[int] = []
+    for i in range(3):
+        # One after another: jobs that run together may end in any order, and history
+        # lists by end, newest first.
+        ids.append(daemon.submit("--mem", "1G", "--name", f"run{i}", "--", "true"))
+        daemon.client().wait(ids[-1:], timeout=20)
     result = daemon.cli("history", "--json", "--limit", "2")
     jobs = json.loads(result.stdout)
     assert [j["id"] for j in jobs] == [ids[2], ids[1]]
