@@ -136,6 +136,8 @@ class Client:
         share: bool = False,
         output: str | None = None,
         after_when: Sequence[str] | None = None,
+        ram: str | int | None = None,
+        cpus: int | None = None,
     ) -> Job:
         """Queue a command. `mem` is per GPU ("8G" or bytes); None asks for whole GPUs;
         "auto" takes `estimate_history()`'s suggestion (NotFoundError if there is none).
@@ -155,6 +157,9 @@ class Client:
         (a string is split like a shell would, but no shell runs it).
         `output`: the job's log goes to this file, opened as you ({id}, {array}, {index}
         in its name; relative to `cwd`), instead of the daemon's log_dir.
+        `ram` ("24G" or bytes): the job's host memory, its cgroup's limit, reserved for it
+        as it starts; `cpus`: cores of its own (a cpuset). None: its GPUs' share of the
+        server's (docs/operations.md, "Host memory and cores").
         """
         options = dict(locals())  # every option as given, by name: the parameters above
         del options["self"], options["command"]

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from gpusched.core.errors import GpuschedError, UsageError
 from gpusched.core.sanitize import shown
-from gpusched.core.units import parse_job_mem, parse_job_time
+from gpusched.core.units import parse_job_mem, parse_job_ram, parse_job_time
 
 TYPE_CHECKING = False  # typing's own import costs every `gpusched submit`
 if TYPE_CHECKING:
@@ -166,6 +166,7 @@ def submit_fields(
     time_limit: str | float | None = None,
     after: Sequence[int] = (),
     notify: str | Sequence[str] | None = None,
+    ram: str | int | None = None,
     **fields: Any,
 ) -> dict[str, Any]:
     """The submit request's fields (`SubmitRequest`'s keywords) for `command` from this
@@ -190,6 +191,7 @@ def submit_fields(
         "after": tuple(after),
         "notify": notify_argv(notify),
         "request_id": request_id,
+        "ram": None if ram is None else parse_job_ram(ram, what="ram"),
         **fields,
     }
 
@@ -265,6 +267,8 @@ SUBMIT_DEFAULTS: dict[str, Any] = {
     "output": None,
     "sweep": None,
     "after_when": None,
+    "ram": None,
+    "cpus": None,
 }
 
 
@@ -305,6 +309,8 @@ _CHECKED = (
     "after",
     "request_id",
     "after_when",
+    "ram",
+    "cpus",
 )
 
 

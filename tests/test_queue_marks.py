@@ -150,6 +150,8 @@ def test_a_write_of_any_column_a_pass_reads_is_seen(
         "exclusive": "1",
         "share": "1",
         "top": "1",
+        "ram": "1073741824",
+        "cpus": "2",
     }
     fields = {f.name for f in dataclasses.fields(Queued)} - {"id", "command_json"}
     assert set(values) == fields | {"command"}
@@ -166,7 +168,7 @@ def test_a_write_of_any_column_a_pass_reads_is_seen(
 
 
 def test_the_triggers_cover_every_column_a_pass_reads() -> None:
-    revision = importlib.import_module("gpusched.store.migrations.versions.0018_after_when")
+    revision = importlib.import_module("gpusched.store.migrations.versions.0021_host_ask")
     read = {f.name for f in dataclasses.fields(Queued)} - {"command_json"} | {"command"}
     assert read | {"state", "node"} <= set(revision.QUEUE_COLUMNS)
 

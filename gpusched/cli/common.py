@@ -168,6 +168,25 @@ def placement_options(command: F) -> F:
     )(command)
 
 
+def host_options(command: F) -> F:
+    """`--ram` and `--cpus`, the job's share of the server itself: the same options, with
+    the same words, for `submit` and `run`."""
+    command = click.option(
+        "--cpus",
+        type=int,
+        metavar="N",
+        help="Cores of its own (a cpuset), kept free of other jobs' while it runs; it waits"
+        " while fewer are free. Default: its GPUs' share of the server's cores.",
+    )(command)
+    return click.option(
+        "--ram",
+        metavar="SIZE",
+        help="Host memory (not GPU memory), e.g. 24G: its limit (its /dev/shm and page"
+        " cache count), reserved for it; it waits while less is free. Default: its GPUs'"
+        " share of the server's memory.",
+    )(command)
+
+
 def exit_status(job: Job) -> int:
     """What `wait` and `logs -f` exit with for one ended job: its exit code when it exited,
     else 0 if it is done and 1 (it was cancelled, killed, lost or never started)."""

@@ -23,6 +23,8 @@ JOB_DEFAULTS: dict[str, Any] = {
     "name": None,
     "mem": None,
     "gpus": 1,
+    "ram": None,
+    "cpus": None,
     "gpu_indices": [],
     "gpu_uuids": [],
     "priority": 0,

@@ -90,6 +90,8 @@ def show_lines(reply: dict[str, Any], width: int) -> list[str]:
         ("cwd", job.cwd),
         ("mem", f"{format_size(job.mem)} per GPU" if job.mem else "a whole GPU"),
         ("gpus", f"{job.gpus} (indices {job_where(job)})"),
+        *([("ram", f"{format_size(job.ram, tabular=False)} of host memory")] if job.ram else []),
+        *([("cpus", f"{job.cpus} core(s) of its own")] if job.cpus else []),
         ("priority", job.priority),
         ("after", after_text(job.after, job.after_when)),
         ("submitted", job.submitted_at),

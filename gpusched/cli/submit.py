@@ -8,9 +8,11 @@ cli/fast.py answers its commonest form without click, through cli/submit_view.py
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
-from gpusched.cli.common import client_of, placement_options, print_json
+from gpusched.cli.common import client_of, host_options, placement_options, print_json
 from gpusched.cli.estimate import auto_mem
 from gpusched.cli.help import ExampleLastCommand
 from gpusched.cli.submit_view import job_options, submitted_text
@@ -100,6 +102,7 @@ from gpusched.core.models import Job
     help="In a cluster, if the server running the job dies, queue it again (default: lost).",
 )
 @placement_options
+@host_options
 @click.option("--json", "as_json", is_flag=True, help="Print the job as JSON instead of its id.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.pass_context
@@ -124,6 +127,7 @@ def submit(
     exclusive: bool = False,
     share: bool = False,
     output: str | None = None,
+    **host: Any,  # --ram, --cpus (host_options)
 ) -> None:
     """Queue COMMAND; print the new job's id (with --sweep, one id per line).
 
@@ -168,6 +172,7 @@ def submit(
         exclusive=exclusive,
         share=share,
         output=output,
+        **host,
         array_jobs=lambda array_id: [job.id for job in client.array(array_id)],
     )
     if options["mem"] == "auto" and not sweep:

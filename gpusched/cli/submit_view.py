@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from gpusched.core.units import parse_job_mem, parse_job_time
+from gpusched.core.units import parse_job_mem, parse_job_ram, parse_job_time
 
 TYPE_CHECKING = False  # typing's own import costs every `gpusched submit`
 if TYPE_CHECKING:
@@ -33,6 +33,8 @@ def job_options(
     exclusive: bool = False,
     share: bool = False,
     output: str | None = None,
+    ram: str | None = None,
+    cpus: int | None = None,
     array_jobs: Callable[[int], Sequence[int]] | None = None,
 ) -> dict[str, Any]:
     """The command line's values checked and converted (UsageError in the user's words).
@@ -55,6 +57,8 @@ def job_options(
         "exclusive": exclusive,
         "share": share,
         "output": output,
+        "ram": None if ram is None else parse_job_ram(ram),
+        "cpus": cpus,
     }
 
 

@@ -115,6 +115,8 @@ class Job:
     name: str | None = None
     mem: int | None = None  # bytes per GPU; None = a whole GPU
     gpus: int = 1
+    ram: int | None = None  # `--ram`: host memory, bytes; None: its GPUs' share
+    cpus: int | None = None  # `--cpus`: cores of its own; None: its GPUs' share
     gpu_indices: list[int] = field(default_factory=list)
     gpu_uuids: list[str] = field(default_factory=list)
     priority: int = 0

@@ -37,6 +37,9 @@ MAX_SIZE_BYTES = 2**50
 # The least a job may declare: a CUDA context alone takes a few hundred MB per process
 # (FIELD.md: ~0.5 GiB for PyTorch), so a smaller --mem reserves nothing real.
 MIN_JOB_MEM_BYTES = 256 * 2**20
+# The least host memory a job may declare (`--ram`): an interpreter and its libraries
+# alone take tens of MB, and a cgroup capped below that kills the job as it starts.
+MIN_JOB_RAM_BYTES = 64 * 2**20
 
 
 _TOO_LARGE = "too large (at most 1024T)"
@@ -102,6 +105,17 @@ def parse_job_mem(text: str | int, *, what: str = "--mem") -> int:
         raise UsageError(
             f"{what} {_shown(text)}: at least {format_size(MIN_JOB_MEM_BYTES, tabular=False)}"
             " (a CUDA context alone takes a few hundred MB)"
+        )
+    return value
+
+
+def parse_job_ram(text: str | int, *, what: str = "--ram") -> int:
+    """A job's host memory (`--ram`): `parse_size`, and at least MIN_JOB_RAM_BYTES."""
+    value = parse_size(text, what=what)
+    if value < MIN_JOB_RAM_BYTES:
+        raise UsageError(
+            f"{what} {_shown(text)}: at least {format_size(MIN_JOB_RAM_BYTES, tabular=False)}"
+            " (an interpreter alone takes tens of MB)"
         )
     return value
 

@@ -45,6 +45,8 @@ class Queued:
     uid: int = 0
     name: str | None = None
     command_json: str = "[]"
+    ram: int | None = None  # --ram, bytes (the policy's host rule); None: not given
+    cpus: int | None = None  # --cpus; None: not given
 
 
 QUEUED_SELECT = select(

@@ -45,6 +45,10 @@ jobs = Table(
     Column("umask", Integer, nullable=False),
     Column("mem", BigInteger, nullable=True),  # bytes: past 2**31 (PostgreSQL's INTEGER)
     Column("gpus", Integer, nullable=False),
+    # `--ram` (host memory, bytes) and `--cpus` (cores); NULL: its GPUs' share of the
+    # server's (revision 0021).
+    Column("ram", BigInteger, nullable=True),
+    Column("cpus", Integer, nullable=True),
     Column("gpu_indices", JSON, nullable=False, default=list),
     Column("gpu_uuids", JSON, nullable=False, default=list),
     Column("priority", Integer, nullable=False, default=0),

@@ -56,6 +56,8 @@ class NewJob:
     # rule 3)
     share: bool = False
     output: str | None = None  # `--output`: the log's path template (gpusched.processes.output)
+    ram: int | None = None  # `--ram`: host memory, bytes; None: its GPUs' share
+    cpus: int | None = None  # `--cpus`: cores; None: its GPUs' share
     request_id: str | None = None  # the submit's, unique (the jobs of an array: ".N" added)
 
 
@@ -120,6 +122,8 @@ def _row(
         "share": 1 if new.share else None,
         "output": new.output,
         "request_id": new.request_id,
+        "ram": new.ram,
+        "cpus": new.cpus,
     }
 
 

@@ -81,6 +81,8 @@ class SubmitRequest(Request):
     exclusive: bool = False  # `--exclusive`: a card to itself
     share: bool = False  # `--share`: light, shares a busy card (the policy's rule 3)
     output: str | None = None  # `--output`: the log's path (gpusched.processes.output)
+    ram: int | None = None  # `--ram`: host memory, bytes (its cgroup's limit); None: default
+    cpus: int | None = None  # `--cpus`: cores of its own (its cgroup's cpuset); None: default
     sweep: tuple[tuple[str, tuple[str, ...]], ...] | None = field(
         default=None, metadata=shape("'sweep' must be a list of [name, [values...]]")
     )
@@ -109,6 +111,8 @@ class SubmitRequest(Request):
             after=self.after,
             request_id=self.request_id,
             after_when=self.after_when,
+            ram=self.ram,
+            cpus=self.cpus,
         )
         normalise(self, "notify", notify)
         normalise(self, "after", after)

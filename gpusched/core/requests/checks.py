@@ -16,7 +16,14 @@ import re
 
 from gpusched.core.after import AFTER_CONDITIONS, AFTER_OK
 from gpusched.core.errors import NotFoundError, ProtocolError, UsageError
-from gpusched.core.units import MAX_DURATION_S, MIN_JOB_MEM_BYTES, MIN_JOB_TIME_S, format_size
+from gpusched.core.units import (
+    MAX_DURATION_S,
+    MAX_SIZE_BYTES,
+    MIN_JOB_MEM_BYTES,
+    MIN_JOB_RAM_BYTES,
+    MIN_JOB_TIME_S,
+    format_size,
+)
 
 TYPE_CHECKING = False  # typing's own import costs every `gpusched submit`
 if TYPE_CHECKING:
@@ -28,6 +35,7 @@ MAX_RETRY_OOM = 10
 MAX_REASON_CHARS = 500  # a drain reason is shown on every `status`
 MAX_NOTIFY_ARGS = 256
 MAX_NOTIFY_BYTES = 16384
+MAX_JOB_CPUS = 4096  # `--cpus`: past any server's cores, a number is a typo
 
 NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")  # as config's `node:`
 # A submit's request id (the client makes one per submit, a uuid4's hex): 8 to 64 of these.
@@ -81,6 +89,8 @@ def check_job_spec(
     gpus: int,
     name: str | None,
     time: float | None,
+    ram: int | None = None,
+    cpus: int | None = None,
 ) -> None:
     """What a batch job (`submit`) and an interactive one (`run`) both declare."""
     if not command or not command[0]:
@@ -104,6 +114,16 @@ def check_job_spec(
         raise UsageError(f"--time {time:g}s: too short (at least {MIN_JOB_TIME_S:g}s)")
     if time is not None and time >= MAX_DURATION_S:
         raise UsageError(f"--time {time:g}s: too long (must be under 1e9 seconds, about 31 years)")
+    check_host_ask(ram, cpus)
+
+
+def check_host_ask(ram: int | None, cpus: int | None) -> None:
+    """`--ram` (host memory, bytes) and `--cpus` (cores) as any server could give them."""
+    if ram is not None and not MIN_JOB_RAM_BYTES <= ram <= MAX_SIZE_BYTES:
+        least = format_size(MIN_JOB_RAM_BYTES, tabular=False)
+        raise UsageError(f"--ram {ram} bytes: at least {least} and at most 1024T")
+    if cpus is not None and not 1 <= cpus <= MAX_JOB_CPUS:
+        raise UsageError(f"--cpus {cpus}: expected a number of cores from 1 to {MAX_JOB_CPUS}")
 
 
 def check_sharing(exclusive: bool, share: bool) -> None:
@@ -133,12 +153,24 @@ def check_submit(
     after: tuple[int, ...],
     request_id: str | None,
     after_when: tuple[str, ...] | None = None,
+    ram: int | None = None,
+    cpus: int | None = None,
 ) -> tuple[tuple[str, ...] | None, tuple[int, ...], tuple[str, ...] | None]:
     """A submit's checks (requests.catalog.SubmitRequest's), in its order, and its
     `notify`, `after` and `after_when` as the request keeps them (an empty notify: none;
     each id once, with its condition; no conditions when all are `ok`)."""
     check_request_id(request_id)
-    check_job_spec("submit", command=command, cwd=cwd, mem=mem, gpus=gpus, name=name, time=time)
+    check_job_spec(
+        "submit",
+        command=command,
+        cwd=cwd,
+        mem=mem,
+        gpus=gpus,
+        name=name,
+        time=time,
+        ram=ram,
+        cpus=cpus,
+    )
     if not 0 <= umask <= 0o777:
         raise ProtocolError("'umask' must be between 0 and 0o777")
     if max_concurrent is not None and max_concurrent < 1:

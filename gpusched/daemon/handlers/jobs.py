@@ -89,6 +89,8 @@ def submit(services: Services, caller: Caller, request: SubmitRequest) -> OneOrM
         share=request.share,
         output=output,
         request_id=request.request_id,
+        ram=request.ram,
+        cpus=request.cpus,
     )
     command, name = list(request.command), request.name
     if request.sweep is None:
@@ -195,6 +197,8 @@ def requeue(services: Services, caller: Caller, request: RequeueRequest) -> JobJ
         output=old.output,  # the same `--output` template
         exclusive=old.exclusive,
         share=old.share,
+        ram=old.ram,
+        cpus=old.cpus,
     )
     return services.visible(caller, services.scheduler.submit(new))
 
