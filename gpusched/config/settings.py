@@ -15,6 +15,7 @@ from dataclasses import astuple, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from gpusched.config.host import HostSettings, parse_host
 from gpusched.config.interactive import InteractiveSettings, parse_interactive
 from gpusched.config.paths import (
     SYSTEM_CONFIG_PATH,
@@ -134,6 +135,7 @@ class Config:
     node_timeout_s: float = 30.0
     interactive: InteractiveSettings = field(default_factory=InteractiveSettings)  # run, claim()
     retention: RetentionSettings = field(default_factory=RetentionSettings)  # what is kept
+    host: HostSettings = field(default_factory=HostSettings)  # --ram and --cpus (config.host)
     source: str | None = None  # the file this came from, for messages
 
     def limits_for(self, user: str) -> UserLimits:
@@ -235,6 +237,7 @@ _KEYS: dict[str, tuple[str | None, Callable[[Any], Any]]] = {
     "limits": (None, _limits),  # the default limits and each user's
     "interactive": ("interactive", parse_interactive),
     "retention": ("retention", parse_retention),
+    "host": ("host", parse_host),
     "on_finish": ("on_finish", parse_command),
     "hook_timeout": ("hook_timeout_s", parse_duration),
     "hooks_per_user": ("hooks_per_user", parse_hook_count),

@@ -26,7 +26,15 @@ from gpusched.scheduling.context import Context
 from gpusched.scheduling.fair_share import recent_usage
 from gpusched.scheduling.interactive import hold_back_interactive
 from gpusched.scheduling.last_answer import LastAnswer
-from gpusched.scheduling.policy import GpuSlot, Plan, RunningClaim, UserCap, WaitingJob, plan
+from gpusched.scheduling.policy import (
+    GpuSlot,
+    HostRoom,
+    Plan,
+    RunningClaim,
+    UserCap,
+    WaitingJob,
+    plan,
+)
 from gpusched.scheduling.policy_inputs import StoredHeadClaim, waiting_job
 from gpusched.scheduling.quieter_waits import QuieterWaits
 from gpusched.store import Queued
@@ -93,6 +101,7 @@ def decide(
     views: Views | None = None,
     held_back: str | None = None,
     topology: Mapping[str, Mapping[str, int]] | None = None,
+    hosts: Mapping[str, HostRoom] | None = None,
 ) -> Decision:
     """One pass's plan (placements and waiting reasons) over `slots`, the GPUs a placer
     offers, of which `claims` are taken by `holding` (the jobs running, and in a cluster
@@ -100,6 +109,7 @@ def decide(
     `gpus`: the same GPUs as read, for fair share. `held_back`: an
     administrator's drain, said to every job that could otherwise be planned.
     `topology`: NVML's common-ancestor levels between the GPUs (by slot uuid), if known.
+    `hosts`: each server's room for --ram and --cpus, by node name (the host rule).
     The head's claim (policy rule 1) is read from the store and written back when the
     plan moves it, so it is kept across passes, placers and restarts. `waits`: when each
     job was first held for a quieter card (rule 3's bound), the placer's, kept in memory.
@@ -130,6 +140,7 @@ def decide(
         holding=holding,
         gpus=gpus,
         topology=topology,
+        hosts=hosts,
     )
     if result.quieter or waits:
         waits.note(result.quieter, {job.id for job in eligible}, now.timestamp())
@@ -231,6 +242,7 @@ def _planned(
     holding: Sequence[Job],
     gpus: Sequence[GpuState],
     topology: Mapping[str, Mapping[str, int]] | None,
+    hosts: Mapping[str, HostRoom] | None = None,
 ) -> Plan:
     """The policy's plan of `waiting` (the views of `eligible`) over `slots`, with each
     user's caps and fair share; the head's claim it moves is kept in the store."""
@@ -253,6 +265,7 @@ def _planned(
         topology=topology,
         placement=config.placement,
         pack=config.pack,
+        hosts=hosts,
     )
     head.keep(result.head_claim)
     return result

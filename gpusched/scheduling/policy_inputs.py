@@ -67,6 +67,8 @@ def running_claim(
         # An interactive job is light until its own polls say otherwise, as --share is.
         share=job.share or job.interactive,
         peak_bytes=max(job.peak_mem or 0, peak_bytes or 0),
+        ram_bytes=job.ram,
+        cpus=job.cpus,
     )
 
 
@@ -130,6 +132,8 @@ def waiting_job(job: Queued, now: datetime | None = None) -> WaitingJob:
         share=bool(job.share or job.interactive),
         time_limit_s=job.time_limit_s,
         top=job.top,
+        ram_bytes=job.ram,
+        cpus=job.cpus,
     )
 
 

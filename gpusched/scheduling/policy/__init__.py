@@ -32,6 +32,8 @@ docs/operations.md "How a card is chosen" documents it:
 4. A multi-GPU job's tightest set by NVML topology (topology).
 5. The most available memory (most_free: `placement: most-free`, the mission's rule), or
    the least that fits (`placement: best-fit`); ties to the lower index.
+Beside the cards, the host rule (host): a job's `--ram` and `--cpus` within what its
+server has free now, else it waits (and claims no card); asked once cards are found.
 Why a job waits is said by the rule that holds it, remembered by ask (reasons, why_not).
 
 Where the order of calls differs from that list (kept as it is; module consider lists
@@ -42,6 +44,7 @@ job fails to start, so the first job that fails is the head.
 
 from gpusched.scheduling.policy.budget import GpuBudget, GpuSlot, RunningClaim, gpu_budgets
 from gpusched.scheduling.policy.data import HeadClaim, Placement, Plan, UserCap, WaitingJob
+from gpusched.scheduling.policy.host import HostRoom
 from gpusched.scheduling.policy.loop import plan
 from gpusched.scheduling.policy.turns import UsageSpan, decayed_usage, in_turns
 
@@ -49,6 +52,7 @@ __all__ = [
     "GpuBudget",
     "GpuSlot",
     "HeadClaim",
+    "HostRoom",
     "Placement",
     "Plan",
     "RunningClaim",

@@ -49,6 +49,8 @@ class RunningClaim:
     exclusive: bool = False  # --exclusive: its cards take no other job
     share: bool = False  # --share: light (no demand) until a measurement says otherwise
     peak_bytes: int = 0  # the most it was seen holding on one GPU: reserved like --mem
+    ram_bytes: int | None = None  # --ram: host memory it reserves (the host rule)
+    cpus: int | None = None  # --cpus: cores it reserves
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,8 @@
 2. A reason given to a job with the same ask since the cards last changed (reasons).
 3. The cards it fits on now (candidates: the open room, `max_jobs_per_gpu`/`busy_util`
    by card_limits, whole-GPU and `--exclusive` by exclusive, and the head's claimed cards
-   where backfill allows, head_claim).
+   where backfill allows, head_claim), on servers with its `--ram` and `--cpus` free
+   (host: else it waits, claiming no card).
 4. Contention's wait for a quieter card (contention, its bound by quieter), then the
    cards where sharing would slow it, or a job with a `--time` there, past its limit
    left out (time_limits: held for a quieter card alike when too few are left).
@@ -30,6 +31,7 @@ from gpusched.scheduling.policy.choice import choose_gpus
 from gpusched.scheduling.policy.contention import contention_wait
 from gpusched.scheduling.policy.data import UserCap, WaitingJob
 from gpusched.scheduling.policy.head_claim import keep_for
+from gpusched.scheduling.policy.host import host_wait
 from gpusched.scheduling.policy.placing import place
 from gpusched.scheduling.policy.quieter import quieter_parts, so_far, soonest_quiet
 from gpusched.scheduling.policy.state import PlanState
@@ -52,7 +54,9 @@ def consider_cards(state: PlanState, job: WaitingJob, cap: UserCap | None) -> bo
     themselves of a job with no cap to ask: a long queue costs them a look-up a job)."""
     found = candidates(state, job)
     if len(found.cards) >= job.gpu_count:
-        held = _held_for_quieter(state, job, found)
+        held = _held_for_host(state, job, found)
+        if held is None:
+            held = _held_for_quieter(state, job, found)
         if held is None:
             held = _held_for_time(state, job, found)
         chosen = _choose(state, job, found) if held is None else None
@@ -60,6 +64,7 @@ def consider_cards(state: PlanState, job: WaitingJob, cap: UserCap | None) -> bo
             held = over_mem_cap(job, cap, state.tallies.held_bytes(job.user), chosen)
             if held is None:
                 place(state, job, chosen)
+                state.host.take(state.node_of(chosen), job.ram_bytes, job.cpus)
                 return True
         if held is not None:
             state.reasons.said[job.job_id] = held
@@ -78,6 +83,28 @@ def _held_before_cards(state: PlanState, job: WaitingJob, cap: UserCap | None) -
     if said is None:
         said = state.reasons.told_before(job)
     return said
+
+
+def _held_for_host(state: PlanState, job: WaitingJob, found: Found) -> str | None:
+    """Step 3 too: the host rule. The cards of servers without the host memory or cores
+    `job` asks for free now are left out of `found`; with too few left it waits, saying
+    why, and claims no card (module host). None: it need not."""
+    if not (job.ram_bytes or job.cpus) or not state.settings.hosts:
+        return None
+    rooms, tally = state.settings.hosts, state.host
+    said: dict[str, str | None] = {}
+    for gpu in found.cards:
+        node = gpu.slot.node
+        if node not in said:
+            said[node] = host_wait(job.ram_bytes, job.cpus, node, rooms, tally)
+    if not any(said.values()):
+        return None
+    kept = [g for g in found.cards if said[g.slot.node] is None]
+    if len(kept) < job.gpu_count:
+        first = next(why for why in said.values() if why)
+        return first if len(said) == 1 else f"{first} (on every node with room for its GPUs)"
+    found.cards, found.prefix = kept, None
+    return None
 
 
 def _held_for_quieter(state: PlanState, job: WaitingJob, found: Found) -> str | None:

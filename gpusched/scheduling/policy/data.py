@@ -43,6 +43,8 @@ class WaitingJob:
     time_limit_s: float | None = None  # --time: it ends by then (time backfill)
     waited_s: float = 0.0  # how long rule 3 has held it for a quieter card (its reason)
     top: int | None = None  # put first by an administrator (`gpusched top`): lower first
+    ram_bytes: int | None = None  # --ram: host memory it reserves (the host rule)
+    cpus: int | None = None  # --cpus: cores it reserves
     # What `plan()` memoises its answers by (memory, cards, cards allowed, --exclusive,
     # --time): built with the view, which a placer keeps across passes, not per pass.
     ask: Ask = field(init=False, repr=False, compare=False)

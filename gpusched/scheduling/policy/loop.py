@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from gpusched.scheduling.policy.budget import GpuSlot, RunningClaim, budget_table
 from gpusched.scheduling.policy.consider import consider, consider_cards
 from gpusched.scheduling.policy.data import HeadClaim, Plan, UserCap, WaitingJob
+from gpusched.scheduling.policy.host import HostRoom
 from gpusched.scheduling.policy.settings import Settings
 from gpusched.scheduling.policy.state import PlanState
 from gpusched.scheduling.policy.topology import Topology
@@ -37,9 +38,11 @@ def plan(
     topology: Topology | None = None,
     placement: str = "most-free",
     pack: str = "contention",
+    hosts: Mapping[str, HostRoom] | None = None,
 ) -> Plan:
     """Decide which waiting jobs start now and where (the package's rules, in order), and
-    which cards the blocked head keeps (`head_claim`: last plan's, to keep). Pure."""
+    which cards the blocked head keeps (`head_claim`: last plan's, to keep). `hosts`: each
+    server's room for --ram and --cpus by node name (the host rule). Pure."""
     settings = Settings(
         max_jobs_per_gpu=max_jobs_per_gpu,
         busy_util=busy_util,
@@ -49,6 +52,7 @@ def plan(
         caps=user_caps or {},
         stored_claim=head_claim,
         several_nodes=len({gpu.node for gpu in gpus}) > 1,
+        hosts=hosts or {},
     )
     state = PlanState.start(budget_table(gpus, running, headroom_bytes), running, waiting, settings)
     usage = user_usage or {}

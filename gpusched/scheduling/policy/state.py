@@ -20,6 +20,7 @@ from gpusched.scheduling.policy.card_limits import is_open
 from gpusched.scheduling.policy.contention import CalmRoom
 from gpusched.scheduling.policy.data import Placement, Plan, WaitingJob
 from gpusched.scheduling.policy.head_claim import Kept
+from gpusched.scheduling.policy.host import HostTally
 from gpusched.scheduling.policy.keep_for_bigger import Needs
 from gpusched.scheduling.policy.reasons import WaitingReasons
 from gpusched.scheduling.policy.settings import Settings
@@ -44,6 +45,8 @@ class PlanState:
     # A job with a --time runs or was placed (module time_limits: else a job with none
     # is not checked against it).
     timed: bool = False
+    # What the running and placed jobs reserve of each server (the host rule).
+    host: HostTally = field(default_factory=lambda: HostTally({}, {}))
 
     @classmethod
     def start(
@@ -62,7 +65,18 @@ class PlanState:
             settings, budgets, gpus, by_uuid, Tallies.of(running, by_uuid), Needs(waiting, gpus)
         )
         state.timed = any(claim.ends_in_s is not None for claim in running)
+        state.host = HostTally.of(
+            [
+                (_node_of(claim.gpu_uuids, by_uuid), claim.ram_bytes, claim.cpus)
+                for claim in running
+                if claim.ram_bytes or claim.cpus
+            ]
+        )
         return state
+
+    def node_of(self, gpus: Sequence[PlanGpu]) -> str:
+        """The server these cards are on (a job's cards are all on one)."""
+        return gpus[0].slot.node if gpus else ""
 
     def unclaimed(self, gpu: PlanGpu) -> bool:
         """Kept neither for the head nor for a job held for a quieter card."""
@@ -88,3 +102,11 @@ class PlanState:
             kept.claim if kept is not None else None,
             frozenset(self.reasons.held_for_quieter),
         )
+
+
+def _node_of(uuids: Sequence[str], by_uuid: Mapping[str, PlanGpu]) -> str:
+    """The server a running job's cards are on ("" where none is known)."""
+    for uuid in uuids:
+        if uuid in by_uuid:
+            return by_uuid[uuid].slot.node
+    return ""
