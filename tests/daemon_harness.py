@@ -23,6 +23,7 @@ stderr when it exits; only a daemon that lives and never answers meets `start_ti
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import select
@@ -253,7 +254,8 @@ class RunningDaemon:
             self.process = None
 
     def kill_jobs(self) -> None:
-        """SIGKILL every supervisor of this daemon and its job tree (jobs outlive the daemon)."""
+        """SIGKILL every supervisor of this daemon and its job tree (jobs outlive the daemon),
+        then remove the cpusets (cgroup v1) their supervisors had no time to."""
         marker = str(self.root / "state")
         for process in psutil.process_iter(["cmdline"]):
             cmdline = process.info.get("cmdline") or []
@@ -262,6 +264,7 @@ class RunningDaemon:
                     for child in process.children(recursive=True):
                         child.kill()
                     process.kill()
+        remove_cpusets(self.root / "state")
 
     def stderr(self) -> str:
         try:
@@ -449,3 +452,22 @@ class RunningDaemon:
     def active_jobs(self) -> list[dict[str, Any]]:
         """Every job not ended (running, queued, held), whoever's."""
         return [j for j in self.status()["jobs"] if j["state"] in ("running", "queued", "held")]
+
+
+def remove_cpusets(state_dir: Path) -> None:
+    """The v1 cpuset directory of the daemon of `state_dir` and its jobs' (once empty),
+    as gpusched.processes.cpusets names it; nothing where there is none."""
+    tag = hashlib.sha256(os.fsencode(state_dir.resolve())).hexdigest()[:12]
+    for root in Path("/sys/fs/cgroup").glob(f"*/gpusched-{tag}"):
+        deadline = time.monotonic() + 5
+        for job in root.glob("job-*"):
+            while True:
+                try:
+                    job.rmdir()
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        break
+                    time.sleep(0.05)
+        with contextlib.suppress(OSError):
+            root.rmdir()

@@ -16,7 +16,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from gpusched.core.models import GpuProcess, GpuState, Job
-from gpusched.processes.launching import Outcome, OutcomeKind, Started, StartError
+from gpusched.processes.launching import HostFacts, Outcome, OutcomeKind, Started, StartError
 
 GiB = 2**30
 # Above the kernel's largest pid (2**22): never the pid of a real process.
@@ -69,14 +69,22 @@ class FakeLauncher:
         self.busy: set[int] = set()  # job ids whose next start fails for now (transient)
         self.started: list[int] = []
         self.exec_by: dict[int, float | None] = {}  # job id -> the deadline it was given
+        # What the host rule counts (no job cgroups unless a test gives some), and each
+        # started job's memory limit and cpuset size as the scheduler handed them over.
+        self.facts = HostFacts()
+        self.limits: dict[int, tuple[int | None, int | None]] = {}
 
     def log_path(self, job_id: int) -> Path:
         return self.log_dir / f"{job_id}.log"
+
+    def host_facts(self) -> HostFacts:
+        return self.facts
 
     def start(
         self, job: Job, env: dict[str, str], umask: int, gid: int, exec_by: float | None = None
     ) -> Started:
         self.exec_by[job.id] = exec_by
+        self.limits[job.id] = (job.ram, job.cpus)
         if job.id in self.refuse:
             raise StartError(self.refuse[job.id])
         if job.id in self.busy:

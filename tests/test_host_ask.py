@@ -1,25 +1,42 @@
 """`--ram` and `--cpus`: what a job asks of the server itself, carried by the submit
 request, stored on the job, given back in its JSON and printed by `show`, through
-`handlers.dispatch` as tests/test_handlers.py does; bad values refused in one line."""
+`handlers.dispatch` as tests/test_handlers.py does; bad values refused in one line;
+admitted by the host rule (a job waits while its server's memory or cores are taken);
+refused where no cgroup could enforce them or where they could never fit; and the
+limits each job is handed to its supervisor with."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from gpusched.cli.show_view import show_lines
 from gpusched.cli.submit_view import job_options
-from gpusched.core.errors import UsageError
+from gpusched.config.host import JOB_CPUS_ALL, HostSettings
+from gpusched.config.settings import load_config
+from gpusched.core.errors import ConfigError, UsageError
+from gpusched.core.models import JobState
+from gpusched.processes.launching import HostFacts
 from tests.fakes import GiB
-from tests.test_handlers import ROOT, VALID, Daemon
+from tests.test_handlers import ALICE, ROOT, VALID, Daemon
 from tests.world import make_world
+
+# A server of 64G and 8 cores whose cgroups enforce both; with a reserve of 4G its jobs
+# may reserve 60G in all.
+ENFORCED = HostFacts(
+    total_bytes=64 * GiB, cores=tuple(range(8)), gpu_count=2, no_memory=None, no_cpuset=None
+)
+RESERVE: dict[str, Any] = {"host": {"ram_reserve": "4G", "ram_reserve_min": 0}}
 
 
 @pytest.fixture
 def daemon(tmp_path: Path) -> Iterator[Daemon]:
-    world = make_world(tmp_path, [24 * GiB, 24 * GiB])
+    world = make_world(tmp_path, [24 * GiB, 24 * GiB], **RESERVE)
+    world.launcher.facts = ENFORCED
     yield Daemon(world)
     world.scheduler.store.close()
 
@@ -63,3 +80,116 @@ def test_the_command_line_refuses_a_bad_size(ram: str, message: str) -> None:
     with pytest.raises(UsageError, match=message):
         job_options(ram=ram)
     assert job_options(ram="24G", cpus=4)["ram"] == 24 * GiB
+
+
+def test_a_job_waits_while_its_servers_memory_is_reserved(daemon: Daemon) -> None:
+    world = daemon.world
+    first, second, third = (
+        daemon.ask(ALICE, "submit", **VALID, ram=24 * GiB)["id"] for _ in range(3)
+    )
+    world.tick()
+    assert [world.state(j) for j in (first, second)] == [JobState.RUNNING] * 2
+    waiting = world.job(third)
+    assert waiting.state == JobState.QUEUED
+    assert waiting.waiting_reason == "waits for host memory: 12G of 60G free, needs 24G"
+    # A job that reserves no host memory is not held back by it (the cards have room).
+    plain = daemon.ask(ALICE, "submit", **VALID)["id"]
+    world.tick()
+    assert world.state(plain) == JobState.RUNNING
+    world.finish(first)
+    world.tick()
+    assert world.state(third) == JobState.RUNNING
+
+
+def test_a_job_waits_while_its_servers_cores_are_reserved(daemon: Daemon) -> None:
+    world = daemon.world
+    six = daemon.ask(ALICE, "submit", **VALID, cpus=6)["id"]
+    four = daemon.ask(ALICE, "submit", **VALID, cpus=4)["id"]
+    two = daemon.ask(ALICE, "submit", **VALID, cpus=2)["id"]
+    world.tick()
+    assert world.state(six) == JobState.RUNNING
+    assert world.job(four).waiting_reason == "waits for cores: 2 of 8 free, needs 4"
+    assert world.state(two) == JobState.RUNNING  # behind it, and it fits
+    world.finish(six)
+    world.tick()
+    assert world.state(four) == JobState.RUNNING
+
+
+def test_each_job_starts_with_its_ask_or_its_gpus_share(daemon: Daemon) -> None:
+    world = daemon.world
+    asked = daemon.ask(ALICE, "submit", **VALID, ram=3 * GiB, cpus=3)["id"]
+    default = daemon.ask(ALICE, "submit", **VALID)["id"]
+    both = daemon.ask(ALICE, "submit", **{**VALID, "mem": None, "gpus": 2})["id"]
+    world.tick()
+    assert world.launcher.limits[asked] == (3 * GiB, 3)
+    assert world.launcher.limits[default] == (30 * GiB, 4)  # one GPU of two: half
+    world.finish(asked)
+    world.finish(default)
+    world.tick()
+    assert world.launcher.limits[both] == (60 * GiB, 8)
+
+
+def test_an_ask_no_cgroup_could_enforce_is_refused(tmp_path: Path) -> None:
+    world = make_world(tmp_path, [24 * GiB])  # the fake launcher's default: no job cgroups
+    daemon = Daemon(world)
+    try:
+        with pytest.raises(UsageError, match=r"--ram cannot be enforced here \(no job cgroups\)"):
+            daemon.ask(ALICE, "submit", **VALID, ram=2 * GiB)
+        world.launcher.facts = HostFacts(no_memory=None, no_cpuset="no cpuset cgroup hierarchy")
+        with pytest.raises(UsageError, match="--cpus cannot be enforced here \\(no cpuset"):
+            daemon.ask(ALICE, "submit", **VALID, cpus=1)
+        assert daemon.ask(ROOT, "status", all=True)["jobs"] == []
+        world.tick()
+        assert world.launcher.limits == {}
+    finally:
+        world.scheduler.store.close()
+
+
+@pytest.mark.parametrize(
+    ("ask", "message"),
+    [
+        ({"ram": 61 * GiB}, r"--ram 61G is more than this server gives its jobs \(60G of host"),
+        ({"cpus": 9}, r"--cpus 9 is more than this server gives its jobs \(8 cores\)"),
+    ],
+)
+def test_an_ask_that_could_never_fit_is_refused(
+    daemon: Daemon, ask: dict[str, int], message: str
+) -> None:
+    with pytest.raises(UsageError, match=message):
+        daemon.ask(ALICE, "submit", **VALID, **ask)
+    assert daemon.ask(ROOT, "status", all=True)["jobs"] == []
+
+
+def test_ram_over_the_owners_host_mem_limit_is_refused(tmp_path: Path) -> None:
+    limits: dict[str, Any] = {"limits": {"users": {"alice": {"host_mem": "8G"}}}}
+    world = make_world(tmp_path, [24 * GiB, 24 * GiB], **RESERVE, **limits)
+    world.launcher.facts = ENFORCED
+    daemon = Daemon(world)
+    try:
+        with pytest.raises(
+            UsageError, match=r"--ram 9G is more than alice's host_mem limit \(8G\)"
+        ):
+            daemon.ask(ALICE, "submit", **VALID, ram=9 * GiB)
+        plain = daemon.ask(ALICE, "submit", **VALID)["id"]
+        world.tick()
+        assert world.launcher.limits[plain] == (8 * GiB, 4)  # host_mem caps its default
+    finally:
+        world.scheduler.store.close()
+
+
+def test_the_host_block_is_read_and_checked() -> None:
+    host = load_config(None, {"host": {"ram_reserve": "8G", "cpu_reserve": 2}}).host
+    assert host == HostSettings(ram_reserve_fraction=0.0, ram_reserve_bytes=8 * GiB, cpu_reserve=2)
+    assert load_config(None, {"host": {"ram_reserve": "25%"}}).host.ram_reserve_fraction == 0.25
+    assert load_config(None, {"host": {"job_cpus": "all"}}).host.job_cpus == JOB_CPUS_ALL
+    assert load_config(None, {"host": {"job_ram": "4G"}}).host.job_ram_bytes == 4 * GiB
+    assert load_config(None, {}).host == HostSettings()  # 10 %, at least 2G; no cores kept
+    for bad, words in [
+        ({"ram_reserve": "100%"}, "ram_reserve: expected a percentage from 0% to under 100%"),
+        ({"cpu_reserve": -1}, "cpu_reserve: expected a whole number >= 0"),
+        ({"job_cpus": 0}, "job_cpus: expected a whole number >= 1"),
+        ({"job_ram": "1M"}, "job_ram 1M: at least 64M"),
+        ({"cores": 2}, "unknown key 'cores'"),
+    ]:
+        with pytest.raises(ConfigError, match=f"key 'host': {re.escape(words)}"):
+            load_config(None, {"host": bad})

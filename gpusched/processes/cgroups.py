@@ -157,7 +157,7 @@ def memory_budget(service: MemoryCgroup) -> int:
     return lowest
 
 
-def _mounts() -> Iterator[tuple[str, Path, str, str]]:
+def mounts() -> Iterator[tuple[str, Path, str, str]]:
     """(root within the hierarchy, mount point, file system type, super options)."""
     with contextlib.suppress(OSError):
         for line in Path("/proc/self/mountinfo").read_text().splitlines():
@@ -167,7 +167,7 @@ def _mounts() -> Iterator[tuple[str, Path, str, str]]:
             yield root, point, fields[sep + 1], fields[sep + 3] if len(fields) > sep + 3 else ""
 
 
-def _under(mount_root: str, mount_point: Path, path: str) -> Path | None:
+def under(mount_root: str, mount_point: Path, path: str) -> Path | None:
     """Where the cgroup `path` of a hierarchy mounted from `mount_root` lies, if visible."""
     root = mount_root.rstrip("/")
     if path != root and not path.startswith(root + "/"):
@@ -189,16 +189,16 @@ def own_memory_cgroup(pid: int | str = "self") -> MemoryCgroup | None:
             v1_path = path
         elif controllers == "":
             v2_path = path
-    for root, point, fstype, options in _mounts():
+    for root, point, fstype, options in mounts():
         if v1_path is not None and fstype == "cgroup" and "memory" in options.split(","):
-            where = _under(root, point, v1_path)
+            where = under(root, point, v1_path)
             if where is not None:
                 return MemoryCgroup(where, 1)
     if v1_path is not None:
         return None
-    for root, point, fstype, _options in _mounts():
+    for root, point, fstype, _options in mounts():
         if v2_path is not None and fstype == "cgroup2":
-            where = _under(root, point, v2_path)
+            where = under(root, point, v2_path)
             if where is not None and _v2_has_memory(where):
                 return MemoryCgroup(where, 2)
     return None

@@ -33,10 +33,17 @@ import psutil
 
 from gpusched.config.holder import ConfigHolder
 from gpusched.core.models import Job
-from gpusched.processes import cgroups
+from gpusched.processes import cgroups, cpusets
 from gpusched.processes.durable import is_blank, reserve_record, write_json_atomically
 from gpusched.processes.exit_watcher import ExitWatcher
-from gpusched.processes.launching import Outcome, OutcomeKind, Started, StartError, start_error
+from gpusched.processes.launching import (
+    HostFacts,
+    Outcome,
+    OutcomeKind,
+    Started,
+    StartError,
+    start_error,
+)
 from gpusched.processes.move_warmer import MoveWarmer
 from gpusched.processes.output import job_log_path
 from gpusched.processes.pidref import is_same_process, process_start_time
@@ -120,6 +127,9 @@ class Launcher:
         self._service: cgroups.MemoryCgroup | None = None  # jobs' cgroups go under it
         self._warmer: MoveWarmer | None = None  # with job cgroups: their moves' lock
         self._jobs_budget = 0  # with job cgroups: the memory their caps divide
+        # Where jobs' cpusets go, or why they have none; the machine's memory (read once).
+        self._cpusets: cpusets.CpusetRoot | str = cpusets.NOT_ROOT
+        self._memory_total = _memory_total()
 
     def protect(self) -> None:
         """At the daemon's start (as root): protect it from the OOM killer (the zygote and
@@ -143,17 +153,34 @@ class Launcher:
                 self._jobs_budget = int(cgroups.memory_budget(self._service) * JOBS_MEMORY_SHARE)
             except (OSError, ValueError) as exc:
                 log.warning("cannot read the service's memory limit (%s): jobs uncapped", exc)
+        reserve = self._config.current.host.cpu_reserve
+        self._cpusets = cpusets.prepare_root(self._service, self.jobs_dir.parent, reserve)
+        if isinstance(self._cpusets, str):
+            log.warning("no cpuset cgroups (%s): --cpus is refused", self._cpusets)
+
+    def host_facts(self) -> HostFacts:
+        """What the host rule counts (`JobLauncher.host_facts`): the service's memory for
+        jobs (its memory less the daemon's part), the cores a job's cpuset may take."""
+        root = self._cpusets
+        no_memory = None
+        if self._service is None or self._jobs_budget <= 0:
+            no_memory = "no writable memory cgroup here" if os.geteuid() == 0 else cpusets.NOT_ROOT
+        return HostFacts(
+            total_bytes=self._memory_total,
+            service_bytes=self._jobs_budget or None,
+            cores=root.cores if not isinstance(root, str) else tuple(_own_cores()),
+            gpu_count=self._gpu_count,
+            no_memory=no_memory,
+            no_cpuset=root if isinstance(root, str) else None,
+        )
 
     def host_mem_limit(self, job: Job) -> int | None:
-        """The cap on a job's host memory (its cgroup's): its owner's `limits` `host_mem`,
-        else its GPUs' share of what the jobs may use in all (the service's memory less
-        the daemon's part), so that jobs filling as many cards as there are stay within
-        the service together. None without job cgroups."""
+        """The cap on a job's host memory (its cgroup's): its `--ram`, which the scheduler
+        fills in before the start with its GPUs' share when it gave none (the host rule,
+        gpusched.scheduling.host_limits). None without job cgroups."""
         if self._service is None or self._jobs_budget <= 0:
             return None
-        own = self._config.current.limits_for(job.user).host_mem_bytes
-        share = self._jobs_budget * min(max(1, job.gpus), self._gpu_count) // self._gpu_count
-        return min(own, self._jobs_budget) if own is not None else share
+        return job.ram
 
     # -- the zygote ---------------------------------------------------------------------
 
@@ -247,6 +274,14 @@ class Launcher:
         self._zygote_warned = True
         self._start_zygote_locked()
 
+    def _cpuset_of(self, job: Job) -> dict[str, object] | None:
+        if isinstance(self._cpusets, str) or not job.cpus:
+            return None
+        try:
+            return cpusets.assign(self._cpusets, job.id, job.cpus)
+        except OSError as exc:
+            raise start_error("cannot make the job's cpuset", exc) from None
+
     def job_dir(self, job_id: int) -> Path:
         return self.jobs_dir / str(job_id)
 
@@ -306,22 +341,18 @@ class Launcher:
                 "version": self._service.version,
                 "limit": self.host_mem_limit(job),
             },
+            # Its own cores (gpusched.processes.cpusets), made here before it starts.
+            "cpuset": self._cpuset_of(job),
             "private_shm": os.geteuid() == 0,
             "exec_by": exec_by,  # CLOCK_MONOTONIC: no exec past it (a cluster's fence)
         }
         spec_path = job_dir / "spec.json"
         try:
-            # The exit record's space, taken now: the job's end is written there even if
-            # the disk fills while it runs (gpusched.processes.durable).
-            reserve_record(job_dir / "exit.json")
-        except OSError as exc:
-            raise start_error("cannot reserve space for the job's exit record", exc) from None
-        try:
-            # No fsync: the spec must outlive the daemon, not a power cut; after a crash of
-            # the machine the job's fate is settled from its exit record, never its spec.
-            write_json_atomically(spec_path, spec, durable=False)
-        except OSError as exc:
-            raise start_error("cannot write the job's spec", exc) from None
+            _write_spec(spec_path, spec)
+        except StartError:
+            if spec["cpuset"] is not None:  # no supervisor will remove it: it counts as used
+                cpusets.remove_job_cpuset(Path(spec["cpuset"]["path"]))
+            raise
         pid = self._fork_via_zygote(spec_path)
         via = "zygote"
         if pid is None:
@@ -432,6 +463,8 @@ class Launcher:
         self._watcher.close()
         if self._warmer is not None:
             self._warmer.close()
+        if not isinstance(self._cpusets, str):
+            cpusets.release_root(self._cpusets)
 
 
 def _seconds(value: object) -> float | None:
@@ -441,3 +474,30 @@ def _seconds(value: object) -> float | None:
         if math.isfinite(seconds) and seconds >= 0:
             return seconds
     return None
+
+
+def _memory_total() -> int:
+    try:
+        return cgroups.memory_total()
+    except (OSError, ValueError):
+        return 0
+
+
+def _own_cores() -> set[int]:
+    return os.sched_getaffinity(0)
+
+
+def _write_spec(spec_path: Path, spec: dict[str, Any]) -> None:
+    """The job's spec and its exit record's space; StartError where either fails."""
+    try:
+        # The exit record's space, taken now: the job's end is written there even if
+        # the disk fills while it runs (gpusched.processes.durable).
+        reserve_record(spec_path.parent / "exit.json")
+    except OSError as exc:
+        raise start_error("cannot reserve space for the job's exit record", exc) from None
+    try:
+        # No fsync: the spec must outlive the daemon, not a power cut; after a crash of
+        # the machine the job's fate is settled from its exit record, never its spec.
+        write_json_atomically(spec_path, spec, durable=False)
+    except OSError as exc:
+        raise start_error("cannot write the job's spec", exc) from None

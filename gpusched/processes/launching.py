@@ -83,6 +83,22 @@ def start_error(what: str, exc: OSError) -> StartError:
     return StartError(f"{what}: {exc}", transient=exc.errno in TRANSIENT_ERRNOS)
 
 
+@dataclass(frozen=True)
+class HostFacts:
+    """What this server can give its jobs, as the launcher found it at start: its memory,
+    what the service's memory limit leaves the jobs (None: no job cgroups to count it,
+    or no limit below the machine's), its cores a job's cpuset may take, its GPU count.
+    `no_memory` and `no_cpuset`: why a job's `--ram` or `--cpus` could not be enforced
+    here (None: they can)."""
+
+    total_bytes: int = 0
+    service_bytes: int | None = None
+    cores: tuple[int, ...] = ()
+    gpu_count: int = 1
+    no_memory: str | None = "no job cgroups"
+    no_cpuset: str | None = "no job cgroups"
+
+
 class JobLauncher(Protocol):
     """Starts, watches and stops job supervisors; the scheduler's only way to processes."""
 
@@ -90,6 +106,11 @@ class JobLauncher(Protocol):
     on_exit: Callable[[int], None]
 
     def log_path(self, job_id: int) -> Path: ...
+
+    def host_facts(self) -> HostFacts:
+        """This server's memory and cores for the host rule, and whether its jobs' `--ram`
+        and `--cpus` are enforced (a cgroup of their own)."""
+        ...
 
     def start(
         self, job: Job, env: dict[str, str], umask: int, gid: int, exec_by: float | None = None

@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from gpusched.core.units import format_duration, format_size
-from gpusched.processes import cgroups, shm, treekill
+from gpusched.processes import cgroups, cpusets, shm, treekill
 from gpusched.processes.credentials import (
     DirectoryRefused,
     in_owners_directory,
@@ -108,6 +108,10 @@ class Supervisor:
             cgroups.MemoryCgroup(Path(cgroup["path"]), int(cgroup["version"])) if cgroup else None
         )
         self.host_mem_limit: int | None = cgroup.get("limit") if cgroup else None
+        # Its own cores (gpusched.processes.cpusets), made by the daemon: on cgroup v1 a
+        # hierarchy apart, joined around the fork; on v2 its memory cgroup's directory.
+        cpuset = spec.get("cpuset")
+        self._v1_cpuset = Path(cpuset["path"]) if cpuset and int(cpuset["version"]) == 1 else None
         self._shm = False
         self._run_s: float | None = None  # how long the job ran, once it has ended
 
@@ -196,6 +200,8 @@ class Supervisor:
         if self._shm:
             shm.release_shm()
             self._shm = False
+        if self._v1_cpuset is not None:
+            cpusets.remove_job_cpuset(self._v1_cpuset)
         if self.cgroup is None:
             return HostMemory()
         used = HostMemory(
@@ -287,7 +293,7 @@ class Supervisor:
             )
             return 1
         try:
-            with cgroups.job_fork(self.cgroup):
+            with cgroups.job_fork(self.cgroup), cpusets.joined(self._v1_cpuset):
                 self.child = self._start(log_fd)
             cgroups.raise_job_scores(self._job_pids)
         except (OSError, subprocess.SubprocessError, ValueError, DirectoryRefused) as exc:

@@ -20,6 +20,7 @@ from gpusched.scheduling.admission import DependencyFailed
 from gpusched.scheduling.context import Context
 from gpusched.scheduling.endings import JobEndings
 from gpusched.scheduling.gpu_reports import gpu_reports
+from gpusched.scheduling.host_limits import host_room
 from gpusched.scheduling.observe import Observation
 from gpusched.scheduling.ownership import LocalNode
 from gpusched.scheduling.pass_rules import decide
@@ -143,6 +144,7 @@ class LocalPlacer:
             views=self.waiting_jobs.views,
             held_back=None if drain is None else f"{drain.describe()}: no new job starts",
             topology=gpu_topology(self.context.probe),
+            hosts={"": host_room(self.context.launcher.host_facts(), self.context.config)},
         )
         end_failed_dependencies(self.endings, decision.doomed)
         self.starter.start(decision.plan.placements, seen.gpus)

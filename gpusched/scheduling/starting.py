@@ -22,6 +22,7 @@ from gpusched.processes.launching import Started, StartError
 from gpusched.processes.output import job_log_path
 from gpusched.scheduling.context import Context
 from gpusched.scheduling.endings import JobEndings
+from gpusched.scheduling.host_limits import job_limits
 from gpusched.scheduling.ownership import Ownership, StartClaim
 from gpusched.scheduling.policy import Placement
 from gpusched.scheduling.ratelog import RateLimitedLog
@@ -144,7 +145,9 @@ class JobStarter:
         job_id = job.id
         try:
             # The supervisor checks the deadline again right before exec (same CLOCK_MONOTONIC).
-            return self.launcher.start(job, env, info.umask, gid, exec_by=deadline)
+            # Its --ram and --cpus, or its GPUs' share of the server's (host_limits).
+            limited = job_limits(job, self.launcher.host_facts(), self._config.current)
+            return self.launcher.start(limited, env, info.umask, gid, exec_by=deadline)
         except StartError as exc:
             # Out of files, memory or tasks for now: the job keeps its place in the queue
             # and the next pass tries again (said once a minute, not once a pass).

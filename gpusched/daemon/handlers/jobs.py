@@ -42,6 +42,7 @@ from gpusched.daemon.identity import (
 )
 from gpusched.daemon.services import Services
 from gpusched.processes.output import output_directory, output_template
+from gpusched.scheduling.host_limits import check_host_ask
 from gpusched.store import NewJob
 from gpusched.store.submits import request_ids
 
@@ -92,6 +93,8 @@ def submit(services: Services, caller: Caller, request: SubmitRequest) -> OneOrM
         ram=request.ram,
         cpus=request.cpus,
     )
+    if request.ram is not None or request.cpus is not None:
+        _check_host_ask(services, caller, request)
     command, name = list(request.command), request.name
     if request.sweep is None:
         check_submit(config, command, None, name, new.after)
@@ -109,6 +112,15 @@ def submit(services: Services, caller: Caller, request: SubmitRequest) -> OneOrM
     _charge(services, caller, new, news)
     jobs = services.scheduler.submit_many(news, as_array=True)
     return [services.visible(caller, job) for job in jobs]
+
+
+def _check_host_ask(services: Services, caller: Caller, request: SubmitRequest) -> None:
+    """`--ram` and `--cpus`: enforced by this server's cgroups, and within what it gives."""
+    scheduler = services.scheduler
+    if scheduler.in_cluster:
+        raise UsageError("--ram and --cpus are not taken in a cluster yet: submit without them")
+    facts = scheduler.context.launcher.host_facts()
+    check_host_ask(caller.user, request.ram, request.cpus, facts, services.config)
 
 
 def _refuse_on_full_disk(services: Services, caller: Caller, request: SubmitRequest) -> None:
