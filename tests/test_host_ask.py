@@ -193,3 +193,11 @@ def test_the_host_block_is_read_and_checked() -> None:
     ]:
         with pytest.raises(ConfigError, match=f"key 'host': {re.escape(words)}"):
             load_config(None, {"host": bad})
+
+
+def test_the_shipped_config_documents_the_host_block_with_its_defaults() -> None:
+    shipped = Path(__file__).resolve().parents[1] / "config" / "gpusched.yaml"
+    assert load_config(shipped).host == HostSettings()
+    text = shipped.read_text()
+    for key in ("ram_reserve", "ram_reserve_min", "cpu_reserve", "job_ram", "job_cpus"):
+        assert f"#   {key}:" in text, key
