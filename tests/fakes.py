@@ -73,12 +73,19 @@ class FakeLauncher:
         # started job's memory limit and cpuset size as the scheduler handed them over.
         self.facts = HostFacts()
         self.limits: dict[int, tuple[int | None, int | None]] = {}
+        self.released: list[int] = []  # interactive jobs whose cgroups were released
 
     def log_path(self, job_id: int) -> Path:
         return self.log_dir / f"{job_id}.log"
 
     def host_facts(self) -> HostFacts:
         return self.facts
+
+    def confine_client(self, job: Job, pid: int, start_time: str | None) -> None:
+        self.limits[job.id] = (job.ram, job.cpus)
+
+    def release_client(self, job_id: int) -> None:
+        self.released.append(job_id)
 
     def start(
         self, job: Job, env: dict[str, str], umask: int, gid: int, exec_by: float | None = None

@@ -7,6 +7,7 @@ limits each job is handed to its supervisor with."""
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +21,7 @@ from gpusched.config.host import JOB_CPUS_ALL, HostSettings
 from gpusched.config.settings import load_config
 from gpusched.core.errors import ConfigError, UsageError
 from gpusched.core.models import JobState
+from gpusched.daemon.identity import Caller
 from gpusched.processes.launching import HostFacts
 from tests.fakes import GiB
 from tests.test_handlers import ALICE, ROOT, VALID, Daemon
@@ -201,3 +203,30 @@ def test_the_shipped_config_documents_the_host_block_with_its_defaults() -> None
     text = shipped.read_text()
     for key in ("ram_reserve", "ram_reserve_min", "cpu_reserve", "job_ram", "job_cpus"):
         assert f"#   {key}:" in text, key
+
+
+def test_run_takes_them_too_its_client_confined_and_released(daemon: Daemon) -> None:
+    """`gpusched run --ram --cpus`: refused as submit's where nothing enforces them;
+    admitted alike; its client process put in the job's cgroups as it is placed (the fake
+    launcher notes what it was asked), and those released at its end."""
+    world = daemon.world
+    me = Caller(pid=os.getpid(), uid=os.getuid(), gid=os.getgid(), user="me", admin=False)
+    run = {"command": ["bash"], "cwd": "/", "mem": 4 * GiB}
+    with pytest.raises(UsageError, match="--cpus 9 is more than this server gives"):
+        daemon.ask(me, "run", **run, cpus=9)
+    hog = daemon.ask(ALICE, "submit", **VALID, ram=50 * GiB)["id"]
+    job = daemon.ask(me, "run", **run, ram=12 * GiB, cpus=2)
+    assert (job["ram"], job["cpus"]) == (12 * GiB, 2)
+    world.tick()
+    assert world.job(job["id"]).waiting_reason == (
+        "waits for host memory: 10G of 60G free, needs 12G"
+    )
+    world.finish(hog)
+    world.tick()
+    assert daemon.ask(me, "placement", id=job["id"], timeout=0)["job"]["state"] == "running"
+    assert world.launcher.limits[job["id"]] == (12 * GiB, 2)
+    daemon.ask(me, "run_ended", id=job["id"], exit_code=0)
+    assert world.launcher.released == [job["id"]]
+    world.launcher.facts = HostFacts()  # no job cgroups
+    with pytest.raises(UsageError, match="--ram cannot be enforced here"):
+        daemon.ask(me, "run", **run, ram=GiB)

@@ -168,23 +168,29 @@ def placement_options(command: F) -> F:
     )(command)
 
 
-def host_options(command: F) -> F:
+def host_options(interactive: bool = False) -> Callable[[F], F]:
     """`--ram` and `--cpus`, the job's share of the server itself: the same options, with
-    the same words, for `submit` and `run`."""
-    command = click.option(
-        "--cpus",
-        type=int,
-        metavar="N",
-        help="Cores of its own (a cpuset), kept free of other jobs' while it runs; it waits"
-        " while fewer are free. Default: its GPUs' share of the server's cores.",
-    )(command)
-    return click.option(
-        "--ram",
-        metavar="SIZE",
-        help="Host memory (not GPU memory), e.g. 24G: its limit (its /dev/shm and page"
-        " cache count), reserved for it; it waits while less is free. Default: its GPUs'"
-        " share of the server's memory.",
-    )(command)
+    the same words, for `submit` and `run` (`interactive`: whose command is not confined
+    when it gives neither)."""
+    cores = "no cpuset" if interactive else "its GPUs' share of the server's cores"
+    memory = "no limit of its own" if interactive else "its GPUs' share of the server's memory"
+
+    def add(command: F) -> F:
+        command = click.option(
+            "--cpus",
+            type=int,
+            metavar="N",
+            help="Cores, a cpuset of its own (apart from other jobs' while there are cores"
+            f" enough), reserved for it; it waits while fewer are free. Default: {cores}.",
+        )(command)
+        return click.option(
+            "--ram",
+            metavar="SIZE",
+            help="Host memory (not GPU memory), e.g. 24G: its limit (its /dev/shm and page"
+            f" cache count), reserved for it; it waits while less is free. Default: {memory}.",
+        )(command)
+
+    return add
 
 
 def exit_status(job: Job) -> int:

@@ -17,13 +17,13 @@ from types import FrameType
 
 import click
 
-from gpusched.cli.common import client_of, placement_options
+from gpusched.cli.common import client_of, host_options, placement_options
 from gpusched.cli.help import ExampleLastCommand
 from gpusched.client import Client
 from gpusched.core.errors import EXIT_FAILED
 from gpusched.core.models import Job
 from gpusched.core.sanitize import shown
-from gpusched.core.units import format_duration, parse_job_mem, parse_job_time
+from gpusched.core.units import format_duration, parse_job_mem, parse_job_ram, parse_job_time
 from gpusched.interactive.foreground import Attached
 from gpusched.interactive.reservation import (
     NotPlaced,
@@ -99,6 +99,7 @@ class _WaitingLine:
     help="Higher starts first, among your own jobs.",
 )
 @placement_options
+@host_options(interactive=True)
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.pass_context
 def run(
@@ -111,6 +112,8 @@ def run(
     exclusive: bool,
     share: bool,
     command: tuple[str, ...],
+    ram: str | None = None,
+    cpus: int | None = None,
 ) -> None:
     """Wait in the queue, then run COMMAND in this terminal on the GPUs it was given.
 
@@ -139,6 +142,8 @@ def run(
         priority=priority,
         exclusive=exclusive,
         share=share,
+        ram=None if ram is None else parse_job_ram(ram),
+        cpus=cpus,
     )
     placement = _wait(ctx, client, job)
     indices = ",".join(map(str, placement.gpu_indices))

@@ -102,7 +102,7 @@ from gpusched.core.models import Job
     help="In a cluster, if the server running the job dies, queue it again (default: lost).",
 )
 @placement_options
-@host_options
+@host_options()
 @click.option("--json", "as_json", is_flag=True, help="Print the job as JSON instead of its id.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @click.pass_context

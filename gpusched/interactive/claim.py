@@ -118,10 +118,16 @@ def claim(
     time_limit: str | float | None = None,
     name: str | None = None,
     socket_path: str | None = None,
+    ram: str | int | None = None,
+    cpus: int | None = None,
 ) -> Claim:
     """Queue this process for `gpus` GPUs with `mem` each ("8G"; None: whole GPUs), block
     until placed (at most `timeout` seconds, then NotPlaced and the request is withdrawn),
     set CUDA_VISIBLE_DEVICES and CUDA_DEVICE_ORDER here, and return the Claim.
+
+    `ram` ("24G") and `cpus`: this process's host memory and cores, as `run --ram
+    --cpus`: once placed it is in cgroups of the job's own (what it allocated before
+    stays counted where it was).
 
     While it waits it prints why to stderr (once, and again each time the reason changes:
     a notebook shows it under the cell); NotPlaced carries the last reason.
@@ -141,7 +147,16 @@ def claim(
     client = Client(socket_path)
     client.check_version()  # a client installed in the user's env may differ from the server's
     command = list(getattr(sys, "orig_argv", None) or [sys.executable, *sys.argv])
-    job = queue(client, command, mem=mem, gpus=gpus, time_limit=time_limit, name=name)
+    job = queue(
+        client,
+        command,
+        mem=mem,
+        gpus=gpus,
+        time_limit=time_limit,
+        name=name,
+        ram=ram,
+        cpus=cpus,
+    )
     try:
         placement = wait_placed(client, job.id, timeout_s=timeout, on_wait=_WaitingLine())
     except NotPlaced:

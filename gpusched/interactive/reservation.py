@@ -26,7 +26,7 @@ from gpusched.core.requests.catalog import (
     RunEndedRequest,
     RunRequest,
 )
-from gpusched.core.units import parse_job_mem, parse_job_time
+from gpusched.core.units import parse_job_mem, parse_job_ram, parse_job_time
 
 PLACEMENT_POLL_S = 2.0  # each `placement` request waits this long, then the reason is shown
 REPORT_RETRY_S = 60.0  # how long the end is re-sent to a daemon that does not answer
@@ -83,8 +83,11 @@ def queue(
     priority: int = 0,
     exclusive: bool = False,
     share: bool = False,
+    ram: str | int | None = None,
+    cpus: int | None = None,
 ) -> Job:
-    """Queue an interactive job whose process is this one."""
+    """Queue an interactive job whose process is this one (`ram`, `cpus`: its host
+    memory and cores, this process's cgroup's once it is placed)."""
     if mem is not None:
         mem = parse_job_mem(mem, what="mem")
     if time_limit is not None:
@@ -101,6 +104,8 @@ def queue(
                 priority=priority,
                 exclusive=exclusive,
                 share=share,
+                ram=None if ram is None else parse_job_ram(ram, what="ram"),
+                cpus=cpus,
             )
         )
     )

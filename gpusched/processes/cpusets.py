@@ -219,3 +219,40 @@ def assign(root: CpusetRoot, job_id: int, count: int) -> dict[str, object]:
     path = root.job(job_id)
     make_job_cpuset(path, root.version, format_cpus(cores), root.mems)
     return {"path": str(path), "version": root.version, "cpus": format_cpus(cores)}
+
+
+def confine(
+    memory: cgroups.MemoryCgroup | None,
+    root: CpusetRoot | str,
+    job_id: int,
+    pid: int,
+    limits: tuple[int | None, int | None],
+) -> None:
+    """An interactive job's client process (`gpusched run`, claim()), before it learns its
+    placement, into cgroups of the job's own, as a supervisor puts a batch job: a memory
+    cgroup capped at `limits`' --ram (`memory`: the service's, where jobs have one), a
+    cpuset of its --cpus; the command it then starts is born in them. Its owner cannot
+    move it out: the cgroups are root's. OSError where the kernel refuses."""
+    ram, cpus = limits
+    if ram is not None and memory is not None:
+        own = memory.child(f"job-{job_id}")
+        own.path.mkdir(exist_ok=True)
+        own.set_limit(ram)
+        own.add(pid)
+    if cpus and not isinstance(root, str):
+        path = Path(str(assign(root, job_id, cpus)["path"]))
+        (path / "cgroup.procs").write_text(str(pid))
+
+
+# How long an ended interactive job's cgroups are waited for to empty (its client exits
+# right after it reports the end; one that lives on keeps them, and its limits).
+RELEASE_WAIT_S = 60.0
+
+
+def release(memory: cgroups.MemoryCgroup | None, root: CpusetRoot | str, job_id: int) -> None:
+    """An interactive job's cgroups once it has ended, as they empty (its client gone)."""
+    if memory is not None:
+        cgroups.remove_job_cgroup(memory.child(f"job-{job_id}"), wait_s=RELEASE_WAIT_S)
+    if not isinstance(root, str) and root.version == 1:
+        path = cgroups.MemoryCgroup(root.job(job_id), 1)
+        cgroups.remove_job_cgroup(path, wait_s=RELEASE_WAIT_S)

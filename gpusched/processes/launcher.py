@@ -144,7 +144,9 @@ class Launcher:
             )
         self._service = cgroups.prepare_service()
         if self._service is None:
-            log.warning("no writable memory cgroup: jobs share the daemon's (no host_oom)")
+            log.warning(
+                "no writable memory cgroup: jobs share the daemon's (no host_oom; --ram is refused)"
+            )
         else:
             self._warmer = MoveWarmer(self._service.path / cgroups.DAEMON_LEAF)
             v, where = self._service.version, self._service.path
@@ -173,6 +175,25 @@ class Launcher:
             no_memory=no_memory,
             no_cpuset=root if isinstance(root, str) else None,
         )
+
+    def confine_client(self, job: Job, pid: int, start_time: str | None) -> None:
+        """`JobLauncher.confine_client` (gpusched.processes.cpusets.confine)."""
+        if not is_same_process(pid, start_time):  # never another process given its pid
+            raise StartError("its process has gone")
+        try:
+            cpusets.confine(self._service, self._cpusets, job.id, pid, (job.ram, job.cpus))
+        except OSError as exc:
+            raise start_error("cannot put the job's process in its cgroups", exc) from None
+
+    def release_client(self, job_id: int) -> None:
+        # Its client reports the end and then exits: the cgroups empty a moment later,
+        # waited for apart from the pass that settled the end.
+        threading.Thread(
+            target=cpusets.release,
+            args=(self._service, self._cpusets, job_id),
+            name=f"release-{job_id}",
+            daemon=True,
+        ).start()
 
     def host_mem_limit(self, job: Job) -> int | None:
         """The cap on a job's host memory (its cgroup's): its `--ram`, which the scheduler

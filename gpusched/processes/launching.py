@@ -112,6 +112,16 @@ class JobLauncher(Protocol):
         and `--cpus` are enforced (a cgroup of their own)."""
         ...
 
+    def confine_client(self, job: Job, pid: int, start_time: str | None) -> None:
+        """An interactive job's client process `pid` (started at `start_time`) into
+        cgroups of the job's own, held to its `ram` and `cpus` (StartError where they
+        cannot be made, or the process has gone)."""
+        ...
+
+    def release_client(self, job_id: int) -> None:
+        """An interactive job's cgroups, once it has ended."""
+        ...
+
     def start(
         self, job: Job, env: dict[str, str], umask: int, gid: int, exec_by: float | None = None
     ) -> Started:

@@ -174,6 +174,17 @@ class JobStarter:
         In a cluster it was placed on this server, its client's."""
         if job.pid is None:
             return False
+        if job.ram is not None or job.cpus is not None:
+            # Its --ram and --cpus: its client, and what it starts, in cgroups of its own
+            # before the client learns its placement (the claim below tells it).
+            try:
+                self.launcher.confine_client(job, job.pid, info.pid_start_time)
+            except StartError as exc:
+                log.warning("job %s failed to start: %s", job.id, quoted(str(exc), 500))
+                self.endings.end(
+                    job.id, JobState.FAILED, EndReason.FAILED_TO_START, detail=str(exc)
+                )
+                return False
         if not claim.take_client(job.id, indices, uuids, (job.pid, info.pid_start_time)):
             return False
         self.monitor.started(job.id)

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import threading
 from pathlib import Path
 
 import pytest
 
 from gpusched.client import Client
 from gpusched.core.errors import UsageError
+from gpusched.interactive.reservation import queue, report_end, wait_placed
 from gpusched.processes import cgroups, cpusets
 from tests.daemon_harness import RunningDaemon, eventually
 from tests.security.test_host_memory import capped_daemon  # noqa: F401 (a fixture)
@@ -97,3 +100,41 @@ def _cpuset_root(daemon: RunningDaemon) -> Path:
     found = cpusets.prepare_root(None, daemon.root / "state", 0)
     assert not isinstance(found, str), found
     return found.path
+
+
+def test_run_puts_its_command_in_the_jobs_cgroups(
+    people: tuple[User, User],
+    capped_daemon: tuple[RunningDaemon, Path],  # noqa: F811
+) -> None:
+    """`gpusched run --ram --cpus` (its client's half, gpusched.interactive.reservation,
+    in a process of a real user): the command runs in the user's own process tree, and
+    still in a memory cgroup capped at --ram and a cpuset of --cpus, gone at its end."""
+    user, _other = people
+    daemon, cgroup = capped_daemon
+    sock = daemon.socket_path
+    code = "import os, time; print(sorted(os.sched_getaffinity(0)), flush=True); time.sleep(3)"
+
+    def run() -> list[object]:
+        client = Client(sock)
+        job = queue(client, ["python3", "-c", code], ram="128M", cpus=1)
+        wait_placed(client, job.id, timeout_s=30)
+        done = subprocess.run(
+            ["python3", "-c", code], capture_output=True, text=True, timeout=60, check=False
+        )
+        report_end(client, job.id, exit_code=done.returncode)
+        return [done.returncode, done.stdout]
+
+    result: list[list[object]] = []
+    probe = threading.Thread(target=lambda: result.append(as_user(user, run)))
+    probe.start()
+    made = eventually(
+        lambda: list(cgroup.glob("job-*")), timeout=30, describe=lambda: "no job cgroup"
+    )
+    limit = cgroups.MemoryCgroup(made[0], 1).limit()
+    probe.join(60)
+    code_out, printed = result[0]
+    assert code_out == 0, result
+    assert len(json.loads(str(printed))) == 1, printed  # one core: its --cpus
+    assert limit == 128 * MiB
+    eventually(lambda: not list(cgroup.glob("job-*")), timeout=10)
+    eventually(lambda: not list(_cpuset_root(daemon).glob("job-*")), timeout=10)

@@ -26,6 +26,8 @@ class RunRequest(Request):
     time: float | None = None
     exclusive: bool = False  # `--exclusive`: a card to itself
     share: bool = False  # `--share`: light, shares a busy card
+    ram: int | None = None  # `--ram`: host memory, bytes (its process's cgroup)
+    cpus: int | None = None  # `--cpus`: cores of its own (its process's cpuset)
 
     def __post_init__(self) -> None:
         check_sharing(self.exclusive, self.share)
@@ -37,6 +39,8 @@ class RunRequest(Request):
             gpus=self.gpus,
             name=self.name,
             time=self.time,
+            ram=self.ram,
+            cpus=self.cpus,
         )
 
 

@@ -17,6 +17,7 @@ from gpusched.core.requests.catalog import PlacementRequest, RunEndedRequest, Ru
 from gpusched.core.requests.replies import JobJson, PlacementReply
 from gpusched.core.units import format_duration
 from gpusched.daemon.bounds import check_submit
+from gpusched.daemon.handlers.jobs import host_ask_checked
 from gpusched.daemon.identity import Caller, account_gid
 from gpusched.daemon.services import Services
 from gpusched.processes.environment import gpu_environment, sharing_environment
@@ -56,10 +57,14 @@ def run(services: Services, caller: Caller, request: RunRequest) -> JobJson:
         client_start_time=start_time,
         exclusive=request.exclusive,
         share=request.share,
+        ram=request.ram,
+        cpus=request.cpus,
         # Its client is its process here: in a cluster, only this server may run it.
         allowed_nodes=(services.scheduler.node_name,) if services.scheduler.in_cluster else None,
     )
     check_submit(services.config, command, None, request.name, ())
+    if request.ram is not None or request.cpus is not None:
+        host_ask_checked(services, caller.user, request.ram, request.cpus)
     return services.visible(caller, services.scheduler.submit(new))
 
 

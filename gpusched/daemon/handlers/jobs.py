@@ -94,7 +94,7 @@ def submit(services: Services, caller: Caller, request: SubmitRequest) -> OneOrM
         cpus=request.cpus,
     )
     if request.ram is not None or request.cpus is not None:
-        _check_host_ask(services, caller, request)
+        host_ask_checked(services, caller.user, request.ram, request.cpus)
     command, name = list(request.command), request.name
     if request.sweep is None:
         check_submit(config, command, None, name, new.after)
@@ -114,13 +114,14 @@ def submit(services: Services, caller: Caller, request: SubmitRequest) -> OneOrM
     return [services.visible(caller, job) for job in jobs]
 
 
-def _check_host_ask(services: Services, caller: Caller, request: SubmitRequest) -> None:
-    """`--ram` and `--cpus`: enforced by this server's cgroups, and within what it gives."""
+def host_ask_checked(services: Services, user: str, ram: int | None, cpus: int | None) -> None:
+    """`--ram` and `--cpus` (of `submit` and `run`): enforced by this server's cgroups,
+    and within what it gives; else UsageError."""
     scheduler = services.scheduler
     if scheduler.in_cluster:
-        raise UsageError("--ram and --cpus are not taken in a cluster yet: submit without them")
+        raise UsageError("--ram and --cpus are not taken in a cluster yet: ask without them")
     facts = scheduler.context.launcher.host_facts()
-    check_host_ask(caller.user, request.ram, request.cpus, facts, services.config)
+    check_host_ask(user, ram, cpus, facts, services.config)
 
 
 def _refuse_on_full_disk(services: Services, caller: Caller, request: SubmitRequest) -> None:
