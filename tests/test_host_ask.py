@@ -22,7 +22,7 @@ from gpusched.config.settings import load_config
 from gpusched.core.errors import ConfigError, UsageError
 from gpusched.core.models import JobState
 from gpusched.daemon.identity import Caller
-from gpusched.processes.launching import HostFacts
+from gpusched.processes.launching import HostFacts, Outcome, OutcomeKind
 from tests.fakes import GiB
 from tests.test_handlers import ALICE, ROOT, VALID, Daemon
 from tests.world import make_world
@@ -230,3 +230,20 @@ def test_run_takes_them_too_its_client_confined_and_released(daemon: Daemon) -> 
     world.launcher.facts = HostFacts()  # no job cgroups
     with pytest.raises(UsageError, match="--ram cannot be enforced here"):
         daemon.ask(me, "run", **run, ram=GiB)
+
+
+def test_what_a_job_used_of_the_host_is_kept_and_shown(daemon: Daemon) -> None:
+    world = daemon.world
+    job = daemon.ask(ALICE, "submit", **VALID, ram=3 * GiB)["id"]
+    world.tick()
+    measured = Outcome(OutcomeKind.EXIT, exit_code=0, run_s=10.0, host_peak_bytes=GiB, cpu_s=25.0)
+    world.finish(job, measured)
+    shown = daemon.ask(ROOT, "show", id=job)
+    assert (shown["host_peak"], shown["cpu_s"]) == (GiB, 25.0)
+    lines = show_lines(shown, 100)
+    assert any(line.startswith("host peak") and "1G of host memory" in line for line in lines)
+    assert any(
+        line.startswith("cpu time") and "25.0s (on average 2.5 cores)" in line for line in lines
+    )
+    history = daemon.ask(ROOT, "history", all=True)
+    assert [(j["host_peak"], j["cpu_s"]) for j in history] == [(GiB, 25.0)]

@@ -34,6 +34,8 @@ JOB_DEFAULTS: dict[str, Any] = {
     "started_at": None,
     "ended_at": None,
     "run_s": None,
+    "host_peak": None,
+    "cpu_s": None,
     "pid": None,
     "exit_code": None,
     "reason": None,

@@ -98,6 +98,7 @@ def show_lines(reply: dict[str, Any], width: int) -> list[str]:
         ("started", job.started_at or "-"),
         ("ended", job.ended_at or "-"),
         *([("ran", format_duration(job.run_s))] if job.run_s is not None else []),
+        *host_used_rows(job),
         ("pid", job.pid or "-"),
         ("exit code", "-" if job.exit_code is None else job.exit_code),
         (
@@ -264,4 +265,16 @@ def usage_rows(job: Job | ReplyView) -> list[tuple[str, Any]]:
         rows.append(("retried as", f"job {job.retried_as}"))
     if job.retry_oom and job.retried_as is None:  # a retry used is the retry's to count
         rows.append(("retry-oom", f"{job.retry_oom} more time(s) if it runs out of GPU memory"))
+    return rows
+
+
+def host_used_rows(job: Job | ReplyView) -> list[tuple[str, Any]]:
+    """What an ended job used of the host, where its supervisor measured it."""
+    rows: list[tuple[str, Any]] = []
+    if job.host_peak is not None:
+        rows.append(("host peak", f"{format_size(job.host_peak, tabular=False)} of host memory"))
+    if job.cpu_s is not None:
+        cores = f" (on average {job.cpu_s / job.run_s:.1f} cores)" if job.run_s else ""
+        spent = f"{job.cpu_s:.1f}s" if job.cpu_s < 60 else format_duration(job.cpu_s)
+        rows.append(("cpu time", f"{spent}{cores}"))
     return rows

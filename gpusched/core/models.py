@@ -129,6 +129,10 @@ class Job:
     # jump of the wall clock moves started_at or ended_at, never this); None: not known
     # (still running, or ended without a record), and ended_at - started_at stands in.
     run_s: float | None = None
+    # What it used of the host, as its supervisor recorded at its end: the most memory its
+    # cgroup held at once (bytes; None: it had none) and its processes' CPU time (s).
+    host_peak: int | None = None
+    cpu_s: float | None = None
     pid: int | None = None
     exit_code: int | None = None
     reason: str | None = None

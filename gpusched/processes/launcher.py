@@ -451,6 +451,8 @@ class Launcher:
             message=data.get("message"),
             transient=data.get("transient") is True,
             run_s=_seconds(data.get("run_s")),
+            host_peak_bytes=_count(data.get("host_peak")),
+            cpu_s=_seconds(data.get("cpu_s")),
         )
 
     def forget(self, job_id: int) -> None:
@@ -522,3 +524,8 @@ def _write_spec(spec_path: Path, spec: dict[str, Any]) -> None:
         write_json_atomically(spec_path, spec, durable=False)
     except OSError as exc:
         raise start_error("cannot write the job's spec", exc) from None
+
+
+def _count(value: object) -> int | None:
+    """A byte count from an exit record: a non-negative int, else unknown."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None

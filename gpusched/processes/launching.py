@@ -57,6 +57,10 @@ class Outcome:
     transient: bool = False
     # How long it ran, in seconds, on the supervisor's monotonic clock; None: not known.
     run_s: float | None = None
+    # The most host memory its cgroup held at once, and its processes' CPU time (user and
+    # system, seconds); None: not known.
+    host_peak_bytes: int | None = None
+    cpu_s: float | None = None
 
 
 # Errors of starting a job that pass (out of files, memory, tasks or disk space): the job

@@ -40,6 +40,7 @@ import ctypes
 import errno
 import json
 import os
+import resource
 import select
 import signal
 import subprocess
@@ -114,6 +115,9 @@ class Supervisor:
         self._v1_cpuset = Path(cpuset["path"]) if cpuset and int(cpuset["version"]) == 1 else None
         self._shm = False
         self._run_s: float | None = None  # how long the job ran, once it has ended
+        # What it used of the host, once it has ended: the most memory its cgroup held at
+        # once, the CPU time of all its processes.
+        self._used: dict[str, float | int] = {}
 
     def _on_term(self, _signum: int, _frame: object) -> None:
         self.terminate_requested = True
@@ -122,6 +126,7 @@ class Supervisor:
         outcome.setdefault("ended_at", time.time())
         if self._run_s is not None:
             outcome["run_s"] = self._run_s
+        outcome.update(self._used)
         write_record(self.exit_path, outcome)
 
     def _start(self, log_fd: int) -> subprocess.Popen[bytes]:
@@ -339,6 +344,7 @@ class Supervisor:
         self._check_log()  # nothing writes any more: the final log is within the cap
         code = child.returncode
         used = self._release_job_sandbox()
+        self._used = _host_used(used)
         if used.oom_kills and not (cancelled or self.terminate_requested) and code != 0:
             # The kernel killed some of the job's processes for the service's memory (the
             # host's, not the GPU's): an end of its own, never retried (--retry-oom is for
@@ -378,6 +384,17 @@ class HostMemory:
     oom_kills: int = 0  # its processes the kernel's OOM killer stopped
     reached_limit: bool = False  # its own cap (not the service's) was reached
     peak_bytes: int | None = None
+
+
+def _host_used(used: HostMemory) -> dict[str, float | int]:
+    """The exit record's `host_peak` (bytes, where the job had a memory cgroup) and
+    `cpu_s`: the CPU time (user and system) of every process of the job, all reaped by
+    now (the supervisor is their subreaper, so orphans count too)."""
+    times = resource.getrusage(resource.RUSAGE_CHILDREN)
+    found: dict[str, float | int] = {"cpu_s": round(times.ru_utime + times.ru_stime, 3)}
+    if used.peak_bytes is not None:
+        found["host_peak"] = used.peak_bytes
+    return found
 
 
 def _exit_code(code: int) -> int:

@@ -100,13 +100,17 @@ class JobEndings:
         durable: bool = True,
         job: Job | None = None,
         run_s: float | None = None,
+        measured: Outcome | None = None,
     ) -> bool:
         """`durable=False`: the ending comes from the supervisor's exit record (Store).
 
         `job`: its row if the caller has just read it (under the lock), else it is read.
-        `run_s`: how long it ran, as its supervisor measured (Outcome.run_s).
+        `run_s`: how long it ran, as its supervisor measured (Outcome.run_s);
+        `measured`: its outcome, for what it used of the host (host_peak, cpu_s).
         """
         now = iso(self.clock())
+        if run_s is None and measured is not None:
+            run_s = measured.run_s
         job = job or self.jobs.get(job_id)
         hooks_due = bool(self.config.on_finish or job.notify)
         ended = self.jobs.mark_ended(
@@ -116,8 +120,11 @@ class JobEndings:
             now=now,
             exit_code=exit_code,
             detail=detail,
-            usage=self._final_usage(
-                job, state, reason, now, (retry, retry_refused, oom_next_mem), run_s=run_s
+            usage=_with_host_used(
+                self._final_usage(
+                    job, state, reason, now, (retry, retry_refused, oom_next_mem), run_s=run_s
+                ),
+                measured,
             ),
             timeline=self._final_timeline(job_id),
             hooks_due=hooks_due,
@@ -225,6 +232,7 @@ class JobEndings:
             oom_next_mem=mem,
             durable=durable,
             run_s=outcome.run_s,
+            measured=outcome,
         )
 
     def on_job_exit(self, job_id: int) -> None:
@@ -299,7 +307,7 @@ class JobEndings:
                 detail=detail,
                 durable=durable,
                 job=job,
-                run_s=outcome.run_s,
+                measured=outcome,
             )
             return
         if outcome.kind == OutcomeKind.SIGNAL or (
@@ -319,7 +327,7 @@ class JobEndings:
                 exit_code=outcome.exit_code,
                 durable=durable,
                 job=job,
-                run_s=outcome.run_s,
+                measured=outcome,
             )
             return
         state, reason = ENDINGS.get(outcome.kind, (JobState.LOST, EndReason.LOST))
@@ -334,7 +342,7 @@ class JobEndings:
             detail=message,
             durable=durable,
             job=job,
-            run_s=outcome.run_s,
+            measured=outcome,
         )
 
     def wait_until_ended(self, job_ids: list[int], timeout_s: float) -> None:
@@ -360,3 +368,13 @@ class JobEndings:
         return {
             i for i, state in self.jobs.states_of(job_ids).items() if state not in TERMINAL_STATES
         }
+
+
+def _with_host_used(
+    usage: dict[str, object] | None, measured: Outcome | None
+) -> dict[str, object] | None:
+    """A job's end figures with what its supervisor measured of the host, where it did."""
+    if measured is None or (measured.host_peak_bytes is None and measured.cpu_s is None):
+        return usage
+    found = {"host_peak": measured.host_peak_bytes, "cpu_s": measured.cpu_s}
+    return {**(usage or {}), **{k: v for k, v in found.items() if v is not None}}

@@ -61,6 +61,10 @@ jobs = Table(
     Column("ended_at", String, nullable=True, index=True),
     # Seconds it ran, on its supervisor's monotonic clock (revision 0019).
     Column("run_s", Float, nullable=True),
+    # What it used of the host: its memory cgroup's peak (bytes) and its processes' CPU
+    # time (seconds), from its exit record (revision 0022).
+    Column("host_peak", BigInteger, nullable=True),
+    Column("cpu_s", Float, nullable=True),
     Column("pid", Integer, nullable=True),
     Column("pid_start_time", String, nullable=True),  # guards against pid reuse
     Column("exit_code", Integer, nullable=True),

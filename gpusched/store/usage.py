@@ -35,6 +35,8 @@ USAGE_COLUMNS = frozenset(
         "shared_with",
         "sharing_speed",
         "run_s",
+        "host_peak",
+        "cpu_s",
     }
 )
 

@@ -138,3 +138,33 @@ def test_run_puts_its_command_in_the_jobs_cgroups(
     assert limit == 128 * MiB
     eventually(lambda: not list(cgroup.glob("job-*")), timeout=10)
     eventually(lambda: not list(_cpuset_root(daemon).glob("job-*")), timeout=10)
+
+
+# 100 MiB touched, then a second of CPU in a child process (its time counts too).
+HUNGRY = r"""
+import os, time
+block = bytearray(100 * 2**20)
+for i in range(0, len(block), 4096):
+    block[i] = 1
+if os.fork() == 0:
+    end = time.process_time() + 1.0
+    while time.process_time() < end:
+        pass
+    os._exit(0)
+os.wait()
+"""
+
+
+def test_a_jobs_peak_host_memory_and_cpu_time_are_recorded(
+    people: tuple[User, User],
+    capped_daemon: tuple[RunningDaemon, Path],  # noqa: F811
+) -> None:
+    user, _other = people
+    daemon, _cgroup = capped_daemon
+    sock = daemon.socket_path
+    command = ["python3", "-c", HUNGRY]
+    job = as_user(user, lambda: Client(sock).submit(command, mem="1G", cwd=user.home).to_json())
+    ended = daemon.wait_state(int(job["id"]), {"done", "failed", "lost"}, timeout=60)
+    assert ended["state"] == "done", ended
+    assert 100 * MiB <= ended["host_peak"] <= 300 * MiB, ended
+    assert 0.9 <= ended["cpu_s"] <= 10, ended
