@@ -116,6 +116,15 @@ def test_status_mine_user_and_limit_on_ended_jobs(daemon: RunningDaemon) -> None
     assert both.returncode == 2
 
 
+def test_status_json_takes_limit_for_waiting_jobs_too(fresh_daemon: RunningDaemon) -> None:
+    daemon = fresh_daemon
+    held = [daemon.submit("--hold", "--mem", "1G", "--", "true") for _ in range(3)]
+    assert [j["id"] for j in daemon.status("--limit", "2")["jobs"]] == held[:2]
+    assert [j["id"] for j in daemon.status("--limit", "2", fork=True)["jobs"]] == held[:2]
+    assert [j["id"] for j in daemon.status("--limit", "0")["jobs"]] == held
+    assert [j["id"] for j in daemon.status()["jobs"]] == held
+
+
 def test_a_sweeps_jobs_know_their_array_and_gpus_are_listed_in_order(
     daemon_factory: object, tmp_path: Path
 ) -> None:
