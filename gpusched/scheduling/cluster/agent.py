@@ -206,12 +206,15 @@ class ClusterAgent:
         nodes = self.nodes(node_rows)
         return [g for node in nodes for g in node.gpus if node.state != NODE_DOWN], nodes
 
-    def gpus_by_node(self) -> dict[str, list[GpuState]]:
-        """Each live node's GPUs as last reported (this node's as read now)."""
-        found: dict[str, list[GpuState]] = {}
+    def gpus_by_node(self) -> dict[str, list[GpuState] | None]:
+        """Each live node's GPUs as last reported (this node's as read now); None for a
+        node that joined and has not reported yet."""
+        found: dict[str, list[GpuState] | None] = {}
         for row in self.node_records.node_rows():
             if row.state != NODE_DOWN and not row.expired:
-                found[row.name] = list(NodeView.from_report(row.name, True, row.report).gpus)
+                reported = "gpus" in row.report
+                view = NodeView.from_report(row.name, True, row.report)
+                found[row.name] = list(view.gpus) if reported else None
         found[self.name] = self.reading.read_gpus()
         return found
 
