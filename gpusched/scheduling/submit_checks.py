@@ -78,3 +78,16 @@ def _check_enough_cards(
         f" can hold {format_size(mem, tabular=False)}{f' ({which})' if which else ''};"
         f" ask for fewer GPUs or less memory per GPU"
     )
+
+
+def most_per_gpu(
+    gpus_by_node: Mapping[str, Sequence[GpuState] | None], headroom_bytes: int
+) -> int | None:
+    """The largest --mem any known GPU could give a job (whole MiB), None if none known."""
+    known = [
+        capacity_bytes(g) - headroom_bytes
+        for gpus in gpus_by_node.values()
+        for g in gpus or ()
+        if g.health != GpuHealth.EXCLUDED
+    ]
+    return max(known) // 2**20 * 2**20 if known else None

@@ -35,6 +35,7 @@ from gpusched.daemon.handlers.admin import drain_json
 from gpusched.daemon.identity import Caller
 from gpusched.daemon.services import Services
 from gpusched.processes.logcap import read_log
+from gpusched.scheduling.submit_checks import most_per_gpu
 from gpusched.usage.joblog import owned_log
 
 MAX_WAIT_S = 30.0
@@ -255,11 +256,16 @@ def estimate_history(
             " once with --mem SIZE (`gpusched estimate --params ...` gives a first figure)"
         )
     peak = max(peak for _, peak, _ in runs)
+    suggested = suggest_mem(peak)
+    scheduler = services.scheduler
+    most = most_per_gpu(scheduler.placer.gpus_by_node(), scheduler.context.config.headroom_bytes)
+    if most is not None and peak <= most < suggested:  # the margin, not the peak, is too big
+        suggested = most
     return {
         "command": command,
         "jobs": [{"id": i, "peak_mem": p, "mem": m} for i, p, m in runs],
         "peak_mem": peak,
-        "suggested_mem": suggest_mem(peak),
+        "suggested_mem": suggested,
     }
 
 
