@@ -2,7 +2,7 @@
 
 The uid found for a loopback HTTP client is the client's (a real user's), never that of
 our own end of the connection (root's), for IPv4, IPv6 and IPv4 on a dual-stack
-listener; a tuple that names no socket is no answer.
+listener; a tuple that names no socket is no answer; the /proc/net/tcp fallback agrees.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gpusched.daemon.sock_diag import Endpoint, socket_owner
+from gpusched.daemon.tcp_peers import local_peer_uid, table_peer_uid
 from tests.security.attackers import attacking
 from tests.users import User
 
@@ -66,6 +67,8 @@ def test_the_uid_is_the_client_sockets_owner_for_each_family(
                     own = socket_owner(ours, peer)  # the other end: ours, root's
                     assert own is not None
                     assert own.inode == os.fstat(conn.fileno()).st_ino
+                    assert local_peer_uid(conn) == mallory.uid
+                    assert table_peer_uid(conn) == mallory.uid  # the fallback agrees
                     assert socket_owner(Endpoint(peer.address, ours.port), ours) is None
     finally:
         for sock in listeners:
