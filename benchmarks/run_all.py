@@ -34,6 +34,7 @@ BENCHMARKS = (
     "scheduling_pass",
     "status_queue",
     "dashboard",
+    "http_peers",
     "database",
     "timeline_storage",
     "cluster",
