@@ -3,7 +3,9 @@
 Reading /proc/net/tcp* costs a walk of every socket on the machine, in the accept loop:
 anyone holding thousands of idle loopback connections (none to gpusched) slowed every
 other user's scrape past a second. The daemon asks the kernel for the one client
-socket instead (NETLINK_SOCK_DIAG, sock_diag.py; test_sock_diag.py checks its answers).
+socket instead (NETLINK_SOCK_DIAG, sock_diag.py; test_sock_diag.py checks its answers),
+and reads the tables only where the kernel does not answer: strace watches the daemon's
+calls, and injects the failure of its socket() calls for that case.
 """
 
 from __future__ import annotations
@@ -17,11 +19,12 @@ import subprocess
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.daemon_harness import RunningDaemon, eventually
-from tests.security.attackers import free_port
+from tests.security.attackers import _settled_count, attacking, free_port
 from tests.users import User, as_user
 
 SCRAPES = 12
@@ -52,6 +55,30 @@ def _scrape(port: int, source: str) -> str:
     return data.decode("latin-1").split("\r\n", 1)[0]
 
 
+def _strace_while(pid: int, argv: list[str], scrapes: Callable[[], None]) -> str:
+    """Run `strace -f ARGV -p PID` on every thread of the daemon while scrapes() runs;
+    its trace."""
+    with tempfile.NamedTemporaryFile(prefix="gpusched-strace-", suffix=".txt") as out:
+        command = ["strace", "-f", "-qq", *argv, "-o", out.name, "-p", str(pid)]
+        tracer = subprocess.Popen(command, stderr=subprocess.PIPE)
+        try:
+            eventually(lambda: _traced(pid), 20)
+            scrapes()
+        finally:
+            tracer.send_signal(signal.SIGINT)  # detaches: the daemon runs on
+            tracer.communicate(timeout=30)
+        return Path(out.name).read_text()
+
+
+def _scrapes(port: int, users: tuple[User, User], count: int) -> Callable[[], None]:
+    def scrape_all() -> None:
+        for n in range(count):
+            line = as_user(users[n % 2], functools.partial(_scrape, port, f"127.0.0.{2 + n}"))
+            assert line.startswith("HTTP/1.0 200"), line
+
+    return scrape_all
+
+
 def test_the_accept_path_reads_no_socket_table_per_connection(
     people: tuple[User, User], root_daemon: Callable[..., RunningDaemon]
 ) -> None:
@@ -60,26 +87,54 @@ def test_the_accept_path_reads_no_socket_table_per_connection(
     shows the uids it finds instead still cap each user)."""
     if shutil.which("strace") is None:
         pytest.skip("needs strace")
-    mallory, victim = people
     port = free_port()
     daemon = root_daemon(metrics=f"127.0.0.1:{port}")
     assert daemon.process is not None
-    pid = daemon.process.pid
-    with tempfile.NamedTemporaryFile(prefix="gpusched-strace-", suffix=".txt") as out:
-        argv = ["strace", "-f", "-qq", "-e", "trace=open,openat,accept,accept4", "-o", out.name]
-        tracer = subprocess.Popen([*argv, "-p", str(pid)], stderr=subprocess.PIPE)
-        try:
-            eventually(lambda: _traced(pid), 20)
-            for n in range(SCRAPES):
-                user = victim if n % 2 else mallory
-                line = as_user(user, functools.partial(_scrape, port, f"127.0.0.{2 + n}"))
-                assert line.startswith("HTTP/1.0 200"), (line, daemon.stderr())
-        finally:
-            tracer.send_signal(signal.SIGINT)  # detaches: the daemon runs on
-            tracer.communicate(timeout=30)
-        trace = Path(out.name).read_text()
+    argv = ["-e", "trace=open,openat,accept,accept4"]
+    trace = _strace_while(daemon.process.pid, argv, _scrapes(port, people, SCRAPES))
     accepted = [line for line in trace.splitlines() if " accept" in line and "= -1" not in line]
     assert len(accepted) >= SCRAPES, trace[-2000:]  # strace saw the accept loop
     tables = [line for line in trace.splitlines() if "/proc/net/tcp" in line]
     assert tables == [], f"{len(tables)} socket-table opens for {SCRAPES} connections"
     assert daemon.process.poll() is None
+
+
+def test_without_sock_diag_the_tables_are_read_and_that_is_said_once(
+    people: tuple[User, User], root_daemon: Callable[..., RunningDaemon]
+) -> None:
+    """Every socket() of the daemon fails (EAFNOSUPPORT, injected by strace) from before
+    its first HTTP connection: the uids come from /proc/net/tcp, one user on many
+    loopback addresses is still one user, and the log says so once."""
+    if shutil.which("strace") is None:
+        pytest.skip("needs strace")
+    mallory, victim = people
+    port = free_port()
+    daemon = root_daemon(metrics=f"127.0.0.1:{port}")
+    assert daemon.process is not None
+    argv = ["-e", "trace=socket,open,openat", "-e", "inject=socket:error=EAFNOSUPPORT"]
+    trace = _strace_while(daemon.process.pid, argv, _scrapes(port, people, 4))
+    assert "AF_NETLINK" in trace, trace[-2000:]
+    assert "/proc/net/tcp" in trace
+    with attacking(mallory, _hold_from(port, [f"127.0.0.{n}" for n in range(2, 8)])) as report:
+        assert report()["held"] <= 4  # a uid's share, found in the table
+        assert _scrape(port, "127.0.0.1").startswith("HTTP/1.0 200")
+    said = daemon.stderr().count("NETLINK_SOCK_DIAG) do not answer")
+    assert said == 1, daemon.stderr()[-3000:]
+    assert as_user(victim, functools.partial(_scrape, port, "127.0.0.9")).startswith("HTTP/1.0 200")
+
+
+def _hold_from(port: int, sources: list[str]) -> Callable[[], dict[str, Any]]:
+    """Connect twice from every source address; hold what is not refused."""
+    kept: list[socket.socket] = []
+
+    def attack() -> dict[str, Any]:
+        for source in sources:
+            for _ in range(2):
+                conn = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                conn.settimeout(2)
+                conn.bind((source, 0))
+                conn.connect(("127.0.0.1", port))
+                kept.append(conn)
+        return {"held": _settled_count(kept)}
+
+    return attack
