@@ -112,9 +112,15 @@ class _Netlink:
             try:
                 own = socket_owner(ours, peer)
                 why = "no answer for a socket of ours" if own is None else "a wrong answer"
-                self.works = own is not None and own.inode == os.fstat(conn.fileno()).st_ino
+                right = own is not None and own.inode == os.fstat(conn.fileno()).st_ino
+                if not right:
+                    # A client that reset the connection leaves our end out of the
+                    # kernel's table: that shows nothing of the kernel (and must not
+                    # let anyone turn the lookup off for good).
+                    conn.getpeername()
+                self.works = right
             except (OSError, TimeoutError) as exc:
-                if isinstance(exc, TimeoutError) or exc.errno in _PASSING:
+                if isinstance(exc, TimeoutError) or exc.errno in _PASSING | {errno.ENOTCONN}:
                     return None
                 why = str(exc)
                 self.works = False

@@ -15,6 +15,7 @@ import os
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import tempfile
 from collections.abc import Callable
@@ -55,9 +56,9 @@ def _scrape(port: int, source: str) -> str:
     return data.decode("latin-1").split("\r\n", 1)[0]
 
 
-def _strace_while(pid: int, argv: list[str], scrapes: Callable[[], None]) -> str:
-    """Run `strace -f ARGV -p PID` on every thread of the daemon while scrapes() runs;
-    its trace."""
+def _strace_while(pid: int, argv: list[str], scrapes: Callable[[Path], None]) -> str:
+    """Run `strace -f ARGV -p PID` on every thread of the daemon while scrapes(the
+    trace's file) runs; the trace."""
     with tempfile.NamedTemporaryFile(prefix="gpusched-strace-", suffix=".txt") as out:
         command = ["strace", "-f", "-qq", *argv, "-o", out.name, "-p", str(pid)]
         tracer = subprocess.Popen(command, stderr=subprocess.PIPE)
@@ -65,15 +66,15 @@ def _strace_while(pid: int, argv: list[str], scrapes: Callable[[], None]) -> str
             eventually(lambda: tracer.poll() is not None or _traced(pid), 20)
             if tracer.poll() is not None:  # no ptrace here (a container without it)
                 pytest.skip(f"strace cannot attach: {tracer.communicate()[1].decode()[-300:]}")
-            scrapes()
+            scrapes(Path(out.name))
         finally:
             tracer.send_signal(signal.SIGINT)  # detaches: the daemon runs on
             tracer.communicate(timeout=30)
         return Path(out.name).read_text()
 
 
-def _scrapes(port: int, users: tuple[User, User], count: int) -> Callable[[], None]:
-    def scrape_all() -> None:
+def _scrapes(port: int, users: tuple[User, User], count: int) -> Callable[[Path], None]:
+    def scrape_all(_trace: Path) -> None:
         for n in range(count):
             line = as_user(users[n % 2], functools.partial(_scrape, port, f"127.0.0.{2 + n}"))
             assert line.startswith("HTTP/1.0 200"), line
@@ -140,3 +141,32 @@ def _hold_from(port: int, sources: list[str]) -> Callable[[], dict[str, Any]]:
         return {"held": _settled_count(kept)}
 
     return attack
+
+
+def test_a_client_that_resets_first_does_not_turn_the_lookup_off(
+    root_daemon: Callable[..., RunningDaemon],
+) -> None:
+    """The first connection's check asks for our own end of it: a client that resets the
+    connection meanwhile (strace holds the daemon's first socket() for a second) takes
+    our end out of the kernel's table, which says nothing of the kernel; the next
+    connection is checked again, and no table is read."""
+    if shutil.which("strace") is None:
+        pytest.skip("needs strace")
+    port = free_port()
+    daemon = root_daemon(metrics=f"127.0.0.1:{port}")
+    assert daemon.process is not None
+
+    def reset_then_scrape(trace: Path) -> None:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as conn:
+            conn.connect(("127.0.0.1", port))
+            eventually(lambda: "socket(AF_NETLINK" in trace.read_text(), 20)  # held there
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        # The accept loop takes these once the first connection's check has ended.
+        for _ in range(3):
+            assert _scrape(port, "127.0.0.3").startswith("HTTP/1.0 200")
+
+    argv = ["-e", "trace=socket,open,openat", "-e", "inject=socket:delay_enter=1000000:when=1"]
+    trace = _strace_while(daemon.process.pid, argv, reset_then_scrape)
+    assert "(DELAYED)" in trace, trace[-2000:]
+    assert "/proc/net/tcp" not in trace, trace[-2000:]
+    assert "NETLINK_SOCK_DIAG) do not answer" not in daemon.stderr()
