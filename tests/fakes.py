@@ -74,7 +74,14 @@ class FakeLauncher:
         return self.log_dir / f"{job_id}.log"
 
     def start(
-        self, job: Job, env: dict[str, str], umask: int, gid: int, exec_by: float | None = None
+        self,
+        job: Job,
+        env: dict[str, str],
+        umask: int,
+        gid: int,
+        *,
+        exec_by: float | None = None,
+        deny_devices: Sequence[str] = (),
     ) -> Started:
         self.exec_by[job.id] = exec_by
         if job.id in self.refuse:

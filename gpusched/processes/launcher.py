@@ -25,7 +25,7 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,7 @@ import psutil
 
 from gpusched.config.holder import ConfigHolder
 from gpusched.core.models import Job
-from gpusched.processes import cgroups
+from gpusched.processes import cgroups, devices
 from gpusched.processes.durable import is_blank, reserve_record, write_json_atomically
 from gpusched.processes.exit_watcher import ExitWatcher
 from gpusched.processes.launching import Outcome, OutcomeKind, Started, StartError, start_error
@@ -120,6 +120,7 @@ class Launcher:
         self._service: cgroups.MemoryCgroup | None = None  # jobs' cgroups go under it
         self._warmer: MoveWarmer | None = None  # with job cgroups: their moves' lock
         self._jobs_budget = 0  # with job cgroups: the memory their caps divide
+        self._devices: Path | None = None  # jobs' devices cgroups go under it (v1)
 
     def protect(self) -> None:
         """At the daemon's start (as root): protect it from the OOM killer (the zygote and
@@ -143,6 +144,14 @@ class Launcher:
                 self._jobs_budget = int(cgroups.memory_budget(self._service) * JOBS_MEMORY_SHARE)
             except (OSError, ValueError) as exc:
                 log.warning("cannot read the service's memory limit (%s): jobs uncapped", exc)
+        self._devices = devices.prepare_service()
+        if self._devices is None:
+            why = devices.fencing_unavailable() or (
+                "the devices cgroup is not the daemon's alone: a job's GPUs are not fenced"
+            )
+            log.warning("%s; a job that ignores CUDA_VISIBLE_DEVICES can open every card", why)
+        else:
+            log.info("GPUs fenced per job: devices cgroups in %s/job-ID", self._devices)
 
     def host_mem_limit(self, job: Job) -> int | None:
         """The cap on a job's host memory (its cgroup's): its owner's `limits` `host_mem`,
@@ -262,9 +271,17 @@ class Launcher:
         return self.log_dir / f"{job_id}.log"
 
     def start(
-        self, job: Job, env: dict[str, str], umask: int, gid: int, exec_by: float | None = None
+        self,
+        job: Job,
+        env: dict[str, str],
+        umask: int,
+        gid: int,
+        *,
+        exec_by: float | None = None,
+        deny_devices: Sequence[str] = (),
     ) -> Started:
-        """Hand the job to a new supervisor. Raises StartError with a message for the owner."""
+        """Hand the job to a new supervisor. Raises StartError with a message for the owner.
+        `deny_devices`: the other cards' device rules (gpusched.processes.devices)."""
         if self._warmer is not None:  # its supervisor's cgroup move waits less
             self._warmer.warm()
         try:
@@ -307,6 +324,9 @@ class Launcher:
                 "limit": self.host_mem_limit(job),
             },
             "private_shm": os.geteuid() == 0,
+            "devices": None
+            if self._devices is None or not deny_devices
+            else {"path": str(self._devices / f"job-{job.id}"), "deny": list(deny_devices)},
             "exec_by": exec_by,  # CLOCK_MONOTONIC: no exec past it (a cluster's fence)
         }
         spec_path = job_dir / "spec.json"

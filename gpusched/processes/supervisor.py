@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from gpusched.core.units import format_duration, format_size
-from gpusched.processes import cgroups, shm, treekill
+from gpusched.processes import cgroups, devices, shm, treekill
 from gpusched.processes.credentials import (
     DirectoryRefused,
     in_owners_directory,
@@ -108,6 +108,9 @@ class Supervisor:
             cgroups.MemoryCgroup(Path(cgroup["path"]), int(cgroup["version"])) if cgroup else None
         )
         self.host_mem_limit: int | None = cgroup.get("limit") if cgroup else None
+        fence = spec.get("devices")  # its devices cgroup and the other cards' nodes to deny
+        self.devices = Path(fence["path"]) if fence else None
+        self._deny: list[str] = fence["deny"] if fence else []
         self._shm = False
         self._run_s: float | None = None  # how long the job ran, once it has ended
 
@@ -190,12 +193,25 @@ class Supervisor:
             except OSError as exc:
                 print(f"gpusched supervisor: shared /dev/shm: {exc}", file=sys.stderr)
 
+    def _fence_devices(self) -> None:
+        """The job's devices cgroup, denying the other cards: a job that would run with
+        every card open is not started (FenceError)."""
+        if self.devices is None:
+            return
+        try:
+            devices.make_job_cgroup(self.devices, self._deny)
+        except OSError as exc:
+            self.devices = None
+            raise FenceError(f"cannot fence off the GPUs it was not given: {exc}") from exc
+
     def _release_job_sandbox(self) -> HostMemory:
         """Once no process of the job is left: free its /dev/shm and SysV segments, read
         what its cgroup counted, remove the cgroup."""
         if self._shm:
             shm.release_shm()
             self._shm = False
+        if self.devices is not None:
+            devices.remove_job_cgroup(self.devices)
         if self.cgroup is None:
             return HostMemory()
         used = HostMemory(
@@ -287,7 +303,8 @@ class Supervisor:
             )
             return 1
         try:
-            with cgroups.job_fork(self.cgroup):
+            self._fence_devices()
+            with cgroups.job_fork(self.cgroup), devices.job_fork(self.devices):
                 self.child = self._start(log_fd)
             cgroups.raise_job_scores(self._job_pids)
         except (OSError, subprocess.SubprocessError, ValueError, DirectoryRefused) as exc:
@@ -365,6 +382,10 @@ class Supervisor:
         return 0
 
 
+class FenceError(OSError):
+    """The job's devices cgroup could not be made: it is not started."""
+
+
 @dataclass(frozen=True)
 class HostMemory:
     """What a job's cgroup counted by its end."""
@@ -395,6 +416,8 @@ def _start_error(exc: BaseException, spec: dict[str, Any]) -> str:
         # Entered as the owner; one message whatever the reason, and nothing checked here
         # as root, so a failure tells the owner no more about a path than their own `cd`.
         return f"working directory {spec['cwd']} does not exist or you cannot enter it"
+    if isinstance(exc, FenceError):
+        return str(exc)
     if isinstance(exc, FileNotFoundError):
         return f"command not found: {argv0}"
     if isinstance(exc, PermissionError):

@@ -17,6 +17,7 @@ import logging
 
 from gpusched.core.models import EndReason, GpuState, Job, JobState
 from gpusched.core.sanitize import command_for_log, quoted
+from gpusched.processes.devices import deny_rules
 from gpusched.processes.environment import job_environment
 from gpusched.processes.launching import Started, StartError
 from gpusched.processes.output import job_log_path
@@ -108,7 +109,8 @@ class JobStarter:
             return False
         self.monitor.started(job_id)  # before: its end (even a failed start) forgets it
         gid = info.gid if local_gid is None else local_gid
-        started = self._start_process(job, env, info, gid, deadline)
+        fence = self._fence(uuids)
+        started = self._start_process(job, env, info, gid, deadline, fence=fence)
         if started is None:
             return False
         claim.launched(job_id, started.pid, started.start_time)
@@ -137,14 +139,24 @@ class JobStarter:
         )
 
     def _start_process(
-        self, job: Job, env: dict[str, str], info: LaunchInfo, gid: int, deadline: float | None
+        self,
+        job: Job,
+        env: dict[str, str],
+        info: LaunchInfo,
+        gid: int,
+        deadline: float | None,
+        *,
+        fence: list[str],
     ) -> Started | None:
-        """The job's supervisor, started as `gid`; None if it could not start (the job
-        queued again when the failure is transient, else ended)."""
+        """The job's supervisor, started as `gid` and fenced off the cards in `fence`;
+        None if it could not start (the job queued again when the failure is transient,
+        else ended)."""
         job_id = job.id
         try:
             # The supervisor checks the deadline again right before exec (same CLOCK_MONOTONIC).
-            return self.launcher.start(job, env, info.umask, gid, exec_by=deadline)
+            return self.launcher.start(
+                job, env, info.umask, gid, exec_by=deadline, deny_devices=fence
+            )
         except StartError as exc:
             # Out of files, memory or tasks for now: the job keeps its place in the queue
             # and the next pass tries again (said once a minute, not once a pass).
@@ -154,6 +166,13 @@ class JobStarter:
             log.warning("job %s failed to start: %s", job_id, quoted(str(exc), 500))
             self.endings.end(job_id, JobState.FAILED, EndReason.FAILED_TO_START, detail=str(exc))
             return None
+
+    def _fence(self, uuids: list[str]) -> list[str]:
+        """The device rules that keep a job on `uuids` off every other card: their minor
+        numbers, from a probe that reads them (`device_minors` is optional: NVML's)."""
+        read = getattr(self.probe, "device_minors", None)
+        minors: dict[str, int] = read() if read is not None else {}
+        return deny_rules(m for uuid, m in minors.items() if uuid not in uuids)
 
     def _past(self, deadline: float | None) -> bool:
         return deadline is not None and self.clock.monotonic() >= deadline
