@@ -167,6 +167,24 @@ def _served_gpus_check(ctx: _Context) -> Check:
     return Check("gpus", OK, message)
 
 
+def _devices_check(ctx: _Context) -> Check:
+    """Whether a job is kept off the cards it was not given (gpusched.processes.devices)."""
+    if ctx.config.simulate:
+        return Check("devices", SKIP, "simulated GPUs have no device nodes: nothing to fence")
+    from gpusched.processes.devices import fencing_unavailable
+
+    why = fencing_unavailable()
+    if why is not None:
+        return Check(
+            "devices",
+            WARN,
+            f"{why}: a job that ignores CUDA_VISIBLE_DEVICES can open every card",
+            "boot with cgroup v1's devices controller to fence cards"
+            " (docs/operations.md, Security model)",
+        )
+    return Check("devices", OK, "cgroup v1 devices controller: each job can open only its own GPUs")
+
+
 def _daemon_check(ctx: _Context) -> Check:
     from gpusched.client import Client
 
@@ -320,6 +338,7 @@ def run_checks(
         lambda: _config_check(ctx),
         lambda: _daemon_check(ctx),  # before the cards: whose daemon decides what to check
         lambda: _served_gpus_check(ctx) if ctx.served else _gpus_check(ctx),
+        lambda: _devices_check(ctx),
         lambda: _writable_check("state_dir", ctx.config.state_dir, ctx),
         lambda: _writable_check("log_dir", ctx.config.log_dir, ctx),
         lambda: _database_check(ctx),
