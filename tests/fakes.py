@@ -69,6 +69,7 @@ class FakeLauncher:
         self.busy: set[int] = set()  # job ids whose next start fails for now (transient)
         self.started: list[int] = []
         self.exec_by: dict[int, float | None] = {}  # job id -> the deadline it was given
+        self.fences_devices = False  # no devices cgroups: CUDA numbers every card
 
     def log_path(self, job_id: int) -> Path:
         return self.log_dir / f"{job_id}.log"

@@ -153,6 +153,11 @@ class Launcher:
         else:
             log.info("GPUs fenced per job: devices cgroups in %s/job-ID", self._devices)
 
+    @property
+    def fences_devices(self) -> bool:
+        """Whether jobs get a devices cgroup (v1, the daemon's own: see `protect`)."""
+        return self._devices is not None
+
     def host_mem_limit(self, job: Job) -> int | None:
         """The cap on a job's host memory (its cgroup's): its owner's `limits` `host_mem`,
         else its GPUs' share of what the jobs may use in all (the service's memory less

@@ -91,6 +91,12 @@ class JobLauncher(Protocol):
 
     def log_path(self, job_id: int) -> Path: ...
 
+    @property
+    def fences_devices(self) -> bool:
+        """Whether a job started now is kept off the cards it was not given
+        (gpusched.processes.devices): CUDA then numbers only the job's own cards."""
+        ...
+
     def start(
         self,
         job: Job,

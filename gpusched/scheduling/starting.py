@@ -94,7 +94,8 @@ class JobStarter:
         uuids = [g.uuid for g in gpus]
         if job.interactive:
             return self._place_interactive(job, info, indices, uuids, claim)
-        env = self._environment(job, info, gpus)
+        fence = self._fence(uuids)
+        env = self._environment(job, info, gpus, fenced=bool(fence))
         # Mark running *before* starting: if the daemon dies in between, a restart finds
         # a running row with no pid and looks for its supervisor, so nothing starts twice.
         log_path = job_log_path(job, str(self.launcher.log_path(job_id)))  # --output
@@ -109,7 +110,6 @@ class JobStarter:
             return False
         self.monitor.started(job_id)  # before: its end (even a failed start) forgets it
         gid = info.gid if local_gid is None else local_gid
-        fence = self._fence(uuids)
         started = self._start_process(job, env, info, gid, deadline, fence=fence)
         if started is None:
             return False
@@ -128,13 +128,20 @@ class JobStarter:
         )
         return True
 
-    def _environment(self, job: Job, info: LaunchInfo, gpus: list[GpuState]) -> dict[str, str]:
+    def _environment(
+        self, job: Job, info: LaunchInfo, gpus: list[GpuState], *, fenced: bool
+    ) -> dict[str, str]:
+        """The job's environment. A job fenced off the other cards gets its cards' UUIDs in
+        CUDA_VISIBLE_DEVICES whatever `visible_devices` says: CUDA may then number only the
+        cards the job can open (under Slurm's ConstrainDevices a job's devices count from
+        0), so an NVML index could name another card or none; a UUID names the same card."""
+        fenced = fenced and self.launcher.fences_devices
         return job_environment(
             job,
             info.env,
             [g.index for g in gpus],
             [g.uuid for g in gpus],
-            self._config.current.visible_devices,
+            "uuid" if fenced else self._config.current.visible_devices,
             gpu_totals=[g.total_bytes for g in gpus],
         )
 

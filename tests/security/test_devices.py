@@ -29,10 +29,11 @@ MINORS = (5, 2)
 NVIDIA_MAJOR = 195
 CONTROL_MINOR = 255  # /dev/nvidiactl, which every CUDA program needs
 
-# Opens each node named on its command line, printing {name: errno name or "opened"}.
+# Opens each node named on its command line, printing {name: errno name or "opened"} and
+# the CUDA_VISIBLE_DEVICES it was given.
 OPEN_ALL = r"""
 import errno, json, os, sys
-seen = {}
+seen = {"CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES")}
 for path in sys.argv[1:]:
     try:
         os.close(os.open(path, os.O_RDWR))
@@ -92,6 +93,8 @@ def test_a_job_gets_eperm_on_the_other_cards_node_and_not_on_its_own(
     # No driver behind the nodes: let through, the open finds nothing there (ENXIO).
     assert opened[f"nvidia-minor{own}"] != "EPERM", opened
     assert opened["nvidiactl"] != "EPERM", opened
+    # CUDA may number only the cards the job can open: the UUID names its card either way.
+    assert opened["CUDA_VISIBLE_DEVICES"] == ran["job"]["gpu_uuids"][0]
     # The job's devices cgroup went with its end.
     service = next(c for c in daemon.limits.cgroups if (c / "devices.deny").exists())  # type: ignore[attr-defined]
     eventually(lambda: not (service / f"job-{ran['job']['id']}").exists(), 10)
@@ -110,6 +113,7 @@ def test_a_job_given_every_card_is_denied_none(
     paths = [_node(nodes, f"nvidia-minor{m}", m) for m in MINORS]
     opened = _open_as(daemon, mallory, paths, gpus=2)["opened"]
     assert "EPERM" not in opened.values(), opened
+    assert opened["CUDA_VISIBLE_DEVICES"] == "0,1"  # unfenced: NVML's indices, as before
 
 
 @pytest.mark.skipif(
