@@ -126,3 +126,27 @@ def test_on_cgroup_v2_the_daemon_says_cards_are_not_fenced(
 ) -> None:
     daemon = root_daemon()
     assert "cgroup v2: a job's GPUs are not fenced" in daemon.stderr()
+
+
+@on_v1
+def test_a_restarted_daemon_fences_the_next_job_too(
+    people: tuple[User, User],
+    root_daemon: Callable[..., RunningDaemon],
+    fake_nvml: FakeNvml,
+) -> None:
+    """A restart finds the supervisors of running jobs in SERVICE/daemon, not beside it in
+    SERVICE, so its devices cgroup is still its own and the next job is fenced."""
+    mallory, _victim = people
+    daemon = _fenced_daemon(root_daemon, fake_nvml)
+    socket_path = daemon.socket_path
+    running = int(as_user(mallory, lambda: Client(socket_path).submit(["sleep", "60"], gpus=1).id))
+    daemon.wait_state(running, {"running"})
+    daemon.stop()
+    daemon.start()
+    nodes = daemon.root / "nodes"
+    nodes.mkdir(mode=0o755)
+    paths = [_node(nodes, f"nvidia-minor{m}", m) for m in MINORS]
+    ran = _open_as(daemon, mallory, paths)
+    [given] = ran["job"]["gpu_indices"]
+    assert ran["opened"][f"nvidia-minor{MINORS[1 - given]}"] == "EPERM", ran["opened"]
+    assert ran["opened"][f"nvidia-minor{MINORS[given]}"] != "EPERM", ran["opened"]
