@@ -116,17 +116,21 @@ def prepare_service() -> Path | None:
     return None if service is None else service.path
 
 
+class FenceError(OSError):
+    """A job's devices cgroup could not be made: the job is not started."""
+
+
 def make_job_cgroup(path: Path, rules: Iterable[str]) -> None:
-    """Create a job's devices cgroup and write its deny rules; raises OSError (the cgroup
-    removed again) where any rule is refused: a job is never started half fenced."""
-    path.mkdir(exist_ok=True)
+    """Create a job's devices cgroup and write its deny rules; FenceError (the cgroup
+    removed again) where any step is refused: a job is never started half fenced."""
     try:
+        path.mkdir(exist_ok=True)
         for rule in rules:
             (path / "devices.deny").write_text(rule)
-    except OSError:
+    except OSError as exc:
         with contextlib.suppress(OSError):
             path.rmdir()
-        raise
+        raise FenceError(f"cannot fence off the GPUs it was not given: {exc}") from exc
 
 
 @contextlib.contextmanager

@@ -193,17 +193,6 @@ class Supervisor:
             except OSError as exc:
                 print(f"gpusched supervisor: shared /dev/shm: {exc}", file=sys.stderr)
 
-    def _fence_devices(self) -> None:
-        """The job's devices cgroup, denying the other cards: a job that would run with
-        every card open is not started (FenceError)."""
-        if self.devices is None:
-            return
-        try:
-            devices.make_job_cgroup(self.devices, self._deny)
-        except OSError as exc:
-            self.devices = None
-            raise FenceError(f"cannot fence off the GPUs it was not given: {exc}") from exc
-
     def _release_job_sandbox(self) -> HostMemory:
         """Once no process of the job is left: free its /dev/shm and SysV segments, read
         what its cgroup counted, remove the cgroup."""
@@ -303,7 +292,8 @@ class Supervisor:
             )
             return 1
         try:
-            self._fence_devices()
+            if self.devices is not None:  # never started with every card open (FenceError)
+                devices.make_job_cgroup(self.devices, self._deny)
             with cgroups.job_fork(self.cgroup), devices.job_fork(self.devices):
                 self.child = self._start(log_fd)
             cgroups.raise_job_scores(self._job_pids)
@@ -382,10 +372,6 @@ class Supervisor:
         return 0
 
 
-class FenceError(OSError):
-    """The job's devices cgroup could not be made: it is not started."""
-
-
 @dataclass(frozen=True)
 class HostMemory:
     """What a job's cgroup counted by its end."""
@@ -416,7 +402,7 @@ def _start_error(exc: BaseException, spec: dict[str, Any]) -> str:
         # Entered as the owner; one message whatever the reason, and nothing checked here
         # as root, so a failure tells the owner no more about a path than their own `cd`.
         return f"working directory {spec['cwd']} does not exist or you cannot enter it"
-    if isinstance(exc, FenceError):
+    if isinstance(exc, devices.FenceError):
         return str(exc)
     if isinstance(exc, FileNotFoundError):
         return f"command not found: {argv0}"
