@@ -265,8 +265,9 @@ def completion(shell: str) -> None:
 @click.pass_context
 def doctor(ctx: click.Context, as_json: bool) -> None:
     """Check what usually goes wrong on a new server, with a fix for each problem:
-    config valid, NVIDIA driver readable (NVML), daemon answering on its socket (and
-    whose it is), state and log directories writable, systemd service active.
+    config valid, NVIDIA driver readable (NVML), jobs kept off the cards they were not
+    given (cgroup v1's devices controller), daemon answering on its socket (and whose it
+    is), state and log directories writable, systemd service active.
     Exits 1 if any check fails.
 
     \b
