@@ -277,6 +277,7 @@ def _database_check(ctx: _Context) -> Check:
     return _writable_check("database", Path(url.removeprefix("sqlite:///")).parent, ctx)
 
 
+SERVED_DEVICES = Check("devices", SKIP, "the daemon's to fence, checked by its administrator")
 SERVED_SYSTEMD = Check("systemd", SKIP, "the service is its administrator's; its daemon answers")
 
 
@@ -338,7 +339,7 @@ def run_checks(
         lambda: _config_check(ctx),
         lambda: _daemon_check(ctx),  # before the cards: whose daemon decides what to check
         lambda: _served_gpus_check(ctx) if ctx.served else _gpus_check(ctx),
-        lambda: _devices_check(ctx),
+        lambda: SERVED_DEVICES if ctx.served else _devices_check(ctx),
         lambda: _writable_check("state_dir", ctx.config.state_dir, ctx),
         lambda: _writable_check("log_dir", ctx.config.log_dir, ctx),
         lambda: _database_check(ctx),

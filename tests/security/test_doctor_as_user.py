@@ -30,7 +30,7 @@ def test_a_user_of_a_root_daemon_is_told_what_is_theirs(
     assert checks["daemon"]["status"] == "ok", checks["daemon"]
     assert checks["gpus"]["status"] == "ok", checks["gpus"]
     assert checks["gpus"]["message"].startswith("the daemon reads 3 GPU(s)"), checks["gpus"]
-    for name in ("state_dir", "log_dir", "database"):
+    for name in ("devices", "state_dir", "log_dir", "database"):
         assert checks[name]["status"] == "skip", checks[name]
     told = [c["fix"] for c in checks.values() if c["fix"]]
     assert not [fix for fix in told if "sudo" in fix], told
