@@ -129,6 +129,18 @@ def test_install_is_a_venv_every_user_can_read(installed: Install) -> None:
 
 
 @pytest.mark.install
+def test_the_install_leaves_the_checkout_as_it_was(installed: Install) -> None:
+    """Nothing built in the checkout: root-owned gpusched.egg-info or build/ there would
+    stop an ordinary user's later `pip install /path/to/gpusched` ("Permission denied")."""
+    left = [
+        p.name
+        for p in installed.checkout.iterdir()
+        if p.name.endswith(".egg-info") or p.name in ("build", "dist")
+    ]
+    assert left == []
+
+
+@pytest.mark.install
 def test_a_user_runs_the_installed_cli_against_the_installed_daemon(
     installed: Install, installed_daemon: RunningDaemon, lab_user: User
 ) -> None:
