@@ -2,10 +2,11 @@
 
 docs/operations.md installs with `sudo scripts/install.sh`: a venv made by the
 distribution's `/usr/bin/python3` (Debian 12 and Ubuntu 23.04+ refuse `sudo pip install .`,
-PEP 668), the package installed into it from the checkout, and a link on every user's
-PATH. Here the same script installs into a scratch prefix (standing for /opt/gpusched) and
-a scratch bin directory (for /usr/local/bin), under an administrator's umask of 077; then a
-throw-away user runs that install's `gpusched` against a daemon started from it.
+PEP 668), the package installed into it from a wheel built from a copy of the checkout
+(left for users in PREFIX/share/wheels), and a link on every user's PATH. Here the same
+script installs into a scratch prefix (standing for /opt/gpusched) and a scratch bin
+directory (for /usr/local/bin), under an administrator's umask of 077; then a throw-away
+user runs that install's `gpusched` against a daemon started from it.
 
 The install test fetches the dependencies from PyPI (about a minute): marked `install`, so
 a developer may skip it with `-m "not install"`; CI runs it. It needs root (users, and a
