@@ -24,6 +24,7 @@ import pytest
 from sqlalchemy import event
 
 from gpusched.core.models import GpuState, JobState
+from gpusched.processes.launching import Outcome, OutcomeKind
 from tests.fakes import GiB
 from tests.world import World, make_cluster
 
@@ -136,3 +137,35 @@ def test_a_requeued_run_that_ended_while_its_node_was_away_is_the_job_s_end(
     assert a.job(job) == ended
     (first,) = a.scheduler.store.attempts.earlier_runs([job])[job]
     assert first["node"] == "b" and first["outcome"].endswith("; then exited 0")
+
+
+def test_an_earlier_run_s_exit_heard_late_does_not_end_the_run_that_goes_on(
+    tmp_path: Path,
+) -> None:
+    """The first run's supervisor died without an exit record while b was frozen: that
+    run's end is unknown, so the job runs again, here. The watcher's report of that first
+    exit, heard only once the second run has started, is not the second run's end (before:
+    the second run ended `lost` while it went on, its card no longer counting it)."""
+    a, b = _pair(tmp_path)
+    job = a.submit(20 * GiB, allowed_nodes=("b",), requeue=1)
+    a.tick()
+    b.tick()
+    b.launcher.on_exit = lambda _job_id: None
+    _until(lambda: a.state(job) == JobState.QUEUED, a)
+    heard: list[int] = []
+    b.launcher.on_exit = heard.append
+    b.finish(job, Outcome(OutcomeKind.LOST, message="no exit record"))
+    b.tick()  # back and rejoined: no record to end the job with, so it stays queued
+    b.launcher.on_exit = b.scheduler.endings.on_job_exit
+    _until(lambda: a.state(job) == JobState.RUNNING, a, b)
+    assert b.launcher.started.count(job) == 2
+    for job_id in heard:
+        b.scheduler.endings.on_job_exit(job_id)
+    assert a.state(job) == JobState.RUNNING
+    beside = a.submit(20 * GiB, allowed_nodes=("b",))  # the second run counts on b's card
+    for _ in range(3):
+        a.tick()
+        b.tick()
+    assert a.state(beside) == JobState.QUEUED
+    b.finish(job)
+    assert (a.state(job), a.job(job).exit_code) == (JobState.DONE, 0)
