@@ -41,7 +41,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
-from gpusched.core.errors import GpuschedError
+from gpusched.core.errors import MAY_HAVE_BEEN_DONE, NOTHING_CHANGED, GpuschedError
 from gpusched.store.waits import WAIT_BOUND
 
 log = logging.getLogger("gpusched.database")
@@ -202,11 +202,7 @@ def unavailable(exc: DBAPIError, where: str, committed: bool = False) -> Gpusche
         return GpuschedError(
             f"the database {where} cannot write: its disk is full; nothing was changed"
         )
-    outcome = (
-        "what was asked may have been done, in whole or in part: look before asking again"
-        if committed
-        else "nothing was changed"
-    )
+    outcome = MAY_HAVE_BEEN_DONE if committed else NOTHING_CHANGED
     return GpuschedError(f"the database {where} is unavailable ({first}); {outcome}")
 
 
