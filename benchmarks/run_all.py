@@ -27,6 +27,7 @@ from _common import RESULT_PREFIX, Figure, machine
 HERE = Path(__file__).resolve().parent
 BENCHMARKS = (
     "packing",
+    "packing_honest",
     "dispatch",
     "cli_latency",
     "throughput",
