@@ -1,10 +1,10 @@
 """The honest packing benchmark's simulation: demand learned by the daemon's own code.
 
-An event simulation as packing.py's (the same sharing model, OOM kills and retries at
-1.5x, fair share, headroom, the policy's own `plan()` through `_packing_policies.place`),
-except for what the policy is told of demand. No oracle: every running job has a
-`DemandTracker` (gpusched.usage.demand) fed, at every poll of the daemon's default
-`poll_interval` (2 s), the readings the real monitor gets, built by the monitor's own
+An event simulation as packing.py's (the same sharing model, OOM kills and retries sized
+by the daemon's own `retry_mem`, fair share, headroom, the policy's own `plan()` through
+`_packing_policies.place`), except for what the policy is told of demand. No oracle:
+every running job has a `DemandTracker` (gpusched.usage.demand) fed, at every poll of the
+daemon's default `poll_interval` (2 s), the readings the real monitor gets, built by its
 `card_polls()` from simulated NVML figures:
 
 - a card's utilization: min(100, the sum of the true demands of the jobs holding memory
@@ -39,14 +39,18 @@ from dataclasses import dataclass, field, replace
 from _honest_trace import GPU_MEM, Job
 from _packing_model import Load, speeds
 from _packing_policies import Carry, Policy, Running, Waiting, place
-from packing import ALLOC_LAG_S, EPS, HALF_LIFE_S, HEADROOM, retry_mem
 
 from gpusched.core.models import GpuProcess, GpuState
 from gpusched.scheduling.policy import GpuSlot, RunningClaim, UsageSpan, WaitingJob, decayed_usage
 from gpusched.usage.demand import CardPoll, DemandTracker, card_polls
 from gpusched.usage.demand_history import DemandHistory
+from gpusched.usage.oom import retry_mem
 
 POLL_S = 2.0  # the daemon's default poll_interval
+HEADROOM = 512 * 2**20  # the default `headroom`
+HALF_LIFE_S = 3600.0  # the default `fair_share_half_life`
+ALLOC_LAG_S = 60.0  # a job allocates its memory this long after it starts (as packing.py)
+EPS = 1e-6
 FAINT_PERCENT = 10
 FAINT_EVERY = 4
 REPLAN_S = 60.0
@@ -337,7 +341,7 @@ class Day:
                 self.oom += 1
                 del self.running[r.sim_id]
                 self.close_span(r.sim_id)
-                grown = retry_mem(r.mem, GPU_MEM) if r.mem is not None else None
+                grown, _ = retry_mem(r.mem, len(r.cards), [GPU_MEM] * self.gpus, HEADROOM, None)
                 if grown is None:
                     raise RuntimeError(f"job {r.job.job_id} can never fit: {r.job}")
                 self.queue[self.next_sim_id] = Queued(self.next_sim_id, r.job, grown)
