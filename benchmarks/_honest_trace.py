@@ -1,6 +1,6 @@
-"""The honest packing benchmark's trace: the issue's fixed lab trace, sized from FIELD.md.
+"""The honest packing benchmark's trace: a fixed lab trace, sized from FIELD.md.
 
-Fixed so that nobody tunes it (packing_honest.py's seeds: 20261121, 1, 2, 3):
+Fixed so that nobody tunes it to a policy (packing_honest.py's seeds: 20261121, 1, 2, 3):
 
 - **4 users** of unequal weight (40/30/20/10 %), **Poisson arrivals** (exponential gaps).
 - **The lab mix**, drawn per job from a stream of its own: 40 % data-starved (demand 5-30 %),

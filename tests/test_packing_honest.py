@@ -69,7 +69,7 @@ def test_the_quick_mode_prints_every_policy_on_both_days_and_every_goal(quick: s
 
 
 def test_a_missed_goal_says_what_stands_in_its_way(quick: str) -> None:
-    # --quick's short trace cannot load the cards as the trace does: the load
+    # --quick's short trace cannot load the cards as the full one does: the load
     # check misses at least, and must say why.
     lines = quick.splitlines()
     missed = [i for i, line in enumerate(lines) if line.endswith(" MISSED")]
