@@ -1,6 +1,6 @@
 """Run every benchmark, one after the other, and print one summary of every figure.
 
-    python benchmarks/run_all.py                 # all of them, about 15 minutes
+    python benchmarks/run_all.py                 # all of them, about 17 minutes
     python benchmarks/run_all.py packing idle    # some of them
     python benchmarks/run_all.py --json out.json # also write every figure and the machine
 
