@@ -348,7 +348,8 @@ class Day:
                 self.first_id[self.next_sim_id] = self.first_id.get(r.sim_id, r.sim_id)
                 self.next_sim_id += 1
             else:
-                r.tracker = DemandTracker()  # as monitor.started(): no prior
+                # As UsageMonitor.started: what its kind's runs demanded is its floor.
+                r.tracker = DemandTracker(prior=self.expected(r.sim_id, r.job)[0])
 
     def submit(self) -> None:
         while (

@@ -248,7 +248,7 @@ def test_a_job_stopped_before_its_first_poll_writes_valid_json(store: Store) -> 
     (the stopping daemon's last write failed there)."""
     job = store.jobs.add(new_job(), NOW)
     monitor = UsageMonitor(store.usage, store.timeline)
-    monitor.started(job.id)
+    monitor.started(job)
     monitor.flush_all()
     state = store.usage.usage_state(job.id)
     assert state is not None

@@ -108,7 +108,7 @@ class JobStarter:
             claim.give_back(job_id)
             self.trouble.warning("fenced", f"job {job_id} not launched: this node's lease ran out")
             return False
-        self.monitor.started(job_id)  # before: its end (even a failed start) forgets it
+        self.monitor.started(job)  # before: its end (even a failed start) forgets it
         gid = info.gid if local_gid is None else local_gid
         started = self._start_process(job, env, info, gid, deadline, fence=fence)
         if started is None:
@@ -199,7 +199,7 @@ class JobStarter:
             return False
         if not claim.take_client(job.id, indices, uuids, (job.pid, info.pid_start_time)):
             return False
-        self.monitor.started(job.id)
+        self.monitor.started(job)
         self.probe.note_job_started(job.pid, uuids, job.mem, info.env)
         log.info(
             "interactive job %s placed on GPU %s (client pid %s) for %s",
