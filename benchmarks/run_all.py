@@ -1,6 +1,6 @@
 """Run every benchmark, one after the other, and print one summary of every figure.
 
-    python benchmarks/run_all.py                 # all of them, about 15 minutes
+    python benchmarks/run_all.py                 # all of them, about 17 minutes
     python benchmarks/run_all.py packing idle    # some of them
     python benchmarks/run_all.py --json out.json # also write every figure and the machine
 
@@ -27,6 +27,7 @@ from _common import RESULT_PREFIX, Figure, machine
 HERE = Path(__file__).resolve().parent
 BENCHMARKS = (
     "packing",
+    "packing_honest",
     "dispatch",
     "cli_latency",
     "throughput",
@@ -34,6 +35,7 @@ BENCHMARKS = (
     "scheduling_pass",
     "status_queue",
     "dashboard",
+    "http_peers",
     "database",
     "timeline_storage",
     "cluster",

@@ -11,6 +11,7 @@ TYPE_CHECKING = False  # typing's import costs every client command its start-up
 
 __all__ = [
     "Claim",
+    "ClaimInsideJob",
     "Client",
     "CudaAlreadyInitialised",
     "GpuschedError",
@@ -25,7 +26,13 @@ if TYPE_CHECKING:
     from gpusched.client import Client
     from gpusched.core.errors import GpuschedError
     from gpusched.core.requests.protocol import VERSION as __version__
-    from gpusched.interactive.claim import Claim, CudaAlreadyInitialised, NotPlaced, claim
+    from gpusched.interactive.claim import (
+        Claim,
+        ClaimInsideJob,
+        CudaAlreadyInitialised,
+        NotPlaced,
+        claim,
+    )
 
 
 def __getattr__(name: str) -> Any:
@@ -43,7 +50,7 @@ def __getattr__(name: str) -> Any:
 
         return GpuschedError
     # A GPU for this process (a notebook): see gpusched.interactive.claim.
-    if name in ("claim", "Claim", "CudaAlreadyInitialised", "NotPlaced"):
+    if name in ("claim", "Claim", "ClaimInsideJob", "CudaAlreadyInitialised", "NotPlaced"):
         import gpusched.interactive.claim as module
 
         return getattr(module, name)

@@ -19,7 +19,12 @@ import sys
 import time
 from pathlib import Path
 
-from gpusched.core.errors import GpuschedError, UsageError
+from gpusched.core.errors import (
+    MAY_HAVE_BEEN_DONE,
+    DaemonUnreachable,
+    GpuschedError,
+    UsageError,
+)
 from gpusched.core.sanitize import shown
 from gpusched.core.units import parse_job_mem, parse_job_ram, parse_job_time
 
@@ -153,7 +158,22 @@ def current_umask() -> int:
 # it is said at once, within the request's bound, not after the retries' waits.
 SUBMIT_RETRIES = 2
 SUBMIT_RETRY_AFTER_S = 1.0
-ANSWER_LOST = ("stopped answering", "closed the connection", "may have been done")
+# This client's own words for a try sent and never answered (gpusched.connection).
+DAEMON_SILENT = ("stopped answering", "closed the connection")
+
+
+def is_answer_lost(exc: GpuschedError) -> bool:
+    """Whether `exc` says a try was sent and its answer never came: the daemon stopped
+    answering or closed the connection (this client's own DaemonUnreachable), or the
+    daemon's database did not confirm its commit. Only how the message begins or ends is
+    read: a refusal quotes the driver's words (libpq's "server closed the connection
+    unexpectedly" as PostgreSQL restarts) and then says "nothing was changed"."""
+    said = str(exc)
+    if isinstance(exc, DaemonUnreachable):
+        return said.startswith("the gpusched daemon at ") and any(
+            f" {words}" in said for words in DAEMON_SILENT
+        )
+    return said.endswith(MAY_HAVE_BEEN_DONE)
 
 
 def submit_fields(
@@ -334,7 +354,7 @@ def send_submit(send: Callable[[], Any], request_id: str | None, socket_path: Pa
         except GpuschedError as exc:
             # Sent, and no answer: the jobs may be queued, or not; only a retry with
             # the same id can tell without risking a second copy.
-            lost = any(words in str(exc) for words in ANSWER_LOST)
+            lost = is_answer_lost(exc)
             if lost and retries_left > 0:
                 answer_lost = True
                 retries_left -= 1

@@ -35,11 +35,30 @@ if ! "$python" -c 'import ensurepip, venv' 2>/dev/null; then
     exit 1
 fi
 
+# Built from a copy: a build in the checkout leaves root-owned gpusched.egg-info and build/
+# there, which stop an ordinary user's later pip from building it ("Permission denied").
+build=$(mktemp -d)
+trap 'rm -rf "$build"' EXIT
+mkdir "$build/src" "$build/wheels"
+tar -C "$checkout" --exclude=.git --exclude=.venv --exclude='*.egg-info' --exclude=build \
+    --exclude=dist --exclude=__pycache__ -cf - . | tar -C "$build/src" -xf -
+
 set -x
 "$python" -m venv "$prefix"
+# One wheel of the pure-Python package, plus wheels of the client's own dependencies (click,
+# PyYAML), so that users install the client with no root and no package index (the name
+# gpusched on PyPI is another project's).
+"$prefix/bin/pip" wheel --quiet --wheel-dir "$build/wheels" "$build/src"
 # Not editable (-e): the service must not run code from a checkout someone may edit or remove.
-# [daemon]: the daemon's dependencies (a plain `pip install gpusched` is the light client).
-"$prefix/bin/pip" install --quiet --upgrade "$checkout[daemon]"
+# [daemon]: the daemon's dependencies; the second step replaces the code even when the
+# version number is the one already installed (a `git pull` between releases).
+"$prefix/bin/pip" install --quiet --upgrade "$(echo "$build"/wheels/gpusched-*.whl)[daemon]"
+"$prefix/bin/pip" install --quiet --force-reinstall --no-deps "$build"/wheels/gpusched-*.whl
+# Replaced whole: an old version's wheel beside the new would make the documented
+# `pip install .../gpusched-*.whl` name two.
+rm -rf "$prefix/share/wheels"
+install -d -m 0755 "$prefix/share/wheels"
+install -m 0644 "$build"/wheels/*.whl "$prefix/share/wheels/"
 install -d -m 0755 "$bindir"
 ln -sfn "$prefix/bin/gpusched" "$bindir/gpusched"
 install -d -m 0755 "$prefix/share/doc/gpusched"

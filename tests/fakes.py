@@ -74,6 +74,7 @@ class FakeLauncher:
         self.facts = HostFacts()
         self.limits: dict[int, tuple[int | None, int | None]] = {}
         self.released: list[int] = []  # interactive jobs whose cgroups were released
+        self.fences_devices = False  # no devices cgroups: CUDA numbers every card
 
     def log_path(self, job_id: int) -> Path:
         return self.log_dir / f"{job_id}.log"
@@ -88,7 +89,14 @@ class FakeLauncher:
         self.released.append(job_id)
 
     def start(
-        self, job: Job, env: dict[str, str], umask: int, gid: int, exec_by: float | None = None
+        self,
+        job: Job,
+        env: dict[str, str],
+        umask: int,
+        gid: int,
+        *,
+        exec_by: float | None = None,
+        deny_devices: Sequence[str] = (),
     ) -> Started:
         self.exec_by[job.id] = exec_by
         self.limits[job.id] = (job.ram, job.cpus)

@@ -116,6 +116,32 @@ def test_status_mine_user_and_limit_on_ended_jobs(daemon: RunningDaemon) -> None
     assert both.returncode == 2
 
 
+def test_status_json_takes_limit_for_waiting_jobs_too(fresh_daemon: RunningDaemon) -> None:
+    daemon = fresh_daemon
+    held = [daemon.submit("--hold", "--mem", "1G", "--", "true") for _ in range(3)]
+    assert [j["id"] for j in daemon.status("--limit", "2")["jobs"]] == held[:2]
+    assert [j["id"] for j in daemon.status("--limit", "2", fork=True)["jobs"]] == held[:2]
+    assert [j["id"] for j in daemon.status("--limit", "0")["jobs"]] == held
+    assert [j["id"] for j in daemon.status()["jobs"]] == held
+
+
+def test_hold_and_release_take_an_array(daemon: RunningDaemon) -> None:
+    blocker = daemon.submit("--hold", "--mem", "1G", "--", "true")
+    swept = daemon.cli(
+        "submit", "--mem", "1G", "--after", str(blocker), "--sweep", "x=1,2", "--", "echo", "{x}"
+    )
+    assert swept.returncode == 0, swept.stderr
+    array, ids = _array_id(swept.stderr), [int(i) for i in swept.stdout.split()]
+    held = daemon.cli("hold", f"a{array}")
+    assert (held.returncode, held.stdout.splitlines()) == (0, [f"job {i}: held" for i in ids])
+    released = daemon.cli("release", f"a{array}")
+    assert released.returncode == 0, released.stderr
+    assert released.stdout.splitlines() == [f"job {i}: released (queued)" for i in ids]
+    again = daemon.cli("release", f"a{array}")
+    assert (again.returncode, again.stderr) == (1, f"gpusched: a{array}: no held job to release\n")
+    daemon.cli("cancel", str(blocker), *map(str, ids))
+
+
 def test_a_sweeps_jobs_know_their_array_and_gpus_are_listed_in_order(
     daemon_factory: object, tmp_path: Path
 ) -> None:

@@ -32,6 +32,9 @@ def test_a_client_of_another_minor_version_is_refused_by_the_daemon(daemon: Any)
         client.request("status", client_version=newer)
     assert f"client is version {newer} but the daemon is {__version__}" in refused.value.message
     assert "pip install" in refused.value.message
+    # The fix names the server's wheel: by name, PyPI's gpusched is another project.
+    assert "share/wheels/gpusched-*.whl" in refused.value.message
+    assert "pip install 'gpusched" not in refused.value.message
     patch = ".".join([*__version__.split(".")[:2], "99"])
     assert client.request("status", client_version=patch)["gpus"]  # same minor: served
     assert client.request("ping", client_version=newer)["version"] == __version__

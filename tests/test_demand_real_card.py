@@ -79,7 +79,7 @@ class Card:
             job.id, gpu_indices=[0], gpu_uuids=[UUID], pid=pid, pid_start_time="1",
             log_path="/nonexistent.log", now=NOW,
         )  # fmt: skip
-        self.monitor.started(job.id)
+        self.monitor.started(job)
         self.pids[job.id] = pid
         return self.store.jobs.get(job.id)
 

@@ -66,9 +66,14 @@ def _poll(monitor: UsageMonitor, jobs: list[Job], step: int) -> None:
     )
 
 
-def test_light_jobs_stop_being_packed_once_their_card_is_saturated(store: Store) -> None:
+@pytest.mark.parametrize("told_at_start", [True, False], ids=["started", "restored"])
+def test_light_jobs_stop_being_packed_once_their_card_is_saturated(
+    store: Store, told_at_start: bool
+) -> None:
     """The policy adds a light job to a card while its jobs' demands plus the newcomer's
-    stay within 100 %: packing stops at about ten jobs of 0.10, not twenty."""
+    stay within 100 %: packing stops at about ten jobs of 0.10, not twenty. Whether the
+    daemon started the job (`started`, as the starter tells the monitor) or finds it
+    running after a restart (its tracker read from the store at its first poll)."""
     store.usage.set_usage(_job(store).id, demand=TRUE_DEMAND)  # an earlier run, measured
     monitor = UsageMonitor(store.usage, store.timeline)
     jobs: list[Job] = []
@@ -76,6 +81,8 @@ def test_light_jobs_stop_being_packed_once_their_card_is_saturated(store: Store)
         estimates = [monitor.expected_demand(job) for job in jobs]
         if sum(e if e is not None else 0.0 for e in estimates) + TRUE_DEMAND <= 1.0 + 1e-9:
             jobs.append(_job(store))
+            if told_at_start:
+                monitor.started(jobs[-1])
         _poll(monitor, jobs, step)
     assert TRUE_DEMAND * len(jobs) <= 1.0 + TRUE_DEMAND + 1e-9, len(jobs)
     last = jobs[-1]
@@ -104,3 +111,13 @@ def test_a_job_taking_turns_counts_at_least_its_slice_of_the_card() -> None:
     for step in range(17):
         tracker.observe(_saturated(5.0 if step < 4 else None, 20))
     assert tracker.demand() == pytest.approx(0.05)
+
+
+def test_a_job_the_daemon_starts_has_its_kinds_demand_as_its_floor(store: Store) -> None:
+    """The starter tells the monitor of each job it starts: that tracker, like one read
+    back after a restart, starts with what its kind's runs demanded as its floor."""
+    store.usage.set_usage(_job(store).id, demand=TRUE_DEMAND)  # an earlier run, measured
+    monitor = UsageMonitor(store.usage, store.timeline)
+    job = _job(store)
+    monitor.started(job)
+    assert monitor.tracker(job).sharing.prior == TRUE_DEMAND

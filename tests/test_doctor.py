@@ -71,6 +71,19 @@ def test_doctor_reads_the_driver_through_nvml(daemon_factory: Any, fake_nvml: Fa
     assert result.returncode == 1
 
 
+def test_doctor_says_whether_a_job_is_kept_off_the_other_cards(
+    daemon_factory: Any, fake_nvml: FakeNvml
+) -> None:
+    v1 = Path("/sys/fs/cgroup/devices").is_dir()
+    daemon = daemon_factory(simulate=None, env=fake_nvml.env())
+    result = daemon.cli("doctor")
+    assert _statuses(result.stdout)["devices"] == ("ok" if v1 else "warn"), result.stdout
+    said = "each job can open only its own GPUs" if v1 else "a job's GPUs are not fenced"
+    assert said in result.stdout
+    simulated = daemon_factory()
+    assert _statuses(simulated.cli("doctor").stdout)["devices"] == "skip"
+
+
 def test_a_daemon_started_before_the_code_changed_is_a_warning(daemon: RunningDaemon) -> None:
     """An upgrade that kept the version number (or an edit of an editable install): the
     daemon still runs the code it loaded, so doctor says restart, not ok."""

@@ -406,3 +406,28 @@ def test_topology_a_driver_cannot_tell_is_left_out(
 ) -> None:
     fake_nvml_inproc.set_gpus([24 * GiB] * 2)  # no switch= on either: NOT_SUPPORTED
     assert probe.topology() == {}
+
+
+# ---- device nodes ----
+
+
+def test_device_minors_are_nvml_s_minor_numbers_not_indices(
+    fake_nvml_inproc: FakeNvml, probe: NvmlProbe
+) -> None:
+    gpus = fakestate.make_gpus([24 * GiB] * 3)
+    gpus[0].minor, gpus[1].minor = 4, 0  # the third keeps its index, as the default
+    fake_nvml_inproc.set_gpus(gpus)
+    probe.snapshot()
+    assert probe.device_minors() == {gpus[0].uuid: 4, gpus[1].uuid: 0, gpus[2].uuid: 2}
+
+
+def test_a_card_lost_before_its_minor_was_read_is_left_out(
+    fake_nvml_inproc: FakeNvml, probe: NvmlProbe
+) -> None:
+    gpus = fakestate.make_gpus([24 * GiB] * 2)
+    fake_nvml_inproc.set_gpus(gpus)
+    probe.snapshot()
+    fake_nvml_inproc.set_gpu(1, lost=True)
+    assert probe.device_minors() == {gpus[0].uuid: 0}
+    fake_nvml_inproc.set_gpu(1, lost=False)
+    assert probe.device_minors() == {gpus[0].uuid: 0, gpus[1].uuid: 1}  # asked again

@@ -252,3 +252,34 @@ def test_claim_and_run_load_no_daemon_side_library() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
     assert result.stdout.strip() == "[]"
+
+
+INSIDE_A_JOB = """
+    import gpusched
+    gpu = gpusched.claim(mem="1G", timeout=30)
+    print("claimed", gpu.job_id, gpu.inherited, flush=True)
+    gpu.release()
+"""
+
+
+def test_claim_in_a_batch_job_is_the_job_and_a_stale_job_id_is_not(daemon: RunningDaemon) -> None:
+    """A script submitted as a job that calls claim() gets its job's GPU; a
+    $GPUSCHED_JOB_ID left from a job that has ended queues a claim of its own."""
+    job_id = daemon.submit("--mem", "2G", "--", sys.executable, "-c", textwrap.dedent(INSIDE_A_JOB))
+    assert daemon.wait_state(job_id, {"done", "failed"})["state"] == "done"
+    logs = daemon.cli("logs", str(job_id))
+    assert f"claimed {job_id} True" in logs.stdout, logs.stdout + logs.stderr
+    assert f"already runs in job {job_id}, which holds GPU" in logs.stdout + logs.stderr
+
+    stale = {**daemon.env, "GPUSCHED_JOB_ID": str(job_id)}
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(INSIDE_A_JOB)],
+        env=stale,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    words = result.stdout.split()
+    assert words[0] == "claimed" and int(words[1]) > job_id and words[2] == "False", result.stdout

@@ -145,3 +145,47 @@ def test_a_waiting_kernel_is_not_ready_until_placed(
     manager.shutdown_kernel()
     job = kernel_job(daemon, "waits")
     assert daemon.wait_state(job["id"], {"done", "failed", "lost"})["state"] == "done"
+
+
+INSIDE_THE_KERNEL = """
+import os
+import gpusched
+gpu = gpusched.claim(mem="4G", timeout=20)
+print("claimed", gpu.job_id, getattr(gpu, "inherited", None), os.environ["CUDA_VISIBLE_DEVICES"])
+try:
+    gpusched.claim(mem="16G", timeout=20)
+except gpusched.ClaimInsideJob as refused:
+    print("refused:", refused)
+gpu.release()
+print("released", gpu)
+"""
+
+
+def test_claim_inside_a_kernel_returns_the_kernels_own_gpu(
+    daemon: RunningDaemon, kernel_env: dict[str, str], started: list[Any]
+) -> None:
+    """The kernel holds its card already: claim() there hands it over instead of queueing
+    a second job, refuses more than the kernel holds, and its release leaves the card to
+    the kernel."""
+    directory = install(daemon, kernel_env, "--mem", "8G", "--name", "holds")
+    manager = start(directory, kernel_env, started)
+    client = manager.client()
+    client.start_channels()
+    try:
+        client.wait_for_ready(timeout=60)
+        job = kernel_job(daemon, "holds")
+        printed = run_code(client, INSIDE_THE_KERNEL)
+    finally:
+        client.stop_channels()
+    visible = ",".join(map(str, job["gpu_indices"]))
+    assert f"claimed {job['id']} True {visible}\n" in printed, printed
+    assert f"already runs in job {job['id']} (kernel holds)" in printed, printed
+    refused = printed.split("refused: ", 1)[1].splitlines()[0]
+    assert "holds GPU" in refused and "with 8G" in refused and "1 GPU with 16G" in refused
+    assert "gpusched kernel install --mem SIZE" in refused, refused
+    # No second reservation was ever queued, and the release left the kernel's job running.
+    assert [j["id"] for j in daemon.status("--all")["jobs"]] == [job["id"]]
+    assert daemon.show(job["id"])["state"] == "running"
+    manager.shutdown_kernel()
+    ended = daemon.wait_state(job["id"], {"done", "failed", "cancelled", "lost"})
+    assert ended["state"] == "done", ended

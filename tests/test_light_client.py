@@ -1,6 +1,7 @@
-"""The client in a user's own environment (issue 28, item 1): `pip install gpusched` brings
-only click and PyYAML, and the CLI, `gpusched.Client`, `gpusched.claim()` and `gpusched
-kernel install` work with nothing else; `gpusched daemon` there says what to install.
+"""The client in a user's own environment (issue 28, item 1): the package without extras
+(the wheel scripts/install.sh leaves for users) brings only click and PyYAML, and the
+CLI, `gpusched.Client`, `gpusched.claim()` and `gpusched kernel install` work with nothing
+else; `gpusched daemon` there says what to install.
 
 The light environment is built without the network: Python with no site-packages (-S),
 then only gpusched, click and yaml on its path.
@@ -92,5 +93,6 @@ def test_the_daemon_in_a_light_environment_says_what_to_install(light_path: Path
     """
     done = light_python(light_path, code, {"PATH": "/usr/bin:/bin", "HOME": "/tmp"})
     assert done.returncode == 2, done.stderr
-    assert "pip install 'gpusched[daemon]'" in done.stderr
+    assert "pip install '/path/to/gpusched[daemon]'" in done.stderr
+    assert "pip install 'gpusched" not in done.stderr  # on PyPI that name is another project
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr

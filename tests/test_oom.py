@@ -67,3 +67,13 @@ def test_no_retry_when_the_cap_is_not_above_the_current_mem() -> None:
     assert why == "24G is already the most a GPU here gives"
     assert retry_mem(GiB, 3, [24 * GiB], 0, None) == (None, "fewer than 3 GPUs are left")
     assert retry_mem(None, 1, [24 * GiB], 0, None) == (None, "it already had a whole GPU")
+
+
+def test_the_retry_asks_whole_g_as_the_hints_promise() -> None:
+    """1.5x of 1.5G is 2.25G: the retry (and the hint naming it) asks 3G, not 2304M."""
+    mem, _ = retry_mem(1536 * MiB, 1, [24 * GiB], 0, None)
+    assert mem == 3 * GiB
+    mem, _ = retry_mem(GiB, 1, [24 * GiB], 0, None)
+    assert mem == 1536 * MiB  # below 2G the step is 256M, as --mem suggestions take
+    mem, _ = retry_mem(7 * GiB, 1, [24 * GiB], 0, None)
+    assert mem == 11 * GiB  # 10.5G rounded up

@@ -276,3 +276,45 @@ def test_a_claim_whose_commit_went_unanswered_does_not_leave_its_job_running_for
     )
     assert [run.node for run in cluster.history.runs() if run.job == job_id] == ["b"]
     cluster.check()
+
+
+@pytest.mark.parametrize("away", ["partitioned", "frozen"])
+def test_a_requeued_run_that_ended_while_its_node_was_away_is_the_job_s_end(
+    cluster: Cluster, away: str
+) -> None:
+    """A `--requeue` job's run exits 0 while its node is cut off (its proxy a blackhole)
+    or frozen (SIGSTOP) past node_timeout; the node is declared down, the job queued
+    again, then the node is back: that run's exit is the job's end, it never runs twice.
+    Which of the daemon's threads reads that exit first (its exit watcher, or the pass
+    that rejoins) is up to them here; tests/test_cluster_rejoin.py makes each order."""
+    a = cluster.node("a")
+    eventually(cluster.store.nodes.scheduler_lease, 20)  # a schedules
+    b = cluster.node("b")
+    job_id = cluster.submit(a, 1.0, 10, "--node", "b", "--requeue")
+
+    def runs() -> list[Any]:
+        return [run for run in cluster.history.runs() if run.job == job_id]
+
+    eventually(runs, 20, interval=0.1)
+    if away == "partitioned":
+        cluster.proxies["b"].blackhole()
+    else:
+        cluster.pause("b")
+    eventually(lambda: cluster.states([job_id])[job_id] == "queued", NODE_TIMEOUT_S + SLACK_S * 2)
+    eventually(lambda: all(run.end is not None for run in runs()), 20, interval=0.2)
+    if away == "partitioned":
+        cluster.proxies["b"].heal()
+    else:
+        cluster.resume("b")
+    eventually(
+        lambda: cluster.states([job_id])[job_id] == "done",
+        30,
+        interval=0.2,
+        describe=lambda: cluster.diagnose([job_id]),
+    )
+    time.sleep(3)  # a few passes of both nodes: a second run would have begun by now
+    assert [run.node for run in runs()] == ["b"], cluster.diagnose([job_id])
+    ended = cluster.store.jobs.get(job_id)
+    assert (ended.state.value, ended.exit_code) == ("done", 0)
+    cluster.check()
+    del b

@@ -19,7 +19,13 @@ from typing import Any
 import pytest
 
 from gpusched.client import Client
-from gpusched.core.errors import ConflictError, GpuschedError, NotFoundError, ProtocolError
+from gpusched.core.errors import (
+    ConflictError,
+    DaemonUnreachable,
+    GpuschedError,
+    NotFoundError,
+    ProtocolError,
+)
 from gpusched.daemon.handlers import dispatch
 from gpusched.daemon.identity import Caller
 from gpusched.daemon.services import Services
@@ -209,3 +215,32 @@ def test_a_submit_whose_answers_stay_lost_says_it_may_be_queued() -> None:
     with pytest.raises(GpuschedError, match="it may have been queued"):
         send_submit(tries, "r1", Path("/run/gpusched.sock"))
     assert tries.tries == 3  # the first try and its two retries
+
+
+# libpq's own words as PostgreSQL restarts (psycopg quotes them): "closed the connection"
+# inside a refusal that says nothing was changed.
+RESTARTING = (
+    "the database db is unavailable (consuming input failed: server closed the connection"
+    " unexpectedly); nothing was changed"
+)
+
+
+def test_a_refusal_quoting_the_driver_s_closed_connection_is_said_at_once() -> None:
+    """A submit during a PostgreSQL restart: refused before any COMMIT, in libpq's words.
+    Before, those words read as this client's own lost answer: retried twice, then told
+    "the first try may have been queued"."""
+    tries = Answers(GpuschedError(RESTARTING), "never asked")
+    with pytest.raises(GpuschedError) as raised:
+        send_submit(tries, "r1", Path("/run/gpusched.sock"))
+    assert tries.tries == 1
+    assert str(raised.value) == RESTARTING
+
+
+def test_a_daemon_that_closed_the_connection_is_a_lost_answer_and_retried() -> None:
+    closed = DaemonUnreachable("the gpusched daemon at /run/gpusched.sock closed the connection")
+    silent = DaemonUnreachable(
+        "the gpusched daemon at /run/gpusched.sock stopped answering (timed out)"
+    )
+    tries = Answers(closed, silent, {"jobs": [7]})
+    assert send_submit(tries, "r1", Path("/run/gpusched.sock")) == {"jobs": [7]}
+    assert tries.tries == 3

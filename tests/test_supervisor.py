@@ -154,6 +154,20 @@ def test_the_supervisor_execs_nothing_past_its_cluster_node_s_launch_deadline(
         assert ran.exists()
 
 
+def test_a_job_that_cannot_be_fenced_off_the_other_cards_is_not_started(
+    run: Any, tmp_path: Path
+) -> None:
+    """Its devices cgroup cannot be made (here: no parent to make it in): the job would
+    run with every card open, so its command never runs, and the end says why."""
+    ran = tmp_path / "ran"
+    fence = {"path": str(tmp_path / "no-such-cgroup" / "job-1"), "deny": ["c 195:1 rwm"]}
+    outcome = run(["touch", str(ran)], devices=fence).outcome()
+    assert outcome["outcome"] == "failed_to_start"
+    assert outcome["transient"] is False
+    assert outcome["message"].startswith("cannot fence off the GPUs it was not given: ")
+    assert not ran.exists()
+
+
 def test_a_supervisor_runs_no_program_but_its_job(tmp_path: Path) -> None:
     """Each program a supervisor starts is paid by every job's dispatch: with its
     private /dev/shm set up and released (as root; tried and refused otherwise), it

@@ -176,7 +176,7 @@ def test_the_monitor_writes_points_with_its_flush_and_the_end_and_survives_a_res
         )
 
     monitor = UsageMonitor(store.usage, store.timeline, flush_interval_s=60)
-    monitor.started(job.id)
+    monitor.started(job)
     for age in range(0, 120, 2):
         poll(monitor, age, 3 * GiB, 40)
     # 60 polls, two writes: the peak when it rose (at the first), the flush a minute in.

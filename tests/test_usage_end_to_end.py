@@ -285,3 +285,19 @@ def test_memory_from_history_estimate_and_submit_auto(daemon_factory: Any) -> No
     assert refused.returncode == 1
     assert "--mem auto: no earlier run of this exact command" in refused.stderr
     assert refused.stdout == ""
+
+
+def test_mem_auto_near_a_whole_card_suggests_what_a_card_gives(daemon_factory: Any) -> None:
+    """A peak of 23G on 24G cards: peak + 10 % is more than any card gives, yet the peak
+    fits, so the suggestion is the most a card gives, not a size submit refuses."""
+    daemon = daemon_factory(simulate="2x24G", config={"poll_interval": "0.3s"}).start()
+    command = ["sh", "-c", "sleep 1.5"]
+    wait_all(daemon, [daemon.submit("--mem", "23G", "--", *command)])
+    info = json.loads(daemon.cli("estimate", "--json", "--history", "--", *command).stdout)
+    assert info["peak_mem"] == 23 * GiB
+    assert 23 * GiB <= info["suggested_mem"] < 24 * GiB
+    text = daemon.cli("estimate", "--history", "--", *command).stdout
+    assert "(the most a GPU here gives: peak + 10% would not fit)" in text
+    auto = daemon.cli("submit", "--json", "--mem", "auto", "--", *command)
+    assert auto.returncode == 0, auto.stderr
+    assert json.loads(auto.stdout)["mem"] == info["suggested_mem"]

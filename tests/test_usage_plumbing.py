@@ -3,6 +3,7 @@ queue, the config keys, and what a sharing job's frameworks are told."""
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -240,3 +241,17 @@ def test_the_monitor_samples_flushes_once_a_minute_and_survives_a_restart(store:
     assert (tracker.util_samples, tracker.util_min, tracker.util_max) == (4, 20, 100)
     assert tracker.peak_mem == 5 * GiB
     assert tracker.overrun_at == "t61"
+
+
+def test_a_job_stopped_before_its_first_poll_writes_valid_json(store: Store) -> None:
+    """PostgreSQL's JSON has no NaN: a timeline that has not started yet must not send one
+    (the stopping daemon's last write failed there)."""
+    job = store.jobs.add(new_job(), NOW)
+    monitor = UsageMonitor(store.usage, store.timeline)
+    monitor.started(job)
+    monitor.flush_all()
+    state = store.usage.usage_state(job.id)
+    assert state is not None
+    json.dumps(state, allow_nan=False)
+    restarted = UsageMonitor(store.usage, store.timeline)
+    assert restarted.timeline(store.jobs.get(job.id)).snapshot() == []

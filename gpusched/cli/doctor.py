@@ -36,6 +36,7 @@ SKIP = "skip"
 
 SYSTEMCTL_TIMEOUT_S = 5.0
 SERVICE = "gpusched"
+ADMINISTRATOR = "tell the server's administrator: it is the daemon's, which runs as root"
 INSTALL_SERVICE = (
     "install it (docs/operations.md): sudo install -m 0644 systemd/gpusched.service"
     " /etc/systemd/system/gpusched.service && sudo systemctl daemon-reload"
@@ -64,6 +65,13 @@ class _Context:
     socket_path: Path | None = None
     daemon_uid: int | None = None
     system_config: Path = SYSTEM_CONFIG_PATH  # the system service's (a test names another)
+
+    @property
+    def served(self) -> bool:
+        """Whether the daemon that answered is another account's (root's, on a shared
+        server): its cards, files and service are then its administrator's to check."""
+        me = os.geteuid()
+        return me != 0 and self.daemon_uid is not None and self.daemon_uid != me
 
 
 def _config_check(ctx: _Context) -> Check:
@@ -143,6 +151,40 @@ def _gpus_check(ctx: _Context) -> Check:
     return Check("gpus", OK, f"{described} ({cards})")
 
 
+def _served_gpus_check(ctx: _Context) -> Check:
+    """The GPUs the daemon schedules, as it reads them: what a user's jobs get."""
+    from gpusched.client import Client
+
+    gpus = Client(ctx.socket_path).status_reply(states=["running"], first=1)["gpus"]
+    if not gpus:
+        return Check("gpus", FAIL, "the daemon reads no GPUs", ADMINISTRATOR)
+    cards = ", ".join(f"{g['index']}: {g['name']}" for g in gpus)
+    message = f"the daemon reads {len(gpus)} GPU(s) ({cards})"
+    lost = [g for g in gpus if g.get("state") != "ok"]
+    if lost:
+        unreadable = ", ".join(f"GPU {g['index']} ({g.get('error') or g['state']})" for g in lost)
+        return Check("gpus", WARN, f"{message}; unreadable: {unreadable}", ADMINISTRATOR)
+    return Check("gpus", OK, message)
+
+
+def _devices_check(ctx: _Context) -> Check:
+    """Whether a job is kept off the cards it was not given (gpusched.processes.devices)."""
+    if ctx.config.simulate:
+        return Check("devices", SKIP, "simulated GPUs have no device nodes: nothing to fence")
+    from gpusched.processes.devices import fencing_unavailable
+
+    why = fencing_unavailable()
+    if why is not None:
+        return Check(
+            "devices",
+            WARN,
+            f"{why}: a job that ignores CUDA_VISIBLE_DEVICES can open every card",
+            "boot with cgroup v1's devices controller to fence cards"
+            " (docs/operations.md, Security model)",
+        )
+    return Check("devices", OK, "cgroup v1 devices controller: each job can open only its own GPUs")
+
+
 def _daemon_check(ctx: _Context) -> Check:
     from gpusched.client import Client
 
@@ -166,6 +208,11 @@ def _daemon_check(ctx: _Context) -> Check:
                 "start it: sudo systemctl start gpusched (system service), or"
                 " `gpusched daemon` for yourself; `journalctl -u gpusched` says why it stopped"
             )
+        if os.geteuid() != 0 and path == SYSTEM_SOCKET_PATH:
+            fix = (
+                "the system service does not answer: tell the server's administrator"
+                " (`systemctl status gpusched` says why)"
+            )
         return Check("daemon", FAIL, exc.message, fix)
     ctx.daemon_uid = info.get("daemon_uid")
     owner = info.get("daemon_user") or f"uid {ctx.daemon_uid}"
@@ -175,6 +222,8 @@ def _daemon_check(ctx: _Context) -> Check:
         f" running as {owner}: serves {serves}"
     )
     restart = "restart the daemon after an upgrade: sudo systemctl restart gpusched"
+    if ctx.served:
+        restart = f"tell the server's administrator to {restart}"
     if info.get("version") != VERSION:
         return Check("daemon", WARN, f"{message}; this gpusched is {VERSION}", restart)
     started, changed = info.get("started"), code_changed_at()
@@ -200,6 +249,8 @@ def _writable_check(name: str, path: Path, ctx: _Context) -> Check:
     daemon_uid = ctx.daemon_uid
     if daemon_uid is None:
         daemon_uid = 0 if ctx.config.socket_path == SYSTEM_SOCKET_PATH else me
+    if ctx.served:
+        return Check(name, SKIP, f"{path}: the daemon's (it runs as root), not yours to check")
     if me not in (0, daemon_uid):
         return Check(name, SKIP, f"{path}: the daemon runs as root", "run `sudo gpusched doctor`")
     existing = path
@@ -224,6 +275,10 @@ def _database_check(ctx: _Context) -> Check:
     if not url.startswith("sqlite:///") or url == "sqlite:///:memory:":
         return Check("database", SKIP, f"{url.split('://')[0]} database: not checked here")
     return _writable_check("database", Path(url.removeprefix("sqlite:///")).parent, ctx)
+
+
+SERVED_DEVICES = Check("devices", SKIP, "the daemon's to fence, checked by its administrator")
+SERVED_SYSTEMD = Check("systemd", SKIP, "the service is its administrator's; its daemon answers")
 
 
 def _systemctl(*args: str) -> tuple[int, str]:
@@ -282,12 +337,13 @@ def run_checks(
     ctx.system_config = system_config
     steps: list[Callable[[], Check]] = [
         lambda: _config_check(ctx),
-        lambda: _gpus_check(ctx),
-        lambda: _daemon_check(ctx),
+        lambda: _daemon_check(ctx),  # before the cards: whose daemon decides what to check
+        lambda: _served_gpus_check(ctx) if ctx.served else _gpus_check(ctx),
+        lambda: SERVED_DEVICES if ctx.served else _devices_check(ctx),
         lambda: _writable_check("state_dir", ctx.config.state_dir, ctx),
         lambda: _writable_check("log_dir", ctx.config.log_dir, ctx),
         lambda: _database_check(ctx),
-        lambda: _systemd_check(ctx),
+        lambda: SERVED_SYSTEMD if ctx.served else _systemd_check(ctx),
     ]
     checks = []
     for step in steps:

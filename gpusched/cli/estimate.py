@@ -195,7 +195,7 @@ def _check_cards(ctx: click.Context, wanted: int) -> None:
 
 
 def _from_history(ctx: click.Context, command: list[str], as_json: bool) -> None:
-    from gpusched.core.hints import mem_option
+    from gpusched.core.hints import mem_option, suggest_mem
 
     obj = ctx.find_root().obj or {}
     info = Client(obj.get("socket"), obj.get("config")).estimate_history(command)
@@ -208,4 +208,8 @@ def _from_history(ctx: click.Context, command: list[str], as_json: bool) -> None
         f" over {len(runs)} earlier run(s) of this command"
         f" (job {', '.join(str(run['id']) for run in runs)})"
     )
-    click.echo(f"suggested: --mem {mem_option(info['suggested_mem'])} (peak + 10%, rounded up)")
+    suggested = int(info["suggested_mem"])
+    how = "peak + 10%, rounded up"
+    if suggested < suggest_mem(int(info["peak_mem"])):
+        how = "the most a GPU here gives: peak + 10% would not fit"
+    click.echo(f"suggested: --mem {mem_option(suggested)} ({how})")

@@ -231,10 +231,11 @@ def daemon(ctx: click.Context, simulate: str | None, detach: bool = False) -> No
 
     try:
         from gpusched.daemon.main import run_daemon
-    except ImportError as exc:  # `pip install gpusched`: the client alone
+    except ImportError as exc:  # the client alone (the wheel in a user's own env)
         raise UsageError(
             f"the daemon's dependencies are not installed here (no module {exc.name!r}):"
-            " pip install 'gpusched[daemon]' (a server's service: scripts/install.sh)"
+            " pip install '/path/to/gpusched[daemon]' from a checkout (a server's service:"
+            " sudo scripts/install.sh)"
         ) from None
 
     ctx.exit(run_daemon(config, simulate, given.get("socket")))
@@ -265,8 +266,9 @@ def completion(shell: str) -> None:
 @click.pass_context
 def doctor(ctx: click.Context, as_json: bool) -> None:
     """Check what usually goes wrong on a new server, with a fix for each problem:
-    config valid, NVIDIA driver readable (NVML), daemon answering on its socket (and
-    whose it is), state and log directories writable, systemd service active.
+    config valid, NVIDIA driver readable (NVML), jobs kept off the cards they were not
+    given (cgroup v1's devices controller), daemon answering on its socket (and whose it
+    is), state and log directories writable, systemd service active.
     Exits 1 if any check fails.
 
     \b

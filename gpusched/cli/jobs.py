@@ -17,7 +17,6 @@ from gpusched.cli.common import (
     ACTIVE_JOB_ID,
     ANY_JOB_ID,
     EXIT_INTERRUPTED,
-    JOB_IDS,
     JOB_OR_ARRAY_IDS,
     client_of,
     exit_status,
@@ -67,8 +66,17 @@ def _for_each(
 def _change_all(
     ctx: click.Context, ids: Sequence[str], action: str, verb: str, as_json: bool
 ) -> None:
-    """`hold` or `release` every job of `ids` in one request (one pass for them all)."""
-    changed, refused = client_of(ctx).change(parse_ids(ids), action)
+    """`hold` or `release` every job of `ids` in one request (one pass for them all); of an
+    array (aN), the jobs the action applies to: queued ones for `hold`, held for `release`."""
+    client = client_of(ctx)
+    job_ids, arrays = parse_targets(ids)
+    applies_to = JobState.QUEUED if action == "hold" else JobState.HELD
+    for array_id in arrays:
+        job_ids += [j.id for j in client.array(array_id) if j.state == applies_to]
+    if not job_ids:
+        named = ", ".join(f"a{a}" for a in arrays)
+        raise GpuschedError(f"{named}: no {applies_to} job to {action}")
+    changed, refused = client.change(job_ids, action)
     for why in refused.values():
         click.echo(f"gpusched: {shown(why)}", err=True)
     if as_json:
@@ -189,29 +197,33 @@ def cancel(
 
 
 @click.command(cls=ExampleLastCommand)
-@JOB_IDS
+@JOB_OR_ARRAY_IDS
 @_JSON_JOBS
 @click.pass_context
 def hold(ctx: click.Context, ids: tuple[str, ...], as_json: bool) -> None:
-    """Keep queued jobs from starting until released.
+    """Keep queued jobs from starting until released. IDs may be job ids or array ids
+    (aN, from --sweep: its queued jobs).
 
     \b
     Example:
       gpusched hold 12
+      gpusched hold a3
     """
     _change_all(ctx, ids, "hold", "held", as_json)
 
 
 @click.command(cls=ExampleLastCommand)
-@JOB_IDS
+@JOB_OR_ARRAY_IDS
 @_JSON_JOBS
 @click.pass_context
 def release(ctx: click.Context, ids: tuple[str, ...], as_json: bool) -> None:
-    """Let held jobs start again.
+    """Let held jobs start again. IDs may be job ids or array ids (aN, from --sweep: its
+    held jobs).
 
     \b
     Example:
       gpusched release 12
+      gpusched release a3
     """
     _change_all(ctx, ids, "release", "released", as_json)
 

@@ -40,7 +40,8 @@ def fetch_status(
 ) -> dict[str, Any]:
     """The reply `status` draws: every running job, the first `limit` waiting ones and how
     many more wait (`more_waiting`), and with `show_all` the recent ends; `--json` (or
-    `--limit 0`) every waiting job; given `targets` (ids, aN), those jobs."""
+    `--limit 0`) every waiting job, `--json --limit N` the first N; given `targets` (ids,
+    aN), those jobs."""
     waiting_shown = WAITING_SHOWN if limit is None else limit
     ended = ENDED_SHOWN if limit is None else limit or ENDED_SHOWN_MAX
     if targets:
@@ -54,7 +55,7 @@ def fetch_status(
         for array_id in arrays:
             chosen.extend(client.send(ArrayRequest(array_id)))
         result["jobs"] = chosen
-    elif as_json or waiting_shown == 0:
+    elif (as_json and limit is None) or waiting_shown == 0:
         result = client.status_reply(all=show_all, user=user, ended=ended)
     else:
         result = client.status_reply(all=show_all, states=["running"], user=user, ended=ended)

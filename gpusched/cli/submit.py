@@ -88,7 +88,7 @@ from gpusched.core.models import Job
     default=0,
     metavar="N",
     help="If the job runs out of GPU memory, queue it again in its place with 1.5x --mem"
-    " (at most what the largest GPU gives), up to N times.",
+    " rounded up to a whole G (at most what the largest GPU gives), up to N times.",
 )
 @click.option(
     "--node",

@@ -57,7 +57,8 @@ from gpusched.core.units import format_duration
     metavar="N",
     help=f"Show the first N waiting jobs and count the rest, and with --all the N most"
     f" recently ended (default: {WAITING_SHOWN} waiting, {ENDED_SHOWN} ended; 0: all"
-    f" waiting and the last {ENDED_SHOWN_MAX} ended). --json lists every waiting job.",
+    f" waiting and the last {ENDED_SHOWN_MAX} ended). --json without --limit lists every"
+    " waiting job.",
 )
 @click.option("--mine", is_flag=True, help="Only your own jobs.")
 @click.option("--user", metavar="NAME", help="Only this user's jobs.")

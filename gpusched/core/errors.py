@@ -13,6 +13,14 @@ EXIT_USAGE = 2
 EXIT_UNREACHABLE = 3
 EXIT_TIMEOUT = 124
 
+# How a refusal for want of the database ends: whether the request may have been applied
+# (its COMMIT sent and not confirmed). The client reads them to tell a lost answer from a
+# refusal (gpusched.submitter), whatever the driver's words quoted before them say.
+NOTHING_CHANGED = "nothing was changed"
+MAY_HAVE_BEEN_DONE = (
+    "what was asked may have been done, in whole or in part: look before asking again"
+)
+
 
 class GpuschedError(Exception):
     """Root of every error gpusched reports to a person."""

@@ -55,7 +55,12 @@ DEFAULT_MIN_RUNTIME_S = 120.0
 
 def suggest_mem(peak_bytes: int) -> int:
     """A `--mem` for a job that peaked at `peak_bytes`: +10 %, rounded up (GiB, or 256 MiB)."""
-    wanted = math.ceil(peak_bytes * (1 + SUGGEST_MARGIN))
+    return suggest_size(math.ceil(peak_bytes * (1 + SUGGEST_MARGIN)))
+
+
+def suggest_size(wanted: int) -> int:
+    """`wanted` bytes rounded up to a size a person would write: whole GiB, or 256 MiB
+    below 2 GiB."""
     step = GiB if wanted >= 2 * GiB else 256 * MiB
     return max(step, -(-wanted // step) * step)
 

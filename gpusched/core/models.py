@@ -183,6 +183,9 @@ class Job:
     # "ended_at", "outcome"} each (the job's own fields are its latest run). Given by
     # `show` and `history`; None elsewhere.
     attempts: list[dict[str, Any]] | None = None
+    # Listed in short: a reply past its budget (a bulk cancel's) leaves out its command
+    # and other long strings. In the JSON only where true.
+    cut: bool = False
 
     def to_json(self) -> dict[str, Any]:
         # Every field is a scalar or a flat list: a shallow copy of each list is all that
@@ -193,6 +196,8 @@ class Job:
             for f in dataclasses.fields(self)
         }
         data["state"] = str(self.state)
+        if not self.cut:
+            del data["cut"]
         return data
 
     @classmethod

@@ -85,6 +85,7 @@ class NvmlProbe:
         self._known: dict[int, GpuState] = {}  # last good reading per NVML index
         self._util_seen_us: dict[str, int] = {}  # per uuid: newest process sample seen
         self._topology: dict[str, dict[str, int]] | None = None  # read once (topology())
+        self._minors: dict[str, int] = {}  # per uuid: read once (device_minors())
 
     # ---- the Probe protocol ----
 
@@ -164,6 +165,23 @@ class NvmlProbe:
                     levels.setdefault(uuid, {})[other_uuid] = int(level)
             self._topology = levels
             return levels
+
+    def device_minors(self) -> dict[str, int]:
+        """Each card's /dev/nvidiaN number by uuid: NVML's minor number, which need not be
+        its index (the driver numbers cards in PCI order). A job's cgroup denies those of
+        the cards it was not given (gpusched.processes.devices). Read once per card of the
+        last snapshot, as it is fixed while the driver is loaded; a card NVML could never
+        answer for is left out."""
+        with self._lock:
+            for gpu in self._known.values():
+                if gpu.uuid in self._minors:
+                    continue
+                try:
+                    handle = pynvml.nvmlDeviceGetHandleByUUID(gpu.uuid)
+                    self._minors[gpu.uuid] = int(pynvml.nvmlDeviceGetMinorNumber(handle))
+                except pynvml.NVMLError:
+                    continue  # asked again at the next job's start
+            return dict(self._minors)
 
     def process_utilization(self) -> dict[str, dict[int, int]]:
         """SM utilization (percent) per pid sampled since the last call, by GPU uuid.

@@ -174,6 +174,11 @@ class SimulatedProbe:
             for a in self._gpus
         }
 
+    def device_minors(self) -> dict[str, int]:
+        """As NvmlProbe.device_minors: none, since simulated cards have no device node,
+        so a job on them is fenced from no card."""
+        return {}
+
     def close(self) -> None:
         pass
 

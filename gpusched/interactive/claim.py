@@ -9,6 +9,10 @@ placement's variables in `os.environ` (CUDA reads them when it initialises, so t
 come before any framework touches the GPU), and returns a `Claim`. The GPU is held until
 `release()`, the end of a `with` block, or the end of the process (reported at exit;
 killed, the daemon notices within a poll and ends the job `lost`).
+
+In a process that already runs in a gpusched job (a kernel from `gpusched kernel install`,
+a `gpusched run` shell, a batch job), `claim()` returns that job's GPUs instead of
+queueing another job (enclosing.py); its `release()` leaves them to that job.
 """
 
 from __future__ import annotations
@@ -23,6 +27,12 @@ from gpusched.client import Client
 from gpusched.core.errors import GpuschedError
 from gpusched.core.models import Job
 from gpusched.interactive.cuda import cuda_already_loaded
+from gpusched.interactive.enclosing import (
+    ClaimInsideJob,
+    check_fits,
+    describe_holding,
+    enclosing_job,
+)
 from gpusched.interactive.reservation import (
     REPORT_RETRY_S,
     NotPlaced,
@@ -33,21 +43,38 @@ from gpusched.interactive.reservation import (
     wait_placed,
 )
 
+__all__ = ["Claim", "ClaimInsideJob", "CudaAlreadyInitialised", "NotPlaced", "claim"]
+
+
+# The jobs claim() queued in this process and not yet released: their GPUSCHED_JOB_ID is in
+# os.environ, but another claim() beside them wants GPUs of its own.
+_CLAIMED_HERE: set[int] = set()
+
 
 class CudaAlreadyInitialised(GpuschedError):
     """CUDA was loaded in this process before `claim()`: its GPUs are fixed already."""
 
 
 class Claim:
-    """GPUs held for this process. `.gpu_indices`, `.gpu_uuids`, `.job_id`, `.env`."""
+    """GPUs held for this process. `.gpu_indices`, `.gpu_uuids`, `.job_id`, `.env`.
 
-    def __init__(self, client: Client, placement: Placement) -> None:
+    `.inherited`: the GPUs are those of the job this process already ran in (claim()
+    queued nothing); `release()` then changes nothing, as that job's end is its own.
+    """
+
+    def __init__(self, client: Client, placement: Placement, *, inherited: bool = False) -> None:
         self._client = client
         self.placement = placement
         self.job_id = placement.job_id
         self.gpu_indices = placement.gpu_indices
         self.gpu_uuids = placement.gpu_uuids
         self.released = False
+        self.inherited = inherited
+        if inherited:  # the job's own variables are in os.environ since the process began
+            self.env: dict[str, str] = {}
+            self._saved: dict[str, str | None] = {}
+            return
+        _CLAIMED_HERE.add(self.job_id)
         merged = placement.environment(dict(os.environ))
         self.env = {k: v for k, v in merged.items() if os.environ.get(k) != v}
         self._saved = {key: os.environ.get(key) for key in self.env}
@@ -67,7 +94,10 @@ class Claim:
         if self.released:
             return
         self.released = True
+        if self.inherited:
+            return
         atexit.unregister(self._at_exit)
+        _CLAIMED_HERE.discard(self.job_id)
         for key, value in self._saved.items():
             if value is None:
                 os.environ.pop(key, None)
@@ -93,6 +123,8 @@ class Claim:
 
     def __repr__(self) -> str:
         state = "released" if self.released else "held"
+        if self.inherited:
+            state += " by the job this process runs in"
         gpus = ",".join(map(str, self.gpu_indices))
         return f"<gpusched.Claim job {self.job_id} GPU {gpus} ({state})>"
 
@@ -132,11 +164,28 @@ def claim(
     While it waits it prints why to stderr (once, and again each time the reason changes:
     a notebook shows it under the cell); NotPlaced carries the last reason.
 
+    In a process that already runs in a gpusched job (a kernel from `gpusched kernel
+    install`), it says so on stderr and returns that job's GPUs (`.inherited`), or raises
+    ClaimInsideJob if `gpus` or `mem` asks for more than that job holds.
+
     Raises CudaAlreadyInitialised if a framework has already initialised CUDA in this
     process: the variables would come too late. Ctrl-C (KeyboardInterrupt) while waiting
     withdraws the request. ProtocolError if the daemon's version is not this client's
     major.minor.
     """
+    client = Client(socket_path)
+    # Before the CUDA check: a job's variables were set before anything loaded CUDA. The
+    # daemon is asked only where $GPUSCHED_JOB_ID is set (it refuses another version too).
+    held = enclosing_job(client, _CLAIMED_HERE)
+    if held is not None:
+        check_fits(held, mem, gpus)
+        print(
+            f"gpusched: this process already runs in {describe_holding(held)}:"
+            " claim() returns that job's GPUs instead of queueing another",
+            file=sys.stderr,
+            flush=True,
+        )
+        return Claim(client, Placement(held, {}), inherited=True)
     loaded = cuda_already_loaded()
     if loaded is not None:
         raise CudaAlreadyInitialised(
@@ -144,7 +193,6 @@ def claim(
             " would come too late. Call gpusched.claim() before any framework uses the GPU"
             " (in a notebook: restart the kernel and make it the first cell)"
         )
-    client = Client(socket_path)
     client.check_version()  # a client installed in the user's env may differ from the server's
     command = list(getattr(sys, "orig_argv", None) or [sys.executable, *sys.argv])
     job = queue(

@@ -25,7 +25,7 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,7 @@ import psutil
 
 from gpusched.config.holder import ConfigHolder
 from gpusched.core.models import Job
-from gpusched.processes import cgroups, cpusets
+from gpusched.processes import cgroups, cpusets, devices
 from gpusched.processes.durable import is_blank, reserve_record, write_json_atomically
 from gpusched.processes.exit_watcher import ExitWatcher
 from gpusched.processes.launching import (
@@ -130,6 +130,7 @@ class Launcher:
         # Where jobs' cpusets go, or why they have none; the machine's memory (read once).
         self._cpusets: cpusets.CpusetRoot | str = cpusets.NOT_ROOT
         self._memory_total = _memory_total()
+        self._devices: Path | None = None  # jobs' devices cgroups go under it (v1)
 
     def protect(self) -> None:
         """At the daemon's start (as root): protect it from the OOM killer (the zygote and
@@ -159,6 +160,14 @@ class Launcher:
         self._cpusets = cpusets.prepare_root(self._service, self.jobs_dir.parent, reserve)
         if isinstance(self._cpusets, str):
             log.warning("no cpuset cgroups (%s): --cpus is refused", self._cpusets)
+        self._devices = devices.prepare_service()
+        if self._devices is None:
+            why = devices.fencing_unavailable() or (
+                "the devices cgroup is not the daemon's alone: a job's GPUs are not fenced"
+            )
+            log.warning("%s; a job that ignores CUDA_VISIBLE_DEVICES can open every card", why)
+        else:
+            log.info("GPUs fenced per job: devices cgroups in %s/job-ID", self._devices)
 
     def host_facts(self) -> HostFacts:
         """What the host rule counts (`JobLauncher.host_facts`): the service's memory for
@@ -194,6 +203,11 @@ class Launcher:
             name=f"release-{job_id}",
             daemon=True,
         ).start()
+
+    @property
+    def fences_devices(self) -> bool:
+        """Whether jobs get a devices cgroup (v1, the daemon's own: see `protect`)."""
+        return self._devices is not None
 
     def host_mem_limit(self, job: Job) -> int | None:
         """The cap on a job's host memory (its cgroup's): its `--ram`, which the scheduler
@@ -318,9 +332,17 @@ class Launcher:
         return self.log_dir / f"{job_id}.log"
 
     def start(
-        self, job: Job, env: dict[str, str], umask: int, gid: int, exec_by: float | None = None
+        self,
+        job: Job,
+        env: dict[str, str],
+        umask: int,
+        gid: int,
+        *,
+        exec_by: float | None = None,
+        deny_devices: Sequence[str] = (),
     ) -> Started:
-        """Hand the job to a new supervisor. Raises StartError with a message for the owner."""
+        """Hand the job to a new supervisor. Raises StartError with a message for the owner.
+        `deny_devices`: the other cards' device rules (gpusched.processes.devices)."""
         if self._warmer is not None:  # its supervisor's cgroup move waits less
             self._warmer.warm()
         try:
@@ -365,6 +387,9 @@ class Launcher:
             # Its own cores (gpusched.processes.cpusets), made here before it starts.
             "cpuset": self._cpuset_of(job),
             "private_shm": os.geteuid() == 0,
+            "devices": None
+            if self._devices is None or not deny_devices
+            else {"path": str(self._devices / f"job-{job.id}"), "deny": list(deny_devices)},
             "exec_by": exec_by,  # CLOCK_MONOTONIC: no exec past it (a cluster's fence)
         }
         spec_path = job_dir / "spec.json"

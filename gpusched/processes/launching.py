@@ -8,7 +8,7 @@ it in memory (tests/fakes.py) to drive `Scheduler.tick()` without spawning a pro
 from __future__ import annotations
 
 import errno
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -126,13 +126,27 @@ class JobLauncher(Protocol):
         """An interactive job's cgroups, once it has ended."""
         ...
 
+    @property
+    def fences_devices(self) -> bool:
+        """Whether a job started now is kept off the cards it was not given
+        (gpusched.processes.devices): CUDA then numbers only the job's own cards."""
+        ...
+
     def start(
-        self, job: Job, env: dict[str, str], umask: int, gid: int, exec_by: float | None = None
+        self,
+        job: Job,
+        env: dict[str, str],
+        umask: int,
+        gid: int,
+        *,
+        exec_by: float | None = None,
+        deny_devices: Sequence[str] = (),
     ) -> Started:
         """Hand the job to a new supervisor; raises StartError (a message for the owner).
         `exec_by`: a CLOCK_MONOTONIC time past which the supervisor must not start the
         command (a cluster node's launch deadline); it then records a transient
-        failed_to_start, and the job goes back to the queue."""
+        failed_to_start, and the job goes back to the queue. `deny_devices`: the
+        `devices.deny` rules of the cards the job was not given (processes.devices)."""
         ...
 
     def watch(self, job_id: int, pid: int, start_time: str | None = None) -> None:

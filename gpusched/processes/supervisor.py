@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from gpusched.core.units import format_duration, format_size
-from gpusched.processes import cgroups, cpusets, shm, treekill
+from gpusched.processes import cgroups, cpusets, devices, shm, treekill
 from gpusched.processes.credentials import (
     DirectoryRefused,
     in_owners_directory,
@@ -113,6 +113,9 @@ class Supervisor:
         # hierarchy apart, joined around the fork; on v2 its memory cgroup's directory.
         cpuset = spec.get("cpuset")
         self._v1_cpuset = Path(cpuset["path"]) if cpuset and int(cpuset["version"]) == 1 else None
+        fence = spec.get("devices")  # its devices cgroup and the other cards' nodes to deny
+        self.devices = Path(fence["path"]) if fence else None
+        self._deny: list[str] = fence["deny"] if fence else []
         self._shm = False
         self._run_s: float | None = None  # how long the job ran, once it has ended
         # What it used of the host, once it has ended: the most memory its cgroup held at
@@ -207,6 +210,8 @@ class Supervisor:
             self._shm = False
         if self._v1_cpuset is not None:
             cpusets.remove_job_cpuset(self._v1_cpuset)
+        if self.devices is not None:
+            devices.remove_job_cgroup(self.devices)
         if self.cgroup is None:
             return HostMemory()
         used = HostMemory(
@@ -298,7 +303,13 @@ class Supervisor:
             )
             return 1
         try:
-            with cgroups.job_fork(self.cgroup), cpusets.joined(self._v1_cpuset):
+            if self.devices is not None:  # never started with every card open (FenceError)
+                devices.make_job_cgroup(self.devices, self._deny)
+            with (
+                cgroups.job_fork(self.cgroup),
+                devices.job_fork(self.devices),
+                cpusets.joined(self._v1_cpuset),
+            ):
                 self.child = self._start(log_fd)
             cgroups.raise_job_scores(self._job_pids)
         except (OSError, subprocess.SubprocessError, ValueError, DirectoryRefused) as exc:
@@ -418,6 +429,8 @@ def _start_error(exc: BaseException, spec: dict[str, Any]) -> str:
         # Entered as the owner; one message whatever the reason, and nothing checked here
         # as root, so a failure tells the owner no more about a path than their own `cd`.
         return f"working directory {spec['cwd']} does not exist or you cannot enter it"
+    if isinstance(exc, devices.FenceError):
+        return str(exc)
     if isinstance(exc, FileNotFoundError):
         return f"command not found: {argv0}"
     if isinstance(exc, PermissionError):

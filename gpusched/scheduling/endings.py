@@ -238,6 +238,8 @@ class JobEndings:
     def on_job_exit(self, job_id: int) -> None:
         """Called by the launcher's watcher thread when a job's supervisor exits."""
         with self._lock:
+            if self._runs_on(job_id):
+                return
             try:
                 # Not fsynced: the outcome stays on disk in the exit record (see Store).
                 self.settle(job_id, self.launcher.outcome(job_id), durable=False)
@@ -247,6 +249,17 @@ class JobEndings:
                     "settle", f"job {job_id} ended; its end is recorded once it can be: {exc}"
                 )
         self._wake()
+
+    def _runs_on(self, job_id: int) -> bool:
+        """Whether the exit heard is an earlier run's: the process this node keeps for
+        the job's current run still lives. A frozen daemon's watcher may report a run's
+        exit only after the job, queued again, was started again here; the exit record
+        read now is the new run's, and settling it would end that run `lost`."""
+        current = self.node.process_of(job_id)
+        if current is None or not self.launcher.is_running(*current):
+            return False
+        log.info("job %s: an earlier run's exit heard; its run here goes on", job_id)
+        return True
 
     def _requeued_run_ended(self, job: Job, outcome: Outcome) -> None:
         """This node's run of a job the cluster queued again (its node declared down)

@@ -87,6 +87,10 @@ class Ownership(Protocol):
     def ended(self, job_id: int) -> None:
         """A job of this daemon's has ended."""
 
+    def process_of(self, job_id: int) -> tuple[int, str | None] | None:
+        """The process (pid, start time) this daemon runs the job's current run in, as
+        it keeps it (None: not kept)."""
+
 
 @dataclass(frozen=True)
 class LocalNode:
@@ -116,6 +120,9 @@ class LocalNode:
 
     def ended(self, job_id: int) -> None:
         pass
+
+    def process_of(self, job_id: int) -> tuple[int, str | None] | None:
+        return None  # one server runs a job again only after its run's end is recorded
 
 
 @dataclass(frozen=True)

@@ -61,8 +61,9 @@ class Placer(Protocol):
         """The place phase of a pass, under the lock: decide and start. None: nothing
         was decided here (another daemon schedules the cluster)."""
 
-    def gpus_by_node(self) -> dict[str, list[GpuState]]:
-        """Every node's GPUs a submitted job could run on (a submit's fit check)."""
+    def gpus_by_node(self) -> dict[str, list[GpuState] | None]:
+        """Every node's GPUs a submitted job could run on (a submit's fit check); None
+        for a node whose cards are not known yet."""
 
     def gpu_reports(self, running: list[Job]) -> list[GpuReport]:
         """The GPUs `status` shows."""
@@ -150,7 +151,7 @@ class LocalPlacer:
         self.starter.start(decision.plan.placements, seen.gpus)
         return decision.plan
 
-    def gpus_by_node(self) -> dict[str, list[GpuState]]:
+    def gpus_by_node(self) -> dict[str, list[GpuState] | None]:
         return {self.node.name: self.reading.gpus()}
 
     def gpu_reports(self, running: list[Job]) -> list[GpuReport]:

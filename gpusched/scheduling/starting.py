@@ -17,6 +17,7 @@ import logging
 
 from gpusched.core.models import EndReason, GpuState, Job, JobState
 from gpusched.core.sanitize import command_for_log, quoted
+from gpusched.processes.devices import deny_rules
 from gpusched.processes.environment import job_environment
 from gpusched.processes.launching import Started, StartError
 from gpusched.processes.output import job_log_path
@@ -94,7 +95,8 @@ class JobStarter:
         uuids = [g.uuid for g in gpus]
         if job.interactive:
             return self._place_interactive(job, info, indices, uuids, claim)
-        env = self._environment(job, info, gpus)
+        fence = self._fence(uuids)
+        env = self._environment(job, info, gpus, fenced=bool(fence))
         # Mark running *before* starting: if the daemon dies in between, a restart finds
         # a running row with no pid and looks for its supervisor, so nothing starts twice.
         log_path = job_log_path(job, str(self.launcher.log_path(job_id)))  # --output
@@ -107,9 +109,9 @@ class JobStarter:
             claim.give_back(job_id)
             self.trouble.warning("fenced", f"job {job_id} not launched: this node's lease ran out")
             return False
-        self.monitor.started(job_id)  # before: its end (even a failed start) forgets it
+        self.monitor.started(job)  # before: its end (even a failed start) forgets it
         gid = info.gid if local_gid is None else local_gid
-        started = self._start_process(job, env, info, gid, deadline)
+        started = self._start_process(job, env, info, gid, deadline, fence=fence)
         if started is None:
             return False
         claim.launched(job_id, started.pid, started.start_time)
@@ -127,27 +129,44 @@ class JobStarter:
         )
         return True
 
-    def _environment(self, job: Job, info: LaunchInfo, gpus: list[GpuState]) -> dict[str, str]:
+    def _environment(
+        self, job: Job, info: LaunchInfo, gpus: list[GpuState], *, fenced: bool
+    ) -> dict[str, str]:
+        """The job's environment. A job fenced off the other cards gets its cards' UUIDs in
+        CUDA_VISIBLE_DEVICES whatever `visible_devices` says: CUDA may then number only the
+        cards the job can open (under Slurm's ConstrainDevices a job's devices count from
+        0), so an NVML index could name another card or none; a UUID names the same card."""
+        fenced = fenced and self.launcher.fences_devices
         return job_environment(
             job,
             info.env,
             [g.index for g in gpus],
             [g.uuid for g in gpus],
-            self._config.current.visible_devices,
+            "uuid" if fenced else self._config.current.visible_devices,
             gpu_totals=[g.total_bytes for g in gpus],
         )
 
     def _start_process(
-        self, job: Job, env: dict[str, str], info: LaunchInfo, gid: int, deadline: float | None
+        self,
+        job: Job,
+        env: dict[str, str],
+        info: LaunchInfo,
+        gid: int,
+        deadline: float | None,
+        *,
+        fence: list[str],
     ) -> Started | None:
-        """The job's supervisor, started as `gid`; None if it could not start (the job
-        queued again when the failure is transient, else ended)."""
+        """The job's supervisor, started as `gid` and fenced off the cards in `fence`;
+        None if it could not start (the job queued again when the failure is transient,
+        else ended)."""
         job_id = job.id
         try:
             # The supervisor checks the deadline again right before exec (same CLOCK_MONOTONIC).
             # Its --ram and --cpus, or its GPUs' share of the server's (host_limits).
             limited = job_limits(job, self.launcher.host_facts(), self._config.current)
-            return self.launcher.start(limited, env, info.umask, gid, exec_by=deadline)
+            return self.launcher.start(
+                limited, env, info.umask, gid, exec_by=deadline, deny_devices=fence
+            )
         except StartError as exc:
             # Out of files, memory or tasks for now: the job keeps its place in the queue
             # and the next pass tries again (said once a minute, not once a pass).
@@ -157,6 +176,13 @@ class JobStarter:
             log.warning("job %s failed to start: %s", job_id, quoted(str(exc), 500))
             self.endings.end(job_id, JobState.FAILED, EndReason.FAILED_TO_START, detail=str(exc))
             return None
+
+    def _fence(self, uuids: list[str]) -> list[str]:
+        """The device rules that keep a job on `uuids` off every other card: their minor
+        numbers, from a probe that reads them (`device_minors` is optional: NVML's)."""
+        read = getattr(self.probe, "device_minors", None)
+        minors: dict[str, int] = read() if read is not None else {}
+        return deny_rules(m for uuid, m in minors.items() if uuid not in uuids)
 
     def _past(self, deadline: float | None) -> bool:
         return deadline is not None and self.clock.monotonic() >= deadline
@@ -187,7 +213,7 @@ class JobStarter:
                 return False
         if not claim.take_client(job.id, indices, uuids, (job.pid, info.pid_start_time)):
             return False
-        self.monitor.started(job.id)
+        self.monitor.started(job)
         self.probe.note_job_started(job.pid, uuids, job.mem, info.env)
         log.info(
             "interactive job %s placed on GPU %s (client pid %s) for %s",

@@ -1,7 +1,9 @@
 """Whether a submitted job could ever run: enough GPUs on one server, and `--gpus N` cards
 on one server each with room for its --mem. On one server, its GPUs; in a cluster, every
-live node's as reported (a job's GPUs are all on one node). Pure: the caller passes the
-GPUs it knows of.
+live node's as reported (a job's GPUs are all on one node). A node that has joined but
+not yet reported its cards could be the one that fits: while one such could run the job,
+nothing is refused on size, and the job waits for the node's report. Pure: the caller
+passes the GPUs it knows of.
 """
 
 from __future__ import annotations
@@ -16,29 +18,35 @@ from gpusched.store import NewJob
 
 
 def check_fits(
-    new: NewJob, gpus_by_node: Mapping[str, Sequence[GpuState]], headroom_bytes: int
+    new: NewJob, gpus_by_node: Mapping[str, Sequence[GpuState] | None], headroom_bytes: int
 ) -> None:
-    """Raise (one line) if `new` could run on none of these GPUs, even when all are free."""
-    by_node = {
-        name: [g for g in gpus if g.health != GpuHealth.EXCLUDED]
-        for name, gpus in gpus_by_node.items()
-    }
-    every = [g for gpus in by_node.values() for g in gpus]
-    if not every:
-        raise ConflictError("this daemon has no GPUs to run jobs on")
+    """Raise (one line) if `new` could run on none of these GPUs, even when all are free
+    (None: a node whose GPUs are not known yet)."""
     if new.allowed_nodes:
-        by_node = {name: gpus for name, gpus in by_node.items() if name in new.allowed_nodes}
-        if not by_node:
+        candidates = {n: g for n, g in gpus_by_node.items() if n in new.allowed_nodes}
+        if not candidates:
             raise UsageError(
                 f"--node {','.join(new.allowed_nodes)}: no such node up in this cluster"
                 f" (nodes: {', '.join(sorted(gpus_by_node))})"
             )
-        every = [g for gpus in by_node.values() for g in gpus]
+    else:
+        candidates = dict(gpus_by_node)
+    if any(gpus is None for gpus in candidates.values()):
+        return
+    by_node = {
+        name: [g for g in gpus or () if g.health != GpuHealth.EXCLUDED]
+        for name, gpus in candidates.items()
+    }
+    every = [g for gpus in by_node.values() for g in gpus]
+    if not every and not new.allowed_nodes:
+        raise ConflictError("this daemon has no GPUs to run jobs on")
     most_gpus = max(len(gpus) for gpus in by_node.values())
     if new.gpus > most_gpus:
         where = "this server has" if len(gpus_by_node) == 1 else "the largest node has"
+        if len(gpus_by_node) > 1 and len(by_node) == 1:
+            where = f"node {next(iter(by_node))} has"
         raise UsageError(f"--gpus {new.gpus}: {where} only {most_gpus} GPU(s)")
-    if new.mem is not None:
+    if new.mem is not None and every:
         largest = max(every, key=lambda g: (capacity_bytes(g), -g.index))
         most = capacity_bytes(largest) - headroom_bytes
         if new.mem > most:
@@ -70,3 +78,16 @@ def _check_enough_cards(
         f" can hold {format_size(mem, tabular=False)}{f' ({which})' if which else ''};"
         f" ask for fewer GPUs or less memory per GPU"
     )
+
+
+def most_per_gpu(
+    gpus_by_node: Mapping[str, Sequence[GpuState] | None], headroom_bytes: int
+) -> int | None:
+    """The largest --mem any known GPU could give a job (whole MiB), None if none known."""
+    known = [
+        capacity_bytes(g) - headroom_bytes
+        for gpus in gpus_by_node.values()
+        for g in gpus or ()
+        if g.health != GpuHealth.EXCLUDED
+    ]
+    return max(known) // 2**20 * 2**20 if known else None

@@ -41,7 +41,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
-from gpusched.core.errors import GpuschedError
+from gpusched.core.errors import MAY_HAVE_BEEN_DONE, NOTHING_CHANGED, GpuschedError
 from gpusched.store.waits import WAIT_BOUND
 
 log = logging.getLogger("gpusched.database")
@@ -154,8 +154,19 @@ def commits_sent() -> int:
     return int(getattr(_COMMITS, "sent", 0))
 
 
-def _answered(*_: Any) -> None:
-    DATABASE_OUTAGE.answered()
+def _answered(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+    DATABASE_OUTAGE.answered(statement)
+
+
+def _reads_only(statement: str | None) -> bool:
+    """Whether the statement only reads: one that takes no lock a write can hold."""
+    if statement is None:
+        return False
+    words = " ".join(statement.upper().split())
+    if words in ("BEGIN", "BEGIN DEFERRED") or words.startswith("PRAGMA"):
+        return True
+    takes_lock = any(lock in words for lock in (" FOR UPDATE", " FOR SHARE", "LOCK"))
+    return words.startswith(("SELECT", "WITH")) and not takes_lock
 
 
 def _make_engine(url: str, write_wait_s: float) -> Engine:
@@ -191,11 +202,7 @@ def unavailable(exc: DBAPIError, where: str, committed: bool = False) -> Gpusche
         return GpuschedError(
             f"the database {where} cannot write: its disk is full; nothing was changed"
         )
-    outcome = (
-        "what was asked may have been done, in whole or in part: look before asking again"
-        if committed
-        else "nothing was changed"
-    )
+    outcome = MAY_HAVE_BEEN_DONE if committed else NOTHING_CHANGED
     return GpuschedError(f"the database {where} is unavailable ({first}); {outcome}")
 
 
@@ -252,6 +259,9 @@ class DatabaseOutage(logging.Filter):
         self._lock = threading.Lock()
         self._since: float | None = None
         self._dropped = 0
+        # A write that waited past its bound fails while reads go on (SQLite's WAL,
+        # PostgreSQL's row locks): only a write that runs again ends that outage.
+        self._writes_failed = False
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
@@ -262,6 +272,7 @@ class DatabaseOutage(logging.Filter):
                 self._dropped += 1
                 return False
             self._since = time.monotonic()
+            self._writes_failed = not _reads_only(getattr(exc, "statement", None))
         first = (
             str(exc.orig).strip().splitlines()[0] if str(exc.orig).strip() else type(exc).__name__
         )
@@ -273,8 +284,12 @@ class DatabaseOutage(logging.Filter):
         record.levelno, record.levelname = logging.WARNING, "WARNING"
         return True
 
-    def answered(self) -> None:
+    def answered(self, statement: str | None = None) -> None:
+        """A statement ran: the outage is over, unless writes failed and it only read.
+        Without a statement (a test's reset), over."""
         if self._since is None:  # the usual case: one read, no lock
+            return
+        if self._writes_failed and statement is not None and _reads_only(statement):
             return
         with self._lock:
             if self._since is None:

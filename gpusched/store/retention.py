@@ -28,13 +28,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-from sqlalchemy import ColumnElement, Connection, and_, delete, exists, func, select, update
+from sqlalchemy import ColumnElement, Connection, Select, and_, delete, exists, func, select, update
 
 from gpusched.config.retention import RetentionSettings
 from gpusched.core.clock import iso
 from gpusched.core.models import ACTIVE_STATES, TERMINAL_STATES
 from gpusched.store.database import Database
-from gpusched.store.rows import lock_submits
+from gpusched.store.rows import lock_submits_briefly
 from gpusched.store.schema import envs, jobs, timeline_points
 
 BATCH = 2000
@@ -206,13 +206,35 @@ def _drop_environments(db: Database, cutoff: str, done: Pruned) -> None:
 
 
 def _delete_unused_environments(db: Database, done: Pruned) -> None:
-    with db.write() as conn:
-        # A submit finds an existing environment, then adds jobs that use it, in one
-        # transaction: on PostgreSQL this delete must not run between the two.
-        lock_submits(conn)
-        used = select(jobs.c.env_id).where(jobs.c.env_id.is_not(None)).distinct()
-        result = conn.execute(delete(envs).where(envs.c.id.not_in(used)))
+    """The stored environments no job uses, found without the submit lock, then deleted
+    under it if still unused: a submit finds an existing environment, then adds jobs that
+    use it, in one transaction, and on PostgreSQL this delete must not run between the
+    two. The lock is held only for the delete of those found, briefly
+    (rows.lock_submits_briefly): a node cut off while holding it holds up every other
+    node's submits. A pass that finds none takes no lock; one that finds the lock taken
+    leaves the rest to the next pass."""
+    while True:
+        with db.read() as conn:
+            unused = list(
+                conn.execute(select(envs.c.id).where(envs.c.id.not_in(_used_envs())).limit(BATCH))
+                .scalars()
+                .all()
+            )
+        if not unused:
+            return
+        with db.write() as conn:
+            if not lock_submits_briefly(conn):
+                return
+            still = envs.c.id.in_(unused) & envs.c.id.not_in(_used_envs(unused))
+            result = conn.execute(delete(envs).where(still))
         done.stored_environments += max(0, result.rowcount or 0)
+        if len(unused) < BATCH:
+            return
+
+
+def _used_envs(among: list[int] | None = None) -> Select[tuple[int | None]]:
+    used = jobs.c.env_id.is_not(None) if among is None else jobs.c.env_id.in_(among)
+    return select(jobs.c.env_id).where(used).distinct()
 
 
 def checkpoint(db: Database) -> None:

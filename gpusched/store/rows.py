@@ -10,7 +10,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import JSON, Text, func, select, type_coerce
+from sqlalchemy import JSON, Text, func, select, text, type_coerce
 from sqlalchemy.engine import Connection, CursorResult
 from sqlalchemy.sql import Select
 
@@ -63,6 +63,24 @@ def lock_submits(conn: Connection) -> None:
     """
     if conn.dialect.name == "postgresql":
         conn.execute(select(func.pg_advisory_xact_lock(_SUBMIT_LOCK)))
+
+
+# How long a transaction that took the submit lock without being a submit may sit idle
+# (its client cut off) before the server ends it: other nodes' submits wait on it, each
+# up to the server's lock_timeout (docs/cluster.md section 1: 2 s).
+BRIEF_HOLD = "1s"
+
+
+def lock_submits_briefly(conn: Connection) -> bool:
+    """`lock_submits` for a chore that may wait (retention): taken only if free now (a
+    chore never queues ahead of submits), and, on PostgreSQL, given up by the server a
+    moment after this client falls silent inside the transaction, rather than after the
+    database's idle_in_transaction_session_timeout (10 s). False: a submit holds it."""
+    if conn.dialect.name != "postgresql":
+        return True  # SQLite's BEGIN IMMEDIATE already serialises writers
+    for setting in ("idle_in_transaction_session_timeout", "statement_timeout"):
+        conn.execute(text(f"SET LOCAL {setting} = '{BRIEF_HOLD}'"))
+    return bool(conn.execute(select(func.pg_try_advisory_xact_lock(_SUBMIT_LOCK))).scalar())
 
 
 def inserted_id(result: CursorResult[Any]) -> int:

@@ -148,12 +148,17 @@ class UsageMonitor:
             self._timelines[job.id] = buffer
         return buffer
 
-    def started(self, job_id: int) -> None:
+    def started(self, job: Job) -> None:
         """A job this daemon has just started: nothing of it is stored yet, so its tracker
         starts empty here instead of being looked for in the database at its first poll or
-        at its end (a read per job, on the path from one job's end to the next's start)."""
-        self._trackers.setdefault(job_id, UsageTracker())
-        self._timelines.setdefault(job_id, TimelineBuffer(math.nan))  # starts at its first poll
+        at its end (a read per job, on the path from one job's end to the next's start).
+        What its kind's runs demanded is its floor, as for a tracker read back (`tracker`);
+        the history is the one the pass that placed it has just read."""
+        if job.id not in self._trackers:
+            tracker = UsageTracker()
+            tracker.sharing.prior = self.expected(job)[0]
+            self._trackers[job.id] = tracker
+        self._timelines.setdefault(job.id, TimelineBuffer(math.nan))  # starts at its first poll
 
     def live_timeline(self, job_id: int) -> list[TimelinePoint] | None:
         """A running job's whole series so far (what is stored and what is not yet)."""

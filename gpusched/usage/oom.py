@@ -15,9 +15,10 @@ A card that merely looks full is not evidence: gpusched itself packs cards to `h
 free, and a rule such as free <= max(256M, 2 % of the card) sits above that: it would call
 an ordinary failure (a KeyError) on a well-packed 80G card OOM and retry it at 60G.
 
-The retry asks 1.5x the memory, capped at what `submit` would accept (NVML v2's usable
-memory, used + free, less the headroom, on the job's N-th largest card) and at the
-owner's `max_mem` divided over its GPUs; no retry when that cap is not above its --mem.
+The retry asks 1.5x the memory rounded up (whole G, 256M below 2G), capped at what
+`submit` would accept (NVML v2's usable memory, used + free, less the headroom, on the
+job's N-th largest card) and at the owner's `max_mem` divided over its GPUs; no retry
+when that cap is not above its --mem.
 Unless the card was filled by a process gpusched did not start (`filled_by_other`): the
 job stayed within its --mem and that process took the room it was promised, so the
 retry keeps its --mem and waits for the room.
@@ -30,6 +31,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from gpusched.core.hints import suggest_size
 from gpusched.core.units import format_size
 
 # Where a log "ends": its last 40 non-empty lines (in at most its last 16 KiB). A Python
@@ -178,7 +180,8 @@ def retry_mem(
     if max_mem_bytes is not None and max_mem_bytes // gpus < cap:
         cap = max_mem_bytes // gpus
         why = f"the most your max_mem {_size(max_mem_bytes)} allows"
-    wanted = math.ceil(mem * RETRY_GROWTH / 2**20) * 2**20
+    # Rounded up as --mem suggestions are (whole G, or 256M below 2G): a hint names it.
+    wanted = suggest_size(math.ceil(mem * RETRY_GROWTH))
     retry = min(wanted, cap // 2**20 * 2**20)  # whole MiB, so its --mem reads back as written
     if retry <= mem:
         return None, f"{_size(mem)} is already {why}"

@@ -99,7 +99,10 @@ class TimelineBuffer:
         )
 
     def to_state(self) -> dict[str, float]:
-        """What `restore` needs besides the stored rows (kept in the job's usage state)."""
+        """What `restore` needs besides the stored rows (kept in the job's usage state).
+        No start before the first sample: JSON has no NaN, and PostgreSQL refuses one."""
+        if math.isnan(self.start_s):
+            return {"width_s": self.width_s}
         return {"start_s": self.start_s, "width_s": self.width_s}
 
     def add(self, t: float, memory_bytes: int | None, utilization_pct: float | None) -> None:

@@ -12,10 +12,12 @@
  * can change the GPUs while a daemon polls them. Format, one record per line, '#' comments:
  *
  *   driver loaded=1 init_error=0 version=550.54.15
- *   gpu uuid=GPU-... total=BYTES other=BYTES reserved=BYTES util=PCT|na memutil=PCT lost=0|1 switch=N devutil=PCT name=REST OF LINE
+ *   gpu uuid=GPU-... total=BYTES other=BYTES reserved=BYTES util=PCT|na memutil=PCT lost=0|1 switch=N devutil=PCT minor=N name=REST OF LINE
  *   proc gpu=INDEX pid=PID used=BYTES reported=1|0 sm=PCT|na kind=compute|graphics|both start=TICKS every=N miss=M
  *
  * GPU lines are numbered 0.. in file order (that is the NVML index). `name=` must come last.
+ * `minor=`: the card's /dev/nvidiaN number (nvmlDeviceGetMinorNumber), the index without it;
+ * a real driver numbers cards by PCI order, which need not be NVML's.
  * As on a real driver a process's memory counts only while the process lives: a pid that is
  * gone, a zombie, or (when start= is given) a reused pid is left out of every answer.
  * used(v2) = other + sum(alive processes); v1 also counts `reserved` as used; free is the same.
@@ -90,6 +92,7 @@ struct gpu {
     char uuid[96], name[96];
     unsigned long long total, other, reserved;
     int util, memutil, lost, pcie_switch, devutil; /* pcie_switch: -1 when not given; devutil NA: util + the processes' sm */
+    int minor; /* -1 when not given: the index */
 };
 struct proc {
     int gpu, pid, reported, sm, kind, every, miss; /* kind bit 1 = compute, bit 2 = graphics */
@@ -156,6 +159,7 @@ static struct state *load(void) {
             g->lost = (int)num(line, "lost", 0);
             g->pcie_switch = token(line, "switch") ? (int)num(line, "switch", 0) : -1;
             g->devutil = pct(line, "devutil", NA);
+            g->minor = token(line, "minor") ? (int)num(line, "minor", 0) : -1;
         } else if (strncmp(line, "proc ", 5) == 0 && st->nprocs < MAX_PROCS) {
             struct proc *p = &st->procs[st->nprocs++];
             const char *kind = token(line, "kind");
@@ -350,6 +354,15 @@ nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char *uuid, unsigned int len
     rc = put_string(uuid, length, g->uuid);
     free(st);
     return rc;
+}
+
+nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t device, unsigned int *minor) {
+    DEVICE_PROLOGUE(device);
+    const int number = g->minor < 0 ? index : g->minor;
+    free(st);
+    if (!minor) return NVML_ERROR_INVALID_ARGUMENT;
+    *minor = (unsigned int)number;
+    return NVML_SUCCESS;
 }
 
 static void memory(const struct state *st, int index, unsigned long long *used, unsigned long long *free_) {

@@ -64,6 +64,8 @@ class FakeGpu:
     # jobs reads 100 % while each process reads its time slice). None: util_percent plus
     # the live processes' sm_util, capped at 100.
     device_util_percent: int | None = None
+    # Its /dev/nvidiaN number (nvmlDeviceGetMinorNumber); None: its index, as is usual.
+    minor: int | None = None
     processes: list[FakeProcess] = field(default_factory=list)
 
 
@@ -107,6 +109,7 @@ def dumps(state: FakeState) -> str:
             f" memutil={gpu.mem_util_percent} lost={int(gpu.lost)}"
             + ("" if gpu.switch is None else f" switch={gpu.switch}")
             + ("" if gpu.device_util_percent is None else f" devutil={gpu.device_util_percent}")
+            + ("" if gpu.minor is None else f" minor={gpu.minor}")
             + f" name={gpu.name}"
         )
         for p in gpu.processes:
@@ -146,6 +149,7 @@ def loads(text: str) -> FakeState:
                     lost=values.get("lost") == "1",
                     switch=int(values["switch"]) if "switch" in values else None,
                     device_util_percent=int(values["devutil"]) if "devutil" in values else None,
+                    minor=int(values["minor"]) if "minor" in values else None,
                 )
             )
         else:

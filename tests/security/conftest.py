@@ -5,12 +5,14 @@ daemon running as root, as on a lab server. The daemon is started with what
 `systemd/gpusched.service` gives it, read from that file so the two stay in step:
 `UMask=`, `LimitNOFILE=` (soft limit; systemd's default 1024 without it), and, where this
 machine lets a test make cgroups, `TasksMax=` and `MemoryMax=` as a pids and a memory
-cgroup around the daemon and everything it starts (jobs included, as under systemd).
+cgroup around the daemon and everything it starts (jobs included, as under systemd), and
+on cgroup v1 a devices cgroup of its own, as systemd gives a unit with `Delegate=yes`.
 
 Fixtures:
 - `people`: (mallory, victim), two users who share no group; module-scoped.
-- `root_daemon(**config)`: a started daemon in a directory every user can traverse,
-  stopped (and its jobs killed) after the test; `.limits` says which limits applied.
+- `root_daemon(simulate=..., env=..., **config)`: a started daemon in a directory every
+  user can traverse, stopped (and its jobs killed) after the test; `.limits` says which
+  limits applied.
 """
 
 from __future__ import annotations
@@ -127,12 +129,14 @@ def people() -> Iterator[tuple[User, User]]:
 
 @pytest.fixture
 def root_daemon() -> Iterator[Callable[..., RunningDaemon]]:
-    """Start root daemons under the unit's limits: root_daemon(simulate=..., **config)."""
+    """Start root daemons under the unit's limits: root_daemon(simulate=..., env=..., **config)."""
     if os.geteuid() != 0:
         pytest.skip("the security suite plays users against a root daemon: needs root")
     made: list[tuple[RunningDaemon, UnitLimits]] = []
 
-    def make(simulate: str | None = "2x24G", **config: Any) -> RunningDaemon:
+    def make(
+        simulate: str | None = "2x24G", env: dict[str, str] | None = None, **config: Any
+    ) -> RunningDaemon:
         root = Path(tempfile.mkdtemp(prefix="gpusched-sec-", dir="/tmp"))
         root.chmod(0o755)
         limits = UnitLimits.from_unit(UNIT_FILE.read_text())
@@ -151,8 +155,12 @@ def root_daemon() -> Iterator[Callable[..., RunningDaemon]]:
             )
             if cgroup is not None:
                 limits.cgroups.append(cgroup)
+        if (CGROUP_ROOT / "devices").is_dir():
+            cgroup = _make_cgroup("devices", f"{_own_cgroup('devices')}/{tag}", {}, {})
+            if cgroup is not None:
+                limits.cgroups.append(cgroup)
         daemon = RunningDaemon(
-            root, simulate=simulate, config=config, preexec=unit_limits_preexec(limits)
+            root, simulate=simulate, config=config, env=env, preexec=unit_limits_preexec(limits)
         )
         daemon.limits = limits  # type: ignore[attr-defined]
         made.append((daemon, limits))

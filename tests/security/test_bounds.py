@@ -367,6 +367,16 @@ def test_replies_over_jobs_with_long_commands_are_bounded_while_built(
         refused = _attempt(mallory, lambda: _raw(sock, "wait", ids=ids, timeout=0))
     assert refused.get("error") == "UsageError", refused
     assert "more than one reply holds" in refused["message"]
+    # Cancelling them all did what it was asked: the reply says so for every job, those
+    # past the reply's budget in short (`cut`, their long strings left out).
+    answer = _attempt(mallory, lambda: _raw(sock, "cancel", mine=True, waiting_only=True))
+    assert "result" in answer, answer
+    cancelled = answer["result"]
+    assert sorted(j["id"] for j in cancelled) == sorted(ids)
+    assert {j["state"] for j in cancelled} == {"cancelled"}
+    cut = [j for j in cancelled if j.get("cut")]
+    assert cut and all(j["command"] == [] for j in cut)
+    assert all(len(j["command"]) == 3 for j in cancelled if not j.get("cut"))
     _still_serving(daemon, victim, before)
 
 

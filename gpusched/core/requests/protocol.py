@@ -50,8 +50,9 @@ def version_mismatch(client: str, daemon: str) -> str:
     wanted = ".".join(daemon.split(".")[:2])
     return (
         f"this gpusched client is version {client} but the daemon is {daemon}: they must share"
-        f" major.minor; use the server's own `gpusched`, or in your environment"
-        f" pip install 'gpusched=={wanted}.*'"
+        f" major.minor ({wanted}); use the server's own `gpusched`, or in your environment"
+        " install the wheel its install left (by default: pip install --force-reinstall"
+        " --find-links /opt/gpusched/share/wheels /opt/gpusched/share/wheels/gpusched-*.whl)"
     )
 
 

@@ -35,6 +35,7 @@ from gpusched.daemon.handlers.admin import drain_json
 from gpusched.daemon.identity import Caller
 from gpusched.daemon.services import Services
 from gpusched.processes.logcap import read_log
+from gpusched.scheduling.submit_checks import most_per_gpu
 from gpusched.usage.joblog import owned_log
 
 MAX_WAIT_S = 30.0
@@ -47,18 +48,42 @@ MAX_LOG_CHUNK = 1 << 20
 STATUS_PAGE_JOB_BYTES = WIRE_REPLY_BYTES // 2
 
 
+# A job listed in short (`cut`) past the budget: these long strings left out.
+_CUT_FIELDS: dict[str, Any] = {
+    "command": [],
+    "cwd": "",
+    "name": None,
+    "notify": None,
+    "hints": [],
+    "reason_detail": None,
+    "waiting_reason": None,
+    "log_path": None,
+    "output": None,
+    "notify_result": None,
+    "after": [],
+    "after_when": None,
+}
+_CUT_WEIGHT = reply_weight({**_CUT_FIELDS, "cut": True})
+
+
 def job_list(
     services: Services, caller: Caller, ids: list[int], done: str | None = None
 ) -> list[dict[str, Any]]:
     """The jobs as the caller may see them, read in chunks and refused past REPLY_BUDGET:
     the daemon never holds more of a reply than a client could read. `done`: what the
-    request did anyway (the error says so)."""
+    request did anyway; its reply must say so for every job, so the jobs past the budget
+    are listed in short (`cut`: true, their long strings left out), and only a list too
+    long even so is an error that says what was done."""
     shown, size = [], 0
-    for job in services.store.jobs.iter_jobs(ids):
+    too_long = f"more than one reply holds ({REPLY_BUDGET // 2**20} MiB)"
+    for listed, job in enumerate(services.store.jobs.iter_jobs(ids), start=1):
         data = services.visible(caller, job)
+        # Room kept for the rest in short, so that every job of a `done` reply is listed.
+        kept = 0 if done is None else (len(ids) - listed) * _CUT_WEIGHT
+        if done is not None and size + reply_weight(data) + kept > REPLY_BUDGET:
+            data = {**data, **_CUT_FIELDS, "cut": True}
         size += reply_weight(data)
         if size > REPLY_BUDGET:
-            too_long = f"more than one reply holds ({REPLY_BUDGET // 2**20} MiB)"
             if done is not None:
                 raise GpuschedError(f"{done}, but listing them is {too_long}")
             raise UsageError(f"the answer lists {len(ids)} jobs, {too_long}: ask for fewer")
@@ -255,11 +280,16 @@ def estimate_history(
             " once with --mem SIZE (`gpusched estimate --params ...` gives a first figure)"
         )
     peak = max(peak for _, peak, _ in runs)
+    suggested = suggest_mem(peak)
+    scheduler = services.scheduler
+    most = most_per_gpu(scheduler.placer.gpus_by_node(), scheduler.context.config.headroom_bytes)
+    if most is not None and peak <= most < suggested:  # the margin, not the peak, is too big
+        suggested = most
     return {
         "command": command,
         "jobs": [{"id": i, "peak_mem": p, "mem": m} for i, p, m in runs],
         "peak_mem": peak,
-        "suggested_mem": suggest_mem(peak),
+        "suggested_mem": suggested,
     }
 
 

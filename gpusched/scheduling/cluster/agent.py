@@ -4,16 +4,19 @@ scheduler when elected.
 Every pass (`place`), as AGENT: renew this node's lease (a conditional write on its name
 and epoch, timed by the database's clock) with its GPUs as read now; if the lease was
 refused, the node was declared down while it was away: stop what the cluster ended or
-gave to another node, keep the jobs it ended `lost` whose processes still run here, and
-rejoin: those are `running` again (counted on their cards, cancellable, their real end
-recorded), and so are the jobs it queued again (`--requeue`) whose runs still go on here
-and that have not started elsewhere since (taken back, not run twice). Then ask the
-node's running jobs that were cancelled from elsewhere to stop; settle the running rows
-it does not hold as the database does (a write whose answer was lost: cluster.strays);
-if elected (one daemon at a time, through the `leases` row), schedule the cluster
-(cluster.elected: the shared pass rules over every node); and start the jobs placed on
-this node, each only while this node is inside its launch deadline (cluster.node; the
-starter checks it again once its claim has committed, and the supervisor before exec).
+gave to another node, keep the jobs it ended `lost` whose processes still run here,
+record from its exit record the end of each run of a job queued again that ended here
+meanwhile (before rejoining: once back, nobody may start that job again), and rejoin:
+the `lost` ones that still run are `running` again (counted on their cards, cancellable,
+their real end recorded), and so are the jobs it queued again (`--requeue`) whose runs
+still go on here and that have not started elsewhere since (taken back, not run twice).
+Then ask the node's running jobs that were cancelled from elsewhere to stop; settle the
+running rows it does not hold as the database does (a write whose answer was lost:
+cluster.strays); if elected (one daemon at a time, through the `leases` row), schedule
+the cluster (cluster.elected: the shared pass rules over every node); and start the jobs
+placed on this node, each only while this node is inside its launch deadline
+(cluster.node; the starter checks it again once its claim has committed, and the
+supervisor before exec).
 Between passes the daemon calls `poll` every half second: placements on this node and
 cancels of its jobs take effect at once, whatever poll_interval is.
 
@@ -206,12 +209,15 @@ class ClusterAgent:
         nodes = self.nodes(node_rows)
         return [g for node in nodes for g in node.gpus if node.state != NODE_DOWN], nodes
 
-    def gpus_by_node(self) -> dict[str, list[GpuState]]:
-        """Each live node's GPUs as last reported (this node's as read now)."""
-        found: dict[str, list[GpuState]] = {}
+    def gpus_by_node(self) -> dict[str, list[GpuState] | None]:
+        """Each live node's GPUs as last reported (this node's as read now); None for a
+        node that joined and has not reported yet."""
+        found: dict[str, list[GpuState] | None] = {}
         for row in self.node_records.node_rows():
             if row.state != NODE_DOWN and not row.expired:
-                found[row.name] = list(NodeView.from_report(row.name, True, row.report).gpus)
+                reported = "gpus" in row.report
+                view = NodeView.from_report(row.name, True, row.report)
+                found[row.name] = list(view.gpus) if reported else None
         found[self.name] = self.reading.read_gpus()
         return found
 
@@ -279,10 +285,13 @@ class ClusterAgent:
             self._revive([i for i in node.local if i not in back])
 
     def _reconcile(self) -> list[int]:
-        """Back from being declared down: stop the processes of jobs the cluster ended
-        otherwise or started elsewhere; those it ended `lost` run on, their end reported
-        later; the requeued ones still queued, whose runs go on here, are returned, to be
-        taken back once this node has rejoined (_take_back)."""
+        """Back from being declared down, before rejoining: stop the processes of jobs
+        the cluster ended otherwise or started elsewhere; those it ended `lost` run on,
+        their end reported later; a run of a job queued again (or started elsewhere) that
+        ended here meanwhile is settled from its exit record now (_settle_from_record:
+        the job's end if it did not start again); the requeued ones still queued, whose
+        runs go on here, are returned, to be taken back once this node has rejoined
+        (_take_back)."""
         launcher = self.context.launcher
         local = self.node.local
         rows = self.placements.rows_of(list(local))
@@ -295,7 +304,14 @@ class ClusterAgent:
             if state == JobState.QUEUED and running:
                 back.append(job_id)  # queued again, not started elsewhere: ours to take back
                 continue
-            del local[job_id]
+            if not running and state in (JobState.QUEUED, JobState.HELD, JobState.RUNNING):
+                # Read here, not left to the exit watcher: the watcher may be heard only
+                # after this node has rejoined, and by then the scheduler may have started
+                # the job again, here or elsewhere. Before the rejoin, nothing can be
+                # placed here yet; a failure here fails the pass before the rejoin, and
+                # the next pass reads the record again.
+                self._settle_from_record(job_id)  # an end recorded drops it from `local`
+            local.pop(job_id, None)
             if running:
                 log.warning("job %s was given to the cluster again: stopping it here", job_id)
                 launcher.cancel(pid, start_time)

@@ -110,6 +110,10 @@ class ClusterNode:
     def ended(self, job_id: int) -> None:
         self.local.pop(job_id, None)
 
+    def process_of(self, job_id: int) -> tuple[int, str | None] | None:
+        held = self.local.get(job_id)
+        return None if held is None else (held[1], held[2])
+
     # -- the lease ------------------------------------------------------------------------
 
     @property

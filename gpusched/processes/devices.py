@@ -1,0 +1,155 @@
+"""Device fencing: a job opens only the device nodes of the GPUs it was given.
+
+`CUDA_VISIBLE_DEVICES` is only an environment variable: a job that unsets it, or a
+library that ignores it, would open every card. As Slurm's `ConstrainDevices`, each job's
+cgroup in cgroup v1's `devices` hierarchy denies the nodes of the other cards, and only
+those: `c 195:M` (`/dev/nvidiaM`, M the minor number NVML reports for the card, which need
+not be its index) and that card's MIG capability nodes (`nvidia-caps`, listed by the
+driver under /proc/driver/nvidia/capabilities/gpuM). Everything else stays as the
+service's cgroup allows it: the control nodes (`/dev/nvidiactl` 195:255,
+`/dev/nvidia-modeset` 195:254), `nvidia-uvm`, `/dev/pts`, `/dev/fuse`, InfiniBand.
+
+The layout mirrors the memory one (gpusched.processes.cgroups): under the devices cgroup the
+daemon starts in (the service's), `SERVICE/daemon` holds the daemon, the zygote and the
+supervisors, and `SERVICE/job-ID` one job, with its deny rules written by the supervisor
+before the job's fork. The devices controller checks a node at its open, wherever the node
+lives (a `mknod` in /tmp is denied too), and only root may write the rules or move a
+process out of the cgroup.
+
+cgroup v2 has no devices files: there a BPF program attached to the job's cgroup decides
+(systemd's `DeviceAllow=`); gpusched does not load one yet, and says so at its start and in
+`gpusched doctor` (docs/operations.md, "Security model"). Simulated GPUs have no nodes:
+nothing is fenced there.
+
+Stdlib only: the supervisor imports it at every job's start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from gpusched.processes import cgroups
+
+NVIDIA_MAJOR = 195  # /dev/nvidiaN, /dev/nvidiactl, /dev/nvidia-modeset
+PROC = Path("/proc")
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def _caps_major(proc: Path) -> int | None:
+    """The `nvidia-caps` character major (dynamic: read from /proc/devices), if loaded."""
+    try:
+        text = (proc / "devices").read_text()
+    except OSError:
+        return None
+    match = re.search(r"^\s*(\d+) nvidia-caps$", text, re.MULTILINE)
+    return int(match.group(1)) if match else None
+
+
+def _caps_minors(card_minor: int, proc: Path) -> list[int]:
+    """The minors of card `card_minor`'s capability nodes (its MIG instances): each
+    `access` file under the driver's gpuM directory says `DeviceFileMinor: N`."""
+    found: list[int] = []
+    root = proc / "driver" / "nvidia" / "capabilities" / f"gpu{card_minor}"
+    for access in sorted(root.rglob("access")):
+        with contextlib.suppress(OSError):
+            match = re.search(r"^DeviceFileMinor:\s*(\d+)", access.read_text(), re.MULTILINE)
+            if match:
+                found.append(int(match.group(1)))
+    return found
+
+
+def deny_rules(card_minors: Iterable[int], proc: Path = PROC) -> list[str]:
+    """The `devices.deny` lines that fence off the cards with these minor numbers: each
+    card's node and, where the driver lists them, its capability nodes."""
+    caps = _caps_major(proc)
+    rules: list[str] = []
+    for minor in sorted(set(card_minors)):
+        rules.append(f"c {NVIDIA_MAJOR}:{minor} rwm")
+        if caps is not None:
+            rules += [f"c {caps}:{cap} rwm" for cap in _caps_minors(minor, proc)]
+    return rules
+
+
+def own_devices_cgroup(pid: int | str = "self") -> Path | None:
+    """The v1 devices cgroup `pid` is in, where that hierarchy is mounted and visible."""
+    try:
+        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    path = next(
+        (line.split(":", 2)[2] for line in lines if "devices" in line.split(":", 2)[1].split(",")),
+        None,
+    )
+    if path is None:
+        return None
+    for root, point, fstype, options in cgroups.mounts():
+        if fstype == "cgroup" and "devices" in options.split(","):
+            where = cgroups.under(root, point, path)
+            if where is not None:
+                return where
+    return None
+
+
+def fencing_unavailable() -> str | None:
+    """Why this machine cannot fence cards, in one line (None: it can, with cgroup v1's
+    devices hierarchy). Said at the daemon's start and by `gpusched doctor`."""
+    if own_devices_cgroup() is not None:
+        return None
+    if (CGROUP_ROOT / "cgroup.controllers").exists():
+        return "cgroup v2: a job's GPUs are not fenced (no device program is loaded)"
+    return "no devices cgroup: a job's GPUs are not fenced"
+
+
+def prepare_service() -> Path | None:
+    """At the daemon's start (root): its devices cgroup laid out as the memory one, the
+    daemon moved into `SERVICE/daemon`; returns SERVICE, or None where that cannot be
+    done or the cgroup is not the daemon's alone (gpusched.processes.cgroups.prepare_service).
+    v1 has no rule against processes beside child cgroups: nothing else to enable."""
+    own = own_devices_cgroup()
+    if own is None:
+        return None
+    service = cgroups.prepare_service(cgroups.MemoryCgroup(own, 1))
+    return None if service is None else service.path
+
+
+class FenceError(OSError):
+    """A job's devices cgroup could not be made: the job is not started."""
+
+
+def make_job_cgroup(path: Path, rules: Iterable[str]) -> None:
+    """Create a job's devices cgroup and write its deny rules; FenceError (the cgroup
+    removed again) where any step is refused: a job is never started half fenced."""
+    try:
+        path.mkdir(exist_ok=True)
+        for rule in rules:
+            (path / "devices.deny").write_text(rule)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            path.rmdir()
+        raise FenceError(f"cannot fence off the GPUs it was not given: {exc}") from exc
+
+
+@contextlib.contextmanager
+def job_fork(path: Path | None) -> Iterator[None]:
+    """Around a job's fork: the supervisor in the job's devices cgroup, so the job is in it
+    from its first instruction; then back to the supervisor's own (as cgroups.job_fork)."""
+    if path is None:
+        yield
+        return
+    home = own_devices_cgroup()
+    (path / "cgroup.procs").write_text(str(os.getpid()))
+    try:
+        yield
+    finally:
+        if home is not None:
+            with contextlib.suppress(OSError):
+                (home / "cgroup.procs").write_text(str(os.getpid()))
+
+
+def remove_job_cgroup(path: Path) -> None:
+    """Remove a job's devices cgroup once its processes are gone."""
+    cgroups.remove_job_cgroup(cgroups.MemoryCgroup(path, 1))
