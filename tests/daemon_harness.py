@@ -252,6 +252,9 @@ class RunningDaemon:
             raise
         finally:
             self.process = None
+            # A daemon stopped without its clean exit leaves its (empty) cpuset directory;
+            # its running jobs keep theirs (kill_jobs removes those).
+            remove_cpusets(self.root / "state", wait_s=0)
 
     def kill_jobs(self) -> None:
         """SIGKILL every supervisor of this daemon and its job tree (jobs outlive the daemon),
@@ -454,12 +457,13 @@ class RunningDaemon:
         return [j for j in self.status()["jobs"] if j["state"] in ("running", "queued", "held")]
 
 
-def remove_cpusets(state_dir: Path) -> None:
-    """The v1 cpuset directory of the daemon of `state_dir` and its jobs' (once empty),
-    as gpusched.processes.cpusets names it; nothing where there is none."""
+def remove_cpusets(state_dir: Path, wait_s: float = 5.0) -> None:
+    """The v1 cpuset directory of the daemon of `state_dir` and its jobs' (once empty,
+    waited for up to `wait_s`), as gpusched.processes.cpusets names it; nothing where
+    there is none."""
     tag = hashlib.sha256(os.fsencode(state_dir.resolve())).hexdigest()[:12]
     for root in Path("/sys/fs/cgroup").glob(f"*/gpusched-{tag}"):
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + wait_s
         for job in root.glob("job-*"):
             while True:
                 try:
