@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +83,17 @@ def test_doctor_says_whether_a_job_is_kept_off_the_other_cards(
     assert said in result.stdout
     simulated = daemon_factory()
     assert _statuses(simulated.cli("doctor").stdout)["devices"] == "skip"
+
+
+def test_doctor_says_whether_ram_and_cpus_would_be_held(daemon: RunningDaemon) -> None:
+    from gpusched.processes.cgroups import own_memory_cgroup
+    from gpusched.processes.cpusets import unavailable
+
+    held = os.geteuid() == 0 and own_memory_cgroup() is not None and unavailable() is None
+    result = daemon.cli("doctor")
+    assert _statuses(result.stdout)["host"] == ("ok" if held else "warn"), result.stdout
+    said = "holds a job to its --ram and --cpus" if held else "--ram and --cpus are refused"
+    assert said in result.stdout
 
 
 def test_a_daemon_started_before_the_code_changed_is_a_warning(daemon: RunningDaemon) -> None:

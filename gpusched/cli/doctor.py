@@ -185,6 +185,32 @@ def _devices_check(ctx: _Context) -> Check:
     return Check("devices", OK, "cgroup v1 devices controller: each job can open only its own GPUs")
 
 
+def _host_check() -> Check:
+    """Whether a job's `--ram` and `--cpus` would be held here (gpusched.processes.cgroups,
+    .cpusets), as a root daemon started here would find it."""
+    from gpusched.processes.cgroups import own_memory_cgroup
+    from gpusched.processes.cpusets import unavailable
+
+    missing = [why for why in (unavailable(),) if why]
+    if own_memory_cgroup() is None:
+        missing.insert(0, "no memory cgroup to cap a job's host memory")
+    if os.geteuid() != 0:
+        missing.insert(0, "not root: only a root daemon gives jobs cgroups of their own")
+    if missing:
+        return Check(
+            "host",
+            WARN,
+            f"{'; '.join(missing)}: --ram and --cpus are refused at submit",
+            "run the daemon as root, as the unit does (docs/operations.md, Host memory and cores)",
+        )
+    return Check(
+        "host",
+        OK,
+        "memory and cpuset cgroups: a root daemon in a cgroup of its own (the unit's) holds"
+        " a job to its --ram and --cpus",
+    )
+
+
 def _daemon_check(ctx: _Context) -> Check:
     from gpusched.client import Client
 
@@ -278,6 +304,7 @@ def _database_check(ctx: _Context) -> Check:
 
 
 SERVED_DEVICES = Check("devices", SKIP, "the daemon's to fence, checked by its administrator")
+SERVED_HOST = Check("host", SKIP, "the daemon's cgroups, checked by its administrator")
 SERVED_SYSTEMD = Check("systemd", SKIP, "the service is its administrator's; its daemon answers")
 
 
@@ -340,6 +367,7 @@ def run_checks(
         lambda: _daemon_check(ctx),  # before the cards: whose daemon decides what to check
         lambda: _served_gpus_check(ctx) if ctx.served else _gpus_check(ctx),
         lambda: SERVED_DEVICES if ctx.served else _devices_check(ctx),
+        lambda: SERVED_HOST if ctx.served else _host_check(),
         lambda: _writable_check("state_dir", ctx.config.state_dir, ctx),
         lambda: _writable_check("log_dir", ctx.config.log_dir, ctx),
         lambda: _database_check(ctx),

@@ -141,6 +141,19 @@ def _effective(path: Path, name: str) -> str:
     raise OSError(f"no {name} in {path}")
 
 
+def unavailable() -> str | None:
+    """Why a daemon started here could give its jobs no cpuset, in one line (None: it
+    could: a v1 cpuset hierarchy, or v2 with the cpuset controller). Said by `doctor`."""
+    if _own_v1_cpuset() is not None:
+        return None
+    own = cgroups.own_memory_cgroup()
+    if own is not None and own.version == 2:
+        with contextlib.suppress(OSError):
+            if "cpuset" in (own.path / "cgroup.controllers").read_text().split():
+                return None
+    return "no cpuset cgroup to give a job its own cores"
+
+
 def prepare_root(
     service: cgroups.MemoryCgroup | None, state_dir: Path, reserve: int
 ) -> CpusetRoot | str:
