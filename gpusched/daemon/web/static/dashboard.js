@@ -330,7 +330,14 @@ function lineChart(points, t0, t1, yMax, yLabel, mark) {
   }
   flush();
   if (!points.some((p) => p.v !== null && p.v !== undefined)) {
-    chart.append(svg("text", { x: (left + width - right) / 2, y: (top + height - bottom) / 2, class: "empty", "text-anchor": "middle" }, "no samples"));
+    // In the middle of the plot, or of the larger part the declared line leaves (above
+    // it its label): never across the line.
+    let [from, to] = [top, height - bottom];
+    if (mark) {
+      const at = y(mark.value);
+      [from, to] = at - top > height - bottom - at ? [top, at - 16] : [at, height - bottom];
+    }
+    chart.append(svg("text", { x: (left + width - right) / 2, y: (from + to) / 2 + 5, class: "empty", "text-anchor": "middle" }, "no samples"));
   }
   return chart;
 }
