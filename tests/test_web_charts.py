@@ -109,10 +109,14 @@ def test_gpu_cards_show_each_jobs_memory_and_whose_the_rest_is(
 
             def card() -> str:
                 found = texts(driver, '.gpu[data-index="0"]')
-                return found[0] if found and "others:" in found[0] and "(3.0G)" in found[0] else ""
+                return (
+                    found[0]
+                    if found and "others:" in found[0] and "(3.0G/4.0G)" in found[0]
+                    else ""
+                )
 
             text = eventually(card, 30, describe=lambda: texts(driver, ".gpu"))
-            assert f"{job_id} (3.0G)" in text
+            assert f"{job_id} (3.0G/4.0G)" in text  # what it holds, of what it declared
             assert f"others: root:sleep/{outsider.pid} (10.0G)" in text
             assert console_errors(driver) == []
     finally:

@@ -1,21 +1,101 @@
-"""What the dashboard's pages draw, in a real browser: a chart's "no samples" clear of
-its declared line.
+"""What the dashboard's pages draw, in a real browser: memory in use beside the declared
+on the GPU page, and a chart's "no samples" clear of its declared line.
+
+The ended jobs are written to the database before the daemon starts (as
+tests/test_web_charts.py does), each as another user's: the dashboard shows every job as
+a stranger sees it, so their commands read "(hidden)".
 """
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from gpusched.core.clock import iso
+from gpusched.store import Store, jobs
 from tests.browser import chromium, console_errors, require_chromium
 from tests.daemon_harness import eventually
+from tests.fakenvml.fixtures import FakeNvml
 from tests.test_web_browser import texts, web_daemon
+
+G = 2**30
+SWEPT, FIRST, RETRY, CANCELLED = 31, 32, 60, 33
+RETRY_HINT = f"ran out of GPU memory: retried as job {RETRY} with --mem 5G"
+# A long hint and a long waiting reason: they take the room the other columns give up.
+LONG_HINT = (
+    "declared 6.0G and peaked at 2.0G: --mem 3G would have started sooner; GPU busy only"
+    " 12% on average (3-20%): the GPU mostly waits; look for CPU work in each step"
+)
 
 
 @pytest.fixture(autouse=True)
 def _browser_present() -> None:
     require_chromium()
+
+
+def ended_row(job_id: int, start: datetime, **fields: Any) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "id": job_id, "name": None, "user": "alice", "uid": 20001, "gid": 20001,
+        "state": "done", "command": ["python", "train.py"], "cwd": "/home/alice", "env": {},
+        "umask": 0o022, "mem": 4 * G, "gpus": 1, "gpu_indices": [0], "gpu_uuids": [],
+        "priority": 0, "after": [], "submitted_at": iso(start - timedelta(seconds=5)),
+        "started_at": iso(start), "ended_at": iso(start + timedelta(seconds=60)),
+        "exit_code": 0, "reason": "exit", "reason_detail": None, "peak_mem": 2 * G,
+        "hints": [LONG_HINT], "array_id": None, "array_index": None, "interactive": None,
+        "retried_as": None, "retry_of": None,
+    }  # fmt: skip
+    return {**row, **fields}
+
+
+def lab_ends(root: Path) -> None:
+    """A swept job of alice's cancelled by her, and her interactive job that ran out of
+    memory and was retried."""
+    start = datetime.now(timezone.utc).replace(microsecond=0) - timedelta(hours=1)
+    root.mkdir(exist_ok=True)
+    store = Store(f"sqlite:///{root / 'gpusched.db'}")
+    rows = [
+        ended_row(SWEPT, start, array_id=SWEPT, array_index=0),
+        ended_row(
+            CANCELLED, start, array_id=SWEPT, array_index=1, state="cancelled",
+            reason="cancelled", reason_detail="cancelled by alice", exit_code=None,
+        ),
+        ended_row(
+            FIRST, start, interactive=1, state="failed", reason="oom", exit_code=None,
+            reason_detail=None, retried_as=RETRY, hints=[RETRY_HINT],
+        ),
+        ended_row(RETRY, start, interactive=1, retry_of=FIRST, mem=5 * G),
+    ]  # fmt: skip
+    with store.database.engine.begin() as conn:
+        conn.execute(jobs.insert(), rows)
+    store.close()
+
+
+def lab(daemon_factory: Any, fake_nvml: FakeNvml, tmp_path: Path) -> tuple[str, int]:
+    """The dashboard's URL of a daemon with those ends, and its job of 4G declared that
+    holds 3G."""
+    fake_nvml.set_gpus([24 * G])
+    lab_ends(tmp_path / "d")
+    daemon, url = web_daemon(daemon_factory, fake_nvml)
+    job = daemon.submit("--mem", "4G", "--", *fake_nvml.gpujob_argv("--mem", "3G", "--hold", "120"))
+    eventually(lambda: daemon.show(job).get("mem_used") == 3 * G, 30)
+    return url, job
+
+
+def test_the_gpu_page_shows_each_jobs_memory_in_use_beside_the_declared(
+    daemon_factory: Any, fake_nvml: FakeNvml, tmp_path: Path
+) -> None:
+    url, job = lab(daemon_factory, fake_nvml, tmp_path)
+    with chromium(width=1400) as driver:
+        driver.get(url + "/")
+        eventually(
+            lambda: texts(driver, ".gpu-jobs") == [f"{job} (3.0G/4.0G)  "],
+            20,
+            describe=lambda: texts(driver, ".gpu-jobs"),
+        )
+        assert console_errors(driver) == []
 
 
 # The boxes of a chart's "no samples" and of its declared line and label, on the page.

@@ -190,12 +190,18 @@ function utilBar(util) {
   return bar;
 }
 
-function gpuRow(gpu) {
+/* `running`: the running jobs listed by id. Each job on the card is shown with what it
+   holds there and, where listed, what it declared per GPU ("3.0G/4.0G": an overrun
+   shows at a glance). */
+function gpuRow(gpu, running) {
   const state = gpu.state === "ok" ? null : el("span", { class: "badge bad", text: gpu.state });
   const jobs = el("span", { class: "gpu-jobs" });
   const held = gpu.job_mem || {};
   for (const id of gpu.jobs) {
-    jobs.append(jobLink(id), String(id) in held ? " (" + fmtSize(held[String(id)]) + ")  " : "  ");
+    const job = running.get(id);
+    const declared = job ? "/" + (job.mem === null ? "whole" : fmtSize(job.mem)) : "";
+    jobs.append(jobLink(id), String(id) in held
+      ? " (" + fmtSize(held[String(id)]) + declared + ")  " : "  ");
   }
   const others = (gpu.others || []).map((p) =>
     (p.user || "?") + ":" + (p.command || "?") + "/" + p.pid + " (" + fmtSize(p.used) + ")");
@@ -216,22 +222,23 @@ function gpuRow(gpu) {
     ...(others.length ? [el("div", { class: "muted gpu-others", text: "others: " + others.join(", ") })] : []));
 }
 
-function nodeSection(node, gpus) {
+function nodeSection(node, gpus, running) {
   const state = el("span", { class: "badge node-state" + (node.state === "up" ? "" : " bad"), text: node.state });
   const cards = gpus.filter((gpu) => gpu.node === node.name);
   return el("section", { class: "node", "data-node": node.name },
     el("h3", { class: "node-title" },
       el("span", { class: "node-name", text: node.name }), " ", state, " ",
       el("span", { class: "muted node-seen", text: "heard " + fmtDuration(node.last_seen) + " ago" })),
-    ...(cards.length ? cards.map(gpuRow) : [el("div", { class: "muted", text: "no GPU reported" })]));
+    ...(cards.length ? cards.map((gpu) => gpuRow(gpu, running)) : [el("div", { class: "muted", text: "no GPU reported" })]));
 }
 
 function renderServer(data) {
   header(data);
   clustered = (data.nodes || []).length > 1;
+  const running = new Map(data.running.map((job) => [job.id, job]));
   document.getElementById("gpus").replaceChildren(...(clustered
-    ? data.nodes.map((node) => nodeSection(node, data.gpus))
-    : data.gpus.map(gpuRow)));
+    ? data.nodes.map((node) => nodeSection(node, data.gpus, running))
+    : data.gpus.map((gpu) => gpuRow(gpu, running))));
   const legend = document.getElementById("legend");
   if (!legend.childElementCount) {
     for (const [key, label] of SEGMENTS) {
