@@ -1,5 +1,6 @@
 """What the dashboard's pages draw, in a real browser: memory in use beside the declared
-on the GPU page, and a chart's "no samples" clear of its declared line.
+on the GPU page, an end said once, a retry linked, and a chart's "no samples" clear of its
+declared line.
 
 The ended jobs are written to the database before the daemon starts (as
 tests/test_web_charts.py does), each as another user's: the dashboard shows every job as
@@ -9,6 +10,7 @@ a stranger sees it, so their commands read "(hidden)".
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +21,7 @@ from gpusched.store import Store, jobs
 from tests.browser import chromium, console_errors, require_chromium
 from tests.daemon_harness import eventually
 from tests.fakenvml.fixtures import FakeNvml
-from tests.test_web_browser import texts, web_daemon
+from tests.test_web_browser import find, texts, web_daemon
 
 G = 2**30
 SWEPT, FIRST, RETRY, CANCELLED = 31, 32, 60, 33
@@ -95,6 +97,56 @@ def test_the_gpu_page_shows_each_jobs_memory_in_use_beside_the_declared(
             20,
             describe=lambda: texts(driver, ".gpu-jobs"),
         )
+        assert console_errors(driver) == []
+
+
+def ended_cell(driver: Any, job_id: int, column: str) -> str:
+    """A cell of the queue's "Recently ended" row of `job_id`, by its column's heading."""
+    where = {"ID": 1, "Job": 3, "How": 5, "Hints": 7}[column]
+    return texts(driver, f'#ended tr[data-job="{job_id}"] td:nth-child({where})')[0]
+
+
+def ended_queue(driver: Any, url: str) -> None:
+    driver.get(url + "/queue")
+    eventually(lambda: find(driver, f'#ended tr[data-job="{RETRY}"]'), 20)
+
+
+def test_an_end_is_said_once(daemon_factory: Any, fake_nvml: FakeNvml, tmp_path: Path) -> None:
+    url, _ = lab(daemon_factory, fake_nvml, tmp_path)
+    with chromium(width=1400) as driver:
+        ended_queue(driver, url)
+        assert ended_cell(driver, CANCELLED, "How") == "cancelled by alice"
+        assert ended_cell(driver, FIRST, "How") == "failed (oom)"
+        assert ended_cell(driver, SWEPT, "How") == "done exit 0"
+        driver.get(f"{url}/job?id={CANCELLED}")
+        eventually(lambda: find(driver, '#job-facts dd[data-fact="exit"]'), 20)
+        assert texts(driver, '#job-facts dd[data-fact="exit"]') == ["cancelled by alice"]
+        assert console_errors(driver) == []
+
+
+def test_a_retry_is_a_link_to_its_job(
+    daemon_factory: Any, fake_nvml: FakeNvml, tmp_path: Path
+) -> None:
+    url, _ = lab(daemon_factory, fake_nvml, tmp_path)
+    with chromium(width=1400) as driver:
+        ended_queue(driver, url)
+        links = driver.execute_script(
+            "return Array.from(document.querySelectorAll(arguments[0]),"
+            " a => [a.textContent, a.getAttribute('href')])",
+            f'#ended tr[data-job="{FIRST}"] td:nth-child(7) a',
+        )
+        assert links == [[str(RETRY), f"/job?id={RETRY}"]]
+        assert ended_cell(driver, FIRST, "Hints") == RETRY_HINT  # the words unchanged
+        # The job pages link the first attempt and its retry both ways.
+        driver.get(f"{url}/job?id={FIRST}")
+        eventually(lambda: find(driver, "#job-hints li"), 20)
+        hint_links = [a.get_attribute("href") for a in find(driver, "#job-hints li a")]
+        assert hint_links == [f"{url}/job?id={RETRY}"]
+        for page, fact, other in ((FIRST, "retried as", RETRY), (RETRY, "retry of", FIRST)):
+            driver.get(f"{url}/job?id={page}")
+            css = f'#job-facts dd[data-fact="{fact}"] a'
+            link = eventually(partial(find, driver, css), 20)[0]
+            assert (link.text, link.get_attribute("href")) == (str(other), f"{url}/job?id={other}")
         assert console_errors(driver) == []
 
 

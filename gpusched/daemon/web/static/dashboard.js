@@ -90,12 +90,38 @@ function gpuList(job) {
    are then grouped by node, and a job's GPUs are named with their node. */
 let clustered = false;
 
+/* How it ended, each fact once: the CLI's ended label ("done exit 0", "cancelled",
+   "failed (SIGKILL)", "failed (oom)") and the detail where it adds to it; a detail that
+   begins with the label is said alone ("cancelled by alice", not "cancelled: cancelled
+   by alice"). */
+function endedLabel(job) {
+  if (job.reason === null || job.reason === undefined || job.reason === "exit") {
+    return job.state + (job.exit_code === null || job.exit_code === undefined ? "" : " exit " + job.exit_code);
+  }
+  if (job.reason === "signal" && job.reason_detail) return job.state + " (" + job.reason_detail + ")";
+  return job.reason === job.state ? job.state : job.state + " (" + job.reason + ")";
+}
+
 function ending(job) {
-  let text = job.state;
-  if (job.reason === "exit") text += " exit " + job.exit_code;
-  else if (job.reason) text += " (" + job.reason + ")";
-  if (job.reason_detail) text += ": " + job.reason_detail;
-  return text;
+  const label = endedLabel(job);
+  const detail = job.reason_detail;
+  if (!detail || label.includes(detail)) return label;
+  return detail.startsWith(label + " ") ? detail : label + ": " + detail;
+}
+
+/* `text` as nodes, each "job N" after "retried as " or "retry of " a link to that job's
+   page; the rest stays text. */
+function withJobLinks(text) {
+  const parts = [];
+  const pattern = /(retried as |retry of )job (\d+)/g;
+  let from = 0;
+  for (const match of text.matchAll(pattern)) {
+    const at = match.index + match[1].length;
+    parts.push(text.slice(from, at), "job ", jobLink(match[2]));
+    from = at + ("job " + match[2]).length;
+  }
+  parts.push(text.slice(from));
+  return parts.filter((part) => part !== "");
 }
 
 /* ---- polling ----------------------------------------------------------------------- */
@@ -271,7 +297,7 @@ function notifyText(result) {
 }
 
 function hintList(hints) {
-  return el("ul", { class: "hints" }, ...(hints || []).map((h) => el("li", { text: h })));
+  return el("ul", { class: "hints" }, ...(hints || []).map((h) => el("li", {}, ...withJobLinks(h))));
 }
 
 function renderQueue(data) {
@@ -448,13 +474,16 @@ function renderJob(data) {
     ["ended", fmtTime(job.ended_at)],
     ["ran for", job.started_at ? fmtDuration(seconds(job.started_at, job.ended_at || data.now)) : "-"],
     ["exit", job.ended_at ? ending(job) : "-"],
+    ["retry of", job.retry_of === null || job.retry_of === undefined ? null : el("span", {}, "job ", jobLink(job.retry_of))],
+    ["retried as", job.retried_as === null || job.retried_as === undefined ? null : el("span", {}, "job ", jobLink(job.retried_as))],
     ["notify", job.notify_result ? notifyText(job.notify_result) : null],
     // A requeued job's earlier runs (its node declared down), oldest first.
     ...(job.attempts || []).map((a) => ["run " + a.attempt,
       "node " + (a.node || "-") + ", " + fmtTime(a.started_at) + " to " + fmtTime(a.ended_at) + ": " + a.outcome]),
   ];
   document.getElementById("job-facts").replaceChildren(...facts.filter(([, v]) => v !== null && v !== undefined)
-    .flatMap(([k, v]) => [el("dt", { text: k }), el("dd", { "data-fact": k, text: String(v) })]));
+    .flatMap(([k, v]) => [el("dt", { text: k }),
+      v instanceof Node ? el("dd", { "data-fact": k }, v) : el("dd", { "data-fact": k, text: String(v) })]));
   const hints = document.getElementById("job-hints");
   hints.replaceChildren(...(job.hints && job.hints.length ? [el("h3", { text: "Hints" }), hintList(job.hints)] : []));
   renderCharts(job, data.now);
