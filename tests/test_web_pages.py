@@ -1,6 +1,6 @@
 """What the dashboard's pages draw, in a real browser: memory in use beside the declared
-on the GPU page, an end said once, a retry linked, and a chart's "no samples" clear of its
-declared line.
+on the GPU page, other users' sweep and interactive jobs named as the CLI names them, an
+end said once, a retry linked, and a chart's "no samples" clear of its declared line.
 
 The ended jobs are written to the database before the daemon starts (as
 tests/test_web_charts.py does), each as another user's: the dashboard shows every job as
@@ -109,6 +109,19 @@ def ended_cell(driver: Any, job_id: int, column: str) -> str:
 def ended_queue(driver: Any, url: str) -> None:
     driver.get(url + "/queue")
     eventually(lambda: find(driver, f'#ended tr[data-job="{RETRY}"]'), 20)
+
+
+def test_other_users_sweep_and_interactive_jobs_are_named_as_the_cli_names_them(
+    daemon_factory: Any, fake_nvml: FakeNvml, tmp_path: Path
+) -> None:
+    url, _ = lab(daemon_factory, fake_nvml, tmp_path)
+    with chromium(width=1400) as driver:
+        ended_queue(driver, url)
+        # The CLI's job_words: "a<array>[<index>]", "(interactive)", then the command.
+        assert ended_cell(driver, SWEPT, "Job") == "a31[0] (hidden)"
+        assert ended_cell(driver, CANCELLED, "Job") == "a31[1] (hidden)"
+        assert ended_cell(driver, FIRST, "Job") == "(interactive) (hidden)"
+        assert console_errors(driver) == []
 
 
 def test_an_end_is_said_once(daemon_factory: Any, fake_nvml: FakeNvml, tmp_path: Path) -> None:

@@ -75,9 +75,21 @@ function fmtPercent(value) {
   return value === null || value === undefined ? "-" : Math.round(value) + "%";
 }
 
+/* Its name, else its command's words, an array's job and an interactive job marked so:
+   all another user sees of them when commands are hidden ("a1[0] (hidden)"), as the
+   CLI's job_words draws them. */
+function jobWords(job) {
+  if (job.name) return [job.name];
+  const marks = [];
+  if (job.array_id !== null && job.array_id !== undefined) {
+    marks.push("a" + job.array_id + "[" + job.array_index + "]");
+  }
+  if (job.interactive) marks.push("(interactive)");
+  return [...marks, ...(job.command || [])];
+}
+
 function what(job) {
-  if (job.name) return job.name;
-  return (job.command || []).join(" ");
+  return jobWords(job).join(" ");
 }
 
 function gpuList(job) {
