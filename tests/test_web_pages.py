@@ -1,6 +1,7 @@
-"""What the dashboard's pages draw, in a real browser: memory in use beside the declared
-on the GPU page, other users' sweep and interactive jobs named as the CLI names them, an
-end said once, a retry linked, and a chart's "no samples" clear of its declared line.
+"""What the dashboard's queue, GPU and job pages draw, in a real browser: cells that keep to
+one line at 1400 and 700 px, memory in use beside the declared on the GPU page, other
+users' sweep and interactive jobs named as the CLI names them, an end said once, a retry
+linked, and a chart's "no samples" clear of its declared line.
 
 The ended jobs are written to the database before the daemon starts (as
 tests/test_web_charts.py does), each as another user's: the dashboard shows every job as
@@ -84,6 +85,46 @@ def lab(daemon_factory: Any, fake_nvml: FakeNvml, tmp_path: Path) -> tuple[str, 
     job = daemon.submit("--mem", "4G", "--", *fake_nvml.gpujob_argv("--mem", "3G", "--hold", "120"))
     eventually(lambda: daemon.show(job).get("mem_used") == 3 * G, 30)
     return url, job
+
+
+# Each ID and Job cell's lines: the distinct tops of its text's line boxes.
+CELL_LINES_JS = """
+const lines = (cell) => {
+  const tops = new Set();
+  const walk = document.createTreeWalker(cell, NodeFilter.SHOW_TEXT);
+  for (let node = walk.nextNode(); node; node = walk.nextNode()) {
+    const range = document.createRange();
+    range.selectNodeContents(node);
+    for (const rect of range.getClientRects()) if (rect.width > 0) tops.add(Math.round(rect.top));
+  }
+  return tops.size;
+};
+const css = 'tbody tr[data-job] td:nth-child(1), tbody tr[data-job] td:nth-child(3)';
+return Array.from(document.querySelectorAll(css),
+  (cell) => [cell.closest('tr').dataset.job, cell.textContent, lines(cell)]);
+"""
+
+
+def test_id_and_job_cells_keep_to_one_line_at_1400_and_700_px(
+    daemon_factory: Any, fake_nvml: FakeNvml, tmp_path: Path
+) -> None:
+    url, job = lab(daemon_factory, fake_nvml, tmp_path)
+    with chromium() as driver:
+        for width in (1400, 700):
+            driver.set_window_size(width, 900)
+            driver.get(url + "/queue")
+            eventually(lambda: find(driver, f'#running tr[data-job="{job}"]'), 20)
+            eventually(lambda: find(driver, f'#ended tr[data-job="{SWEPT}"]'), 20)
+            cells = driver.execute_script(CELL_LINES_JS)
+            assert len(cells) == 2 * 5, cells  # ID and Job of the running job and 4 ends
+            assert [cell for cell in cells if cell[2] != 1] == [], width
+            # Nothing is pushed past the window's right edge either.
+            overflow = driver.execute_script(
+                "return [document.documentElement.scrollWidth,"
+                " document.documentElement.clientWidth]"
+            )
+            assert overflow[0] <= overflow[1], (width, overflow)
+        assert console_errors(driver) == []
 
 
 def test_the_gpu_page_shows_each_jobs_memory_in_use_beside_the_declared(

@@ -92,6 +92,23 @@ function what(job) {
   return jobWords(job).join(" ");
 }
 
+/* A table's Job cell: one line. A long path loses its directories first, longest first
+   (".../train.py", the CLI's fit_words), so the script's name stays in view; the style
+   sheet cuts what is still too long, and the whole command is the cell's tooltip. */
+const JOB_CHARS = 40;
+function jobCell(job) {
+  const words = jobWords(job);
+  const join = () => words.join(" ");
+  const paths = words.map((_, i) => i).filter((i) => words[i].replace(/\/+$/, "").includes("/"))
+    .sort((a, b) => words[b].length - words[a].length);
+  for (const i of paths) {
+    if (join().length <= JOB_CHARS) break;
+    const short = ".../" + words[i].replace(/\/+$/, "").split("/").pop();
+    if (short.length < words[i].length) words[i] = short;
+  }
+  return el("span", { class: "job-what", title: what(job), text: join() });
+}
+
 function gpuList(job) {
   if (!job.gpu_indices || !job.gpu_indices.length) return "-";
   const cards = job.gpu_indices.join(",");
@@ -182,15 +199,15 @@ function header(data) {
   }
 }
 
-function table(id, headings, rows, more) {
+function table(id, columns, rows, more) {
   const body = rows.length
     ? rows
-    : [el("tr", {}, el("td", { class: "muted", colSpan: headings.length, text: "none" }))];
+    : [el("tr", {}, el("td", { class: "muted", colSpan: columns.length, text: "none" }))];
   if (more > 0) {
     body.push(el("tr", { class: "more" },
-      el("td", { colSpan: headings.length, text: "and " + more + " more, not listed" })));
+      el("td", { colSpan: columns.length, text: "and " + more + " more, not listed" })));
   }
-  const head = el("tr", {}, ...headings.map((h) => el("th", { text: h })));
+  const head = el("tr", {}, ...columns.map(([key, h]) => el("th", { class: "col-" + key, text: h })));
   document.getElementById(id).replaceChildren(el("thead", {}, head), el("tbody", {}, ...body));
 }
 
@@ -290,9 +307,21 @@ function renderServer(data) {
 
 /* ---- the queue ---------------------------------------------------------------------- */
 
-function row(job, cells) {
-  return el("tr", { "data-job": String(job.id) }, el("td", {}, jobLink(job.id)),
-    ...cells.map((cell) => (cell instanceof Node ? el("td", {}, cell) : el("td", { text: cell }))));
+/* A table's columns: [key, heading]. Each cell has the class col-KEY, which the style
+   sheet sizes (ID and Job on one line) and drops on a narrow window. */
+const RUNNING_COLUMNS = [["id", "ID"], ["user", "User"], ["job", "Job"], ["gpu", "GPU"],
+  ["mem", "Memory"], ["time", "Time"]];
+const WAITING_COLUMNS = [["id", "ID"], ["user", "User"], ["job", "Job"], ["mem", "Memory"],
+  ["priority", "Priority"], ["waiting", "Waiting"], ["why", "Why"]];
+const ENDED_COLUMNS = [["id", "ID"], ["user", "User"], ["job", "Job"], ["ended", "Ended"],
+  ["how", "How"], ["peak", "Peak"], ["hints", "Hints"]];
+
+function row(job, columns, cells) {
+  const all = [jobLink(job.id), cells[0], jobCell(job), ...cells.slice(1)];
+  return el("tr", { "data-job": String(job.id) }, ...all.map((cell, i) => {
+    const props = { class: "col-" + columns[i][0] };
+    return cell instanceof Node ? el("td", props, cell) : el("td", { ...props, text: cell });
+  }));
 }
 
 /* What a job declared, per GPU: "4.0G per GPU" or "a whole GPU". */
@@ -317,16 +346,16 @@ function renderQueue(data) {
   clustered = (data.nodes || []).length > 1;
   const c = data.counts;
   const mem = (job) => (job.mem === null ? "whole GPU" : fmtSize(job.mem)) + (job.gpus > 1 ? " x" + job.gpus : "");
-  table("running", ["ID", "User", "Job", "GPU", "Memory", "Time"],
-    data.running.map((job) => row(job, [job.user, what(job), gpuList(job), mem(job),
+  table("running", RUNNING_COLUMNS,
+    data.running.map((job) => row(job, RUNNING_COLUMNS, [job.user, gpuList(job), mem(job),
       fmtDuration(seconds(job.started_at, data.now))])), c.running - data.running.length);
-  table("waiting", ["ID", "User", "Job", "Memory", "Priority", "Waiting", "Why"],
-    data.waiting.map((job) => row(job, [job.user, what(job), mem(job), String(job.priority),
+  table("waiting", WAITING_COLUMNS,
+    data.waiting.map((job) => row(job, WAITING_COLUMNS, [job.user, mem(job), String(job.priority),
       fmtDuration(seconds(job.submitted_at, data.now)),
-      el("span", { class: "reason", text: job.waiting_reason || "" })])),
+      el("span", { class: "reason" }, ...withJobLinks(job.waiting_reason || ""))])),
     c.queued + c.held - data.waiting.length);
-  table("ended", ["ID", "User", "Job", "Ended", "How", "Peak", "Hints"],
-    data.ended.map((job) => row(job, [job.user, what(job), fmtTime(job.ended_at),
+  table("ended", ENDED_COLUMNS,
+    data.ended.map((job) => row(job, ENDED_COLUMNS, [job.user, fmtTime(job.ended_at),
       el("span", { class: "how state-" + job.state, text: ending(job) }),
       fmtSize(job.peak_mem) + " of " + declaredText(job), hintList(job.hints)])), 0);
   document.getElementById("running-count").textContent = "(" + c.running + ")";
@@ -513,7 +542,8 @@ function renderUsage(data) {
     "1 GiB-hour, halved every " + fmtDuration(data.half_life_s) + "; after " +
     fmtDuration(data.window_s) + " it no longer counts. Least first:";
   const gibHours = (v) => (v / 2 ** 30 / 3600).toFixed(2);
-  table("usage", ["User", "GiB-hours", "Share", "Running", "Queued", "Held"],
+  table("usage", [["user", "User"], ["usage", "GiB-hours"], ["share", "Share"], ["running", "Running"],
+    ["queued", "Queued"], ["held", "Held"]],
     data.users.map((u) => {
       const share = el("div", { class: "bar share" });
       const part = el("div", { class: "seg seg-jobs" });
