@@ -1,7 +1,7 @@
 """What the dashboard's queue, GPU and job pages draw, in a real browser: cells that keep to
-one line at 1400 and 700 px, memory in use beside the declared on the GPU page, other
-users' sweep and interactive jobs named as the CLI names them, an end said once, a retry
-linked, and a chart's "no samples" clear of its declared line.
+one line at 1400 and 700 px, memory in use beside the declared, other users' sweep and
+interactive jobs named as the CLI names them, an end said once, a retry linked, and a
+chart's "no samples" clear of its declared line.
 
 The ended jobs are written to the database before the daemon starts (as
 tests/test_web_charts.py does), each as another user's: the dashboard shows every job as
@@ -124,6 +124,19 @@ def test_id_and_job_cells_keep_to_one_line_at_1400_and_700_px(
                 " document.documentElement.clientWidth]"
             )
             assert overflow[0] <= overflow[1], (width, overflow)
+        assert console_errors(driver) == []
+
+
+def test_the_queue_shows_a_running_jobs_memory_in_use_beside_the_declared(
+    daemon_factory: Any, fake_nvml: FakeNvml, tmp_path: Path
+) -> None:
+    url, job = lab(daemon_factory, fake_nvml, tmp_path)
+    with chromium(width=1400) as driver:
+        driver.get(url + "/queue")
+        cell = f'#running tr[data-job="{job}"] td:nth-child(5)'  # Memory
+        eventually(
+            lambda: texts(driver, cell) == ["3.0G/4.0G"], 20, describe=lambda: texts(driver, cell)
+        )
         assert console_errors(driver) == []
 
 

@@ -310,7 +310,7 @@ function renderServer(data) {
 /* A table's columns: [key, heading]. Each cell has the class col-KEY, which the style
    sheet sizes (ID and Job on one line) and drops on a narrow window. */
 const RUNNING_COLUMNS = [["id", "ID"], ["user", "User"], ["job", "Job"], ["gpu", "GPU"],
-  ["mem", "Memory"], ["time", "Time"]];
+  ["mem", "Used/declared"], ["time", "Time"]];
 const WAITING_COLUMNS = [["id", "ID"], ["user", "User"], ["job", "Job"], ["mem", "Memory"],
   ["priority", "Priority"], ["waiting", "Waiting"], ["why", "Why"]];
 const ENDED_COLUMNS = [["id", "ID"], ["user", "User"], ["job", "Job"], ["ended", "Ended"],
@@ -346,8 +346,11 @@ function renderQueue(data) {
   clustered = (data.nodes || []).length > 1;
   const c = data.counts;
   const mem = (job) => (job.mem === null ? "whole GPU" : fmtSize(job.mem)) + (job.gpus > 1 ? " x" + job.gpus : "");
+  // What a running job holds now before what it declared, as the CLI's USED/MEM column
+  // (without a reading yet, the declared alone).
+  const used = (job) => (job.mem_used === null || job.mem_used === undefined ? "" : fmtSize(job.mem_used) + "/") + mem(job);
   table("running", RUNNING_COLUMNS,
-    data.running.map((job) => row(job, RUNNING_COLUMNS, [job.user, gpuList(job), mem(job),
+    data.running.map((job) => row(job, RUNNING_COLUMNS, [job.user, gpuList(job), used(job),
       fmtDuration(seconds(job.started_at, data.now))])), c.running - data.running.length);
   table("waiting", WAITING_COLUMNS,
     data.waiting.map((job) => row(job, WAITING_COLUMNS, [job.user, mem(job), String(job.priority),
