@@ -10,6 +10,7 @@ denied one with EPERM before the driver is looked for.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -19,10 +20,12 @@ import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from gpusched.processes import device_program
+from tests.test_supervisor import Run
 
 NVIDIA_MAJOR = 195
 
@@ -74,7 +77,10 @@ def scratch_cgroup() -> Iterator[Path]:
     try:
         yield path
     finally:
-        path.rmdir()  # its one process has exited: empty
+        for child in [p for p in path.iterdir() if p.is_dir()]:  # a job's, if left behind
+            with contextlib.suppress(OSError):
+                child.rmdir()
+        path.rmdir()  # its processes have exited: empty
 
 
 def _node(directory: Path, name: str, minor: int) -> str:
@@ -149,3 +155,49 @@ def test_attaching_to_what_is_not_a_cgroup_is_an_error(tmp_path: Path) -> None:
         device_program.fence(tmp_path, [(NVIDIA_MAJOR, 1)])
     assert caught.value.errno in (errno.EBADF, errno.EINVAL, errno.ENOTDIR)
     assert str(tmp_path) in str(caught.value)
+
+
+def _supervise(tmp_path: Path, nodes: list[str], **spec: Any) -> tuple[dict[str, Any], str]:
+    """A job opening `nodes` under a real supervisor with `spec`: its end and its log."""
+    run = Run(tmp_path, [sys.executable, "-c", OPEN_IN, "-", *nodes], **spec)
+    try:
+        return run.outcome(), run.log_path.read_text()
+    finally:
+        run.cleanup()
+
+
+def test_a_supervised_job_on_cgroup_v2_is_fenced_in_its_own_cgroup(
+    scratch_cgroup: Path, tmp_path: Path
+) -> None:
+    """As the daemon hands it on cgroup v2: the job's memory cgroup and its devices cgroup
+    are one directory, fenced before the fork and removed after the job."""
+    job = scratch_cgroup / "job-1"
+    nodes = [_node(tmp_path, "card0", 0), _node(tmp_path, "card1", 1)]
+    outcome, log = _supervise(
+        tmp_path,
+        nodes,
+        cgroup={"path": str(job), "version": 2, "limit": None},
+        devices={"path": str(job), "version": 2, "deny": ["c 195:1 rwm"]},
+    )
+    assert (outcome["outcome"], outcome["exit_code"]) == ("exit", 0), log
+    assert json.loads(log.strip().splitlines()[-1]) == {"card0": "ENXIO", "card1": "EPERM"}
+    assert not job.exists()
+
+
+def test_a_job_whose_program_cannot_be_attached_is_not_started(
+    scratch_cgroup: Path, tmp_path: Path
+) -> None:
+    """Not a cgroup (a plain directory): the program has nothing to attach to, and the job
+    would run with every card open, so its command never runs."""
+    ran = tmp_path / "ran"
+    fence = {"path": str(tmp_path / "job-1"), "version": 2, "deny": ["c 195:1 rwm"]}
+    run = Run(tmp_path, ["touch", str(ran)], devices=fence)
+    try:
+        outcome = run.outcome()
+    finally:
+        run.cleanup()
+    assert outcome["outcome"] == "failed_to_start"
+    assert outcome["transient"] is False
+    assert outcome["message"].startswith("cannot fence off the GPUs it was not given: ")
+    assert "BPF device program" in outcome["message"]
+    assert not ran.exists()

@@ -16,10 +16,12 @@ before the job's fork. The devices controller checks a node at its open, whereve
 lives (a `mknod` in /tmp is denied too), and only root may write the rules or move a
 process out of the cgroup.
 
-cgroup v2 has no devices files: there a BPF program attached to the job's cgroup decides
-(systemd's `DeviceAllow=`); gpusched does not load one yet, and says so at its start and in
-`gpusched doctor` (docs/operations.md, "Security model"). Simulated GPUs have no nodes:
-nothing is fenced there.
+cgroup v2 has no devices files: there the job's cgroup (the memory layout's `SERVICE/job-ID`,
+the same directory) gets a BPF device program denying the same nodes
+(gpusched.processes.device_program, as systemd's `DeviceAllow=`), attached by the supervisor
+before the job's fork. Where no such program loads (checked at the daemon's start), jobs
+are not fenced, which the daemon says at its start and `gpusched doctor` too
+(docs/operations.md, "Security model"). Simulated GPUs have no nodes: nothing is fenced.
 
 Stdlib only: the supervisor imports it at every job's start.
 """
@@ -30,9 +32,10 @@ import contextlib
 import os
 import re
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
-from gpusched.processes import cgroups
+from gpusched.processes import cgroups, device_program
 
 NVIDIA_MAJOR = 195  # /dev/nvidiaN, /dev/nvidiactl, /dev/nvidia-modeset
 PROC = Path("/proc")
@@ -94,53 +97,96 @@ def own_devices_cgroup(pid: int | str = "self") -> Path | None:
     return None
 
 
+def own_v2_cgroup(pid: int | str = "self") -> Path | None:
+    """The cgroup v2 directory `pid` is in, where a v2 hierarchy is mounted and visible."""
+    try:
+        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    path = next((line[3:] for line in lines if line.startswith("0::")), None)
+    for root, point, fstype, _options in cgroups._mounts():
+        if path is not None and fstype == "cgroup2":
+            where = cgroups._under(root, point, path)
+            if where is not None:
+                return where
+    return None
+
+
 def fencing_unavailable() -> str | None:
     """Why this machine cannot fence cards, in one line (None: it can, with cgroup v1's
-    devices hierarchy). Said at the daemon's start and by `gpusched doctor`."""
+    devices hierarchy or a BPF device program). Said at the daemon's start and by
+    `gpusched doctor`."""
     if own_devices_cgroup() is not None:
         return None
     if (CGROUP_ROOT / "cgroup.controllers").exists():
-        return "cgroup v2: a job's GPUs are not fenced (no device program is loaded)"
+        why = device_program.unavailable()
+        return None if why is None else f"cgroup v2: a job's GPUs are not fenced ({why})"
     return "no devices cgroup: a job's GPUs are not fenced"
 
 
-def prepare_service() -> Path | None:
-    """At the daemon's start (root): its devices cgroup laid out as the memory one, the
-    daemon moved into `SERVICE/daemon`; returns SERVICE, or None where that cannot be
-    done or the cgroup is not the daemon's alone (gpusched.processes.cgroups.prepare_service).
-    v1 has no rule against processes beside child cgroups: nothing else to enable."""
+def fenced_by() -> str:
+    """How jobs are fenced here, where `fencing_unavailable` says they can be."""
+    if own_devices_cgroup() is not None:
+        return "cgroup v1 devices controller"
+    return "a BPF device program on each job's cgroup v2"
+
+
+@dataclass(frozen=True)
+class DevicesService:
+    """Where jobs' devices cgroups go (`path`/job-ID) and their hierarchy's version: v1's
+    devices hierarchy, or on v2 the memory layout's service, fenced by a device program."""
+
+    path: Path
+    version: int
+
+
+def prepare_service(memory: cgroups.MemoryCgroup | None = None) -> DevicesService | None:
+    """At the daemon's start (root). On v1: its devices cgroup laid out as the memory one,
+    the daemon moved into `SERVICE/daemon`; None where that cannot be done or the cgroup
+    is not the daemon's alone (gpusched.processes.cgroups.prepare_service). v1 has no rule
+    against processes beside child cgroups: nothing else to enable. On v2 (no v1 devices
+    hierarchy): the `memory` service the daemon already laid out, where a device program
+    loads here; None otherwise."""
     own = own_devices_cgroup()
     if own is None:
-        return None
+        if memory is None or memory.version != 2 or device_program.unavailable() is not None:
+            return None
+        return DevicesService(memory.path, 2)
     service = cgroups.prepare_service(cgroups.MemoryCgroup(own, 1))
-    return None if service is None else service.path
+    return None if service is None else DevicesService(service.path, 1)
 
 
 class FenceError(OSError):
     """A job's devices cgroup could not be made: the job is not started."""
 
 
-def make_job_cgroup(path: Path, rules: Iterable[str]) -> None:
-    """Create a job's devices cgroup and write its deny rules; FenceError (the cgroup
-    removed again) where any step is refused: a job is never started half fenced."""
+def make_job_cgroup(path: Path, rules: Iterable[str], version: int = 1) -> None:
+    """Create a job's devices cgroup and write its deny rules (v1) or attach a device
+    program denying them (v2); FenceError (the cgroup removed again) where any step is
+    refused: a job is never started half fenced."""
     try:
         path.mkdir(exist_ok=True)
-        for rule in rules:
-            (path / "devices.deny").write_text(rule)
-    except OSError as exc:
+        if version == 2:
+            device_program.fence(path, device_program.parse_rules(rules))
+        else:
+            for rule in rules:
+                (path / "devices.deny").write_text(rule)
+    except (OSError, ValueError) as exc:
         with contextlib.suppress(OSError):
             path.rmdir()
         raise FenceError(f"cannot fence off the GPUs it was not given: {exc}") from exc
 
 
 @contextlib.contextmanager
-def job_fork(path: Path | None) -> Iterator[None]:
+def job_fork(path: Path | None, version: int = 1) -> Iterator[None]:
     """Around a job's fork: the supervisor in the job's devices cgroup, so the job is in it
-    from its first instruction; then back to the supervisor's own (as cgroups.job_fork)."""
+    from its first instruction; then back to the supervisor's own (as cgroups.job_fork).
+    On v2 the directory is the job's memory cgroup too: the move here is the one that
+    must not fail, since a job outside it would run unfenced."""
     if path is None:
         yield
         return
-    home = own_devices_cgroup()
+    home = own_v2_cgroup() if version == 2 else own_devices_cgroup()
     (path / "cgroup.procs").write_text(str(os.getpid()))
     try:
         yield

@@ -120,7 +120,7 @@ class Launcher:
         self._service: cgroups.MemoryCgroup | None = None  # jobs' cgroups go under it
         self._warmer: MoveWarmer | None = None  # with job cgroups: their moves' lock
         self._jobs_budget = 0  # with job cgroups: the memory their caps divide
-        self._devices: Path | None = None  # jobs' devices cgroups go under it (v1)
+        self._devices: devices.DevicesService | None = None  # jobs' devices cgroups under it
 
     def protect(self) -> None:
         """At the daemon's start (as root): protect it from the OOM killer (the zygote and
@@ -144,19 +144,30 @@ class Launcher:
                 self._jobs_budget = int(cgroups.memory_budget(self._service) * JOBS_MEMORY_SHARE)
             except (OSError, ValueError) as exc:
                 log.warning("cannot read the service's memory limit (%s): jobs uncapped", exc)
-        self._devices = devices.prepare_service()
+        self._devices = devices.prepare_service(self._service)
         if self._devices is None:
             why = devices.fencing_unavailable() or (
                 "the devices cgroup is not the daemon's alone: a job's GPUs are not fenced"
+                if devices.own_devices_cgroup() is not None
+                else "cgroup v2 without a job cgroup of its own: a job's GPUs are not fenced"
             )
             log.warning("%s; a job that ignores CUDA_VISIBLE_DEVICES can open every card", why)
         else:
-            log.info("GPUs fenced per job: devices cgroups in %s/job-ID", self._devices)
+            by = "devices cgroups" if self._devices.version == 1 else "BPF device programs"
+            log.info("GPUs fenced per job: %s on %s/job-ID", by, self._devices.path)
 
     @property
     def fences_devices(self) -> bool:
-        """Whether jobs get a devices cgroup (v1, the daemon's own: see `protect`)."""
+        """Whether jobs get a devices cgroup (v1's, the daemon's own, or a device program
+        on their v2 cgroup: see `protect`)."""
         return self._devices is not None
+
+    def _fence_spec(self, job_id: int, deny: Sequence[str]) -> dict[str, Any] | None:
+        """A job's devices cgroup and the other cards' nodes to deny there, for its spec."""
+        if self._devices is None or not deny:
+            return None
+        path, version = self._devices.path / f"job-{job_id}", self._devices.version
+        return {"path": str(path), "version": version, "deny": list(deny)}
 
     def host_mem_limit(self, job: Job) -> int | None:
         """The cap on a job's host memory (its cgroup's): its owner's `limits` `host_mem`,
@@ -329,9 +340,7 @@ class Launcher:
                 "limit": self.host_mem_limit(job),
             },
             "private_shm": os.geteuid() == 0,
-            "devices": None
-            if self._devices is None or not deny_devices
-            else {"path": str(self._devices / f"job-{job.id}"), "deny": list(deny_devices)},
+            "devices": self._fence_spec(job.id, deny_devices),
             "exec_by": exec_by,  # CLOCK_MONOTONIC: no exec past it (a cluster's fence)
         }
         spec_path = job_dir / "spec.json"
