@@ -173,7 +173,7 @@ def _devices_check(ctx: _Context) -> Check:
         return Check("devices", SKIP, "simulated GPUs have no device nodes: nothing to fence")
     from gpusched.processes import devices
 
-    on_v2 = (devices.CGROUP_ROOT / "cgroup.controllers").exists()
+    on_v2 = devices.own_v2_cgroup() is not None
     if os.geteuid() != 0 and on_v2 and devices.own_devices_cgroup() is None:
         # There the answer is whether a BPF device program loads: only root can try.
         return Check(

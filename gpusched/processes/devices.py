@@ -16,8 +16,8 @@ before the job's fork. The devices controller checks a node at its open, whereve
 lives (a `mknod` in /tmp is denied too), and only root may write the rules or move a
 process out of the cgroup.
 
-cgroup v2 has no devices files: there the job's cgroup (the memory layout's `SERVICE/job-ID`,
-the same directory) gets a BPF device program denying the same nodes
+cgroup v2 has no devices files: there the job's cgroup v2 (`SERVICE/job-ID`, on a v2-only
+machine the memory layout's own directory) gets a BPF device program denying the same nodes
 (gpusched.processes.device_program, as systemd's `DeviceAllow=`), attached by the supervisor
 before the job's fork. Where no such program loads (checked at the daemon's start), jobs
 are not fenced, which the daemon says at its start and `gpusched doctor` too
@@ -39,7 +39,6 @@ from gpusched.processes import cgroups, device_program
 
 NVIDIA_MAJOR = 195  # /dev/nvidiaN, /dev/nvidiactl, /dev/nvidia-modeset
 PROC = Path("/proc")
-CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
 def _caps_major(proc: Path) -> int | None:
@@ -118,7 +117,7 @@ def fencing_unavailable() -> str | None:
     `gpusched doctor`."""
     if own_devices_cgroup() is not None:
         return None
-    if (CGROUP_ROOT / "cgroup.controllers").exists():
+    if own_v2_cgroup() is not None:
         why = device_program.unavailable()
         return None if why is None else f"cgroup v2: a job's GPUs are not fenced ({why})"
     return "no devices cgroup: a job's GPUs are not fenced"
@@ -134,26 +133,28 @@ def fenced_by() -> str:
 @dataclass(frozen=True)
 class DevicesService:
     """Where jobs' devices cgroups go (`path`/job-ID) and their hierarchy's version: v1's
-    devices hierarchy, or on v2 the memory layout's service, fenced by a device program."""
+    devices hierarchy, or v2's, fenced there by a device program."""
 
     path: Path
     version: int
 
 
-def prepare_service(memory: cgroups.MemoryCgroup | None = None) -> DevicesService | None:
-    """At the daemon's start (root). On v1: its devices cgroup laid out as the memory one,
-    the daemon moved into `SERVICE/daemon`; None where that cannot be done or the cgroup
-    is not the daemon's alone (gpusched.processes.cgroups.prepare_service). v1 has no rule
-    against processes beside child cgroups: nothing else to enable. On v2 (no v1 devices
-    hierarchy): the `memory` service the daemon already laid out, where a device program
-    loads here; None otherwise."""
+def prepare_service() -> DevicesService | None:
+    """At the daemon's start (root): its devices cgroup laid out as the memory one, the
+    daemon moved into `SERVICE/daemon`; returns SERVICE, or None where that cannot be
+    done or the cgroup is not the daemon's alone (gpusched.processes.cgroups.prepare_service).
+    In v1's devices hierarchy where it is mounted, else in v2's where a device program
+    loads here (on a v2-only machine the memory layout's own directories, no controller
+    needed; on a hybrid one without v1's devices, the unified hierarchy's)."""
     own = own_devices_cgroup()
-    if own is None:
-        if memory is None or memory.version != 2 or device_program.unavailable() is not None:
-            return None
-        return DevicesService(memory.path, 2)
-    service = cgroups.prepare_service(cgroups.MemoryCgroup(own, 1))
-    return None if service is None else DevicesService(service.path, 1)
+    if own is not None:
+        service = cgroups.prepare_service(cgroups.MemoryCgroup(own, 1))
+        return None if service is None else DevicesService(service.path, 1)
+    v2 = own_v2_cgroup()
+    if v2 is None or device_program.unavailable() is not None:
+        return None
+    service = cgroups.prepare_service(cgroups.MemoryCgroup(v2, 2))
+    return None if service is None else DevicesService(service.path, 2)
 
 
 class FenceError(OSError):

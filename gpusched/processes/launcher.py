@@ -144,12 +144,12 @@ class Launcher:
                 self._jobs_budget = int(cgroups.memory_budget(self._service) * JOBS_MEMORY_SHARE)
             except (OSError, ValueError) as exc:
                 log.warning("cannot read the service's memory limit (%s): jobs uncapped", exc)
-        self._devices = devices.prepare_service(self._service)
+        self._devices = devices.prepare_service()
         if self._devices is None:
             why = devices.fencing_unavailable() or (
                 "the devices cgroup is not the daemon's alone: a job's GPUs are not fenced"
                 if devices.own_devices_cgroup() is not None
-                else "cgroup v2 without a job cgroup of its own: a job's GPUs are not fenced"
+                else "the daemon's cgroup v2 is not its alone: a job's GPUs are not fenced"
             )
             log.warning("%s; a job that ignores CUDA_VISIBLE_DEVICES can open every card", why)
         else:

@@ -129,7 +129,7 @@ def test_on_cgroup_v2_the_daemon_says_whether_cards_are_fenced(
     if device_program.unavailable() is not None:
         assert "cgroup v2: a job's GPUs are not fenced (cannot load" in daemon.stderr()
     else:  # fenced, or said why not: the daemon's cgroup v2 is not its own
-        said = ("BPF device programs on", "cgroup v2 without a job cgroup of its own")
+        said = ("BPF device programs on", "the daemon's cgroup v2 is not its alone")
         assert any(s in daemon.stderr() for s in said), daemon.stderr()
 
 
