@@ -16,12 +16,13 @@ from pathlib import Path
 
 import pytest
 
+from gpusched.client import Client
 from gpusched.processes import device_program
 from tests.daemon_harness import RunningDaemon, eventually
 from tests.fakenvml import state as fakestate
 from tests.fakenvml.fixtures import FakeNvml
 from tests.security.test_devices import CONTROL_MINOR, MINORS, _node, _open_as
-from tests.users import User
+from tests.users import User, as_user
 
 UNIFIED = Path("/sys/fs/cgroup/unified")
 
@@ -82,3 +83,32 @@ def test_a_job_given_every_card_on_cgroup_v2_is_denied_none(
     paths = [_node(nodes, f"nvidia-minor{m}", m) for m in MINORS]
     opened = _open_as(daemon, mallory, paths, gpus=2)["opened"]
     assert "EPERM" not in opened.values(), opened
+
+
+def test_a_restarted_daemon_on_cgroup_v2_fences_the_next_job_too(
+    people: tuple[User, User],
+    root_daemon: Callable[..., RunningDaemon],
+    fake_nvml: FakeNvml,
+) -> None:
+    """A restart finds the running job's supervisor in SERVICE/daemon of the v2 hierarchy,
+    not beside it in SERVICE: the service is still the daemon's alone, and fenced."""
+    mallory, _victim = people
+    gpus = fakestate.make_gpus([24 * fakestate.GiB] * 2)
+    for gpu, minor in zip(gpus, MINORS, strict=True):
+        gpu.minor = minor
+    fake_nvml.set_gpus(gpus)
+    daemon = root_daemon(simulate=None, env=fake_nvml.env(), v2_devices=True)
+    eventually(lambda: len(daemon.status()["gpus"]) == 2, 30)
+    socket_path = daemon.socket_path
+    running = int(as_user(mallory, lambda: Client(socket_path).submit(["sleep", "60"], gpus=1).id))
+    daemon.wait_state(running, {"running"})
+    daemon.stop()
+    daemon.start()
+    eventually(lambda: len(daemon.status()["gpus"]) == 2, 30)
+    nodes = daemon.root / "nodes"
+    nodes.mkdir(mode=0o755)
+    paths = [_node(nodes, f"nvidia-minor{m}", m) for m in MINORS]
+    ran = _open_as(daemon, mallory, paths)
+    [given] = ran["job"]["gpu_indices"]
+    assert ran["opened"][f"nvidia-minor{MINORS[1 - given]}"] == "EPERM", ran["opened"]
+    assert ran["opened"][f"nvidia-minor{MINORS[given]}"] == "ENXIO", ran["opened"]
