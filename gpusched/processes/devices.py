@@ -182,8 +182,8 @@ def make_job_cgroup(path: Path, rules: Iterable[str], version: int = 1) -> None:
 def job_fork(path: Path | None, version: int = 1) -> Iterator[None]:
     """Around a job's fork: the supervisor in the job's devices cgroup, so the job is in it
     from its first instruction; then back to the supervisor's own (as cgroups.job_fork).
-    On v2 the directory is the job's memory cgroup too: the move here is the one that
-    must not fail, since a job outside it would run unfenced."""
+    The move in must not fail (a job outside would run unfenced): its error is the
+    job's. On a v2-only machine the directory is the job's memory cgroup too."""
     if path is None:
         yield
         return
