@@ -110,7 +110,8 @@ def test_job_ids_complete_in_order_and_arrays_complete_too(fresh_daemon: Running
     array = daemon.client().job(held[0]).array_id
     assert _complete("gpusched wait a", daemon.socket_path) == [f"a{array}"]
     assert f"a{array}" in _complete("gpusched cancel ", daemon.socket_path)
-    assert not any(c.startswith("a") for c in _complete("gpusched hold ", daemon.socket_path))
+    assert f"a{array}" in _complete("gpusched hold ", daemon.socket_path)  # aN: its queued jobs
+    assert not any(c.startswith("a") for c in _complete("gpusched show ", daemon.socket_path))
 
 
 @pytest.mark.parametrize(

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from gpusched.processes import device_program
 from tests.daemon_harness import RunningDaemon
 from tests.fakenvml.fixtures import FakeNvml
 
@@ -76,11 +77,13 @@ def test_doctor_says_whether_a_job_is_kept_off_the_other_cards(
     daemon_factory: Any, fake_nvml: FakeNvml
 ) -> None:
     v1 = Path("/sys/fs/cgroup/devices").is_dir()
+    fenced = v1 or device_program.unavailable() is None  # v2: by a BPF device program
     daemon = daemon_factory(simulate=None, env=fake_nvml.env())
     result = daemon.cli("doctor")
-    assert _statuses(result.stdout)["devices"] == ("ok" if v1 else "warn"), result.stdout
-    said = "each job can open only its own GPUs" if v1 else "a job's GPUs are not fenced"
+    assert _statuses(result.stdout)["devices"] == ("ok" if fenced else "warn"), result.stdout
+    said = "each job can open only its own GPUs" if fenced else "a job's GPUs are not fenced"
     assert said in result.stdout
+    assert ("cgroup v1 devices controller" if v1 else "cgroup v2") in result.stdout
     simulated = daemon_factory()
     assert _statuses(simulated.cli("doctor").stdout)["devices"] == "skip"
 

@@ -165,9 +165,10 @@ def test_only_get_and_head(web_port: int) -> None:
 
 def test_pages_forbid_inline_script_and_foreign_origins(web_port: int) -> None:
     port = web_port
-    for path in ("/", "/queue", "/job?id=1", "/usage"):
+    # /job?id=1 of a daemon without jobs: the page that says so, with the same headers.
+    for path, expected in (("/", 200), ("/queue", 200), ("/job?id=1", 404), ("/usage", 200)):
         status, headers, body = get(port, path)
-        assert status == 200
+        assert status == expected, path
         assert headers["Content-Type"] == "text/html; charset=utf-8"
         assert headers["X-Content-Type-Options"] == "nosniff"
         csp = headers["Content-Security-Policy"]
@@ -197,6 +198,27 @@ def test_job_api_errors(web_port: int) -> None:
         assert "error" in json.loads(body)
     assert get(port, "/nope")[0] == 404
     assert get(port, "/static/../../etc/passwd")[0] == 404
+
+
+def test_the_page_of_no_job_says_so_and_nothing_else(daemon_factory: Any) -> None:
+    daemon, port = web_daemon(daemon_factory)
+    job = daemon.submit("--mem", "1G", "--hold", "--", "true")
+    status, headers, body = get(port, f"/job?id={job}")
+    assert status == 200
+    assert b'id="job-facts"' in body
+    status, headers, body = get(port, "/job?id=9999")
+    assert status == 404
+    assert headers["Content-Security-Policy"].startswith("default-src 'none'; script-src 'self'")
+    page = body.decode()
+    assert re.search(r"<h2[^>]*>no job 9999</h2>", page)
+    # None of the job page's sections, whose emptiness read as a job with no facts.
+    for section in ("job-facts", "memory-chart", "util-chart", "samples", "GPU memory"):
+        assert section not in page, section
+    # An id that is no number: said as the API says it, escaped.
+    status, _, body = get(port, "/job?id=%3Cb%3E")
+    assert status == 400
+    assert b"expected ?id=JOB (a job number)" in body
+    assert b"<b>" not in body
 
 
 def test_usage_is_fair_shares_memory_time(daemon_factory: Any) -> None:

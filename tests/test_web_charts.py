@@ -82,6 +82,14 @@ def test_job_charts_tick_round_times_draw_gaps_and_the_tables_keep_their_facts(
         eventually(lambda: find(driver, f'#ended tr[data-job="{job_id}"]'), 20)
         row = texts(driver, f'#ended tr[data-job="{job_id}"]')[0]
         assert "2.0G of 6.0G per GPU" in row
+        # The long command on one line: its directories go first, then the style sheet
+        # cuts the rest; the whole command is the cell's tooltip.
+        what = find(driver, f'#ended tr[data-job="{job_id}"] td:nth-child(3) span')[0]
+        assert what.get_attribute("textContent") == "python .../" + LONG_COMMAND[1].split("/")[-1]
+        assert what.get_attribute("title") == " ".join(LONG_COMMAND)
+        assert driver.execute_script(
+            "return arguments[0].scrollWidth > arguments[0].clientWidth", what
+        )
         right, width = driver.execute_script(
             "const hint = document.querySelector('#ended ul.hints li');"
             " return [hint.getBoundingClientRect().right, document.documentElement.clientWidth];"
@@ -109,10 +117,14 @@ def test_gpu_cards_show_each_jobs_memory_and_whose_the_rest_is(
 
             def card() -> str:
                 found = texts(driver, '.gpu[data-index="0"]')
-                return found[0] if found and "others:" in found[0] and "(3.0G)" in found[0] else ""
+                return (
+                    found[0]
+                    if found and "others:" in found[0] and "(3.0G/4.0G)" in found[0]
+                    else ""
+                )
 
             text = eventually(card, 30, describe=lambda: texts(driver, ".gpu"))
-            assert f"{job_id} (3.0G)" in text
+            assert f"{job_id} (3.0G/4.0G)" in text  # what it holds, of what it declared
             assert f"others: root:sleep/{outsider.pid} (10.0G)" in text
             assert console_errors(driver) == []
     finally:

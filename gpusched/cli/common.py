@@ -139,7 +139,6 @@ class _JobId(click.ParamType):
 
 
 # The id arguments of the job commands, with their shell completion.
-JOB_IDS = click.argument("ids", nargs=-1, required=True, shell_complete=job_ids_completer())
 JOB_OR_ARRAY_IDS = click.argument(
     "ids", nargs=-1, required=True, shell_complete=job_ids_completer(arrays=True)
 )

@@ -171,18 +171,27 @@ def _devices_check(ctx: _Context) -> Check:
     """Whether a job is kept off the cards it was not given (gpusched.processes.devices)."""
     if ctx.config.simulate:
         return Check("devices", SKIP, "simulated GPUs have no device nodes: nothing to fence")
-    from gpusched.processes.devices import fencing_unavailable
+    from gpusched.processes import devices
 
-    why = fencing_unavailable()
+    on_v2 = devices.own_v2_cgroup() is not None
+    if os.geteuid() != 0 and on_v2 and devices.own_devices_cgroup() is None:
+        # There the answer is whether a BPF device program loads: only root can try.
+        return Check(
+            "devices",
+            SKIP,
+            "cgroup v2: whether BPF device programs fence the cards only root can check"
+            " (the daemon says so at its start)",
+        )
+    why = devices.fencing_unavailable()
     if why is not None:
         return Check(
             "devices",
             WARN,
             f"{why}: a job that ignores CUDA_VISIBLE_DEVICES can open every card",
-            "boot with cgroup v1's devices controller to fence cards"
-            " (docs/operations.md, Security model)",
+            "run the daemon as root on cgroup v1's devices controller, or on cgroup v2"
+            " where BPF device programs load (docs/operations.md, Security model)",
         )
-    return Check("devices", OK, "cgroup v1 devices controller: each job can open only its own GPUs")
+    return Check("devices", OK, f"{devices.fenced_by()}: each job can open only its own GPUs")
 
 
 def _host_check() -> Check:

@@ -73,6 +73,7 @@ JOB_DEFAULTS: dict[str, Any] = {
     "sharing_speed": None,
     "mem_used": None,
     "attempts": None,
+    "cut": False,
 }
 
 
@@ -88,4 +89,6 @@ def job_json(data: dict[str, Any]) -> dict[str, Any]:
         value = data.get(name, default)
         job[name] = list(value) if isinstance(value, list) else value
     job["state"] = str(job["state"])
+    if not job["cut"]:  # as Job.to_json: only where true
+        del job["cut"]
     return job

@@ -234,9 +234,10 @@ def prepare_service(service: MemoryCgroup | None = None) -> MemoryCgroup | None:
         for pid in service.procs():
             with contextlib.suppress(ProcessLookupError):
                 leaf.add(pid)
-        if service.version == 2:
+        if service.version == 2 and _v2_has_memory(service.path):
             # v2's "no internal processes" rule: controllers are enabled for children only
-            # once the parent holds no process (just done above).
+            # once the parent holds no process (just done above). The devices layout on a
+            # hybrid machine's v2 hierarchy has no memory controller, and needs none.
             (service.path / "cgroup.subtree_control").write_text("+memory")
     except OSError:
         return None

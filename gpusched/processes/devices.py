@@ -16,10 +16,12 @@ before the job's fork. The devices controller checks a node at its open, whereve
 lives (a `mknod` in /tmp is denied too), and only root may write the rules or move a
 process out of the cgroup.
 
-cgroup v2 has no devices files: there a BPF program attached to the job's cgroup decides
-(systemd's `DeviceAllow=`); gpusched does not load one yet, and says so at its start and in
-`gpusched doctor` (docs/operations.md, "Security model"). Simulated GPUs have no nodes:
-nothing is fenced there.
+cgroup v2 has no devices files: there the job's cgroup v2 (`SERVICE/job-ID`, on a v2-only
+machine the memory layout's own directory) gets a BPF device program denying the same nodes
+(gpusched.processes.device_program, as systemd's `DeviceAllow=`), attached by the supervisor
+before the job's fork. Where no such program loads (checked at the daemon's start), jobs
+are not fenced, which the daemon says at its start and `gpusched doctor` too
+(docs/operations.md, "Security model"). Simulated GPUs have no nodes: nothing is fenced.
 
 Stdlib only: the supervisor imports it at every job's start.
 """
@@ -30,13 +32,13 @@ import contextlib
 import os
 import re
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
-from gpusched.processes import cgroups
+from gpusched.processes import cgroups, device_program
 
 NVIDIA_MAJOR = 195  # /dev/nvidiaN, /dev/nvidiactl, /dev/nvidia-modeset
 PROC = Path("/proc")
-CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
 def _caps_major(proc: Path) -> int | None:
@@ -94,53 +96,98 @@ def own_devices_cgroup(pid: int | str = "self") -> Path | None:
     return None
 
 
+def own_v2_cgroup(pid: int | str = "self") -> Path | None:
+    """The cgroup v2 directory `pid` is in, where a v2 hierarchy is mounted and visible."""
+    try:
+        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    path = next((line[3:] for line in lines if line.startswith("0::")), None)
+    for root, point, fstype, _options in cgroups.mounts():
+        if path is not None and fstype == "cgroup2":
+            where = cgroups.under(root, point, path)
+            if where is not None:
+                return where
+    return None
+
+
 def fencing_unavailable() -> str | None:
     """Why this machine cannot fence cards, in one line (None: it can, with cgroup v1's
-    devices hierarchy). Said at the daemon's start and by `gpusched doctor`."""
+    devices hierarchy or a BPF device program). Said at the daemon's start and by
+    `gpusched doctor`."""
     if own_devices_cgroup() is not None:
         return None
-    if (CGROUP_ROOT / "cgroup.controllers").exists():
-        return "cgroup v2: a job's GPUs are not fenced (no device program is loaded)"
+    if own_v2_cgroup() is not None:
+        why = device_program.unavailable()
+        return None if why is None else f"cgroup v2: a job's GPUs are not fenced ({why})"
     return "no devices cgroup: a job's GPUs are not fenced"
 
 
-def prepare_service() -> Path | None:
+def fenced_by() -> str:
+    """How jobs are fenced here, where `fencing_unavailable` says they can be."""
+    if own_devices_cgroup() is not None:
+        return "cgroup v1 devices controller"
+    return "a BPF device program on each job's cgroup v2"
+
+
+@dataclass(frozen=True)
+class DevicesService:
+    """Where jobs' devices cgroups go (`path`/job-ID) and their hierarchy's version: v1's
+    devices hierarchy, or v2's, fenced there by a device program."""
+
+    path: Path
+    version: int
+
+
+def prepare_service() -> DevicesService | None:
     """At the daemon's start (root): its devices cgroup laid out as the memory one, the
     daemon moved into `SERVICE/daemon`; returns SERVICE, or None where that cannot be
     done or the cgroup is not the daemon's alone (gpusched.processes.cgroups.prepare_service).
-    v1 has no rule against processes beside child cgroups: nothing else to enable."""
+    In v1's devices hierarchy where it is mounted, else in v2's where a device program
+    loads here (on a v2-only machine the memory layout's own directories, no controller
+    needed; on a hybrid one without v1's devices, the unified hierarchy's)."""
     own = own_devices_cgroup()
-    if own is None:
+    if own is not None:
+        service = cgroups.prepare_service(cgroups.MemoryCgroup(own, 1))
+        return None if service is None else DevicesService(service.path, 1)
+    v2 = own_v2_cgroup()
+    if v2 is None or device_program.unavailable() is not None:
         return None
-    service = cgroups.prepare_service(cgroups.MemoryCgroup(own, 1))
-    return None if service is None else service.path
+    service = cgroups.prepare_service(cgroups.MemoryCgroup(v2, 2))
+    return None if service is None else DevicesService(service.path, 2)
 
 
 class FenceError(OSError):
     """A job's devices cgroup could not be made: the job is not started."""
 
 
-def make_job_cgroup(path: Path, rules: Iterable[str]) -> None:
-    """Create a job's devices cgroup and write its deny rules; FenceError (the cgroup
-    removed again) where any step is refused: a job is never started half fenced."""
+def make_job_cgroup(path: Path, rules: Iterable[str], version: int = 1) -> None:
+    """Create a job's devices cgroup and write its deny rules (v1) or attach a device
+    program denying them (v2); FenceError (the cgroup removed again) where any step is
+    refused: a job is never started half fenced."""
     try:
         path.mkdir(exist_ok=True)
-        for rule in rules:
-            (path / "devices.deny").write_text(rule)
-    except OSError as exc:
+        if version == 2:
+            device_program.fence(path, device_program.parse_rules(rules))
+        else:
+            for rule in rules:
+                (path / "devices.deny").write_text(rule)
+    except (OSError, ValueError) as exc:
         with contextlib.suppress(OSError):
             path.rmdir()
         raise FenceError(f"cannot fence off the GPUs it was not given: {exc}") from exc
 
 
 @contextlib.contextmanager
-def job_fork(path: Path | None) -> Iterator[None]:
+def job_fork(path: Path | None, version: int = 1) -> Iterator[None]:
     """Around a job's fork: the supervisor in the job's devices cgroup, so the job is in it
-    from its first instruction; then back to the supervisor's own (as cgroups.job_fork)."""
+    from its first instruction; then back to the supervisor's own (as cgroups.job_fork).
+    The move in must not fail (a job outside would run unfenced): its error is the
+    job's. On a v2-only machine the directory is the job's memory cgroup too."""
     if path is None:
         yield
         return
-    home = own_devices_cgroup()
+    home = own_v2_cgroup() if version == 2 else own_devices_cgroup()
     (path / "cgroup.procs").write_text(str(os.getpid()))
     try:
         yield

@@ -130,7 +130,7 @@ class Launcher:
         # Where jobs' cpusets go, or why they have none; the machine's memory (read once).
         self._cpusets: cpusets.CpusetRoot | str = cpusets.NOT_ROOT
         self._memory_total = _memory_total()
-        self._devices: Path | None = None  # jobs' devices cgroups go under it (v1)
+        self._devices: devices.DevicesService | None = None  # jobs' devices cgroups under it
 
     def protect(self) -> None:
         """At the daemon's start (as root): protect it from the OOM killer (the zygote and
@@ -164,10 +164,13 @@ class Launcher:
         if self._devices is None:
             why = devices.fencing_unavailable() or (
                 "the devices cgroup is not the daemon's alone: a job's GPUs are not fenced"
+                if devices.own_devices_cgroup() is not None
+                else "the daemon's cgroup v2 is not its alone: a job's GPUs are not fenced"
             )
             log.warning("%s; a job that ignores CUDA_VISIBLE_DEVICES can open every card", why)
         else:
-            log.info("GPUs fenced per job: devices cgroups in %s/job-ID", self._devices)
+            by = "devices cgroups" if self._devices.version == 1 else "BPF device programs"
+            log.info("GPUs fenced per job: %s on %s/job-ID", by, self._devices.path)
 
     def host_facts(self) -> HostFacts:
         """What the host rule counts (`JobLauncher.host_facts`): the service's memory for
@@ -206,8 +209,16 @@ class Launcher:
 
     @property
     def fences_devices(self) -> bool:
-        """Whether jobs get a devices cgroup (v1, the daemon's own: see `protect`)."""
+        """Whether jobs get a devices cgroup (v1's, the daemon's own, or a device program
+        on their v2 cgroup: see `protect`)."""
         return self._devices is not None
+
+    def _fence_spec(self, job_id: int, deny: Sequence[str]) -> dict[str, Any] | None:
+        """A job's devices cgroup and the other cards' nodes to deny there, for its spec."""
+        if self._devices is None or not deny:
+            return None
+        path, version = self._devices.path / f"job-{job_id}", self._devices.version
+        return {"path": str(path), "version": version, "deny": list(deny)}
 
     def host_mem_limit(self, job: Job) -> int | None:
         """The cap on a job's host memory (its cgroup's): its `--ram`, which the scheduler
@@ -387,9 +398,7 @@ class Launcher:
             # Its own cores (gpusched.processes.cpusets), made here before it starts.
             "cpuset": self._cpuset_of(job),
             "private_shm": os.geteuid() == 0,
-            "devices": None
-            if self._devices is None or not deny_devices
-            else {"path": str(self._devices / f"job-{job.id}"), "deny": list(deny_devices)},
+            "devices": self._fence_spec(job.id, deny_devices),
             "exec_by": exec_by,  # CLOCK_MONOTONIC: no exec past it (a cluster's fence)
         }
         spec_path = job_dir / "spec.json"

@@ -115,6 +115,7 @@ class Supervisor:
         self._v1_cpuset = Path(cpuset["path"]) if cpuset and int(cpuset["version"]) == 1 else None
         fence = spec.get("devices")  # its devices cgroup and the other cards' nodes to deny
         self.devices = Path(fence["path"]) if fence else None
+        self._devices_version: int = int(fence.get("version", 1)) if fence else 1
         self._deny: list[str] = fence["deny"] if fence else []
         self._shm = False
         self._run_s: float | None = None  # how long the job ran, once it has ended
@@ -210,16 +211,18 @@ class Supervisor:
             self._shm = False
         if self._v1_cpuset is not None:
             cpusets.remove_job_cpuset(self._v1_cpuset)
+        used = HostMemory()
+        if self.cgroup is not None:
+            used = HostMemory(
+                self.cgroup.oom_kills(),
+                self.host_mem_limit is not None and self.cgroup.reached_limit(),
+                self.cgroup.peak(),
+            )
+        # On cgroup v2 the devices cgroup is this same directory: removed after the read.
         if self.devices is not None:
             devices.remove_job_cgroup(self.devices)
-        if self.cgroup is None:
-            return HostMemory()
-        used = HostMemory(
-            self.cgroup.oom_kills(),
-            self.host_mem_limit is not None and self.cgroup.reached_limit(),
-            self.cgroup.peak(),
-        )
-        cgroups.remove_job_cgroup(self.cgroup)
+        if self.cgroup is not None:
+            cgroups.remove_job_cgroup(self.cgroup)
         return used
 
     def _host_oom_message(self, used: HostMemory) -> str:
@@ -304,10 +307,12 @@ class Supervisor:
             return 1
         try:
             if self.devices is not None:  # never started with every card open (FenceError)
-                devices.make_job_cgroup(self.devices, self._deny)
+                devices.make_job_cgroup(self.devices, self._deny, self._devices_version)
+            # Devices first: on cgroup v2 both are one directory, and the way back is the
+            # one read before the first move.
             with (
+                devices.job_fork(self.devices, self._devices_version),
                 cgroups.job_fork(self.cgroup),
-                devices.job_fork(self.devices),
                 cpusets.joined(self._v1_cpuset),
             ):
                 self.child = self._start(log_fd)

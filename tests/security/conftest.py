@@ -7,10 +7,14 @@ daemon running as root, as on a lab server. The daemon is started with what
 machine lets a test make cgroups, `TasksMax=` and `MemoryMax=` as a pids and a memory
 cgroup around the daemon and everything it starts (jobs included, as under systemd), and
 on cgroup v1 a devices cgroup of its own, as systemd gives a unit with `Delegate=yes`.
+`v2_devices=True` plays a machine without v1's devices hierarchy on this hybrid one: the
+daemon runs in a mount namespace where /sys/fs/cgroup/devices is not mounted, in a cgroup
+of its own in the unified (v2) hierarchy, so it fences cards with BPF device programs.
 
 Fixtures:
 - `people`: (mallory, victim), two users who share no group; module-scoped.
-- `root_daemon(simulate=..., env=..., **config)`: a started daemon in a directory every
+- `root_daemon(simulate=..., env=..., v2_devices=..., **config)`: a started daemon in a
+  directory every
   user can traverse, stopped (and its jobs killed) after the test; `.limits` says which
   limits applied.
 """
@@ -108,6 +112,26 @@ def _make_cgroup(controller: str, name: str, v1: dict[str, str], v2: dict[str, s
     return path
 
 
+def _without_v1_devices(then: Callable[[], None]) -> Callable[[], None]:
+    """`then`, and the process in a mount namespace of its own without v1's devices
+    hierarchy mounted (ctypes: os.unshare is Python 3.12's)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)  # loaded here: not between fork and exec
+
+    def apply() -> None:
+        then()
+        ms_rec, ms_private, mnt_detach = 0x4000, 0x40000, 2
+        if (
+            libc.unshare(0x00020000) != 0  # CLONE_NEWNS
+            or libc.mount(b"none", b"/", None, ms_rec | ms_private, None) != 0
+            or libc.umount2(str(CGROUP_ROOT / "devices").encode(), mnt_detach) != 0
+        ):
+            raise OSError(ctypes.get_errno(), "cannot hide the devices hierarchy")
+
+    return apply
+
+
 def unit_limits_preexec(limits: UnitLimits) -> Callable[[], None]:
     """What runs in the daemon's process before exec: the unit's umask, files and cgroups."""
 
@@ -135,7 +159,10 @@ def root_daemon() -> Iterator[Callable[..., RunningDaemon]]:
     made: list[tuple[RunningDaemon, UnitLimits]] = []
 
     def make(
-        simulate: str | None = "2x24G", env: dict[str, str] | None = None, **config: Any
+        simulate: str | None = "2x24G",
+        env: dict[str, str] | None = None,
+        v2_devices: bool = False,
+        **config: Any,
     ) -> RunningDaemon:
         root = Path(tempfile.mkdtemp(prefix="gpusched-sec-", dir="/tmp"))
         root.chmod(0o755)
@@ -155,13 +182,18 @@ def root_daemon() -> Iterator[Callable[..., RunningDaemon]]:
             )
             if cgroup is not None:
                 limits.cgroups.append(cgroup)
-        if (CGROUP_ROOT / "devices").is_dir():
+        if v2_devices:
+            unified = CGROUP_ROOT / "unified" / _own_cgroup("").lstrip("/") / tag
+            unified.mkdir()
+            limits.cgroups.append(unified)
+        elif (CGROUP_ROOT / "devices").is_dir():
             cgroup = _make_cgroup("devices", f"{_own_cgroup('devices')}/{tag}", {}, {})
             if cgroup is not None:
                 limits.cgroups.append(cgroup)
-        daemon = RunningDaemon(
-            root, simulate=simulate, config=config, env=env, preexec=unit_limits_preexec(limits)
-        )
+        preexec = unit_limits_preexec(limits)
+        if v2_devices:
+            preexec = _without_v1_devices(preexec)
+        daemon = RunningDaemon(root, simulate=simulate, config=config, env=env, preexec=preexec)
         daemon.limits = limits  # type: ignore[attr-defined]
         made.append((daemon, limits))
         return daemon.start()

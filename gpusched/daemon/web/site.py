@@ -15,6 +15,7 @@ polling it meanwhile, so a room of open tabs costs the daemon one request a seco
 
 from __future__ import annotations
 
+import html
 import json
 import threading
 import time
@@ -67,11 +68,31 @@ def _static(name: str) -> bytes:
     return (resources.files("gpusched.daemon.web") / "static" / name).read_bytes()
 
 
-def _page(name: str, title: str) -> bytes:
-    """static/page.html around static/NAME.main.html."""
+def _page(name: str, title: str, main: str | None = None) -> bytes:
+    """static/page.html around static/NAME.main.html (or around `main`, markup)."""
     shell = Template(_static("page.html").decode("utf-8"))
-    main = _static(f"{name}.main.html").decode("utf-8").rstrip("\n")
+    if main is None:
+        main = _static(f"{name}.main.html").decode("utf-8").rstrip("\n")
     return shell.substitute(title=title, page=name, main=main).encode("utf-8")
+
+
+def _job_page(services: Services, page: bytes) -> Route:
+    """The job page, if there is such a job; else a page that says so and nothing else
+    (404, or 400 for an id that is no number), not the job page's empty sections.
+    Its page name, "missing", is one the script polls nothing for."""
+    found = Response(200, "text/html; charset=utf-8", page, PAGE_HEADERS)
+
+    def route(request: Request) -> Response:
+        try:
+            services.store.jobs.get(_job_id(request))
+        except (NotFoundError, UsageError) as exc:
+            status = 404 if isinstance(exc, NotFoundError) else 400
+            said = f'    <h2 id="job-missing">{html.escape(exc.message)}</h2>'
+            body = _page("missing", "Job", said)
+            return Response(status, "text/html; charset=utf-8", body, PAGE_HEADERS)
+        return found
+
+    return route
 
 
 def _file_route(body: bytes, content_type: str, headers: tuple[tuple[str, str], ...]) -> Route:
@@ -142,6 +163,7 @@ def web_routes(services: Services, own_host: str) -> dict[str, Route]:
     routes: dict[str, Route] = {}
     for path, (name, title) in PAGES.items():
         routes[path] = _file_route(_page(name, title), "text/html; charset=utf-8", PAGE_HEADERS)
+    routes["/job"] = _job_page(services, _page(*PAGES["/job"]))
     for path, (name, content_type) in ASSETS.items():
         routes[path] = _file_route(_static(name), content_type, PAGE_HEADERS)
     recent = RecentReplies()

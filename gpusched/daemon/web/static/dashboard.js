@@ -75,9 +75,38 @@ function fmtPercent(value) {
   return value === null || value === undefined ? "-" : Math.round(value) + "%";
 }
 
+/* Its name, else its command's words, an array's job and an interactive job marked so:
+   all another user sees of them when commands are hidden ("a1[0] (hidden)"), as the
+   CLI's job_words draws them. */
+function jobWords(job) {
+  if (job.name) return [job.name];
+  const marks = [];
+  if (job.array_id !== null && job.array_id !== undefined) {
+    marks.push("a" + job.array_id + "[" + job.array_index + "]");
+  }
+  if (job.interactive) marks.push("(interactive)");
+  return [...marks, ...(job.command || [])];
+}
+
 function what(job) {
-  if (job.name) return job.name;
-  return (job.command || []).join(" ");
+  return jobWords(job).join(" ");
+}
+
+/* A table's Job cell: one line. A long path loses its directories first, longest first
+   (".../train.py", the CLI's fit_words), so the script's name stays in view; the style
+   sheet cuts what is still too long, and the whole command is the cell's tooltip. */
+const JOB_CHARS = 40;
+function jobCell(job) {
+  const words = jobWords(job);
+  const join = () => words.join(" ");
+  const paths = words.map((_, i) => i).filter((i) => words[i].replace(/\/+$/, "").includes("/"))
+    .sort((a, b) => words[b].length - words[a].length);
+  for (const i of paths) {
+    if (join().length <= JOB_CHARS) break;
+    const short = ".../" + words[i].replace(/\/+$/, "").split("/").pop();
+    if (short.length < words[i].length) words[i] = short;
+  }
+  return el("span", { class: "job-what", title: what(job), text: join() });
 }
 
 function gpuList(job) {
@@ -90,12 +119,38 @@ function gpuList(job) {
    are then grouped by node, and a job's GPUs are named with their node. */
 let clustered = false;
 
+/* How it ended, each fact once: the CLI's ended label ("done exit 0", "cancelled",
+   "failed (SIGKILL)", "failed (oom)") and the detail where it adds to it; a detail that
+   begins with the label is said alone ("cancelled by alice", not "cancelled: cancelled
+   by alice"). */
+function endedLabel(job) {
+  if (job.reason === null || job.reason === undefined || job.reason === "exit") {
+    return job.state + (job.exit_code === null || job.exit_code === undefined ? "" : " exit " + job.exit_code);
+  }
+  if (job.reason === "signal" && job.reason_detail) return job.state + " (" + job.reason_detail + ")";
+  return job.reason === job.state ? job.state : job.state + " (" + job.reason + ")";
+}
+
 function ending(job) {
-  let text = job.state;
-  if (job.reason === "exit") text += " exit " + job.exit_code;
-  else if (job.reason) text += " (" + job.reason + ")";
-  if (job.reason_detail) text += ": " + job.reason_detail;
-  return text;
+  const label = endedLabel(job);
+  const detail = job.reason_detail;
+  if (!detail || label.includes(detail)) return label;
+  return detail.startsWith(label + " ") ? detail : label + ": " + detail;
+}
+
+/* `text` as nodes, each "job N" after "retried as " or "retry of " a link to that job's
+   page; the rest stays text. */
+function withJobLinks(text) {
+  const parts = [];
+  const pattern = /(retried as |retry of )job (\d+)/g;
+  let from = 0;
+  for (const match of text.matchAll(pattern)) {
+    const at = match.index + match[1].length;
+    parts.push(text.slice(from, at), "job ", jobLink(match[2]));
+    from = at + ("job " + match[2]).length;
+  }
+  parts.push(text.slice(from));
+  return parts.filter((part) => part !== "");
 }
 
 /* ---- polling ----------------------------------------------------------------------- */
@@ -144,15 +199,15 @@ function header(data) {
   }
 }
 
-function table(id, headings, rows, more) {
+function table(id, columns, rows, more) {
   const body = rows.length
     ? rows
-    : [el("tr", {}, el("td", { class: "muted", colSpan: headings.length, text: "none" }))];
+    : [el("tr", {}, el("td", { class: "muted", colSpan: columns.length, text: "none" }))];
   if (more > 0) {
     body.push(el("tr", { class: "more" },
-      el("td", { colSpan: headings.length, text: "and " + more + " more, not listed" })));
+      el("td", { colSpan: columns.length, text: "and " + more + " more, not listed" })));
   }
-  const head = el("tr", {}, ...headings.map((h) => el("th", { text: h })));
+  const head = el("tr", {}, ...columns.map(([key, h]) => el("th", { class: "col-" + key, text: h })));
   document.getElementById(id).replaceChildren(el("thead", {}, head), el("tbody", {}, ...body));
 }
 
@@ -190,12 +245,18 @@ function utilBar(util) {
   return bar;
 }
 
-function gpuRow(gpu) {
+/* `running`: the running jobs listed by id. Each job on the card is shown with what it
+   holds there and, where listed, what it declared per GPU ("3.0G/4.0G": an overrun
+   shows at a glance). */
+function gpuRow(gpu, running) {
   const state = gpu.state === "ok" ? null : el("span", { class: "badge bad", text: gpu.state });
   const jobs = el("span", { class: "gpu-jobs" });
   const held = gpu.job_mem || {};
   for (const id of gpu.jobs) {
-    jobs.append(jobLink(id), String(id) in held ? " (" + fmtSize(held[String(id)]) + ")  " : "  ");
+    const job = running.get(id);
+    const declared = job ? "/" + (job.mem === null ? "whole" : fmtSize(job.mem)) : "";
+    jobs.append(jobLink(id), String(id) in held
+      ? " (" + fmtSize(held[String(id)]) + declared + ")  " : "  ");
   }
   const others = (gpu.others || []).map((p) =>
     (p.user || "?") + ":" + (p.command || "?") + "/" + p.pid + " (" + fmtSize(p.used) + ")");
@@ -216,22 +277,23 @@ function gpuRow(gpu) {
     ...(others.length ? [el("div", { class: "muted gpu-others", text: "others: " + others.join(", ") })] : []));
 }
 
-function nodeSection(node, gpus) {
+function nodeSection(node, gpus, running) {
   const state = el("span", { class: "badge node-state" + (node.state === "up" ? "" : " bad"), text: node.state });
   const cards = gpus.filter((gpu) => gpu.node === node.name);
   return el("section", { class: "node", "data-node": node.name },
     el("h3", { class: "node-title" },
       el("span", { class: "node-name", text: node.name }), " ", state, " ",
       el("span", { class: "muted node-seen", text: "heard " + fmtDuration(node.last_seen) + " ago" })),
-    ...(cards.length ? cards.map(gpuRow) : [el("div", { class: "muted", text: "no GPU reported" })]));
+    ...(cards.length ? cards.map((gpu) => gpuRow(gpu, running)) : [el("div", { class: "muted", text: "no GPU reported" })]));
 }
 
 function renderServer(data) {
   header(data);
   clustered = (data.nodes || []).length > 1;
+  const running = new Map(data.running.map((job) => [job.id, job]));
   document.getElementById("gpus").replaceChildren(...(clustered
-    ? data.nodes.map((node) => nodeSection(node, data.gpus))
-    : data.gpus.map(gpuRow)));
+    ? data.nodes.map((node) => nodeSection(node, data.gpus, running))
+    : data.gpus.map((gpu) => gpuRow(gpu, running))));
   const legend = document.getElementById("legend");
   if (!legend.childElementCount) {
     for (const [key, label] of SEGMENTS) {
@@ -245,9 +307,21 @@ function renderServer(data) {
 
 /* ---- the queue ---------------------------------------------------------------------- */
 
-function row(job, cells) {
-  return el("tr", { "data-job": String(job.id) }, el("td", {}, jobLink(job.id)),
-    ...cells.map((cell) => (cell instanceof Node ? el("td", {}, cell) : el("td", { text: cell }))));
+/* A table's columns: [key, heading]. Each cell has the class col-KEY, which the style
+   sheet sizes (ID and Job on one line) and drops on a narrow window. */
+const RUNNING_COLUMNS = [["id", "ID"], ["user", "User"], ["job", "Job"], ["gpu", "GPU"],
+  ["mem", "Used/declared"], ["time", "Time"]];
+const WAITING_COLUMNS = [["id", "ID"], ["user", "User"], ["job", "Job"], ["mem", "Memory"],
+  ["priority", "Priority"], ["waiting", "Waiting"], ["why", "Why"]];
+const ENDED_COLUMNS = [["id", "ID"], ["user", "User"], ["job", "Job"], ["ended", "Ended"],
+  ["how", "How"], ["peak", "Peak"], ["hints", "Hints"]];
+
+function row(job, columns, cells) {
+  const all = [jobLink(job.id), cells[0], jobCell(job), ...cells.slice(1)];
+  return el("tr", { "data-job": String(job.id) }, ...all.map((cell, i) => {
+    const props = { class: "col-" + columns[i][0] };
+    return cell instanceof Node ? el("td", props, cell) : el("td", { ...props, text: cell });
+  }));
 }
 
 /* What a job declared, per GPU: "4.0G per GPU" or "a whole GPU". */
@@ -264,7 +338,7 @@ function notifyText(result) {
 }
 
 function hintList(hints) {
-  return el("ul", { class: "hints" }, ...(hints || []).map((h) => el("li", { text: h })));
+  return el("ul", { class: "hints" }, ...(hints || []).map((h) => el("li", {}, ...withJobLinks(h))));
 }
 
 function renderQueue(data) {
@@ -272,16 +346,19 @@ function renderQueue(data) {
   clustered = (data.nodes || []).length > 1;
   const c = data.counts;
   const mem = (job) => (job.mem === null ? "whole GPU" : fmtSize(job.mem)) + (job.gpus > 1 ? " x" + job.gpus : "");
-  table("running", ["ID", "User", "Job", "GPU", "Memory", "Time"],
-    data.running.map((job) => row(job, [job.user, what(job), gpuList(job), mem(job),
+  // What a running job holds now before what it declared, as the CLI's USED/MEM column
+  // (without a reading yet, the declared alone).
+  const used = (job) => (job.mem_used === null || job.mem_used === undefined ? "" : fmtSize(job.mem_used) + "/") + mem(job);
+  table("running", RUNNING_COLUMNS,
+    data.running.map((job) => row(job, RUNNING_COLUMNS, [job.user, gpuList(job), used(job),
       fmtDuration(seconds(job.started_at, data.now))])), c.running - data.running.length);
-  table("waiting", ["ID", "User", "Job", "Memory", "Priority", "Waiting", "Why"],
-    data.waiting.map((job) => row(job, [job.user, what(job), mem(job), String(job.priority),
+  table("waiting", WAITING_COLUMNS,
+    data.waiting.map((job) => row(job, WAITING_COLUMNS, [job.user, mem(job), String(job.priority),
       fmtDuration(seconds(job.submitted_at, data.now)),
-      el("span", { class: "reason", text: job.waiting_reason || "" })])),
+      el("span", { class: "reason" }, ...withJobLinks(job.waiting_reason || ""))])),
     c.queued + c.held - data.waiting.length);
-  table("ended", ["ID", "User", "Job", "Ended", "How", "Peak", "Hints"],
-    data.ended.map((job) => row(job, [job.user, what(job), fmtTime(job.ended_at),
+  table("ended", ENDED_COLUMNS,
+    data.ended.map((job) => row(job, ENDED_COLUMNS, [job.user, fmtTime(job.ended_at),
       el("span", { class: "how state-" + job.state, text: ending(job) }),
       fmtSize(job.peak_mem) + " of " + declaredText(job), hintList(job.hints)])), 0);
   document.getElementById("running-count").textContent = "(" + c.running + ")";
@@ -330,7 +407,14 @@ function lineChart(points, t0, t1, yMax, yLabel, mark) {
   }
   flush();
   if (!points.some((p) => p.v !== null && p.v !== undefined)) {
-    chart.append(svg("text", { x: (left + width - right) / 2, y: (top + height - bottom) / 2, class: "empty", "text-anchor": "middle" }, "no samples"));
+    // In the middle of the plot, or of the larger part the declared line leaves (above
+    // it its label): never across the line.
+    let [from, to] = [top, height - bottom];
+    if (mark) {
+      const at = y(mark.value);
+      [from, to] = at - top > height - bottom - at ? [top, at - 16] : [at, height - bottom];
+    }
+    chart.append(svg("text", { x: (left + width - right) / 2, y: (from + to) / 2 + 5, class: "empty", "text-anchor": "middle" }, "no samples"));
   }
   return chart;
 }
@@ -434,13 +518,16 @@ function renderJob(data) {
     ["ended", fmtTime(job.ended_at)],
     ["ran for", job.started_at ? fmtDuration(seconds(job.started_at, job.ended_at || data.now)) : "-"],
     ["exit", job.ended_at ? ending(job) : "-"],
+    ["retry of", job.retry_of === null || job.retry_of === undefined ? null : el("span", {}, "job ", jobLink(job.retry_of))],
+    ["retried as", job.retried_as === null || job.retried_as === undefined ? null : el("span", {}, "job ", jobLink(job.retried_as))],
     ["notify", job.notify_result ? notifyText(job.notify_result) : null],
     // A requeued job's earlier runs (its node declared down), oldest first.
     ...(job.attempts || []).map((a) => ["run " + a.attempt,
       "node " + (a.node || "-") + ", " + fmtTime(a.started_at) + " to " + fmtTime(a.ended_at) + ": " + a.outcome]),
   ];
   document.getElementById("job-facts").replaceChildren(...facts.filter(([, v]) => v !== null && v !== undefined)
-    .flatMap(([k, v]) => [el("dt", { text: k }), el("dd", { "data-fact": k, text: String(v) })]));
+    .flatMap(([k, v]) => [el("dt", { text: k }),
+      v instanceof Node ? el("dd", { "data-fact": k }, v) : el("dd", { "data-fact": k, text: String(v) })]));
   const hints = document.getElementById("job-hints");
   hints.replaceChildren(...(job.hints && job.hints.length ? [el("h3", { text: "Hints" }), hintList(job.hints)] : []));
   renderCharts(job, data.now);
@@ -458,7 +545,8 @@ function renderUsage(data) {
     "1 GiB-hour, halved every " + fmtDuration(data.half_life_s) + "; after " +
     fmtDuration(data.window_s) + " it no longer counts. Least first:";
   const gibHours = (v) => (v / 2 ** 30 / 3600).toFixed(2);
-  table("usage", ["User", "GiB-hours", "Share", "Running", "Queued", "Held"],
+  table("usage", [["user", "User"], ["usage", "GiB-hours"], ["share", "Share"], ["running", "Running"],
+    ["queued", "Queued"], ["held", "Held"]],
     data.users.map((u) => {
       const share = el("div", { class: "bar share" });
       const part = el("div", { class: "seg seg-jobs" });
