@@ -82,7 +82,9 @@ class FakeLauncher:
     def host_facts(self) -> HostFacts:
         return self.facts
 
-    def confine_client(self, job: Job, pid: int, start_time: str | None) -> None:
+    def confine_client(
+        self, job: Job, pid: int, start_time: str | None, deny: Sequence[str] = ()
+    ) -> None:
         self.limits[job.id] = (job.ram, job.cpus)
 
     def release_client(self, job_id: int) -> None:

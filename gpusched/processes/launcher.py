@@ -188,12 +188,22 @@ class Launcher:
             no_cpuset=root if isinstance(root, str) else None,
         )
 
-    def confine_client(self, job: Job, pid: int, start_time: str | None) -> None:
-        """`JobLauncher.confine_client` (gpusched.processes.cpusets.confine)."""
+    def confine_client(
+        self, job: Job, pid: int, start_time: str | None, deny: Sequence[str] = ()
+    ) -> None:
+        """`JobLauncher.confine_client` (gpusched.processes.cpusets.confine, and the
+        devices cgroup a batch job's supervisor makes)."""
         if not is_same_process(pid, start_time):  # never another process given its pid
             raise StartError("its process has gone")
+        fence = self._fence_spec(job.id, deny)
         try:
+            if fence is not None:  # the fence first: never placed with every card open
+                path = Path(fence["path"])
+                devices.make_job_cgroup(path, fence["deny"], fence["version"])
+                (path / "cgroup.procs").write_text(str(pid))
             cpusets.confine(self._service, self._cpusets, job.id, pid, (job.ram, job.cpus))
+        except devices.FenceError as exc:
+            raise StartError(str(exc)) from None
         except OSError as exc:
             raise start_error("cannot put the job's process in its cgroups", exc) from None
 
@@ -201,11 +211,17 @@ class Launcher:
         # Its client reports the end and then exits: the cgroups empty a moment later,
         # waited for apart from the pass that settled the end.
         threading.Thread(
-            target=cpusets.release,
-            args=(self._service, self._cpusets, job_id),
+            target=self._release_client,
+            args=(job_id,),
             name=f"release-{job_id}",
             daemon=True,
         ).start()
+
+    def _release_client(self, job_id: int) -> None:
+        cpusets.release(self._service, self._cpusets, job_id)
+        if self._devices is not None:  # on cgroup v2 the memory cgroup's own directory
+            path = cgroups.MemoryCgroup(self._devices.path / f"job-{job_id}", 1)
+            cgroups.remove_job_cgroup(path, wait_s=cpusets.RELEASE_WAIT_S)
 
     @property
     def fences_devices(self) -> bool:

@@ -116,10 +116,13 @@ class JobLauncher(Protocol):
         and `--cpus` are enforced (a cgroup of their own)."""
         ...
 
-    def confine_client(self, job: Job, pid: int, start_time: str | None) -> None:
+    def confine_client(
+        self, job: Job, pid: int, start_time: str | None, deny: Sequence[str] = ()
+    ) -> None:
         """An interactive job's client process `pid` (started at `start_time`) into
-        cgroups of the job's own, held to its `ram` and `cpus` (StartError where they
-        cannot be made, or the process has gone)."""
+        cgroups of the job's own, held to its `ram` and `cpus` and denied the device
+        nodes `deny` names (the other cards'); StartError where they cannot be made, or
+        the process has gone."""
         ...
 
     def release_client(self, job_id: int) -> None:

@@ -138,7 +138,8 @@ class JobEndings:
             why = f": {quoted(shown, 500)}" if shown else ""  # may quote a user's path
             log.info("job %s %s (%s)%s", job_id, state, reason, why)
             self.announce_ends([(job_id, hooks_due)])
-            if job.interactive and (job.ram is not None or job.cpus is not None):
+            confined = job.ram is not None or job.cpus is not None or self.launcher.fences_devices
+            if job.interactive and confined:
                 self.launcher.release_client(job_id)
         return ended
 

@@ -200,11 +200,13 @@ class JobStarter:
         In a cluster it was placed on this server, its client's."""
         if job.pid is None:
             return False
-        if job.ram is not None or job.cpus is not None:
-            # Its --ram and --cpus: its client, and what it starts, in cgroups of its own
-            # before the client learns its placement (the claim below tells it).
+        fence = self._fence(uuids) if self.launcher.fences_devices else []
+        if job.ram is not None or job.cpus is not None or fence:
+            # Its --ram and --cpus, and its fence off the other cards: its client, and what
+            # it starts, in cgroups of its own before the client learns its placement (the
+            # claim below tells it).
             try:
-                self.launcher.confine_client(job, job.pid, info.pid_start_time)
+                self.launcher.confine_client(job, job.pid, info.pid_start_time, deny=fence)
             except StartError as exc:
                 log.warning("job %s failed to start: %s", job.id, quoted(str(exc), 500))
                 self.endings.end(

@@ -155,3 +155,49 @@ def test_a_restarted_daemon_fences_the_next_job_too(
     [given] = ran["job"]["gpu_indices"]
     assert ran["opened"][f"nvidia-minor{MINORS[1 - given]}"] == "EPERM", ran["opened"]
     assert ran["opened"][f"nvidia-minor{MINORS[given]}"] != "EPERM", ran["opened"]
+
+
+@on_v1
+def test_an_interactive_claim_is_fenced_like_a_batch_job(
+    people: tuple[User, User],
+    root_daemon: Callable[..., RunningDaemon],
+    fake_nvml: FakeNvml,
+) -> None:
+    """`claim()` (and `gpusched run`, a kernel): the client process is the job, and what it
+    opens after its placement is held to the job's cards as a batch job's command is."""
+    mallory, _victim = people
+    daemon = _fenced_daemon(root_daemon, fake_nvml)
+    nodes = daemon.root / "nodes"
+    nodes.mkdir(mode=0o755)
+    paths = {m: _node(nodes, f"nvidia-minor{m}", m) for m in MINORS}
+    socket_path = str(daemon.socket_path)
+
+    def claim_and_open() -> dict[str, object]:
+        import errno
+
+        import gpusched
+
+        held = gpusched.claim(mem="1G", socket_path=socket_path, timeout=30)
+        seen: dict[str, object] = {"indices": held.gpu_indices, "env": dict(os.environ)}
+        for minor, path in paths.items():
+            try:
+                os.close(os.open(path, os.O_RDWR))
+                seen[str(minor)] = "opened"
+            except OSError as exc:
+                seen[str(minor)] = errno.errorcode.get(exc.errno or 0, str(exc.errno))
+        held.release()
+        seen["job"] = held.job_id
+        return seen
+
+    seen = as_user(mallory, claim_and_open)
+    indices = seen["indices"]
+    assert isinstance(indices, list) and len(indices) == 1, seen
+    given = int(indices[0])
+    own, other = MINORS[given], MINORS[1 - given]
+    assert seen[str(other)] == "EPERM", seen
+    assert seen[str(own)] != "EPERM", seen
+    env = seen["env"]
+    assert isinstance(env, dict) and env["CUDA_VISIBLE_DEVICES"].startswith("GPU-"), env
+    # Its devices cgroup goes once its client has gone.
+    service = next(c for c in daemon.limits.cgroups if (c / "devices.deny").exists())  # type: ignore[attr-defined]
+    eventually(lambda: not (service / f"job-{seen['job']}").exists(), 30)

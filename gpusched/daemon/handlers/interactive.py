@@ -81,8 +81,11 @@ def placement(services: Services, caller: Caller, request: PlacementRequest) -> 
         config = services.config
         gpus = services.scheduler.current_gpus()
         totals = [g.total_bytes for g in gpus if g.uuid in job.gpu_uuids]
+        # Fenced off the other cards (as a batch job is): CUDA may number only its own,
+        # so the UUIDs name its cards where indices could name another or none.
+        fenced = services.scheduler.context.launcher.fences_devices
         reply["env"] = gpu_environment(
-            job.id, job.gpu_indices, job.gpu_uuids, config.visible_devices
+            job.id, job.gpu_indices, job.gpu_uuids, "uuid" if fenced else config.visible_devices
         )
         reply["env_defaults"] = sharing_environment(job.mem, totals, {})  # unless set already
         reply["kill_grace_s"] = config.kill_grace_s
