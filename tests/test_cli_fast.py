@@ -13,15 +13,18 @@ the fast path takes (a fast path that took none would agree trivially).
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.daemon_harness import RunningDaemon
+from tests.daemon_harness import RunningDaemon, eventually
 
 # Each runner writes to $TAKEN whether click was imported, once the command has ended.
 _RECORD = (
@@ -325,3 +328,44 @@ def test_the_status_width_is_shutils(columns: str | None, monkeypatch: pytest.Mo
     else:
         monkeypatch.setenv("COLUMNS", columns)
     assert terminal_columns() == shutil.get_terminal_size((80, 24)).columns
+
+
+def _connected(pid: int) -> bool:
+    """Whether the process holds a connection to a daemon (its request is sent)."""
+    import psutil
+
+    try:
+        return bool(psutil.Process(pid).net_connections(kind="unix"))
+    except psutil.Error:
+        return False
+
+
+@pytest.mark.parametrize(
+    "argv", [["status"], ["show", "1"], ["submit", "--mem", "1G", "--", "true"]]
+)
+def test_ctrl_c_ends_a_blocked_command_quietly_with_130_on_both_paths(
+    daemon_factory: Any, tmp_path: Path, argv: list[str]
+) -> None:
+    """Ctrl-C while the daemon does not answer (SIGSTOPped: the connection is accepted,
+    the reply never comes) ends the command as it ends `wait`: nothing said, exit 130."""
+    daemon = daemon_factory().start()
+    env = {**daemon.env, "TAKEN": str(tmp_path / "taken")}
+    assert daemon.process is not None
+    ended = []
+    os.kill(daemon.process.pid, signal.SIGSTOP)
+    try:
+        for script in (FAST, CLICK):
+            process = subprocess.Popen(
+                [sys.executable, "-c", script, *argv],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            eventually(lambda pid=process.pid: _connected(pid), 30)
+            process.send_signal(signal.SIGINT)
+            out, err = process.communicate(timeout=30)
+            ended.append((process.returncode, out, err, (tmp_path / "taken").read_text()))
+    finally:
+        os.kill(daemon.process.pid, signal.SIGCONT)
+    assert ended == [(130, "", "", "False"), (130, "", "", "True")]

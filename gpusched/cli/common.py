@@ -43,11 +43,6 @@ def follower_of(ctx: click.Context) -> Client:
     return client
 
 
-# Ctrl-C ends a follower as a shell's child ends on SIGINT: 128 + 2, and nothing said
-# (exit 1 is the code of a job that was cancelled).
-EXIT_INTERRUPTED = 130
-
-
 def since_time(text: str) -> str:
     """`--since`: a time ago ("12h", "2d") or an ISO date and time (local time unless it
     names a zone), as the UTC ISO timestamp the daemon compares with."""

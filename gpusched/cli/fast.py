@@ -242,7 +242,7 @@ def _echo(text: str, err: bool = False) -> None:
 
 def _run(runner: Runner, socket_path: str | bool | None, config_path: str | None) -> int:
     """The command's exit code, its errors ended as the click group ends them."""
-    from gpusched.core.errors import GpuschedError
+    from gpusched.core.errors import EXIT_INTERRUPTED, GpuschedError
 
     try:
         runner(socket_path if isinstance(socket_path, str) else None, config_path)
@@ -255,7 +255,9 @@ def _run(runner: Runner, socket_path: str | bool | None, config_path: str | None
     except BrokenPipeError:  # `gpusched status | head -1`: as click, quietly, exit 1
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - the flush at exit goes nowhere
         return 1
-    except (EOFError, KeyboardInterrupt):
+    except KeyboardInterrupt:  # as the click group ends it: quietly
+        return EXIT_INTERRUPTED
+    except EOFError:
         _echo("\nAborted!", err=True)
         return 1
     return 0

@@ -23,7 +23,14 @@ from typing import Any
 import click
 
 from gpusched.cli.help import ExampleLastGroup
-from gpusched.core.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, GpuschedError, UsageError
+from gpusched.core.errors import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    GpuschedError,
+    UsageError,
+)
 
 # Each command's module, imported only when that command runs (or `--help` lists them
 # all): `gpusched status` loads the status command's module and what it needs, not
@@ -73,8 +80,8 @@ class _OneLineUsage(click.ClickException):
 
 class _Group(ExampleLastGroup):
     """Turns every GpuschedError, and click's own usage errors, into one line on stderr
-    and its exit code, and loads each command's module when the command is first asked
-    for."""
+    and its exit code (Ctrl-C: nothing said, 130), and loads each command's module when
+    the command is first asked for."""
 
     def make_context(
         self,
@@ -109,6 +116,8 @@ class _Group(ExampleLastGroup):
             # The message may quote the user's input or a daemon's reply: shown escaped.
             click.echo(f"gpusched: {shown(exc.message)}", err=True)
             ctx.exit(exc.exit_code)
+        except KeyboardInterrupt:  # Ctrl-C: quietly, 130, rather than click's "Aborted!"
+            ctx.exit(EXIT_INTERRUPTED)
 
 
 _CONFIG_HELP = "Config file (YAML). Env: GPUSCHED_CONFIG."

@@ -16,7 +16,6 @@ import click
 from gpusched.cli.common import (
     ACTIVE_JOB_ID,
     ANY_JOB_ID,
-    EXIT_INTERRUPTED,
     JOB_OR_ARRAY_IDS,
     client_of,
     exit_status,
@@ -29,7 +28,14 @@ from gpusched.cli.common import (
 )
 from gpusched.cli.estimate import follow_retries
 from gpusched.cli.help import ExampleLastCommand
-from gpusched.core.errors import EXIT_FAILED, EXIT_OK, EXIT_TIMEOUT, GpuschedError, UsageError
+from gpusched.core.errors import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_TIMEOUT,
+    GpuschedError,
+    UsageError,
+)
 from gpusched.core.models import TERMINAL_STATES, Job, JobState
 from gpusched.core.sanitize import shown
 

@@ -20,7 +20,6 @@ import click
 
 from gpusched.cli.common import (
     ANY_JOB_ID,
-    EXIT_INTERRUPTED,
     client_of,
     exit_status,
     follower_of,
@@ -42,7 +41,7 @@ from gpusched.cli.status_view import (
     use_color,
 )
 from gpusched.client import Client
-from gpusched.core.errors import GpuschedError, UsageError
+from gpusched.core.errors import EXIT_INTERRUPTED, GpuschedError, UsageError
 from gpusched.core.sanitize import shown
 from gpusched.core.units import format_duration
 

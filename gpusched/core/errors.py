@@ -12,6 +12,9 @@ EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_UNREACHABLE = 3
 EXIT_TIMEOUT = 124
+# Ctrl-C ends a command as a shell's child ends on SIGINT: 128 + 2, and nothing said
+# (exit 1 is the code of a job that was cancelled).
+EXIT_INTERRUPTED = 130
 
 # How a refusal for want of the database ends: whether the request may have been applied
 # (its COMMIT sent and not confirmed). The client reads them to tell a lost answer from a
