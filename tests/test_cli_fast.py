@@ -12,6 +12,7 @@ the fast path takes (a fast path that took none would agree trivially).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -362,7 +363,7 @@ def test_ctrl_c_ends_a_blocked_command_quietly_with_130_on_both_paths(
                 stderr=subprocess.PIPE,
                 text=True,
             )
-            eventually(lambda pid=process.pid: _connected(pid), 30)
+            eventually(functools.partial(_connected, process.pid), 30)
             process.send_signal(signal.SIGINT)
             out, err = process.communicate(timeout=30)
             ended.append((process.returncode, out, err, (tmp_path / "taken").read_text()))
