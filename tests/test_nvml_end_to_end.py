@@ -6,10 +6,15 @@ runs; test jobs (tests/fakenvml/gpujob.py) "allocate" by registering their pid i
 
 from __future__ import annotations
 
+import os
+import re
+import shlex
+import signal
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -258,5 +263,38 @@ def test_status_names_the_owner_of_memory_outside_gpusched_and_each_jobs_use(
     finally:
         outsider.kill()
         outsider.wait()
+        daemon.stop()
+        daemon.kill_jobs()
+
+
+def test_a_jobs_process_that_exits_between_readings_stays_the_jobs(
+    daemon_factory: Any, fake_nvml: FakeNvml
+) -> None:
+    """A job's GPU process that has exited since the last reading (as in a job's SIGTERM
+    grace, the rest of its tree still ending) is the job's in `status` until the next
+    reading: its memory the job's, never an unknown other's (`?:?/PID(2G)`)."""
+    fake_nvml.set_gpus([24 * GiB])
+    config = {"poll_interval": "1h"}  # a pass reads the GPUs only when woken: by a submit
+    daemon = daemon_factory(simulate=None, config=config, env=fake_nvml.env()).start()
+    try:
+        holder = shlex.join(fake_nvml.gpujob_argv("--mem", "2G", "--hold", "600"))
+        job_id = daemon.submit("--mem", "4G", "--", "sh", "-c", f"{holder}; sleep 600")
+        said = eventually(lambda: re.search(r"gpujob\[(\d+)\]: allocated", daemon.log(job_id)))
+        assert said is not None
+        pid = int(said.group(1))
+
+        def read_as_the_jobs() -> bool:
+            daemon.submit("--hold", "--", "true")  # wakes a pass, which reads the GPUs
+            return daemon.status()["gpus"][0]["job_mem"] == {str(job_id): 2 * GiB}
+
+        eventually(read_as_the_jobs, 30)
+        os.kill(pid, signal.SIGKILL)  # sh reaps it and sleeps on: the job runs on
+        eventually(lambda: not Path(f"/proc/{pid}").exists(), 10)
+        gpu = daemon.status()["gpus"][0]
+        assert gpu["job_mem"] == {str(job_id): 2 * GiB}
+        assert gpu["others"] == [], gpu["others"]
+        shown = daemon.cli("status").stdout
+        assert "others:" not in shown and "?:?" not in shown, shown
+    finally:
         daemon.stop()
         daemon.kill_jobs()

@@ -59,10 +59,11 @@ def describe(process: GpuProcess) -> dict[str, object]:
 
 
 def outside_processes(
-    processes: Sequence[GpuProcess], job_pids: Collection[int]
+    processes: Sequence[GpuProcess], job_pids: Collection[int], theirs: Collection[int] = ()
 ) -> list[dict[str, object]]:
-    """The processes of one GPU that no running job started, described, largest first."""
-    roots = set(job_pids)
-    outside = [p for p in processes if not under_any(p.pid, roots)]
+    """The processes of one GPU that no running job started, described, largest first
+    (`theirs`: pids known to be a job's, though their /proc entry may have gone since)."""
+    roots, known = set(job_pids), set(theirs)
+    outside = [p for p in processes if p.pid not in known and not under_any(p.pid, roots)]
     outside.sort(key=lambda p: -(p.used_bytes or 0))
     return [describe(p) for p in outside]

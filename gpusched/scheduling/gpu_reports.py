@@ -7,7 +7,7 @@ job holds on it and who holds the rest (gpusched.gpus.process_owners).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from gpusched.core.models import GpuReport, GpuState, Job
 from gpusched.gpus.process_owners import outside_processes
@@ -20,7 +20,10 @@ def gpu_reports(
     usage: dict[int, dict[str, int]],
     running: Sequence[Job],
     headroom_bytes: int,
+    jobs_pids: Mapping[str, Collection[int]] | None = None,
 ) -> list[GpuReport]:
+    """`jobs_pids`: per GPU uuid, the pids the reading of `gpus` found in a running job's
+    tree (observe.py's Observation): the job's, even once they have exited."""
     claims = [running_claim(j, usage) for j in running]
     budgets = gpu_budgets([gpu_slot(g) for g in gpus], claims, headroom_bytes)
     job_pids = [j.pid for j in running if j.pid is not None]
@@ -56,7 +59,11 @@ def gpu_reports(
                     for job_id, held in usage.items()
                     if gpu.uuid in held
                 },
-                others=outside_processes(gpu.processes, job_pids) if gpu.processes else [],
+                others=(
+                    outside_processes(gpu.processes, job_pids, (jobs_pids or {}).get(gpu.uuid, ()))
+                    if gpu.processes
+                    else []
+                ),
             )
         )
     return reports

@@ -27,6 +27,7 @@ from gpusched.usage.attribution import (
     ProcessChildren,
     attribute_processes,
     held_bytes,
+    jobs_pids,
     outsiders,
     process_children,
 )
@@ -46,6 +47,11 @@ class Observation:
     # Per GPU uuid, the largest process there gpusched did not start (a waiting job's
     # reason names it where it takes the room; an OOM it caused is not the job's).
     outsiders: dict[str, Outsider] = field(default_factory=dict)
+    # Per GPU uuid, the pids there in a running job's tree. A reading outlives the moment
+    # it was made: a job's process that exits before the next one (a job in its SIGTERM
+    # grace) is still the job's there, its memory counted as the job's, not an unknown
+    # other's whose /proc entry has gone.
+    jobs_pids: dict[str, frozenset[int]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -142,4 +148,5 @@ def observe(
         for job in running
         if job.interactive
     }
-    return Observation(gpus, running, held_bytes(processes), overruns, evidence, others)
+    usage = held_bytes(processes)
+    return Observation(gpus, running, usage, overruns, evidence, others, jobs_pids(processes))

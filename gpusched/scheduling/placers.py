@@ -158,7 +158,8 @@ class LocalPlacer:
         latest = self.reading.latest
         headroom = self.context.config.headroom_bytes
         # The socket answers before the first pass ends: its cards are then read now.
-        reports = gpu_reports(self.reading.gpus(), latest.usage, running, headroom)
+        gpus = self.reading.gpus()
+        reports = gpu_reports(gpus, latest.usage, running, headroom, latest.jobs_pids)
         return [dataclasses.replace(r, node=self.node.name or None) for r in reports]
 
     def nodes(self) -> list[NodeStatus]:

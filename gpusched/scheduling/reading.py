@@ -17,6 +17,7 @@ class Reading:
     gpus: list[GpuState] = field(default_factory=list)
     usage: dict[int, dict[str, int]] = field(default_factory=dict)  # job id -> uuid -> bytes
     waiting_reasons: dict[int, str] = field(default_factory=dict)
+    jobs_pids: dict[str, frozenset[int]] = field(default_factory=dict)  # Observation's
 
 
 class LatestReading:

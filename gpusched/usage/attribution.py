@@ -83,18 +83,26 @@ class Outsider:
     all_bytes: int  # every process there gpusched did not start
 
 
+def jobs_pids(
+    processes: Mapping[int, Mapping[str, Sequence[GpuProcess]]],
+) -> dict[str, frozenset[int]]:
+    """Per GPU uuid, the pids there that are a running job's (`attribute_processes`)."""
+    ours: dict[str, set[int]] = {}
+    for per_gpu in processes.values():
+        for uuid, procs in per_gpu.items():
+            ours.setdefault(uuid, set()).update(p.pid for p in procs)
+    return {uuid: frozenset(pids) for uuid, pids in ours.items()}
+
+
 def outsiders(
     gpus: Iterable[GpuState], processes: Mapping[int, Mapping[str, Sequence[GpuProcess]]]
 ) -> dict[str, Outsider]:
     """Per GPU uuid, the largest process holding memory there that is no running job's
     (`processes`: `attribute_processes`); GPUs with none are left out."""
-    ours: dict[str, set[int]] = {}
-    for per_gpu in processes.values():
-        for uuid, procs in per_gpu.items():
-            ours.setdefault(uuid, set()).update(p.pid for p in procs)
+    ours = jobs_pids(processes)
     found: dict[str, Outsider] = {}
     for gpu in gpus:
-        mine = ours.get(gpu.uuid, set())
+        mine = ours.get(gpu.uuid, frozenset())
         others = [p for p in gpu.processes if (p.used_bytes or 0) > 0 and p.pid not in mine]
         if not others:
             continue

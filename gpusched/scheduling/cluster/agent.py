@@ -237,7 +237,8 @@ class ClusterAgent:
         running rows this node does not hold -> if elected, the shared pass rules over
         every node -> start what was placed here."""
         headroom = self.context.config.headroom_bytes
-        self._renew(seen, gpu_reports(seen.gpus, seen.usage, seen.running, headroom))
+        reports = gpu_reports(seen.gpus, seen.usage, seen.running, headroom, seen.jobs_pids)
+        self._renew(seen, reports)
         self._stop_cancelled(seen.running)
         own_strays(self.context, self.endings, self.node, seen.running)
         result = None
