@@ -19,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+from gpusched.core.commands import is_interpreter
 from gpusched.core.errors import (
     MAY_HAVE_BEEN_DONE,
     DaemonUnreachable,
@@ -239,18 +240,13 @@ def checked_command(command: Sequence[str], cwd: str, path_env: str | None) -> l
     return runnable
 
 
-# Programs whose first argument, when it is no option, is a script file they read.
-_INTERPRETERS = ("python", "bash", "sh", "zsh", "perl", "ruby", "node", "Rscript")
-
-
 def _missing_script(argv: Sequence[str], cwd: str) -> str | None:
     """Why `python3 missing.py` could never run (None: the script is there, or this is no
     interpreter given a script): said at submit, not as a failed job later."""
     if len(argv) < 2:
         return None
-    name = os.path.basename(argv[0]).rstrip("0123456789.")  # python3.12 -> python
     script = argv[1]
-    if name not in _INTERPRETERS or not script or script.startswith("-") or "{" in script:
+    if not is_interpreter(argv[0]) or not script or script.startswith("-") or "{" in script:
         return None
     if Path(cwd, script).exists():
         return None

@@ -241,6 +241,24 @@ def test_status_is_coloured_on_a_terminal_unless_no_color(daemon: RunningDaemon)
     assert all(len(line) <= 80 for line in lines)
 
 
+def test_status_at_80_columns_keeps_the_scripts_name(daemon: RunningDaemon, tmp_path: Path) -> None:
+    """An ended job's label leaves its command less room: the cut takes the interpreter's
+    name, never the script's (it said `failed exit 1: .../python3.11 .../...`)."""
+    bin_dir = tmp_path / "envs" / "pytorch-2.3-cuda12" / "bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "python3.11").symlink_to(sys.executable)
+    script = tmp_path / "finetune_llama.py"
+    script.write_text("raise SystemExit(1)\n")
+    job = daemon.submit(
+        "--mem", "1G", "--", str(bin_dir / "python3.11"), str(script), "--lr", "0.1"
+    )
+    daemon.wait_state(job, {"failed"})
+    shown = daemon.cli("status", "--all", env={**daemon.env, "COLUMNS": "80"})
+    [row] = [line for line in shown.stdout.splitlines() if line.split()[:2] == [str(job), "root"]]
+    assert len(row) <= 80, row
+    assert {".../finetune_llama.py", ".../finetune_llama.py+"} & set(row.split()), row
+
+
 def test_status_watch_redraws_until_ctrl_c_and_exits_0(
     daemon: RunningDaemon, tmp_path: Path
 ) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 import click
 import pytest
 
+from gpusched.cli.history_view import history_lines
 from gpusched.cli.render import format_indices, render_status
 from gpusched.cli.render_gpus import split_cells
 from gpusched.core.models import GpuReport, Job, JobState
@@ -176,6 +177,39 @@ def test_a_long_script_path_loses_its_directories_before_the_script_name() -> No
         assert ".../train_gpt.py" in line
     wide = render_status(gpus(), [job], width=200, now=NOW)
     assert "/home/bob/projects/very/long/path/to/the/experiments/train_gpt.py" in wide
+
+
+@pytest.mark.parametrize(
+    ("command", "script"),
+    [
+        (["/home/alice/venvs/torch/bin/python", "train.py", "--lr", "0.1"], "train.py"),
+        (["/opt/conda/envs/pytorch-2.3-cuda12/bin/python3.11", "finetune_llama.py", "--lr",
+          "0.1"], "finetune_llama.py"),
+        (["python", "z.py"], "z.py"),
+    ],
+)  # fmt: skip
+def test_at_80_columns_the_cut_never_takes_the_scripts_name(
+    command: list[str], script: str
+) -> None:
+    """A running job, and an ended one whose label takes room from it: each row keeps the
+    name of the script its interpreter runs; so does history's narrower column (the
+    golden files: "failed (killed by SIGKILL): z.py")."""
+    at, began = _at("11:00:00"), _at("11:59:15")
+    rows = [
+        Job(3, "alice", 1001, command, "/h", JobState.RUNNING, mem=16 * G, mem_used=16 * G,
+            gpu_indices=[0, 1], submitted_at=at, started_at=began),
+        Job(4, "alice", 1001, command, "/h", JobState.FAILED, mem=16 * G, exit_code=1,
+            reason="exit", gpu_indices=[0, 1], submitted_at=at, started_at=began,
+            ended_at=_at("11:59:45")),
+    ]  # fmt: skip
+    lines = render_status(gpus(), rows, width=80, now=NOW).splitlines()
+    for job in rows:
+        line = next(x for x in lines if x.split()[:1] == [str(job.id)])
+        assert len(line) <= 80, line
+        assert {script, f"{script}+"} & set(line.split()), line
+    # history's columns leave a command 10 characters at 80: a longer name is cut there.
+    for line in history_lines(rows, 80)[1:] if len(script) < 10 else []:
+        assert {script, f"{script}+"} & set(line.split()), line
 
 
 def test_a_limit_reason_is_wrapped_so_the_limits_name_stays() -> None:

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 
 from gpusched.cli.render_gpus import Painter, clip, render_gpus
+from gpusched.core.commands import script_index
 from gpusched.core.sanitize import shown, shown_fields
 from gpusched.core.units import format_duration, format_size
 
@@ -112,8 +113,26 @@ def job_words(job: JobLike) -> list[str]:
 def fit_words(words: Sequence[str], width: int) -> str:
     """The words joined, in `width` characters: a long path loses its directories first
     (".../train.py"), longest first, so the script's name stays in view; then the end
-    is cut."""
-    words = list(words)
+    is cut. The name of the script an interpreter runs is what tells one job from the
+    next: where the cut would take it, the interpreter's name goes first ("z.py" for
+    "python z.py"), and the cut spares it ("train.py+" where "..." would cover it)."""
+    words = _short_paths(list(words), width)
+    text = " ".join(words)
+    script = script_index(words)
+    if len(text) <= width or script is None:
+        return clip(text, width)
+    if len(" ".join(words[: script + 1])) > width - len("..."):
+        del words[script - 1]
+        script -= 1
+        text = " ".join(words)
+    kept = len(" ".join(words[: script + 1]))  # up to the script's name's end
+    if len(text) <= width or kept <= width - len("..."):
+        return clip(text, width)
+    return text[:kept] + "+" if kept < width else clip(text, width)
+
+
+def _short_paths(words: list[str], width: int) -> list[str]:
+    """`words` with their paths cut to ".../NAME", longest first, until they fit."""
     text = " ".join(words)
     by_length = sorted(
         (i for i, word in enumerate(words) if "/" in word.rstrip("/")),
@@ -126,7 +145,7 @@ def fit_words(words: Sequence[str], width: int) -> str:
         if len(short) < len(words[i]):
             words[i] = short
             text = " ".join(words)
-    return clip(text, width)
+    return words
 
 
 def _job_mem(job: JobLike) -> str:
