@@ -43,6 +43,10 @@ mkdir "$build/src" "$build/wheels"
 tar -C "$checkout" --exclude=.git --exclude=.venv --exclude='*.egg-info' --exclude=build \
     --exclude=dist --exclude=__pycache__ -cf - . | tar -C "$build/src" -xf -
 
+# Already installed here: this run is an upgrade, whose next step differs.
+upgrade=false
+[ -x "$prefix/bin/gpusched" ] && upgrade=true
+
 set -x
 "$python" -m venv "$prefix"
 # One wheel of the pure-Python package, plus wheels of the client's own dependencies (click,
@@ -63,3 +67,25 @@ install -d -m 0755 "$bindir"
 ln -sfn "$prefix/bin/gpusched" "$bindir/gpusched"
 install -d -m 0755 "$prefix/share/doc/gpusched"
 install -m 0644 "$checkout/README.md" "$checkout"/docs/*.md "$prefix/share/doc/gpusched/"
+
+# What to do next, as docs/operations.md ("Install", "Upgrade without killing jobs") says.
+{ set +x; } 2>/dev/null
+command=gpusched
+[ "$bindir" = /usr/local/bin ] || command="$bindir/gpusched"
+echo
+if $upgrade; then
+    echo "gpusched upgraded in $prefix. Next: the daemon runs the new code once restarted"
+    echo "(running jobs keep running):"
+    echo "  sudo systemctl restart gpusched"
+else
+    echo "gpusched installed in $prefix, the command in $bindir. Next: its config and its"
+    echo "service (docs/operations.md, \"Install\"):"
+    echo "  sudo install -D -m 0644 $checkout/config/gpusched.yaml /etc/gpusched/config.yaml"
+    echo "  sudo install -m 0644 $checkout/systemd/gpusched.service /etc/systemd/system/gpusched.service"
+    if [ "$prefix" != /opt/gpusched ]; then
+        echo "  sudo systemctl edit gpusched   # ExecStart= and ExecReload= at $prefix/bin/gpusched: docs/operations.md"
+    fi
+    echo "  sudo systemctl daemon-reload"
+    echo "  sudo systemctl enable --now gpusched"
+fi
+echo "  sudo $command doctor"

@@ -9,6 +9,7 @@ user's own environment, from the wheel the install leaves).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -39,6 +40,7 @@ class Install:
     prefix: Path
     bindir: Path
     checkout: Path
+    said: str = ""  # what the script printed on stdout
 
 
 def system_python_makes_venvs() -> bool:
@@ -57,9 +59,9 @@ def clean_env() -> dict[str, str]:
     return env
 
 
-def run_script(install: Install) -> None:
+def run_script(install: Install) -> str:
     """`sudo scripts/install.sh`, by an administrator whose umask is 077: the script must
-    still leave an install that every user can read and run."""
+    still leave an install that every user can read and run. Its stdout."""
     script = install.checkout / "scripts" / "install.sh"
     places = ["--prefix", str(install.prefix), "--bindir", str(install.bindir)]
     result = subprocess.run(
@@ -72,6 +74,7 @@ def run_script(install: Install) -> None:
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
 
 
 @contextlib.contextmanager
@@ -87,8 +90,7 @@ def new_install() -> Iterator[Install]:
         checkout = root / "checkout"
         shutil.copytree(REPO, checkout, ignore=NOT_CHECKOUT)
         install = Install(root, root / "opt" / "gpusched", root / "usr-local-bin", checkout)
-        run_script(install)
-        yield install
+        yield dataclasses.replace(install, said=run_script(install))
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

@@ -130,6 +130,28 @@ def test_install_is_a_venv_every_user_can_read(installed: Install) -> None:
 
 
 @pytest.mark.install
+def test_the_install_ends_saying_what_to_do_next(installed: Install) -> None:
+    """The doc's next steps after the script (config, unit, start, doctor), with this
+    install's paths: the script's own prefix and bindir are not the defaults here."""
+    steps = [line.strip() for line in installed.said.splitlines() if line.startswith("  ")]
+    checkout = installed.checkout
+    assert steps == [
+        f"sudo install -D -m 0644 {checkout}/config/gpusched.yaml /etc/gpusched/config.yaml",
+        f"sudo install -m 0644 {checkout}/systemd/gpusched.service"
+        " /etc/systemd/system/gpusched.service",
+        f"sudo systemctl edit gpusched   # ExecStart= and ExecReload= at {installed.prefix}"
+        "/bin/gpusched: docs/operations.md",
+        "sudo systemctl daemon-reload",
+        "sudo systemctl enable --now gpusched",
+        f"sudo {installed.bindir}/gpusched doctor",
+    ], installed.said
+    documented = _code(_doc_section("Install"))
+    for step in ("sudo systemctl daemon-reload", "sudo systemctl enable --now gpusched"):
+        assert step in documented
+    assert "doctor" in documented
+
+
+@pytest.mark.install
 def test_the_install_leaves_the_checkout_as_it_was(installed: Install) -> None:
     """Nothing built in the checkout: root-owned gpusched.egg-info or build/ there would
     stop an ordinary user's later `pip install /path/to/gpusched` ("Permission denied")."""
@@ -199,7 +221,9 @@ def test_upgrade_reinstalls_into_the_same_venv_and_jobs_keep_running(
     marker = f"# upgraded {os.urandom(4).hex()}\n"
     init = installed.checkout / "gpusched" / "__init__.py"
     init.write_text(init.read_text() + marker)
-    run_script(installed)
+    said = run_script(installed)
+    assert "  sudo systemctl restart gpusched\n" in said, said  # what an upgrade needs next
+    assert "enable --now" not in said
     installed_init = next(installed.prefix.glob("lib/python3*/site-packages/gpusched/__init__.py"))
     assert installed_init.read_text().endswith(marker)
 
