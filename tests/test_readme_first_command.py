@@ -21,7 +21,8 @@ from gpusched.core.errors import GpuschedError
 from tests.daemon_harness import directory_settings
 
 README = Path(__file__).resolve().parents[1] / "README.md"
-INSTALL = "pip install -e '.[test]' && "
+# The daemon's dependencies only: a try-out does not wait for the test extra's install.
+INSTALL = "pip install -e '.[daemon]' && "
 
 
 def _first_command() -> str:
