@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -267,6 +268,28 @@ def test_status_names_the_owner_of_memory_outside_gpusched_and_each_jobs_use(
         daemon.kill_jobs()
 
 
+def _read_once_more(daemon: RunningDaemon, fake: FakeNvml, mark: int) -> dict[str, Any]:
+    """GPU 0 as one more pass read it, with no pass after it to come: the card's
+    utilization set to `mark`, one submit wakes a pass (nothing else does: poll_interval
+    is 1h), and status shows `mark` once that pass has published (one pass at a time)."""
+    fake.set_gpu(0, util_percent=mark)
+    daemon.submit("--hold", "--", "true")
+    gpu = eventually(
+        lambda: next((g for g in daemon.status()["gpus"] if g["util"] == mark), None), 30
+    )
+    assert isinstance(gpu, dict)
+    return gpu
+
+
+def _readings_until(
+    daemon: RunningDaemon, fake: FakeNvml, done: Callable[[dict[str, Any]], bool]
+) -> None:
+    for mark in range(1, 60):
+        if done(_read_once_more(daemon, fake, mark)):
+            return
+    raise AssertionError(f"never: {daemon.status()['gpus']}")
+
+
 def test_a_jobs_process_that_exits_between_readings_stays_the_jobs(
     daemon_factory: Any, fake_nvml: FakeNvml
 ) -> None:
@@ -282,12 +305,7 @@ def test_a_jobs_process_that_exits_between_readings_stays_the_jobs(
         said = eventually(lambda: re.search(r"gpujob\[(\d+)\]: allocated", daemon.log(job_id)))
         assert said is not None
         pid = int(said.group(1))
-
-        def read_as_the_jobs() -> bool:
-            daemon.submit("--hold", "--", "true")  # wakes a pass, which reads the GPUs
-            return daemon.status()["gpus"][0]["job_mem"] == {str(job_id): 2 * GiB}
-
-        eventually(read_as_the_jobs, 30)
+        _readings_until(daemon, fake_nvml, lambda g: g["job_mem"] == {str(job_id): 2 * GiB})
         os.kill(pid, signal.SIGKILL)  # sh reaps it and sleeps on: the job runs on
         eventually(lambda: not Path(f"/proc/{pid}").exists(), 10)
         gpu = daemon.status()["gpus"][0]
@@ -298,3 +316,45 @@ def test_a_jobs_process_that_exits_between_readings_stays_the_jobs(
     finally:
         daemon.stop()
         daemon.kill_jobs()
+
+
+def test_an_outside_process_that_exits_between_readings_is_not_shown_as_unknown(
+    daemon_factory: Any, fake_nvml: FakeNvml
+) -> None:
+    """A process gpusched did not start, named under its GPU, that exits before the next
+    reading: it holds nothing any more, and is left out of `others` rather than shown as
+    `?:?/PID` (which stays for what /proc never showed: another pid namespace's)."""
+    fake_nvml.set_gpus([24 * GiB])
+    config = {"poll_interval": "1h"}
+    daemon = daemon_factory(simulate=None, config=config, env=fake_nvml.env()).start()
+    outsider = subprocess.Popen(["sleep", "120"])
+    try:
+        fake_nvml.register_process(0, outsider.pid, 3 * GiB)
+        named = [(outsider.pid, "root")]
+        _readings_until(
+            daemon, fake_nvml, lambda g: [(o["pid"], o["user"]) for o in g["others"]] == named
+        )
+    finally:
+        outsider.kill()
+        outsider.wait()
+    try:
+        gpu = daemon.status()["gpus"][0]
+        assert gpu["others"] == [], gpu["others"]
+        assert "?:?" not in daemon.cli("status").stdout
+    finally:
+        daemon.stop()
+        daemon.kill_jobs()
+
+
+def test_a_process_proc_never_showed_is_still_an_unknown_other(tmp_path: Path) -> None:
+    """A pid with no /proc entry here from the first: another pid namespace's, whose
+    memory is real; it is shown, as "?", unless the reading saw it (then it has exited)."""
+    from gpusched.core.models import GpuProcess
+    from gpusched.gpus.process_owners import outside_processes
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # reaped: no /proc entry, as for a pid of another namespace
+    held = [GpuProcess(gone.pid, 2 * GiB)]
+    unknown = {"pid": gone.pid, "user": None, "command": None, "used": 2 * GiB}
+    assert outside_processes(held, job_pids=[]) == [unknown]
+    assert outside_processes(held, job_pids=[], seen=[gone.pid]) == []

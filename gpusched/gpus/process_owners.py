@@ -59,11 +59,20 @@ def describe(process: GpuProcess) -> dict[str, object]:
 
 
 def outside_processes(
-    processes: Sequence[GpuProcess], job_pids: Collection[int], theirs: Collection[int] = ()
+    processes: Sequence[GpuProcess],
+    job_pids: Collection[int],
+    theirs: Collection[int] = (),
+    seen: Collection[int] = (),
 ) -> list[dict[str, object]]:
     """The processes of one GPU that no running job started, described, largest first
-    (`theirs`: pids known to be a job's, though their /proc entry may have gone since)."""
+    (`theirs`: pids known to be a job's, though their /proc entry may have gone since).
+
+    `seen`: pids whose /proc entry was there when `processes` was read. Such a pid with
+    none now has exited since, and holds nothing: it is left out, not shown as "?". A
+    pid never seen there is another pid namespace's (a container's): "?" is all we know.
+    """
     roots, known = set(job_pids), set(theirs)
     outside = [p for p in processes if p.pid not in known and not under_any(p.pid, roots)]
+    outside = [p for p in outside if p.pid not in seen or (PROC / str(p.pid)).exists()]
     outside.sort(key=lambda p: -(p.used_bytes or 0))
     return [describe(p) for p in outside]

@@ -20,10 +20,13 @@ def gpu_reports(
     usage: dict[int, dict[str, int]],
     running: Sequence[Job],
     headroom_bytes: int,
+    *,
     jobs_pids: Mapping[str, Collection[int]] | None = None,
+    seen_pids: Collection[int] = (),
 ) -> list[GpuReport]:
     """`jobs_pids`: per GPU uuid, the pids the reading of `gpus` found in a running job's
-    tree (observe.py's Observation): the job's, even once they have exited."""
+    tree (observe.py's Observation): the job's, even once they have exited. `seen_pids`:
+    those whose /proc entry the reading found (one gone since has exited)."""
     claims = [running_claim(j, usage) for j in running]
     budgets = gpu_budgets([gpu_slot(g) for g in gpus], claims, headroom_bytes)
     job_pids = [j.pid for j in running if j.pid is not None]
@@ -60,7 +63,9 @@ def gpu_reports(
                     if gpu.uuid in held
                 },
                 others=(
-                    outside_processes(gpu.processes, job_pids, (jobs_pids or {}).get(gpu.uuid, ()))
+                    outside_processes(
+                        gpu.processes, job_pids, (jobs_pids or {}).get(gpu.uuid, ()), seen_pids
+                    )
                     if gpu.processes
                     else []
                 ),

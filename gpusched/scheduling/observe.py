@@ -52,6 +52,9 @@ class Observation:
     # grace) is still the job's there, its memory counted as the job's, not an unknown
     # other's whose /proc entry has gone.
     jobs_pids: dict[str, frozenset[int]] = field(default_factory=dict)
+    # The GPUs' pids the walk of /proc found: one gone by the time `status` asks has
+    # exited, one never found is another pid namespace's (process_owners.py).
+    seen_pids: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -149,4 +152,11 @@ def observe(
         if job.interactive
     }
     usage = held_bytes(processes)
-    return Observation(gpus, running, usage, overruns, evidence, others, jobs_pids(processes))
+    seen = _seen_pids(gpus, host.children)
+    return Observation(gpus, running, usage, overruns, evidence, others, jobs_pids(processes), seen)
+
+
+def _seen_pids(gpus: Sequence[GpuState], children: ProcessChildren) -> frozenset[int]:
+    """The GPUs' pids among those the walk of the process table found."""
+    walked = {pid for pids in children.values() for pid in pids}
+    return frozenset(p.pid for g in gpus for p in g.processes if p.pid in walked)

@@ -138,7 +138,7 @@ def publish(parts: Parts, this: Pass) -> None:
     reasons = (
         parts.reading.latest.waiting_reasons if this.plan is None else this.plan.waiting_reasons
     )
-    parts.reading.latest = Reading(seen.gpus, seen.usage, reasons, seen.jobs_pids)
+    parts.reading.latest = Reading(seen.gpus, seen.usage, reasons, seen.jobs_pids, seen.seen_pids)
 
 
 def notify(parts: Parts, this: Pass) -> None:

@@ -159,7 +159,14 @@ class LocalPlacer:
         headroom = self.context.config.headroom_bytes
         # The socket answers before the first pass ends: its cards are then read now.
         gpus = self.reading.gpus()
-        reports = gpu_reports(gpus, latest.usage, running, headroom, latest.jobs_pids)
+        reports = gpu_reports(
+            gpus,
+            latest.usage,
+            running,
+            headroom,
+            jobs_pids=latest.jobs_pids,
+            seen_pids=latest.seen_pids,
+        )
         return [dataclasses.replace(r, node=self.node.name or None) for r in reports]
 
     def nodes(self) -> list[NodeStatus]:

@@ -18,6 +18,7 @@ class Reading:
     usage: dict[int, dict[str, int]] = field(default_factory=dict)  # job id -> uuid -> bytes
     waiting_reasons: dict[int, str] = field(default_factory=dict)
     jobs_pids: dict[str, frozenset[int]] = field(default_factory=dict)  # Observation's
+    seen_pids: frozenset[int] = frozenset()  # Observation's
 
 
 class LatestReading:

@@ -237,7 +237,14 @@ class ClusterAgent:
         running rows this node does not hold -> if elected, the shared pass rules over
         every node -> start what was placed here."""
         headroom = self.context.config.headroom_bytes
-        reports = gpu_reports(seen.gpus, seen.usage, seen.running, headroom, seen.jobs_pids)
+        reports = gpu_reports(
+            seen.gpus,
+            seen.usage,
+            seen.running,
+            headroom,
+            jobs_pids=seen.jobs_pids,
+            seen_pids=seen.seen_pids,
+        )
         self._renew(seen, reports)
         self._stop_cancelled(seen.running)
         own_strays(self.context, self.endings, self.node, seen.running)
