@@ -243,7 +243,9 @@ def test_upgrade_reinstalls_into_the_same_venv_and_jobs_keep_running(
 @pytest.mark.install
 def test_the_installed_daemon_serves_the_dashboard(installed_daemon: RunningDaemon) -> None:
     address = yaml.safe_load(installed_daemon.config_path.read_text())["web"]
-    for path in ("/", "/queue", "/job?id=1", "/usage", "/static/dashboard.js", "/api/status"):
+    job = installed_daemon.submit("--hold", "--mem", "1G", "--", "true")  # its page is a job's
+    pages = ("/", "/queue", f"/job?id={job}", "/usage", "/static/dashboard.js", "/api/status")
+    for path in pages:
         with urllib.request.urlopen(f"http://{address}{path}", timeout=15) as response:
             assert response.status == 200, path
             assert response.read(), path
