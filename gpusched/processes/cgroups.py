@@ -175,6 +175,27 @@ def under(mount_root: str, mount_point: Path, path: str) -> Path | None:
     return mount_point / path[len(root) :].lstrip("/")
 
 
+def own_v1_cgroup(controller: str, pid: int | str = "self") -> Path | None:
+    """The cgroup `pid` is in within v1's `controller` hierarchy (cpuset, devices...),
+    where that hierarchy is mounted and visible; None otherwise."""
+    try:
+        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    path = next(
+        (ln.split(":", 2)[2] for ln in lines if controller in ln.split(":", 2)[1].split(",")),
+        None,
+    )
+    if path is None:
+        return None
+    for root, point, fstype, options in mounts():
+        if fstype == "cgroup" and controller in options.split(","):
+            where = under(root, point, path)
+            if where is not None:
+                return where
+    return None
+
+
 def own_memory_cgroup(pid: int | str = "self") -> MemoryCgroup | None:
     """The memory cgroup `pid` is in (v1's memory hierarchy where there is one, else v2's
     unified one with the memory controller), or None where none is mounted."""

@@ -114,21 +114,7 @@ def _stale(path: Path) -> bool:
 
 def _own_v1_cpuset() -> Path | None:
     """This process's cgroup in a mounted v1 cpuset hierarchy, None where there is none."""
-    try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
-    except OSError:
-        return None
-    own = next(
-        (ln.split(":", 2)[2] for ln in lines if "cpuset" in ln.split(":", 2)[1].split(",")), None
-    )
-    if own is None:
-        return None
-    for root, point, fstype, options in cgroups.mounts():
-        if fstype == "cgroup" and "cpuset" in options.split(","):
-            where = cgroups.under(root, point, own)
-            if where is not None:
-                return where
-    return None
+    return cgroups.own_v1_cgroup("cpuset")
 
 
 def _effective(path: Path, name: str) -> str:

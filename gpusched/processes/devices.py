@@ -78,22 +78,7 @@ def deny_rules(card_minors: Iterable[int], proc: Path = PROC) -> list[str]:
 
 def own_devices_cgroup(pid: int | str = "self") -> Path | None:
     """The v1 devices cgroup `pid` is in, where that hierarchy is mounted and visible."""
-    try:
-        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
-    except OSError:
-        return None
-    path = next(
-        (line.split(":", 2)[2] for line in lines if "devices" in line.split(":", 2)[1].split(",")),
-        None,
-    )
-    if path is None:
-        return None
-    for root, point, fstype, options in cgroups.mounts():
-        if fstype == "cgroup" and "devices" in options.split(","):
-            where = cgroups.under(root, point, path)
-            if where is not None:
-                return where
-    return None
+    return cgroups.own_v1_cgroup("devices", pid)
 
 
 def own_v2_cgroup(pid: int | str = "self") -> Path | None:
