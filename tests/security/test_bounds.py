@@ -380,6 +380,28 @@ def test_replies_over_jobs_with_long_commands_are_bounded_while_built(
     _still_serving(daemon, victim, before)
 
 
+def test_a_sweeps_submit_reply_is_bounded_and_lists_every_job(
+    people: tuple[User, User], root_daemon: Callable[..., RunningDaemon]
+) -> None:
+    """2,200 jobs with a 16 KiB --notify each: their JSON is 35 MB, past the reply's
+    32 MiB budget (the daemon built all of it and the client read all of it). Every job is
+    in the reply, those past the budget in short."""
+    mallory, victim = people
+    daemon = root_daemon()
+    before = _victim_job(daemon, victim)
+    sock = daemon.socket_path
+    sweep = [["i", [str(i) for i in range(2200)]]]
+    args = _submit_args(mallory, ["echo", "{i}"], sweep=sweep, notify=["echo", "n" * 16_000])
+    with guarded(daemon, db_growth=96 * MiB):
+        jobs = _submit_as(mallory, sock, args)
+    assert len(jobs) == 2200 and len({j["id"] for j in jobs}) == 2200
+    cut = [j for j in jobs if j.get("cut")]
+    assert cut and all(j["notify"] is None for j in cut)
+    assert all(j["notify"] == ["echo", "n" * 16_000] for j in jobs if not j.get("cut"))
+    as_user(mallory, lambda: _raw(sock, "cancel", mine=True, waiting_only=True, timeout_s=60))
+    _still_serving(daemon, victim, before)
+
+
 def test_cancel_all_of_a_long_queue_is_one_transaction(
     people: tuple[User, User], root_daemon: Callable[..., RunningDaemon]
 ) -> None:

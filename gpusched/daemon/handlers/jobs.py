@@ -32,7 +32,7 @@ from gpusched.core.requests.sweep import expand, swept_name
 from gpusched.daemon.auth import is_theirs
 from gpusched.daemon.bounds import check_env, check_submit
 from gpusched.daemon.handlers.args import text
-from gpusched.daemon.handlers.views import job_list
+from gpusched.daemon.handlers.views import bounded_list, job_list
 from gpusched.daemon.identity import (
     Caller,
     account_gid,
@@ -111,7 +111,8 @@ def submit(services: Services, caller: Caller, request: SubmitRequest) -> OneOrM
         news = [replace(each, request_id=rid) for each, rid in zip(news, ids, strict=True)]
     _charge(services, caller, new, news)
     jobs = services.scheduler.submit_many(news, as_array=True)
-    return [services.visible(caller, job) for job in jobs]
+    shown = (services.visible(caller, job) for job in jobs)
+    return bounded_list(shown, len(jobs), done=f"{len(jobs)} jobs queued")
 
 
 def host_ask_checked(services: Services, user: str, ram: int | None, cpus: int | None) -> None:
@@ -145,7 +146,8 @@ def submitted(services: Services, caller: Caller, request: SubmittedRequest) -> 
     made = services.store.jobs.made_by_request(caller.user, request.request_id)
     if not made:
         raise NotFoundError(f"no job was queued by submit request {request.request_id}")
-    return [services.visible(caller, job) for job in made]
+    shown = (services.visible(caller, job) for job in made)
+    return bounded_list(shown, len(made), done=f"{len(made)} jobs queued")
 
 
 def _charge(services: Services, caller: Caller, new: NewJob, news: list[NewJob]) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import os
 import pwd
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -69,26 +70,34 @@ _CUT_WEIGHT = reply_weight({**_CUT_FIELDS, "cut": True})
 def job_list(
     services: Services, caller: Caller, ids: list[int], done: str | None = None
 ) -> list[dict[str, Any]]:
-    """The jobs as the caller may see them, read in chunks and refused past REPLY_BUDGET:
-    the daemon never holds more of a reply than a client could read. `done`: what the
-    request did anyway; its reply must say so for every job, so the jobs past the budget
-    are listed in short (`cut`: true, their long strings left out), and only a list too
-    long even so is an error that says what was done."""
-    shown, size = [], 0
+    """The jobs as the caller may see them, read in chunks and bounded (`bounded_list`):
+    the daemon never holds more of a reply than a client could read."""
+    shown = (services.visible(caller, job) for job in services.store.jobs.iter_jobs(ids))
+    return bounded_list(shown, len(ids), done)
+
+
+def bounded_list(
+    shown: Iterable[dict[str, Any]], count: int, done: str | None = None
+) -> list[dict[str, Any]]:
+    """`count` jobs' JSON, refused past REPLY_BUDGET. `done`: what the request did anyway
+    (a bulk cancel, a sweep's submit); its reply must say so for every job, so the jobs
+    past the budget are listed in short (`cut`: true, their long strings left out), and
+    only a list too long even so is an error that says what was done."""
+    listed, size = [], 0
     too_long = f"more than one reply holds ({REPLY_BUDGET // 2**20} MiB)"
-    for listed, job in enumerate(services.store.jobs.iter_jobs(ids), start=1):
-        data = services.visible(caller, job)
+    for number, whole in enumerate(shown, start=1):
         # Room kept for the rest in short, so that every job of a `done` reply is listed.
-        kept = 0 if done is None else (len(ids) - listed) * _CUT_WEIGHT
-        if done is not None and size + reply_weight(data) + kept > REPLY_BUDGET:
-            data = {**data, **_CUT_FIELDS, "cut": True}
+        kept = 0 if done is None else (count - number) * _CUT_WEIGHT
+        data = whole
+        if done is not None and size + reply_weight(whole) + kept > REPLY_BUDGET:
+            data = {**whole, **_CUT_FIELDS, "cut": True}
         size += reply_weight(data)
         if size > REPLY_BUDGET:
             if done is not None:
                 raise GpuschedError(f"{done}, but listing them is {too_long}")
-            raise UsageError(f"the answer lists {len(ids)} jobs, {too_long}: ask for fewer")
-        shown.append(data)
-    return shown
+            raise UsageError(f"the answer lists {count} jobs, {too_long}: ask for fewer")
+        listed.append(data)
+    return listed
 
 
 def array(services: Services, caller: Caller, request: ArrayRequest) -> JobsReply:
