@@ -247,3 +247,39 @@ def test_what_a_job_used_of_the_host_is_kept_and_shown(daemon: Daemon) -> None:
     )
     history = daemon.ask(ROOT, "history", all=True)
     assert [(j["host_peak"], j["cpu_s"]) for j in history] == [(GiB, 25.0)]
+
+
+def test_cores_busy_throughout_while_the_gpu_waits_earn_a_hint(daemon: Daemon) -> None:
+    """--cpus 2, both busy on average over ten minutes, while its card read 20 % busy: the
+    end's figures gain the hint (the cores, not the GPU, were the bound); on half its
+    cores, none. The card's reading is given as the end's figures carry it (a fake job has
+    no live process for the monitor to sample)."""
+    from gpusched.scheduling.endings import _with_host_used
+
+    world = daemon.world
+    job = world.scheduler.store.jobs.get(daemon.ask(ALICE, "submit", **VALID, cpus=2)["id"])
+    cores = world.scheduler.endings._cores_of(job)
+    assert cores == 2
+    figures: dict[str, object] = {"mean_util": 20, "hints": ["an earlier hint"]}
+    busy = Outcome(OutcomeKind.EXIT, exit_code=0, run_s=600.0, cpu_s=1190.0)
+    values = _with_host_used(figures, busy, cores)
+    assert values is not None and values["hints"] == [
+        "an earlier hint",
+        "used 2.0 of 2 cores on average while the GPU was 20% busy: raise --cpus, or"
+        " num_workers if the loader is the bottleneck",
+    ]
+    calm = Outcome(OutcomeKind.EXIT, exit_code=0, run_s=600.0, cpu_s=600.0)
+    values = _with_host_used(figures, calm, cores)
+    assert values is not None and values["hints"] == ["an earlier hint"]
+    default = world.scheduler.store.jobs.get(daemon.ask(ALICE, "submit", **VALID)["id"])
+    assert world.scheduler.endings._cores_of(default) == 4  # 8 cores, its GPU's share
+
+
+def test_the_cores_hint_needs_a_long_enough_run_and_a_waiting_gpu() -> None:
+    from gpusched.core.hints import cores_hint
+
+    assert cores_hint(1190.0, 600.0, 2, 30.0) is not None
+    assert cores_hint(1190.0, 600.0, 2, 85.0) is None  # the GPU was busy: no bound here
+    assert cores_hint(119.0, 60.0, 2, 30.0) is None  # too short to judge
+    assert cores_hint(1190.0, 600.0, 4, 30.0) is None  # half its cores idle
+    assert cores_hint(1190.0, 600.0, 2, None) is None  # no utilization reading

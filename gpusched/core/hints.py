@@ -255,6 +255,28 @@ def _resubmit_hint(next_mem: int | None, mem: int, declared: str, smaller: str) 
     )
 
 
+# Its cores count as saturated at this share of them busy on average (CPU time / run time).
+CORES_SATURATED = 0.9
+
+
+def cores_hint(
+    cpu_s: float | None, run_s: float | None, cores: int | None, util_mean: float | None
+) -> str | None:
+    """Its cores busy throughout while the GPU waited: a starved loader, or too few cores
+    (FIELD.md: low utilization alone on a card usually means data loading)."""
+    if not cpu_s or not run_s or not cores or util_mean is None:
+        return None
+    if run_s < DEFAULT_MIN_RUNTIME_S or util_mean >= LOW_UTIL:
+        return None
+    used = cpu_s / run_s
+    if used < CORES_SATURATED * cores:
+        return None
+    return (
+        f"used {used:.1f} of {cores} cores on average while the GPU was {util_mean:.0f}%"
+        " busy: raise --cpus, or num_workers if the loader is the bottleneck"
+    )
+
+
 def job_hints(facts: JobFacts, min_runtime_s: float = DEFAULT_MIN_RUNTIME_S) -> list[str]:
     """Every hint the job deserves, most important first."""
     long_enough = facts.runtime_s is not None and facts.runtime_s >= min_runtime_s

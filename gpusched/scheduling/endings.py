@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable
 
 from gpusched.config.settings import Config
 from gpusched.core.clock import iso
+from gpusched.core.hints import cores_hint
 from gpusched.core.models import (
     TERMINAL_STATES,
     EndReason,
@@ -33,6 +34,7 @@ from gpusched.core.models import (
 from gpusched.core.sanitize import quoted
 from gpusched.processes.launching import Outcome, OutcomeKind
 from gpusched.scheduling.context import Context
+from gpusched.scheduling.host_limits import job_limits
 from gpusched.scheduling.outcome_states import (
     ENDINGS,
     LOGGED_DETAILS,
@@ -125,6 +127,7 @@ class JobEndings:
                     job, state, reason, now, (retry, retry_refused, oom_next_mem), run_s=run_s
                 ),
                 measured,
+                self._cores_of(job) if measured is not None and measured.cpu_s else None,
             ),
             timeline=self._final_timeline(job_id),
             hooks_due=hooks_due,
@@ -159,6 +162,12 @@ class JobEndings:
                     listener(job_id, hooks_due)
                 except Exception:  # a listener's bug must not undo the job's ending
                     log.exception("end listener failed for job %s", job_id)
+
+    def _cores_of(self, job: Job) -> int | None:
+        """The cores the job ran on: its cpuset's (its --cpus, else its GPUs' share), else
+        every core the daemon may give."""
+        facts = self.launcher.host_facts()
+        return job_limits(job, facts, self.config).cpus or len(facts.cores) or None
 
     def _final_usage(
         self,
@@ -385,10 +394,20 @@ class JobEndings:
 
 
 def _with_host_used(
-    usage: dict[str, object] | None, measured: Outcome | None
+    usage: dict[str, object] | None, measured: Outcome | None, cores: int | None = None
 ) -> dict[str, object] | None:
-    """A job's end figures with what its supervisor measured of the host, where it did."""
+    """A job's end figures with what its supervisor measured of the host, where it did,
+    and the hint for cores busy throughout while its GPU waited (`cores`: how many it
+    had)."""
     if measured is None or (measured.host_peak_bytes is None and measured.cpu_s is None):
         return usage
     found = {"host_peak": measured.host_peak_bytes, "cpu_s": measured.cpu_s}
-    return {**(usage or {}), **{k: v for k, v in found.items() if v is not None}}
+    values = {**(usage or {}), **{k: v for k, v in found.items() if v is not None}}
+    util = values.get("mean_util")
+    hints = values.get("hints")
+    said = cores_hint(
+        measured.cpu_s, measured.run_s, cores, util if isinstance(util, (int, float)) else None
+    )
+    if said is not None and isinstance(hints, list):
+        values["hints"] = [*hints, said]
+    return values
