@@ -294,10 +294,12 @@ class Daemon:
                 coalesce=True,
             )
         self._ticks.start()
+        # Before the socket answers: a SIGTERM sent as soon as it does (a restart right after
+        # a start) must stop the daemon cleanly, its socket removed, not kill it.
+        self._install_signals()
         self._listen("socket", self.server.serve_forever)
         for http in self.http:
             self._listen(http.name, http.serve_forever)
-        self._install_signals()
         sd_notify("READY=1\nSTATUS=scheduling")
         log.info("ready: listening on %s", self.config.socket_path)
         status = 0

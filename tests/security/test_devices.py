@@ -173,11 +173,16 @@ def test_an_interactive_claim_is_fenced_like_a_batch_job(
     socket_path = str(daemon.socket_path)
 
     def claim_and_open() -> dict[str, object]:
+        """What claim() does, by its own steps: this forked child of a worker that may
+        have loaded the fake NVML library would be refused by claim()'s CUDA check."""
         import errno
 
-        import gpusched
+        from gpusched.interactive.claim import Claim
+        from gpusched.interactive.reservation import queue, wait_placed
 
-        held = gpusched.claim(mem="1G", socket_path=socket_path, timeout=30)
+        client = Client(socket_path)
+        job = queue(client, ["python3", "claim.py"], mem="1G", gpus=1)
+        held = Claim(client, wait_placed(client, job.id, timeout_s=30))
         seen: dict[str, object] = {"indices": held.gpu_indices, "env": dict(os.environ)}
         for minor, path in paths.items():
             try:
