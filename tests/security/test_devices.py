@@ -55,6 +55,13 @@ def _node(directory: Path, name: str, minor: int) -> str:
     return str(path)
 
 
+def _card_nodes(daemon: RunningDaemon) -> dict[int, str]:
+    """A node per card (char 195:minor) in a directory every user can read."""
+    nodes = daemon.root / "nodes"
+    nodes.mkdir(mode=0o755)
+    return {m: _node(nodes, f"nvidia-minor{m}", m) for m in MINORS}
+
+
 def _fenced_daemon(root_daemon: Callable[..., RunningDaemon], fake: FakeNvml) -> RunningDaemon:
     gpus = fakestate.make_gpus([24 * fakestate.GiB] * 2)
     for gpu, minor in zip(gpus, MINORS, strict=True):
@@ -82,10 +89,8 @@ def test_a_job_gets_eperm_on_the_other_cards_node_and_not_on_its_own(
 ) -> None:
     mallory, _victim = people
     daemon = _fenced_daemon(root_daemon, fake_nvml)
-    nodes = daemon.root / "nodes"
-    nodes.mkdir(mode=0o755)
-    paths = [_node(nodes, f"nvidia-minor{m}", m) for m in MINORS]
-    paths.append(_node(nodes, "nvidiactl", CONTROL_MINOR))
+    paths = list(_card_nodes(daemon).values())
+    paths.append(_node(daemon.root / "nodes", "nvidiactl", CONTROL_MINOR))
     ran = _open_as(daemon, mallory, paths)
     [given] = ran["job"]["gpu_indices"]
     own, other = MINORS[given], MINORS[1 - given]
@@ -109,9 +114,7 @@ def test_a_job_given_every_card_is_denied_none(
 ) -> None:
     mallory, _victim = people
     daemon = _fenced_daemon(root_daemon, fake_nvml)
-    nodes = daemon.root / "nodes"
-    nodes.mkdir(mode=0o755)
-    paths = [_node(nodes, f"nvidia-minor{m}", m) for m in MINORS]
+    paths = list(_card_nodes(daemon).values())
     opened = _open_as(daemon, mallory, paths, gpus=2)["opened"]
     assert "EPERM" not in opened.values(), opened
     assert opened["CUDA_VISIBLE_DEVICES"] == "0,1"  # unfenced: NVML's indices, as before
@@ -167,9 +170,7 @@ def test_an_interactive_claim_is_fenced_like_a_batch_job(
     opens after its placement is held to the job's cards as a batch job's command is."""
     mallory, _victim = people
     daemon = _fenced_daemon(root_daemon, fake_nvml)
-    nodes = daemon.root / "nodes"
-    nodes.mkdir(mode=0o755)
-    paths = {m: _node(nodes, f"nvidia-minor{m}", m) for m in MINORS}
+    paths = _card_nodes(daemon)
     socket_path = str(daemon.socket_path)
 
     def claim_and_open() -> dict[str, object]:
